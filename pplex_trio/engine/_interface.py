@@ -1,0 +1,118 @@
+"""The one interface the EngineActor drives.
+
+An engine owns a batch of ``num_slots`` conversation rows and advances all of
+them together, one 80 ms frame per call to :meth:`Engine.step`.  It is *not*
+thread-safe: the actor calls its methods one at a time, from a worker thread,
+never two at once.  Everything here is synchronous on purpose.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+from collections.abc import Sequence
+
+import numpy as np
+
+SAMPLE_RATE = 24_000
+FRAME_SIZE = 1_920  # samples per 80 ms frame at 24 kHz (Mimi's frame)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """Per-conversation sampling settings, as the client asked for them.
+
+    Defaults are the official client's.  ``greedy`` (argmax everywhere) is what
+    the parity tests and ``pplex-trio offline --greedy`` use.  A seed of
+    ``None`` means "pick one at random".
+    """
+
+    text_temperature: float = 0.7
+    text_topk: int = 25
+    audio_temperature: float = 0.8
+    audio_topk: int = 250
+    text_seed: int | None = None
+    audio_seed: int | None = None
+    greedy: bool = False
+    # Accepted from the official client and validated; the reference ignores them.
+    pad_mult: float = 0.0
+    repetition_penalty_context: int = 64
+    repetition_penalty: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Conversation:
+    """What a new conversation asks of its slot.
+
+    ``voice`` is a bare file name already checked against the engine's voice
+    library (``None``: the engine's default, or no voice prompt).
+    """
+
+    persona: str = ""
+    voice: str | None = None
+    sampling: Sampling = Sampling()
+
+
+class SlotMode(enum.IntEnum):
+    """What a row does during one :meth:`Engine.step`."""
+
+    IDLE = 0  # free or draining: input ignored, output ignored
+    PREFILL = 1  # runs its next system-prompt step; input ignored
+    LIVE = 2  # consumes one input frame, produces one output frame
+
+
+@dataclasses.dataclass
+class StepOutput:
+    """One frame per row: ``pcm`` is float32 ``[num_slots, FRAME_SIZE]``.
+
+    ``text[i]`` is the text piece row ``i`` produced this step (with its
+    leading space, if any), or ``None``.  Rows that were not LIVE carry
+    silence and ``None``.
+    """
+
+    pcm: np.ndarray
+    text: list[str | None]
+
+
+class Engine(abc.ABC):
+    """A batched streaming speech model (or a stand-in for tests)."""
+
+    num_slots: int
+    frame_size: int = FRAME_SIZE
+    sample_rate: int = SAMPLE_RATE
+
+    @property
+    @abc.abstractmethod
+    def name(self) -> str:
+        """Human-readable model name for ``/api/info``."""
+
+    @abc.abstractmethod
+    def voices(self) -> Sequence[str]:
+        """Voice names a conversation may ask for (bare file names)."""
+
+    @abc.abstractmethod
+    def start(self, slot: int, conversation: Conversation) -> int:
+        """Reset row ``slot`` and prepare its system prompt.
+
+        Returns how many PREFILL steps the row needs before it can go LIVE
+        (0 is allowed).  Other rows are not touched: they stay bit-identical to
+        a run in which this call never happened.
+        """
+
+    @abc.abstractmethod
+    def step(self, modes: Sequence[SlotMode], pcm: np.ndarray) -> StepOutput:
+        """Advance every row by one frame.
+
+        ``modes`` has one entry per slot; ``pcm`` is float32
+        ``[num_slots, frame_size]`` (rows that are not LIVE hold silence).
+        """
+
+    @abc.abstractmethod
+    def reset(self, slot: int) -> None:
+        """Forget row ``slot``'s conversation (called when its slot is freed)."""
+
+    def reset_all(self) -> None:
+        """Bring the engine back to a clean state after a failed step."""
+        for slot in range(self.num_slots):
+            self.reset(slot)
