@@ -14,6 +14,10 @@ _TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07,
 _LATENESS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 1.0)
 
 
+DROP_REASONS = ("inbound", "input_backlog", "output_backlog", "outbound")
+ERROR_KINDS = ("bad_request", "protocol", "engine", "engine_start", "engine_reset", "start_rejected")
+
+
 class Metrics:
     """Every metric the server exports, under the ``pplex_`` prefix."""
 
@@ -50,6 +54,12 @@ class Metrics:
             "pplex_sessions_ended_total", "Connections ended, by protocol and outcome", ["protocol", "outcome"],
             registry=r)
         self.errors = Counter("pplex_errors_total", "Errors, by kind", ["kind"], registry=r)
+
+        # Known label values start at zero, so dashboards see them before the first event.
+        for reason in DROP_REASONS:
+            self.frames_dropped.labels(reason)
+        for kind in ERROR_KINDS:
+            self.errors.labels(kind)
 
     def drop(self, reason: str, count: int = 1) -> None:
         if count:

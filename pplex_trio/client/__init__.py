@@ -7,3 +7,4 @@ from ._client import read_wav as read_wav
 from ._client import run_client as run_client
 from ._client import stream_moshi as stream_moshi
 from ._client import stream_raw as stream_raw
+from ._ws import open_websocket as open_websocket

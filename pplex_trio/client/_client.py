@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 import sphn
 import trio
-from trio_websocket import ConnectionClosed, open_websocket_url
+from trio_websocket import ConnectionClosed
+
+from ._ws import open_websocket
 
 from ..engine import FRAME_SIZE, SAMPLE_RATE
 from ..protocol import moshi
@@ -61,7 +63,7 @@ async def stream_moshi(url: str, pcm: np.ndarray, *, tail_seconds: float = 2.0) 
     received: list[np.ndarray] = []
     text: list[dict[str, Any]] = []
     total = [0]
-    async with open_websocket_url(url, max_message_size=16 * 1024 * 1024) as ws:
+    async with open_websocket(url) as ws:
         await _wait_moshi_handshake(ws)
         logger.info("handshake received; streaming %.1f s of audio", pcm.size / SAMPLE_RATE)
         done = trio.Event()
@@ -110,7 +112,7 @@ async def stream_raw(url: str, pcm: np.ndarray, params: dict[str, Any], *, tail_
     received: list[np.ndarray] = []
     text: list[dict[str, Any]] = []
     total = 0
-    async with open_websocket_url(url, max_message_size=16 * 1024 * 1024) as ws:
+    async with open_websocket(url) as ws:
         await ws.send_message(json.dumps({"type": "open", **params}))
         while True:
             message = await ws.get_message()

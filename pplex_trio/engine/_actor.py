@@ -97,6 +97,7 @@ class EngineActor:
         self.ticks = 0
         self.ticks_skipped = 0
         self.engine_busy = False  # an engine call is in flight
+        self._update_gauges()
 
     # -- sessions ------------------------------------------------------------
 
