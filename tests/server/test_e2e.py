@@ -7,6 +7,7 @@ import sphn
 import trio
 from pplex_trio.client import open_websocket
 
+from _helpers.audio import best_lag, correlation_at
 from _helpers.ws import FRAME, SR, moshi_handshake, moshi_url, opus_messages, raw_open, read_until_closed
 
 
@@ -14,16 +15,6 @@ def speech(path, seconds):
     pcm, sr = sphn.read(str(path))
     assert sr == SR
     return np.ascontiguousarray(pcm[0, : int(seconds * SR)])
-
-
-def best_lag(sent, got, lags):
-    """The lag (in samples) at which `got` best matches `sent`, and the correlation there."""
-    scores = []
-    for lag in lags:
-        n = min(sent.size, got.size - lag)
-        scores.append(np.corrcoef(sent[:n], got[lag : lag + n])[0, 1])
-    i = int(np.argmax(scores))
-    return lags[i], scores[i]
 
 
 def opus_pass(pcm):
@@ -43,7 +34,7 @@ async def test_moshi_echo_of_real_speech(start_server, speech_wav):
     """
     pcm = speech(speech_wav, 6.0)
     # Opus's own delay, measured on one local pass: the expected lag adds it twice.
-    single_lag, single_corr = best_lag(pcm, opus_pass(pcm), list(range(0, 600)))
+    single_lag, single_corr = best_lag(pcm, opus_pass(pcm), 0, 600)
     assert single_corr > 0.9
     handle = await start_server(echo_delay_frames=1)
     decoder = sphn.OpusStreamReader(SR)
@@ -77,13 +68,12 @@ async def test_moshi_echo_of_real_speech(start_server, speech_wav):
     # first input frame was complete carry silence, so the echo starts k
     # whole frames later (k is 0-3, depending on the phase of the client).
     engine_delay = 1 * FRAME
-    lags = list(range(0, engine_delay + 5 * FRAME, 2))
-    lag, corr = best_lag(pcm, got, lags)
+    lag, corr = best_lag(pcm, got, 0, engine_delay + 5 * FRAME)
     k, rest = divmod(lag - engine_delay - 2 * single_lag, FRAME)
     assert 0 <= k <= 3 and min(rest, FRAME - rest) <= 4, (lag, single_lag)
     assert corr > 0.8, corr
     for wrong in (lag - FRAME, lag + FRAME, lag + 120):
-        assert abs(best_lag(pcm, got, [wrong])[1]) < 0.3
+        assert abs(correlation_at(pcm, got, wrong)) < 0.3
     # Text pieces: one per frame, in order, none lost.
     assert texts == [f" {i}" for i in range(len(texts))]
 
