@@ -44,7 +44,7 @@ class PersonaPlexEngine(Engine):
     ``depformer_steps`` defaults to the agent codebooks only (the user's
     are teacher-forced; running them changes nothing but the cost).
     ``default_voice`` is used when a conversation asks for none (default:
-    the first voice of the library, or no voice prompt if it is empty).
+    the first voice of the library; ``""``: no voice prompt).
     """
 
     def __init__(self, model: LoadedModel, num_slots: int, *, default_voice: str | None = None,
@@ -57,7 +57,9 @@ class PersonaPlexEngine(Engine):
         cfg = model.config
         self._cfg = cfg
         names = model.voices.names()
-        self.default_voice = default_voice if default_voice is not None else (names[0] if names else None)
+        if default_voice is None:
+            default_voice = names[0] if names else ""
+        self.default_voice = default_voice or None
         self._depformer_steps = depformer_steps
         self._silence = torch.tensor(cfg.prompt.silence_tokens, device=self.device)
         self._rows = [_Row() for _ in range(num_slots)]
