@@ -182,6 +182,7 @@ def test_tiny_loads_through_the_folder_loader(tiny_model):
 
 
 @pytest.mark.oracle
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # moshi imports
 def test_full_size_key_layout_matches_kyutai_modules():
     """Our 7B LM and real Mimi have exactly the tensors (names, shapes) of Kyutai's modules."""
     loaders = pytest.importorskip("moshi.models.loaders")
