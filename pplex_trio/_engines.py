@@ -10,6 +10,15 @@ class ModelUnavailable(Exception):
     """The requested model cannot be served here; the message says why and what to do."""
 
 
+def resolve_device(device: str) -> str:
+    """``auto`` means the first GPU when torch sees one, else the CPU."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def create_engine(settings: ServerSettings) -> Engine:
     """``echo`` is the test engine; anything else is a PersonaPlex/Moshi model."""
     if settings.model == "echo":
@@ -33,6 +42,6 @@ def create_engine(settings: ServerSettings) -> Engine:
     return PersonaPlexEngine.load(
         settings.model,
         num_slots=settings.slots,
-        device=settings.device,
+        device=resolve_device(settings.device),
         voice_dir=None if settings.voice_dir is None else str(settings.voice_dir),
     )
