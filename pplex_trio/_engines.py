@@ -39,9 +39,14 @@ def create_engine(settings: ServerSettings) -> Engine:
             f"--model {settings.model}: the PersonaPlex engine is not available in this build ({exc}); "
             "use --model echo"
         ) from exc
-    return PersonaPlexEngine.load(
-        settings.model,
-        num_slots=settings.slots,
-        device=resolve_device(settings.device),
-        voice_dir=None if settings.voice_dir is None else str(settings.voice_dir),
-    )
+    from .model import CheckpointMismatchError, ModelAccessError, VoiceNotFoundError
+
+    try:
+        return PersonaPlexEngine.load(
+            settings.model,
+            num_slots=settings.slots,
+            device=resolve_device(settings.device),
+            voice_dir=None if settings.voice_dir is None else str(settings.voice_dir),
+        )
+    except (ModelAccessError, CheckpointMismatchError, VoiceNotFoundError) as exc:
+        raise ModelUnavailable(f"--model {settings.model}: {exc}") from exc

@@ -11,6 +11,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 # Ticks are budgeted at 80 ms: resolve well below and above that.
 _TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0)
+_LATENCY_BUCKETS = tuple(x / 1000 for x in (0.5, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 18, 20, 25, 30, 35,
+                                              40, 45, 50, 60, 70, 80, 90, 100, 120, 160, 200, 300, 500, 1000))
 _LATENESS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 1.0)
 
 
@@ -47,6 +49,15 @@ class Metrics:
         self.frames_silence = Counter(
             "pplex_frames_silence_filled_total", "Ticks where a live slot had no input frame and got silence",
             registry=r)
+        self.samples_skipped = Counter(
+            "pplex_input_samples_skipped_total",
+            "Input samples skipped once by phase alignment (framing catches up with the newest audio)",
+            registry=r)
+        self.added_latency = Histogram(
+            "pplex_added_latency_seconds",
+            "Per frame: last input sample reached the server -> output frame written to the socket, "
+            "minus the engine's compute time for that tick",
+            buckets=_LATENCY_BUCKETS, registry=r)
         self.frames_out = Counter("pplex_frames_out_total", "Output frames handed to sessions", registry=r)
         self.sessions_started = Counter(
             "pplex_sessions_started_total", "Connections accepted, by protocol", ["protocol"], registry=r)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -46,6 +47,7 @@ class _Plan:
     modes: list[SlotMode]
     leases: list[Lease | None]
     pcm: np.ndarray
+    arrivals: list[float | None]  # when each LIVE row's input frame was complete
 
 
 @dataclasses.dataclass
@@ -53,6 +55,7 @@ class _Result:
     started: dict[int, int]
     rejected: dict[int, tuple[int, str]]
     output: StepOutput | None
+    step_seconds: float  # time inside engine.step (the compute the latency metric excludes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,15 +105,18 @@ class EngineActor:
     # -- sessions ------------------------------------------------------------
 
     @contextlib.contextmanager
-    def lease(self, conversation: Conversation) -> Iterator[Lease]:
+    def lease(self, conversation: Conversation, *, align: bool = False) -> Iterator[Lease]:
         """Claim a slot (or a place in the queue) for the duration of the block.
 
-        Raises :class:`QueueFull` at once if there is neither.  On exit the
-        slot drains: it is freed only between engine calls.
+        ``align`` asks for phase-aligned framing of this conversation's input
+        (lower latency; may skip a few ms of audio once to catch up, see
+        :class:`InputFramer`).  Raises :class:`QueueFull` at once if there is
+        neither a slot nor a place in the queue.  On exit the slot drains: it
+        is freed only between engine calls.
         """
         lease = Lease(
             conversation,
-            framer=InputFramer(self.engine.frame_size, self.input_backlog_frames),
+            framer=InputFramer(self.engine.frame_size, self.input_backlog_frames, align=align),
             outbox=DropOldestChannel(
                 self.output_backlog_frames, name="output_backlog", on_drop=self.metrics.drop
             ),
@@ -124,9 +130,9 @@ class EngineActor:
             lease.outbox.close()
             self._changed()
 
-    def push_input(self, lease: Lease, pcm: np.ndarray) -> None:
-        """Queue decoded input PCM for the lease's slot (oldest frames drop on overflow)."""
-        self.metrics.drop("input_backlog", lease.framer.push(pcm))
+    def push_input(self, lease: Lease, pcm: np.ndarray, arrived_at: float) -> None:
+        """Queue input PCM that reached the server at ``arrived_at`` (oldest frames drop on overflow)."""
+        self.metrics.drop("input_backlog", lease.framer.push(pcm, arrived_at))
 
     def statistics(self) -> ActorStatistics:
         table = self.table
@@ -195,6 +201,7 @@ class EngineActor:
         n = len(self.table.slots)
         modes = [SlotMode.IDLE] * n
         leases: list[Lease | None] = [None] * n
+        arrivals: list[float | None] = [None] * n
         starts = []
         pcm = self._pcm
         for slot in self.table.slots:
@@ -207,14 +214,18 @@ class EngineActor:
                     starts.append((i, lease.conversation))  # its mode is known once started
             elif slot.phase is SlotPhase.LIVE and lease is not None:
                 modes[i] = SlotMode.LIVE
-                if lease.framer.pop_frame_into(pcm[i]):
+                skipped = lease.framer.skipped_samples
+                arrivals[i] = lease.framer.pop_frame_into(pcm[i])
+                if lease.framer.skipped_samples != skipped:
+                    self.metrics.samples_skipped.inc(lease.framer.skipped_samples - skipped)
+                if arrivals[i] is not None:
                     lease.frames_consumed += 1
                     lease.last_consumed_tick = self.ticks
                     self.metrics.frames_in.inc()
                     continue
                 self.metrics.frames_silence.inc()
             pcm[i] = 0.0
-        return _Plan(self.ticks, resets, starts, modes, leases, pcm)
+        return _Plan(self.ticks, resets, starts, modes, leases, pcm, arrivals)
 
     def _execute(self, plan: _Plan) -> _Result:
         """The engine calls of one tick, on the worker thread."""
@@ -235,9 +246,10 @@ class EngineActor:
                 started[slot] = steps
                 plan.modes[slot] = SlotMode.PREFILL if steps > 0 else SlotMode.IDLE
         output = None
+        began = time.perf_counter()
         if any(mode is not SlotMode.IDLE for mode in plan.modes):
             output = engine.step(plan.modes, plan.pcm)
-        return _Result(started, rejected, output)
+        return _Result(started, rejected, output, time.perf_counter() - began)
 
     def _apply(self, plan: _Plan, result: _Result) -> None:
         slots = self.table.slots
@@ -263,7 +275,10 @@ class EngineActor:
                     self.table.go_live(slot)
             elif mode is SlotMode.LIVE:
                 assert result.output is not None
-                frame = OutputFrame(result.output.pcm[i].copy(), result.output.text[i], plan.tick)
+                frame = OutputFrame(
+                    result.output.pcm[i].copy(), result.output.text[i], plan.tick,
+                    input_arrival=plan.arrivals[i], step_seconds=result.step_seconds,
+                )
                 lease.outbox.send_nowait(frame)
                 lease.frames_delivered += 1
                 lease.last_delivered_tick = plan.tick

@@ -1,18 +1,31 @@
 """Cutting one conversation's input stream into engine frames.
 
-This is the one place where incoming PCM (any chunk size: Opus pages of
-40 ms, raw messages of odd lengths) becomes the fixed 1920-sample frames the
-engine consumes, one per tick.  Keeping it in one place lets the latency
-work align frame boundaries to the tick phase here and nowhere else.
+This is the one place where incoming PCM (Opus pages of 40 ms, raw messages
+of any length) becomes the fixed 1920-sample frames the engine consumes, one
+per tick.  It also remembers when each sample arrived, so the server can
+measure the latency it adds to every frame.
+
+**Phase alignment.**  With frame boundaries at fixed multiples of 1920
+samples, a frame completed just after a tick waits almost a whole tick (80 ms;
+40 ms on average) before it is consumed.  With ``align=True`` the framer
+watches how much audio is waiting at each tick beyond the frame it hands
+over (the *surplus*).  Surplus that every tick of a recent window had is
+never needed to ride out jitter, so the framer skips it once: from then on
+the frame ends at the newest sample that arrived before the tick.  An
+underrun (no whole frame at a tick) means the margin was needed: skipping is
+held off for a while, so jitter costs a late frame now and then, not a skip
+every second.
 """
 
 from __future__ import annotations
+
+import collections
 
 import numpy as np
 
 
 class InputFramer:
-    """A FIFO of samples, read one whole frame at a time.
+    """A FIFO of samples, read one whole frame per tick.
 
     At most ``max_frames`` whole frames wait; beyond that the *oldest* whole
     frames are dropped (real time beats completeness), so frame boundaries
@@ -20,14 +33,34 @@ class InputFramer:
     dropped so the caller can count them.
     """
 
-    def __init__(self, frame_size: int, max_frames: int):
+    def __init__(
+        self,
+        frame_size: int,
+        max_frames: int,
+        *,
+        align: bool = False,
+        window: int = 25,
+        min_skip: int | None = None,
+        hold_after_underrun: int = 50,
+    ):
         if max_frames < 1:
             raise ValueError("max_frames must be at least 1")
         self.frame_size = frame_size
         self.max_frames = max_frames
+        self.align = align
+        self.window = window
+        self.min_skip = frame_size // 8 if min_skip is None else min_skip  # 10 ms at 24 kHz
+        self.hold_after_underrun = hold_after_underrun
         # One extra frame of room holds a partial frame beside max_frames whole ones.
         self._buf = np.zeros((max_frames + 1) * frame_size, dtype=np.float32)
         self._len = 0
+        self._start = 0  # stream position of _buf[0]
+        self._arrivals: collections.deque[tuple[int, float]] = collections.deque()  # (end position, time)
+        self._surplus: collections.deque[int] = collections.deque(maxlen=window)
+        self._hold = 0
+        self._popped = False
+        self.skipped_samples = 0  # skipped by phase alignment
+        self.underruns = 0
 
     @property
     def pending_samples(self) -> int:
@@ -37,9 +70,11 @@ class InputFramer:
     def pending_frames(self) -> int:
         return self._len // self.frame_size
 
-    def push(self, pcm: np.ndarray) -> int:
-        """Append float32 mono samples; return the number of frames dropped."""
+    def push(self, pcm: np.ndarray, arrived_at: float = 0.0) -> int:
+        """Append float32 mono samples that arrived at ``arrived_at``; return frames dropped."""
         pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
+        if not pcm.size:
+            return 0
         overflow = self._len + pcm.size - self._buf.size
         dropped = 0
         if overflow > 0:
@@ -49,26 +84,39 @@ class InputFramer:
             cut = dropped * self.frame_size
             from_buffer = min(cut, self._len)
             self._discard(from_buffer)
-            pcm = pcm[cut - from_buffer :]
+            skip = cut - from_buffer
+            self._start += skip
+            pcm = pcm[skip:]
         self._buf[self._len : self._len + pcm.size] = pcm
         self._len += pcm.size
+        self._arrivals.append((self._start + self._len, arrived_at))
         return dropped
 
-    def pop_frame(self) -> np.ndarray | None:
-        """The oldest whole frame (a new array), or ``None`` if none is complete."""
-        if self._len < self.frame_size:
-            return None
-        frame = self._buf[: self.frame_size].copy()
-        self._discard(self.frame_size)
-        return frame
+    def pop_frame_into(self, out: np.ndarray) -> float | None:
+        """Move the next frame into ``out``; return when its last sample arrived.
 
-    def pop_frame_into(self, out: np.ndarray) -> bool:
-        """Move the oldest whole frame into ``out``; ``False`` if none is complete."""
-        if self._len < self.frame_size:
-            return False
+        Returns ``None`` (and leaves ``out`` alone) when no whole frame is waiting.
+        """
+        surplus = self._len - self.frame_size
+        if surplus < 0:
+            if self.align and self._popped:  # before the first frame, nothing is late yet
+                self.underruns += 1
+                self._hold = self.hold_after_underrun
+                self._surplus.clear()
+            return None
+        if self.align:
+            self._align(surplus)
         out[:] = self._buf[: self.frame_size]
+        end = self._start + self.frame_size
+        arrived = self._arrival_of(end)
         self._discard(self.frame_size)
-        return True
+        self._popped = True
+        return arrived
+
+    def pop_frame(self) -> np.ndarray | None:
+        """The next whole frame as a new array, or ``None``."""
+        frame = np.empty(self.frame_size, dtype=np.float32)
+        return frame if self.pop_frame_into(frame) is not None else None
 
     def pad_to_frame(self) -> None:
         """Complete a trailing partial frame with silence (used on flush)."""
@@ -77,11 +125,33 @@ class InputFramer:
             fill = self.frame_size - partial
             if self._len + fill > self._buf.size:
                 self._discard(self.frame_size)
-            self._buf[self._len : self._len + fill] = 0.0
-            self._len += fill
+            last = self._arrivals[-1][1] if self._arrivals else 0.0
+            self.push(np.zeros(fill, dtype=np.float32), last)
+
+    def _align(self, surplus: int) -> None:
+        if self._hold:
+            self._hold -= 1
+            return
+        self._surplus.append(surplus)
+        if len(self._surplus) == self.window:
+            unneeded = min(self._surplus)
+            if unneeded >= self.min_skip:
+                self._discard(unneeded)
+                self.skipped_samples += unneeded
+                self._surplus.clear()
+
+    def _arrival_of(self, position: int) -> float:
+        """When the sample just before stream ``position`` arrived."""
+        for end, arrived in self._arrivals:
+            if end >= position:
+                return arrived
+        return self._arrivals[-1][1]
 
     def _discard(self, count: int) -> None:
         count = min(count, self._len)
         remaining = self._len - count
         self._buf[:remaining] = self._buf[count : self._len]
         self._len = remaining
+        self._start += count
+        while self._arrivals and self._arrivals[0][0] <= self._start:
+            self._arrivals.popleft()

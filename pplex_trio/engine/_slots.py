@@ -52,11 +52,19 @@ class LeaseFailure:
 
 @dataclasses.dataclass
 class OutputFrame:
-    """One engine output for one conversation."""
+    """One engine output for one conversation.
+
+    ``input_arrival`` is when the last sample of the input frame consumed in
+    the same tick reached the server (``None`` if the tick had no input), and
+    ``step_seconds`` the engine's compute time in that tick: the send task
+    turns them into the server-added latency of this frame.
+    """
 
     pcm: np.ndarray
     text: str | None
     tick: int
+    input_arrival: float | None = None
+    step_seconds: float = 0.0
 
 
 class Lease:

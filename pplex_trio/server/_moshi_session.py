@@ -10,15 +10,20 @@ from __future__ import annotations
 from typing import Any
 
 import sphn
+import trio
 
 from .._channel import DropOldestChannel
 from ..engine import Conversation, Lease, SAMPLE_RATE
 from ..protocol import CloseCode, ProtocolError, conversation_from_params, moshi, parse_query
-from ._session import Session
+from ._session import Outgoing, Session, latency_origin
 
 
 class MoshiSession(Session):
     protocol = "moshi"
+
+    @property
+    def align_input(self) -> bool:  # type: ignore[override]
+        return self.settings.framing == "aligned"
 
     async def negotiate(self) -> Conversation:
         params = parse_query(self.ws.query_string)
@@ -39,10 +44,11 @@ class MoshiSession(Session):
         while True:
             message = await self.ws.receive()
             self.stats.messages_received += 1
+            arrived = trio.current_time()
             event = moshi.parse_client_message(message, max_bytes=max_bytes)
             if isinstance(event, moshi.AudioReceived):
                 if event.ogg:
-                    inbound.send_nowait(event.ogg)
+                    inbound.send_nowait((arrived, event.ogg))
             else:
                 self.stats.messages_ignored += 1
 
@@ -51,7 +57,7 @@ class MoshiSession(Session):
         actor = self.server.actor
         frame_size = actor.engine.frame_size
         decoded = 0
-        async for ogg in inbound:
+        async for arrived, ogg in inbound:
             try:
                 pcm = reader.append_bytes(ogg)
             except ValueError as exc:
@@ -60,11 +66,11 @@ class MoshiSession(Session):
                     CloseCode.INVALID_PAYLOAD,
                 ) from None
             if pcm.size:
-                actor.push_input(lease, pcm)
+                actor.push_input(lease, pcm, arrived)
                 decoded += pcm.size
                 self.stats.frames_decoded = decoded // frame_size
 
-    async def encode_loop(self, lease: Lease, outbound: DropOldestChannel[bytes | str]) -> None:
+    async def encode_loop(self, lease: Lease, outbound: DropOldestChannel[Outgoing]) -> None:
         writer = sphn.OpusStreamWriter(SAMPLE_RATE)
         first = True
         async for frame in lease.outbox:
@@ -72,9 +78,9 @@ class MoshiSession(Session):
             if ogg:
                 # The first pages carry OpusHead/OpusTags: without them a
                 # decoder cannot start, so they are never dropped.
-                outbound.send_nowait(moshi.audio(ogg), droppable=not first)
+                outbound.send_nowait((moshi.audio(ogg), latency_origin(frame)), droppable=not first)
                 first = False
                 self.stats.frames_sent += 1
             if frame.text:
-                outbound.send_nowait(moshi.text(frame.text), droppable=False)
+                outbound.send_nowait((moshi.text(frame.text), None), droppable=False)
                 self.stats.text_sent += 1

@@ -14,7 +14,7 @@ import trio
 from .._channel import DropOldestChannel
 from ..engine import Conversation, Lease, OutputFrame
 from ..protocol import CloseCode, ProtocolError, conversation_from_params, raw
-from ._session import Session
+from ._session import Outgoing, Session, latency_origin
 
 _FLUSHED = object()  # marks the end of a flush in the output pipeline
 
@@ -51,12 +51,13 @@ class RawSession(Session):
         while True:
             message = await self.ws.receive()
             self.stats.messages_received += 1
+            arrived = trio.current_time()
             event = raw.parse_client_message(message, max_bytes=max_bytes)
             if isinstance(event, raw.PcmReceived):
                 if closing:
                     raise ProtocolError("audio after \"close\": nothing may follow a close", CloseCode.POLICY)
                 if event.pcm.size:
-                    inbound.send_nowait(event.pcm)
+                    inbound.send_nowait((arrived, event.pcm))
             elif isinstance(event, raw.Close):
                 if not closing:
                     closing = True
@@ -68,8 +69,8 @@ class RawSession(Session):
         actor = self.server.actor
         frame_size = actor.engine.frame_size
         received = 0
-        async for pcm in inbound:
-            actor.push_input(lease, pcm)
+        async for arrived, pcm in inbound:
+            actor.push_input(lease, pcm, arrived)
             received += pcm.size
             self.stats.frames_decoded = received // frame_size
         await self._flush(lease)
@@ -81,16 +82,16 @@ class RawSession(Session):
             await lease.wait_changed()
         lease.outbox.send_nowait(_FLUSHED, droppable=False)  # type: ignore[arg-type]
 
-    async def encode_loop(self, lease: Lease, outbound: DropOldestChannel[bytes | str]) -> None:
+    async def encode_loop(self, lease: Lease, outbound: DropOldestChannel[Outgoing]) -> None:
         async for frame in lease.outbox:
             if frame is _FLUSHED:
-                outbound.send_nowait(raw.done(), droppable=False)
+                outbound.send_nowait((raw.done(), None), droppable=False)
                 outbound.close()
                 return
             assert isinstance(frame, OutputFrame)
-            outbound.send_nowait(raw.pcm_frame(frame.pcm))
+            outbound.send_nowait((raw.pcm_frame(frame.pcm), latency_origin(frame)))
             self.stats.frames_sent += 1
             if frame.text:
-                outbound.send_nowait(raw.text(frame.text), droppable=False)
+                outbound.send_nowait((raw.text(frame.text), None), droppable=False)
                 self.stats.text_sent += 1
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from .._channel import DropOldestChannel
-from ..engine import Conversation, Lease, LeaseState, QueueFull
+from ..engine import Conversation, Lease, LeaseState, OutputFrame, QueueFull
 from ..protocol import CloseCode, ProtocolError
 
 if TYPE_CHECKING:
@@ -46,6 +46,17 @@ class WebSocket(Protocol):
     async def receive(self) -> bytes | str | None: ...
     async def send(self, data: bytes | str) -> None: ...
     async def close(self, code: int, reason: str = "") -> None: ...
+
+
+# A message for the socket, and when the latency clock of its frame started
+# (input arrival + engine compute), or None if it carries no input frame.
+Outgoing = tuple[bytes | str, float | None]
+
+
+def latency_origin(frame: OutputFrame) -> float | None:
+    if frame.input_arrival is None:
+        return None
+    return frame.input_arrival + frame.step_seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +79,7 @@ class SessionStats:
 
 class Session(abc.ABC):
     protocol: str  # "moshi" or "raw"
+    align_input = False  # phase-aligned framing (see InputFramer)
 
     def __init__(self, ws: WebSocket, server: ServerState):
         self.id = next(_ids)
@@ -100,7 +112,8 @@ class Session(abc.ABC):
     async def decode_loop(self, inbound: DropOldestChannel[Any], lease: Lease) -> None: ...
 
     @abc.abstractmethod
-    async def encode_loop(self, lease: Lease, outbound: DropOldestChannel[bytes | str]) -> None: ...
+    async def encode_loop(self, lease: Lease, outbound: DropOldestChannel[Outgoing]) -> None:
+        """Turn engine output frames into messages (with their latency origin) for the send task."""
 
     @abc.abstractmethod
     def error_message(self, message: str) -> bytes | str: ...
@@ -149,7 +162,7 @@ class Session(abc.ABC):
             return
         with contextlib.ExitStack() as stack:
             try:
-                lease = stack.enter_context(self.server.actor.lease(conversation))
+                lease = stack.enter_context(self.server.actor.lease(conversation, align=self.align_input))
             except QueueFull as exc:
                 self.end(CloseCode.TRY_AGAIN_LATER, str(exc), "queue_full")
                 return
@@ -185,7 +198,7 @@ class Session(abc.ABC):
     async def _pipeline(self, lease: Lease) -> None:
         s = self.settings
         inbound: DropOldestChannel[Any] = DropOldestChannel(s.input_backlog_frames * 2, name="inbound", on_drop=self._drop)
-        outbound: DropOldestChannel[bytes | str] = DropOldestChannel(
+        outbound: DropOldestChannel[Outgoing] = DropOldestChannel(
             s.outbound_messages, name="outbound", on_drop=self._drop
         )
         async with trio.open_nursery() as nursery:
@@ -203,13 +216,16 @@ class Session(abc.ABC):
             self.server.metrics.errors.labels("protocol").inc()
             self.end(exc.code, exc.message, "protocol_error")
 
-    async def _send_loop(self, outbound: DropOldestChannel[bytes | str]) -> None:
-        async for message in outbound:
+    async def _send_loop(self, outbound: DropOldestChannel[Outgoing]) -> None:
+        latency = self.server.metrics.added_latency
+        async for message, origin in outbound:
             with trio.move_on_after(self.settings.send_timeout) as timer:
                 await self.ws.send(message)
             if timer.cancelled_caught:
                 self.end(CloseCode.POLICY, "client did not read its messages in time", "send_timeout")
                 return
+            if origin is not None:
+                latency.observe(trio.current_time() - origin)
         # The protocol closed its output: everything is sent, a normal end.
         self.end(CloseCode.NORMAL, None, "completed")
 

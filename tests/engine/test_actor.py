@@ -64,7 +64,7 @@ async def test_prefill_then_live_in_lockstep(nursery, autojump_clock):
         await wait_state(lease, LeaseState.LIVE)
         assert trio.current_time() - t0 == pytest.approx(2 * TICK)  # 3 prefill steps: t=0, 80, 160 ms
         assert [m[0] for m, _ in engine.steps] == [SlotMode.PREFILL] * 3
-        actor.push_input(lease, frame)
+        actor.push_input(lease, frame, trio.current_time())
         out = await lease.outbox.receive()
         np.testing.assert_array_equal(out.pcm, frame)
         assert out.text == " 0"

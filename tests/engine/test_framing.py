@@ -74,9 +74,9 @@ def test_pop_into_fills_the_given_row():
     framer = InputFramer(FRAME, max_frames=2)
     framer.push(stream(FRAME + 3))
     row = np.full(FRAME, -1.0, dtype=np.float32)
-    assert framer.pop_frame_into(row)
+    assert framer.pop_frame_into(row) is not None
     np.testing.assert_array_equal(row, stream(FRAME))
-    assert not framer.pop_frame_into(row)
+    assert framer.pop_frame_into(row) is None
     np.testing.assert_array_equal(row, stream(FRAME))  # untouched when nothing is complete
 
 
@@ -85,3 +85,71 @@ def test_one_huge_push_keeps_only_the_newest_frames():
     dropped = framer.push(stream(FRAME * 10 + 5))
     assert dropped == 8
     np.testing.assert_array_equal(framer.pop_frame(), stream(FRAME * 10)[FRAME * 8 : FRAME * 9])
+
+
+def simulate(align, phase_ms, ticks=200, page=960, late_pages=()):
+    """Pages of `page` samples every 40 ms at `phase_ms` past each tick; one pop per 80 ms tick.
+
+    Returns the latency of each popped frame (tick time - arrival of its last
+    sample, ms), the popped audio, and the framer.
+    """
+    framer = InputFramer(1920, max_frames=6, align=align)
+    data = np.arange(ticks * 1920 + page * 4, dtype=np.float32)
+    pages = []  # (arrival ms, samples)
+    for k in range(ticks * 2 + 2):
+        arrival = phase_ms + 40 * k + (30 if k in late_pages else 0)
+        pages.append((arrival, data[k * page : (k + 1) * page]))
+    pages.sort(key=lambda p: p[0])
+    latencies, popped, row, i = [], [], np.zeros(1920, np.float32), 0
+    for tick in range(ticks):
+        now = 80 * tick
+        while i < len(pages) and pages[i][0] <= now:
+            framer.push(pages[i][1], pages[i][0])
+            i += 1
+        arrived = framer.pop_frame_into(row)
+        if arrived is not None:
+            latencies.append(now - arrived)
+            popped.append(row.copy())
+    return np.array(latencies), np.concatenate(popped), framer
+
+
+def test_alignment_cuts_latency_to_the_newest_page():
+    for phase in (1, 13, 27, 39, 55, 79):
+        naive, naive_audio, _ = simulate(False, phase)
+        aligned, aligned_audio, framer = simulate(True, phase)
+        steady = aligned[30:]  # after the first alignment window (25 ticks)
+        # Naive framing: the frame waits for the tick (up to 80 ms, depending on phase).
+        # Aligned: the frame ends at the newest page, so it waits less than one page (40 ms).
+        assert steady.max() < 40, (phase, steady.max())
+        assert steady.max() <= naive[30:].max()
+        assert framer.underruns == 0
+        # Continuity: the audio is the stream with at most one contiguous skip.
+        jumps = np.flatnonzero(np.diff(aligned_audio) != 1)
+        assert len(jumps) <= 1
+        assert framer.skipped_samples == (aligned_audio[jumps[0] + 1] - aligned_audio[jumps[0]] - 1 if len(jumps) else 0)
+        assert np.all(np.diff(naive_audio) == 1)  # naive never skips
+
+
+def test_a_late_page_holds_off_further_skips():
+    # Pages land 1 ms before each tick; a few of those come 30 ms late instead.
+    late = {240, 250, 260, 300}
+    _, _, calm = simulate(True, 79, ticks=400)
+    latencies, _, jittery = simulate(True, 79, ticks=400, late_pages=late)
+    assert calm.underruns == 0
+    # The first late page costs one underrun (a tick of silence); the margin
+    # it leaves is then kept for a while, so the later late pages cost nothing.
+    assert jittery.underruns == 1
+    # Once calm again, the framer catches up that one frame, and no more.
+    assert jittery.skipped_samples <= calm.skipped_samples + 1920
+    assert latencies[-20:].max() < 40
+
+
+def test_naive_framing_reports_arrival_of_the_last_sample():
+    framer = InputFramer(8, max_frames=4)
+    framer.push(stream(5), 1.0)
+    framer.push(stream(5), 2.0)  # completes the first frame
+    framer.push(stream(8), 3.0)
+    row = np.zeros(8, np.float32)
+    assert framer.pop_frame_into(row) == 2.0
+    assert framer.pop_frame_into(row) == 3.0
+    assert framer.pop_frame_into(row) is None
