@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--queue-size", type=_non_negative_int, default=16, help="connections that may wait for a slot (default 16)")
     serve.add_argument("--queue-timeout", type=_non_negative_float, default=60.0, help="seconds one may wait (default 60)")
     serve.add_argument("--max-prompt-chars", type=_positive_int, default=1000, help="persona length limit (default 1000)")
+    serve.add_argument(
+        "--framing", choices=("aligned", "naive"), default="aligned",
+        help="Moshi input framing: aligned (frames end at the newest audio before each tick, lower latency) "
+        "or naive (fixed 1920-sample boundaries); default aligned")
     echo = serve.add_argument_group("echo test engine")
     echo.add_argument("--echo-delay-frames", type=_non_negative_int, default=1, help="output delay in 80 ms frames (default 1)")
     echo.add_argument("--echo-prefill-steps", type=_non_negative_int, default=12, help="system-prompt ticks (default 12)")
@@ -106,7 +110,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = ServerSettings(
         host=args.host, port=args.port, model=args.model, slots=args.slots, device=args.device,
         voice_dir=args.voice_dir, static_dir=args.static_dir, queue_size=args.queue_size,
-        queue_timeout=args.queue_timeout, max_prompt_chars=args.max_prompt_chars,
+        queue_timeout=args.queue_timeout, max_prompt_chars=args.max_prompt_chars, framing=args.framing,
         echo_delay_frames=args.echo_delay_frames, echo_prefill_steps=args.echo_prefill_steps,
         echo_step_seconds=args.echo_step_ms / 1000.0,
     )

@@ -1,0 +1,76 @@
+"""Reading the server's Prometheus metrics: snapshots, differences, percentiles."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """Counter/gauge values by (name, labels) and histogram buckets by name."""
+
+    values: dict[tuple[str, tuple[tuple[str, str], ...]], float]
+    buckets: dict[str, list[tuple[float, float]]]  # name -> [(upper bound, cumulative count)]
+
+    def value(self, name: str, **labels: str) -> float:
+        return self.values.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def total(self, name: str) -> float:
+        return sum(v for (n, _), v in self.values.items() if n == name)
+
+
+def scrape(http_url: str) -> Snapshot:
+    text = httpx.get(http_url + "/metrics", timeout=10).text
+    values, buckets = {}, {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                bound = float(sample.labels["le"])
+                buckets.setdefault(sample.name[: -len("_bucket")], []).append((bound, sample.value))
+            else:
+                values[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    for series in buckets.values():
+        series.sort()
+    return Snapshot(values, buckets)
+
+
+@dataclasses.dataclass
+class Histogram:
+    """The observations of one histogram between two snapshots."""
+
+    bounds: list[float]
+    counts: list[float]  # cumulative
+
+    @classmethod
+    def between(cls, before: Snapshot, after: Snapshot, name: str) -> Histogram:
+        b = dict(before.buckets.get(name, []))
+        a = after.buckets.get(name, [])
+        return cls([bound for bound, _ in a], [count - b.get(bound, 0.0) for bound, count in a])
+
+    @property
+    def count(self) -> float:
+        return self.counts[-1] if self.counts else 0.0
+
+    def quantile(self, q: float) -> float:
+        """Linear interpolation inside the bucket, as Prometheus' histogram_quantile does."""
+        if not self.count:
+            return math.nan
+        rank = q * self.count
+        lower_bound, lower_count = 0.0, 0.0
+        for bound, count in zip(self.bounds, self.counts):
+            if count >= rank:
+                if math.isinf(bound):
+                    return lower_bound
+                width = count - lower_count
+                return lower_bound + (bound - lower_bound) * ((rank - lower_count) / width if width else 0)
+            lower_bound, lower_count = bound, count
+        return lower_bound
+
+    def cdf(self) -> tuple[list[float], list[float]]:
+        finite = [(b, c) for b, c in zip(self.bounds, self.counts) if not math.isinf(b)]
+        total = self.count or 1.0
+        return [0.0] + [b for b, _ in finite], [0.0] + [c / total for _, c in finite]

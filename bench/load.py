@@ -1,0 +1,379 @@
+#!/usr/bin/env python3
+"""bench/load: N concurrent Moshi-protocol clients against a pplex-trio server.
+
+Each client streams real speech (``../shared/data/*.wav``) at real-time pace as
+Ogg Opus pages, one page (two 20 ms packets) per message like the browser,
+pre-encoded once and replayed so the generator stays cheap.  It receives
+everything, decodes a sample of the clients' audio, and counts frames.
+
+Usage (from the repository root)::
+
+    python bench/load.py --clients 64 --duration 30            # starts `serve --model echo --slots 64`
+    python bench/load.py --clients 64 --compare-framing        # naive vs aligned framing, one run
+    python bench/load.py --find-max --duration 30              # largest N that holds real time
+    python bench/load.py --url http://127.0.0.1:8998 --clients 8   # a server you started
+
+Real time held = no frame lost (dropped by a queue, or late: a live tick that
+had no input and got silence) and p99 tick lateness <= 10 ms over the window.
+Prints a table, writes JSON and PNG plots under bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import logging
+import math
+import pathlib
+import random
+import sys
+import time
+
+import numpy as np
+import sphn
+import trio
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from _metrics import Histogram, scrape  # noqa: E402
+from _serverproc import ServerProcess  # noqa: E402
+
+from pplex_trio.client import open_websocket  # noqa: E402
+from pplex_trio.protocol import ogg  # noqa: E402
+
+logger = logging.getLogger("bench.load")
+SR, FRAME = 24_000, 1920
+DATA = REPO.parent / "shared" / "data"
+RESULTS = REPO / "bench" / "results"
+
+
+# --- the load ----------------------------------------------------------------------
+
+
+def encode_pages(seconds: float, page_ms: int) -> list[bytes]:
+    """Real speech as the Ogg pages of one continuous stream (headers first)."""
+    speech = [sphn.read(str(p), sample_rate=SR)[0][0] for p in sorted(DATA.glob("speech_*.wav"))]
+    pcm = np.concatenate(speech)
+    repeats = math.ceil(seconds * SR / pcm.size)
+    pcm = np.tile(pcm, repeats)[: int(seconds * SR) // FRAME * FRAME]
+    writer = sphn.OpusStreamWriter(SR)
+    pages: list[bytes] = []
+    for i in range(0, pcm.size, FRAME):
+        pages.extend(ogg.split_pages(writer.append_pcm(pcm[i : i + FRAME])))
+    header, audio = pages[:2], pages[2:]
+    if page_ms == 80:  # one message per frame (two pages), like `pplex-trio client`
+        audio = [audio[i] + audio[i + 1] for i in range(0, len(audio) - 1, 2)]
+    return header + audio
+
+
+@dataclasses.dataclass
+class ClientStats:
+    index: int
+    sent_frames: float = 0.0
+    audio_received: int = 0
+    text_received: int = 0
+    decoded_samples: int = 0
+    decode_errors: int = 0
+    handshake_s: float = math.nan
+    error: str = ""
+    window_sent: float = 0.0
+    window_received: int = 0
+
+
+async def run_client(url: str, pages: list[bytes], page_ms: int, stats: ClientStats, *, decode: bool,
+                     live: trio.Semaphore, stop: trio.Event, started_at: float) -> None:
+    reader = sphn.OpusStreamReader(SR) if decode else None
+    frames_per_message = page_ms / 80
+    try:
+        async with open_websocket(url) as ws:
+            while (await ws.get_message()) != b"\x00":
+                pass
+            stats.handshake_s = trio.current_time() - started_at
+            live.release()
+
+            async def receive() -> None:
+                while True:
+                    message = await ws.get_message()
+                    if message[:1] == b"\x01":
+                        stats.audio_received += 1
+                        if reader is not None:
+                            try:
+                                stats.decoded_samples += reader.append_bytes(message[1:]).size
+                            except ValueError:
+                                stats.decode_errors += 1
+                    elif message[:1] == b"\x02":
+                        stats.text_received += 1
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(receive)
+                await trio.sleep(random.uniform(0, 0.080))  # clients join at random tick phases
+                for page in pages[:2]:
+                    await ws.send_message(b"\x01" + page)
+                deadline = trio.current_time()
+                for page in pages[2:]:
+                    if stop.is_set():
+                        break
+                    await ws.send_message(b"\x01" + page)
+                    stats.sent_frames += frames_per_message
+                    deadline += page_ms / 1000
+                    await trio.sleep_until(deadline)
+                await trio.sleep(0.3)  # let the last frames come back
+                nursery.cancel_scope.cancel()
+    except Exception as exc:  # noqa: BLE001 - a load test reports, never crashes
+        stats.error = f"{type(exc).__name__}: {exc}"
+        live.release()
+
+
+@dataclasses.dataclass
+class RunResult:
+    label: str
+    clients: int
+    duration: float
+    window_s: float
+    sessions_ok: int
+    sent_frames: float
+    received_frames: int
+    dropped: float
+    late: float
+    skipped_ms: float
+    tick_p50_ms: float
+    tick_p99_ms: float
+    lateness_p50_ms: float
+    lateness_p99_ms: float
+    latency_p50_ms: float
+    latency_p90_ms: float
+    latency_p99_ms: float
+    ticks_skipped: float
+    cpu_percent: float
+    peak_rss_mb: float
+    decode_errors: int
+    per_session: list[dict] = dataclasses.field(default_factory=list)
+    latency_cdf: tuple[list[float], list[float]] = ((), ())
+
+    @property
+    def lost(self) -> float:
+        return self.dropped + self.late
+
+    @property
+    def real_time(self) -> bool:
+        return self.sessions_ok == self.clients and self.lost == 0 and self.lateness_p99_ms <= 10.0
+
+
+async def load_run(http_url: str, clients: int, duration: float, page_ms: int, pages: list[bytes], *,
+                   label: str, server: ServerProcess | None, warmup: float, decode_every: int) -> RunResult:
+    ws_url = http_url.replace("http://", "ws://") + "/api/chat"
+    stats = [ClientStats(i) for i in range(clients)]
+    live, stop = trio.Semaphore(0), trio.Event()
+    started_at = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for s in stats:
+            nursery.start_soon(functools.partial(
+                run_client, ws_url, pages, page_ms, s,
+                decode=s.index % decode_every == 0, live=live, stop=stop, started_at=started_at))
+        with trio.fail_after(120):
+            for _ in range(clients):
+                await live.acquire()
+        await trio.sleep(warmup)  # past the first alignment of every session
+        before = await trio.to_thread.run_sync(scrape, http_url)
+        cpu0, t0 = (server.cpu_seconds() if server else math.nan), time.monotonic()
+        sent0 = [s.sent_frames for s in stats]
+        recv0 = [s.audio_received for s in stats]
+        await trio.sleep(duration)
+        after = await trio.to_thread.run_sync(scrape, http_url)
+        cpu1, t1 = (server.cpu_seconds() if server else math.nan), time.monotonic()
+        for s, a, b in zip(stats, sent0, recv0):
+            s.window_sent, s.window_received = s.sent_frames - a, s.audio_received - b
+        stop.set()
+    window = t1 - t0
+    tick = Histogram.between(before, after, "pplex_tick_duration_seconds")
+    lateness = Histogram.between(before, after, "pplex_tick_lateness_seconds")
+    latency = Histogram.between(before, after, "pplex_added_latency_seconds")
+    delta = lambda name: after.total(name) - before.total(name)  # noqa: E731
+    ok = [s for s in stats if not s.error and not math.isnan(s.handshake_s)]
+    return RunResult(
+        label=label, clients=clients, duration=duration, window_s=window, sessions_ok=len(ok),
+        sent_frames=sum(s.window_sent for s in stats), received_frames=sum(s.window_received for s in stats),
+        dropped=delta("pplex_frames_dropped_total"), late=delta("pplex_frames_silence_filled_total"),
+        skipped_ms=delta("pplex_input_samples_skipped_total") / SR * 1000,
+        tick_p50_ms=1000 * tick.quantile(0.5), tick_p99_ms=1000 * tick.quantile(0.99),
+        lateness_p50_ms=1000 * lateness.quantile(0.5), lateness_p99_ms=1000 * lateness.quantile(0.99),
+        latency_p50_ms=1000 * latency.quantile(0.5), latency_p90_ms=1000 * latency.quantile(0.9),
+        latency_p99_ms=1000 * latency.quantile(0.99), ticks_skipped=delta("pplex_ticks_skipped_total"),
+        cpu_percent=100 * (cpu1 - cpu0) / window if server else math.nan,
+        peak_rss_mb=server.peak_rss_mb() if server else math.nan,
+        decode_errors=sum(s.decode_errors for s in stats),
+        per_session=[dataclasses.asdict(s) for s in stats],
+        latency_cdf=latency.cdf(),
+    )
+
+
+# --- driving it ----------------------------------------------------------------------
+
+
+def start_server(args: argparse.Namespace, slots: int, framing: str) -> ServerProcess:
+    cmd = ["-m", "pplex_trio", "serve", "--model", args.model, "--slots", str(slots), "--port", "0",
+           "--queue-size", "0", "--framing", framing]
+    if args.model == "echo":
+        cmd += ["--echo-step-ms", str(args.echo_step_ms), "--echo-prefill-steps", "12"]
+    return ServerProcess(cmd)
+
+
+def one(args: argparse.Namespace, clients: int, framing: str, pages: list[bytes]) -> RunResult:
+    label = f"{framing}, N={clients}"
+    if args.url:
+        return trio.run(lambda: load_run(args.url, clients, args.duration, args.page_ms, pages, label=label,
+                                         server=None, warmup=args.warmup, decode_every=args.decode_every))
+    server = start_server(args, clients, framing)
+    try:
+        url = "http://" + server.address
+        return trio.run(lambda: load_run(url, clients, args.duration, args.page_ms, pages, label=label,
+                                         server=server, warmup=args.warmup, decode_every=args.decode_every))
+    finally:
+        server.stop()
+
+
+COLUMNS = [
+    ("run", lambda r: r.label, "{}"),
+    ("ok", lambda r: f"{r.sessions_ok}/{r.clients}", "{}"),
+    ("sent", lambda r: r.sent_frames, "{:.0f}"),
+    ("recv", lambda r: r.received_frames, "{:.0f}"),
+    ("dropped", lambda r: r.dropped, "{:.0f}"),
+    ("late", lambda r: r.late, "{:.0f}"),
+    ("skip ms", lambda r: r.skipped_ms, "{:.0f}"),
+    ("tick p50/p99 ms", lambda r: f"{r.tick_p50_ms:.1f}/{r.tick_p99_ms:.1f}", "{}"),
+    ("late p50/p99 ms", lambda r: f"{r.lateness_p50_ms:.2f}/{r.lateness_p99_ms:.2f}", "{}"),
+    ("added p50/p90/p99 ms", lambda r: f"{r.latency_p50_ms:.1f}/{r.latency_p90_ms:.1f}/{r.latency_p99_ms:.1f}", "{}"),
+    ("cpu %", lambda r: r.cpu_percent, "{:.0f}"),
+    ("rss MB", lambda r: r.peak_rss_mb, "{:.0f}"),
+    ("real time", lambda r: "yes" if r.real_time else "NO", "{}"),
+]
+
+
+def table(results: list[RunResult]) -> str:
+    rows = [[c[0] for c in COLUMNS]] + [[c[2].format(c[1](r)) for c in COLUMNS] for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows)
+
+
+def plot(results: list[RunResult], path: pathlib.Path, title: str, by_clients: bool) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for r in results:
+        xs, ys = r.latency_cdf
+        axes[0].step([1000 * x for x in xs], ys, where="post", label=r.label)
+    axes[0].set(xlabel="server-added latency per frame (ms)", ylabel="fraction of frames",
+                title="Added latency CDF", xlim=(0, 100))
+    axes[0].grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    if by_clients:
+        ordered = sorted(results, key=lambda r: r.clients)
+        axes[1].plot([r.clients for r in ordered], [r.lateness_p99_ms for r in ordered], "o-", label="tick lateness p99")
+        axes[1].plot([r.clients for r in ordered], [r.latency_p50_ms for r in ordered], "s-", label="added latency p50")
+        axes[1].axhline(10, color="grey", ls="--", lw=1)
+        axes[1].set(xlabel="concurrent conversations", ylabel="ms", title="Lateness and latency vs N")
+    else:
+        names = [r.label for r in results]
+        axes[1].bar(names, [r.latency_p50_ms for r in results], label="added latency p50")
+        axes[1].bar(names, [r.lateness_p99_ms for r in results], alpha=0.6, label="tick lateness p99")
+        axes[1].set(ylabel="ms", title="Per run")
+    axes[1].grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=16, help="concurrent conversations (default 16)")
+    parser.add_argument("--duration", type=float, default=30.0, help="measured window in seconds (default 30)")
+    parser.add_argument("--warmup", type=float, default=4.0, help="seconds after all are live, before measuring")
+    parser.add_argument("--url", help="an already running server (http://host:port); else one is started")
+    parser.add_argument("--model", default="echo", help="model for the started server: echo or tiny (default echo)")
+    parser.add_argument("--echo-step-ms", type=float, default=20.0, help="echo engine compute stand-in (default 20)")
+    parser.add_argument("--framing", choices=("aligned", "naive"), default="aligned")
+    parser.add_argument("--compare-framing", action="store_true", help="run naive then aligned, side by side")
+    parser.add_argument("--find-max", action="store_true", help="search the largest N that holds real time")
+    parser.add_argument("--max-clients", type=int, default=160, help="upper bound for --find-max")
+    parser.add_argument("--page-ms", type=int, choices=(20, 40, 80), default=40,
+                        help="audio per message: 40 = one Ogg page of two 20 ms packets, like the browser")
+    parser.add_argument("--decode-every", type=int, default=8, help="decode the audio of every k-th client")
+    parser.add_argument("--name", default="load", help="file name stem under bench/results/")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    random.seed(args.seed)
+    if args.page_ms == 20:
+        parser.error("--page-ms 20 needs 20 ms pages, which sphn's writer does not produce")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    pages = encode_pages(args.duration + args.warmup + 30, args.page_ms)
+
+    results: list[RunResult] = []
+    if args.find_max:
+        results = find_max(args, pages)
+    elif args.compare_framing:
+        for framing in ("naive", "aligned"):
+            results.append(one(args, args.clients, framing, pages))
+            print(table(results[-1:]), flush=True)
+    else:
+        results.append(one(args, args.clients, args.framing, pages))
+    print()
+    print(table(results))
+    stem = RESULTS / args.name
+    stem.with_suffix(".json").write_text(json.dumps(
+        {"command": " ".join(["python", "bench/load.py", *(argv if argv is not None else sys.argv[1:])]),
+         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+         "results": [{k: v for k, v in dataclasses.asdict(r).items() if k not in ("per_session", "latency_cdf")}
+                     | {"lost": r.lost, "real_time": r.real_time} for r in results],
+         "per_session": {r.label: r.per_session for r in results}}, indent=1))
+    plot(results, stem.with_suffix(".png"), f"bench/load: {args.model} engine, {args.page_ms} ms pages",
+         by_clients=args.find_max)
+    print(f"\nwrote {stem.with_suffix('.json')} and {stem.with_suffix('.png')}")
+    if args.find_max:
+        best = max((r.clients for r in results if r.real_time), default=0)
+        print(f"largest N holding real time: {best}")
+    return 0
+
+
+def find_max(args: argparse.Namespace, pages: list[bytes]) -> list[RunResult]:
+    """Double N until real time breaks, then bisect between the last good and first bad N."""
+    results: dict[int, RunResult] = {}
+
+    def holds(n: int) -> bool:
+        if n not in results:
+            results[n] = one(args, n, args.framing, pages)
+            print(table([results[n]]), flush=True)
+        return results[n].real_time
+
+    good, bad = 0, None
+    n = 16
+    while n <= args.max_clients:
+        if holds(n):
+            good, n = n, n * 2
+        else:
+            bad = n
+            break
+    if bad is None:
+        bad = args.max_clients + 1
+        if good < args.max_clients and holds(args.max_clients):
+            good = args.max_clients
+    while bad - good > max(4, good // 16):
+        mid = (good + bad) // 2
+        if holds(mid):
+            good = mid
+        else:
+            bad = mid
+    return [results[k] for k in sorted(results)]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
