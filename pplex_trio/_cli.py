@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--queue-timeout", type=_non_negative_float, default=60.0, help="seconds one may wait (default 60)")
     serve.add_argument("--max-prompt-chars", type=_positive_int, default=1000, help="persona length limit (default 1000)")
     serve.add_argument(
+        "--opus-encoder", choices=("auto", "libopus", "sphn"), default="auto",
+        help="Opus encoder for /api/chat output: libopus via ctypes (complexity 5, runs beside the event loop), "
+        "sphn, or auto (libopus when the system has it); default auto")
+    serve.add_argument(
         "--framing", choices=("aligned", "naive"), default="aligned",
         help="Moshi input framing: aligned (frames end at the newest audio before each tick, lower latency) "
         "or naive (fixed 1920-sample boundaries); default aligned")
@@ -111,6 +115,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, model=args.model, slots=args.slots, device=args.device,
         voice_dir=args.voice_dir, static_dir=args.static_dir, queue_size=args.queue_size,
         queue_timeout=args.queue_timeout, max_prompt_chars=args.max_prompt_chars, framing=args.framing,
+        opus_encoder=args.opus_encoder,
         echo_delay_frames=args.echo_delay_frames, echo_prefill_steps=args.echo_prefill_steps,
         echo_step_seconds=args.echo_step_ms / 1000.0,
     )

@@ -17,7 +17,7 @@ _LATENESS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 
 
 
 DROP_REASONS = ("inbound", "input_backlog", "output_backlog", "outbound")
-ERROR_KINDS = ("bad_request", "protocol", "engine", "engine_start", "engine_reset", "start_rejected")
+ERROR_KINDS = ("bad_request", "protocol", "session", "engine", "engine_start", "engine_reset", "start_rejected")
 
 
 class Metrics:

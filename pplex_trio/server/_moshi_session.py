@@ -15,6 +15,7 @@ import trio
 from .._channel import DropOldestChannel
 from ..engine import Conversation, Lease, SAMPLE_RATE
 from ..protocol import CloseCode, ProtocolError, conversation_from_params, moshi, parse_query
+from ._opus import make_writer
 from ._session import Outgoing, Session, latency_origin
 
 
@@ -71,10 +72,11 @@ class MoshiSession(Session):
                 self.stats.frames_decoded = decoded // frame_size
 
     async def encode_loop(self, lease: Lease, outbound: DropOldestChannel[Outgoing]) -> None:
-        writer = sphn.OpusStreamWriter(SAMPLE_RATE)
+        writer = make_writer(self.settings.opus_encoder)
+        pool = self.server.encoder_pool
         first = True
         async for frame in lease.outbox:
-            ogg = writer.append_pcm(frame.pcm)
+            ogg = await pool.encode(writer, frame.pcm)
             if ogg:
                 # The first pages carry OpusHead/OpusTags: without them a
                 # decoder cannot start, so they are never dropped.

@@ -215,6 +215,11 @@ class Session(abc.ABC):
         except ProtocolError as exc:
             self.server.metrics.errors.labels("protocol").inc()
             self.end(exc.code, exc.message, "protocol_error")
+        except Exception:
+            logger.exception("session %d: internal error in %s", self.id, getattr(fn, "__name__", fn))
+            self.server.metrics.errors.labels("session").inc()
+            self.end(CloseCode.INTERNAL_ERROR, "internal server error in this conversation; please reconnect",
+                     "internal_error")
 
     async def _send_loop(self, outbound: DropOldestChannel[Outgoing]) -> None:
         latency = self.server.metrics.added_latency

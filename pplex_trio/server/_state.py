@@ -10,6 +10,7 @@ import trio
 
 from .._metrics import Metrics
 from ..engine import Engine, EngineActor
+from ._opus import EncoderPool
 from ._settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -22,6 +23,7 @@ class ServerState:
     engine: Engine
     actor: EngineActor
     metrics: Metrics
+    encoder_pool: EncoderPool = dataclasses.field(default_factory=EncoderPool)
     sessions: set[Session] = dataclasses.field(default_factory=set)
     shutting_down: bool = False
     sessions_gone: trio.Event = dataclasses.field(default_factory=trio.Event)

@@ -1,0 +1,79 @@
+"""Our libopus writer against sphn's reader, and the batching encoder pool."""
+
+import numpy as np
+import pytest
+import sphn
+import trio
+
+from _helpers.audio import best_lag
+from pplex_trio.protocol._ogg import page_sequence, split_pages
+from pplex_trio.server._opus import EncoderPool, LibopusWriter, libopus_available, make_writer
+
+pytestmark = pytest.mark.skipif(not libopus_available(), reason="needs the system libopus")
+
+
+def speech(path, seconds=4.0):
+    pcm, _ = sphn.read(str(path))
+    return pcm[0, : int(seconds * 24000)]
+
+
+def test_libopus_stream_decodes_with_sphn_like_sphns_own(speech_wav):
+    pcm = speech(speech_wav)
+    writer, reader = LibopusWriter(), sphn.OpusStreamReader(24000)
+    messages = [writer.append_pcm(pcm[i : i + 1920]) for i in range(0, pcm.size, 1920)]
+    pages = [p for m in messages for p in split_pages(m)]
+    assert [page_sequence(p) for p in pages] == list(range(len(pages)))
+    assert len(pages) == 2 + 2 * len(messages)  # headers, then two 40 ms pages per 80 ms frame
+    decoded = np.concatenate([reader.append_bytes(m) for m in messages])
+    assert decoded.size == pcm.size
+    lag, corr = best_lag(pcm, decoded, 0, 1000)
+    # Reference: sphn's own writer on the same audio.
+    sphn_writer, sphn_reader = sphn.OpusStreamWriter(24000), sphn.OpusStreamReader(24000)
+    reference = np.concatenate([sphn_reader.append_bytes(sphn_writer.append_pcm(pcm[i : i + 1920]))
+                                for i in range(0, pcm.size, 1920)])
+    ref_lag, ref_corr = best_lag(pcm, reference, 0, 1000)
+    assert abs(lag - ref_lag) <= 4  # same codec delay (libopus lookahead)
+    assert corr > 0.95 and corr >= ref_corr - 0.02
+
+
+def test_make_writer_kinds():
+    assert isinstance(make_writer("libopus"), LibopusWriter)
+    assert isinstance(make_writer("auto"), LibopusWriter)
+    assert isinstance(make_writer("sphn"), sphn.OpusStreamWriter)
+
+
+async def test_pool_encodes_each_sessions_frames_in_order(nursery):
+    pool = EncoderPool()
+    await nursery.start(pool.run)
+    writers = [LibopusWriter() for _ in range(5)]
+    readers = [sphn.OpusStreamReader(24000) for _ in writers]
+    tones = [np.sin(2 * np.pi * (200 + 100 * k) * np.arange(1920 * 6) / 24000).astype(np.float32) * 0.3
+             for k in range(len(writers))]
+    results = {k: [] for k in range(len(writers))}
+
+    async def session(k):
+        for i in range(6):
+            results[k].append(await pool.encode(writers[k], tones[k][i * 1920 : (i + 1) * 1920]))
+
+    async with trio.open_nursery() as sessions:
+        for k in range(len(writers)):
+            sessions.start_soon(session, k)
+    assert pool.frames == 30 and pool.batches < 30  # frames of concurrent sessions share thread calls
+    for k in range(len(writers)):
+        out = np.concatenate([readers[k].append_bytes(m) for m in results[k]])
+        spectrum = np.abs(np.fft.rfft(out[4000:]))
+        peak_hz = np.argmax(spectrum) * 24000 / (out.size - 4000)
+        assert abs(peak_hz - (200 + 100 * k)) < 10
+
+
+async def test_pool_error_reaches_only_its_session(nursery):
+    class Broken:
+        def append_pcm(self, pcm):
+            raise RuntimeError("encoder exploded")
+
+    pool = EncoderPool()
+    await nursery.start(pool.run)
+    good = LibopusWriter()
+    with pytest.raises(RuntimeError, match="exploded"):
+        await pool.encode(Broken(), np.zeros(1920, np.float32))
+    assert await pool.encode(good, np.zeros(1920, np.float32))
