@@ -13,7 +13,7 @@ import sphn
 import trio
 
 from .._channel import DropOldestChannel
-from ..engine import Conversation, Lease, SAMPLE_RATE
+from ..engine import SAMPLE_RATE, Conversation, Lease, LeaseState
 from ..protocol import CloseCode, ProtocolError, conversation_from_params, moshi, parse_query
 from ._opus import make_writer
 from ._session import Outgoing, Session, latency_origin
@@ -66,7 +66,7 @@ class MoshiSession(Session):
                     f"audio is not a valid Ogg Opus stream ({exc}); send Ogg pages of 24 kHz mono Opus",
                     CloseCode.INVALID_PAYLOAD,
                 ) from None
-            if pcm.size:
+            if pcm.size and lease.state is LeaseState.LIVE:
                 actor.push_input(lease, pcm, arrived)
                 decoded += pcm.size
                 self.stats.frames_decoded = decoded // frame_size

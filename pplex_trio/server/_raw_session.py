@@ -12,7 +12,7 @@ from typing import Any
 import trio
 
 from .._channel import DropOldestChannel
-from ..engine import Conversation, Lease, OutputFrame
+from ..engine import Conversation, Lease, LeaseState, OutputFrame
 from ..protocol import CloseCode, ProtocolError, conversation_from_params, raw
 from ._session import Outgoing, Session, latency_origin
 
@@ -70,9 +70,14 @@ class RawSession(Session):
         frame_size = actor.engine.frame_size
         received = 0
         async for arrived, pcm in inbound:
+            if lease.state is not LeaseState.LIVE:
+                continue  # not ready yet: the client should have waited for "ready"
             actor.push_input(lease, pcm, arrived)
             received += pcm.size
             self.stats.frames_decoded = received // frame_size
+        if lease.state is not LeaseState.LIVE:
+            self.end(CloseCode.NORMAL, None, "completed")  # closed before it began
+            return
         await self._flush(lease)
 
     async def _flush(self, lease: Lease) -> None:

@@ -167,10 +167,7 @@ class Session(abc.ABC):
                 self.end(CloseCode.TRY_AGAIN_LATER, str(exc), "queue_full")
                 return
             self.lease = lease
-            if not await self._wait_until_live(lease):
-                return
-            await self.send_ready()
-            await self._pipeline(lease)
+            await self._run_conversation(lease)
 
     async def _wait_until_live(self, lease: Lease) -> bool:
         """Wait in the queue, then through the prefill, keeping the client informed."""
@@ -195,15 +192,22 @@ class Session(abc.ABC):
             return False
         return lease.state is LeaseState.LIVE
 
-    async def _pipeline(self, lease: Lease) -> None:
+    async def _run_conversation(self, lease: Lease) -> None:
         s = self.settings
         inbound: DropOldestChannel[Any] = DropOldestChannel(s.input_backlog_frames * 2, name="inbound", on_drop=self._drop)
         outbound: DropOldestChannel[Outgoing] = DropOldestChannel(
             s.outbound_messages, name="outbound", on_drop=self._drop
         )
         async with trio.open_nursery() as nursery:
+            # The client is read from the start, so a protocol error or a
+            # disconnect is noticed while it waits too (input before "live" is
+            # decoded, to keep the stream's state, and then dropped).
             nursery.start_soon(self._guard, self.receive_loop, inbound)
             nursery.start_soon(self._guard, self.decode_loop, inbound, lease)
+            if not await self._wait_until_live(lease):
+                nursery.cancel_scope.cancel()
+                return
+            await self.send_ready()
             nursery.start_soon(self._guard, self.encode_loop, lease, outbound)
             nursery.start_soon(self._guard, self._send_loop, outbound)
             nursery.start_soon(self._watch_failure, lease)

@@ -196,3 +196,17 @@ async def _text(handle, path):
 
     async with httpx.AsyncClient() as client:
         return (await client.get(handle.http_url + path)).text
+
+
+async def test_protocol_error_while_queued_is_answered_at_once(start_server):
+    handle = await start_server(slots=1, queue_timeout=30)
+    async with open_websocket(moshi_url(handle.ws_url)) as first:
+        await moshi_handshake(first)
+        async with open_websocket(moshi_url(handle.ws_url)) as second:
+            await wait_health(handle, queued=1)
+            for _ in range(20):  # more than the framework's own buffer of 10 messages
+                await second.send_message(b"\x01")
+            await second.send_message("not binary")
+            closed = await read_until_closed(second, timeout=2)
+        assert closed.code == 1003
+        await wait_health(handle, queued=0)
