@@ -59,6 +59,8 @@ class PersonaPlexEngine(Engine):
         names = model.voices.names()
         if default_voice is None:
             default_voice = names[0] if names else ""
+        elif default_voice and default_voice not in names:
+            raise ValueError(f"default voice {default_voice!r} is not in the voice library ({', '.join(names) or 'empty'})")
         self.default_voice = default_voice or None
         self._depformer_steps = depformer_steps
         self._silence = torch.tensor(cfg.prompt.silence_tokens, device=self.device)
@@ -103,6 +105,10 @@ class PersonaPlexEngine(Engine):
     def start(self, slot: int, conversation: Conversation) -> int:
         self._check_slot(slot)
         voice_name = conversation.voice if conversation.voice is not None else self.default_voice
+        if not self._cfg.prompt.enabled:
+            if conversation.persona or conversation.voice:
+                logger.info("%s has no system prompt: persona and voice are ignored", self.name)
+            voice_name = None
         voice = self.model.voices.get(voice_name) if voice_name is not None else None
         plan = build_prompt_plan(self._cfg, self.model.tokenizer, conversation.persona, voice)
         self._reset_row(slot)
