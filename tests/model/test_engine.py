@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import pplex_trio.model
-from pplex_trio.engine._interface import Conversation, Engine, Sampling, SlotMode
+from pplex_trio.engine._interface import Conversation, ConversationRejected, Engine, Sampling, SlotMode
 from pplex_trio.engine._personaplex import PersonaPlexEngine
 from pplex_trio.model import VoiceNotFoundError, persona_tokens
 
@@ -45,8 +45,9 @@ def test_default_voice_is_the_first_of_the_library(engine):
 
 @pytest.mark.parametrize("voice", ["../TINY0.pt", "TINY9.pt", "TINY0.wav"])
 def test_bad_voice_is_refused_and_leaves_the_slot_alone(engine, voice):
-    with pytest.raises(VoiceNotFoundError):
+    with pytest.raises(ConversationRejected, match="voice") as info:
         engine.start(0, Conversation(voice=voice))
+    assert isinstance(info.value.__cause__, VoiceNotFoundError)
 
 
 def test_errors_are_clear(engine):
