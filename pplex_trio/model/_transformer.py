@@ -34,10 +34,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        if self.fp32:
-            x = x.float()
-        var = self.eps + torch.mean(x**2, dim=-1, keepdim=True)
-        return (x * (self.alpha.to(var) * torch.rsqrt(var))).to(dtype)
+        if self.fp32 and dtype != torch.float32:
+            return F.rms_norm(x.float(), (x.shape[-1],), self.alpha.view(-1).float(), self.eps).to(dtype)
+        return F.rms_norm(x, (x.shape[-1],), self.alpha.view(-1).to(dtype), self.eps)
 
 
 class LayerScale(nn.Module):
