@@ -18,8 +18,10 @@ with uninitialised weights from Kyutai's dicts (``loaders._lm_kwargs``,
 ``loaders._mimi_config``).  ``load_state_dict_strict(module, state_dict)``
 loads exactly (error lists missing/unexpected keys); call ``mimi.refresh()``
 after loading Mimi weights.  ``convert_kyutai_state_dict(sd)`` turns the
-state dict of a *live* Kyutai 0.2.x ``LMModel`` (``in_projs.{i}.weight``)
-into the file layout we use (``in_proj_weight``).
+state dict of a *live* Kyutai 0.2.x ``LMModel`` or ``MimiModel``
+(``in_projs.{i}.weight``) into the file layout we use (``in_proj_weight``),
+e.g. ``load_state_dict_strict(ours, convert_kyutai_state_dict(
+theirs.state_dict()))``.
 
 Mimi (``Mimi``)
 ---------------

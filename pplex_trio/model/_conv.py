@@ -77,10 +77,10 @@ class StreamingConv1d(nn.Module):
         previous = state.previous
         if self.pad_mode == "replicate":
             previous = where_rows(state.first, x[..., :1].expand_as(previous), previous)
+            state.first.copy_(state.first & ~exec_mask)
         x = torch.cat([previous, x], dim=-1)
         y = self.conv.conv(x)
         state.previous.copy_(where_rows(exec_mask, x[..., -self.memory:], state.previous))
-        state.first.copy_(state.first & ~exec_mask)
         return y
 
 
