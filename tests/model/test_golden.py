@@ -143,17 +143,19 @@ def test_engine_reproduces_golden_beside_another_conversation(golden_model, gold
 
 
 def test_offline_command_reproduces_golden(golden_dir, golden, tmp_path):
-    import argparse
+    """`pplex-trio offline` as a user runs it, in its own process."""
+    import subprocess
+    import sys
 
-    from pplex_trio.model import _offline
-
-    parser = argparse.ArgumentParser()
-    _offline.add_arguments(parser)
     wav, text = tmp_path / "out.wav", tmp_path / "out.json"
-    args = parser.parse_args([
-        "--model", str(golden_dir), "--input-wav", str(golden_dir / "input.wav"), "--output-wav", str(wav),
-        "--output-text", str(text), "--voice-prompt", golden.voice, "--greedy", "--device", "cpu"])
-    assert _offline.run(args) == 0
+    persona = json.loads((golden_dir / "config.json").read_text())["golden"]["text_prompt"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pplex_trio", "offline", "--model", str(golden_dir),
+         "--input-wav", str(golden_dir / "input.wav"), "--output-wav", str(wav), "--output-text", str(text),
+         "--text-prompt", persona, "--voice-prompt", golden.voice, "--greedy", "--device", "cpu"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
     assert json.loads(text.read_text()) == golden.output_text
     ours, rate = sphn.read(str(wav))
     ref, _ = sphn.read(str(golden_dir / "expected" / "output.wav"))
