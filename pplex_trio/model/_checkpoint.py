@@ -1,0 +1,104 @@
+"""Strict state-dict loading, and the one documented exception to strictness.
+
+Every tensor of the file must be consumed and every parameter filled: a
+checkpoint that does not match the architecture fails loudly, with the
+missing and unexpected keys listed, instead of running with random weights.
+
+The exception is the reference's depformer expansion: PersonaPlex runs 16
+depformer steps, and NVIDIA's loader copies steps 0-7 into 8-15 when a
+checkpoint only has 8 (:func:`expand_depformer_steps`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+_MAX_LISTED = 25
+
+
+class CheckpointMismatchError(ValueError):
+    """The checkpoint's tensors do not match the model built from the config."""
+
+
+def _listing(title: str, keys: list[str]) -> str:
+    shown = ", ".join(keys[:_MAX_LISTED])
+    more = f" (and {len(keys) - _MAX_LISTED} more)" if len(keys) > _MAX_LISTED else ""
+    return f"{title} ({len(keys)}): {shown}{more}"
+
+
+def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, torch.Tensor], *,
+                           what: str = "checkpoint", dtype: torch.dtype | None = None) -> None:
+    """Load ``state_dict`` into ``module``, requiring an exact match of names and shapes.
+
+    Floating-point tensors are cast to ``dtype`` (default: the dtype of the
+    parameter they replace).  Tensors are assigned, not copied, so a module
+    built on the ``meta`` device is materialised by this call.
+
+    Error handling: raises :class:`CheckpointMismatchError` naming every
+    missing, unexpected and wrongly shaped key.
+    """
+    expected = module.state_dict(keep_vars=True)
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    wrong = sorted(
+        f"{k} {tuple(state_dict[k].shape)} (expected {tuple(expected[k].shape)})"
+        for k in set(expected) & set(state_dict) if tuple(state_dict[k].shape) != tuple(expected[k].shape)
+    )
+    if missing or unexpected or wrong:
+        parts = [f"{what} does not match the model built from its config"]
+        if missing:
+            parts.append(_listing("missing keys", missing))
+        if unexpected:
+            parts.append(_listing("unexpected keys", unexpected))
+        if wrong:
+            parts.append(_listing("wrong shapes", wrong))
+        parts.append("check that config.json describes these weights (or pick the right --model)")
+        raise CheckpointMismatchError(";\n".join(parts))
+    converted = {}
+    for key, value in state_dict.items():
+        target = expected[key]
+        if value.dtype.is_floating_point:
+            value = value.to(dtype or target.dtype)
+        converted[key] = value
+    module.load_state_dict(converted, strict=True, assign=True)
+    module.requires_grad_(False)
+
+
+_PER_STEP = re.compile(r"^(depformer_in|depformer_emb|linears|depformer\.layers\.\d+\.gating)\.(\d+)\.(.*)$")
+
+
+def expand_depformer_steps(state_dict: dict[str, torch.Tensor], dep_q: int) -> bool:
+    """Copy depformer steps 0-7 into 8-15 in place, as NVIDIA's loader does.
+
+    Applies only when the model has ``dep_q == 16`` and the file has 8 steps
+    (a Moshi-layout checkpoint run as PersonaPlex).  Per-step weights
+    (``depformer_in``, ``linears``, ``gating``) of step ``s + 8`` become
+    copies of step ``s``; the stacked ``self_attn`` weights are concatenated
+    with themselves.  ``depformer_emb.{s}`` feeds step ``s + 1``, so the
+    file has 0-6 and ``depformer_emb.7`` (the input of step 8) has no
+    source: the reference leaves it uninitialised; we fill it with zeros.
+    It only influences step 8, a user codebook whose prediction is never
+    used.  Returns whether anything was expanded.
+    """
+    if dep_q != 16 or "linears.8.weight" in state_dict or "linears.7.weight" not in state_dict:
+        return False
+    for key in list(state_dict):
+        m = _PER_STEP.match(key)
+        if m and int(m.group(2)) < 8:
+            new_key = f"{m.group(1)}.{int(m.group(2)) + 8}.{m.group(3)}"
+            if m.group(1) == "depformer_emb" and int(m.group(2)) + 8 >= dep_q - 1:
+                continue
+            state_dict[new_key] = state_dict[key]
+        elif key.startswith("depformer.layers.") and ".self_attn." in key:
+            state_dict[key] = torch.cat([state_dict[key], state_dict[key]], dim=0)
+    if "depformer_emb.7.weight" not in state_dict and "depformer_emb.0.weight" in state_dict:
+        state_dict["depformer_emb.7.weight"] = torch.zeros_like(state_dict["depformer_emb.0.weight"])
+    logger.info("expanded the depformer from 8 to 16 steps (steps 8-15 copy 0-7, as the reference does)")
+    return True

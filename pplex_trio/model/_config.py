@@ -1,0 +1,404 @@
+"""Model configuration: dataclasses, the named-config table, Kyutai's JSON convention.
+
+A :class:`ModelConfig` is everything needed to *build* the modules (the
+weights come later, from a checkpoint or a seeded random init): the LM
+(:class:`LMConfig`), the Mimi codec (:class:`MimiConfig`) and the PersonaPlex
+system-prompt constants (:class:`PromptConfig`).
+
+Checkpoints describe themselves with Kyutai's ``config.json`` convention:
+flat ``LMModel`` keyword arguments plus ``moshi_name`` / ``mimi_name`` /
+``tokenizer_name`` (and, in our golden set, a ``mimi`` object and a
+``personaplex`` object).  :func:`config_from_kyutai_dict` reads that;
+PersonaPlex's own ``config.json`` is empty, which means "the official
+PersonaPlex-7B dimensions".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# File names used by both Kyutai's and NVIDIA's repositories.
+LM_FILE = "model.safetensors"
+MIMI_FILE = "tokenizer-e351c8d8-checkpoint125.safetensors"
+TOKENIZER_FILE = "tokenizer_spm_32k_3.model"
+VOICES_ARCHIVE = "voices.tgz"
+
+# The real PersonaPlex prompt tokens (Mimi codes of 80 ms of silence and of a
+# 440 Hz sine), from NVIDIA's reference.
+SILENCE_TOKENS = (948, 243, 1178, 546, 1736, 1030, 1978, 2008)
+SINE_TOKENS = (430, 1268, 381, 1611, 1095, 1495, 56, 472)
+DELAYS_17 = (0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """A streaming transformer: Helium (the LM's temporal one) or Mimi's.
+
+    ``norm`` is one of ``rms_norm_f32`` (Helium), ``rms_norm``,
+    ``layer_norm`` (Mimi) or ``layer_norm_f32``; ``gating`` is ``silu`` (a
+    gated FFN, hidden size from :func:`gated_hidden`) or ``none`` (a plain
+    ``linear1 -> gelu -> linear2`` FFN).  ``context`` is the capacity of the
+    ring KV cache, in steps of this transformer.
+    """
+
+    d_model: int
+    num_heads: int
+    num_layers: int
+    dim_feedforward: int
+    context: int
+    norm: str = "rms_norm_f32"
+    gating: str = "silu"
+    layer_scale: float | None = None
+    max_period: float = 10_000.0
+    positional_embedding: str = "rope"
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.num_heads:
+            raise ValueError(f"d_model {self.d_model} is not a multiple of num_heads {self.num_heads}")
+        if self.positional_embedding not in ("rope", "none"):
+            raise ValueError(f"positional_embedding {self.positional_embedding!r} is not supported (rope or none)")
+
+
+@dataclasses.dataclass(frozen=True)
+class SEANetConfig:
+    """Mimi's convolutional encoder/decoder (see MODEL.md for the real values)."""
+
+    channels: int = 1
+    dimension: int = 512
+    n_filters: int = 64
+    n_residual_layers: int = 1
+    ratios: tuple[int, ...] = (8, 6, 5, 4)
+    kernel_size: int = 7
+    residual_kernel_size: int = 3
+    last_kernel_size: int = 3
+    dilation_base: int = 2
+    compress: int = 2
+    pad_mode: str = "constant"
+    true_skip: bool = True
+
+    @property
+    def hop_length(self) -> int:
+        hop = 1
+        for r in self.ratios:
+            hop *= r
+        return hop
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizerConfig:
+    """Split RVQ: ``n_q_semantic`` codebooks on one projection, the rest on another."""
+
+    dimension: int = 256
+    n_q: int = 32
+    bins: int = 2048
+    input_dimension: int = 512
+    output_dimension: int = 512
+    n_q_semantic: int = 1
+    epsilon: float = 1e-5
+
+
+@dataclasses.dataclass(frozen=True)
+class MimiConfig:
+    sample_rate: int = 24_000
+    frame_rate: float = 12.5
+    seanet: SEANetConfig = SEANetConfig()
+    quantizer: QuantizerConfig = QuantizerConfig()
+    transformer: TransformerConfig = TransformerConfig(
+        d_model=512, num_heads=8, num_layers=8, dim_feedforward=2048, context=250,
+        norm="layer_norm", gating="none", layer_scale=0.01,
+    )
+    num_codebooks: int = 8  # codebooks actually used (the file may hold more)
+    upsample_channel_wise: bool = True  # Kyutai's "upsample_channel_wise_bug"
+
+    @property
+    def frame_size(self) -> int:
+        return int(self.sample_rate / self.frame_rate)
+
+    @property
+    def encoder_frame_rate(self) -> float:
+        return self.sample_rate / self.seanet.hop_length
+
+    @property
+    def resample_stride(self) -> int:
+        stride = self.encoder_frame_rate / self.frame_rate
+        if stride != int(stride) or stride < 1:
+            raise ValueError(f"Mimi needs an integer resampling stride, got {stride}")
+        return int(stride)
+
+
+@dataclasses.dataclass(frozen=True)
+class LMConfig:
+    """The Moshi/PersonaPlex LM.  Field names follow Kyutai's ``LMModel`` kwargs."""
+
+    dim: int = 4096
+    num_heads: int = 32
+    num_layers: int = 32
+    hidden_scale: float = 4.125
+    context: int = 3000
+    max_period: float = 10_000.0
+    norm: str = "rms_norm_f32"
+    gating: str = "silu"
+    text_card: int = 32_000
+    card: int = 2048
+    n_q: int = 16
+    dep_q: int = 16
+    delays: tuple[int, ...] = DELAYS_17
+    existing_text_padding_id: int = 3
+    end_of_text_padding_id: int = 0
+    depformer_dim: int = 1024
+    depformer_dim_feedforward: int | tuple[int, ...] = int(4.125 * 1024)
+    depformer_num_heads: int = 16
+    depformer_num_layers: int = 6
+    depformer_multi_linear: bool = True
+    depformer_weights_per_step: bool = True
+
+    def __post_init__(self) -> None:
+        if len(self.delays) != self.n_q + 1:
+            raise ValueError(f"expected {self.n_q + 1} delays (text + {self.n_q} audio), got {len(self.delays)}")
+        if self.n_q % 2:
+            raise ValueError("n_q must be even: half agent codebooks, half user codebooks")
+        if not 0 < self.dep_q <= self.n_q:
+            raise ValueError(f"dep_q must be in 1..n_q, got {self.dep_q}")
+
+    @property
+    def num_streams(self) -> int:
+        """Token streams per frame: text + n_q audio codebooks (17)."""
+        return self.n_q + 1
+
+    @property
+    def num_agent_codebooks(self) -> int:
+        """Codebooks of the agent's own voice (streams 1..8); the rest are the user's."""
+        return self.n_q // 2
+
+    @property
+    def max_delay(self) -> int:
+        return max(self.delays)
+
+    @property
+    def temporal(self) -> TransformerConfig:
+        return TransformerConfig(
+            d_model=self.dim, num_heads=self.num_heads, num_layers=self.num_layers,
+            dim_feedforward=int(self.hidden_scale * self.dim), context=self.context,
+            norm=self.norm, gating=self.gating, max_period=self.max_period,
+        )
+
+    def depformer_hidden(self, step: int) -> int:
+        ff = self.depformer_dim_feedforward
+        ff = ff[step] if isinstance(ff, tuple) else ff
+        return gated_hidden(self.depformer_dim, ff)
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptConfig:
+    """PersonaPlex system-prompt constants (from the checkpoint's ``personaplex`` object)."""
+
+    silence_tokens: tuple[int, ...] = SILENCE_TOKENS
+    sine_tokens: tuple[int, ...] = SINE_TOKENS
+    zero_text_code: int = 3
+    silence_frames: int = 6
+    wrap_template: str = "<system> {prompt} <system>"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    lm: LMConfig = LMConfig()
+    mimi: MimiConfig = MimiConfig()
+    prompt: PromptConfig = PromptConfig()
+    # Default sampling of the checkpoint (Kyutai's ``lm_gen_config``), informational.
+    lm_gen: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def gated_hidden(dim: int, dim_feedforward: int) -> int:
+    """Hidden width of a gated FFN, by Kyutai's rule (``4*dim`` is special-cased)."""
+    if dim_feedforward == 4 * dim:
+        return (21 * dim) // 8
+    return (2 * dim_feedforward) // 3
+
+
+def _tiny_config() -> ModelConfig:
+    """Random-weight model for CPU demos and tests: real layout and rules, small dims.
+
+    The context is the real one (3000 frames for the LM, 250 steps for
+    Mimi's transformers) so long-call behaviour is the real one too.  The
+    prompt tokens are the real ones modulo the tiny codebook size, as in the
+    golden set.
+    """
+    card = 64
+    return ModelConfig(
+        name="tiny",
+        lm=LMConfig(
+            dim=64, num_heads=4, num_layers=2, context=3000, text_card=400, card=card,
+            depformer_dim=32, depformer_dim_feedforward=64, depformer_num_heads=2,
+            depformer_num_layers=2,
+        ),
+        mimi=MimiConfig(
+            seanet=SEANetConfig(dimension=32, n_filters=4),
+            quantizer=QuantizerConfig(dimension=16, n_q=8, bins=card, input_dimension=32, output_dimension=32),
+            transformer=TransformerConfig(
+                d_model=32, num_heads=2, num_layers=2, dim_feedforward=64, context=250,
+                norm="layer_norm", gating="none", layer_scale=0.01,
+            ),
+        ),
+        prompt=PromptConfig(
+            silence_tokens=tuple(t % card for t in SILENCE_TOKENS),
+            sine_tokens=tuple(t % card for t in SINE_TOKENS),
+        ),
+    )
+
+
+CONFIGS: dict[str, ModelConfig] = {
+    "personaplex-7b-v1": ModelConfig(name="personaplex-7b-v1"),
+    "tiny": _tiny_config(),
+}
+
+
+# --- Kyutai's config.json convention -------------------------------------------------
+
+# Keys of config.json that are not LMModel kwargs.
+_NON_LM_KEYS = {
+    "model_type", "moshi_name", "mimi_name", "tokenizer_name", "mimi_config_name", "lm_gen_config",
+    "mimi", "personaplex", "notes", "golden", "model_id", "tts_config", "stt_config", "lora_name",
+}
+# LMModel kwargs that only matter for training or are implied by our architecture.
+_IGNORED_LM_KEYS = {
+    "causal", "depformer_causal", "positional_embedding", "depformer_pos_emb", "depformer_context",
+    "depformer_max_period", "depformer_gating", "depformer_layer_scale", "layer_scale", "bias_proj",
+    "norm_emb", "quantize", "gradient_checkpointing",
+}
+# Features some Kyutai models use that this engine does not implement.
+_UNSUPPORTED_LM_DEFAULTS: dict[str, Any] = {
+    "conditioners": None, "fuser": None, "cross_attention": False, "kv_repeat": 1,
+    "depformer_weights_per_step_schedule": None, "depformer_low_rank_embeddings": None,
+    "demux_second_stream": False, "demux_second_text_stream": False, "extra_heads_num_heads": 0,
+    "text_card_out": None, "depformer_norm": None, "lora": False,
+}
+_LM_FIELDS = {f.name for f in dataclasses.fields(LMConfig)}
+
+
+def lm_config_from_kwargs(kw: Mapping[str, Any]) -> LMConfig:
+    """Build an :class:`LMConfig` from Kyutai ``LMModel`` kwargs (flat config.json keys)."""
+    kw = dict(kw)
+    for key, default in _UNSUPPORTED_LM_DEFAULTS.items():
+        if key in kw and kw[key] != default and kw[key] not in (None, False, 0, [], {}):
+            raise ValueError(f"config.json sets {key}={kw[key]!r}, a feature this engine does not support")
+        kw.pop(key, None)
+    for key in ("positional_embedding",):
+        if kw.get(key, "rope") != "rope":
+            raise ValueError(f"config.json sets {key}={kw[key]!r}; only rope is supported for the LM")
+    if kw.get("depformer_pos_emb", "none") != "none":
+        raise ValueError("only depformer_pos_emb='none' is supported")
+    if kw.get("layer_scale") is not None or kw.get("depformer_layer_scale") is not None:
+        raise ValueError("LM layer scale is not supported (PersonaPlex and Moshi have none)")
+    if kw.get("depformer_gating", kw.get("gating", "silu")) != kw.get("gating", "silu"):
+        raise ValueError("the depformer must use the same gating as the temporal transformer")
+    args: dict[str, Any] = {}
+    for key, value in kw.items():
+        if key in _LM_FIELDS:
+            if isinstance(value, list):
+                value = tuple(value)
+            args[key] = value
+        elif key not in _IGNORED_LM_KEYS:
+            logger.warning("ignoring unknown LM config key %r", key)
+    if args.get("existing_text_padding_id") is None:
+        args["existing_text_padding_id"] = 3
+    return LMConfig(**args)
+
+
+def mimi_config_from_dict(d: Mapping[str, Any]) -> MimiConfig:
+    """Read a Mimi config object (``seanet`` / ``quantizer`` / ``transformer`` sub-objects)."""
+    s = dict(d.get("seanet", {}))
+    for key in ("causal", "activation", "norm", "disable_norm_outer_blocks"):
+        s.pop(key, None)
+    if "ratios" in s:
+        s["ratios"] = tuple(s["ratios"])
+    seanet = SEANetConfig(**s)
+    q = dict(d.get("quantizer", {}))
+    quant = QuantizerConfig(
+        dimension=q.get("dimension", 256), n_q=q.get("n_q", 32), bins=q.get("bins", 2048),
+        input_dimension=q.get("input_dimension", seanet.dimension),
+        output_dimension=q.get("output_dimension", seanet.dimension),
+        n_q_semantic=q.get("n_q_semantic", 1), epsilon=q.get("codebook_epsilon", 1e-5),
+    )
+    t = dict(d.get("transformer", {}))
+    in_dim = t.pop("input_dimension", t["d_model"])
+    out_dims = t.pop("output_dimensions", [t["d_model"]])
+    if in_dim != t["d_model"] or list(out_dims) != [t["d_model"]]:
+        raise ValueError("Mimi transformers with input/output projections are not supported")
+    for key in ("causal", "conv_layout"):
+        t.pop(key, None)
+    transformer = TransformerConfig(**t)
+    if d.get("resample_method", "conv") != "conv":
+        raise ValueError("only Mimi's learnt-conv resampling is supported")
+    return MimiConfig(
+        sample_rate=d.get("sample_rate", 24_000), frame_rate=d.get("frame_rate", 12.5),
+        seanet=seanet, quantizer=quant, transformer=transformer,
+        num_codebooks=d.get("num_codebooks", 8),
+        upsample_channel_wise=d.get("upsample_channel_wise_bug", True),
+    )
+
+
+def prompt_config_from_dict(d: Mapping[str, Any] | None) -> PromptConfig:
+    if not d:
+        return PromptConfig()
+    base = PromptConfig()
+    return PromptConfig(
+        silence_tokens=tuple(d.get("silence_tokens", base.silence_tokens)),
+        sine_tokens=tuple(d.get("sine_tokens", base.sine_tokens)),
+        zero_text_code=d.get("zero_text_code", base.zero_text_code),
+        silence_frames=d.get("audio_silence_frame_cnt", base.silence_frames),
+        wrap_template=d.get("text_prompt_wrap", base.wrap_template),
+    )
+
+
+def config_from_kyutai_dict(raw: Mapping[str, Any], name: str, mimi: Mapping[str, Any] | None = None) -> ModelConfig:
+    """Build a :class:`ModelConfig` from a checkpoint's ``config.json`` object.
+
+    Without LM keys (PersonaPlex ships an empty ``config.json``) the official
+    PersonaPlex-7B LM is assumed; without a Mimi object, the real Mimi.
+    ``mimi`` overrides the ``mimi`` key (Kyutai's separate ``mimi_config_name``
+    file).
+    """
+    lm_kwargs = {k: v for k, v in raw.items() if k not in _NON_LM_KEYS}
+    lm = lm_config_from_kwargs(lm_kwargs) if lm_kwargs else LMConfig()
+    mimi_dict = mimi if mimi is not None else raw.get("mimi")
+    mimi_cfg = mimi_config_from_dict(mimi_dict) if mimi_dict else MimiConfig()
+    if mimi_dict is None or "num_codebooks" not in mimi_dict:
+        mimi_cfg = dataclasses.replace(mimi_cfg, num_codebooks=lm.num_agent_codebooks)
+    return ModelConfig(
+        name=name, lm=lm, mimi=mimi_cfg, prompt=prompt_config_from_dict(raw.get("personaplex")),
+        lm_gen=dict(raw.get("lm_gen_config", {})),
+    )
+
+
+def config_to_kyutai_dict(cfg: ModelConfig) -> dict[str, Any]:
+    """The inverse of :func:`config_from_kyutai_dict` (used to write the tiny checkpoint)."""
+    lm = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg.lm).items()}
+    m = cfg.mimi
+    t = dataclasses.asdict(m.transformer)
+    t.update(input_dimension=t["d_model"], output_dimensions=[t["d_model"]], causal=True, conv_layout=True)
+    seanet = dataclasses.asdict(m.seanet)
+    seanet["ratios"] = list(seanet["ratios"])
+    q = dataclasses.asdict(m.quantizer)
+    q["codebook_epsilon"] = q.pop("epsilon")
+    p = cfg.prompt
+    return {
+        "model_type": "personaplex",
+        "moshi_name": LM_FILE, "mimi_name": MIMI_FILE, "tokenizer_name": TOKENIZER_FILE,
+        **lm,
+        "mimi": {
+            "sample_rate": m.sample_rate, "frame_rate": m.frame_rate, "channels": 1,
+            "resample_method": "conv", "upsample_channel_wise_bug": m.upsample_channel_wise,
+            "num_codebooks": m.num_codebooks, "seanet": seanet, "quantizer": q, "transformer": t,
+        },
+        "personaplex": {
+            "silence_tokens": list(p.silence_tokens), "sine_tokens": list(p.sine_tokens),
+            "zero_text_code": p.zero_text_code, "audio_silence_frame_cnt": p.silence_frames,
+            "text_prompt_wrap": p.wrap_template,
+        },
+    }

@@ -1,0 +1,111 @@
+"""Causal streaming 1-D convolutions, the building blocks of Mimi.
+
+A causal conv with kernel ``k`` (dilated) and stride ``s`` needs the last
+``k - s`` input samples of the previous chunk: the state keeps them per
+row.  Before the first chunk that memory is zeros (``pad_mode="constant"``)
+or copies of the first sample (``"replicate"``, used by Mimi's 25 -> 12.5 Hz
+downsampling conv).  A transposed conv keeps the overlap-add tail of its
+output (``k - s`` samples) and adds it to the next chunk.  Fed whole
+frames, the streaming output equals the one-shot causal output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from ._streaming import reset_rows_, where_rows
+
+
+class Named(nn.Module):
+    """A one-child wrapper; it exists so parameter names match the checkpoints.
+
+    Kyutai nests its convs (``conv.conv.weight``, ``convtr.convtr.weight``);
+    we keep the same path instead of renaming keys at load time.
+    """
+
+    def __init__(self, name: str, child: nn.Module):
+        super().__init__()
+        self.add_module(name, child)
+
+
+@dataclasses.dataclass
+class ConvState:
+    previous: torch.Tensor  # [B, C_in, k - s]: input tail of the last chunk
+    first: torch.Tensor  # [B] bool: no chunk seen yet (for replicate padding)
+
+    def reset(self, mask: torch.Tensor) -> None:
+        reset_rows_(self.previous, mask, 0.0)
+        reset_rows_(self.first, mask, True)
+
+
+@dataclasses.dataclass
+class ConvTrState:
+    partial: torch.Tensor  # [B, C_out, k - s]: overlap-add tail, bias excluded
+
+    def reset(self, mask: torch.Tensor) -> None:
+        reset_rows_(self.partial, mask, 0.0)
+
+
+class StreamingConv1d(nn.Module):
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
+                 dilation: int = 1, groups: int = 1, bias: bool = True, pad_mode: str = "constant"):
+        super().__init__()
+        if pad_mode not in ("constant", "replicate"):
+            raise ValueError(f"unsupported pad_mode {pad_mode!r}")
+        self.conv = Named("conv", nn.Conv1d(in_channels, out_channels, kernel_size, stride,
+                                            dilation=dilation, groups=groups, bias=bias))
+        self.stride = stride
+        self.pad_mode = pad_mode
+        self.memory = (kernel_size - 1) * dilation + 1 - stride
+
+    def init_state(self, batch_size: int) -> ConvState:
+        w = self.conv.conv.weight
+        return ConvState(
+            previous=torch.zeros(batch_size, w.shape[1] * self.conv.conv.groups, self.memory,
+                                 device=w.device, dtype=w.dtype),
+            first=torch.ones(batch_size, device=w.device, dtype=torch.bool),
+        )
+
+    def forward(self, x: torch.Tensor, state: ConvState, exec_mask: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] % self.stride:
+            raise ValueError(f"chunk of {x.shape[-1]} samples is not a multiple of the stride {self.stride}")
+        if self.memory == 0:
+            return self.conv.conv(x)
+        previous = state.previous
+        if self.pad_mode == "replicate":
+            previous = where_rows(state.first, x[..., :1].expand_as(previous), previous)
+        x = torch.cat([previous, x], dim=-1)
+        y = self.conv.conv(x)
+        state.previous.copy_(where_rows(exec_mask, x[..., -self.memory:], state.previous))
+        state.first.copy_(state.first & ~exec_mask)
+        return y
+
+
+class StreamingConvTranspose1d(nn.Module):
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
+                 groups: int = 1, bias: bool = True):
+        super().__init__()
+        if not stride < kernel_size <= 2 * stride:
+            raise ValueError("a streaming transposed conv needs stride < kernel_size <= 2 * stride")
+        self.convtr = Named("convtr", nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride,
+                                                         groups=groups, bias=bias))
+        self.tail = kernel_size - stride
+
+    def init_state(self, batch_size: int) -> ConvTrState:
+        w = self.convtr.convtr.weight
+        out_channels = w.shape[1] * self.convtr.convtr.groups
+        return ConvTrState(torch.zeros(batch_size, out_channels, self.tail, device=w.device, dtype=w.dtype))
+
+    def forward(self, x: torch.Tensor, state: ConvTrState, exec_mask: torch.Tensor) -> torch.Tensor:
+        conv = self.convtr.convtr
+        y = conv(x)
+        out = y[..., : -self.tail].clone()
+        out[..., : self.tail] += state.partial
+        tail = y[..., -self.tail:]
+        if conv.bias is not None:
+            tail = tail - conv.bias[:, None]  # the next chunk adds its own bias
+        state.partial.copy_(where_rows(exec_mask, tail, state.partial))
+        return out

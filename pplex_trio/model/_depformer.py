@@ -1,0 +1,104 @@
+"""The depformer: a small transformer over the codebooks of one frame.
+
+For each frame the temporal transformer produces one vector; the depformer
+then predicts the frame's audio codebooks one after the other, step ``s``
+seeing the token chosen at step ``s - 1`` (the text token for step 0).
+Each step has its own weights (``weights_per_step``): attention projections
+are stored stacked (``in_proj_weight`` is ``[steps * 3 * dim, dim]``) and
+FFNs as ``gating.{s}``.  There is no positional embedding; keys live for
+one frame only.
+
+PersonaPlex has 16 steps but steps 8-15 predict the *user's* codebooks,
+which are always replaced by the real user tokens: we run only the agent
+steps unless asked otherwise (outputs are identical, see the tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._config import LMConfig
+from ._transformer import GatedFFN, make_norm
+
+
+class DepformerAttention(nn.Module):
+    def __init__(self, dim: int, num_heads: int, num_weights: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.in_proj_weight = nn.Parameter(torch.empty(num_weights * 3 * dim, dim))
+        self.out_proj = nn.Linear(dim, num_weights * dim, bias=False)
+
+    def weights(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        dim = self.in_proj_weight.shape[1]
+        w_in = self.in_proj_weight.view(-1, 3 * dim, dim)
+        w_out = self.out_proj.weight.view(-1, dim, dim)
+        i = step if w_in.shape[0] > 1 else 0
+        return w_in[i], w_out[i]
+
+
+class DepformerLayer(nn.Module):
+    def __init__(self, cfg: LMConfig):
+        super().__init__()
+        dim, per_step = cfg.depformer_dim, cfg.depformer_weights_per_step
+        n = cfg.dep_q if per_step else 1
+        self.self_attn = DepformerAttention(dim, cfg.depformer_num_heads, n)
+        self.norm1 = make_norm(cfg.norm, dim)
+        self.norm2 = make_norm(cfg.norm, dim)
+        if per_step:
+            self.gating = nn.ModuleList(GatedFFN(dim, cfg.depformer_hidden(s), cfg.gating) for s in range(n))
+        else:
+            self.gating = GatedFFN(dim, cfg.depformer_hidden(0), cfg.gating)
+
+    def ffn(self, step: int) -> GatedFFN:
+        return self.gating[step] if isinstance(self.gating, nn.ModuleList) else self.gating
+
+
+@dataclasses.dataclass
+class DepformerCache:
+    """Per-frame keys/values: ``[L, B, H, steps, Dh]``; overwritten every frame."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+class Depformer(nn.Module):
+    """The ``depformer`` transformer of the LM (its inputs and heads live on the LM)."""
+
+    def __init__(self, cfg: LMConfig):
+        super().__init__()
+        self.num_steps = cfg.dep_q
+        self.num_heads = cfg.depformer_num_heads
+        self.layers = nn.ModuleList(DepformerLayer(cfg) for _ in range(cfg.depformer_num_layers))
+
+    def init_cache(self, batch_size: int) -> DepformerCache:
+        p = self.layers[0].self_attn.in_proj_weight
+        dim = p.shape[1]
+        shape = (len(self.layers), batch_size, self.num_heads, self.num_steps, dim // self.num_heads)
+        return DepformerCache(torch.zeros(shape, device=p.device, dtype=p.dtype),
+                              torch.zeros(shape, device=p.device, dtype=p.dtype))
+
+    def forward(self, x: torch.Tensor, step: int, cache: DepformerCache) -> torch.Tensor:
+        """One step for every row: ``x`` ``[B, dim]`` -> ``[B, dim]``.
+
+        The reference keeps these keys in a ring of ``num_steps`` slots with
+        the same labelling as the temporal one, so the very last step (when
+        the ring is full) does not see step 0: we keep that rule.
+        """
+        b = x.shape[0]
+        x = x.unsqueeze(1)
+        first_key = max(0, step + 2 - self.num_steps)
+        for i, layer in enumerate(self.layers):
+            w_in, w_out = layer.self_attn.weights(step)
+            q, k, v = F.linear(layer.norm1(x), w_in).view(b, 1, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+            cache.keys[i, :, :, step] = k[:, :, 0]
+            cache.values[i, :, :, step] = v[:, :, 0]
+            keys = cache.keys[i, :, :, first_key: step + 1]
+            values = cache.values[i, :, :, first_key: step + 1]
+            att = F.scaled_dot_product_attention(q, keys, values)
+            x = x + F.linear(att.transpose(1, 2).reshape(b, 1, -1), w_out)
+            x = x + layer.ffn(step)(layer.norm2(x))
+        return x[:, 0]

@@ -1,0 +1,211 @@
+"""The lockstep token cache and the LM step that drives it (PersonaPlex's ``LMGen``).
+
+The 17 streams of a frame are not aligned in time: acoustic codebooks are
+delayed by one frame (``delays``).  A small ring of frames per row (the
+*token cache*, ``max_delay + 3`` slots, the layout of the voice-prompt
+``.pt`` files) holds the tokens in model time.  At LM offset ``o``:
+
+1. tokens forced by the caller for this step are written at ``o + delay``
+   and marked *provided*;
+2. the model input is the frame at ``o - 1``, the target frame is ``o``;
+3. the text token is sampled, then the depformer samples the audio
+   codebooks; at each step the token fed forward is the provided one when
+   there is one (teacher forcing), the sampled one otherwise;
+4. sampled tokens are written at ``o`` where nothing was provided;
+5. the output is the de-delayed frame: stream ``k`` read at
+   ``o - max_delay + delay[k]`` (text and agent codebook 0 chosen one step
+   earlier, the acoustic codebooks now), valid once ``o > max_delay``.
+
+This is NVIDIA's semantics, which differs from Kyutai's ``LMGen`` by one
+call: the reference's first call after a reset only initialises the cache.
+A row reset here is left as the reference leaves it after that first call
+(offset 1, initial tokens), so our call ``n`` is the reference's call
+``n + 1``, and is Kyutai 0.2.13's ``LMGen`` call ``n`` with the same user
+frames.
+
+Forced tokens are how the system prompt is replayed (text, agent and user
+streams all forced) and how the user's audio enters (user streams forced).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ._lm import LMModel
+from ._sampling import RowSampling, sample
+from ._streaming import reset_rows_, where_rows
+
+FREE = -1
+"""Marker for "not forced: let the model choose" in :attr:`StepInputs.tokens`."""
+
+UNGENERATED = -2
+"""Value of output tokens that do not exist yet (the first step after a reset)."""
+
+
+@dataclasses.dataclass
+class StepInputs:
+    """What every row feeds into one LM step (tensors on the model's device).
+
+    ``tokens`` ``[B, K]``: the token forced on each stream, or :data:`FREE`.
+    ``embeddings`` ``[B, dim]`` replaces the summed input embedding on rows
+    where ``embed_mask`` is set (voice-prompt replay).  ``restore_cache``
+    ``[B or 1, K, slots]`` replaces the token cache of the ``restore_mask``
+    rows after the step (end of the voice prompt).  Rows where ``exec_mask``
+    is False do not move at all.
+    """
+
+    tokens: torch.Tensor
+    exec_mask: torch.Tensor
+    embeddings: torch.Tensor | None = None
+    embed_mask: torch.Tensor | None = None
+    restore_cache: torch.Tensor | None = None
+    restore_mask: torch.Tensor | None = None
+
+
+@dataclasses.dataclass
+class StepResult:
+    tokens: torch.Tensor  # [B, K] de-delayed frame; UNGENERATED where not valid
+    valid: torch.Tensor  # [B] bool
+    hidden: torch.Tensor  # [B, dim] temporal transformer output (after out_norm)
+    text_logits: torch.Tensor | None = None  # [B, text_card] when asked
+    audio_logits: torch.Tensor | None = None  # [B, steps, card] when asked
+
+
+@dataclasses.dataclass
+class TokenCache:
+    tokens: torch.Tensor  # [B, K, slots] long
+    provided: torch.Tensor  # [B, K, slots] bool
+    offset: torch.Tensor  # [B] long: LM offset of the next step
+    initial: torch.Tensor  # [K] initial token per stream
+
+    def reset(self, mask: torch.Tensor) -> None:
+        reset_rows_(self.tokens, mask, self.initial[None, :, None].expand_as(self.tokens))
+        reset_rows_(self.provided, mask, False)
+        reset_rows_(self.offset, mask, 1)
+
+
+def _gather(t: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """``t[b, k, pos[b, k]]`` for ``t`` ``[B, K, S]`` and ``pos`` ``[B, K]``."""
+    return t.gather(2, pos.unsqueeze(-1)).squeeze(-1)
+
+
+def _scatter(t: torch.Tensor, pos: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> None:
+    """In place: ``t[b, k, pos[b, k]] = value[b, k]`` where ``mask[b, k]``."""
+    old = _gather(t, pos)
+    t.scatter_(2, pos.unsqueeze(-1), torch.where(mask, value, old).unsqueeze(-1))
+
+
+class LMGen:
+    """Streaming generation for a batch of rows: token cache + LM state + sampling.
+
+    ``depformer_steps`` defaults to the agent codebooks (8): the user
+    codebooks' steps are always teacher-forced, their samples never used.
+    Pass ``lm.cfg.dep_q`` to run them anyway (parity tests do).
+    """
+
+    def __init__(self, lm: LMModel, batch_size: int, depformer_steps: int | None = None):
+        cfg = lm.cfg
+        self.lm = lm
+        self.batch_size = batch_size
+        self.depformer_steps = depformer_steps or min(cfg.dep_q, cfg.num_agent_codebooks)
+        if not 0 < self.depformer_steps <= cfg.dep_q:
+            raise ValueError(f"depformer_steps must be in 1..{cfg.dep_q}")
+        device = lm.device
+        self.delays = torch.tensor(cfg.delays, device=device)
+        self.max_delay = cfg.max_delay
+        self.slots = cfg.max_delay + 3
+        k = cfg.num_streams
+        self.state = lm.init_state(batch_size)
+        self.depformer_cache = lm.init_depformer_cache(batch_size)
+        initial = lm.initial_tokens()
+        self.cache = TokenCache(
+            tokens=initial[None, :, None].expand(batch_size, k, self.slots).clone(),
+            provided=torch.zeros(batch_size, k, self.slots, dtype=torch.bool, device=device),
+            offset=torch.ones(batch_size, dtype=torch.long, device=device),
+            initial=initial,
+        )
+        self._generated = torch.zeros(k, dtype=torch.bool, device=device)
+        self._generated[: 1 + self.depformer_steps] = True
+
+    def reset(self, mask: torch.Tensor) -> None:
+        """Rows in ``mask`` start a fresh conversation; other rows are untouched."""
+        self.state.reset(mask)
+        self.cache.reset(mask)
+
+    def step(self, inputs: StepInputs, sampling: RowSampling | None = None,
+             noise: tuple[torch.Tensor, torch.Tensor] | None = None, *,
+             run_depformer: bool = True, return_logits: bool = False) -> StepResult:
+        """Advance every executing row by one frame.
+
+        ``sampling``/``noise`` (from :class:`~pplex_trio.model._sampling.RowGenerators`)
+        select sampling per row; without them every choice is the argmax.
+        ``run_depformer=False`` skips the depformer: only allowed when every
+        executing row forces all its audio streams (prompt replay), where its
+        output would be overwritten anyway.
+        """
+        lm, cache, exec_mask = self.lm, self.cache, inputs.exec_mask
+        b = inputs.tokens.shape[0]
+        o = cache.offset
+        # 1. Forced tokens go to o + delay; streams still in their initial delay get the initial token.
+        write_pos = (o[:, None] + self.delays) % self.slots
+        forced = (inputs.tokens >= 0) & exec_mask[:, None]
+        _scatter(cache.tokens, write_pos, inputs.tokens, forced)
+        _scatter(cache.provided, write_pos, torch.ones_like(forced), forced)
+        cur = (o % self.slots)[:, None].expand(b, self.delays.shape[0])
+        warmup = (o[:, None] <= self.delays) & exec_mask[:, None]
+        _scatter(cache.tokens, cur, cache.initial.expand(b, -1), warmup)
+        _scatter(cache.provided, cur, torch.ones_like(warmup), warmup)
+        prev = ((o - 1) % self.slots)[:, None].expand_as(cur)
+        model_input = _gather(cache.tokens, prev)
+        target = _gather(cache.tokens, cur)
+        provided = _gather(cache.provided, cur)
+
+        # 2. Temporal transformer and text.
+        x = lm.embed(model_input)
+        if inputs.embeddings is not None:
+            x = where_rows(inputs.embed_mask, inputs.embeddings.to(x.dtype), x)
+        hidden, text_logits = lm.temporal(x, self.state, exec_mask)
+        text_noise, audio_noise = noise if noise is not None else (None, None)
+        s = sampling
+        text = sample(text_logits, s.text_temperature, s.text_topk, s.greedy, text_noise) if s else text_logits.argmax(-1)
+
+        # 3. Depformer, teacher-forced wherever a token was provided.
+        audio = target[:, 1: 1 + self.depformer_steps]
+        logits = []
+        if run_depformer:
+            chosen = []
+            previous = torch.where(provided[:, 0], target[:, 0], text)
+            for step in range(self.depformer_steps):
+                step_logits = lm.depformer_step(hidden, previous, step, self.depformer_cache)
+                step_noise = audio_noise[:, step] if audio_noise is not None and step < audio_noise.shape[1] else None
+                if s:
+                    token = sample(step_logits, s.audio_temperature, s.audio_topk, s.greedy, step_noise)
+                else:
+                    token = step_logits.argmax(-1)
+                chosen.append(token)
+                logits.append(step_logits)
+                previous = torch.where(provided[:, 1 + step], target[:, 1 + step], token)
+            audio = torch.stack(chosen, dim=1)
+
+        # 4. Sampled tokens land where nothing was provided; the input frame's flags are spent.
+        _scatter(cache.provided, prev, torch.zeros_like(provided), exec_mask[:, None].expand_as(provided))
+        sampled = target.clone()
+        sampled[:, 0] = text
+        sampled[:, 1: 1 + self.depformer_steps] = audio
+        _scatter(cache.tokens, cur, sampled, exec_mask[:, None] & ~provided & self._generated)
+
+        # 5. The de-delayed output frame.
+        out = _gather(cache.tokens, (o[:, None] - self.max_delay + self.delays) % self.slots)
+        valid = o > self.max_delay
+        out = torch.where(valid[:, None], out, torch.full_like(out, UNGENERATED))
+        cache.offset.copy_(torch.where(exec_mask, o + 1, o))
+        if inputs.restore_cache is not None:
+            restore = inputs.restore_mask & exec_mask
+            cache.tokens.copy_(where_rows(restore, inputs.restore_cache.expand_as(cache.tokens), cache.tokens))
+        return StepResult(
+            tokens=out, valid=valid, hidden=hidden,
+            text_logits=text_logits if return_logits else None,
+            audio_logits=torch.stack(logits, dim=1) if return_logits and logits else None,
+        )

@@ -1,0 +1,148 @@
+"""Mimi, the streaming audio codec: 1920 samples (80 ms at 24 kHz) <-> 8 codes.
+
+Encode: SEANet encoder (to 25 Hz latents), encoder transformer (two steps
+per frame), learnt strided conv down to 12.5 Hz, split RVQ.  Decode: the
+mirror image (RVQ lookup, channel-wise transposed conv up to 25 Hz, decoder
+transformer, SEANet decoder).
+
+Two ways to drive it:
+
+* functional: ``state = mimi.init_encoder_state(B)`` then
+  ``mimi.encode_frame(pcm, state, exec_mask)`` (same for the decoder); the
+  engine uses this;
+* stateful convenience: ``mimi.start_streaming(B)``, ``mimi.encode_step(pcm)``,
+  ``mimi.decode_step(codes)``, ``mimi.reset(mask)``.
+
+Streaming differs from a one-shot encode of a whole file (first-chunk
+padding, the ring attention window); the streaming result is the reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from ._config import MimiConfig
+from ._conv import ConvState, ConvTrState, Named, StreamingConv1d, StreamingConvTranspose1d
+from ._quantizer import SplitResidualVQ
+from ._seanet import SEANetDecoder, SEANetEncoder, StateList
+from ._transformer import StreamingTransformer, TransformerState
+
+
+@dataclasses.dataclass
+class MimiEncoderState:
+    seanet: StateList
+    transformer: TransformerState
+    downsample: ConvState
+
+    def reset(self, mask: torch.Tensor) -> None:
+        self.seanet.reset(mask)
+        self.transformer.reset(mask)
+        self.downsample.reset(mask)
+
+
+@dataclasses.dataclass
+class MimiDecoderState:
+    upsample: ConvTrState
+    transformer: TransformerState
+    seanet: StateList
+
+    def reset(self, mask: torch.Tensor) -> None:
+        self.upsample.reset(mask)
+        self.transformer.reset(mask)
+        self.seanet.reset(mask)
+
+
+class Mimi(nn.Module):
+    def __init__(self, cfg: MimiConfig):
+        super().__init__()
+        self.cfg = cfg
+        if cfg.seanet.hop_length * cfg.resample_stride != cfg.frame_size:
+            raise ValueError("Mimi's frame must be one hop of the SEANet times the resampling stride")
+        dim = cfg.seanet.dimension
+        stride = cfg.resample_stride
+        self.encoder = SEANetEncoder(cfg.seanet)
+        self.decoder = SEANetDecoder(cfg.seanet)
+        self.encoder_transformer = Named("transformer", StreamingTransformer(cfg.transformer))
+        self.decoder_transformer = Named("transformer", StreamingTransformer(cfg.transformer))
+        self.quantizer = SplitResidualVQ(cfg.quantizer)
+        self.downsample = Named("conv", StreamingConv1d(dim, dim, 2 * stride, stride, bias=False, pad_mode="replicate"))
+        self.upsample = Named("convtr", StreamingConvTranspose1d(
+            dim, dim, 2 * stride, stride, groups=dim if cfg.upsample_channel_wise else 1, bias=False))
+        self._encoder_state: MimiEncoderState | None = None
+        self._decoder_state: MimiDecoderState | None = None
+
+    @property
+    def frame_size(self) -> int:
+        return self.cfg.frame_size
+
+    @property
+    def num_codebooks(self) -> int:
+        return self.cfg.num_codebooks
+
+    def refresh(self) -> None:
+        """Recompute derived tensors (codebook vectors); call after loading weights."""
+        self.quantizer.refresh()
+
+    # --- functional API -----------------------------------------------------------
+
+    def init_encoder_state(self, batch_size: int) -> MimiEncoderState:
+        return MimiEncoderState(
+            seanet=self.encoder.init_state(batch_size),
+            transformer=self.encoder_transformer.transformer.init_state(batch_size),
+            downsample=self.downsample.conv.init_state(batch_size),
+        )
+
+    def init_decoder_state(self, batch_size: int) -> MimiDecoderState:
+        return MimiDecoderState(
+            upsample=self.upsample.convtr.init_state(batch_size),
+            transformer=self.decoder_transformer.transformer.init_state(batch_size),
+            seanet=self.decoder.init_state(batch_size),
+        )
+
+    def encode_frame(self, pcm: torch.Tensor, state: MimiEncoderState,
+                     exec_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``pcm`` float ``[B, frame_size]`` to codes long ``[B, num_codebooks]``."""
+        if exec_mask is None:
+            exec_mask = torch.ones(pcm.shape[0], dtype=torch.bool, device=pcm.device)
+        x = pcm.to(self.downsample.conv.conv.conv.weight.dtype).unsqueeze(1)
+        x = self.encoder(x, state.seanet, exec_mask)
+        x = self.encoder_transformer.transformer(x.transpose(1, 2), state.transformer, exec_mask).transpose(1, 2)
+        x = self.downsample.conv(x, state.downsample, exec_mask)
+        return self.quantizer.encode(x, self.cfg.num_codebooks)[:, :, 0]
+
+    def decode_frame(self, codes: torch.Tensor, state: MimiDecoderState,
+                     exec_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Codes long ``[B, num_codebooks]`` (each in ``0..bins-1``) to pcm float ``[B, frame_size]``."""
+        if exec_mask is None:
+            exec_mask = torch.ones(codes.shape[0], dtype=torch.bool, device=codes.device)
+        x = self.quantizer.decode(codes.unsqueeze(-1))
+        x = self.upsample.convtr(x, state.upsample, exec_mask)
+        x = self.decoder_transformer.transformer(x.transpose(1, 2), state.transformer, exec_mask).transpose(1, 2)
+        return self.decoder(x, state.seanet, exec_mask)[:, 0]
+
+    # --- stateful convenience API --------------------------------------------------
+
+    def start_streaming(self, batch_size: int) -> None:
+        """Create fresh encoder and decoder states for ``batch_size`` rows."""
+        self._encoder_state = self.init_encoder_state(batch_size)
+        self._decoder_state = self.init_decoder_state(batch_size)
+
+    def _states(self) -> tuple[MimiEncoderState, MimiDecoderState]:
+        if self._encoder_state is None or self._decoder_state is None:
+            raise RuntimeError("call mimi.start_streaming(batch_size) first")
+        return self._encoder_state, self._decoder_state
+
+    def encode_step(self, pcm: torch.Tensor, exec_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.encode_frame(pcm, self._states()[0], exec_mask)
+
+    def decode_step(self, codes: torch.Tensor, exec_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.decode_frame(codes, self._states()[1], exec_mask)
+
+    def reset(self, mask: torch.Tensor) -> None:
+        """Make the masked rows fresh streams (encoder and decoder); others are untouched."""
+        enc, dec = self._states()
+        enc.reset(mask)
+        dec.reset(mask)

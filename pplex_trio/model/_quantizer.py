@@ -1,0 +1,101 @@
+"""Mimi's split residual vector quantizer.
+
+Two RVQs read the same latent: ``rvq_first`` (one "semantic" codebook) and
+``rvq_rest`` (the acoustic ones, each quantizing what the previous left
+over).  Each has its own 1x1 input and output projections; decoding sums
+both.  Codebook vectors are ``embedding_sum / cluster_usage`` (the EMA
+statistics Kyutai stores), computed once after loading.  A file may hold
+more codebooks than are used (32 stored, 8 used): all are loaded, the
+first ``num_codebooks`` are used.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ._config import QuantizerConfig
+from ._conv import Named
+
+
+class Codebook(nn.Module):
+    def __init__(self, dim: int, bins: int, epsilon: float):
+        super().__init__()
+        self.epsilon = epsilon
+        self.register_buffer("_initialized", torch.ones(1))
+        self.register_buffer("cluster_usage", torch.ones(bins))
+        self.register_buffer("embedding_sum", torch.zeros(bins, dim))
+        self.register_buffer("centroids", torch.zeros(bins, dim), persistent=False)
+
+    def refresh(self) -> None:
+        """Recompute the codebook vectors from the stored statistics (call after loading)."""
+        usage = self.cluster_usage.clamp(min=self.epsilon)[:, None]
+        self.centroids = self.embedding_sum / usage
+
+    def nearest(self, x: torch.Tensor) -> torch.Tensor:
+        """Index of the nearest codebook vector for each row of ``x`` [N, dim]."""
+        c = self.centroids
+        # |x - c|^2 = |x|^2 - 2 x.c + |c|^2; |x|^2 does not change the argmin.
+        scores = (c * c).sum(-1) - 2 * x @ c.t()
+        return scores.argmin(dim=-1)
+
+
+class VectorQuantization(nn.Module):
+    def __init__(self, dim: int, bins: int, epsilon: float):
+        super().__init__()
+        self._codebook = Codebook(dim, bins, epsilon)
+
+
+class ResidualVQ(nn.Module):
+    def __init__(self, cfg: QuantizerConfig, n_q: int):
+        super().__init__()
+        self.input_proj = nn.Conv1d(cfg.input_dimension, cfg.dimension, 1, bias=False)
+        self.output_proj = nn.Conv1d(cfg.dimension, cfg.output_dimension, 1, bias=False)
+        self.vq = Named("layers", nn.ModuleList(
+            VectorQuantization(cfg.dimension, cfg.bins, cfg.epsilon) for _ in range(n_q)))
+
+    def codebooks(self, n: int) -> list[Codebook]:
+        return [layer._codebook for layer in self.vq.layers[:n]]
+
+    def encode(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """``[B, C, T]`` latents to ``[B, n, T]`` codes."""
+        b, _, t = x.shape
+        residual = self.input_proj(x).transpose(1, 2).reshape(b * t, -1)
+        codes = []
+        for cb in self.codebooks(n):
+            idx = cb.nearest(residual)
+            residual = residual - cb.centroids[idx]
+            codes.append(idx.view(b, t))
+        return torch.stack(codes, dim=1)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """``[B, n, T]`` codes to ``[B, C_out, T]`` latents."""
+        out = None
+        for k, cb in enumerate(self.codebooks(codes.shape[1])):
+            q = cb.centroids[codes[:, k]]  # [B, T, dim]
+            out = q if out is None else out + q
+        return self.output_proj(out.transpose(1, 2))
+
+
+class SplitResidualVQ(nn.Module):
+    def __init__(self, cfg: QuantizerConfig):
+        super().__init__()
+        self.n_semantic = cfg.n_q_semantic
+        self.rvq_first = ResidualVQ(cfg, cfg.n_q_semantic)
+        self.rvq_rest = ResidualVQ(cfg, cfg.n_q - cfg.n_q_semantic)
+
+    def refresh(self) -> None:
+        for module in self.modules():
+            if isinstance(module, Codebook):
+                module.refresh()
+
+    def encode(self, x: torch.Tensor, num_codebooks: int) -> torch.Tensor:
+        first = self.rvq_first.encode(x, self.n_semantic)
+        rest = self.rvq_rest.encode(x, num_codebooks - self.n_semantic)
+        return torch.cat([first, rest], dim=1)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        out = self.rvq_first.decode(codes[:, : self.n_semantic])
+        if codes.shape[1] > self.n_semantic:
+            out = out + self.rvq_rest.decode(codes[:, self.n_semantic:])
+        return out

@@ -1,0 +1,74 @@
+"""Small shared pieces of the streaming machinery: row masks, the ring rule, RoPE.
+
+Every streaming module in this package keeps its memory in an explicit
+state object created by ``module.init_state(batch_size)``.  A state has one
+row per conversation slot and ``reset(mask)`` puts the masked rows back to
+"fresh" in place, leaving the other rows untouched (bit for bit).  Forward
+calls take an ``exec_mask``: rows where it is False may compute garbage but
+their state does not move, so an idle or prefilling row never disturbs its
+own future either.
+
+Shapes are static: caches are preallocated at full size and addressed by
+position tensors, so a step could be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def where_rows(mask: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """``new`` where the per-row ``mask`` [B] is set, else ``old`` (any trailing dims)."""
+    return torch.where(mask.view(-1, *([1] * (new.dim() - 1))), new, old)
+
+
+def reset_rows_(tensor: torch.Tensor, mask: torch.Tensor, value: torch.Tensor | float) -> None:
+    """In place: rows of ``tensor`` selected by ``mask`` [B] become ``value``."""
+    tensor.copy_(where_rows(mask, torch.as_tensor(value, dtype=tensor.dtype, device=tensor.device)
+                            .expand_as(tensor), tensor))
+
+
+def ring_attention_mask(end: torch.Tensor, num_new: int, capacity: int) -> torch.Tensor:
+    """Which ring slots each new query may attend to: bool ``[B, 1, num_new, capacity]``.
+
+    ``end`` [B] is the number of positions written *including* the
+    ``num_new`` just written.  Slot ``i`` holds the latest position
+    ``p < end`` with ``p % capacity == i``.
+
+    The reference (NVIDIA's PersonaPlex fork of Kyutai's ``RingKVCache``)
+    labels the slot that holds the oldest key as a future position, so a
+    full ring attends to ``capacity - 1`` keys: a query at position ``q``
+    sees keys in ``[max(0, end - capacity + 1), q]``.  We reproduce that
+    rule on purpose; a "correct" window of ``capacity`` keys diverges from
+    the reference as soon as the ring is full.
+    """
+    slots = torch.arange(capacity, device=end.device)
+    last = end.view(-1, 1) - 1
+    # Latest position p <= last with p == slot (mod capacity); negative if never written.
+    pos = slots + capacity * torch.div(last - slots, capacity, rounding_mode="floor")
+    queries = end.view(-1, 1) - num_new + torch.arange(num_new, device=end.device)
+    pos = pos.view(-1, 1, capacity)
+    ok = (pos >= 0) & (pos >= end.view(-1, 1, 1) - capacity + 1) & (pos <= queries.unsqueeze(-1))
+    return ok.unsqueeze(1)
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, max_period: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary embedding with interleaved (real, imag) pairs, computed in fp32.
+
+    ``q``/``k`` are ``[B, H, T, D]``; ``positions`` is ``[B, T]``.
+    """
+    d = q.shape[-1]
+    ds = torch.arange(d // 2, device=q.device, dtype=torch.float32)
+    freqs = torch.exp(ds * (-math.log(max_period) * 2 / d))
+    angles = positions.to(torch.float32)[:, None, :, None] * freqs  # [B, 1, T, D/2]
+    cos, sin = torch.cos(angles), torch.sin(angles)
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        pairs = x.view(*x.shape[:-1], d // 2, 2)
+        re, im = pairs[..., 0].float(), pairs[..., 1].float()
+        out = torch.stack([re * cos - im * sin, re * sin + im * cos], dim=-1)
+        return out.view(x.shape).to(x.dtype)
+
+    return rotate(q), rotate(k)

@@ -1,0 +1,186 @@
+"""A streaming transformer with a ring KV cache: Helium (the LM) and Mimi's.
+
+Parameter names follow the checkpoints (``layers.{i}.self_attn.in_proj_weight``,
+``norm1.alpha``, ``gating.linear_in.weight``, ``linear1.weight``,
+``layer_scale_1.scale`` ...), so a state dict loads without renaming.
+
+One step processes ``T`` new positions per row (1 for the LM, 2 for Mimi's
+transformers, which run at 25 Hz inside a 12.5 Hz frame).  The KV cache is
+a ring of ``context`` slots per row; see
+:func:`~pplex_trio.model._streaming.ring_attention_mask` for exactly which
+keys a query sees once the ring is full.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._config import TransformerConfig, gated_hidden
+from ._streaming import apply_rope, reset_rows_, ring_attention_mask
+
+
+class RMSNorm(nn.Module):
+    """RMS norm; with ``fp32=True`` (Helium's ``rms_norm_f32``) computed in float32."""
+
+    def __init__(self, dim: int, eps: float, fp32: bool):
+        super().__init__()
+        self.eps = eps
+        self.fp32 = fp32
+        self.alpha = nn.Parameter(torch.ones(1, 1, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        if self.fp32:
+            x = x.float()
+        var = self.eps + torch.mean(x**2, dim=-1, keepdim=True)
+        return (x * (self.alpha.to(var) * torch.rsqrt(var))).to(dtype)
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+def make_norm(kind: str, dim: int) -> nn.Module:
+    if kind == "rms_norm_f32":
+        return RMSNorm(dim, eps=1e-8, fp32=True)
+    if kind == "rms_norm":
+        return RMSNorm(dim, eps=1e-5, fp32=False)
+    if kind == "layer_norm":
+        return nn.LayerNorm(dim, eps=1e-5)
+    raise ValueError(f"unsupported norm {kind!r}")
+
+
+def activation(name: str):
+    if name in ("silu", "gelu", "relu", "elu"):
+        return getattr(F, name)
+    raise ValueError(f"unsupported activation {name!r}")
+
+
+class GatedFFN(nn.Module):
+    """``linear_out(act(a) * b)`` where ``[a, b] = linear_in(x)``."""
+
+    def __init__(self, dim: int, hidden: int, act: str):
+        super().__init__()
+        self.act = activation(act)
+        self.linear_in = nn.Linear(dim, 2 * hidden, bias=False)
+        self.linear_out = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear_in(x)
+        h = h.view(*h.shape[:-1], 2, -1)
+        return self.linear_out(self.act(h[..., 0, :]) * h[..., 1, :])
+
+
+class Attention(nn.Module):
+    """Fused-QKV multi-head attention (no biases), keys/values read from the ring."""
+
+    def __init__(self, dim: int, num_heads: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))
+        self.out_proj = nn.Linear(dim, dim, bias=False)
+
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, t, _ = x.shape
+        qkv = F.linear(x, self.in_proj_weight).view(b, t, 3, self.num_heads, -1)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [B, H, T, Dh]
+        return q, k, v
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg.d_model, cfg.num_heads)
+        self.norm1 = make_norm(cfg.norm, cfg.d_model)
+        self.norm2 = make_norm(cfg.norm, cfg.d_model)
+        if cfg.gating == "none":
+            self.linear1 = nn.Linear(cfg.d_model, cfg.dim_feedforward, bias=False)
+            self.linear2 = nn.Linear(cfg.dim_feedforward, cfg.d_model, bias=False)
+        else:
+            self.gating = GatedFFN(cfg.d_model, gated_hidden(cfg.d_model, cfg.dim_feedforward), cfg.gating)
+        if cfg.layer_scale is not None:
+            self.layer_scale_1 = LayerScale(cfg.d_model)
+            self.layer_scale_2 = LayerScale(cfg.d_model)
+        self._gated = cfg.gating != "none"
+        self._scaled = cfg.layer_scale is not None
+
+    def ffn(self, x: torch.Tensor) -> torch.Tensor:
+        if self._gated:
+            return self.gating(x)
+        return self.linear2(F.gelu(self.linear1(x)))
+
+
+@dataclasses.dataclass
+class TransformerState:
+    """Ring KV cache of every layer plus the number of positions each row has seen."""
+
+    keys: torch.Tensor  # [L, B, H, context, Dh]
+    values: torch.Tensor  # [L, B, H, context, Dh]
+    end: torch.Tensor  # [B] long: positions written so far
+
+    def reset(self, mask: torch.Tensor) -> None:
+        # Old keys need no clearing: positions >= end are never attended.
+        reset_rows_(self.end, mask, 0)
+
+
+class StreamingTransformer(nn.Module):
+    """Causal transformer over ``[B, T, D]`` chunks, streaming through a ring KV cache."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.num_layers))
+
+    def init_state(self, batch_size: int, device: torch.device | str | None = None,
+                   dtype: torch.dtype | None = None) -> TransformerState:
+        p = self.layers[0].self_attn.in_proj_weight
+        c = self.cfg
+        shape = (c.num_layers, batch_size, c.num_heads, c.context, c.d_model // c.num_heads)
+        device = device or p.device
+        dtype = dtype or p.dtype
+        return TransformerState(
+            keys=torch.zeros(shape, device=device, dtype=dtype),
+            values=torch.zeros(shape, device=device, dtype=dtype),
+            end=torch.zeros(batch_size, device=device, dtype=torch.long),
+        )
+
+    def forward(self, x: torch.Tensor, state: TransformerState, exec_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Run ``T = x.shape[1]`` new positions per row; returns ``[B, T, D]``.
+
+        Rows where ``exec_mask`` is False still write their keys at the
+        slots their next real step will overwrite first, and their ``end``
+        does not move, so the step leaves them as they were.
+        """
+        b, t, _ = x.shape
+        capacity = self.cfg.context
+        positions = state.end.view(-1, 1) + torch.arange(t, device=x.device)  # [B, T]
+        slots = (positions % capacity).view(b, 1, t, 1)
+        new_end = state.end + t
+        mask = ring_attention_mask(new_end, t, capacity)
+        for i, layer in enumerate(self.layers):
+            h = layer.norm1(x)
+            q, k, v = layer.self_attn.qkv(h)
+            if self.cfg.positional_embedding == "rope":
+                q, k = apply_rope(q, k, positions, self.cfg.max_period)
+            idx = slots.expand(-1, k.shape[1], -1, k.shape[-1])
+            state.keys[i].scatter_(2, idx, k.to(state.keys.dtype))
+            state.values[i].scatter_(2, idx, v.to(state.values.dtype))
+            att = F.scaled_dot_product_attention(q, state.keys[i].to(q.dtype), state.values[i].to(q.dtype), mask)
+            att = layer.self_attn.out_proj(att.transpose(1, 2).reshape(b, t, -1))
+            x = x + (layer.layer_scale_1(att) if layer._scaled else att)
+            f = layer.ffn(layer.norm2(x))
+            x = x + (layer.layer_scale_2(f) if layer._scaled else f)
+        if exec_mask is None:
+            state.end.copy_(new_end)
+        else:
+            state.end.copy_(torch.where(exec_mask, new_end, state.end))
+        return x
