@@ -102,3 +102,28 @@ def expand_depformer_steps(state_dict: dict[str, torch.Tensor], dep_q: int) -> b
         state_dict["depformer_emb.7.weight"] = torch.zeros_like(state_dict["depformer_emb.0.weight"])
     logger.info("expanded the depformer from 8 to 16 steps (steps 8-15 copy 0-7, as the reference does)")
     return True
+
+
+_SPLIT_PROJ = re.compile(r"^(.*\.self_attn)\.(in_projs|out_projs)\.(\d+)\.weight$")
+
+
+def convert_kyutai_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Kyutai 0.2.x live-module layout to the file layout we load.
+
+    A live Kyutai ``StreamingMultiheadAttention`` keeps one linear per step
+    (``self_attn.in_projs.{i}.weight``); files and our modules keep them
+    stacked (``self_attn.in_proj_weight``, ``self_attn.out_proj.weight``).
+    Other keys pass through unchanged.
+    """
+    out: dict[str, torch.Tensor] = {}
+    groups: dict[str, dict[int, torch.Tensor]] = {}
+    for key, value in state_dict.items():
+        m = _SPLIT_PROJ.match(key)
+        if m is None:
+            out[key] = value
+            continue
+        name = f"{m.group(1)}.{'in_proj_weight' if m.group(2) == 'in_projs' else 'out_proj.weight'}"
+        groups.setdefault(name, {})[int(m.group(3))] = value
+    for name, parts in groups.items():
+        out[name] = torch.cat([parts[i] for i in sorted(parts)], dim=0)
+    return out

@@ -71,6 +71,7 @@ class StepResult:
     hidden: torch.Tensor  # [B, dim] temporal transformer output (after out_norm)
     text_logits: torch.Tensor | None = None  # [B, text_card] when asked
     audio_logits: torch.Tensor | None = None  # [B, steps, card] when asked
+    embeddings: torch.Tensor | None = None  # [B, dim] the input embedding, when asked
 
 
 @dataclasses.dataclass
@@ -136,7 +137,8 @@ class LMGen:
 
     def step(self, inputs: StepInputs, sampling: RowSampling | None = None,
              noise: tuple[torch.Tensor, torch.Tensor] | None = None, *,
-             run_depformer: bool = True, return_logits: bool = False) -> StepResult:
+             run_depformer: bool = True, return_logits: bool = False,
+             return_embeddings: bool = False) -> StepResult:
         """Advance every executing row by one frame.
 
         ``sampling``/``noise`` (from :class:`~pplex_trio.model._sampling.RowGenerators`)
@@ -208,4 +210,5 @@ class LMGen:
             tokens=out, valid=valid, hidden=hidden,
             text_logits=text_logits if return_logits else None,
             audio_logits=torch.stack(logits, dim=1) if return_logits and logits else None,
+            embeddings=x if return_embeddings else None,
         )

@@ -102,16 +102,21 @@ class Mimi(nn.Module):
             seanet=self.decoder.init_state(batch_size),
         )
 
-    def encode_frame(self, pcm: torch.Tensor, state: MimiEncoderState,
-                     exec_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """``pcm`` float ``[B, frame_size]`` to codes long ``[B, num_codebooks]``."""
+    def encode_latent(self, pcm: torch.Tensor, state: MimiEncoderState,
+                      exec_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``pcm`` float ``[B, frame_size]`` to the latent before quantization, ``[B, dimension, 1]``."""
         if exec_mask is None:
             exec_mask = torch.ones(pcm.shape[0], dtype=torch.bool, device=pcm.device)
         x = pcm.to(self.downsample.conv.conv.conv.weight.dtype).unsqueeze(1)
         x = self.encoder(x, state.seanet, exec_mask)
         x = self.encoder_transformer.transformer(x.transpose(1, 2), state.transformer, exec_mask).transpose(1, 2)
-        x = self.downsample.conv(x, state.downsample, exec_mask)
-        return self.quantizer.encode(x, self.cfg.num_codebooks)[:, :, 0]
+        return self.downsample.conv(x, state.downsample, exec_mask)
+
+    def encode_frame(self, pcm: torch.Tensor, state: MimiEncoderState,
+                     exec_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``pcm`` float ``[B, frame_size]`` to codes long ``[B, num_codebooks]``."""
+        latent = self.encode_latent(pcm, state, exec_mask)
+        return self.quantizer.encode(latent, self.cfg.num_codebooks)[:, :, 0]
 
     def decode_frame(self, codes: torch.Tensor, state: MimiDecoderState,
                      exec_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,0 +1,212 @@
+"""The real engine: PersonaPlex / Moshi on our own torch implementation.
+
+All slots advance together, one 80 ms frame per :meth:`PersonaPlexEngine.step`:
+one batched Mimi encode of the LIVE rows, one batched LM step (PREFILL rows
+take their next forced system-prompt step, LIVE rows feed their user codes
+and sample), one batched Mimi decode of the LIVE rows' agent codes, and one
+read of the results to the host.  IDLE rows are carried along in the
+tensors but their state never moves, so they disturb nobody (themselves
+included).
+
+:meth:`~PersonaPlexEngine.start` resets one row and queues its system
+prompt; the other rows are untouched (bit for bit).  Everything per row
+(persona, voice, sampling settings and seeds, text detokenizer) lives in
+this object; the tensors live in the model package's state objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from ..model import (FREE, LMGen, LoadedModel, PromptPlan, RowGenerators, RowSampling, StepInputs, StreamDecoder,
+                     build_prompt_plan, load_model)
+from ._interface import Conversation, Engine, SlotMode, StepOutput
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class _Row:
+    plan: PromptPlan | None = None
+    cursor: int = 0  # next prompt step
+    decoder: StreamDecoder | None = None
+    greedy: bool = True
+
+
+class PersonaPlexEngine(Engine):
+    """A batch of ``num_slots`` PersonaPlex conversations on one model.
+
+    ``depformer_steps`` defaults to the agent codebooks only (the user's
+    are teacher-forced; running them changes nothing but the cost).
+    ``default_voice`` is used when a conversation asks for none (default:
+    the first voice of the library, or no voice prompt if it is empty).
+    """
+
+    def __init__(self, model: LoadedModel, num_slots: int, *, default_voice: str | None = None,
+                 depformer_steps: int | None = None):
+        if num_slots < 1:
+            raise ValueError("num_slots must be at least 1")
+        self.model = model
+        self.num_slots = num_slots
+        self.device = model.device
+        cfg = model.config
+        self._cfg = cfg
+        names = model.voices.names()
+        self.default_voice = default_voice if default_voice is not None else (names[0] if names else None)
+        self._depformer_steps = depformer_steps
+        self._silence = torch.tensor(cfg.prompt.silence_tokens, device=self.device)
+        self._rows = [_Row() for _ in range(num_slots)]
+        self.last_tokens = np.full((num_slots, cfg.lm.num_streams), -2, dtype=np.int64)
+        self._build_state()
+
+    @classmethod
+    def load(cls, source: str, num_slots: int, device: str = "cpu", voice_dir: str | None = None,
+             **kwargs) -> "PersonaPlexEngine":
+        """Load ``source`` (``tiny``, a Hugging Face repo id or a local folder) and build an engine.
+
+        On CPU with a small model, torch is limited to one intra-op thread:
+        tiny ops gain nothing from threads, and on a busy machine each
+        multi-threaded op can stall for tens of milliseconds.
+        """
+        model = load_model(source, device=device, voice_dir=voice_dir)
+        if model.device.type == "cpu" and model.config.lm.dim <= 1024 and torch.get_num_threads() > 1:
+            logger.info("small model on CPU: using one torch thread")
+            torch.set_num_threads(1)
+        return cls(model, num_slots, **kwargs)
+
+    def _build_state(self) -> None:
+        b, lm, dev = self.num_slots, self.model.lm, self.device
+        self._gen = LMGen(lm, b, depformer_steps=self._depformer_steps)
+        self._enc = self.model.mimi.init_encoder_state(b)
+        self._dec = self.model.mimi.init_decoder_state(b)
+        self._sampling = RowSampling.greedy_rows(b, dev)
+        self._random = RowGenerators(b, lm.cfg.text_card, self._gen.depformer_steps, lm.cfg.card, dev)
+        self._voice_emb = torch.zeros(b, 1, lm.cfg.dim, device=dev, dtype=lm.dtype)
+        self._voice_cache = self._gen.cache.tokens.clone()
+
+    # --- Engine interface ---------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._cfg.name
+
+    def voices(self) -> Sequence[str]:
+        return self.model.voices.names()
+
+    def start(self, slot: int, conversation: Conversation) -> int:
+        self._check_slot(slot)
+        voice_name = conversation.voice if conversation.voice is not None else self.default_voice
+        voice = self.model.voices.get(voice_name) if voice_name is not None else None
+        plan = build_prompt_plan(self._cfg, self.model.tokenizer, conversation.persona, voice)
+        self._reset_row(slot)
+        if voice is not None:
+            self._store_voice(slot, voice)
+        s = conversation.sampling
+        self._sampling.set_row(slot, s)
+        self._random.seed(slot, s.text_seed, s.audio_seed)
+        self._rows[slot] = _Row(plan=plan, decoder=self.model.tokenizer.decoder(),
+                                greedy=s.greedy or (s.text_temperature <= 0 and s.audio_temperature <= 0))
+        return plan.num_steps
+
+    def reset(self, slot: int) -> None:
+        self._check_slot(slot)
+        self._reset_row(slot)
+        self._rows[slot] = _Row()
+
+    def reset_all(self) -> None:
+        self._build_state()
+        self._rows = [_Row() for _ in range(self.num_slots)]
+
+    @torch.no_grad()
+    def step(self, modes: Sequence[SlotMode], pcm: np.ndarray) -> StepOutput:
+        b, cfg, dev = self.num_slots, self._cfg.lm, self.device
+        if len(modes) != b:
+            raise ValueError(f"expected {b} modes, got {len(modes)}")
+        live_rows = [i for i, m in enumerate(modes) if m == SlotMode.LIVE]
+        prefill_rows = [i for i, m in enumerate(modes) if m == SlotMode.PREFILL]
+        forced = np.full((b, cfg.num_streams), FREE, dtype=np.int64)
+        embed_idx = np.zeros(b, dtype=np.int64)
+        embed_rows, restore_rows = [], []
+        for i in prefill_rows:
+            row = self._rows[i]
+            if row.plan is None or row.cursor >= row.plan.num_steps:
+                raise RuntimeError(f"slot {i} is PREFILL but has no prompt step left: call start() first")
+            forced[i] = row.plan.tokens[row.cursor]
+            if row.cursor < row.plan.voice_steps:
+                embed_rows.append(i)
+                embed_idx[i] = row.cursor
+                if row.cursor == row.plan.voice_steps - 1:
+                    restore_rows.append(i)
+        live = self._mask(live_rows)
+        exec_mask = self._mask(live_rows + prefill_rows)
+        tokens = torch.from_numpy(forced).to(dev)
+        if live_rows:
+            frames = torch.from_numpy(np.ascontiguousarray(pcm, dtype=np.float32)).to(dev)
+            codes = self.model.mimi.encode_frame(frames, self._enc, live)
+            user = slice(1 + cfg.num_agent_codebooks, None)
+            tokens[:, user] = torch.where(live[:, None], codes, tokens[:, user])
+        inputs = StepInputs(tokens=tokens, exec_mask=exec_mask)
+        if embed_rows:
+            inputs.embeddings = self._voice_emb[torch.arange(b, device=dev), torch.from_numpy(embed_idx).to(dev)]
+            inputs.embed_mask = self._mask(embed_rows)
+        if restore_rows:
+            inputs.restore_cache = self._voice_cache
+            inputs.restore_mask = self._mask(restore_rows)
+        sampled_rows = [i for i in live_rows if not self._rows[i].greedy]
+        noise = self._random.draw(sampled_rows) if sampled_rows else None
+        result = self._gen.step(inputs, self._sampling, noise, run_depformer=bool(live_rows))
+
+        out_pcm = None
+        if live_rows:
+            agent = result.tokens[:, 1: 1 + cfg.num_agent_codebooks]
+            ok = (agent >= 0) & (agent < cfg.card)
+            agent = torch.where(ok, agent, self._silence)
+            out_pcm = self.model.mimi.decode_frame(agent, self._dec, live)
+        # The one read back to the host per tick.
+        self.last_tokens = result.tokens.cpu().numpy()
+        pcm_out = np.zeros((b, self.frame_size), dtype=np.float32)
+        if out_pcm is not None:
+            pcm_out[live_rows] = out_pcm.float().cpu().numpy()[live_rows]
+        valid = result.valid.cpu().numpy()
+        text: list[str | None] = [None] * b
+        for i in prefill_rows:
+            self._rows[i].cursor += 1
+        for i in live_rows:
+            row = self._rows[i]
+            if row.plan is not None:
+                row.cursor = row.plan.num_steps
+            if valid[i] and row.decoder is not None:
+                text[i] = row.decoder.push(int(self.last_tokens[i, 0]))
+        return StepOutput(pcm=pcm_out, text=text)
+
+    # --- helpers ------------------------------------------------------------------
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.num_slots:
+            raise IndexError(f"slot {slot} out of range 0..{self.num_slots - 1}")
+
+    def _mask(self, rows: list[int]) -> torch.Tensor:
+        mask = torch.zeros(self.num_slots, dtype=torch.bool)
+        mask[rows] = True
+        return mask.to(self.device)
+
+    def _reset_row(self, slot: int) -> None:
+        mask = self._mask([slot])
+        self._gen.reset(mask)
+        self._enc.reset(mask)
+        self._dec.reset(mask)
+
+    def _store_voice(self, slot: int, voice) -> None:
+        steps = voice.num_steps
+        if steps > self._voice_emb.shape[1]:  # grow the buffer (rare: a longer voice than any before)
+            grown = torch.zeros(self.num_slots, steps, self._voice_emb.shape[2],
+                                device=self.device, dtype=self._voice_emb.dtype)
+            grown[:, : self._voice_emb.shape[1]] = self._voice_emb
+            self._voice_emb = grown
+        self._voice_emb[slot, :steps] = voice.embeddings.to(self.device, self._voice_emb.dtype)
+        self._voice_cache[slot] = voice.cache[0].to(self.device)

@@ -1,0 +1,111 @@
+"""Our own torch implementation of PersonaPlex / Moshi inference.
+
+Token-exact against NVIDIA's PersonaPlex reference (see ``tests/model``),
+batched over conversation slots, every streaming state an explicit object
+with per-row reset, static shapes.  ``pplex_trio`` never imports ``moshi``.
+
+Loading
+-------
+``load_model(source, device="cpu", voice_dir=None) -> LoadedModel`` where
+``source`` is ``"tiny"`` (random weights, built once into the cache
+folder), a Hugging Face repo id (default ``nvidia/personaplex-7b-v1``;
+uses ``HF_TOKEN``) or a local folder with the same files.  ``LoadedModel``
+has ``config``, ``lm`` (:class:`LMModel`), ``mimi`` (:class:`Mimi`),
+``tokenizer`` (:class:`TextTokenizer`) and ``voices`` (:class:`VoiceLibrary`).
+Config dicts in Kyutai's convention: ``config_from_kyutai_dict(raw, name)``;
+``build_lm(lm_kwargs)`` / ``build_mimi(mimi_config_or_None)`` build modules
+with uninitialised weights from Kyutai's dicts (``loaders._lm_kwargs``,
+``loaders._mimi_config``).  ``load_state_dict_strict(module, state_dict)``
+loads exactly (error lists missing/unexpected keys); call ``mimi.refresh()``
+after loading Mimi weights.  ``convert_kyutai_state_dict(sd)`` turns the
+state dict of a *live* Kyutai 0.2.x ``LMModel`` (``in_projs.{i}.weight``)
+into the file layout we use (``in_proj_weight``).
+
+Mimi (``Mimi``)
+---------------
+``mimi.start_streaming(B)``; ``mimi.encode_step(pcm[B, 1920]) -> codes[B, 8]``;
+``mimi.decode_step(codes[B, 8]) -> pcm[B, 1920]``; ``mimi.reset(mask[B])``.
+Functional form: ``init_encoder_state(B)`` / ``encode_frame(pcm, state,
+exec_mask)``, ``init_decoder_state(B)`` / ``decode_frame(codes, state,
+exec_mask)``, ``encode_latent`` (before quantization).
+
+LM (``LMModel`` + ``LMGen``)
+----------------------------
+``gen = LMGen(lm, B, depformer_steps=None)``; ``gen.step(StepInputs(tokens
+[B, 17], exec_mask[B], ...), sampling=None, noise=None) -> StepResult``
+(``tokens [B, 17]``: the de-delayed frame, ``valid [B]``, optionally
+logits and the input embedding); ``gen.reset(mask)``.  In
+``StepInputs.tokens``, ``FREE`` (-1) means "model chooses"; anything else
+is forced (teacher forcing).  Low level: ``lm.embed``, ``lm.temporal``,
+``lm.depformer_step``.
+
+Differences from Kyutai's ``moshi`` 0.2.13 (we follow NVIDIA's fork, the
+reference of the golden data):
+
+* ring KV caches (LM, Mimi, and the depformer when all its steps run)
+  attend to ``capacity - 1`` keys once full (``ring_attention_mask``);
+  Kyutai 0.2.13 attends to ``capacity`` keys, so compare within the context;
+* ``LMGen.step`` call ``n`` equals Kyutai ``LMGen.step`` call ``n`` with
+  the same user frames (the fork needs one extra initial call; we start
+  after it).  Only the agent's depformer steps run by default.
+
+Engine-level pieces: ``build_prompt_plan`` (system prompt as forced steps),
+``RowSampling`` / ``RowGenerators`` / ``sample`` (per-row seeded sampling),
+``StreamDecoder`` (incremental detokenization), ``make_voice_prompt``
+(voice ``.pt`` from audio).  The ``pplex-trio offline`` command lives in
+``_offline.py`` (``add_arguments(parser)``, ``run(args)``).
+"""
+
+from ._checkpoint import CheckpointMismatchError as CheckpointMismatchError
+from ._checkpoint import convert_kyutai_state_dict as convert_kyutai_state_dict
+from ._checkpoint import expand_depformer_steps as expand_depformer_steps
+from ._checkpoint import load_state_dict_strict as load_state_dict_strict
+from ._config import CONFIGS as CONFIGS
+from ._config import LMConfig as LMConfig
+from ._config import MimiConfig as MimiConfig
+from ._config import ModelConfig as ModelConfig
+from ._config import PromptConfig as PromptConfig
+from ._config import QuantizerConfig as QuantizerConfig
+from ._config import SEANetConfig as SEANetConfig
+from ._config import TransformerConfig as TransformerConfig
+from ._config import config_from_kyutai_dict as config_from_kyutai_dict
+from ._config import config_to_kyutai_dict as config_to_kyutai_dict
+from ._config import lm_config_from_kwargs as lm_config_from_kwargs
+from ._config import mimi_config_from_dict as mimi_config_from_dict
+from ._depformer import Depformer as Depformer
+from ._lm import LMModel as LMModel
+from ._loading import DEFAULT_REPO as DEFAULT_REPO
+from ._loading import LoadedModel as LoadedModel
+from ._loading import ModelAccessError as ModelAccessError
+from ._loading import build_lm as build_lm
+from ._loading import build_mimi as build_mimi
+from ._loading import cache_dir as cache_dir
+from ._loading import load_model as load_model
+from ._loading import resolve_checkpoint as resolve_checkpoint
+from ._lockstep import FREE as FREE
+from ._lockstep import UNGENERATED as UNGENERATED
+from ._lockstep import LMGen as LMGen
+from ._lockstep import StepInputs as StepInputs
+from ._lockstep import StepResult as StepResult
+from ._lockstep import TokenCache as TokenCache
+from ._mimi import Mimi as Mimi
+from ._mimi import MimiDecoderState as MimiDecoderState
+from ._mimi import MimiEncoderState as MimiEncoderState
+from ._prompt import PromptPlan as PromptPlan
+from ._prompt import build_prompt_plan as build_prompt_plan
+from ._sampling import RowGenerators as RowGenerators
+from ._sampling import RowSampling as RowSampling
+from ._sampling import sample as sample
+from ._streaming import ring_attention_mask as ring_attention_mask
+from ._text import StreamDecoder as StreamDecoder
+from ._text import TextTokenizer as TextTokenizer
+from ._text import persona_tokens as persona_tokens
+from ._text import wrap_persona as wrap_persona
+from ._tiny import ensure_tiny_checkpoint as ensure_tiny_checkpoint
+from ._transformer import StreamingTransformer as StreamingTransformer
+from ._transformer import TransformerState as TransformerState
+from ._voices import VoiceLibrary as VoiceLibrary
+from ._voices import VoiceNotFoundError as VoiceNotFoundError
+from ._voices import VoicePrompt as VoicePrompt
+from ._voices import check_voice_name as check_voice_name
+from ._voices import make_voice_prompt as make_voice_prompt

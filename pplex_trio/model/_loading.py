@@ -1,0 +1,219 @@
+"""Finding and loading a model: ``tiny``, a Hugging Face repo id, or a local folder.
+
+A *source* is resolved to a set of files with the names Kyutai's and
+NVIDIA's repositories use (``config.json``, ``model.safetensors``, the Mimi
+and tokenizer files named in the config, ``voices.tgz`` or ``voices/``).
+The config builds the modules on the ``meta`` device, then the weights are
+loaded strictly (:func:`~pplex_trio.model._checkpoint.load_state_dict_strict`)
+straight onto the target device.  The LM runs in bfloat16 on CUDA and
+float32 elsewhere; Mimi always runs in float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from ._checkpoint import expand_depformer_steps, load_state_dict_strict
+from ._config import (LM_FILE, MIMI_FILE, TOKENIZER_FILE, VOICES_ARCHIVE, MimiConfig, ModelConfig,
+                      config_from_kyutai_dict, lm_config_from_kwargs, mimi_config_from_dict)
+from ._lm import LMModel
+from ._mimi import Mimi
+from ._text import TextTokenizer
+from ._voices import VoiceLibrary, extract_voices
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_REPO = "nvidia/personaplex-7b-v1"
+
+
+class ModelAccessError(RuntimeError):
+    """The model's files could not be obtained (gated repo, unknown repo, offline...)."""
+
+
+def cache_dir() -> Path:
+    """Where pplex-trio keeps generated and extracted files (``$PPLEX_TRIO_CACHE`` overrides)."""
+    if os.environ.get("PPLEX_TRIO_CACHE"):
+        return Path(os.environ["PPLEX_TRIO_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "pplex-trio"
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointFiles:
+    """Local paths of one model's files (and its raw ``config.json``)."""
+
+    name: str
+    raw_config: dict[str, Any]
+    lm: Path
+    mimi: Path
+    tokenizer: Path
+    mimi_config: dict[str, Any] | None = None
+    voices_dir: Path | None = None
+    voices_archive: Path | None = None
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    """Everything an engine needs: config, modules, tokenizer, voice library."""
+
+    config: ModelConfig
+    lm: LMModel
+    mimi: Mimi
+    tokenizer: TextTokenizer
+    voices: VoiceLibrary
+    device: torch.device
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+def _hub_download(repo: str, filename: str, optional: bool = False) -> Path | None:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError,
+                                        RepositoryNotFoundError)
+
+    try:
+        return Path(hf_hub_download(repo, filename))
+    except GatedRepoError as exc:
+        raise ModelAccessError(
+            f"{repo} is gated: accept its licence at https://huggingface.co/{repo} with your account, "
+            "then set HF_TOKEN to an access token of that account (or run `hf auth login`)") from exc
+    except RepositoryNotFoundError as exc:
+        raise ModelAccessError(
+            f"model {repo!r} is neither a local folder nor a Hugging Face repository you can read "
+            "(if it is private, set HF_TOKEN)") from exc
+    except LocalEntryNotFoundError as exc:  # (a subclass of EntryNotFoundError)
+        raise ModelAccessError(
+            f"cannot download {filename} from {repo}: no connection and not in the local cache") from exc
+    except EntryNotFoundError:
+        if optional:
+            return None
+        raise ModelAccessError(f"{repo} has no file {filename!r}") from None
+
+
+def resolve_checkpoint(source: str) -> CheckpointFiles:
+    """Local paths of the model files for ``tiny``, a local folder, or a hub repo id."""
+    if source == "tiny":
+        from ._tiny import ensure_tiny_checkpoint
+
+        folder = ensure_tiny_checkpoint()
+        return _files_in_folder(folder, name="tiny")
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return _files_in_folder(path, name=path.name)
+    if path.exists() or source.startswith((".", "/", "~")) or source.count("/") != 1:
+        raise ModelAccessError(f"model {source!r}: not 'tiny', not a folder, not a Hugging Face repo id (owner/name)")
+    config_path = _hub_download(source, "config.json", optional=True)
+    raw = _read_config(config_path)
+    files = _named_files(raw)
+    mimi_cfg = None
+    if raw.get("mimi_config_name"):
+        mimi_cfg = json.loads(_hub_download(source, raw["mimi_config_name"]).read_text())
+    return CheckpointFiles(
+        name=source, raw_config=raw,
+        lm=_hub_download(source, files["lm"]), mimi=_hub_download(source, files["mimi"]),
+        tokenizer=_hub_download(source, files["tokenizer"]), mimi_config=mimi_cfg,
+        voices_archive=_hub_download(source, VOICES_ARCHIVE, optional=True),
+    )
+
+
+def _read_config(path: Path | None) -> dict[str, Any]:
+    if path is None or not path.is_file():
+        return {}
+    text = path.read_text().strip()
+    return json.loads(text) if text else {}
+
+
+def _named_files(raw: dict[str, Any]) -> dict[str, str]:
+    return {"lm": raw.get("moshi_name", LM_FILE), "mimi": raw.get("mimi_name", MIMI_FILE),
+            "tokenizer": raw.get("tokenizer_name", TOKENIZER_FILE)}
+
+
+def _files_in_folder(folder: Path, name: str) -> CheckpointFiles:
+    raw = _read_config(folder / "config.json")
+    files = {k: folder / v for k, v in _named_files(raw).items()}
+    missing = [str(p) for p in files.values() if not p.is_file()]
+    if missing:
+        raise ModelAccessError(f"model folder {folder} lacks {', '.join(missing)}")
+    mimi_cfg = None
+    if raw.get("mimi_config_name"):
+        mimi_cfg = json.loads((folder / raw["mimi_config_name"]).read_text())
+    archive = folder / VOICES_ARCHIVE
+    return CheckpointFiles(
+        name=name, raw_config=raw, lm=files["lm"], mimi=files["mimi"], tokenizer=files["tokenizer"],
+        mimi_config=mimi_cfg, voices_dir=folder / "voices" if (folder / "voices").is_dir() else None,
+        voices_archive=archive if archive.is_file() else None,
+    )
+
+
+def build_lm(lm_kwargs: dict[str, Any], device: str | torch.device | None = None) -> LMModel:
+    """An :class:`LMModel` with uninitialised weights from Kyutai ``LMModel`` kwargs."""
+    with torch.device(device or "cpu"):
+        return LMModel(lm_config_from_kwargs(lm_kwargs))
+
+
+def build_mimi(mimi_config: dict[str, Any] | None = None, device: str | torch.device | None = None) -> Mimi:
+    """A :class:`Mimi` with uninitialised weights from a Kyutai Mimi config dict (None: the real Mimi).
+
+    The dict's ``num_codebooks`` (default 8) is how many codebooks are used.
+    """
+    cfg = mimi_config_from_dict(mimi_config) if mimi_config else MimiConfig()
+    with torch.device(device or "cpu"):
+        return Mimi(cfg)
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_model(source: str = DEFAULT_REPO, device: str | torch.device = "cpu",
+               voice_dir: str | os.PathLike | None = None, dtype: torch.dtype | None = None) -> LoadedModel:
+    """Load a complete model from ``source`` (``tiny``, a hub repo id or a local folder).
+
+    ``voice_dir`` overrides where voice prompts are looked up (default: the
+    checkpoint's ``voices/`` folder or its ``voices.tgz``, extracted once to
+    the cache).  ``dtype`` overrides the LM's dtype.
+
+    Error handling: :class:`ModelAccessError` when files cannot be found or
+    downloaded, :class:`~pplex_trio.model._checkpoint.CheckpointMismatchError`
+    when the weights do not match the config.
+    """
+    device = torch.device(device)
+    files = resolve_checkpoint(source)
+    cfg = config_from_kyutai_dict(files.raw_config, name=files.name, mimi=files.mimi_config)
+    lm_dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    logger.info("loading %s (LM %s, %s)", files.name, str(lm_dtype).removeprefix("torch."), device)
+
+    with torch.device("meta"):
+        lm = LMModel(cfg.lm)
+        mimi = Mimi(cfg.mimi)
+    lm_weights = load_file(str(files.lm), device=str(device))
+    expand_depformer_steps(lm_weights, cfg.lm.dep_q)
+    load_state_dict_strict(lm, lm_weights, what=f"LM weights {files.lm.name}", dtype=lm_dtype)
+    del lm_weights
+    load_state_dict_strict(mimi, load_file(str(files.mimi), device=str(device)),
+                           what=f"Mimi weights {files.mimi.name}", dtype=torch.float32)
+    mimi.refresh()
+    lm.eval()
+    mimi.eval()
+
+    if voice_dir is not None:
+        voices = Path(voice_dir)
+    elif files.voices_dir is not None:
+        voices = files.voices_dir
+    elif files.voices_archive is not None:
+        voices = extract_voices(files.voices_archive, cache_dir())
+    else:
+        voices = None
+    tokenizer = TextTokenizer(files.tokenizer, text_card=cfg.lm.text_card,
+                              pad_ids=(cfg.lm.end_of_text_padding_id, cfg.lm.existing_text_padding_id))
+    return LoadedModel(config=cfg, lm=lm, mimi=mimi, tokenizer=tokenizer, voices=VoiceLibrary(voices), device=device)

@@ -1,0 +1,158 @@
+"""Voice prompts: the ``voices/*.pt`` library, and making a voice prompt from audio.
+
+A voice prompt is what the reference saves after feeding a recording of
+the desired voice through the LM: ``embeddings`` ``[T, 1, 1, dim]`` (the
+LM's summed input embedding at each step) and ``cache`` ``[1, 17, 4]`` (the
+token cache afterwards).  Replaying the embeddings and restoring the cache
+puts the LM where the recording left it, without Mimi.
+
+Names are resolved only inside the library folder: a voice is a bare file
+name ending in ``.pt``; anything with a path separator or ``..`` is
+refused, so a client cannot make the server read other files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ._lm import LMModel
+from ._lockstep import LMGen, StepInputs
+from ._mimi import Mimi
+
+logger = logging.getLogger(__name__)
+
+
+class VoiceNotFoundError(LookupError):
+    """The requested voice is not a valid name in the voice library."""
+
+
+@dataclasses.dataclass(frozen=True)
+class VoicePrompt:
+    name: str
+    embeddings: torch.Tensor  # [T, dim]
+    cache: torch.Tensor  # [1, K, slots] long
+
+    @property
+    def num_steps(self) -> int:
+        return self.embeddings.shape[0]
+
+    @classmethod
+    def from_file(cls, path: Path) -> "VoicePrompt":
+        data = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            emb, cache = data["embeddings"], data["cache"]
+        except (KeyError, TypeError):
+            raise ValueError(f"{path} is not a voice prompt (a dict with 'embeddings' and 'cache')") from None
+        return cls(name=path.name, embeddings=emb.reshape(emb.shape[0], emb.shape[-1]), cache=cache.long())
+
+    def save(self, path: Path) -> None:
+        emb = self.embeddings.reshape(self.num_steps, 1, 1, -1).cpu()
+        torch.save({"embeddings": emb, "cache": self.cache.cpu()}, path)
+
+
+def check_voice_name(name: str) -> str:
+    """Validate a client-supplied voice name; returns it unchanged.
+
+    Error handling: raises :class:`VoiceNotFoundError` (with what is
+    allowed) for anything but a bare ``NAME.pt``.
+    """
+    if (not name or "/" in name or "\\" in name or os.sep in name or name in (".", "..")
+            or ".." in name or not name.endswith(".pt") or name.startswith(".")):
+        raise VoiceNotFoundError(f"invalid voice name {name!r}: use a bare file name ending in .pt, like NATF0.pt")
+    return name
+
+
+class VoiceLibrary:
+    """The ``*.pt`` voice prompts of one folder, loaded on demand and cached."""
+
+    def __init__(self, folder: Path | None):
+        self.folder = Path(folder) if folder is not None else None
+        self._cache: dict[str, VoicePrompt] = {}
+
+    def names(self) -> list[str]:
+        if self.folder is None or not self.folder.is_dir():
+            return []
+        return sorted(p.name for p in self.folder.glob("*.pt") if p.is_file() and not p.name.startswith("."))
+
+    def get(self, name: str) -> VoicePrompt:
+        check_voice_name(name)
+        if name not in self._cache:
+            path = self.folder / name if self.folder is not None else None
+            if path is None or not path.is_file():
+                known = ", ".join(self.names()[:20]) or "none"
+                raise VoiceNotFoundError(f"unknown voice {name!r}; available: {known}")
+            self._cache[name] = VoicePrompt.from_file(path)
+        return self._cache[name]
+
+
+def extract_voices(archive: Path, cache_root: Path) -> Path:
+    """Extract ``voices.tgz`` once into the cache; returns the ``voices`` folder.
+
+    The extraction folder is keyed by the archive's content hash, written
+    beside and renamed into place, so concurrent processes do not clash.
+    """
+    digest = hashlib.sha256()
+    with open(archive, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    target = cache_root / f"voices-{digest.hexdigest()[:16]}"
+    if not (target / "voices").is_dir():
+        cache_root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cache_root, prefix=".voices-"))
+        logger.info("extracting %s to %s", archive, target)
+        with tarfile.open(archive, "r:gz") as tar:
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(tmp, filter="data")
+            else:  # pragma: no cover - Python without extraction filters
+                tar.extractall(tmp)
+        if not (tmp / "voices").is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise RuntimeError(f"{archive} has no voices/ folder")
+        try:
+            tmp.rename(target)
+        except OSError:  # another process won the race
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target / "voices"
+
+
+@torch.no_grad()
+def make_voice_prompt(lm: LMModel, mimi: Mimi, pcm: np.ndarray, sine_tokens: tuple[int, ...],
+                      zero_text_code: int = 3, name: str = "custom.pt") -> tuple[VoicePrompt, np.ndarray]:
+    """Make a voice prompt from a recording, as the reference's voice generation does.
+
+    ``pcm`` is mono float audio at Mimi's sample rate (the reference first
+    normalises it to -24 LUFS; do that beforehand if you need the same
+    result).  Each 1920-sample frame (the last one zero-padded) is encoded
+    by a fresh Mimi stream and forced on the agent's audio streams, with
+    PAD text and the sine on the user's.  The reference's first call only
+    initialises its cache, so the first frame's tokens never reach the LM.
+    Returns the prompt and the Mimi codes ``[frames, 8]``.
+    """
+    frame = mimi.frame_size
+    pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
+    frames = -(-pcm.shape[0] // frame)
+    pcm = np.concatenate([pcm, np.zeros(frames * frame - pcm.shape[0], dtype=np.float32)])
+    device = lm.device
+    state = mimi.init_encoder_state(1)
+    codes = [mimi.encode_frame(torch.from_numpy(pcm[i * frame:(i + 1) * frame]).to(device)[None], state)
+             for i in range(frames)]
+    gen = LMGen(lm, 1)
+    ones = torch.ones(1, dtype=torch.bool, device=device)
+    sine = torch.tensor(sine_tokens, device=device)
+    embeddings = []
+    for c in codes[1:]:
+        tokens = torch.cat([torch.tensor([zero_text_code], device=device), c[0], sine])[None]
+        result = gen.step(StepInputs(tokens=tokens, exec_mask=ones), run_depformer=False, return_embeddings=True)
+        embeddings.append(result.embeddings[0])
+    prompt = VoicePrompt(name=name, embeddings=torch.stack(embeddings).cpu(), cache=gen.cache.tokens.clone().cpu())
+    return prompt, torch.cat(codes).cpu().numpy()

@@ -1,0 +1,192 @@
+"""Parity with NVIDIA's PersonaPlex reference on the golden tiny checkpoint.
+
+The golden files were produced by the reference itself (see the golden
+README); nothing expected here is computed by our code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import sphn
+import torch
+
+from pplex_trio.engine._interface import Conversation, Sampling, SlotMode
+from pplex_trio.engine._personaplex import PersonaPlexEngine
+from pplex_trio.model import FREE, LMGen, StepInputs, build_prompt_plan, persona_tokens
+
+GREEDY = Sampling(greedy=True)
+
+
+@dataclasses.dataclass
+class LMRun:
+    hidden: np.ndarray  # [steps, dim]
+    text_logits: np.ndarray
+    audio_logits: np.ndarray  # [steps, depformer_steps, card]
+    tokens: np.ndarray  # [steps, 17]
+    valid: np.ndarray
+    forced: np.ndarray  # the forced tokens we fed
+
+
+@torch.no_grad()
+def run_lm(model, golden, depformer_steps: int) -> LMRun:
+    """The golden flow driven directly on the LM (no Mimi): prompt plan, then the input codes."""
+    plan = build_prompt_plan(model.config, model.tokenizer, golden.persona, model.voices.get(golden.voice))
+    user = np.full((len(golden.input_codes), 17), FREE)
+    user[:, 9:] = golden.input_codes
+    forced = np.concatenate([plan.tokens, user])
+    gen = LMGen(model.lm, 1, depformer_steps=depformer_steps)
+    yes = torch.ones(1, dtype=torch.bool)
+    out = {k: [] for k in ("hidden", "text_logits", "audio_logits", "tokens", "valid")}
+    for i, row in enumerate(forced):
+        inputs = StepInputs(tokens=torch.from_numpy(row)[None], exec_mask=yes)
+        if i < plan.voice_steps:
+            inputs.embeddings = plan.voice.embeddings[i][None]
+            inputs.embed_mask = yes
+            if i == plan.voice_steps - 1:
+                inputs.restore_cache, inputs.restore_mask = plan.voice.cache, yes
+        r = gen.step(inputs, return_logits=True)
+        for key in out:
+            out[key].append(getattr(r, key)[0].numpy())
+    return LMRun(**{k: np.stack(v) for k, v in out.items()}, forced=forced)
+
+
+@pytest.fixture(scope="module")
+def lm_run(golden_model, golden) -> LMRun:
+    return run_lm(golden_model, golden, depformer_steps=16)
+
+
+def test_golden_config_is_read_from_the_checkpoint(golden_model):
+    cfg = golden_model.config
+    assert (cfg.lm.dim, cfg.lm.dep_q, cfg.lm.context, cfg.lm.card, cfg.lm.text_card) == (64, 16, 64, 64, 128)
+    assert cfg.mimi.transformer.context == 50 and cfg.mimi.quantizer.n_q == 16 and cfg.mimi.num_codebooks == 8
+    assert cfg.prompt.silence_tokens == (52, 51, 26, 34, 8, 6, 58, 24)
+    assert cfg.prompt.sine_tokens == (46, 52, 61, 11, 7, 23, 56, 24)
+    assert golden_model.voices.names() == ["TINY0.pt"]
+
+
+def test_persona_tokens_match(golden_model, golden):
+    assert persona_tokens(golden_model.tokenizer, golden.persona) == golden.prompt_tokens
+
+
+@torch.no_grad()
+def test_mimi_streaming_encode_matches_input_codes(golden_model, golden):
+    mimi = golden_model.mimi
+    state = mimi.init_encoder_state(1)
+    codes = [mimi.encode_frame(torch.from_numpy(golden.frame(i))[None], state)[0].numpy()
+             for i in range(len(golden.input_codes))]
+    np.testing.assert_array_equal(np.stack(codes), golden.input_codes)
+
+
+@torch.no_grad()
+def test_mimi_streaming_decode_matches_output_pcm(golden_model, golden):
+    mimi = golden_model.mimi
+    mimi.start_streaming(1)
+    pcm = [mimi.decode_step(torch.from_numpy(golden.output_tokens[i: i + 1, 1:9]))[0].numpy()
+           for i in range(len(golden.output_tokens))]
+    assert np.abs(np.concatenate(pcm) - golden.output_pcm).max() <= 1e-4
+
+
+def test_lm_alone_matches_lm_only_trace(lm_run, golden):
+    ref = golden.lm_only
+    assert np.abs(lm_run.hidden - ref["transformer_out"]).max() < 1e-5
+    assert np.abs(lm_run.text_logits - ref["text_logits"]).max() < 1e-5
+    assert np.abs(lm_run.audio_logits - ref["audio_logits"]).max() < 1e-5  # all 16 depformer steps
+    np.testing.assert_array_equal(lm_run.tokens[-100:], ref["output_tokens"])
+
+
+def test_prompt_phases_match_step_log(lm_run, golden):
+    log = golden.step_log
+    keep = log["phase"] != "warmup"  # the reference warmed up before its reset; we have no warmup
+    phase, out, none = log["phase"][keep], log["out"][keep], log["out_is_none"][keep]
+    assert len(phase) == len(lm_run.tokens) == 206
+    np.testing.assert_array_equal(~lm_run.valid, none)
+    np.testing.assert_array_equal(lm_run.tokens[~none], out[~none])
+    # The forced inputs of the token steps are the ones the reference logged.
+    steps = np.flatnonzero(log["kind"][keep] == "step")
+    np.testing.assert_array_equal(lm_run.forced[steps, 1:9][phase[steps] != "user"],
+                                  log["moshi_tokens"][keep][steps][phase[steps] != "user"])
+    np.testing.assert_array_equal(lm_run.forced[steps, 9:], log["input_tokens"][keep][steps])
+    text = log["text_token"][keep][steps]
+    np.testing.assert_array_equal(lm_run.forced[steps, 0][text >= 0], text[text >= 0])
+    assert list(phase[:25]) == ["voice"] * 24 + ["silence_after_voice"]
+
+
+def test_skipping_teacher_forced_depformer_steps_changes_nothing(golden_model, golden, lm_run):
+    short = run_lm(golden_model, golden, depformer_steps=8)
+    np.testing.assert_array_equal(short.tokens, lm_run.tokens)
+    np.testing.assert_array_equal(short.hidden, lm_run.hidden)
+    np.testing.assert_array_equal(short.audio_logits, lm_run.audio_logits[:, :8])
+
+
+def run_engine(model, golden, num_slots: int, golden_row: int, other_joins_at: int | None = None):
+    """The golden conversation in ``golden_row``; optionally another one joins the other row."""
+    engine = PersonaPlexEngine(model, num_slots)
+    frames = len(golden.input_codes)
+    prefill = engine.start(golden_row, Conversation(persona=golden.persona, voice=golden.voice, sampling=GREEDY))
+    other = 1 - golden_row
+    other_left = 0
+    rng = np.random.RandomState(7)
+    pcm_out, tokens, texts = [], [], []
+    tick = 0
+    while len(pcm_out) < frames:
+        modes = [SlotMode.IDLE] * num_slots
+        pcm = np.zeros((num_slots, 1920), np.float32)
+        modes[golden_row] = SlotMode.PREFILL if tick < prefill else SlotMode.LIVE
+        if tick >= prefill:
+            pcm[golden_row] = golden.frame(tick - prefill)
+        if other_joins_at is not None and tick == other_joins_at:
+            other_left = engine.start(other, Conversation(
+                persona="You run a small bakery.", voice=golden.voice,
+                sampling=Sampling(text_seed=1, audio_seed=2)))
+        if other_joins_at is not None and tick >= other_joins_at:
+            modes[other] = SlotMode.PREFILL if other_left > 0 else SlotMode.LIVE
+            other_left -= 1
+            pcm[other] = (0.1 * rng.randn(1920)).astype(np.float32)
+        out = engine.step(modes, pcm)
+        if modes[golden_row] == SlotMode.LIVE:
+            pcm_out.append(out.pcm[golden_row])
+            tokens.append(engine.last_tokens[golden_row].copy())
+            texts.append(model.tokenizer.offline_piece(int(engine.last_tokens[golden_row, 0])))
+        tick += 1
+    return np.concatenate(pcm_out), np.stack(tokens), texts, prefill
+
+
+def test_engine_reproduces_golden_single_slot(golden_model, golden):
+    pcm, tokens, texts, prefill = run_engine(golden_model, golden, 1, 0)
+    assert prefill == 24 + 6 + 70 + 6
+    np.testing.assert_array_equal(tokens, golden.output_tokens)
+    assert np.abs(pcm - golden.output_pcm).max() <= 1e-4
+    assert texts == golden.output_text
+
+
+@pytest.mark.parametrize("golden_row", [0, 1])
+def test_engine_reproduces_golden_beside_another_conversation(golden_model, golden, golden_row):
+    # The other conversation joins while the golden one is in its prompt, and goes live mid-way.
+    pcm, tokens, texts, _ = run_engine(golden_model, golden, 2, golden_row, other_joins_at=60)
+    np.testing.assert_array_equal(tokens, golden.output_tokens)
+    assert np.abs(pcm - golden.output_pcm).max() <= 1e-4
+    assert texts == golden.output_text
+
+
+def test_offline_command_reproduces_golden(golden_dir, golden, tmp_path):
+    import argparse
+
+    from pplex_trio.model import _offline
+
+    parser = argparse.ArgumentParser()
+    _offline.add_arguments(parser)
+    wav, text = tmp_path / "out.wav", tmp_path / "out.json"
+    args = parser.parse_args([
+        "--model", str(golden_dir), "--input-wav", str(golden_dir / "input.wav"), "--output-wav", str(wav),
+        "--output-text", str(text), "--voice-prompt", golden.voice, "--greedy", "--device", "cpu"])
+    assert _offline.run(args) == 0
+    assert json.loads(text.read_text()) == golden.output_text
+    ours, rate = sphn.read(str(wav))
+    ref, _ = sphn.read(str(golden_dir / "expected" / "output.wav"))
+    assert rate == 24_000 and ours.shape == ref.shape == (1, 192_000)
+    assert np.abs(ours - ref).max() * 32768 <= 1.0  # one LSB: float differences of ~1e-7 may cross a step
+    assert np.abs(ours[0] - golden.output_pcm).max() <= 1e-4 + 1 / 32767
