@@ -86,6 +86,14 @@ SILENCE_TOKENS = (948, 243, 1178, 546, 1736, 1030, 1978, 2008)
 SINE_TOKENS = (430, 1268, 381, 1611, 1095, 1495, 56, 472)
 
 CARD = 64
+
+# Inputs shared by the oracle suite.  Every LM comparison runs LM_STEPS steps:
+# far past the tiny contexts (24 and 32 frames), so the KV rings wrap several
+# times.  Batched runs have BATCH rows, row r listening to the speech from
+# r * ROW_OFFSET_S seconds on.
+LM_STEPS = 200
+BATCH = 4
+ROW_OFFSET_S = 5.0
 TEXT_CARD = 128
 MIMI_CODEBOOKS_STORED = 16
 MIMI_CODEBOOKS_USED = 8

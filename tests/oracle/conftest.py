@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import typing as tp
 
 os.environ.setdefault("NO_TORCH_COMPILE", "1")  # before anything imports moshi
 
@@ -17,12 +18,7 @@ import pytest  # noqa: E402
 
 import _tiny_moshi as tiny  # noqa: E402
 
-# Every LM comparison runs this many steps: far past the tiny contexts (24 and
-# 32 frames), so the KV rings wrap several times.
-LM_STEPS = 200
-# Rows of the batched runs; each row listens to a different part of the speech.
-BATCH = 4
-ROW_OFFSET_S = 5.0
+from _tiny_moshi import BATCH, LM_STEPS, ROW_OFFSET_S  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -56,13 +52,26 @@ def speech_rows(speech: np.ndarray) -> np.ndarray:
 def user_codes(tiny_checkpoints: dict[str, pathlib.Path], speech_rows: np.ndarray) -> dict[str, np.ndarray]:
     """Per checkpoint, moshi's streaming Mimi codes of :func:`speech_rows`: ``[BATCH, LM_STEPS, 8]``.
 
-    Computed with the checkpoint's own window rule; these are the user audio
-    the LM runs listen to.
+    These are the user audio the LM runs listen to (encoded with the fork's
+    window, as our Mimi would: any real codes would do).
     """
     import _moshi_ref as ref
 
-    out = {}
-    for name, directory in tiny_checkpoints.items():
-        rule = ref.window_rule_for(tiny.read_config(directory))
-        out[name] = ref.mimi_encode(tiny.load_moshi_mimi(directory), speech_rows, rule=rule)
-    return out
+    return {
+        name: ref.mimi_encode(tiny.load_moshi_mimi(directory), speech_rows, rule="fork")
+        for name, directory in tiny_checkpoints.items()
+    }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> tp.Iterator[None]:
+    """Tiny models gain nothing from threads, and on a shared 2-core machine they stall.
+
+    Both implementations run under the same setting, so this changes no comparison.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
