@@ -390,6 +390,11 @@ Numbers such as 1, 2, 3, 42 and 100 appear now and then, as do questions? And an
 
 
 def train_tokenizer(path: pathlib.Path, vocab_size: int = TEXT_CARD) -> None:
+    """Write :func:`tokenizer_model` to ``path``."""
+    path.write_bytes(tokenizer_model(vocab_size))
+
+
+def tokenizer_model(vocab_size: int = TEXT_CARD) -> bytes:
     """Train a SentencePiece unigram model in-process, ids as in the golden set.
 
     ``vocab_size`` equals the LM's ``text_card`` so that every id the LM can
@@ -412,7 +417,7 @@ def train_tokenizer(path: pathlib.Path, vocab_size: int = TEXT_CARD) -> None:
         num_threads=1,
         minloglevel=2,
     )
-    path.write_bytes(model.getvalue())
+    return model.getvalue()
 
 
 # --------------------------------------------------------------------------- checkpoints
