@@ -34,6 +34,7 @@ imports ``moshi`` lazily so that importing it never fails.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import io
@@ -440,10 +441,30 @@ def save_checkpoint(
     return directory
 
 
+@contextlib.contextmanager
+def one_thread() -> tp.Iterator[None]:
+    """Run torch on one CPU thread for the duration (then restore the previous count).
+
+    Tiny models gain nothing from threads, a shared 2-core machine makes them
+    stall, and a fixed count makes float rounding reproducible.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def make_checkpoint(directory: pathlib.Path, spec: TinySpec, speech: np.ndarray) -> pathlib.Path:
-    """Build and save the tiny checkpoint ``spec`` (deterministic for a given seed)."""
-    mimi = build_mimi(spec, speech)
-    lm = build_lm(spec)
+    """Build and save the tiny checkpoint ``spec``: the same bytes for the same seed and speech.
+
+    Built on one torch thread: the codebooks come from a forward pass, whose
+    float rounding depends on the thread count.
+    """
+    with one_thread():
+        mimi = build_mimi(spec, speech)
+        lm = build_lm(spec)
     save_checkpoint(directory, spec, mimi, lm)
     logger.info("tiny checkpoint %s written to %s", spec.name, directory)
     return directory

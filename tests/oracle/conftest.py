@@ -57,10 +57,11 @@ def user_codes(tiny_checkpoints: dict[str, pathlib.Path], speech_rows: np.ndarra
     """
     import _moshi_ref as ref
 
-    return {
-        name: ref.mimi_encode(tiny.load_moshi_mimi(directory), speech_rows, rule="fork")
-        for name, directory in tiny_checkpoints.items()
-    }
+    with tiny.one_thread():
+        return {
+            name: ref.mimi_encode(tiny.load_moshi_mimi(directory), speech_rows, rule="fork")
+            for name, directory in tiny_checkpoints.items()
+        }
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -69,9 +70,5 @@ def one_torch_thread() -> tp.Iterator[None]:
 
     Both implementations run under the same setting, so this changes no comparison.
     """
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with tiny.one_thread():
+        yield

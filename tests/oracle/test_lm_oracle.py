@@ -24,9 +24,9 @@ from _tiny_moshi import BATCH, LM_STEPS  # noqa: E402
 
 pytestmark = pytest.mark.oracle
 
-BATCH_STEPS = 120
-RESET_AT, RESET_ROW = 60, 2
-PAUSE_ROW, PAUSED = 3, range(30, 35)
+BATCH_STEPS = 80  # > 2 contexts: the rings wrap before and after the reset
+RESET_AT, RESET_ROW = 40, 2
+PAUSE_ROW, PAUSED = 3, range(20, 25)
 RESETS = {RESET_AT: [RESET_ROW]}
 PAUSES = {t: [r != PAUSE_ROW for r in range(BATCH)] for t in PAUSED}
 
@@ -55,9 +55,9 @@ def test_batch_reset_and_pause(ours, moshi_lm, checkpoint: pathlib.Path, user_co
     """B=4: batched equals four B=1 runs; a reset or paused row disturbs nobody; moshi agrees.
 
     * plain B=4 run, row by row == B=1 runs (tokens);
-    * with row 2 reset at step 60 and row 3 paused (exec mask off) at 30-34,
+    * with row 2 reset at step 40 and row 3 paused (exec mask off) at 20-24,
       the other rows are bit-identical to the plain run (tokens and the
-      temporal transformer's output), row 2 from step 60 equals a fresh B=1
+      temporal transformer's output), row 2 from step 40 equals a fresh B=1
       stream, row 3 equals a B=1 stream that never saw the paused frames;
     * moshi's ``reset_streaming(mask)`` / ``set_exec_mask`` (with
       ``support_out_of_sync=True``) give the same tokens on every step that ran.
@@ -118,7 +118,7 @@ def test_each_fork_difference_matters(tiny_checkpoints, user_codes, semantics: r
     oracle's imitation of the fork has nothing superfluous).
     """
     directory = tiny_checkpoints["kyutai-dep8"]
-    codes = user_codes["kyutai-dep8"][:1, :LM_STEPS // 2]
+    codes = user_codes["kyutai-dep8"][:1, :60]  # the 24-frame context wraps twice
     ours = _ours.load(directory)
     assert _ours.semantics(ours) == ref.fork_semantics(8)
     expected = ref.lm_generate(ref.load_oracle_lm(directory), codes, semantics=semantics)
