@@ -44,7 +44,7 @@ class PersonaPlexEngine(Engine):
     ``depformer_steps`` defaults to the agent codebooks only (the user's
     are teacher-forced; running them changes nothing but the cost).
     ``default_voice`` is used when a conversation asks for none (default:
-    the first voice of the library, or no voice prompt if it is empty).
+    the first voice of the library; ``""``: no voice prompt).
     """
 
     def __init__(self, model: LoadedModel, num_slots: int, *, default_voice: str | None = None,
@@ -57,7 +57,9 @@ class PersonaPlexEngine(Engine):
         cfg = model.config
         self._cfg = cfg
         names = model.voices.names()
-        self.default_voice = default_voice if default_voice is not None else (names[0] if names else None)
+        if default_voice is None:
+            default_voice = names[0] if names else ""
+        self.default_voice = default_voice or None
         self._depformer_steps = depformer_steps
         self._silence = torch.tensor(cfg.prompt.silence_tokens, device=self.device)
         self._rows = [_Row() for _ in range(num_slots)]
@@ -129,34 +131,37 @@ class PersonaPlexEngine(Engine):
             raise ValueError(f"expected {b} modes, got {len(modes)}")
         live_rows = [i for i, m in enumerate(modes) if m == SlotMode.LIVE]
         prefill_rows = [i for i, m in enumerate(modes) if m == SlotMode.PREFILL]
-        forced = np.full((b, cfg.num_streams), FREE, dtype=np.int64)
-        embed_idx = np.zeros(b, dtype=np.int64)
-        embed_rows, restore_rows = [], []
+        # Everything the device needs from the host this tick goes over in two copies, before any
+        # kernel is queued, so no copy waits for the GPU.
+        k = cfg.num_streams
+        host = np.zeros((b, k + 5), dtype=np.int64)  # forced tokens, voice step, 4 row flags
+        host[:, :k] = FREE
         for i in prefill_rows:
             row = self._rows[i]
             if row.plan is None or row.cursor >= row.plan.num_steps:
                 raise RuntimeError(f"slot {i} is PREFILL but has no prompt step left: call start() first")
-            forced[i] = row.plan.tokens[row.cursor]
+            host[i, :k] = row.plan.tokens[row.cursor]
             if row.cursor < row.plan.voice_steps:
-                embed_rows.append(i)
-                embed_idx[i] = row.cursor
-                if row.cursor == row.plan.voice_steps - 1:
-                    restore_rows.append(i)
-        live = self._mask(live_rows)
-        exec_mask = self._mask(live_rows + prefill_rows)
-        tokens = torch.from_numpy(forced).to(dev)
+                host[i, k] = row.cursor
+                host[i, k + 3] = 1
+                host[i, k + 4] = row.cursor == row.plan.voice_steps - 1
+        host[live_rows, k + 1] = 1
+        host[live_rows + prefill_rows, k + 2] = 1
+        on_device = torch.from_numpy(host).to(dev)
         if live_rows:
             frames = torch.from_numpy(np.ascontiguousarray(pcm, dtype=np.float32)).to(dev)
+        tokens, voice_step = on_device[:, :k], on_device[:, k]
+        live, exec_mask, embed_mask, restore_mask = (on_device[:, k + j].bool() for j in range(1, 5))
+        if live_rows:
             codes = self.model.mimi.encode_frame(frames, self._enc, live)
             user = slice(1 + cfg.num_agent_codebooks, None)
             tokens[:, user] = torch.where(live[:, None], codes, tokens[:, user])
         inputs = StepInputs(tokens=tokens, exec_mask=exec_mask)
-        if embed_rows:
-            inputs.embeddings = self._voice_emb[torch.arange(b, device=dev), torch.from_numpy(embed_idx).to(dev)]
-            inputs.embed_mask = self._mask(embed_rows)
-        if restore_rows:
+        if any(self._rows[i].cursor < self._rows[i].plan.voice_steps for i in prefill_rows):
+            inputs.embeddings = self._voice_emb[torch.arange(b, device=dev), voice_step]
+            inputs.embed_mask = embed_mask
             inputs.restore_cache = self._voice_cache
-            inputs.restore_mask = self._mask(restore_rows)
+            inputs.restore_mask = restore_mask
         sampled_rows = [i for i in live_rows if not self._rows[i].greedy]
         noise = self._random.draw(sampled_rows) if sampled_rows else None
         result = self._gen.step(inputs, self._sampling, noise, run_depformer=bool(live_rows))

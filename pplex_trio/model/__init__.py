@@ -42,12 +42,19 @@ is forced (teacher forcing).  Low level: ``lm.embed``, ``lm.temporal``,
 Differences from Kyutai's ``moshi`` 0.2.13 (we follow NVIDIA's fork, the
 reference of the golden data):
 
-* ring KV caches (LM, Mimi, and the depformer when all its steps run)
-  attend to ``capacity - 1`` keys once full (``ring_attention_mask``);
-  Kyutai 0.2.13 attends to ``capacity`` keys, so compare within the context;
-* ``LMGen.step`` call ``n`` equals Kyutai ``LMGen.step`` call ``n`` with
-  the same user frames (the fork needs one extra initial call; we start
-  after it).  Only the agent's depformer steps run by default.
+* the ring KV caches of the LM and of Mimi's transformers attend to
+  ``capacity - 1`` keys once full (``ring_attention_mask``); Kyutai 0.2.13
+  attends to ``capacity`` keys, so compare within the context;
+* the user's audio enters one call later: our ``LMGen.step`` call ``n``
+  given user frames ``u_0..u_n`` equals Kyutai's ``LMGen.step`` call ``n``
+  given ``u_{n-1}`` (its first call ignores user audio anyway), with
+  ``support_out_of_sync`` off: both return nothing on call 0
+  (``valid`` False) and the same 9 first streams afterwards (checked in
+  ``tests/model/test_oracle_lmgen.py``);
+* the depformer attends to all earlier steps of the frame (as trained and
+  as Kyutai does); NVIDIA's fork drops step 0 from its last step (15, a
+  discarded user codebook), so only that step's logits differ from it.
+  Only the agent's depformer steps run by default.
 
 Engine-level pieces: ``build_prompt_plan`` (system prompt as forced steps),
 ``RowSampling`` / ``RowGenerators`` / ``sample`` (per-row seeded sampling),

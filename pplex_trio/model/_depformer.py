@@ -82,22 +82,23 @@ class Depformer(nn.Module):
                               torch.zeros(shape, device=p.device, dtype=p.dtype))
 
     def forward(self, x: torch.Tensor, step: int, cache: DepformerCache) -> torch.Tensor:
-        """One step for every row: ``x`` ``[B, dim]`` -> ``[B, dim]``.
+        """One step for every row: ``x`` ``[B, dim]`` -> ``[B, dim]``; step ``s`` attends to steps ``0..s``.
 
-        The reference keeps these keys in a ring of ``num_steps`` slots with
-        the same labelling as the temporal one, so the very last step (when
-        the ring is full) does not see step 0: we keep that rule.
+        That is how the depformer is trained and how Kyutai's ``moshi`` 0.2
+        runs it.  NVIDIA's fork keeps these keys in a ring of ``num_steps``
+        slots with the one-key-short labelling of the temporal ring, so its
+        very last step (15, a user codebook whose prediction is discarded)
+        does not see step 0; no output token depends on that step.
         """
         b = x.shape[0]
         x = x.unsqueeze(1)
-        first_key = max(0, step + 2 - self.num_steps)
         for i, layer in enumerate(self.layers):
             w_in, w_out = layer.self_attn.weights(step)
             q, k, v = F.linear(layer.norm1(x), w_in).view(b, 1, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
             cache.keys[i, :, :, step] = k[:, :, 0]
             cache.values[i, :, :, step] = v[:, :, 0]
-            keys = cache.keys[i, :, :, first_key: step + 1]
-            values = cache.values[i, :, :, first_key: step + 1]
+            keys = cache.keys[i, :, :, : step + 1]
+            values = cache.values[i, :, :, : step + 1]
             att = F.scaled_dot_product_attention(q, keys, values)
             x = x + F.linear(att.transpose(1, 2).reshape(b, 1, -1), w_out)
             x = x + layer.ffn(step)(layer.norm2(x))

@@ -16,12 +16,13 @@ delayed by one frame (``delays``).  A small ring of frames per row (the
    ``o - max_delay + delay[k]`` (text and agent codebook 0 chosen one step
    earlier, the acoustic codebooks now), valid once ``o > max_delay``.
 
-This is NVIDIA's semantics, which differs from Kyutai's ``LMGen`` by one
-call: the reference's first call after a reset only initialises the cache.
-A row reset here is left as the reference leaves it after that first call
-(offset 1, initial tokens), so our call ``n`` is the reference's call
-``n + 1``, and is Kyutai 0.2.13's ``LMGen`` call ``n`` with the same user
-frames.
+This is NVIDIA's semantics.  Its first call after a reset only
+initialises the cache; a row reset here is left as the reference leaves
+it after that call (offset 1, initial tokens), so our call ``n`` is the
+reference's call ``n + 1``.  Compared with Kyutai's ``LMGen``, the user's
+frame given at a call is only *input* to the model at the next call (the
+agent's tokens are aligned): our call ``n`` with user frames ``u_0..u_n``
+equals Kyutai 0.2.13's call ``n`` with ``u_{n-1}``.
 
 Forced tokens are how the system prompt is replayed (text, agent and user
 streams all forced) and how the user's audio enters (user streams forced).

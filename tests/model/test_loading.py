@@ -1,0 +1,198 @@
+"""Loading: strictness, the 8->16 depformer expansion, sources, configs, the real key layout."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from pplex_trio.model import (CONFIGS, CheckpointMismatchError, LMModel, Mimi, ModelAccessError, build_lm, build_mimi,
+                              config_from_kyutai_dict, config_to_kyutai_dict, load_model, load_state_dict_strict)
+from pplex_trio.model import _loading
+
+from _model_flows import run_lm
+
+
+def _golden_lm_weights(golden_dir):
+    return load_file(str(golden_dir / "model.safetensors"))
+
+
+def _fresh_lm(golden_model) -> LMModel:
+    with torch.device("meta"):
+        return LMModel(golden_model.config.lm)
+
+
+def test_missing_tensor_is_named(golden_dir, golden_model):
+    weights = _golden_lm_weights(golden_dir)
+    del weights["transformer.layers.1.gating.linear_out.weight"]
+    with pytest.raises(CheckpointMismatchError, match=r"missing keys \(1\): transformer\.layers\.1\.gating\.linear_out"):
+        load_state_dict_strict(_fresh_lm(golden_model), weights)
+
+
+def test_unexpected_tensor_is_named(golden_dir, golden_model):
+    weights = _golden_lm_weights(golden_dir)
+    weights["extra_heads.0.weight"] = torch.zeros(6, 64)
+    with pytest.raises(CheckpointMismatchError, match=r"unexpected keys \(1\): extra_heads\.0\.weight"):
+        load_state_dict_strict(_fresh_lm(golden_model), weights)
+
+
+def test_wrong_shape_is_named(golden_dir, golden_model):
+    weights = _golden_lm_weights(golden_dir)
+    weights["text_linear.weight"] = torch.zeros(127, 64)
+    with pytest.raises(CheckpointMismatchError, match=r"text_linear\.weight \(127, 64\) \(expected \(128, 64\)\)"):
+        load_state_dict_strict(_fresh_lm(golden_model), weights)
+
+
+def test_mimi_file_must_match_too(golden_dir, golden_model):
+    weights = load_file(str(golden_dir / "tokenizer-e351c8d8-checkpoint125.safetensors"))
+    del weights["quantizer.rvq_rest.vq.layers.14._codebook.embedding_sum"]  # an unused codebook still counts
+    with torch.device("meta"):
+        mimi = Mimi(golden_model.config.mimi)
+    with pytest.raises(CheckpointMismatchError, match="rvq_rest.vq.layers.14._codebook.embedding_sum"):
+        load_state_dict_strict(mimi, weights)
+
+
+def _copy_checkpoint(golden_dir, dest):
+    dest.mkdir()
+    for name in ("config.json", "tokenizer-e351c8d8-checkpoint125.safetensors", "tokenizer_spm_32k_3.model"):
+        shutil.copy(golden_dir / name, dest / name)
+    shutil.copytree(golden_dir / "voices", dest / "voices")
+
+
+def test_eight_step_checkpoint_is_expanded_to_sixteen(golden_dir, golden, golden_model, tmp_path):
+    # A Moshi-layout file with 8 depformer steps, run as PersonaPlex (dep_q 16 in the config).
+    full = _golden_lm_weights(golden_dir)
+    eight = {}
+    for key, value in full.items():
+        parts = key.split(".")
+        if parts[0] in ("depformer_in", "linears", "depformer_emb") and int(parts[1]) >= (8 if parts[0] != "depformer_emb" else 7):
+            continue
+        if key.startswith("depformer.layers.") and ".gating." in key and int(parts[4]) >= 8:
+            continue
+        if ".self_attn." in key and key.startswith("depformer."):
+            value = value[: value.shape[0] // 2]
+        eight[key] = value.clone()
+    folder = tmp_path / "eight"
+    _copy_checkpoint(golden_dir, folder)
+    save_file(eight, str(folder / "model.safetensors"))
+    model = load_model(str(folder))
+    lm = model.lm
+    assert torch.equal(lm.linears[8].weight, full["linears.0.weight"])
+    assert torch.equal(lm.depformer_in[15].weight, full["depformer_in.7.weight"])
+    assert torch.equal(lm.depformer_emb[14].weight, full["depformer_emb.6.weight"])
+    assert torch.equal(lm.depformer.layers[1].gating[9].linear_in.weight,
+                       full["depformer.layers.1.gating.1.linear_in.weight"])
+    attn = lm.depformer.layers[0].self_attn.in_proj_weight
+    assert attn.shape == full["depformer.layers.0.self_attn.in_proj_weight"].shape
+    assert torch.equal(attn[: attn.shape[0] // 2], attn[attn.shape[0] // 2:])
+    # Steps 0-7 are the original ones, so the agent's tokens are unchanged.
+    assert (run_lm(model, golden, depformer_steps=8).tokens[-100:] == golden.output_tokens).all()
+
+
+def test_folder_missing_a_file_says_which(golden_dir, tmp_path):
+    folder = tmp_path / "incomplete"
+    _copy_checkpoint(golden_dir, folder)
+    with pytest.raises(ModelAccessError, match="model.safetensors"):
+        load_model(str(folder))
+
+
+def test_bad_source_is_explained():
+    with pytest.raises(ModelAccessError, match="not 'tiny', not a folder"):
+        load_model("no/such/folder/here")
+
+
+def _hub_error(cls):
+    err = cls.__new__(cls)  # these errors want an HTTP response; the message is all we need
+    Exception.__init__(err, "simulated")
+    return err
+
+
+def test_gated_repo_says_what_to_do(monkeypatch):
+    from huggingface_hub.errors import GatedRepoError
+
+    def gated(repo, filename, **kwargs):
+        raise _hub_error(GatedRepoError)
+
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", gated)
+    with pytest.raises(ModelAccessError, match=r"accept its licence at https://huggingface.co/nvidia/personaplex-7b-v1.*HF_TOKEN"):
+        load_model("nvidia/personaplex-7b-v1")
+
+
+def test_hub_repo_files_are_fetched_by_their_configured_names(monkeypatch, golden_dir):
+    fetched = []
+
+    def fake_download(repo, filename, **kwargs):
+        fetched.append((repo, filename))
+        if filename == "voices.tgz":
+            from huggingface_hub.errors import EntryNotFoundError
+            raise _hub_error(EntryNotFoundError)
+        return str(golden_dir / filename)
+
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", fake_download)
+    files = _loading.resolve_checkpoint("someone/tiny-golden")
+    assert [f for _, f in fetched] == ["config.json", "model.safetensors",
+                                       "tokenizer-e351c8d8-checkpoint125.safetensors",
+                                       "tokenizer_spm_32k_3.model", "voices.tgz"]
+    assert files.voices_archive is None and files.name == "someone/tiny-golden"
+
+
+def test_empty_config_means_personaplex_7b():
+    cfg = config_from_kyutai_dict({}, "nvidia/personaplex-7b-v1")
+    assert cfg.lm == CONFIGS["personaplex-7b-v1"].lm and cfg.mimi == CONFIGS["personaplex-7b-v1"].mimi
+    lm = cfg.lm
+    assert (lm.dim, lm.num_layers, lm.num_heads, lm.dep_q, lm.context, lm.text_card, lm.card) == \
+        (4096, 32, 32, 16, 3000, 32000, 2048)
+    assert lm.temporal.dim_feedforward == 16896 and lm.depformer_hidden(0) == 2816
+
+
+def test_kyutai_style_config_with_eight_depformer_steps():
+    raw = {"moshi_name": "model.safetensors", "dim": 4096, "text_card": 32000, "existing_text_padding_id": 3,
+           "n_q": 16, "dep_q": 8, "card": 2048, "num_heads": 32, "num_layers": 32, "hidden_scale": 4.125,
+           "causal": True, "layer_scale": None, "context": 3000, "max_period": 10000, "gating": "silu",
+           "norm": "rms_norm_f32", "positional_embedding": "rope", "depformer_dim": 1024,
+           "depformer_dim_feedforward": 4224, "depformer_num_heads": 16, "depformer_num_layers": 6,
+           "depformer_layer_scale": None, "depformer_multi_linear": True, "depformer_context": 8,
+           "depformer_max_period": 10000, "depformer_gating": "silu", "depformer_pos_emb": "none",
+           "depformer_weights_per_step": True, "delays": [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1],
+           "lm_gen_config": {"temp": 0.8}}
+    cfg = config_from_kyutai_dict(raw, "kyutai/moshiko-pytorch-bf16")
+    assert cfg.lm.dep_q == 8 and cfg.mimi.num_codebooks == 8 and cfg.mimi.quantizer.n_q == 32
+
+
+def test_unsupported_kyutai_feature_is_refused():
+    with pytest.raises(ValueError, match="conditioners"):
+        config_from_kyutai_dict({"dim": 64, "conditioners": {"x": {}}}, "x")
+
+
+def test_tiny_config_round_trips_through_json():
+    tiny = CONFIGS["tiny"]
+    again = config_from_kyutai_dict(json.loads(json.dumps(config_to_kyutai_dict(tiny))), "tiny")
+    assert dataclasses.replace(again, lm_gen={}) == tiny
+
+
+def test_tiny_loads_through_the_folder_loader(tiny_model):
+    assert tiny_model.name == "tiny" and tiny_model.lm.dtype == torch.float32
+    assert tiny_model.tokenizer.sp.get_piece_size() == tiny_model.config.lm.text_card
+    codebook = tiny_model.mimi.quantizer.rvq_first.vq.layers[0]._codebook
+    assert codebook.centroids.abs().sum() > 0  # not the all-zero random init
+
+
+@pytest.mark.oracle
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # moshi imports
+def test_full_size_key_layout_matches_kyutai_modules():
+    """Our 7B LM and real Mimi have exactly the tensors (names, shapes) of Kyutai's modules."""
+    loaders = pytest.importorskip("moshi.models.loaders")
+    from pplex_trio.model import convert_kyutai_state_dict
+
+    kw = dict(loaders._lm_kwargs, dep_q=16)
+    with torch.device("meta"):
+        theirs = convert_kyutai_state_dict(loaders.LMModel(**kw).state_dict())
+        ours = build_lm(kw, device="meta").state_dict()
+        their_mimi = convert_kyutai_state_dict(loaders.get_mimi(None, device="meta").state_dict())
+        our_mimi = build_mimi(None, device="meta").state_dict()
+    assert {k: tuple(v.shape) for k, v in ours.items()} == {k: tuple(v.shape) for k, v in theirs.items()}
+    assert {k: tuple(v.shape) for k, v in our_mimi.items()} == {k: tuple(v.shape) for k, v in their_mimi.items()}
