@@ -285,9 +285,15 @@ def main(argv: list[str] | None = None) -> int:
             frames = frames_for(pcm, batch, warmup + iters)
             theirs = oracle.bench(batch, frames, warmup, iters) if oracle else None
             for graph in graph_modes:
-                ours = bench_ours(model, batch, frames, warmup, iters, args.ours_depformer_steps, graph)
                 row: list[str] = [str(batch)]
                 row += [("on" if graph else "off")] if graph is not None else []
+                try:
+                    ours = bench_ours(model, batch, frames, warmup, iters, args.ours_depformer_steps, graph)
+                except torch.cuda.OutOfMemoryError:
+                    torch.cuda.empty_cache()
+                    row += ["OOM"] * (len(header) - len(row))
+                    print("  ".join(f"{c:>12}" for c in row), flush=True)
+                    continue
                 row += [f"{ours.p50:.2f}", f"{ours.p99:.2f}"]
                 row += [f"{ours.peak_gib:.2f}"] if cuda else []
                 if theirs:

@@ -1,27 +1,28 @@
 """Run Kyutai's ``moshi`` 0.2.13 the way the oracle tests need it.
 
 Everything here drives moshi's own modules.  Our implementation follows
-NVIDIA's PersonaPlex fork (the reference of the golden set), which differs
-from moshi 0.2.13 in exactly two ways on the paths we test; :class:`Semantics`
-switches each of them on top of moshi so that moshi can check our code paths
-under either reference:
+NVIDIA's PersonaPlex fork (the reference of the golden set) where that fork
+differs from moshi 0.2.13 on the paths we test; :class:`Semantics` switches
+each difference on top of moshi, so that moshi checks our code paths under
+the semantics we declare (``_ours.semantics``):
 
 * **Attention window** (:func:`attention_window`).  moshi 0.2.13: a
   streaming attention of ``context`` C sees the last C keys (its
   ``RingKVCache`` labels every slot with its true position).  Fork: the slot
   ``end_offset % C`` (the oldest key once the ring is full) is labelled with
   position ``end_offset``, so it is masked as a future key and a query sees
-  keys ``[max(0, E - C + 1), p]`` for a chunk ending at ``E - 1``.  This holds
-  for the temporal transformer, Mimi's transformers and the depformer (whose
-  ring has ``dep_q`` slots, so its last step does not see step 0).
-  Checked against the golden set by ``test_fork_window_reproduces_golden_mimi``.
+  keys ``[max(0, E - C + 1), p]`` for a chunk ending at ``E - 1``.  The fork
+  does this in the temporal transformer, Mimi's transformers and the
+  depformer (whose ring has ``dep_q`` slots, so its last step does not see
+  step 0); the depformer can be switched separately.  Checked against the
+  golden set by ``test_fork_window_reproduces_golden_mimi``.
 * **User-audio timing** (``user_lag``).  moshi 0.2.13 feeds the user frame
   given at call ``n`` (its undelayed semantic codebook) into the temporal
   transformer at call ``n`` itself; the fork writes it as that call's target
-  and feeds it one call later.  Our ``LMGen`` follows the fork, so moshi with
-  every row's user frames delayed by one executed call is its oracle.
+  and feeds it one call later.  moshi with every row's user frames delayed by
+  one executed call imitates that.
 
-Under :data:`KYUTAI` (no switch) moshi is Kyutai's reference as published.
+:data:`KYUTAI` (nothing switched) is Kyutai's reference as published.
 """
 
 from __future__ import annotations
@@ -64,17 +65,6 @@ class Semantics:
 
 KYUTAI = Semantics()
 """moshi 0.2.13 as published: Kyutai's reference for Kyutai checkpoints."""
-
-
-def fork_semantics(dep_q: int) -> Semantics:
-    """NVIDIA's fork imitated on the moshi LM that :func:`load_oracle_lm` returns for ``dep_q``.
-
-    For dep_q 16 that LM is truncated to 8 depformer steps (a ring of 8 slots
-    where the fork has 16): the fork's rule would only hide step 0 from step
-    15, which the truncated LM does not have, so its depformer keeps moshi's
-    rule.  A dep_q 8 model runs as the fork would run it, last step included.
-    """
-    return Semantics(window="fork", depformer_window="fork" if dep_q == 8 else "kyutai", user_lag=1)
 
 
 @contextlib.contextmanager

@@ -23,13 +23,16 @@ def load(directory: pathlib.Path) -> LoadedModel:
 
 
 def semantics(model: LoadedModel) -> ref.Semantics:
-    """Which reference our implementation follows for this checkpoint, in moshi's terms.
+    """Which reference our implementation follows, in moshi's terms (``pplex_trio.model``'s docstring).
 
-    Today: NVIDIA's fork for every checkpoint (the model package's docstring
-    says so); Kyutai checkpoints are therefore not run with Kyutai's own
-    semantics (see ``test_kyutai_checkpoint_follows_moshi_0213``).
+    NVIDIA's fork for the attention window of the LM and Mimi rings and for
+    the user-audio timing, on every checkpoint; Kyutai's rule in the
+    depformer (every step sees all earlier ones, as trained).  Kyutai
+    checkpoints are therefore not run with Kyutai's own semantics: see
+    ``test_kyutai_checkpoint_follows_moshi_0213``.
     """
-    return ref.fork_semantics(model.config.lm.dep_q)
+    del model  # the same for every checkpoint today
+    return ref.Semantics(window="fork", depformer_window="kyutai", user_lag=1)
 
 
 def _mask(rows: tp.Iterable[int], batch: int) -> torch.Tensor:

@@ -113,14 +113,14 @@ def test_expanded_checkpoint_speaks_like_moshi_on_the_eight_step_file(
 ) -> None:
     """Run as PersonaPlex, the expanded model's text and agent audio are moshi's on the original file.
 
-    The depformer ring has 16 slots after expansion, so the agent steps
-    0-7 all see each other (unlike a dep_q 8 run under the fork's rule).
+    Steps 8-15 are teacher-forced and come after the agent's, so the
+    expansion must not change a single agent token.
     """
     ours = _ours.load(expanded_checkpoint)
     assert ours.config.lm.dep_q == 16
     codes = user_codes["kyutai-dep8"][:1, :100]
     got = _ours.lm_generate(ours, codes)
     expected = ref.lm_generate(
-        tiny.load_moshi_lm(tiny_checkpoints["kyutai-dep8"]), codes, semantics=ref.fork_semantics(16)
+        tiny.load_moshi_lm(tiny_checkpoints["kyutai-dep8"]), codes, semantics=_ours.semantics(ours)
     )
     np.testing.assert_array_equal(got, expected)
