@@ -31,6 +31,7 @@ for like-for-like arithmetic).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -79,17 +80,26 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_ticks(tick: tp.Callable[[int], None], warmup: int, iters: int, device: torch.device) -> list[float]:
-    """Milliseconds of each of ``iters`` ticks, after ``warmup`` untimed ones."""
+Tick = tp.Callable[[int], None]
+
+
+def time_interleaved(ticks: list[Tick], warmup: int, iters: int, device: torch.device) -> list[list[float]]:
+    """Milliseconds of each of ``iters`` ticks per callable, after ``warmup`` untimed ones.
+
+    The callables take turns tick by tick, so background load on a shared
+    machine hits them alike and their ratio stays meaningful.
+    """
     for i in range(warmup):
-        tick(i)
-    times = []
+        for tick in ticks:
+            tick(i)
+    times: list[list[float]] = [[] for _ in ticks]
     for i in range(iters):
-        _sync(device)
-        start = time.perf_counter()
-        tick(warmup + i)
-        _sync(device)
-        times.append((time.perf_counter() - start) * 1000)
+        for tick, sink in zip(ticks, times, strict=True):
+            _sync(device)
+            start = time.perf_counter()
+            tick(warmup + i)
+            _sync(device)
+            sink.append((time.perf_counter() - start) * 1000)
     return times
 
 
@@ -153,8 +163,10 @@ def engine_supports_cuda_graph() -> bool:
     return "cuda_graph" in inspect.signature(PersonaPlexEngine.__init__).parameters
 
 
-def bench_ours(model: LoadedModel, batch: int, frames: np.ndarray, warmup: int, iters: int,
-               depformer_steps: int | None, cuda_graph: bool | None) -> Timing:
+@contextlib.contextmanager
+def ours_ticks(model: LoadedModel, batch: int, frames: np.ndarray, depformer_steps: int | None,
+               cuda_graph: bool | None) -> tp.Iterator[Tick]:
+    """Our engine with ``batch`` LIVE rows (system prompts already replayed): one call = one tick."""
     kwargs: dict[str, tp.Any] = {"depformer_steps": depformer_steps}
     if cuda_graph is not None:
         kwargs["cuda_graph"] = cuda_graph
@@ -165,11 +177,11 @@ def bench_ours(model: LoadedModel, batch: int, frames: np.ndarray, warmup: int, 
     for _ in range(prefill):
         engine.step([SlotMode.PREFILL] * batch, silence)
     live = [SlotMode.LIVE] * batch
-    if model.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(model.device)
-    ms = time_ticks(lambda i: engine.step(live, frames[i % len(frames)]), warmup, iters, model.device)
-    peak = torch.cuda.max_memory_allocated(model.device) if model.device.type == "cuda" else None
-    return Timing.of(ms, peak)
+
+    def tick(i: int) -> None:
+        engine.step(live, frames[i % len(frames)])
+
+    yield tick
 
 
 # --------------------------------------------------------------------------- moshi
@@ -185,23 +197,24 @@ class MoshiOracle:
         self.mimi = tiny.load_moshi_mimi(directory)
         self.lm = tiny.load_moshi_lm(directory)
 
-    @torch.no_grad()
-    def bench(self, batch: int, frames: np.ndarray, warmup: int, iters: int) -> Timing:
+    @contextlib.contextmanager
+    def ticks(self, batch: int, frames: np.ndarray) -> tp.Iterator[Tick]:
+        """moshi's Mimi and greedy ``LMGen`` streaming ``batch`` rows: one call = one tick."""
         from moshi.models.lm import LMGen
 
         gen = LMGen(self.lm, use_sampling=False, support_out_of_sync=True)
         card = self.lm.card
+
+        @torch.no_grad()
+        def tick(i: int) -> None:
+            codes = self.mimi.encode(torch.from_numpy(frames[i % len(frames)])[:, None])
+            tokens = gen.step(codes)
+            agent = tokens[:, 1:9].clamp(0, card - 1)  # -2 while warming up: decode any valid codes
+            self.mimi.decode(agent).numpy()
+            tokens.numpy()
+
         with self.mimi.streaming(batch), gen.streaming(batch):
-
-            def tick(i: int) -> None:
-                pcm = torch.from_numpy(frames[i % len(frames)])[:, None]
-                codes = self.mimi.encode(pcm)
-                tokens = gen.step(codes)
-                agent = tokens[:, 1:9].clamp(0, card - 1)  # -2 while warming up: decode silence-ish codes
-                self.mimi.decode(agent).numpy()
-                tokens.numpy()
-
-            return Timing.of(time_ticks(tick, warmup, iters, torch.device("cpu")))
+            yield tick
 
 
 # --------------------------------------------------------------------------- main
@@ -283,20 +296,28 @@ def main(argv: list[str] | None = None) -> int:
         print("  ".join(f"{h:>12}" for h in header))
         for batch in batches:
             frames = frames_for(pcm, batch, warmup + iters)
-            theirs = oracle.bench(batch, frames, warmup, iters) if oracle else None
             for graph in graph_modes:
                 row: list[str] = [str(batch)]
                 row += [("on" if graph else "off")] if graph is not None else []
                 try:
-                    ours = bench_ours(model, batch, frames, warmup, iters, args.ours_depformer_steps, graph)
+                    with contextlib.ExitStack() as stack:
+                        ticks = [stack.enter_context(ours_ticks(model, batch, frames, args.ours_depformer_steps, graph))]
+                        if oracle:
+                            ticks.append(stack.enter_context(oracle.ticks(batch, frames)))
+                        if cuda:
+                            torch.cuda.reset_peak_memory_stats(device)
+                        times = time_interleaved(ticks, warmup, iters, device)
+                        peak = torch.cuda.max_memory_allocated(device) if cuda else None
                 except torch.cuda.OutOfMemoryError:
                     torch.cuda.empty_cache()
                     row += ["OOM"] * (len(header) - len(row))
                     print("  ".join(f"{c:>12}" for c in row), flush=True)
                     continue
+                ours = Timing.of(times[0], peak)
                 row += [f"{ours.p50:.2f}", f"{ours.p99:.2f}"]
                 row += [f"{ours.peak_gib:.2f}"] if cuda else []
-                if theirs:
+                if oracle:
+                    theirs = Timing.of(times[1])
                     row += [f"{theirs.p50:.2f}", f"{theirs.p99:.2f}", f"{ours.p50 / theirs.p50:.2f}"]
                 print("  ".join(f"{c:>12}" for c in row), flush=True)
     return 0
