@@ -19,7 +19,6 @@ pytest.importorskip("moshi")
 
 import _moshi_ref as ref  # noqa: E402
 import _ours  # noqa: E402
-import _tiny_moshi as tiny  # noqa: E402
 from _tiny_moshi import BATCH, LM_STEPS  # noqa: E402
 
 pytestmark = pytest.mark.oracle

@@ -81,11 +81,9 @@ def test_fork_window_reproduces_golden_mimi(golden_dir: pathlib.Path) -> None:
     """moshi 0.2.13 + the fork's window rule equals NVIDIA's fork on the golden set; the plain rule does not.
 
     This pins both what :func:`_moshi_ref.attention_window` emulates and the
-    one known disagreement between the two references (Mimi's context is 50
-    steps there, so it shows up from frame 24 on).
+    disagreement between the two references in Mimi (its context is 50 steps
+    there, so it shows up from frame 24 on).
     """
-    import sphn  # noqa: F401  (tiny.load_speech)
-
     mimi = tiny.load_moshi_mimi(golden_dir)
     pcm = tiny.frames(tiny.load_speech(golden_dir / "input.wav"), 100)[None]
     expected_codes = np.load(golden_dir / "expected" / "input_codes.npy")
