@@ -54,6 +54,15 @@ class Conversation:
     sampling: Sampling = Sampling()
 
 
+class ConversationRejected(ValueError):
+    """Raised by :meth:`Engine.start` when a conversation's request cannot be served.
+
+    Its message goes to the client as is (close code 1008), so it should say
+    what to change, e.g. "voice 'X.pt' is not a valid voice prompt file".
+    Any other exception from ``start`` counts as an internal error (1011).
+    """
+
+
 class SlotMode(enum.IntEnum):
     """What a row does during one :meth:`Engine.step`."""
 

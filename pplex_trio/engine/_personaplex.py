@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from ..model import (FREE, LMGen, LoadedModel, PromptPlan, RowGenerators, RowSampling, StepInputs, StreamDecoder,
-                     build_prompt_plan, load_model)
-from ._interface import Conversation, Engine, SlotMode, StepOutput
+                     VoiceNotFoundError, build_prompt_plan, load_model)
+from ._interface import Conversation, ConversationRejected, Engine, SlotMode, StepOutput
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,8 @@ class PersonaPlexEngine(Engine):
         names = model.voices.names()
         if default_voice is None:
             default_voice = names[0] if names else ""
+        elif default_voice and default_voice not in names:
+            raise ValueError(f"default voice {default_voice!r} is not in the voice library ({', '.join(names) or 'empty'})")
         self.default_voice = default_voice or None
         self._depformer_steps = depformer_steps
         self._silence = torch.tensor(cfg.prompt.silence_tokens, device=self.device)
@@ -101,10 +103,23 @@ class PersonaPlexEngine(Engine):
         return self.model.voices.names()
 
     def start(self, slot: int, conversation: Conversation) -> int:
+        """Reset row ``slot`` and queue its system prompt; returns the PREFILL steps it needs.
+
+        Error handling: an unknown or invalid voice (or one made for another
+        model) raises :class:`ConversationRejected` with a message for the
+        client; the row is then left as it was.
+        """
         self._check_slot(slot)
         voice_name = conversation.voice if conversation.voice is not None else self.default_voice
-        voice = self.model.voices.get(voice_name) if voice_name is not None else None
-        plan = build_prompt_plan(self._cfg, self.model.tokenizer, conversation.persona, voice)
+        if not self._cfg.prompt.enabled:
+            if conversation.persona or conversation.voice:
+                logger.info("%s has no system prompt: persona and voice are ignored", self.name)
+            voice_name = None
+        try:
+            voice = self.model.voices.get(voice_name) if voice_name is not None else None
+            plan = build_prompt_plan(self._cfg, self.model.tokenizer, conversation.persona, voice)
+        except (VoiceNotFoundError, ValueError) as exc:
+            raise ConversationRejected(str(exc)) from exc
         self._reset_row(slot)
         if voice is not None:
             self._store_voice(slot, voice)

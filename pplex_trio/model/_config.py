@@ -195,8 +195,14 @@ class LMConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PromptConfig:
-    """PersonaPlex system-prompt constants (from the checkpoint's ``personaplex`` object)."""
+    """PersonaPlex system-prompt constants (from the checkpoint's ``personaplex`` object).
 
+    ``enabled`` is False for Kyutai's own Moshi models (their config has
+    ``dep_q < n_q`` and no ``personaplex`` object): they were not trained
+    with voice and persona prompts, so conversations start right away.
+    """
+
+    enabled: bool = True
     silence_tokens: tuple[int, ...] = SILENCE_TOKENS
     sine_tokens: tuple[int, ...] = SINE_TOKENS
     zero_text_code: int = 3
@@ -313,7 +319,9 @@ def lm_config_from_kwargs(kw: Mapping[str, Any]) -> LMConfig:
 def mimi_config_from_dict(d: Mapping[str, Any]) -> MimiConfig:
     """Read a Mimi config object (``seanet`` / ``quantizer`` / ``transformer`` sub-objects)."""
     s = dict(d.get("seanet", {}))
-    for key in ("causal", "activation", "norm", "disable_norm_outer_blocks"):
+    if s.pop("activation", "ELU") != "ELU" or s.pop("norm", "none") != "none":
+        raise ValueError("only SEANet with ELU activations and no weight norm (inference layout) is supported")
+    for key in ("causal", "disable_norm_outer_blocks"):
         s.pop(key, None)
     if "ratios" in s:
         s["ratios"] = tuple(s["ratios"])
@@ -370,8 +378,11 @@ def config_from_kyutai_dict(raw: Mapping[str, Any], name: str, mimi: Mapping[str
     mimi_cfg = mimi_config_from_dict(mimi_dict) if mimi_dict else MimiConfig()
     if mimi_dict is None or "num_codebooks" not in mimi_dict:
         mimi_cfg = dataclasses.replace(mimi_cfg, num_codebooks=lm.num_agent_codebooks)
+    prompt = prompt_config_from_dict(raw.get("personaplex"))
+    if lm.dep_q < lm.n_q and "personaplex" not in raw:
+        prompt = dataclasses.replace(prompt, enabled=False)
     return ModelConfig(
-        name=name, lm=lm, mimi=mimi_cfg, prompt=prompt_config_from_dict(raw.get("personaplex")),
+        name=name, lm=lm, mimi=mimi_cfg, prompt=prompt,
         lm_gen=dict(raw.get("lm_gen_config", {})),
     )
 

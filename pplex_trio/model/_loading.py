@@ -34,8 +34,12 @@ logger = logging.getLogger(__name__)
 DEFAULT_REPO = "nvidia/personaplex-7b-v1"
 
 
-class ModelAccessError(RuntimeError):
-    """The model's files could not be obtained (gated repo, unknown repo, offline...)."""
+class ModelAccessError(ValueError):
+    """The ``--model`` value cannot be served: its files could not be found or downloaded.
+
+    (Unknown folder or repo, gated repo without access, no connection...)  A
+    ``ValueError`` because it is, in the end, a bad value for ``--model``.
+    """
 
 
 def cache_dir() -> Path:

@@ -136,6 +136,7 @@ class LMGen:
         self.state.reset(mask)
         self.cache.reset(mask)
 
+    @torch.no_grad()
     def step(self, inputs: StepInputs, sampling: RowSampling | None = None,
              noise: tuple[torch.Tensor, torch.Tensor] | None = None, *,
              run_depformer: bool = True, return_logits: bool = False,

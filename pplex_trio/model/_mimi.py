@@ -102,6 +102,7 @@ class Mimi(nn.Module):
             seanet=self.decoder.init_state(batch_size),
         )
 
+    @torch.no_grad()
     def encode_latent(self, pcm: torch.Tensor, state: MimiEncoderState,
                       exec_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``pcm`` float ``[B, frame_size]`` to the latent before quantization, ``[B, dimension, 1]``."""
@@ -118,6 +119,7 @@ class Mimi(nn.Module):
         latent = self.encode_latent(pcm, state, exec_mask)
         return self.quantizer.encode(latent, self.cfg.num_codebooks)[:, :, 0]
 
+    @torch.no_grad()
     def decode_frame(self, codes: torch.Tensor, state: MimiDecoderState,
                      exec_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Codes long ``[B, num_codebooks]`` (each in ``0..bins-1``) to pcm float ``[B, frame_size]``."""

@@ -14,6 +14,9 @@ Before a conversation the reference replays, for that conversation only:
 Without a voice prompt the reference's very first call (a silence step)
 only initialises its cache and its tokens are lost; our rows start after
 that call, so the plan drops that step to stay identical.
+
+Models without system prompts (Kyutai's Moshi, ``PromptConfig.enabled``
+False) get an empty plan: the conversation starts at once.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class PromptPlan:
 def build_prompt_plan(cfg: ModelConfig, tokenizer: TextTokenizer, persona: str,
                       voice: VoicePrompt | None) -> PromptPlan:
     lm, p = cfg.lm, cfg.prompt
+    if not p.enabled:
+        return PromptPlan(tokens=np.zeros((0, lm.num_streams), dtype=np.int64), voice=None, persona_tokens=())
     n_agent = lm.num_agent_codebooks
     if len(p.silence_tokens) != n_agent or len(p.sine_tokens) != lm.n_q - n_agent:
         raise ValueError("the prompt's silence/sine tokens do not match the model's codebooks")

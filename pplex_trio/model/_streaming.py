@@ -54,21 +54,15 @@ def ring_attention_mask(end: torch.Tensor, num_new: int, capacity: int) -> torch
     return ok.unsqueeze(1)
 
 
-def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, max_period: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary embedding with interleaved (real, imag) pairs, computed in fp32.
+def rope_rotation(positions: torch.Tensor, dim: int, max_period: float) -> torch.Tensor:
+    """Complex rotations ``[B, 1, T, dim/2]`` for RoPE at ``positions`` ``[B, T]`` (shared by all layers)."""
+    ds = torch.arange(dim // 2, device=positions.device, dtype=torch.float32)
+    freqs = torch.exp(ds * (-math.log(max_period) * 2 / dim))
+    angles = positions.to(torch.float32)[:, None, :, None] * freqs
+    return torch.polar(torch.ones_like(angles), angles)
 
-    ``q``/``k`` are ``[B, H, T, D]``; ``positions`` is ``[B, T]``.
-    """
-    d = q.shape[-1]
-    ds = torch.arange(d // 2, device=q.device, dtype=torch.float32)
-    freqs = torch.exp(ds * (-math.log(max_period) * 2 / d))
-    angles = positions.to(torch.float32)[:, None, :, None] * freqs  # [B, 1, T, D/2]
-    cos, sin = torch.cos(angles), torch.sin(angles)
 
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        pairs = x.view(*x.shape[:-1], d // 2, 2)
-        re, im = pairs[..., 0].float(), pairs[..., 1].float()
-        out = torch.stack([re * cos - im * sin, re * sin + im * cos], dim=-1)
-        return out.view(x.shape).to(x.dtype)
-
-    return rotate(q), rotate(k)
+def apply_rope(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``x`` ``[B, H, T, D]``, (real, imag) pairs interleaved, computed in fp32."""
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(pairs * rotation).flatten(-2).to(x.dtype)

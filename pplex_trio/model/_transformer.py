@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._config import TransformerConfig, gated_hidden
-from ._streaming import apply_rope, reset_rows_, ring_attention_mask
+from ._streaming import apply_rope, reset_rows_, ring_attention_mask, rope_rotation
 
 
 class RMSNorm(nn.Module):
@@ -166,11 +166,14 @@ class StreamingTransformer(nn.Module):
         slots = (positions % capacity).view(b, 1, t, 1)
         new_end = state.end + t
         mask = ring_attention_mask(new_end, t, capacity)
+        rope = self.cfg.positional_embedding == "rope"
+        if rope:
+            rotation = rope_rotation(positions, self.cfg.d_model // self.cfg.num_heads, self.cfg.max_period)
         for i, layer in enumerate(self.layers):
             h = layer.norm1(x)
             q, k, v = layer.self_attn.qkv(h)
-            if self.cfg.positional_embedding == "rope":
-                q, k = apply_rope(q, k, positions, self.cfg.max_period)
+            if rope:
+                q, k = apply_rope(q, rotation), apply_rope(k, rotation)
             idx = slots.expand(-1, k.shape[1], -1, k.shape[-1])
             state.keys[i].scatter_(2, idx, k.to(state.keys.dtype))
             state.values[i].scatter_(2, idx, v.to(state.values.dtype))

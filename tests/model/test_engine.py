@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import pplex_trio.model
-from pplex_trio.engine._interface import Conversation, Engine, Sampling, SlotMode
+from pplex_trio.engine._interface import Conversation, ConversationRejected, Engine, Sampling, SlotMode
 from pplex_trio.engine._personaplex import PersonaPlexEngine
 from pplex_trio.model import VoiceNotFoundError, persona_tokens
 
@@ -45,8 +45,9 @@ def test_default_voice_is_the_first_of_the_library(engine):
 
 @pytest.mark.parametrize("voice", ["../TINY0.pt", "TINY9.pt", "TINY0.wav"])
 def test_bad_voice_is_refused_and_leaves_the_slot_alone(engine, voice):
-    with pytest.raises(VoiceNotFoundError):
+    with pytest.raises(ConversationRejected, match="voice") as info:
         engine.start(0, Conversation(voice=voice))
+    assert isinstance(info.value.__cause__, VoiceNotFoundError)
 
 
 def test_errors_are_clear(engine):
@@ -94,3 +95,23 @@ def test_public_api_is_exactly_the_documented_one():
     assert public == EXPORTS
     for name in EXPORTS:
         assert name.isupper() or getattr(pplex_trio.model, name).__module__.startswith("pplex_trio.model")
+
+
+def test_kyutai_moshi_models_have_no_system_prompt(tiny_model):
+    import dataclasses
+
+    from pplex_trio.model import LMConfig, LoadedModel, config_from_kyutai_dict
+
+    moshi = config_from_kyutai_dict({"dim": 64, "dep_q": 8, "n_q": 16}, "a-moshi")
+    assert not moshi.prompt.enabled and config_from_kyutai_dict({}, "pp").prompt.enabled
+    cfg = dataclasses.replace(tiny_model.config, prompt=dataclasses.replace(tiny_model.config.prompt, enabled=False))
+    engine = PersonaPlexEngine(dataclasses.replace(tiny_model, config=cfg), 1)
+    assert engine.start(0, Conversation(persona="Ignored.", voice="TINY0.pt")) == 0
+    out = engine.step([SlotMode.LIVE], np.zeros((1, 1920), np.float32))
+    assert out.pcm.shape == (1, 1920) and out.text == [None]  # the first frame exists only as silence
+    assert isinstance(LMConfig(), LMConfig) and isinstance(engine.model, LoadedModel)
+
+
+def test_unknown_default_voice_is_refused(tiny_model):
+    with pytest.raises(ValueError, match="TINY0.pt, TINY1.pt"):
+        PersonaPlexEngine(tiny_model, 1, default_voice="NOPE.pt")

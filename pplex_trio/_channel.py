@@ -1,0 +1,98 @@
+"""A bounded queue that never blocks its producer: when full, the oldest goes.
+
+Real time beats completeness: a conversation that falls behind must catch up
+by skipping stale audio, not by growing a backlog (and latency) forever.
+Trio's memory channels apply backpressure instead, so the hops between a
+session's receive / process / send tasks use this small class.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import trio
+
+T = TypeVar("T")
+
+
+class DropOldestChannel(Generic[T]):
+    """Single-consumer FIFO of at most ``capacity`` droppable items.
+
+    ``send_nowait(item)`` always succeeds.  If the queue is full, the oldest
+    *droppable* item is discarded and ``on_drop(name)`` is called, so every
+    loss is counted.  Items sent with ``droppable=False`` (an Ogg stream's
+    header pages, say) are never discarded and do not count against the
+    capacity.
+
+    ``receive()`` waits for an item; once :meth:`close` has been called and
+    the queue is empty it raises :class:`trio.EndOfChannel`.
+    """
+
+    def __init__(self, capacity: int, *, name: str, on_drop: Callable[[str], None] | None = None):
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.capacity = capacity
+        self.name = name
+        self.dropped = 0
+        self._on_drop = on_drop
+        self._items: collections.deque[tuple[T, bool]] = collections.deque()
+        self._droppable = 0
+        self._closed = False
+        self._lot = trio.lowlevel.ParkingLot()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def send_nowait(self, item: T, *, droppable: bool = True) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError(f"{self.name} channel is closed")
+        if droppable and self._droppable >= self.capacity:
+            self._drop_oldest()
+        self._items.append((item, droppable))
+        self._droppable += droppable
+        self._lot.unpark()
+
+    def _drop_oldest(self) -> None:
+        for index, (_, droppable) in enumerate(self._items):
+            if droppable:
+                del self._items[index]
+                self._droppable -= 1
+                self.dropped += 1
+                if self._on_drop is not None:
+                    self._on_drop(self.name)
+                return
+
+    def receive_nowait(self) -> T:
+        if not self._items:
+            if self._closed:
+                raise trio.EndOfChannel
+            raise trio.WouldBlock
+        item, droppable = self._items.popleft()
+        self._droppable -= droppable
+        return item
+
+    async def receive(self) -> T:
+        while True:
+            try:
+                item = self.receive_nowait()
+            except trio.WouldBlock:
+                await self._lot.park()
+            else:
+                await trio.lowlevel.checkpoint()
+                return item
+
+    def close(self) -> None:
+        """No more items will come; the receiver drains what is left."""
+        self._closed = True
+        self._lot.unpark_all()
+
+    def __aiter__(self) -> DropOldestChannel[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        try:
+            return await self.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None

@@ -1,0 +1,69 @@
+"""Prometheus metrics of one server instance.
+
+Each server gets its own :class:`prometheus_client.CollectorRegistry`, so
+several servers in one process (as in the tests) do not share counters.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# Ticks are budgeted at 80 ms: resolve well below and above that.
+_TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0)
+_LATENESS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 1.0)
+
+
+DROP_REASONS = ("inbound", "input_backlog", "output_backlog", "outbound")
+ERROR_KINDS = ("bad_request", "protocol", "engine", "engine_start", "engine_reset", "start_rejected")
+
+
+class Metrics:
+    """Every metric the server exports, under the ``pplex_`` prefix."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.tick_duration = Histogram(
+            "pplex_tick_duration_seconds", "Wall time of one engine tick (engine call included)",
+            buckets=_TICK_BUCKETS, registry=r)
+        self.tick_engine = Histogram(
+            "pplex_tick_engine_seconds", "Time spent inside the engine call of a tick",
+            buckets=_TICK_BUCKETS, registry=r)
+        self.tick_lateness = Histogram(
+            "pplex_tick_lateness_seconds", "How late a tick started against its 80 ms schedule",
+            buckets=_LATENESS_BUCKETS, registry=r)
+        self.ticks_skipped = Counter(
+            "pplex_ticks_skipped_total", "Ticks skipped because the actor fell a whole tick or more behind",
+            registry=r)
+        self.slots = Gauge("pplex_slots", "Conversation slots by phase", ["phase"], registry=r)
+        self.queued = Gauge("pplex_queued", "Connections waiting for a slot", registry=r)
+        self.frames_dropped = Counter(
+            "pplex_frames_dropped_total", "Audio frames or messages dropped, by reason", ["reason"], registry=r)
+        self.frames_in = Counter(
+            "pplex_frames_in_total", "Input frames consumed by the engine (silence fill excluded)", registry=r)
+        self.frames_silence = Counter(
+            "pplex_frames_silence_filled_total", "Ticks where a live slot had no input frame and got silence",
+            registry=r)
+        self.frames_out = Counter("pplex_frames_out_total", "Output frames handed to sessions", registry=r)
+        self.sessions_started = Counter(
+            "pplex_sessions_started_total", "Connections accepted, by protocol", ["protocol"], registry=r)
+        self.sessions_ended = Counter(
+            "pplex_sessions_ended_total", "Connections ended, by protocol and outcome", ["protocol", "outcome"],
+            registry=r)
+        self.errors = Counter("pplex_errors_total", "Errors, by kind", ["kind"], registry=r)
+
+        # Known label values start at zero, so dashboards see them before the first event.
+        for reason in DROP_REASONS:
+            self.frames_dropped.labels(reason)
+        for kind in ERROR_KINDS:
+            self.errors.labels(kind)
+
+    def drop(self, reason: str, count: int = 1) -> None:
+        if count:
+            self.frames_dropped.labels(reason).inc(count)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,10 @@
+"""A command-line client that streams a wav file through a running server."""
+
+from ._client import ClientError as ClientError
+from ._client import ClientResult as ClientResult
+from ._client import conversation_url as conversation_url
+from ._client import read_wav as read_wav
+from ._client import run_client as run_client
+from ._client import stream_moshi as stream_moshi
+from ._client import stream_raw as stream_raw
+from ._ws import open_websocket as open_websocket

@@ -1,0 +1,219 @@
+"""``pplex-trio client``: stream a wav file through a running server in real time.
+
+It speaks either protocol: ``moshi`` (real Ogg Opus through sphn, exactly
+what a browser sends) or ``raw`` (float32 PCM).  It writes the agent's audio
+(as long as the input) and its text pieces with their times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import pathlib
+import urllib.parse
+from typing import Any
+
+import numpy as np
+import sphn
+import trio
+from trio_websocket import ConnectionClosed
+
+from ._ws import open_websocket
+
+from ..engine import FRAME_SIZE, SAMPLE_RATE
+from ..protocol import moshi
+
+logger = logging.getLogger(__name__)
+
+PATHS = {"moshi": "/api/chat", "raw": "/v1/audio/duplex"}
+FRAME_SECONDS = FRAME_SIZE / SAMPLE_RATE
+
+
+class ClientError(Exception):
+    """The server refused or ended the conversation."""
+
+
+@dataclasses.dataclass
+class ClientResult:
+    pcm: np.ndarray  # agent audio, float32, same length as the input
+    text: list[dict[str, Any]]  # [{"time": seconds, "text": piece}]
+    close_code: int | None = None
+
+
+def conversation_url(base: str, protocol: str, params: dict[str, str]) -> str:
+    """``base`` may be ``http(s)://`` or ``ws(s)://``; a bare host path gets the protocol's route."""
+    parts = urllib.parse.urlsplit(base)
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+    if scheme not in ("ws", "wss"):
+        raise ValueError(f"server URL must start with http://, https://, ws:// or wss://, got {base!r}")
+    path = parts.path if parts.path not in ("", "/") else PATHS[protocol]
+    query = urllib.parse.urlencode(params) if protocol == "moshi" else ""
+    return urllib.parse.urlunsplit((scheme, parts.netloc, path, query, ""))
+
+
+def read_wav(path: str | pathlib.Path) -> np.ndarray:
+    """Mono float32 at 24 kHz (resampled and downmixed if needed)."""
+    data, _ = sphn.read(str(path), sample_rate=SAMPLE_RATE)
+    return np.ascontiguousarray(data.mean(axis=0), dtype=np.float32)
+
+
+async def stream_moshi(url: str, pcm: np.ndarray, *, tail_seconds: float = 2.0) -> ClientResult:
+    writer, reader = sphn.OpusStreamWriter(SAMPLE_RATE), sphn.OpusStreamReader(SAMPLE_RATE)
+    received: list[np.ndarray] = []
+    text: list[dict[str, Any]] = []
+    total = [0]
+    async with open_websocket(url) as ws:
+        await _wait_moshi_handshake(ws)
+        logger.info("handshake received; streaming %.1f s of audio", pcm.size / SAMPLE_RATE)
+        done = trio.Event()
+
+        async def receive() -> None:
+            while True:
+                message = await ws.get_message()
+                if not isinstance(message, bytes) or not message:
+                    continue
+                kind, payload = message[0], message[1:]
+                if kind == moshi.Kind.AUDIO:
+                    out = reader.append_bytes(payload)
+                    if out.size:
+                        received.append(out)
+                        total[0] += out.size
+                        if total[0] >= pcm.size:
+                            done.set()
+                elif kind == moshi.Kind.TEXT:
+                    text.append({"time": round(total[0] / SAMPLE_RATE, 3), "text": payload.decode("utf-8")})
+                elif kind == moshi.Kind.ERROR:
+                    raise ClientError(payload.decode("utf-8", errors="replace"))
+
+        async def send() -> None:
+            frames = _frames(pcm)
+            deadline = trio.current_time()
+            for frame in frames:
+                await ws.send_message(moshi.audio(writer.append_pcm(frame)))
+                deadline += FRAME_SECONDS
+                await trio.sleep_until(deadline)
+            # Keep the stream alive with silence until the answer is complete.
+            silence = np.zeros(FRAME_SIZE, dtype=np.float32)
+            with trio.move_on_after(tail_seconds):
+                while not done.is_set():
+                    await ws.send_message(moshi.audio(writer.append_pcm(silence)))
+                    deadline += FRAME_SECONDS
+                    await trio.sleep_until(deadline)
+            done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send)
+            nursery.start_soon(_until, done, receive)
+    return ClientResult(_fit(received, pcm.size), text)
+
+
+async def stream_raw(url: str, pcm: np.ndarray, params: dict[str, Any], *, tail_seconds: float = 2.0) -> ClientResult:
+    received: list[np.ndarray] = []
+    text: list[dict[str, Any]] = []
+    total = 0
+    async with open_websocket(url) as ws:
+        await ws.send_message(json.dumps({"type": "open", **params}))
+        while True:
+            message = await ws.get_message()
+            if isinstance(message, str):
+                event = json.loads(message)
+                if event.get("type") == "ready":
+                    break
+                if event.get("type") == "error":
+                    raise ClientError(event.get("error", "error"))
+        # Real-time pacing, then a tail of silence so delayed output can come out.
+        padded = np.concatenate([pcm, np.zeros(int(tail_seconds * SAMPLE_RATE), np.float32)])
+
+        async def send() -> None:
+            deadline = trio.current_time()
+            for frame in _frames(padded):
+                await ws.send_message(frame.astype("<f4").tobytes())
+                deadline += FRAME_SECONDS
+                await trio.sleep_until(deadline)
+            await ws.send_message(json.dumps({"type": "close"}))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send)
+            while True:
+                try:
+                    message = await ws.get_message()
+                except ConnectionClosed:
+                    break
+                if isinstance(message, bytes):
+                    received.append(np.frombuffer(message, dtype="<f4"))
+                    total += len(message) // 4
+                    continue
+                event = json.loads(message)
+                if event.get("type") == "text":
+                    text.append({"time": round(total / SAMPLE_RATE, 3), "text": event["text"]})
+                elif event.get("type") == "error":
+                    raise ClientError(event.get("error", "error"))
+                elif event.get("type") == "done":
+                    break
+            nursery.cancel_scope.cancel()
+    return ClientResult(_fit(received, pcm.size), text)
+
+
+async def _wait_moshi_handshake(ws: Any) -> None:
+    while True:
+        message = await ws.get_message()
+        if isinstance(message, bytes) and message:
+            if message[0] == moshi.Kind.HANDSHAKE:
+                return
+            if message[0] == moshi.Kind.ERROR:
+                raise ClientError(message[1:].decode("utf-8", errors="replace"))
+
+
+async def _until(event: trio.Event, fn: Any) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(fn)
+        await event.wait()
+        nursery.cancel_scope.cancel()
+
+
+def _frames(pcm: np.ndarray) -> list[np.ndarray]:
+    count = -(-pcm.size // FRAME_SIZE)
+    padded = np.zeros(count * FRAME_SIZE, dtype=np.float32)
+    padded[: pcm.size] = pcm
+    return list(padded.reshape(count, FRAME_SIZE))
+
+
+def _fit(chunks: list[np.ndarray], length: int) -> np.ndarray:
+    out = np.zeros(length, dtype=np.float32)
+    if chunks:
+        audio = np.concatenate(chunks)[:length]
+        out[: audio.size] = audio
+    return out
+
+
+async def run_client(
+    url: str,
+    input_wav: str | pathlib.Path,
+    output_wav: str | pathlib.Path,
+    *,
+    text_json: str | pathlib.Path | None = None,
+    protocol: str = "moshi",
+    persona: str | None = None,
+    voice: str | None = None,
+    extra: dict[str, str] | None = None,
+) -> ClientResult:
+    pcm = read_wav(input_wav)
+    if protocol == "moshi":
+        params = dict(extra or {})
+        if persona is not None:
+            params["text_prompt"] = persona
+        if voice is not None:
+            params["voice_prompt"] = voice
+        result = await stream_moshi(conversation_url(url, protocol, params), pcm)
+    elif protocol == "raw":
+        params = {k: v for k, v in (("persona", persona), ("voice", voice)) if v is not None}
+        params.update(extra or {})
+        result = await stream_raw(conversation_url(url, protocol, {}), pcm, params)
+    else:
+        raise ValueError(f"unknown protocol {protocol!r}: use moshi or raw")
+    sphn.write_wav(str(output_wav), result.pcm, SAMPLE_RATE)
+    if text_json is not None:
+        pathlib.Path(text_json).write_text(json.dumps(result.text, ensure_ascii=False, indent=1) + "\n")
+    logger.info("wrote %s (%.1f s) and %d text piece(s)", output_wav, result.pcm.size / SAMPLE_RATE, len(result.text))
+    return result

@@ -1,0 +1,95 @@
+"""EchoEngine: a stand-in engine for tests and server benchmarks.
+
+**This is not the model.**  It returns each slot's input audio delayed by a
+fixed number of frames and a text piece per frame (the frame number), so
+tests can check exactly what went through the server.  It can sleep during a
+step to stand in for GPU compute time.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from ._interface import FRAME_SIZE, Conversation, Engine, SlotMode, StepOutput
+
+# The voice names shipped with PersonaPlex, offered when no voice directory is given.
+OFFICIAL_VOICES = tuple(
+    [f"NAT{g}{i}.pt" for g in "FM" for i in range(4)] + [f"VAR{g}{i}.pt" for g in "FM" for i in range(5)]
+)
+
+
+def voices_in_directory(directory: str | pathlib.Path) -> list[str]:
+    """The ``*.pt`` voice files of a directory, sorted (names only)."""
+    path = pathlib.Path(directory)
+    if not path.is_dir():
+        raise FileNotFoundError(f"voice directory {path} does not exist: pass --voice-dir with a folder of .pt files")
+    return sorted(p.name for p in path.iterdir() if p.suffix == ".pt" and p.is_file())
+
+
+class EchoEngine(Engine):
+    """Echo each LIVE row's input back ``delay_frames`` frames later.
+
+    - ``prefill_steps``: PREFILL steps a conversation takes before it is LIVE.
+    - ``step_seconds``: time each step sleeps, standing in for GPU compute.
+    - Text: every LIVE step emits ``" <n>"`` where ``n`` counts the row's
+      LIVE frames from 0, so ordering and loss are visible at the client.
+    """
+
+    def __init__(
+        self,
+        num_slots: int,
+        *,
+        delay_frames: int = 1,
+        prefill_steps: int = 12,
+        step_seconds: float = 0.0,
+        voices: Sequence[str] = OFFICIAL_VOICES,
+    ):
+        if num_slots < 1:
+            raise ValueError("num_slots must be at least 1")
+        if delay_frames < 0 or prefill_steps < 0 or step_seconds < 0:
+            raise ValueError("delay_frames, prefill_steps and step_seconds must not be negative")
+        self.num_slots = num_slots
+        self.delay_frames = delay_frames
+        self.prefill_steps = prefill_steps
+        self.step_seconds = step_seconds
+        self._voices = list(voices)
+        # Ring of the last `delay_frames + 1` input frames per row.
+        self._history = np.zeros((num_slots, delay_frames + 1, FRAME_SIZE), dtype=np.float32)
+        self._frames = np.zeros(num_slots, dtype=np.int64)
+        self.started: list[tuple[int, Conversation]] = []  # for tests: what start() received
+
+    @property
+    def name(self) -> str:
+        return f"echo (test engine, delay {self.delay_frames} frames)"
+
+    def voices(self) -> Sequence[str]:
+        return self._voices
+
+    def start(self, slot: int, conversation: Conversation) -> int:
+        self.reset(slot)
+        self.started.append((slot, conversation))
+        return self.prefill_steps
+
+    def reset(self, slot: int) -> None:
+        self._history[slot] = 0.0
+        self._frames[slot] = 0
+
+    def step(self, modes: Sequence[SlotMode], pcm: np.ndarray) -> StepOutput:
+        if self.step_seconds:
+            time.sleep(self.step_seconds)
+        out = np.zeros((self.num_slots, FRAME_SIZE), dtype=np.float32)
+        text: list[str | None] = [None] * self.num_slots
+        depth = self.delay_frames + 1
+        for row, mode in enumerate(modes):
+            if mode != SlotMode.LIVE:
+                continue
+            n = int(self._frames[row])
+            self._history[row, n % depth] = pcm[row]
+            out[row] = self._history[row, (n - self.delay_frames) % depth] if n >= self.delay_frames else 0.0
+            text[row] = f" {n}"
+            self._frames[row] = n + 1
+        return StepOutput(pcm=out, text=text)

@@ -1,0 +1,12 @@
+"""Wire protocols, free of I/O: bytes in, events out (see PROTOCOL.md)."""
+
+from . import _moshi as moshi
+from . import _ogg as ogg
+from . import _raw as raw
+from ._errors import CloseCode as CloseCode
+from ._errors import ProtocolError as ProtocolError
+from ._params import check_voice_name as check_voice_name
+from ._params import conversation_from_params as conversation_from_params
+from ._params import parse_query as parse_query
+
+__all__ = ["moshi", "ogg", "raw", "CloseCode", "ProtocolError", "check_voice_name", "conversation_from_params", "parse_query"]

@@ -1,0 +1,89 @@
+"""The Moshi wire protocol (``/api/chat``), sans-IO.
+
+Every message is one binary WebSocket frame: a kind byte, then the payload.
+See ``PROTOCOL.md``.  These functions turn client frames into events and
+server events into frames; they know nothing of sockets or Opus.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from ._errors import CloseCode, ProtocolError
+
+
+class Kind(enum.IntEnum):
+    HANDSHAKE = 0x00
+    AUDIO = 0x01
+    TEXT = 0x02
+    CONTROL = 0x03
+    METADATA = 0x04
+    ERROR = 0x05
+    PING = 0x06
+    COLORED_TEXT = 0x07  # Kyutai's client only; the PersonaPlex client throws on it
+
+
+@dataclasses.dataclass(frozen=True)
+class AudioReceived:
+    """Ogg Opus bytes (whole pages or any split of them)."""
+
+    ogg: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Ignored:
+    """A well-formed message the server does not act on (control, ping, unknown kinds)."""
+
+    kind: int
+
+
+ClientEvent = AudioReceived | Ignored
+
+
+def parse_client_message(message: bytes | str | None, *, max_bytes: int) -> ClientEvent:
+    """Decode one client frame; raise :class:`ProtocolError` for bad input.
+
+    Unknown kinds and ``0x03`` control messages are ignored, as Kyutai's
+    protocol note asks: a newer client must not be cut off by an older server.
+    """
+    if isinstance(message, str):
+        raise ProtocolError(
+            "text frames are not part of the Moshi protocol: send binary frames "
+            "(kind byte + payload)",
+            CloseCode.UNSUPPORTED_DATA,
+        )
+    if not message:
+        raise ProtocolError(
+            "empty message: every Moshi message starts with a kind byte", CloseCode.INVALID_PAYLOAD
+        )
+    if len(message) > max_bytes:
+        raise ProtocolError(
+            f"message of {len(message)} bytes is over the limit of {max_bytes} bytes",
+            CloseCode.MESSAGE_TOO_BIG,
+        )
+    kind = message[0]
+    if kind == Kind.AUDIO:
+        return AudioReceived(bytes(message[1:]))
+    return Ignored(kind)
+
+
+def handshake() -> bytes:
+    """Tell the client its conversation is ready (official PersonaPlex form)."""
+    return bytes([Kind.HANDSHAKE])
+
+
+def audio(ogg: bytes) -> bytes:
+    return bytes([Kind.AUDIO]) + ogg
+
+
+def text(piece: str) -> bytes:
+    return bytes([Kind.TEXT]) + piece.encode("utf-8")
+
+
+def error(message: str) -> bytes:
+    return bytes([Kind.ERROR]) + message.encode("utf-8")
+
+
+def ping() -> bytes:
+    return bytes([Kind.PING])

@@ -1,0 +1,107 @@
+"""The raw PCM protocol (``/v1/audio/duplex``), sans-IO.
+
+Binary frames carry float32 little-endian mono PCM at 24 kHz, any length;
+text frames carry small JSON control messages.  See ``PROTOCOL.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import numpy as np
+
+from ._errors import CloseCode, ProtocolError
+
+
+@dataclasses.dataclass(frozen=True)
+class Open:
+    """``{"type": "open", ...}``: the conversation settings (all optional)."""
+
+    params: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Close:
+    """``{"type": "close"}``: flush what is pending, answer ``done``, close."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PcmReceived:
+    pcm: np.ndarray
+
+
+ClientEvent = Open | Close | PcmReceived
+
+
+def parse_client_message(message: bytes | str | None, *, max_bytes: int) -> ClientEvent:
+    """Decode one client frame; raise :class:`ProtocolError` for bad input."""
+    if message is None:
+        message = b""
+    if len(message) > max_bytes:
+        raise ProtocolError(
+            f"message of {len(message)} bytes is over the limit of {max_bytes} bytes",
+            CloseCode.MESSAGE_TOO_BIG,
+        )
+    if isinstance(message, str):
+        return _parse_control(message)
+    return PcmReceived(decode_pcm(message))
+
+
+def decode_pcm(data: bytes) -> np.ndarray:
+    """float32 little-endian samples, checked: whole samples, all finite."""
+    if len(data) % 4:
+        raise ProtocolError(
+            f"PCM must be float32 little-endian: {len(data)} bytes is not a multiple of 4",
+            CloseCode.INVALID_PAYLOAD,
+        )
+    pcm = np.frombuffer(data, dtype="<f4").astype(np.float32, copy=False)
+    if pcm.size and not np.isfinite(pcm).all():
+        raise ProtocolError("PCM contains NaN or infinite samples", CloseCode.INVALID_PAYLOAD)
+    return pcm
+
+
+def _parse_control(message: str) -> Open | Close:
+    try:
+        obj = json.loads(message)
+    except json.JSONDecodeError as exc:
+        raise ProtocolError(f"text frames must be JSON objects: {exc.msg}", CloseCode.INVALID_PAYLOAD) from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("text frames must be JSON objects with a \"type\"", CloseCode.INVALID_PAYLOAD)
+    kind = obj.get("type")
+    if kind == "open":
+        return Open({k: v for k, v in obj.items() if k != "type"})
+    if kind == "close":
+        return Close()
+    raise ProtocolError(
+        f"unknown message type {kind!r:.40}: expected \"open\" or \"close\"", CloseCode.UNSUPPORTED_DATA
+    )
+
+
+def _json(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def ready() -> str:
+    return _json({"type": "ready"})
+
+
+def queued(position: int) -> str:
+    return _json({"type": "queued", "position": position})
+
+
+def text(piece: str) -> str:
+    return _json({"type": "text", "text": piece})
+
+
+def done() -> str:
+    return _json({"type": "done"})
+
+
+def error(message: str) -> str:
+    return _json({"type": "error", "error": message})
+
+
+def pcm_frame(pcm: np.ndarray) -> bytes:
+    return np.ascontiguousarray(pcm, dtype="<f4").tobytes()

@@ -1,0 +1,88 @@
+"""The Quart-Trio application: routes only; the work lives elsewhere."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+
+from quart import Response, jsonify, send_from_directory, websocket
+from quart_trio import QuartTrio
+
+from .._version import __version__
+from ._moshi_session import MoshiSession
+from ._raw_session import RawSession
+from ._state import ServerState
+
+logger = logging.getLogger(__name__)
+
+PACKAGE_DIR = pathlib.Path(__file__).resolve().parent.parent
+
+
+def default_static_dir() -> pathlib.Path:
+    """The web UI: bundled in the wheel, or ``static/`` of a source checkout."""
+    bundled = PACKAGE_DIR / "_static"
+    return bundled if bundled.is_dir() else PACKAGE_DIR.parent / "static"
+
+
+def create_app(state: ServerState) -> QuartTrio:
+    app = QuartTrio(__name__, static_folder=None)
+    app.config["MAX_CONTENT_LENGTH"] = 64 * 1024
+    static_dir = state.settings.static_dir or default_static_dir()
+
+    @app.websocket("/api/chat")
+    async def chat() -> None:
+        await MoshiSession(websocket._get_current_object(), state).run()
+
+    @app.websocket("/v1/audio/duplex")
+    async def duplex() -> None:
+        await RawSession(websocket._get_current_object(), state).run()
+
+    @app.get("/health")
+    async def health() -> Response:
+        stats = state.actor.statistics()
+        status = "shutting_down" if state.shutting_down else "ok"
+        return jsonify(
+            status=status,
+            slots_total=stats.slots_total,
+            slots_free=stats.slots_free,
+            queued=stats.queued,
+            slots=stats.phases,
+            sessions=len(state.sessions),
+        )
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), content_type=state.metrics.content_type)
+
+    @app.get("/api/info")
+    async def info() -> Response:
+        engine = state.engine
+        return jsonify(
+            model=engine.name,
+            slots=engine.num_slots,
+            version=__version__,
+            sample_rate=engine.sample_rate,
+            frame_size=engine.frame_size,
+            max_prompt_chars=state.settings.max_prompt_chars,
+            queue_size=state.settings.queue_size,
+        )
+
+    @app.get("/api/voices")
+    async def voices() -> Response:
+        return jsonify(voices=list(state.voices()))
+
+    @app.get("/api/sessions")
+    async def sessions() -> Response:
+        return jsonify(sessions=[s.describe() for s in sorted(state.sessions, key=lambda s: s.id)])
+
+    @app.get("/")
+    async def index() -> Response:
+        return await send_from_directory(static_dir, "index.html")
+
+    @app.get("/<path:path>")
+    async def static_file(path: str) -> Response:
+        # send_from_directory refuses anything outside static_dir (404).
+        return await send_from_directory(static_dir, path)
+
+    return app

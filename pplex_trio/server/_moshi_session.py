@@ -1,0 +1,80 @@
+"""The Moshi protocol session (``/api/chat``): Ogg Opus in and out.
+
+Byte-compatible with the official PersonaPlex/Moshi web client: the handshake
+``0x00`` goes out only once the slot's system prompt has run; audio is Ogg
+Opus at 24 kHz through sphn, one reader and one writer per connection.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sphn
+
+from .._channel import DropOldestChannel
+from ..engine import Conversation, Lease, SAMPLE_RATE
+from ..protocol import CloseCode, ProtocolError, conversation_from_params, moshi, parse_query
+from ._session import Session
+
+
+class MoshiSession(Session):
+    protocol = "moshi"
+
+    async def negotiate(self) -> Conversation:
+        params = parse_query(self.ws.query_string)
+        return conversation_from_params(params, max_prompt_chars=self.settings.max_prompt_chars)
+
+    async def keepalive(self, lease: Lease) -> None:
+        # The official client closes after 10 s without any message.
+        await self.ws.send(moshi.ping())
+
+    async def send_ready(self) -> None:
+        await self.ws.send(moshi.handshake())
+
+    def error_message(self, message: str) -> bytes:
+        return moshi.error(message)
+
+    async def receive_loop(self, inbound: DropOldestChannel[Any]) -> None:
+        max_bytes = self.settings.max_message_bytes
+        while True:
+            message = await self.ws.receive()
+            self.stats.messages_received += 1
+            event = moshi.parse_client_message(message, max_bytes=max_bytes)
+            if isinstance(event, moshi.AudioReceived):
+                if event.ogg:
+                    inbound.send_nowait(event.ogg)
+            else:
+                self.stats.messages_ignored += 1
+
+    async def decode_loop(self, inbound: DropOldestChannel[Any], lease: Lease) -> None:
+        reader = sphn.OpusStreamReader(SAMPLE_RATE)
+        actor = self.server.actor
+        frame_size = actor.engine.frame_size
+        decoded = 0
+        async for ogg in inbound:
+            try:
+                pcm = reader.append_bytes(ogg)
+            except ValueError as exc:
+                raise ProtocolError(
+                    f"audio is not a valid Ogg Opus stream ({exc}); send Ogg pages of 24 kHz mono Opus",
+                    CloseCode.INVALID_PAYLOAD,
+                ) from None
+            if pcm.size:
+                actor.push_input(lease, pcm)
+                decoded += pcm.size
+                self.stats.frames_decoded = decoded // frame_size
+
+    async def encode_loop(self, lease: Lease, outbound: DropOldestChannel[bytes | str]) -> None:
+        writer = sphn.OpusStreamWriter(SAMPLE_RATE)
+        first = True
+        async for frame in lease.outbox:
+            ogg = writer.append_pcm(frame.pcm)
+            if ogg:
+                # The first pages carry OpusHead/OpusTags: without them a
+                # decoder cannot start, so they are never dropped.
+                outbound.send_nowait(moshi.audio(ogg), droppable=not first)
+                first = False
+                self.stats.frames_sent += 1
+            if frame.text:
+                outbound.send_nowait(moshi.text(frame.text), droppable=False)
+                self.stats.text_sent += 1

@@ -1,0 +1,50 @@
+"""What every request handler of one server shares."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import trio
+
+from .._metrics import Metrics
+from ..engine import Engine, EngineActor
+from ._settings import ServerSettings
+
+if TYPE_CHECKING:
+    from ._session import Session
+
+
+@dataclasses.dataclass(eq=False)
+class ServerState:
+    settings: ServerSettings
+    engine: Engine
+    actor: EngineActor
+    metrics: Metrics
+    sessions: set[Session] = dataclasses.field(default_factory=set)
+    shutting_down: bool = False
+    sessions_gone: trio.Event = dataclasses.field(default_factory=trio.Event)
+
+    @classmethod
+    def create(cls, settings: ServerSettings, engine: Engine) -> ServerState:
+        metrics = Metrics()
+        actor = EngineActor(
+            engine,
+            metrics=metrics,
+            queue_size=settings.queue_size,
+            input_backlog_frames=settings.input_backlog_frames,
+            output_backlog_frames=settings.output_backlog_frames,
+        )
+        return cls(settings=settings, engine=engine, actor=actor, metrics=metrics)
+
+    def voices(self) -> Sequence[str]:
+        return self.engine.voices()
+
+    def begin_shutdown(self) -> None:
+        """Close every conversation with 1001 (going away); refuse new ones."""
+        from ..protocol import CloseCode
+
+        self.shutting_down = True
+        for session in list(self.sessions):
+            session.end(CloseCode.GOING_AWAY, "server is shutting down", "shutdown")

@@ -1,0 +1,1 @@
+"""Test support code shared by several test folders (importable as `_helpers`)."""

@@ -1,0 +1,275 @@
+"""The engine actor: lockstep ticks, slots, admission, failures, drain before release.
+
+Most tests run the engine inline on a virtual clock (``autojump_clock``), with
+engine compute time simulated by ``trio.sleep`` in the runner, so timings are
+exact and deterministic.  The drain test uses a real worker thread.
+"""
+
+import threading
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+
+from pplex_trio.engine import (
+    Conversation,
+    EchoEngine,
+    EngineActor,
+    LeaseState,
+    QueueFull,
+    SlotMode,
+    SlotPhase,
+)
+
+TICK = 0.080
+
+
+def inline_runner(compute_seconds=0.0, log=None):
+    """Run engine calls on the Trio thread, taking `compute_seconds` of virtual time each."""
+
+    async def run(fn, *args):
+        if log is not None:
+            log.append((trio.current_time(), fn.__name__))
+        if compute_seconds:
+            await trio.sleep(compute_seconds)
+        return fn(*args)
+
+    return run
+
+
+class RecordingEcho(EchoEngine):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.steps = []  # (modes, copy of pcm)
+
+    def step(self, modes, pcm):
+        self.steps.append((list(modes), pcm.copy()))
+        return super().step(modes, pcm)
+
+
+async def wait_state(lease, state):
+    while lease.state is not state:
+        await lease.wait_changed()
+
+
+async def test_prefill_then_live_in_lockstep(nursery, autojump_clock):
+    engine = RecordingEcho(2, prefill_steps=3, delay_frames=0)
+    actor = EngineActor(engine, run_sync=inline_runner())
+    await nursery.start(actor.run)
+    frame = np.full(1920, 0.25, dtype=np.float32)
+    with actor.lease(Conversation(persona="a")) as lease:
+        assert lease.state is LeaseState.PREFILL and lease.slot == 0
+        t0 = trio.current_time()
+        await wait_state(lease, LeaseState.LIVE)
+        assert trio.current_time() - t0 == pytest.approx(2 * TICK)  # 3 prefill steps: t=0, 80, 160 ms
+        assert [m[0] for m, _ in engine.steps] == [SlotMode.PREFILL] * 3
+        actor.push_input(lease, frame)
+        out = await lease.outbox.receive()
+        np.testing.assert_array_equal(out.pcm, frame)
+        assert out.text == " 0"
+        assert lease.frames_consumed == 1
+        # Without input, the live row is fed silence, one frame per tick.
+        times = []
+        for _ in range(3):
+            out = await lease.outbox.receive()
+            times.append(trio.current_time())
+            assert not out.pcm.any()
+        assert np.diff(times) == pytest.approx([TICK, TICK])
+    assert engine.started == [(0, Conversation(persona="a"))]
+    # Rows other than the lease's were IDLE in every step.
+    assert all(modes[1] is SlotMode.IDLE for modes, _ in engine.steps)
+
+
+async def test_queue_positions_admission_and_full_queue(nursery, autojump_clock):
+    engine = EchoEngine(1, prefill_steps=1)
+    actor = EngineActor(engine, queue_size=2, run_sync=inline_runner())
+    await nursery.start(actor.run)
+    with actor.lease(Conversation()) as first:
+        with actor.lease(Conversation()) as second, actor.lease(Conversation()) as third:
+            assert (second.state, second.position) == (LeaseState.QUEUED, 1)
+            assert (third.state, third.position) == (LeaseState.QUEUED, 2)
+            with pytest.raises(QueueFull, match="queue is full"):
+                with actor.lease(Conversation()):
+                    pass
+            assert actor.statistics().queued == 2
+            # `first` leaves: its slot drains, then goes to `second`; `third` moves up.
+            actor.table.release(first)
+            actor._changed()
+            await wait_state(second, LeaseState.LIVE)
+            assert third.position == 1 and second.slot == 0
+        stats = actor.statistics()
+    assert stats.queued == 0
+
+
+async def test_leaving_the_queue_renumbers_the_others(nursery, autojump_clock):
+    actor = EngineActor(EchoEngine(1), queue_size=3, run_sync=inline_runner())
+    await nursery.start(actor.run)
+    with actor.lease(Conversation()):
+        with actor.lease(Conversation()) as a:
+            with actor.lease(Conversation()) as b:
+                assert (a.position, b.position) == (1, 2)
+                actor.table.release(a)
+                assert b.position == 1
+                assert actor.statistics().queued == 1
+
+
+async def test_overrun_starts_next_tick_at_once_and_far_behind_skips(nursery, autojump_clock):
+    log = []
+    engine = EchoEngine(1, prefill_steps=0)
+    compute = [0.030]
+
+    async def runner(fn, *args):
+        log.append(trio.current_time())
+        await trio.sleep(compute[0])
+        return fn(*args)
+
+    actor = EngineActor(engine, run_sync=runner)
+    await nursery.start(actor.run)
+    with actor.lease(Conversation()):
+        await trio.sleep(0.5)
+        starts = list(log)
+        assert np.diff(starts) == pytest.approx([TICK] * (len(starts) - 1))
+        # A 100 ms step overruns the 80 ms budget by 20 ms: the next tick starts at once.
+        log.clear()
+        compute[0] = 0.100
+        await trio.sleep(0.45)
+        gaps = np.diff(log)
+        assert gaps == pytest.approx([0.100] * len(gaps))
+        assert actor.ticks_skipped == 0
+        # A 250 ms step puts the actor more than a tick behind: it skips ahead, never bursts.
+        log.clear()
+        compute[0] = 0.250
+        await trio.sleep(1.0)
+        gaps = np.diff(log)
+        assert min(gaps) >= 0.250 - 1e-9  # no catch-up burst
+        assert actor.ticks_skipped >= 2 * len(gaps)  # each 250 ms step skips two 80 ms ticks
+        assert actor.metrics.ticks_skipped._value.get() == actor.ticks_skipped
+
+
+class ExplodingEcho(EchoEngine):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.explode = False
+        self.reset_all_calls = 0
+
+    def step(self, modes, pcm):
+        if self.explode:
+            self.explode = False
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return super().step(modes, pcm)
+
+    def reset_all(self):
+        self.reset_all_calls += 1
+        super().reset_all()
+
+
+async def test_engine_exception_fails_its_conversations_and_the_engine_recovers(nursery, autojump_clock):
+    engine = ExplodingEcho(2, prefill_steps=0)
+    actor = EngineActor(engine, run_sync=inline_runner())
+    await nursery.start(actor.run)
+    with actor.lease(Conversation()) as a, actor.lease(Conversation()) as b:
+        await wait_state(a, LeaseState.LIVE)
+        engine.explode = True
+        while a.failure is None:
+            await a.wait_changed()
+        assert a.failure.code == 1011 and b.failure.code == 1011
+        assert "reconnect" in a.failure.message
+        assert engine.reset_all_calls == 1
+    assert actor.metrics.errors.labels("engine")._value.get() == 1
+    with actor.lease(Conversation()) as c:
+        await wait_state(c, LeaseState.LIVE)
+        out = await c.outbox.receive()
+        assert out.text == " 0"  # a fresh conversation on a reset engine
+        assert c.failure is None
+
+
+async def test_rejected_start_fails_only_that_conversation(nursery, autojump_clock):
+    from pplex_trio.engine import ConversationRejected
+
+    class Picky(EchoEngine):
+        def start(self, slot, conversation):
+            if conversation.persona == "bad":
+                raise ConversationRejected("persona 'bad' cannot be served: pick another")
+            return super().start(slot, conversation)
+
+    actor = EngineActor(Picky(2, prefill_steps=0), run_sync=inline_runner())
+    await nursery.start(actor.run)
+    with actor.lease(Conversation(persona="good")) as good, actor.lease(Conversation(persona="bad")) as bad:
+        while bad.failure is None:
+            await bad.wait_changed()
+        assert bad.failure.code == 1008 and "pick another" in bad.failure.message
+        await wait_state(good, LeaseState.LIVE)
+        assert (await good.outbox.receive()).text == " 0"
+        assert good.failure is None
+
+
+class BlockingEcho(EchoEngine):
+    """A step that blocks on an event the test controls (on the worker thread)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.block = False
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.calls = []  # ("start"|"reset"|"step", slot or modes)
+
+    def start(self, slot, conversation):
+        self.calls.append(("start", slot))
+        return super().start(slot, conversation)
+
+    def reset(self, slot):
+        self.calls.append(("reset", slot))
+        super().reset(slot)
+
+    def step(self, modes, pcm):
+        self.calls.append(("step", list(modes)))
+        if self.block:
+            self.entered.set()
+            assert self.release.wait(10), "test never released the engine"
+        return super().step(modes, pcm)
+
+
+async def test_drain_before_release(nursery):
+    """A slot released mid-step is not handed on until that step has finished."""
+    engine = BlockingEcho(1, prefill_steps=0)
+    actor = EngineActor(engine, queue_size=1)  # real worker thread, real clock
+    await nursery.start(actor.run)
+    with actor.lease(Conversation(persona="old")) as old:
+        await wait_state(old, LeaseState.LIVE)
+        engine.block = True
+        await trio.to_thread.run_sync(engine.entered.wait)
+        assert actor.engine_busy
+        with actor.lease(Conversation(persona="new")) as new:
+            assert new.state is LeaseState.QUEUED
+            actor.table.release(old)  # the old conversation leaves while its step runs
+            actor._changed()
+            for _ in range(5):
+                await trio.sleep(0.05)
+                assert actor.table.slots[0].phase is SlotPhase.DRAINING
+                assert new.state is LeaseState.QUEUED  # not handed over while in flight
+            calls_before = len(engine.calls)
+            engine.block = False
+            engine.release.set()
+            await wait_state(new, LeaseState.LIVE)
+            assert new.slot == 0
+            # After the blocked step: reset of the old row, then the new start, then steps.
+            assert engine.calls[calls_before : calls_before + 2] == [("reset", 0), ("start", 0)]
+            out = await new.outbox.receive()
+            assert out.text == " 0"  # fresh row: nothing of the old conversation leaks
+
+
+async def test_idle_actor_does_not_tick(nursery, autojump_clock):
+    log = []
+    actor = EngineActor(EchoEngine(1, prefill_steps=0), run_sync=inline_runner(log=log))
+    await nursery.start(actor.run)
+    await trio.sleep(1.0)
+    assert log == [] and actor.ticks == 0
+    with actor.lease(Conversation()) as lease:
+        await wait_state(lease, LeaseState.LIVE)
+        await trio.sleep(0.4)
+    await trio.sleep(1.0)
+    ticks = actor.ticks
+    await trio.sleep(1.0)
+    assert actor.ticks == ticks  # stopped after the slot drained
+    assert actor.statistics().slots_free == 1

@@ -1,0 +1,33 @@
+"""A real server on a loopback port, in the test's own nursery."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from pplex_trio.engine import EchoEngine
+from pplex_trio.server import ServerSettings, serve
+
+
+@pytest.fixture
+def start_server(nursery):
+    """``await start_server(engine=None, **settings)`` → a ServerHandle on a free port."""
+
+    async def start(engine=None, **overrides):
+        defaults = dict(host="127.0.0.1", port=0, slots=2, echo_prefill_steps=2, echo_delay_frames=1)
+        defaults.update(overrides)
+        settings = ServerSettings(**defaults)
+        if engine is None:
+            engine = EchoEngine(
+                settings.slots, delay_frames=settings.echo_delay_frames, prefill_steps=settings.echo_prefill_steps
+            )
+        return await nursery.start(serve, settings, engine)
+
+    return start
+
+
+async def get_json(handle, path: str) -> dict:
+    async with httpx.AsyncClient() as client:
+        response = await client.get(handle.http_url + path)
+        response.raise_for_status()
+        return response.json()

@@ -1,0 +1,68 @@
+"""Health, info, voices, metrics and static files."""
+
+import httpx
+import pytest
+
+from conftest import get_json
+
+
+async def test_health_info_voices(start_server):
+    handle = await start_server(slots=3)
+    health = await get_json(handle, "/health")
+    assert health["status"] == "ok"
+    assert (health["slots_total"], health["slots_free"], health["queued"]) == (3, 3, 0)
+    info = await get_json(handle, "/api/info")
+    assert info["slots"] == 3 and info["max_prompt_chars"] == 1000
+    assert "echo" in info["model"] and info["version"]
+    voices = (await get_json(handle, "/api/voices"))["voices"]
+    assert "NATF0.pt" in voices and "VARM4.pt" in voices
+
+
+async def test_metrics_are_prometheus_text(start_server):
+    handle = await start_server()
+    async with httpx.AsyncClient() as client:
+        response = await client.get(handle.http_url + "/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    text = response.text
+    for name in (
+        "pplex_tick_duration_seconds_bucket",
+        "pplex_tick_lateness_seconds_bucket",
+        'pplex_slots{phase="free"} 2.0',
+        "pplex_frames_dropped_total",
+        "pplex_sessions_started_total",
+        "pplex_sessions_ended_total",
+        "pplex_errors_total",
+    ):
+        assert name in text, name
+
+
+async def test_static_index_and_path_tricks(start_server, tmp_path):
+    (tmp_path / "index.html").write_text("<h1>hello</h1>")
+    (tmp_path / "app.js").write_text("console.log(1)")
+    secret = tmp_path.parent / "secret.txt"
+    secret.write_text("do not serve")
+    handle = await start_server(static_dir=tmp_path)
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(handle.http_url + "/")).text == "<h1>hello</h1>"
+        assert (await client.get(handle.http_url + "/app.js")).text == "console.log(1)"
+        for path in ("/../secret.txt", "/%2e%2e/secret.txt", "/..%2fsecret.txt", "/nothing.html"):
+            response = await client.get(handle.http_url + path)
+            assert response.status_code == 404, path
+            assert "do not serve" not in response.text
+
+
+async def test_default_static_serves_the_web_ui(start_server):
+    handle = await start_server()
+    async with httpx.AsyncClient() as client:
+        response = await client.get(handle.http_url + "/")
+    assert response.status_code == 200
+    assert "<html" in response.text.lower()
+
+
+@pytest.mark.parametrize("path", ["/api/chat", "/v1/audio/duplex"])
+async def test_plain_http_on_websocket_routes_is_refused(start_server, path):
+    handle = await start_server()
+    async with httpx.AsyncClient() as client:
+        response = await client.get(handle.http_url + path)
+    assert response.status_code >= 400

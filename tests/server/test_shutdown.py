@@ -1,0 +1,89 @@
+"""Graceful shutdown: every open conversation is closed with 1001 within 1 s."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import trio
+
+from _helpers.ws import moshi_handshake, moshi_url, raw_open, read_until_closed
+from pplex_trio.client import open_websocket
+from pplex_trio.engine import EchoEngine
+from pplex_trio.server import ServerSettings, serve
+
+
+async def test_shutdown_closes_live_queued_and_prefilling_conversations_with_1001():
+    settings = ServerSettings(host="127.0.0.1", port=0, slots=2, echo_prefill_steps=1)
+    engine = EchoEngine(2, prefill_steps=1)
+    results = {}
+    async with trio.open_nursery() as outer:
+        handle = await outer.start(serve, settings, engine)
+        connected = trio.Semaphore(0)
+
+        async def live_moshi():
+            async with open_websocket(moshi_url(handle.ws_url)) as ws:
+                await moshi_handshake(ws)
+                connected.release()
+                results["moshi"] = await read_until_closed(ws, timeout=3)
+
+        async def live_raw():
+            async with open_websocket(handle.ws_url + "/v1/audio/duplex") as ws:
+                await raw_open(ws)
+                connected.release()
+                results["raw"] = await read_until_closed(ws, timeout=3)
+
+        async def queued():
+            async with open_websocket(moshi_url(handle.ws_url)) as ws:
+                connected.release()
+                results["queued"] = await read_until_closed(ws, timeout=3)
+
+        async with trio.open_nursery() as clients:
+            clients.start_soon(live_moshi)
+            clients.start_soon(live_raw)
+            for _ in range(2):
+                await connected.acquire()
+            clients.start_soon(queued)
+            await connected.acquire()
+            await trio.sleep(0.2)
+            started = trio.current_time()
+            await handle.shutdown()
+            assert trio.current_time() - started <= 1.1
+        # serve() returns once hypercorn and the actor have stopped.
+    assert {name: r.code for name, r in results.items()} == {"moshi": 1001, "raw": 1001, "queued": 1001}
+    assert b"\x05server is shutting down" in results["moshi"].messages
+
+
+def test_sigterm_closes_conversations_with_1001_and_exits_0(tmp_path):
+    """The real command: `pplex-trio serve`, a client, then SIGTERM."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pplex_trio", "serve", "--port", "0", "--slots", "1", "--echo-prefill-steps", "1"],
+        stderr=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        port = None
+        for line in proc.stderr:
+            match = re.search(r"Running on http://127\.0\.0\.1:(\d+)", line)
+            if match:
+                port = int(match.group(1))
+                break
+        assert port, "server did not report its port"
+
+        async def talk():
+            async with open_websocket(f"ws://127.0.0.1:{port}/api/chat") as ws:
+                await moshi_handshake(ws)
+                proc.send_signal(signal.SIGTERM)
+                started = trio.current_time()
+                closed = await read_until_closed(ws, timeout=3)
+                return closed, trio.current_time() - started
+
+        closed, elapsed = trio.run(talk)
+        assert closed.code == 1001
+        assert elapsed < 1.0
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()

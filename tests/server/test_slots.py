@@ -1,0 +1,198 @@
+"""Admission, the queue, and slots freed on every kind of disconnect."""
+
+import json
+
+import numpy as np
+import trio
+
+from _helpers.ws import FRAME, errors_in, moshi_handshake, moshi_url, raw_open, read_until_closed
+from conftest import get_json
+from pplex_trio.client import open_websocket
+from pplex_trio.engine import EchoEngine
+
+
+async def wait_health(handle, **expected):
+    """Poll /health until it shows `expected` (the server updates on its own schedule)."""
+    with trio.fail_after(5):
+        while True:
+            health = await get_json(handle, "/health")
+            if all(health[k] == v for k, v in expected.items()):
+                return health
+            await trio.sleep(0.02)
+
+
+async def test_moshi_waits_in_queue_with_pings_then_is_served(start_server):
+    handle = await start_server(slots=1, keepalive_interval=0.1)
+    async with open_websocket(moshi_url(handle.ws_url)) as first:
+        await moshi_handshake(first)
+        async with open_websocket(moshi_url(handle.ws_url)) as second:
+            # Queued: pings keep the official client's 10 s inactivity timer alive.
+            with trio.fail_after(2):
+                for _ in range(3):
+                    assert await second.get_message() == b"\x06"
+            await wait_health(handle, queued=1, slots_free=0)
+            await first.aclose()
+            pings = await moshi_handshake(second)
+            assert pings >= 0
+            await wait_health(handle, queued=0)
+            message = await second.get_message()
+            assert message[0] in (1, 2)  # live: audio or text flows
+
+
+async def test_raw_queue_reports_positions(start_server):
+    handle = await start_server(slots=1, keepalive_interval=0.1)
+    async with open_websocket(handle.ws_url + "/v1/audio/duplex") as first:
+        await raw_open(first)
+        async with open_websocket(handle.ws_url + "/v1/audio/duplex") as second:
+            async with open_websocket(handle.ws_url + "/v1/audio/duplex") as third:
+                await second.send_message(json.dumps({"type": "open"}))
+                assert json.loads(await second.get_message()) == {"type": "queued", "position": 1}
+                await third.send_message(json.dumps({"type": "open"}))
+                assert json.loads(await third.get_message()) == {"type": "queued", "position": 2}
+                await second.aclose()  # leaving the queue moves `third` up
+                with trio.fail_after(2):
+                    while json.loads(await third.get_message()) != {"type": "queued", "position": 1}:
+                        pass
+                await first.aclose()
+                with trio.fail_after(3):
+                    while json.loads(await third.get_message())["type"] != "ready":
+                        pass
+
+
+async def test_queue_timeout_closes_with_1013(start_server):
+    handle = await start_server(slots=1, queue_timeout=0.3)
+    async with open_websocket(moshi_url(handle.ws_url)) as first:
+        await moshi_handshake(first)
+        async with open_websocket(moshi_url(handle.ws_url)) as second:
+            closed = await read_until_closed(second, timeout=3)
+    assert closed.code == 1013
+    assert "no conversation slot became free" in errors_in(closed.messages)[0]
+
+
+async def test_full_queue_closes_with_1013_at_once(start_server):
+    handle = await start_server(slots=1, queue_size=0)
+    async with open_websocket(handle.ws_url + "/v1/audio/duplex") as first:
+        await raw_open(first)
+        async with open_websocket(handle.ws_url + "/v1/audio/duplex") as second:
+            await second.send_message(json.dumps({"type": "open"}))
+            closed = await read_until_closed(second, timeout=1)
+    assert closed.code == 1013
+    assert "queue is full" in errors_in(closed.messages)[0]
+
+
+async def test_disconnect_while_live_frees_the_slot(start_server):
+    handle = await start_server(slots=1, echo_prefill_steps=1)
+    async with open_websocket(moshi_url(handle.ws_url)) as ws:
+        await moshi_handshake(ws)
+        health = await wait_health(handle, slots_free=0)
+        assert health["slots"]["live"] == 1
+    await wait_health(handle, slots_free=1, queued=0, sessions=0)
+
+
+async def test_disconnect_during_prefill_frees_the_slot(start_server):
+    handle = await start_server(slots=1, echo_prefill_steps=50)  # 4 s of system prompt
+    async with open_websocket(moshi_url(handle.ws_url)) as ws:
+        health = await wait_health(handle, slots_free=0)
+        assert health["slots"]["prefill"] == 1
+    await wait_health(handle, slots_free=1, sessions=0)
+
+
+async def test_disconnect_in_the_queue_leaves_it(start_server):
+    handle = await start_server(slots=1, echo_prefill_steps=1)
+    async with open_websocket(moshi_url(handle.ws_url)) as occupant:
+        await moshi_handshake(occupant)
+        async with open_websocket(handle.ws_url + "/v1/audio/duplex") as waiting:
+            await raw_open_nowait(waiting)
+            await wait_health(handle, queued=1)
+        await wait_health(handle, queued=0, slots_free=0, sessions=1)
+    await wait_health(handle, slots_free=1, queued=0, sessions=0)
+    assert (await get_json(handle, "/api/sessions"))["sessions"] == []
+
+
+async def raw_open_nowait(ws):
+    await ws.send_message(json.dumps({"type": "open"}))
+
+
+class GatedEcho(EchoEngine):
+    """Its step blocks (on the worker thread) while `gate` is closed."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        import threading
+
+        self.gate = threading.Event()
+        self.gate.set()
+        self.blocked = threading.Event()
+
+    def step(self, modes, pcm):
+        if not self.gate.is_set():
+            self.blocked.set()
+            self.gate.wait(10)
+        return super().step(modes, pcm)
+
+
+async def test_drain_before_release_end_to_end(start_server):
+    engine = GatedEcho(1, prefill_steps=1)
+    handle = await start_server(engine=engine, slots=1)
+    async with open_websocket(moshi_url(handle.ws_url)) as old:
+        await moshi_handshake(old)
+        engine.gate.clear()
+        await trio.to_thread.run_sync(engine.blocked.wait)
+        await old.aclose()  # leaves while its step is still running
+        async with open_websocket(moshi_url(handle.ws_url)) as new:
+            health = await wait_health(handle, queued=1)
+            assert health["slots"]["draining"] == 1 and health["slots_free"] == 0
+            await trio.sleep(0.3)
+            assert (await get_json(handle, "/health"))["slots"]["draining"] == 1  # still in flight
+            engine.gate.set()
+            await moshi_handshake(new)
+            texts = []
+            with trio.fail_after(2):
+                while len(texts) < 2:
+                    message = await new.get_message()
+                    if message[0] == 2:
+                        texts.append(message[1:].decode())
+            assert texts == [" 0", " 1"]  # a fresh row: frame numbering restarted
+
+
+class ExplodingEcho(EchoEngine):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.explode_at = None
+
+    def step(self, modes, pcm):
+        if self.explode_at is not None and self._frames.max() >= self.explode_at:
+            self.explode_at = None
+            raise RuntimeError("simulated CUDA failure")
+        return super().step(modes, pcm)
+
+
+async def test_engine_exception_closes_with_1011_and_the_next_connection_works(start_server):
+    engine = ExplodingEcho(1, prefill_steps=1)
+    handle = await start_server(engine=engine, slots=1)
+    async with open_websocket(moshi_url(handle.ws_url)) as ws:
+        await moshi_handshake(ws)
+        engine.explode_at = 3
+        closed = await read_until_closed(ws, timeout=3)
+    assert closed.code == 1011
+    assert "internal error" in errors_in(closed.messages)[0]
+    async with open_websocket(handle.ws_url + "/v1/audio/duplex") as ws:
+        await raw_open(ws)
+        await ws.send_message(np.full(FRAME * 3, 0.5, np.float32).tobytes())
+        pcm = []
+        with trio.fail_after(3):
+            while len(pcm) < 5:
+                message = await ws.get_message()
+                if isinstance(message, bytes):
+                    pcm.append(np.frombuffer(message, "<f4"))
+        assert any((p == 0.5).all() for p in pcm)
+    metrics = (await _text(handle, "/metrics"))
+    assert 'pplex_errors_total{kind="engine"} 1.0' in metrics
+    assert 'outcome="engine_error"' in metrics
+
+
+async def _text(handle, path):
+    import httpx
+
+    async with httpx.AsyncClient() as client:
+        return (await client.get(handle.http_url + path)).text
