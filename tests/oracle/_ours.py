@@ -1,0 +1,117 @@
+"""Drive our implementation (``pplex_trio.model``) with the same calls as :mod:`_moshi_ref`.
+
+Loading always goes through the normal loader (``load_model(folder)``), the
+one the server uses.  Inputs and outputs are numpy arrays shaped like the
+moshi side's, so a test compares the two with one ``assert_array_equal``.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import typing as tp
+
+import numpy as np
+import torch
+
+from pplex_trio.model import FREE, LMGen, LoadedModel, StepInputs, load_model
+
+import _moshi_ref as ref
+
+
+def load(directory: pathlib.Path) -> LoadedModel:
+    return load_model(str(directory), device="cpu")
+
+
+def semantics(model: LoadedModel) -> ref.Semantics:
+    """Which reference our implementation follows, in moshi's terms (``pplex_trio.model``'s docstring).
+
+    NVIDIA's fork for the attention window of the LM and Mimi rings and for
+    the user-audio timing, on every checkpoint; Kyutai's rule in the
+    depformer (every step sees all earlier ones, as trained).  Kyutai
+    checkpoints are therefore not run with Kyutai's own semantics: see
+    ``test_kyutai_checkpoint_follows_moshi_0213``.
+    """
+    del model  # the same for every checkpoint today
+    return ref.Semantics(window="fork", depformer_window="kyutai", user_lag=1)
+
+
+def _mask(rows: tp.Iterable[int], batch: int) -> torch.Tensor:
+    mask = torch.zeros(batch, dtype=torch.bool)
+    mask[list(rows)] = True
+    return mask
+
+
+def _exec(exec_masks: tp.Mapping[int, tp.Sequence[bool]], t: int, batch: int) -> torch.Tensor:
+    return torch.tensor(exec_masks[t], dtype=torch.bool) if t in exec_masks else torch.ones(batch, dtype=torch.bool)
+
+
+@torch.no_grad()
+def mimi_encode(
+    model: LoadedModel,
+    pcm: np.ndarray,
+    resets: tp.Mapping[int, tp.Sequence[int]] | None = None,
+    exec_masks: tp.Mapping[int, tp.Sequence[bool]] | None = None,
+) -> np.ndarray:
+    """Streaming encode ``[B, T, 1920]`` -> ``[B, T, 8]`` with per-frame resets / exec masks."""
+    resets, exec_masks = resets or {}, exec_masks or {}
+    batch, steps, _ = pcm.shape
+    state = model.mimi.init_encoder_state(batch)
+    out = []
+    for t in range(steps):
+        if t in resets:
+            state.reset(_mask(resets[t], batch))
+        frame = torch.from_numpy(np.ascontiguousarray(pcm[:, t], dtype=np.float32))
+        out.append(model.mimi.encode_frame(frame, state, _exec(exec_masks, t, batch)).numpy())
+    return np.stack(out, axis=1)
+
+
+@torch.no_grad()
+def mimi_decode(
+    model: LoadedModel,
+    codes: np.ndarray,
+    resets: tp.Mapping[int, tp.Sequence[int]] | None = None,
+    exec_masks: tp.Mapping[int, tp.Sequence[bool]] | None = None,
+) -> np.ndarray:
+    """Streaming decode ``[B, T, 8]`` -> ``[B, T, 1920]``."""
+    resets, exec_masks = resets or {}, exec_masks or {}
+    batch, steps, _ = codes.shape
+    state = model.mimi.init_decoder_state(batch)
+    out = []
+    for t in range(steps):
+        if t in resets:
+            state.reset(_mask(resets[t], batch))
+        frame = torch.from_numpy(np.ascontiguousarray(codes[:, t], dtype=np.int64))
+        out.append(model.mimi.decode_frame(frame, state, _exec(exec_masks, t, batch)).numpy())
+    return np.stack(out, axis=1)
+
+
+@torch.no_grad()
+def lm_generate(
+    model: LoadedModel,
+    user_codes: np.ndarray,
+    resets: tp.Mapping[int, tp.Sequence[int]] | None = None,
+    exec_masks: tp.Mapping[int, tp.Sequence[bool]] | None = None,
+    depformer_steps: int | None = None,
+    hidden: list[np.ndarray] | None = None,
+) -> np.ndarray:
+    """Greedy run: user codes ``[B, T, 8]`` -> ``[B, T, 9]`` (text + agent audio, -2 = none yet).
+
+    The user codes are forced on streams 9-16, everything else is the
+    model's choice.  If ``hidden`` is a list, each step's temporal output
+    ``[B, dim]`` is appended to it (for bit-identity checks).
+    """
+    resets, exec_masks = resets or {}, exec_masks or {}
+    batch, steps, _ = user_codes.shape
+    cfg = model.config.lm
+    gen = LMGen(model.lm, batch, depformer_steps=depformer_steps)
+    out = []
+    for t in range(steps):
+        if t in resets:
+            gen.reset(_mask(resets[t], batch))
+        tokens = torch.full((batch, cfg.num_streams), FREE, dtype=torch.long)
+        tokens[:, 1 + cfg.num_agent_codebooks :] = torch.from_numpy(np.ascontiguousarray(user_codes[:, t]))
+        result = gen.step(StepInputs(tokens=tokens, exec_mask=_exec(exec_masks, t, batch)))
+        out.append(result.tokens[:, : 1 + cfg.num_agent_codebooks].numpy())
+        if hidden is not None:
+            hidden.append(result.hidden.numpy().copy())
+    return np.stack(out, axis=1)
