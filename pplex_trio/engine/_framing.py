@@ -12,9 +12,11 @@ watches how much audio is waiting at each tick beyond the frame it hands
 over (the *surplus*).  Surplus that every tick of a recent window had is
 never needed to ride out jitter, so the framer skips it once: from then on
 the frame ends at the newest sample that arrived before the tick.  An
-underrun (no whole frame at a tick) means the margin was needed: skipping is
-held off for a while, so jitter costs a late frame now and then, not a skip
-every second.
+underrun (no whole frame at a tick) means some margin was needed: skipping is
+held off for a while and the framer keeps a *margin* of audio from then on,
+which grows with each underrun and shrinks slowly while all is calm.  So a
+jittery client settles at the latency its jitter needs instead of paying a
+late frame and a skip every few seconds.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class InputFramer:
         self._surplus: collections.deque[int] = collections.deque(maxlen=window)
         self._hold = 0
         self._popped = False
+        self.margin = 0  # samples kept back against jitter (see the module docstring)
         self.skipped_samples = 0  # skipped by phase alignment
         self.underruns = 0
 
@@ -103,6 +106,7 @@ class InputFramer:
                 self.underruns += 1
                 self._hold = self.hold_after_underrun
                 self._surplus.clear()
+                self.margin = min(self.margin + self.frame_size // 4, self.frame_size)
             return None
         if self.align:
             self._align(surplus)
@@ -134,11 +138,13 @@ class InputFramer:
             return
         self._surplus.append(surplus)
         if len(self._surplus) == self.window:
-            unneeded = min(self._surplus)
+            unneeded = min(self._surplus) - self.margin
+            self._surplus.clear()
             if unneeded >= self.min_skip:
                 self._discard(unneeded)
                 self.skipped_samples += unneeded
-                self._surplus.clear()
+            # A calm window lets the margin shrink again, 5 ms at a time.
+            self.margin = max(0, self.margin - self.frame_size // 16)
 
     def _arrival_of(self, position: int) -> float:
         """When the sample just before stream ``position`` arrived."""

@@ -153,3 +153,12 @@ def test_naive_framing_reports_arrival_of_the_last_sample():
     assert framer.pop_frame_into(row) == 2.0
     assert framer.pop_frame_into(row) == 3.0
     assert framer.pop_frame_into(row) is None
+
+
+def test_a_jittery_client_settles_with_a_margin():
+    """A page near the tick is late every 3 s: after a few underruns the framer keeps a margin."""
+    late = {k for k in range(100, 1000, 75) if k % 2 == 0}  # 12 late pages
+    latencies, _, framer = simulate(True, 79, ticks=500, late_pages=late)
+    assert framer.underruns <= 4  # not one per late page
+    assert framer.margin > 0
+    assert latencies[100:].max() <= 81  # bounded: never more than a frame behind
