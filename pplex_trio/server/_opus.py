@@ -7,7 +7,7 @@ libopus directly (``opuslib_next``, ctypes over the system's libopus) lets us
 pick complexity 5 (~0.3 ms a frame) and releases the GIL while it encodes, so
 the encoding of many sessions can run on a worker thread beside the event
 loop.  Both writers produce the same wire format: an Ogg Opus stream at
-24 kHz, two 20 ms packets per page, header pages first.
+24 kHz, one 40 ms packet per page, header pages first.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ..protocol._ogg import OggOpusMuxer
 
 logger = logging.getLogger(__name__)
 
-PACKET_SAMPLES = SAMPLE_RATE // 50  # 20 ms
+PACKET_SAMPLES = SAMPLE_RATE // 25  # 40 ms: one packet per page, two pages per frame, as sphn writes
 COMPLEXITY = 5
 BITRATE = 32_000
 
@@ -52,7 +52,7 @@ class LibopusWriter:
             self._encoder.encode_float(data[i : i + PACKET_SAMPLES].tobytes(), PACKET_SAMPLES)
             for i in range(0, data.size - PACKET_SAMPLES + 1, PACKET_SAMPLES)
         ]
-        return self._muxer.pages(packets, samples_48k_per_packet=PACKET_SAMPLES * 48_000 // SAMPLE_RATE)
+        return self._muxer.pages(packets, samples_48k_per_packet=PACKET_SAMPLES * 48_000 // SAMPLE_RATE, per_page=1)
 
 
 def libopus_available() -> bool:
