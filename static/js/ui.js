@@ -33,6 +33,7 @@ const els = {
   latency: $("stat-latency"),
   buffer: $("stat-buffer"),
   download: $("download"),
+  locked: $("locked"),
   officialLink: $("official-link"),
 };
 
@@ -131,6 +132,8 @@ function render(state) {
   els.stateText.textContent = PHASE_TEXT[state.phase](state);
   const active = state.phase !== "idle" && state.phase !== "ended";
   els.settings.disabled = active;
+  els.locked.hidden = !active;
+  document.body.classList.toggle("active", active);
   els.connect.textContent = active ? "Disconnect" : "Connect";
   els.connect.classList.toggle("danger", active);
   els.ending.hidden = state.phase !== "ended";
@@ -162,7 +165,8 @@ function connect() {
 
 function appendText(text) {
   const atBottom = els.transcript.scrollHeight - els.transcript.scrollTop - els.transcript.clientHeight < 24;
-  els.transcript.append(text); // the server supplies the spacing
+  // The server supplies the spacing; only the very first leading space is dropped.
+  els.transcript.append(els.transcript.childNodes.length ? text : text.trimStart());
   if (atBottom) els.transcript.scrollTop = els.transcript.scrollHeight;
 }
 
