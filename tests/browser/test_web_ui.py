@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
+from pplex_trio.protocol import ogg
+
 from _helpers.browser import (
     ARTIFACTS,
     SAMPLE_RATE,
@@ -38,6 +40,37 @@ def only_session(server: Any) -> dict:
     return sessions[0]
 
 
+def check_wire_format(messages: list[bytes]) -> None:
+    """What the page sent is what the official client sends (PROTOCOL.md).
+
+    Every message is 0x01 + one Ogg page; OpusHead (BOS, sequence 0), then
+    OpusTags (sequence 1), then pages of two 20 ms packets with consecutive
+    sequence numbers and granule positions 2 x 960 (48 kHz) apart.
+    """
+    assert len(messages) > 20, f"only {len(messages)} messages sent"
+    pages = []
+    for message in messages:
+        assert isinstance(message, bytes) and message[0] == 0x01, message[:8]
+        (page,) = ogg.split_pages(message[1:])  # exactly one whole page
+        segments = page[26]
+        lacing = page[27 : 27 + segments]
+        pages.append({
+            "bos": bool(page[5] & 2),
+            "granule": int.from_bytes(page[6:14], "little", signed=True),
+            "sequence": ogg.page_sequence(page),
+            "packets": sum(1 for v in lacing if v < 255),
+            "body": page[27 + segments :],
+        })
+    head, tags, audio = pages[0], pages[1], pages[2:]
+    assert head["bos"] and head["sequence"] == 0 and head["body"].startswith(b"OpusHead")
+    assert head["body"][9] == 1  # mono
+    assert tags["sequence"] == 1 and tags["body"].startswith(b"OpusTags")
+    assert [p["sequence"] for p in audio] == list(range(2, len(pages)))
+    assert all(p["packets"] == 2 for p in audio), [p["packets"] for p in audio]
+    steps = {b["granule"] - a["granule"] for a, b in zip(audio, audio[1:])}
+    assert steps == {2 * 960}, steps
+
+
 @pytest.fixture(params=["echo", "tiny"])
 def model_server(request: Any, start_server: Any) -> Any:
     if request.param == "echo":
@@ -54,6 +87,8 @@ def test_conversation_end_to_end(context, model_server):
     server = model_server
     echo = "echo" in server.get("/api/info")["model"]
     page = open_ui(context, server)
+    sent: list[bytes] = []
+    page.on("websocket", lambda ws: ws.on("framesent", lambda payload: sent.append(payload)))
     page.get_by_role("button", name="Connect").click()
     wait_phase(page, "live", timeout=15_000 if echo else 60_000)  # tiny: seconds of CPU prefill
     expect(page.locator("#state")).to_have_text("Live")
@@ -62,18 +97,24 @@ def test_conversation_end_to_end(context, model_server):
     wait_until(lambda: only_session(server)["frames_decoded"] >= 25, 10, "the server decoded < 2 s of our audio")
 
     # The page plays the model's audio, with little missing.
-    wait_stat_above(page, "played", 3.0)
+    wait_stat_above(page, "played", 3.0, timeout=15_000 if echo else 40_000)
     missed = stat(page, "missed")
     if echo:
+        print(f"echo: {missed:.3f} s missed of 3 s played, latency shown {stat(page, 'latency') * 1000:.0f} ms")
         assert missed <= MISSED_BOUND_S, f"{missed:.2f} s of audio missed in the first 3 s"
     else:
-        # The tiny model on two CPU cores beside Chromium sometimes overruns its
-        # 80 ms tick; the server then skips the tick and that audio never exists.
+        # The tiny model on two CPU cores beside Chromium overruns some 80 ms
+        # ticks; the server skips them and that audio never exists.  Each such
+        # gap costs the page at most the tick plus a refill of its buffer (90 ms):
+        # any more missing audio would be the page's fault.
         skipped = server.metric("pplex_ticks_skipped_total")
         print(f"tiny model: {missed:.2f} s missed of 3 s played; the server skipped {skipped:g} ticks")
-        assert missed <= 1.5, f"{missed:.2f} s of audio missed in the first 3 s ({skipped:g} ticks skipped)"
+        allowed = MISSED_BOUND_S + skipped * (0.08 + 0.09)
+        assert missed <= allowed, f"{missed:.2f} s of audio missed in the first 3 s, {skipped:g} ticks skipped"
     latency = stat(page, "latency")
     assert 0.02 < latency < 1.0, f"latency shown: {latency:.3f} s"
+
+    check_wire_format(sent)
 
     if echo:
         # The transcript holds the echo engine's frame numbers, in order, spaced by the server.
@@ -162,11 +203,27 @@ def test_queued_then_live_and_queue_full_message(context, start_server):
     expect(third.locator("#ending")).to_contain_text("The server is busy")
     expect(third.locator("#ending")).to_contain_text("queue is full")
 
-    # The queue's pings keep the waiting page connected beyond the 10 s inactivity rule? Not
-    # needed here; what matters: it goes live as soon as the slot frees.
+    # The page gives up on a server silent for 10 s; the queue's pings (every 2 s) keep it waiting.
+    second.wait_for_timeout(11_000)
+    expect(second.locator("#state")).to_have_text("Queued (position 1)")
+    # It goes live as soon as the slot frees.
     first.get_by_role("button", name="Disconnect").click()
     wait_phase(second, "live")
     wait_stat_above(second, "played", 0.5)
+
+
+def test_a_silent_server_is_given_up_after_10_s(context, start_server):
+    """Without pings (here: one per 60 s) a waiting page ends after 10 s of silence, and says so."""
+    server = start_server(slots=1, keepalive_interval=60.0)
+    first = open_ui(context, server)
+    first.get_by_role("button", name="Connect").click()
+    wait_phase(first, "live")
+    second = open_ui(context, server)
+    second.get_by_role("button", name="Connect").click()
+    wait_phase(second, "queued")
+    wait_phase(second, "ended", timeout=14_000)
+    expect(second.locator("#ending")).to_contain_text("The server stopped responding")
+    expect(first.locator("#state")).to_have_text("Live")  # the other conversation carries on
 
 
 def test_server_shutdown_is_explained(context, start_server):
