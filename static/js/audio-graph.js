@@ -5,12 +5,15 @@
 //   decoded server audio ──► player worklet ──► speakers
 //                                  └──► tape worklet (left: model, right: mic)
 //
-// The AudioContext runs at 24 kHz, the model's rate: the browser resamples
-// the microphone and the speakers, and nothing in this app has to.
+// The AudioContext runs at 48 kHz, Opus's own rate: the browser converts the
+// microphone and the speakers to and from it, Opus carries the audio at the
+// model's 24 kHz on the wire (the server encodes and decodes at 24 kHz), and
+// browsers' Opus decoders give 48 kHz whatever they are asked for (Chromium
+// does).  So nothing in this app resamples.
 
 import { Recording } from "./recording.js";
 
-export const SAMPLE_RATE = 24000;
+export const SAMPLE_RATE = 48000;
 export const BLOCK_SAMPLES = SAMPLE_RATE / 50; // 20 ms, one Opus packet
 
 // Jitter buffer: the server sends 80 ms per tick, so start with a little more

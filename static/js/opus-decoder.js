@@ -32,7 +32,7 @@ export class OggOpusDecoder {
         this._start(data);
       } else if (startsWith(data, "OpusTags")) {
         // comments: nothing to play
-      } else if (this.decoder) {
+      } else if (this.decoder && this.decoder.state === "configured") {
         this.decoder.decode(new EncodedAudioChunk({ type: "key", timestamp: this.timestamp, data }));
         this.timestamp += 20000;
         this.packets += 1;
@@ -65,7 +65,7 @@ export class OggOpusDecoder {
   }
 }
 
-/** Plain linear interpolation: only used if a browser ignores the rate we asked for. */
+/** Plain linear interpolation: only used if a browser's decoder gives another rate than we play at. */
 export function resampleLinear(pcm, fromRate, toRate) {
   const out = new Float32Array(Math.round((pcm.length * toRate) / fromRate));
   const step = fromRate / toRate;

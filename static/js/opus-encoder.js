@@ -1,6 +1,8 @@
 // Microphone PCM → Ogg Opus pages, the way the official client sends them:
-// 24 kHz mono Opus in 20 ms packets, at most two packets per Ogg page, the
-// OpusHead and OpusTags header pages first.
+// mono Opus in 20 ms packets, at most two packets per Ogg page, the OpusHead
+// and OpusTags header pages first.  Opus packets do not depend on a sample
+// rate: the server decodes them at 24 kHz whatever rate we encode from
+// (OpusHead's "input sample rate" only records ours, as the official client's does).
 //
 // The Opus encoding itself is the browser's (WebCodecs AudioEncoder, which is
 // libopus inside Chromium and Firefox); this module only feeds it and wraps

@@ -134,9 +134,6 @@ def wait_until(condition: Callable[[], Any], timeout: float, message: str) -> An
 
 # -- the page ------------------------------------------------------------------------
 
-SAMPLE_RATE = 24_000
-
-
 def open_ui(context: Any, server: Any) -> Any:
     """Open the web UI and wait until it has the server's voices."""
     page = context.new_page()
@@ -173,15 +170,16 @@ def disable_voice_processing(page: Any) -> None:
     page.get_by_label("Voice processing").uncheck()
 
 
-def download_recording(page: Any) -> np.ndarray:
-    """Click "Download recording"; return the WAV as float (frames, 2): model left, mic right."""
+def download_recording(page: Any) -> tuple[np.ndarray, int]:
+    """Click "Download recording"; return the WAV as float (frames, 2) (model left, mic right) and its rate."""
     with page.expect_download() as info:
         page.get_by_role("button", name="Download recording").click()
     path = info.value.path()
     with wave.open(io.BytesIO(path.read_bytes())) as w:
-        assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (2, 2, SAMPLE_RATE)
+        assert (w.getnchannels(), w.getsampwidth()) == (2, 2)
+        rate = w.getframerate()
         pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
-    return pcm.reshape(-1, 2).astype(np.float64) / 32768.0
+    return pcm.reshape(-1, 2).astype(np.float64) / 32768.0, rate
 
 
 def peak_frequency(signal: np.ndarray, rate: int) -> tuple[float, float]:

@@ -15,7 +15,6 @@ from pplex_trio.protocol import ogg
 
 from _helpers.browser import (
     ARTIFACTS,
-    SAMPLE_RATE,
     TONE_HZ,
     disable_voice_processing,
     download_recording,
@@ -144,13 +143,13 @@ def test_tone_round_trip_frequency(context, start_server):
     page.get_by_role("button", name="Connect").click()
     wait_phase(page, "live")
     wait_stat_above(page, "played", 4.0)
-    stereo = download_recording(page)
+    stereo, rate = download_recording(page)
     missed = stat(page, "missed")
 
-    assert stereo.shape[0] >= 3.5 * SAMPLE_RATE, f"recording is {stereo.shape[0] / SAMPLE_RATE:.2f} s"
-    tail = stereo[-3 * SAMPLE_RATE :]  # the last 3 s: playback well under way
-    model_hz, model_prominence = peak_frequency(tail[:, 0], SAMPLE_RATE)
-    mic_hz, mic_prominence = peak_frequency(tail[:, 1], SAMPLE_RATE)
+    assert stereo.shape[0] >= 3.5 * rate, f"recording is {stereo.shape[0] / rate:.2f} s"
+    tail = stereo[-3 * rate :]  # the last 3 s: playback well under way
+    model_hz, model_prominence = peak_frequency(tail[:, 0], rate)
+    mic_hz, mic_prominence = peak_frequency(tail[:, 1], rate)
     print(f"tone {TONE_HZ} Hz: mic {mic_hz:.2f} Hz ({mic_prominence:.0f} dB), "
           f"model {model_hz:.2f} Hz ({model_prominence:.0f} dB), missed {missed:.3f} s")
     assert abs(mic_hz - TONE_HZ) < 1.0, f"microphone channel peaks at {mic_hz:.2f} Hz"

@@ -1,7 +1,7 @@
 // AudioWorklet: collects microphone audio into fixed blocks for the Opus encoder.
 //
-// Runs on the audio thread at the AudioContext's rate (24 kHz in this app, so
-// no resampling).  Each block of `blockSize` mono samples goes to the main
+// Runs on the audio thread at the AudioContext's rate (48 kHz in this app,
+// which the Opus encoder takes as it is).  Each block of `blockSize` mono samples goes to the main
 // thread with its RMS level, for the encoder and the level meter.
 
 class CaptureProcessor extends AudioWorkletProcessor {
