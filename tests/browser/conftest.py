@@ -42,7 +42,6 @@ def context(browser: Any) -> Iterator[Any]:
     ctx.set_default_timeout(15_000)
     errors: list[str] = []
     ctx.on("weberror", lambda e: errors.append(str(e.error)))
-    ctx.page_errors = errors  # type: ignore[attr-defined]
     yield ctx
     ctx.close()
     assert not errors, f"uncaught errors in the page: {errors}"

@@ -290,11 +290,14 @@ def test_live_page_screenshots(context, start_server):
     """Screenshots of a live conversation, desktop and phone, for a person to look at."""
     server = start_server()
     page = open_ui(context, server)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.get_by_text("Advanced settings").click()
+    page.screenshot(path=str(ARTIFACTS / "web-ui-ready.png"))
+    page.get_by_text("Advanced settings").click()
     page.get_by_role("button", name="Airline").click()
     page.get_by_role("button", name="Connect").click()
     wait_phase(page, "live")
     wait_stat_above(page, "played", 2.5)
-    ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "web-ui-live.png"))
 
     page.set_viewport_size({"width": 390, "height": 844})  # a phone
