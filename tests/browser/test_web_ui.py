@@ -160,7 +160,7 @@ def test_tone_round_trip_frequency(context, start_server):
 
 def test_settings_reach_the_server(context, start_server):
     """Persona preset, voice and the advanced sampling settings arrive in the engine."""
-    server = start_server()
+    server = start_server(echo_prefill_steps=40)  # 3.2 s of system prompt, to see "preparing"
     page = open_ui(context, server)
     page.get_by_role("button", name="Dental clinic").click()
     persona = page.get_by_label("Who should the model be?").input_value()
@@ -173,6 +173,8 @@ def test_settings_reach_the_server(context, start_server):
     page.get_by_label("Audio top-k").fill("100")
     page.get_by_label("Seed").fill("42")
     page.get_by_role("button", name="Connect").click()
+    wait_phase(page, "preparing")
+    expect(page.locator("#state")).to_have_text("Preparing the persona…")
     wait_phase(page, "live")
     _, conversation = server.engine.started[-1]
     assert conversation.persona == persona
