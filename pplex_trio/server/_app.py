@@ -6,11 +6,14 @@ import dataclasses
 import logging
 import pathlib
 
-from quart import Response, jsonify, send_from_directory, websocket
+from quart import Response, jsonify, request, send_from_directory, websocket
+from werkzeug.exceptions import NotFound
 from quart_trio import QuartTrio
 
 from .._version import __version__
 from ._moshi_session import MoshiSession
+from ._official import ROOT_QUERY, find_official_client, official_index
+from ._queue_status import MAX_TICKET_CHARS, queue_status
 from ._raw_session import RawSession
 from ._state import ServerState
 
@@ -29,6 +32,8 @@ def create_app(state: ServerState) -> QuartTrio:
     app = QuartTrio(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = 64 * 1024
     static_dir = state.settings.static_dir or default_static_dir()
+    # Our own UI at /, the official client (if cached locally) at /official/.
+    official_dir = None if state.settings.static_dir else find_official_client(state.settings.model)
 
     @app.websocket("/api/chat")
     async def chat() -> None:
@@ -66,6 +71,7 @@ def create_app(state: ServerState) -> QuartTrio:
             frame_size=engine.frame_size,
             max_prompt_chars=state.settings.max_prompt_chars,
             queue_size=state.settings.queue_size,
+            official_client="/official/" if official_dir is not None else None,
         )
 
     @app.get("/api/voices")
@@ -76,13 +82,42 @@ def create_app(state: ServerState) -> QuartTrio:
     async def sessions() -> Response:
         return jsonify(sessions=[s.describe() for s in sorted(state.sessions, key=lambda s: s.id)])
 
+    @app.get("/api/queue")
+    async def queue() -> tuple[Response, int] | Response:
+        # The web UI's queue position (see _queue_status.py).
+        ticket = request.args.get("ticket", "")
+        if not ticket or len(ticket) > MAX_TICKET_CHARS:
+            return jsonify(error=f"give ?ticket=<the ticket passed to /api/chat, 1-{MAX_TICKET_CHARS} chars>"), 400
+        status = queue_status(state.sessions, ticket, queued=state.actor.statistics().queued)
+        if status is None:
+            return jsonify(error="no open conversation has this ticket"), 404
+        return jsonify(status)
+
     @app.get("/")
     async def index() -> Response:
+        if official_dir is not None and ROOT_QUERY in request.args:
+            return Response(official_index(official_dir), content_type="text/html; charset=utf-8")
         return await send_from_directory(static_dir, "index.html")
+
+    if official_dir is not None:
+
+        @app.get("/official/")
+        async def official() -> Response:
+            return Response(official_index(official_dir), content_type="text/html; charset=utf-8")
+
+        @app.get("/official/<path:path>")
+        async def official_file(path: str) -> Response:
+            return await send_from_directory(official_dir, path)
 
     @app.get("/<path:path>")
     async def static_file(path: str) -> Response:
         # send_from_directory refuses anything outside static_dir (404).
-        return await send_from_directory(static_dir, path)
+        try:
+            return await send_from_directory(static_dir, path)
+        except NotFound:
+            # The official client's bundle asks for /assets/... from the site root.
+            if official_dir is not None and path.startswith("assets/"):
+                return await send_from_directory(official_dir, path)
+            raise
 
     return app

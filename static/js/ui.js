@@ -1,0 +1,258 @@
+// The page: settings form, Connect/Disconnect, state, meters, transcript,
+// stats and the recording.  Everything audio or network lives in session.js.
+
+import { opusEncodingSupported } from "./opus-encoder.js";
+import { PRESETS, voiceLabel } from "./presets.js";
+import { SAMPLE_RATE } from "./audio-graph.js";
+import { Conversation } from "./session.js";
+
+const $ = (id) => document.getElementById(id);
+const els = {
+  serverInfo: $("server-info"),
+  settings: $("settings"),
+  presets: $("presets"),
+  persona: $("persona"),
+  personaCount: $("persona-count"),
+  personaError: $("persona-error"),
+  voice: $("voice"),
+  textTemperature: $("text-temperature"),
+  textTopk: $("text-topk"),
+  audioTemperature: $("audio-temperature"),
+  audioTopk: $("audio-topk"),
+  seed: $("seed"),
+  voiceProcessing: $("voice-processing"),
+  state: $("state"),
+  stateText: $("state-text"),
+  ending: $("ending"),
+  connect: $("connect"),
+  micMeter: $("mic-meter"),
+  modelMeter: $("model-meter"),
+  transcript: $("transcript"),
+  played: $("stat-played"),
+  missed: $("stat-missed"),
+  latency: $("stat-latency"),
+  buffer: $("stat-buffer"),
+  download: $("download"),
+  locked: $("locked"),
+  officialLink: $("official-link"),
+};
+
+let maxPromptChars = 1000;
+let conversation = null; // the current (or last) Conversation
+let browserProblem = null; // why this browser cannot talk, if it cannot
+
+// -- settings -----------------------------------------------------------------
+
+function setupPresets() {
+  for (const preset of PRESETS) {
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "chip";
+    button.textContent = preset.label;
+    button.addEventListener("click", () => {
+      els.persona.value = preset.text;
+      updateCounter();
+      for (const chip of els.presets.children) chip.setAttribute("aria-pressed", String(chip === button));
+    });
+    button.setAttribute("aria-pressed", "false");
+    els.presets.append(button);
+  }
+  els.presets.children[0].click();
+}
+
+function updateCounter() {
+  const n = els.persona.value.length;
+  els.personaCount.textContent = `${n} / ${maxPromptChars}`;
+  const over = n > maxPromptChars;
+  els.personaCount.classList.toggle("over", over);
+  els.persona.setAttribute("aria-invalid", String(over));
+  els.personaError.textContent = over ? `Too long by ${n - maxPromptChars} characters.` : "";
+  updateConnectButton();
+}
+
+function readSettings() {
+  const number = (input) => (input.value.trim() === "" ? undefined : input.value.trim());
+  // One seed for both streams when given; otherwise fresh random seeds, like the official client.
+  const seed = number(els.seed);
+  const random = () => Math.floor(Math.random() * 1_000_000);
+  return {
+    text_temperature: number(els.textTemperature),
+    text_topk: number(els.textTopk),
+    audio_temperature: number(els.audioTemperature),
+    audio_topk: number(els.audioTopk),
+    text_seed: seed ?? random(),
+    audio_seed: seed ?? random(),
+    text_prompt: els.persona.value.trim(),
+    voice_prompt: els.voice.value,
+  };
+}
+
+async function loadServerInfo() {
+  try {
+    const [info, voices] = await Promise.all([getJson("/api/info"), getJson("/api/voices")]);
+    maxPromptChars = info.max_prompt_chars;
+    els.persona.maxLength = maxPromptChars;
+    els.officialLink.hidden = !info.official_client;
+    els.serverInfo.textContent = `Model: ${info.model} · ${info.slots} conversation slot${info.slots === 1 ? "" : "s"}`;
+    els.voice.replaceChildren(
+      ...voices.voices.map((file) => {
+        const option = document.createElement("option");
+        option.value = file;
+        option.textContent = voiceLabel(file);
+        return option;
+      }),
+    );
+    if (!voices.voices.length) els.voice.replaceChildren(new Option("Default voice", ""));
+    updateCounter();
+  } catch (e) {
+    els.serverInfo.textContent = `Cannot reach the server (${e.message}). Reload the page to try again.`;
+    els.serverInfo.classList.add("problem");
+  }
+}
+
+async function getJson(path) {
+  const response = await fetch(path);
+  if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
+  return response.json();
+}
+
+// -- the conversation ---------------------------------------------------------
+
+const PHASE_TEXT = {
+  idle: () => "Ready",
+  connecting: () => "Connecting…",
+  queued: (s) => (s.position ? `Queued (position ${s.position})` : "Queued"),
+  preparing: () => "Preparing the persona…",
+  live: () => "Live",
+  ended: () => "Ended",
+};
+
+function render(state) {
+  els.state.dataset.phase = state.phase;
+  els.stateText.textContent = PHASE_TEXT[state.phase](state);
+  const active = state.phase !== "idle" && state.phase !== "ended";
+  els.settings.disabled = active;
+  els.locked.hidden = !active;
+  document.body.classList.toggle("active", active);
+  els.connect.textContent = active ? "Disconnect" : "Connect";
+  els.connect.classList.toggle("danger", active);
+  els.ending.hidden = state.phase !== "ended";
+  if (state.phase === "ended") {
+    els.ending.textContent = state.ending.text;
+    els.ending.classList.toggle("problem", !state.ending.ok);
+  }
+  if (state.phase === "live") els.transcript.replaceChildren();
+  updateConnectButton();
+}
+
+function updateConnectButton() {
+  const active = conversation && !["idle", "ended"].includes(conversation.state.phase);
+  els.connect.disabled = !active && (browserProblem !== null || els.persona.value.length > maxPromptChars);
+}
+
+function connect() {
+  els.transcript.replaceChildren(placeholder("Waiting for the model…"));
+  els.download.disabled = true;
+  conversation = new Conversation({
+    pageUrl: location.href,
+    params: readSettings(),
+    voiceProcessing: els.voiceProcessing.checked,
+    onState: render,
+    onText: appendText,
+  });
+  conversation.start();
+}
+
+function appendText(text) {
+  const atBottom = els.transcript.scrollHeight - els.transcript.scrollTop - els.transcript.clientHeight < 24;
+  // The server supplies the spacing; only the very first leading space is dropped.
+  els.transcript.append(els.transcript.childNodes.length ? text : text.trimStart());
+  if (atBottom) els.transcript.scrollTop = els.transcript.scrollHeight;
+}
+
+function placeholder(text) {
+  const span = document.createElement("span");
+  span.className = "placeholder";
+  span.textContent = text;
+  return span;
+}
+
+async function downloadRecording() {
+  if (!conversation) return;
+  if (conversation.audioClosed) await conversation.audioClosed;
+  const url = URL.createObjectURL(conversation.audio.recording.toBlob());
+  const link = document.createElement("a");
+  link.href = url;
+  link.download = `personaplex-${new Date().toISOString().replace(/[:.]/g, "-")}.wav`;
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10_000);
+}
+
+// -- meters and stats, once per animation frame -------------------------------
+
+function levelPercent(rms) {
+  // -60 dBFS … 0 dBFS onto 0 … 100 %.
+  const db = 20 * Math.log10(Math.max(rms, 1e-6));
+  return Math.max(0, Math.min(100, ((db + 60) / 60) * 100));
+}
+
+function setMeter(fill, rms) {
+  const percent = levelPercent(rms);
+  fill.style.transform = `scaleX(${percent / 100})`;
+  fill.parentElement.setAttribute("aria-valuenow", String(Math.round(percent)));
+}
+
+function setStat(element, value, text) {
+  element.dataset.value = String(value);
+  element.textContent = text;
+}
+
+function tick() {
+  const live = conversation && conversation.state.phase !== "idle";
+  if (live) {
+    const audio = conversation.audio;
+    const ended = conversation.state.phase === "ended";
+    setMeter(els.micMeter, ended ? 0 : audio.micLevel);
+    setMeter(els.modelMeter, ended ? 0 : audio.playerStats.level);
+    const stats = audio.playerStats;
+    setStat(els.played, stats.played / SAMPLE_RATE, `${(stats.played / SAMPLE_RATE).toFixed(1)} s`);
+    setStat(els.missed, stats.missed / SAMPLE_RATE, `${(stats.missed / SAMPLE_RATE).toFixed(2)} s`);
+    if (!ended && stats.played > 0) {
+      const latency = audio.latency();
+      setStat(els.latency, latency, `${Math.round(latency * 1000)} ms`);
+      setStat(els.buffer, stats.buffered / SAMPLE_RATE, `${Math.round((stats.buffered / SAMPLE_RATE) * 1000)} ms`);
+    }
+    els.download.disabled = audio.recording.frames === 0;
+  }
+  requestAnimationFrame(tick);
+}
+
+// -- start ----------------------------------------------------------------------
+
+async function main() {
+  setupPresets();
+  els.persona.addEventListener("input", updateCounter);
+  els.connect.addEventListener("click", () => {
+    const active = conversation && !["idle", "ended"].includes(conversation.state.phase);
+    if (active) conversation.stop();
+    else connect();
+  });
+  els.download.addEventListener("click", downloadRecording);
+  if (!window.isSecureContext) {
+    browserProblem = "This page must be opened over https:// (or on localhost) to use the microphone.";
+  } else if (!(await opusEncodingSupported(SAMPLE_RATE)) || typeof AudioDecoder === "undefined") {
+    browserProblem = "This browser cannot encode Opus audio (WebCodecs). Use a recent Chrome, Edge or Firefox.";
+  }
+  if (browserProblem) {
+    els.ending.hidden = false;
+    els.ending.textContent = browserProblem;
+    els.ending.classList.add("problem");
+  }
+  await loadServerInfo();
+  updateConnectButton();
+  requestAnimationFrame(tick);
+}
+
+main();

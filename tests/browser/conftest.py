@@ -1,0 +1,69 @@
+"""Fixtures of the real-browser tests: one Chromium with a fake microphone, servers on threads."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from _helpers.browser import CHROMIUM, CHROMIUM_ARGS, ThreadServer, write_tone
+from pplex_trio.engine import EchoEngine, Engine
+from pplex_trio.server import ServerSettings
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.skip(f"browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="pplex-browser-"))
+    tone = folder / "tone.wav"
+    write_tone(tone)
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=[*CHROMIUM_ARGS, f"--use-file-for-fake-audio-capture={tone}"],
+        )
+        yield chromium
+        chromium.close()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def context(browser: Any) -> Iterator[Any]:
+    """A fresh browser profile for one test; page errors fail the test."""
+    ctx = browser.new_context(accept_downloads=True, viewport={"width": 1280, "height": 900})
+    ctx.set_default_timeout(15_000)
+    errors: list[str] = []
+    ctx.on("weberror", lambda e: errors.append(str(e.error)))
+    yield ctx
+    ctx.close()
+    assert not errors, f"uncaught errors in the page: {errors}"
+
+
+@pytest.fixture
+def start_server() -> Iterator[Any]:
+    """``start_server(engine=None, **settings)`` → a running :class:`ThreadServer` (echo engine by default)."""
+    servers: list[ThreadServer] = []
+
+    def start(engine: Engine | None = None, **overrides: Any) -> ThreadServer:
+        options = dict(host="127.0.0.1", port=0, slots=2, echo_prefill_steps=4, echo_delay_frames=1)
+        options.update(overrides)
+        settings = ServerSettings(**options)
+        if engine is None:
+            engine = EchoEngine(
+                settings.slots, delay_frames=settings.echo_delay_frames, prefill_steps=settings.echo_prefill_steps
+            )
+        server = ThreadServer(settings, engine).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
