@@ -64,7 +64,7 @@ class EchoEngine(Engine):
 
     @property
     def name(self) -> str:
-        return f"echo (test engine, delay {self.delay_frames} frames)"
+        return f"echo (test engine, {self.delay_frames}-frame delay)"
 
     def voices(self) -> Sequence[str]:
         return self._voices

@@ -27,6 +27,7 @@ from ._config import (LM_FILE, MIMI_FILE, TOKENIZER_FILE, VOICES_ARCHIVE, MimiCo
 from ._lm import LMModel
 from ._mimi import Mimi
 from ._text import TextTokenizer
+from .._cache import cache_dir
 from ._voices import VoiceLibrary, extract_voices
 
 logger = logging.getLogger(__name__)
@@ -40,14 +41,6 @@ class ModelAccessError(ValueError):
     (Unknown folder or repo, gated repo without access, no connection...)  A
     ``ValueError`` because it is, in the end, a bad value for ``--model``.
     """
-
-
-def cache_dir() -> Path:
-    """Where pplex-trio keeps generated and extracted files (``$PPLEX_TRIO_CACHE`` overrides)."""
-    if os.environ.get("PPLEX_TRIO_CACHE"):
-        return Path(os.environ["PPLEX_TRIO_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "pplex-trio"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,13 +14,11 @@ refused, so a client cannot make the server read other files.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import os
-import shutil
-import tarfile
-import tempfile
 from pathlib import Path
+
+from .._cache import extract_once
 
 import numpy as np
 import torch
@@ -96,33 +94,11 @@ class VoiceLibrary:
 
 
 def extract_voices(archive: Path, cache_root: Path) -> Path:
-    """Extract ``voices.tgz`` once into the cache; returns the ``voices`` folder.
-
-    The extraction folder is keyed by the archive's content hash, written
-    beside and renamed into place, so concurrent processes do not clash.
-    """
-    digest = hashlib.sha256()
-    with open(archive, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    target = cache_root / f"voices-{digest.hexdigest()[:16]}"
-    if not (target / "voices").is_dir():
-        cache_root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=cache_root, prefix=".voices-"))
-        logger.info("extracting %s to %s", archive, target)
-        with tarfile.open(archive, "r:gz") as tar:
-            if hasattr(tarfile, "data_filter"):
-                tar.extractall(tmp, filter="data")
-            else:  # pragma: no cover - Python without extraction filters
-                tar.extractall(tmp)
-        if not (tmp / "voices").is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise RuntimeError(f"{archive} has no voices/ folder")
-        try:
-            tmp.rename(target)
-        except OSError:  # another process won the race
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target / "voices"
+    """Extract ``voices.tgz`` once into the cache; returns the ``voices`` folder."""
+    folder = extract_once(archive, cache_root, "voices") / "voices"
+    if not folder.is_dir():
+        raise RuntimeError(f"{archive} has no voices/ folder")
+    return folder
 
 
 @torch.no_grad()

@@ -16,13 +16,12 @@ client's router finds its one route.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import pathlib
-import shutil
 import tarfile
-import tempfile
+
+from .._cache import cache_dir, extract_once
 
 logger = logging.getLogger(__name__)
 
@@ -34,14 +33,6 @@ _ROUTER_FIX = (
     "<script>/* pplex-trio: the official client's router expects the site root */"
     f'history.replaceState(history.state, "", "/?{ROOT_QUERY}" + location.hash);</script>'
 )
-
-
-def cache_root() -> pathlib.Path:
-    """pplex-trio's cache folder (``$PPLEX_TRIO_CACHE``, else ``$XDG_CACHE_HOME/pplex-trio``)."""
-    if os.environ.get("PPLEX_TRIO_CACHE"):
-        return pathlib.Path(os.environ["PPLEX_TRIO_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
-    return pathlib.Path(base) / "pplex-trio"
 
 
 def repo_for_model(model: str) -> str:
@@ -68,7 +59,7 @@ def find_official_client(
         logger.debug("no %s of %s in the local Hugging Face cache: /official/ is off", ARCHIVE, repo)
         return None
     try:
-        folder = extract_once(pathlib.Path(path), cache or cache_root())
+        folder = _extract(pathlib.Path(path), cache or cache_dir())
     except (OSError, tarfile.TarError, ValueError) as exc:
         logger.warning("cannot use the official client from %s (%s): /official/ is off", path, exc)
         return None
@@ -76,30 +67,9 @@ def find_official_client(
     return folder
 
 
-def extract_once(archive: pathlib.Path, root: pathlib.Path) -> pathlib.Path:
-    """Extract ``archive`` into ``root`` (once per archive content); return the folder with index.html."""
-    digest = hashlib.sha256()
-    with open(archive, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    target = root / f"official-client-{digest.hexdigest()[:16]}"
-    if not target.is_dir():
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = pathlib.Path(tempfile.mkdtemp(dir=root, prefix=".official-"))
-        try:
-            with tarfile.open(archive, "r:gz") as tar:
-                if hasattr(tarfile, "data_filter"):
-                    tar.extractall(tmp, filter="data")  # refuses absolute paths, "..", links out
-                else:  # pragma: no cover - Python without extraction filters
-                    tar.extractall(tmp)
-            tmp.rename(target)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if not target.is_dir():  # not just another process winning the race
-                raise
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+def _extract(archive: pathlib.Path, root: pathlib.Path) -> pathlib.Path:
+    """Extract the archive once; return the folder holding index.html."""
+    target = extract_once(archive, root, "official-client")
     # The official archive holds dist/; accept a bare build too.
     for folder in (target / "dist", target):
         if (folder / "index.html").is_file():

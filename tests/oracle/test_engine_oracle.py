@@ -11,7 +11,6 @@ codes the engine chose.
 
 from __future__ import annotations
 
-import pathlib
 
 import numpy as np
 import pytest

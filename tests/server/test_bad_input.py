@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import trio
 
-from _helpers.ws import FRAME, RawWitness, errors_in, moshi_handshake, moshi_url, raw_open, read_until_closed
+from _helpers.ws import RawWitness, errors_in, moshi_handshake, moshi_url, raw_open, read_until_closed
 from pplex_trio.client import open_websocket
 
 LIMIT = 64 * 1024  # the test server's max message size

@@ -91,7 +91,7 @@ async def test_disconnect_while_live_frees_the_slot(start_server):
 
 async def test_disconnect_during_prefill_frees_the_slot(start_server):
     handle = await start_server(slots=1, echo_prefill_steps=50)  # 4 s of system prompt
-    async with open_websocket(moshi_url(handle.ws_url)) as ws:
+    async with open_websocket(moshi_url(handle.ws_url)):
         health = await wait_health(handle, slots_free=0)
         assert health["slots"]["prefill"] == 1
     await wait_health(handle, slots_free=1, sessions=0)
