@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from pathlib import Path
 
 from .._cache import extract_once
+from .._voice_names import is_bare_voice_name
 
 import numpy as np
 import torch
@@ -64,8 +64,7 @@ def check_voice_name(name: str) -> str:
     Error handling: raises :class:`VoiceNotFoundError` (with what is
     allowed) for anything but a bare ``NAME.pt``.
     """
-    if (not name or "/" in name or "\\" in name or os.sep in name or name in (".", "..")
-            or ".." in name or not name.endswith(".pt") or name.startswith(".")):
+    if not is_bare_voice_name(name):
         raise VoiceNotFoundError(f"invalid voice name {name!r}: use a bare file name ending in .pt, like NATF0.pt")
     return name
 

@@ -15,6 +15,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
+from .._voice_names import is_bare_voice_name
 from ..engine._interface import Conversation, Sampling
 from ._errors import CloseCode, ProtocolError
 
@@ -77,14 +78,7 @@ def conversation_from_params(params: Mapping[str, Any], *, max_prompt_chars: int
 
 def check_voice_name(name: str) -> None:
     """A voice is a bare file name inside the voice directory, nothing else."""
-    bad = (
-        not name
-        or name in (".", "..")
-        or any(sep in name for sep in ("/", "\\", "\x00"))
-        or name.startswith(".")
-        or len(name) > 255
-    )
-    if bad:
+    if not is_bare_voice_name(name):
         raise ProtocolError(
             f"voice_prompt {name[:80]!r} is not a voice name: give a bare file name such as "
             "'NATF0.pt' (see /api/voices)"

@@ -94,7 +94,7 @@ def test_public_api_is_exactly_the_documented_one():
     public = {n for n in dir(pplex_trio.model) if not n.startswith("_")}
     assert public == EXPORTS
     for name in EXPORTS:
-        assert name.isupper() or getattr(pplex_trio.model, name).__module__.startswith("pplex_trio.model")
+        assert name.isupper() or getattr(pplex_trio.model, name).__module__.startswith("pplex_trio.")
 
 
 def test_kyutai_moshi_models_have_no_system_prompt(tiny_model):
