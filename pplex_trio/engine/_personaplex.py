@@ -45,6 +45,13 @@ class PersonaPlexEngine(Engine):
     are teacher-forced; running them changes nothing but the cost).
     ``default_voice`` is used when a conversation asks for none (default:
     the first voice of the library; ``""``: no voice prompt).
+
+    A LIVE row whose LM frame does not exist yet (the first tick of a
+    conversation without system prompt, as on Kyutai's Moshi models)
+    returns silence, and its Mimi decoder does not step: both references'
+    servers skip a step that returned nothing, so the decoder sees exactly
+    the frames they decode.  No codebook entry is assumed to be silence,
+    so this holds for any codebook size.
     """
 
     def __init__(self, model: LoadedModel, num_slots: int, *, default_voice: str | None = None,
@@ -63,7 +70,6 @@ class PersonaPlexEngine(Engine):
             raise ValueError(f"default voice {default_voice!r} is not in the voice library ({', '.join(names) or 'empty'})")
         self.default_voice = default_voice or None
         self._depformer_steps = depformer_steps
-        self._silence = torch.tensor(cfg.prompt.silence_tokens, device=self.device)
         self._rows = [_Row() for _ in range(num_slots)]
         self.last_tokens = np.full((num_slots, cfg.lm.num_streams), -2, dtype=np.int64)
         self._build_state()
@@ -183,10 +189,11 @@ class PersonaPlexEngine(Engine):
 
         out_pcm = None
         if live_rows:
+            # Only frames that exist are decoded (see the class docstring); the others stay silent.
             agent = result.tokens[:, 1: 1 + cfg.num_agent_codebooks]
-            ok = (agent >= 0) & (agent < cfg.card)
-            agent = torch.where(ok, agent, self._silence)
-            out_pcm = self.model.mimi.decode_frame(agent, self._dec, live)
+            speak = live & ((agent >= 0) & (agent < cfg.card)).all(1)
+            out_pcm = self.model.mimi.decode_frame(agent.clamp(0, cfg.card - 1), self._dec, speak)
+            out_pcm = torch.where(speak[:, None], out_pcm, 0.0)
         # The one read back to the host per tick.
         self.last_tokens = result.tokens.cpu().numpy()
         pcm_out = np.zeros((b, self.frame_size), dtype=np.float32)
