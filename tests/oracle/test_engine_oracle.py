@@ -11,10 +11,13 @@ codes the engine chose.
 
 from __future__ import annotations
 
+import argparse
+import json
 import pathlib
 
 import numpy as np
 import pytest
+import sphn
 
 pytest.importorskip("moshi")
 
@@ -24,6 +27,7 @@ import _tiny_moshi as tiny  # noqa: E402
 
 from pplex_trio.engine._interface import Conversation, Sampling, SlotMode  # noqa: E402
 from pplex_trio.engine._personaplex import PersonaPlexEngine  # noqa: E402
+from pplex_trio.model import _offline  # noqa: E402
 
 pytestmark = pytest.mark.oracle
 
@@ -119,3 +123,21 @@ def test_engine_runs_a_small_kyutai_checkpoint(tiny_checkpoints, speech_rows: np
         expected_pcm = ref.mimi_decode(moshi_mimi, expected[None, 1:, 1:], rule="kyutai")[0]
         assert np.abs(expected_pcm).max() > 0.05
         np.testing.assert_allclose(pcm[1:], expected_pcm, rtol=0, atol=1e-5, err_msg=f"row {row}: audio")
+
+
+def test_offline_command_runs_a_kyutai_checkpoint(tiny_checkpoints, speech: np.ndarray, tmp_path: pathlib.Path) -> None:
+    """``pplex-trio offline`` on a model without system prompt: the first frame is silent, with empty text."""
+    parser = argparse.ArgumentParser()
+    _offline.add_arguments(parser)
+    sphn.write_wav(str(tmp_path / "in.wav"), speech[: 2 * tiny.SAMPLE_RATE], tiny.SAMPLE_RATE)
+    args = parser.parse_args([
+        "--model", str(tiny_checkpoints["kyutai-dep8"]), "--input-wav", str(tmp_path / "in.wav"),
+        "--output-wav", str(tmp_path / "out.wav"), "--output-text", str(tmp_path / "out.json"),
+        "--greedy", "--device", "cpu",
+    ])
+    assert _offline.run(args) == 0
+    texts = json.loads((tmp_path / "out.json").read_text())
+    pcm, rate = sphn.read(str(tmp_path / "out.wav"))
+    assert len(texts) == 25 and texts[0] == "" and all(isinstance(t, str) and t for t in texts[1:])
+    assert rate == tiny.SAMPLE_RATE and pcm.shape == (1, 2 * tiny.SAMPLE_RATE)
+    assert not pcm[0, : tiny.FRAME_SIZE].any() and np.abs(pcm[0, tiny.FRAME_SIZE :]).max() > 0.01
