@@ -139,21 +139,15 @@ def test_engine_reproduces_golden_single_slot(golden_model, golden):
     assert texts == golden.output_text
 
 
-@pytest.mark.parametrize("golden_row", [0, 1])
-def test_engine_reproduces_golden_beside_another_conversation(golden_model, golden, golden_row):
-    # The other conversation joins while the golden one is in its prompt, and goes live mid-way.
-    pcm, tokens, texts, _ = run_engine(golden_model, golden, 2, golden_row, other_joins_at=60)
-    np.testing.assert_array_equal(tokens, golden.output_tokens)
-    assert np.abs(pcm - golden.output_pcm).max() <= 1e-4
-    assert texts == golden.output_text
+@pytest.mark.parametrize("golden_row,shortcuts", [(0, True), (1, False)])
+def test_engine_reproduces_golden_beside_another_conversation(golden_model, golden, golden_row, shortcuts):
+    """The other conversation joins while the golden one is in its prompt, and goes live mid-way.
 
-
-def test_engine_ticks_as_the_cuda_graph_records_them_reproduce_golden(golden_model, golden):
-    """Every part on in every tick (prompt-only, mixed, IDLE rows): the same golden tokens and audio.
-
-    That is the function ``cuda_graph=True`` captures, checked here on CPU.
+    With ``shortcuts=False`` every tick (prompt-only, mixed, with an IDLE
+    row) runs with every part on: the function ``cuda_graph=True`` records,
+    checked here on CPU.
     """
-    pcm, tokens, texts, _ = run_engine(golden_model, golden, 2, 1, other_joins_at=60, shortcuts=False)
+    pcm, tokens, texts, _ = run_engine(golden_model, golden, 2, golden_row, other_joins_at=60, shortcuts=shortcuts)
     np.testing.assert_array_equal(tokens, golden.output_tokens)
     assert np.abs(pcm - golden.output_pcm).max() <= 1e-4
     assert texts == golden.output_text

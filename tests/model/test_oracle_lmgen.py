@@ -14,13 +14,14 @@ from pplex_trio.model import (FREE, LMGen, LMModel, StepInputs, convert_kyutai_s
 pytestmark = [pytest.mark.oracle, pytest.mark.filterwarnings("ignore::DeprecationWarning")]  # moshi imports
 
 
-@pytest.mark.parametrize("reference,lag", [("personaplex", 1), ("kyutai", 0)])
+@pytest.mark.parametrize("reference,lag", [("personaplex", 1)])
 @torch.no_grad()
 def test_user_audio_timing_against_kyutai_lmgen(reference, lag):
-    """PersonaPlex's rules: the user's audio enters one call later than in Kyutai's ``LMGen``; Kyutai's: same call.
+    """PersonaPlex's rules: the user's audio enters one call later than in Kyutai's ``LMGen``.
 
     Within the context (no ring effect): our call ``n`` given ``u_n``
-    equals Kyutai's call ``n`` given ``u_{n - lag}``.
+    equals Kyutai's call ``n`` given ``u_{n - lag}``.  (Kyutai's rules,
+    ``lag`` 0, are checked against moshi over 200 steps in ``tests/oracle``.)
     """
     loaders = pytest.importorskip("moshi.models.loaders")
     kyutai_lm = pytest.importorskip("moshi.models.lm")

@@ -6,7 +6,9 @@ talk, IDLE rows), and moshi's own Mimi checks the audio ends of every LIVE
 row: the user codes the engine echoes back (streams 9-16 of its output
 frame, one frame late) are moshi's streaming encode of that row's input,
 and the audio the engine returns is moshi's streaming decode of the agent
-codes the engine chose.
+codes the engine chose.  On Kyutai's checkpoint (no system prompt, Kyutai's
+rules) the engine's tokens are also checked against unpatched moshi's
+``LMGen``, and ``pplex-trio offline`` runs it.
 """
 
 from __future__ import annotations
