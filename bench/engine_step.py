@@ -17,8 +17,8 @@ Commands, from the repository root::
         any local checkpoint folder (our loader and moshi's both read it).
     python bench/engine_step.py --config personaplex-7b-v1 --random-weights --device cuda
         the real PersonaPlex-7B shapes with random weights on a GPU (LM in
-        bfloat16), ours only, B = 1, 8, 16, 32, 64, with peak GPU memory, and
-        ``--cuda-graph both`` if the engine supports CUDA graphs.
+        bfloat16), ours only, B = 1, 8, 16, 32, 64, with peak GPU memory, eager
+        and with the engine's CUDA graph (``--cuda-graph off|on|both``).
 
 It prints a table (one row per B): p50 and p99 milliseconds per tick, and on
 CPU moshi's figures and the ratio ours/moshi (below 1: we are faster).

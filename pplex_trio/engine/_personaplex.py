@@ -10,8 +10,9 @@ included).
 
 :meth:`~PersonaPlexEngine.start` resets one row and queues its system
 prompt; the other rows are untouched (bit for bit).  Everything per row
-(persona, voice, sampling settings and seeds, text detokenizer) lives in
-this object; the tensors live in the model package's state objects.
+that lives on the host (persona, prompt cursor, text detokenizer) is in
+this object; every tensor, and the tick's device work, is in
+:class:`~pplex_trio.engine._tick.DeviceTick`.
 """
 
 from __future__ import annotations
@@ -23,11 +24,18 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..model import (FREE, LMGen, LoadedModel, PromptPlan, RowGenerators, RowSampling, StepInputs, StreamDecoder,
-                     VoiceNotFoundError, build_prompt_plan, load_model)
+from ..model import FREE, LoadedModel, PromptPlan, StreamDecoder, VoiceNotFoundError, build_prompt_plan, load_model
 from ._interface import Conversation, ConversationRejected, Engine, SlotMode, StepOutput
+from ._tick import EMBED, EXEC, LIVE, RESTORE, VOICE_STEP, DeviceTick
 
 logger = logging.getLogger(__name__)
+
+
+def _check_cuda_graph_device(device: torch.device) -> None:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise ValueError(f"cuda_graph=True needs the model on a CUDA device, not {device} "
+                         f"(CUDA available here: {torch.cuda.is_available()}): use device='cuda' "
+                         "or leave cuda_graph off")
 
 
 @dataclasses.dataclass
@@ -45,12 +53,35 @@ class PersonaPlexEngine(Engine):
     are teacher-forced; running them changes nothing but the cost).
     ``default_voice`` is used when a conversation asks for none (default:
     the first voice of the library; ``""``: no voice prompt).
+
+    A LIVE row whose LM frame does not exist yet (the first tick of a
+    conversation without system prompt, as on Kyutai's Moshi models)
+    returns silence, and its Mimi decoder does not step: both references'
+    servers skip a step that returned nothing, so the decoder sees exactly
+    the frames they decode.  No codebook entry is assumed to be silence,
+    so this holds for any codebook size.
+
+    ``cuda_graph=True`` (CUDA only, off by default) records each tick's
+    device work once as a CUDA graph and replays it (see
+    :class:`~pplex_trio.engine._tick.DeviceTick`): one graph for every mix
+    of IDLE, PREFILL and LIVE rows, since rows that do not execute are
+    masked, not skipped.  It therefore always runs Mimi, the depformer and
+    the sampling code, which the eager path skips on ticks that do not
+    need them (e.g. prompt-only ticks); the results are the same.  **The
+    CUDA graph path is untested on hardware**: the CPU tests check what it
+    relies on (static buffers, no host reads in the tick, same results with
+    every part on), not the capture or the replay.
+
+    Error handling: ``ValueError`` for ``cuda_graph=True`` on a model that
+    is not on a CUDA device.
     """
 
     def __init__(self, model: LoadedModel, num_slots: int, *, default_voice: str | None = None,
-                 depformer_steps: int | None = None):
+                 depformer_steps: int | None = None, cuda_graph: bool = False):
         if num_slots < 1:
             raise ValueError("num_slots must be at least 1")
+        if cuda_graph:
+            _check_cuda_graph_device(model.device)
         self.model = model
         self.num_slots = num_slots
         self.device = model.device
@@ -63,35 +94,33 @@ class PersonaPlexEngine(Engine):
             raise ValueError(f"default voice {default_voice!r} is not in the voice library ({', '.join(names) or 'empty'})")
         self.default_voice = default_voice or None
         self._depformer_steps = depformer_steps
-        self._silence = torch.tensor(cfg.prompt.silence_tokens, device=self.device)
+        self.cuda_graph = cuda_graph
+        self._shortcuts = True  # eager ticks skip the parts they do not need (tests turn this off)
         self._rows = [_Row() for _ in range(num_slots)]
         self.last_tokens = np.full((num_slots, cfg.lm.num_streams), -2, dtype=np.int64)
         self._build_state()
 
     @classmethod
     def load(cls, source: str, num_slots: int, device: str = "cpu", voice_dir: str | None = None,
-             **kwargs) -> "PersonaPlexEngine":
+             cuda_graph: bool = False, **kwargs) -> "PersonaPlexEngine":
         """Load ``source`` (``tiny``, a Hugging Face repo id or a local folder) and build an engine.
 
         On CPU with a small model, torch is limited to one intra-op thread:
         tiny ops gain nothing from threads, and on a busy machine each
         multi-threaded op can stall for tens of milliseconds.
+        ``cuda_graph=True`` needs a CUDA ``device`` (checked before loading).
         """
+        if cuda_graph:
+            _check_cuda_graph_device(torch.device(device))  # before loading gigabytes
         model = load_model(source, device=device, voice_dir=voice_dir)
         if model.device.type == "cpu" and model.config.lm.dim <= 1024 and torch.get_num_threads() > 1:
             logger.info("small model on CPU: using one torch thread")
             torch.set_num_threads(1)
-        return cls(model, num_slots, **kwargs)
+        return cls(model, num_slots, cuda_graph=cuda_graph, **kwargs)
 
     def _build_state(self) -> None:
-        b, lm, dev = self.num_slots, self.model.lm, self.device
-        self._gen = LMGen(lm, b, depformer_steps=self._depformer_steps)
-        self._enc = self.model.mimi.init_encoder_state(b)
-        self._dec = self.model.mimi.init_decoder_state(b)
-        self._sampling = RowSampling.greedy_rows(b, dev)
-        self._random = RowGenerators(b, lm.cfg.text_card, self._gen.depformer_steps, lm.cfg.card, dev)
-        self._voice_emb = torch.zeros(b, 1, lm.cfg.dim, device=dev, dtype=lm.dtype)
-        self._voice_cache = self._gen.cache.tokens.clone()
+        self._tick = DeviceTick(self.model, self.num_slots, depformer_steps=self._depformer_steps,
+                                cuda_graph=self.cuda_graph)
 
     # --- Engine interface ---------------------------------------------------------
 
@@ -122,10 +151,10 @@ class PersonaPlexEngine(Engine):
             raise ConversationRejected(str(exc)) from exc
         self._reset_row(slot)
         if voice is not None:
-            self._store_voice(slot, voice)
+            self._tick.store_voice(slot, voice)
         s = conversation.sampling
-        self._sampling.set_row(slot, s)
-        self._random.seed(slot, s.text_seed, s.audio_seed)
+        self._tick.sampling.set_row(slot, s)
+        self._tick.noise.seed(slot, s.text_seed, s.audio_seed)
         self._rows[slot] = _Row(plan=plan, decoder=self.model.tokenizer.decoder(),
                                 greedy=s.greedy or (s.text_temperature <= 0 and s.audio_temperature <= 0))
         return plan.num_steps
@@ -141,58 +170,48 @@ class PersonaPlexEngine(Engine):
 
     @torch.no_grad()
     def step(self, modes: Sequence[SlotMode], pcm: np.ndarray) -> StepOutput:
-        b, cfg, dev = self.num_slots, self._cfg.lm, self.device
+        b, cfg, tick = self.num_slots, self._cfg.lm, self._tick
         if len(modes) != b:
             raise ValueError(f"expected {b} modes, got {len(modes)}")
         live_rows = [i for i, m in enumerate(modes) if m == SlotMode.LIVE]
         prefill_rows = [i for i, m in enumerate(modes) if m == SlotMode.PREFILL]
-        # Everything the device needs from the host this tick goes over in two copies, before any
-        # kernel is queued, so no copy waits for the GPU.
+        # What the device needs from the host this tick: forced tokens, voice step, row flags (one
+        # int64 buffer) and the input audio.  Both go over before any kernel is queued.
         k = cfg.num_streams
-        host = np.zeros((b, k + 5), dtype=np.int64)  # forced tokens, voice step, 4 row flags
-        host[:, :k] = FREE
+        control = tick.host_control.numpy()
+        control[:] = 0
+        control[:, :k] = FREE
+        voice_rows = []
         for i in prefill_rows:
             row = self._rows[i]
             if row.plan is None or row.cursor >= row.plan.num_steps:
                 raise RuntimeError(f"slot {i} is PREFILL but has no prompt step left: call start() first")
-            host[i, :k] = row.plan.tokens[row.cursor]
+            control[i, :k] = row.plan.tokens[row.cursor]
             if row.cursor < row.plan.voice_steps:
-                host[i, k] = row.cursor
-                host[i, k + 3] = 1
-                host[i, k + 4] = row.cursor == row.plan.voice_steps - 1
-        host[live_rows, k + 1] = 1
-        host[live_rows + prefill_rows, k + 2] = 1
-        on_device = torch.from_numpy(host).to(dev)
+                voice_rows.append(i)
+                control[i, k + VOICE_STEP] = row.cursor
+                control[i, k + EMBED] = 1
+                control[i, k + RESTORE] = row.cursor == row.plan.voice_steps - 1
+        control[live_rows, k + LIVE] = 1
+        control[live_rows + prefill_rows, k + EXEC] = 1
         if live_rows:
-            frames = torch.from_numpy(np.ascontiguousarray(pcm, dtype=np.float32)).to(dev)
-        tokens, voice_step = on_device[:, :k], on_device[:, k]
-        live, exec_mask, embed_mask, restore_mask = (on_device[:, k + j].bool() for j in range(1, 5))
-        if live_rows:
-            codes = self.model.mimi.encode_frame(frames, self._enc, live)
-            user = slice(1 + cfg.num_agent_codebooks, None)
-            tokens[:, user] = torch.where(live[:, None], codes, tokens[:, user])
-        inputs = StepInputs(tokens=tokens, exec_mask=exec_mask)
-        if any(self._rows[i].cursor < self._rows[i].plan.voice_steps for i in prefill_rows):
-            inputs.embeddings = self._voice_emb[torch.arange(b, device=dev), voice_step]
-            inputs.embed_mask = embed_mask
-            inputs.restore_cache = self._voice_cache
-            inputs.restore_mask = restore_mask
+            np.copyto(tick.host_pcm.numpy(), pcm, casting="same_kind")
+        if self.cuda_graph:
+            tick.prepare_graph()  # (records on first use; moves no state)
+        tick.upload(with_pcm=bool(live_rows))
         sampled_rows = [i for i in live_rows if not self._rows[i].greedy]
-        noise = self._random.draw(sampled_rows) if sampled_rows else None
-        result = self._gen.step(inputs, self._sampling, noise, run_depformer=bool(live_rows))
+        if sampled_rows:
+            tick.noise.draw(sampled_rows)
+        if self.cuda_graph:
+            tick.replay()
+        elif self._shortcuts:
+            tick.run(mimi=bool(live_rows), voice=bool(voice_rows), depformer=bool(live_rows),
+                     sample=bool(sampled_rows))
+        else:
+            tick.run()
+        tokens, valid, pcm_out = tick.unpack(tick.download())  # the tick's one read back to the host
 
-        out_pcm = None
-        if live_rows:
-            agent = result.tokens[:, 1: 1 + cfg.num_agent_codebooks]
-            ok = (agent >= 0) & (agent < cfg.card)
-            agent = torch.where(ok, agent, self._silence)
-            out_pcm = self.model.mimi.decode_frame(agent, self._dec, live)
-        # The one read back to the host per tick.
-        self.last_tokens = result.tokens.cpu().numpy()
-        pcm_out = np.zeros((b, self.frame_size), dtype=np.float32)
-        if out_pcm is not None:
-            pcm_out[live_rows] = out_pcm.float().cpu().numpy()[live_rows]
-        valid = result.valid.cpu().numpy()
+        self.last_tokens = tokens
         text: list[str | None] = [None] * b
         for i in prefill_rows:
             self._rows[i].cursor += 1
@@ -201,7 +220,7 @@ class PersonaPlexEngine(Engine):
             if row.plan is not None:
                 row.cursor = row.plan.num_steps
             if valid[i] and row.decoder is not None:
-                text[i] = row.decoder.push(int(self.last_tokens[i, 0]))
+                text[i] = row.decoder.push(int(tokens[i, 0]))
         return StepOutput(pcm=pcm_out, text=text)
 
     # --- helpers ------------------------------------------------------------------
@@ -216,17 +235,4 @@ class PersonaPlexEngine(Engine):
         return mask.to(self.device)
 
     def _reset_row(self, slot: int) -> None:
-        mask = self._mask([slot])
-        self._gen.reset(mask)
-        self._enc.reset(mask)
-        self._dec.reset(mask)
-
-    def _store_voice(self, slot: int, voice) -> None:
-        steps = voice.num_steps
-        if steps > self._voice_emb.shape[1]:  # grow the buffer (rare: a longer voice than any before)
-            grown = torch.zeros(self.num_slots, steps, self._voice_emb.shape[2],
-                                device=self.device, dtype=self._voice_emb.dtype)
-            grown[:, : self._voice_emb.shape[1]] = self._voice_emb
-            self._voice_emb = grown
-        self._voice_emb[slot, :steps] = voice.embeddings.to(self.device, self._voice_emb.dtype)
-        self._voice_cache[slot] = voice.cache[0].to(self.device)
+        self._tick.reset_rows(self._mask([slot]))

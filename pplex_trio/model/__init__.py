@@ -12,7 +12,8 @@ folder), a Hugging Face repo id (default ``nvidia/personaplex-7b-v1``;
 uses ``HF_TOKEN``) or a local folder with the same files.  ``LoadedModel``
 has ``config``, ``lm`` (:class:`LMModel`), ``mimi`` (:class:`Mimi`),
 ``tokenizer`` (:class:`TextTokenizer`) and ``voices`` (:class:`VoiceLibrary`).
-Config dicts in Kyutai's convention: ``config_from_kyutai_dict(raw, name)``;
+Config dicts in Kyutai's convention: ``config_from_kyutai_dict(raw, name)``
+(``REFERENCES``: the values of ``ModelConfig.reference``);
 ``build_lm(lm_kwargs)`` / ``build_mimi(mimi_config_or_None)`` build modules
 with uninitialised weights from Kyutai's dicts (``loaders._lm_kwargs``,
 ``loaders._mimi_config``).  ``load_state_dict_strict(module, state_dict)``
@@ -41,22 +42,33 @@ logits and the input embedding); ``gen.reset(mask)``.  In
 is forced (teacher forcing).  Low level: ``lm.embed``, ``lm.temporal``,
 ``lm.depformer_step``.
 
-Differences from Kyutai's ``moshi`` 0.2.13 (we follow NVIDIA's fork, the
-reference of the golden data):
+Two references (``ModelConfig.reference``)
+------------------------------------------
+Each checkpoint follows one reference, read from its ``config.json``
+(explicit ``"reference"`` key; else a ``personaplex`` object, PersonaPlex's
+empty ``config.json`` or ``dep_q == n_q`` mean ``"personaplex"``, and
+Kyutai's own Moshi models, ``dep_q < n_q`` without that object, mean
+``"kyutai"``).  They differ in exactly two rules, both static-shaped:
 
-* the ring KV caches of the LM and of Mimi's transformers attend to
-  ``capacity - 1`` keys once full (``ring_attention_mask``); Kyutai 0.2.13
-  attends to ``capacity`` keys, so compare within the context;
-* the user's audio enters one call later: our ``LMGen.step`` call ``n``
-  given user frames ``u_0..u_n`` equals Kyutai's ``LMGen.step`` call ``n``
-  given ``u_{n-1}`` (its first call ignores user audio anyway), with
-  ``support_out_of_sync`` off: both return nothing on call 0
-  (``valid`` False) and the same 9 first streams afterwards (checked in
-  ``tests/model/test_oracle_lmgen.py``);
-* the depformer attends to all earlier steps of the frame (as trained and
-  as Kyutai does); NVIDIA's fork drops step 0 from its last step (15, a
-  discarded user codebook), so only that step's logits differ from it.
-  Only the agent's depformer steps run by default.
+* **ring window** (``ring_attention_mask(end, num_new, capacity,
+  reference)``, in the LM's and Mimi's transformers): a full ring attends
+  to ``capacity - 1`` keys under ``"personaplex"`` (NVIDIA's fork, the
+  reference of the golden data), to ``capacity`` keys under ``"kyutai"``
+  (moshi 0.2.13);
+* **user timing** (``LMGen``): under ``"personaplex"`` the user's audio
+  enters one call later: our call ``n`` given user frames ``u_0..u_n``
+  equals Kyutai's ``LMGen.step`` call ``n`` given ``u_{n-1}``; under
+  ``"kyutai"`` our call ``n`` equals Kyutai's call ``n`` given ``u_n``.
+  Both return nothing on call 0 (``valid`` False) and the same 9 first
+  streams afterwards (``tests/model/test_oracle_lmgen.py``,
+  ``tests/oracle``).
+
+The system prompt (voice, persona) runs only under ``"personaplex"``; its
+constants must fit the model's vocabularies (``ValueError`` at load time
+otherwise).  In both, the depformer attends to all earlier steps of the
+frame (as trained and as Kyutai does); NVIDIA's fork drops step 0 from its
+last step (15, a discarded user codebook), so only that step's logits
+differ from it.  Only the agent's depformer steps run by default.
 
 Engine-level pieces: ``build_prompt_plan`` (system prompt as forced steps),
 ``RowSampling`` / ``RowGenerators`` / ``sample`` (per-row seeded sampling),
@@ -74,6 +86,7 @@ from ._config import LMConfig as LMConfig
 from ._config import MimiConfig as MimiConfig
 from ._config import ModelConfig as ModelConfig
 from ._config import PromptConfig as PromptConfig
+from ._config import REFERENCES as REFERENCES
 from ._config import QuantizerConfig as QuantizerConfig
 from ._config import SEANetConfig as SEANetConfig
 from ._config import TransformerConfig as TransformerConfig

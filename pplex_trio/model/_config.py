@@ -2,8 +2,29 @@
 
 A :class:`ModelConfig` is everything needed to *build* the modules (the
 weights come later, from a checkpoint or a seeded random init): the LM
-(:class:`LMConfig`), the Mimi codec (:class:`MimiConfig`) and the PersonaPlex
-system-prompt constants (:class:`PromptConfig`).
+(:class:`LMConfig`), the Mimi codec (:class:`MimiConfig`), the PersonaPlex
+system-prompt constants (:class:`PromptConfig`) and the *reference* whose
+streaming rules the model follows (:data:`REFERENCES`).
+
+The reference is one switch, ``ModelConfig.reference``:
+
+``"personaplex"``
+    NVIDIA's PersonaPlex fork of Kyutai's ``moshi`` (the reference of the
+    golden data): a full streaming KV ring attends to ``context - 1`` keys,
+    and the user's audio frame given at an LM step is that step's
+    *target* frame, read as input one step later.  The system prompt
+    (voice, persona) runs before each conversation.
+``"kyutai"``
+    Kyutai's ``moshi`` 0.2.13 as published: a full ring attends to
+    ``context`` keys, and the user's frame is the *input* of the very step
+    it is given to (80 ms less latency).  No system prompt.
+
+It is copied into the sub-configs (``LMConfig.reference``,
+``MimiConfig.reference``, ``TransformerConfig.reference``) so each module
+reads its own config; :class:`ModelConfig` keeps the copies equal.  Only
+two places act on it: :func:`~pplex_trio.model._streaming.ring_attention_mask`
+(the ring rule) and :class:`~pplex_trio.model._lockstep.LMGen` (the user
+timing).
 
 Checkpoints describe themselves with Kyutai's ``config.json`` convention:
 flat ``LMModel`` keyword arguments plus ``moshi_name`` / ``mimi_name`` /
@@ -34,6 +55,14 @@ SILENCE_TOKENS = (948, 243, 1178, 546, 1736, 1030, 1978, 2008)
 SINE_TOKENS = (430, 1268, 381, 1611, 1095, 1495, 56, 472)
 DELAYS_17 = (0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1)
 
+REFERENCES = ("personaplex", "kyutai")
+"""The references whose streaming rules a model can follow (see the module docstring)."""
+
+
+def check_reference(reference: str) -> None:
+    if reference not in REFERENCES:
+        raise ValueError(f"unknown reference {reference!r}: use one of {', '.join(REFERENCES)}")
+
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
@@ -56,8 +85,10 @@ class TransformerConfig:
     layer_scale: float | None = None
     max_period: float = 10_000.0
     positional_embedding: str = "rope"
+    reference: str = "personaplex"
 
     def __post_init__(self) -> None:
+        check_reference(self.reference)
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model {self.d_model} is not a multiple of num_heads {self.num_heads}")
         if self.positional_embedding not in ("rope", "none"):
@@ -104,6 +135,8 @@ class QuantizerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MimiConfig:
+    """The Mimi codec.  ``reference`` is copied into ``transformer`` (both of Mimi's transformers)."""
+
     sample_rate: int = 24_000
     frame_rate: float = 12.5
     seanet: SEANetConfig = SEANetConfig()
@@ -114,6 +147,12 @@ class MimiConfig:
     )
     num_codebooks: int = 8  # codebooks actually used (the file may hold more)
     upsample_channel_wise: bool = True  # Kyutai's "upsample_channel_wise_bug"
+    reference: str = "personaplex"
+
+    def __post_init__(self) -> None:
+        check_reference(self.reference)
+        if self.transformer.reference != self.reference:
+            object.__setattr__(self, "transformer", dataclasses.replace(self.transformer, reference=self.reference))
 
     @property
     def frame_size(self) -> int:
@@ -133,7 +172,11 @@ class MimiConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LMConfig:
-    """The Moshi/PersonaPlex LM.  Field names follow Kyutai's ``LMModel`` kwargs."""
+    """The Moshi/PersonaPlex LM.  Field names follow Kyutai's ``LMModel`` kwargs.
+
+    ``reference`` (not a Kyutai kwarg) selects the ring rule of the temporal
+    transformer and the user-audio timing of :class:`~pplex_trio.model.LMGen`.
+    """
 
     dim: int = 4096
     num_heads: int = 32
@@ -156,8 +199,10 @@ class LMConfig:
     depformer_num_layers: int = 6
     depformer_multi_linear: bool = True
     depformer_weights_per_step: bool = True
+    reference: str = "personaplex"
 
     def __post_init__(self) -> None:
+        check_reference(self.reference)
         if len(self.delays) != self.n_q + 1:
             raise ValueError(f"expected {self.n_q + 1} delays (text + {self.n_q} audio), got {len(self.delays)}")
         if self.n_q % 2:
@@ -184,7 +229,7 @@ class LMConfig:
         return TransformerConfig(
             d_model=self.dim, num_heads=self.num_heads, num_layers=self.num_layers,
             dim_feedforward=int(self.hidden_scale * self.dim), context=self.context,
-            norm=self.norm, gating=self.gating, max_period=self.max_period,
+            norm=self.norm, gating=self.gating, max_period=self.max_period, reference=self.reference,
         )
 
     def depformer_hidden(self, step: int) -> int:
@@ -197,9 +242,10 @@ class LMConfig:
 class PromptConfig:
     """PersonaPlex system-prompt constants (from the checkpoint's ``personaplex`` object).
 
-    ``enabled`` is False for Kyutai's own Moshi models (their config has
-    ``dep_q < n_q`` and no ``personaplex`` object): they were not trained
-    with voice and persona prompts, so conversations start right away.
+    ``enabled`` is False for models that follow Kyutai's reference (its own
+    Moshi models): they were not trained with voice and persona prompts, so
+    conversations start right away.  When enabled, every token must exist
+    in the model's vocabularies (checked by :class:`ModelConfig`).
     """
 
     enabled: bool = True
@@ -212,12 +258,48 @@ class PromptConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
+    """A whole model.  ``reference`` is the one switch between PersonaPlex's and Kyutai's rules.
+
+    It is copied into ``lm`` and ``mimi`` on construction (so
+    ``dataclasses.replace(cfg, reference="kyutai")`` switches everything).
+
+    Error handling: ``ValueError`` when the system-prompt tokens do not fit
+    the model (e.g. PersonaPlex-7B's silence codes on a 64-entry codebook);
+    the message names the ``config.json`` keys to set.
+    """
+
     name: str
     lm: LMConfig = LMConfig()
     mimi: MimiConfig = MimiConfig()
     prompt: PromptConfig = PromptConfig()
     # Default sampling of the checkpoint (Kyutai's ``lm_gen_config``), informational.
     lm_gen: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    reference: str = "personaplex"
+
+    def __post_init__(self) -> None:
+        check_reference(self.reference)
+        for part in ("lm", "mimi"):
+            if getattr(self, part).reference != self.reference:
+                object.__setattr__(self, part, dataclasses.replace(getattr(self, part), reference=self.reference))
+        if self.prompt.enabled:
+            check_prompt(self.prompt, self.lm, self.name)
+
+
+def check_prompt(p: PromptConfig, lm: LMConfig, name: str) -> None:
+    """The system-prompt constants must be tokens of this model (raises ``ValueError`` naming the key)."""
+    n_agent = lm.num_agent_codebooks
+    audio = (("silence_tokens", p.silence_tokens, n_agent), ("sine_tokens", p.sine_tokens, lm.n_q - n_agent))
+    for key, tokens, count in audio:
+        if len(tokens) != count or not all(0 <= t < lm.card for t in tokens):
+            raise ValueError(
+                f"model {name}: personaplex.{key} {list(tokens)} must be {count} Mimi codes in 0..{lm.card - 1} "
+                f"(the model's codebooks have {lm.card} entries); set personaplex.{key} in config.json to codes of "
+                f"this model's Mimi, or \"reference\": \"kyutai\" to run it without a system prompt")
+    if not 0 <= p.zero_text_code < lm.text_card:
+        raise ValueError(f"model {name}: personaplex.zero_text_code {p.zero_text_code} is not a text token "
+                         f"(0..{lm.text_card - 1}); fix it in config.json")
+    if p.silence_frames < 0:
+        raise ValueError(f"model {name}: personaplex.audio_silence_frame_cnt must be >= 0")
 
 
 def gated_hidden(dim: int, dim_feedforward: int) -> int:
@@ -269,7 +351,7 @@ CONFIGS: dict[str, ModelConfig] = {
 # Keys of config.json that are not LMModel kwargs.
 _NON_LM_KEYS = {
     "model_type", "moshi_name", "mimi_name", "tokenizer_name", "mimi_config_name", "lm_gen_config",
-    "mimi", "personaplex", "notes", "golden", "model_id", "tts_config", "stt_config", "lora_name",
+    "mimi", "personaplex", "reference", "notes", "golden", "model_id", "tts_config", "stt_config", "lora_name",
 }
 # LMModel kwargs that only matter for training or are implied by our architecture.
 _IGNORED_LM_KEYS = {
@@ -364,13 +446,33 @@ def prompt_config_from_dict(d: Mapping[str, Any] | None) -> PromptConfig:
     )
 
 
+def reference_from_kyutai_dict(raw: Mapping[str, Any], lm: LMConfig) -> str:
+    """Which reference a checkpoint follows: its ``reference`` key, else what it looks like.
+
+    Kyutai's own Moshi models (``dep_q < n_q``: the depformer predicts only
+    the agent's codebooks, and no ``personaplex`` object) follow Kyutai's
+    ``moshi``.  Everything else is PersonaPlex: a ``personaplex`` object,
+    PersonaPlex's empty ``config.json`` (the official PersonaPlex-7B), or
+    ``dep_q == n_q`` (a depformer over the user's codebooks too, which only
+    PersonaPlex's rules can teacher-force: Kyutai's ``LMGen`` would take no
+    user audio at all).
+    """
+    if "reference" in raw:
+        check_reference(raw["reference"])
+        return raw["reference"]
+    if "personaplex" in raw or lm.dep_q == lm.n_q:
+        return "personaplex"
+    return "kyutai"
+
+
 def config_from_kyutai_dict(raw: Mapping[str, Any], name: str, mimi: Mapping[str, Any] | None = None) -> ModelConfig:
     """Build a :class:`ModelConfig` from a checkpoint's ``config.json`` object.
 
     Without LM keys (PersonaPlex ships an empty ``config.json``) the official
     PersonaPlex-7B LM is assumed; without a Mimi object, the real Mimi.
     ``mimi`` overrides the ``mimi`` key (Kyutai's separate ``mimi_config_name``
-    file).
+    file).  The reference comes from :func:`reference_from_kyutai_dict`; the
+    system prompt runs only under PersonaPlex's.
     """
     lm_kwargs = {k: v for k, v in raw.items() if k not in _NON_LM_KEYS}
     lm = lm_config_from_kwargs(lm_kwargs) if lm_kwargs else LMConfig()
@@ -378,20 +480,24 @@ def config_from_kyutai_dict(raw: Mapping[str, Any], name: str, mimi: Mapping[str
     mimi_cfg = mimi_config_from_dict(mimi_dict) if mimi_dict else MimiConfig()
     if mimi_dict is None or "num_codebooks" not in mimi_dict:
         mimi_cfg = dataclasses.replace(mimi_cfg, num_codebooks=lm.num_agent_codebooks)
-    prompt = prompt_config_from_dict(raw.get("personaplex"))
-    if lm.dep_q < lm.n_q and "personaplex" not in raw:
-        prompt = dataclasses.replace(prompt, enabled=False)
+    reference = reference_from_kyutai_dict(raw, lm)
+    prompt = dataclasses.replace(prompt_config_from_dict(raw.get("personaplex")),
+                                 enabled=reference == "personaplex")
+    if reference == "kyutai" and "personaplex" in raw:
+        logger.info("%s follows Kyutai's reference: its personaplex prompt constants are not used", name)
     return ModelConfig(
         name=name, lm=lm, mimi=mimi_cfg, prompt=prompt,
-        lm_gen=dict(raw.get("lm_gen_config", {})),
+        lm_gen=dict(raw.get("lm_gen_config", {})), reference=reference,
     )
 
 
 def config_to_kyutai_dict(cfg: ModelConfig) -> dict[str, Any]:
     """The inverse of :func:`config_from_kyutai_dict` (used to write the tiny checkpoint)."""
-    lm = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg.lm).items()}
+    lm = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg.lm).items()
+          if k != "reference"}
     m = cfg.mimi
     t = dataclasses.asdict(m.transformer)
+    del t["reference"]
     t.update(input_dimension=t["d_model"], output_dimensions=[t["d_model"]], causal=True, conv_layout=True)
     seanet = dataclasses.asdict(m.seanet)
     seanet["ratios"] = list(seanet["ratios"])
@@ -400,6 +506,7 @@ def config_to_kyutai_dict(cfg: ModelConfig) -> dict[str, Any]:
     p = cfg.prompt
     return {
         "model_type": "personaplex",
+        "reference": cfg.reference,
         "moshi_name": LM_FILE, "mimi_name": MIMI_FILE, "tokenizer_name": TOKENIZER_FILE,
         **lm,
         "mimi": {

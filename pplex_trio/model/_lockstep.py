@@ -6,7 +6,9 @@ delayed by one frame (``delays``).  A small ring of frames per row (the
 ``.pt`` files) holds the tokens in model time.  At LM offset ``o``:
 
 1. tokens forced by the caller for this step are written at ``o + delay``
-   and marked *provided*;
+   and marked *provided* (the user's streams under Kyutai's timing: at
+   ``o - 1 + delay``, see below); frames up to a stream's delay hold its
+   initial token and are never forced;
 2. the model input is the frame at ``o - 1``, the target frame is ``o``;
 3. the text token is sampled, then the depformer samples the audio
    codebooks; at each step the token fed forward is the provided one when
@@ -19,13 +21,24 @@ delayed by one frame (``delays``).  A small ring of frames per row (the
 This is NVIDIA's semantics.  Its first call after a reset only
 initialises the cache; a row reset here is left as the reference leaves
 it after that call (offset 1, initial tokens), so our call ``n`` is the
-reference's call ``n + 1``.  Compared with Kyutai's ``LMGen``, the user's
-frame given at a call is only *input* to the model at the next call (the
-agent's tokens are aligned): our call ``n`` with user frames ``u_0..u_n``
-equals Kyutai 0.2.13's call ``n`` with ``u_{n-1}``.
+reference's call ``n + 1``.
 
-Forced tokens are how the system prompt is replayed (text, agent and user
-streams all forced) and how the user's audio enters (user streams forced).
+The user's timing depends on ``LMConfig.reference``:
+
+* ``"personaplex"``: the user's frame given at a call is that call's
+  *target* frame, only *input* to the model at the next call.  Our call
+  ``n`` with user frames ``u_0..u_n`` equals Kyutai 0.2.13's call ``n``
+  with ``u_{n-1}``.
+* ``"kyutai"``: the user's streams are written one frame earlier, on the
+  frame this very call reads as input, exactly where Kyutai's ``LMGen``
+  writes them (80 ms less latency).  Our call ``n`` with ``u_n`` equals
+  Kyutai 0.2.13's call ``n`` with ``u_n``; its first call's user frame
+  lands in the initial frame, which both ignore.
+
+Everything else (the agent's streams, the output frame) is the same under
+both.  Forced tokens are how the system prompt is replayed (text, agent
+and user streams all forced) and how the user's audio enters (user
+streams forced).
 """
 
 from __future__ import annotations
@@ -130,6 +143,11 @@ class LMGen:
         )
         self._generated = torch.zeros(k, dtype=torch.bool, device=device)
         self._generated[: 1 + self.depformer_steps] = True
+        # Where forced tokens land, relative to the target frame: each stream's delay, one frame
+        # less for the user's streams under Kyutai's timing (see the module docstring).
+        user_lag = 1 if cfg.reference == "kyutai" else 0
+        is_user = torch.arange(k, device=device) > cfg.num_agent_codebooks
+        self.write_shift = self.delays - user_lag * is_user.long()
 
     def reset(self, mask: torch.Tensor) -> None:
         """Rows in ``mask`` start a fresh conversation; other rows are untouched."""
@@ -152,9 +170,11 @@ class LMGen:
         lm, cache, exec_mask = self.lm, self.cache, inputs.exec_mask
         b = inputs.tokens.shape[0]
         o = cache.offset
-        # 1. Forced tokens go to o + delay; streams still in their initial delay get the initial token.
-        write_pos = (o[:, None] + self.delays) % self.slots
-        forced = (inputs.tokens >= 0) & exec_mask[:, None]
+        # 1. Forced tokens go to o + write_shift, never into a stream's initial frames (those up to its
+        #    delay), which get the initial token.
+        write_at = o[:, None] + self.write_shift
+        write_pos = write_at % self.slots
+        forced = (inputs.tokens >= 0) & exec_mask[:, None] & (write_at > self.delays)
         _scatter(cache.tokens, write_pos, inputs.tokens, forced)
         _scatter(cache.provided, write_pos, torch.ones_like(forced), forced)
         cur = (o % self.slots)[:, None].expand(b, self.delays.shape[0])

@@ -5,7 +5,9 @@ input is streamed frame by frame (80 ms, the last frame zero-padded) as the
 user's audio.  Written: the agent's audio (same duration as the input,
 24 kHz mono WAV) and a JSON list with one string per frame: ``EPAD`` /
 ``PAD`` for the padding ids, otherwise the SentencePiece piece with ``▁``
-as a space (exactly the reference's ``output_text.json``).
+as a space (exactly the reference's ``output_text.json``).  A frame the
+model has no output for yet (the first one of a model without system
+prompt, such as Kyutai's Moshi) is silent, and its text is ``""``.
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     for i in range(frames):
         out = engine.step([SlotMode.LIVE], padded[None, i * frame:(i + 1) * frame])
         out_frames.append(out.pcm[0])
-        piece = tokenizer.offline_piece(int(engine.last_tokens[0, 0]))
+        token = int(engine.last_tokens[0, 0])
+        piece = tokenizer.offline_piece(token) if token >= 0 else ""
         texts.append(piece)
         logger.debug("frame %d text %r", i, piece)
     elapsed = time.perf_counter() - start

@@ -30,27 +30,35 @@ def reset_rows_(tensor: torch.Tensor, mask: torch.Tensor, value: torch.Tensor | 
                             .expand_as(tensor), tensor))
 
 
-def ring_attention_mask(end: torch.Tensor, num_new: int, capacity: int) -> torch.Tensor:
+def ring_attention_mask(end: torch.Tensor, num_new: int, capacity: int, reference: str) -> torch.Tensor:
     """Which ring slots each new query may attend to: bool ``[B, 1, num_new, capacity]``.
 
     ``end`` [B] is the number of positions written *including* the
     ``num_new`` just written.  Slot ``i`` holds the latest position
-    ``p < end`` with ``p % capacity == i``.
+    ``p < end`` with ``p % capacity == i``.  A query at position ``q`` sees
+    the keys of positions ``[max(0, end - window), q]``, where ``window``
+    depends on the ``reference`` (see ``ModelConfig.reference``):
 
-    The reference (NVIDIA's PersonaPlex fork of Kyutai's ``RingKVCache``)
-    labels the slot that holds the oldest key as a future position, so a
-    full ring attends to ``capacity - 1`` keys: a query at position ``q``
-    sees keys in ``[max(0, end - capacity + 1), q]``.  We reproduce that
-    rule on purpose; a "correct" window of ``capacity`` keys diverges from
-    the reference as soon as the ring is full.
+    * ``"personaplex"``: ``window = capacity - 1``.  NVIDIA's fork of
+      Kyutai's ``RingKVCache`` labels the slot that holds the oldest key as
+      a future position, so a full ring attends to one key fewer than it
+      holds.  The golden data depends on it: a window of ``capacity`` keys
+      diverges from it as soon as the ring is full.
+    * ``"kyutai"``: ``window = capacity``.  Kyutai's ``moshi`` 0.2.13 labels
+      every slot with its true position and masks keys more than
+      ``context - 1`` positions before the query, so a full ring shows all
+      its keys to the chunk's last query.
     """
+    if reference not in ("personaplex", "kyutai"):
+        raise ValueError(f"unknown reference {reference!r}")
+    window = capacity - 1 if reference == "personaplex" else capacity
     slots = torch.arange(capacity, device=end.device)
     last = end.view(-1, 1) - 1
     # Latest position p <= last with p == slot (mod capacity); negative if never written.
     pos = slots + capacity * torch.div(last - slots, capacity, rounding_mode="floor")
     queries = end.view(-1, 1) - num_new + torch.arange(num_new, device=end.device)
     pos = pos.view(-1, 1, capacity)
-    ok = (pos >= 0) & (pos >= end.view(-1, 1, 1) - capacity + 1) & (pos <= queries.unsqueeze(-1))
+    ok = (pos >= 0) & (pos >= end.view(-1, 1, 1) - window) & (pos <= queries.unsqueeze(-1))
     return ok.unsqueeze(1)
 
 

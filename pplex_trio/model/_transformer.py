@@ -8,7 +8,8 @@ One step processes ``T`` new positions per row (1 for the LM, 2 for Mimi's
 transformers, which run at 25 Hz inside a 12.5 Hz frame).  The KV cache is
 a ring of ``context`` slots per row; see
 :func:`~pplex_trio.model._streaming.ring_attention_mask` for exactly which
-keys a query sees once the ring is full.
+keys a query sees once the ring is full (it depends on
+``TransformerConfig.reference``).
 """
 
 from __future__ import annotations
@@ -164,7 +165,7 @@ class StreamingTransformer(nn.Module):
         positions = state.end.view(-1, 1) + torch.arange(t, device=x.device)  # [B, T]
         slots = (positions % capacity).view(b, 1, t, 1)
         new_end = state.end + t
-        mask = ring_attention_mask(new_end, t, capacity)
+        mask = ring_attention_mask(new_end, t, capacity, self.cfg.reference)
         rope = self.cfg.positional_embedding == "rope"
         if rope:
             rotation = rope_rotation(positions, self.cfg.d_model // self.cfg.num_heads, self.cfg.max_period)

@@ -92,9 +92,15 @@ def test_skipping_teacher_forced_depformer_steps_changes_nothing(golden_model, g
     np.testing.assert_array_equal(short.audio_logits, lm_run.audio_logits[:, :8])
 
 
-def run_engine(model, golden, num_slots: int, golden_row: int, other_joins_at: int | None = None):
-    """The golden conversation in ``golden_row``; optionally another one joins the other row."""
+def run_engine(model, golden, num_slots: int, golden_row: int, other_joins_at: int | None = None,
+               shortcuts: bool = True):
+    """The golden conversation in ``golden_row``; optionally another one joins the other row.
+
+    ``shortcuts=False`` runs every tick with every part on (Mimi, voice
+    input, depformer, sampling), as the CUDA graph records it.
+    """
     engine = PersonaPlexEngine(model, num_slots)
+    engine._shortcuts = shortcuts
     frames = len(golden.input_codes)
     prefill = engine.start(golden_row, Conversation(persona=golden.persona, voice=golden.voice, sampling=GREEDY))
     other = 1 - golden_row
@@ -133,10 +139,15 @@ def test_engine_reproduces_golden_single_slot(golden_model, golden):
     assert texts == golden.output_text
 
 
-@pytest.mark.parametrize("golden_row", [0, 1])
-def test_engine_reproduces_golden_beside_another_conversation(golden_model, golden, golden_row):
-    # The other conversation joins while the golden one is in its prompt, and goes live mid-way.
-    pcm, tokens, texts, _ = run_engine(golden_model, golden, 2, golden_row, other_joins_at=60)
+@pytest.mark.parametrize("golden_row,shortcuts", [(0, True), (1, False)])
+def test_engine_reproduces_golden_beside_another_conversation(golden_model, golden, golden_row, shortcuts):
+    """The other conversation joins while the golden one is in its prompt, and goes live mid-way.
+
+    With ``shortcuts=False`` every tick (prompt-only, mixed, with an IDLE
+    row) runs with every part on: the function ``cuda_graph=True`` records,
+    checked here on CPU.
+    """
+    pcm, tokens, texts, _ = run_engine(golden_model, golden, 2, golden_row, other_joins_at=60, shortcuts=shortcuts)
     np.testing.assert_array_equal(tokens, golden.output_tokens)
     assert np.abs(pcm - golden.output_pcm).max() <= 1e-4
     assert texts == golden.output_text

@@ -163,6 +163,59 @@ def test_kyutai_style_config_with_eight_depformer_steps():
     assert cfg.lm.dep_q == 8 and cfg.mimi.num_codebooks == 8 and cfg.mimi.quantizer.n_q == 32
 
 
+_SMALL_MOSHI = {"dim": 64, "num_heads": 4, "num_layers": 2, "card": 64, "text_card": 128, "n_q": 16, "dep_q": 8}
+
+
+@pytest.mark.parametrize("raw,reference", [
+    ({}, "personaplex"),  # PersonaPlex's empty config.json: the official PersonaPlex-7B
+    (_SMALL_MOSHI, "kyutai"),  # Kyutai's Moshi: dep_q < n_q, no personaplex object
+    (dict(_SMALL_MOSHI, personaplex={"silence_tokens": [1] * 8, "sine_tokens": [2] * 8}), "personaplex"),
+    (dict(_SMALL_MOSHI, dep_q=16, personaplex={"silence_tokens": [1] * 8, "sine_tokens": [2] * 8}), "personaplex"),
+    (dict(_SMALL_MOSHI, card=2048, dep_q=16), "personaplex"),  # a depformer over the user's codebooks too
+    (dict(_SMALL_MOSHI, card=2048, reference="personaplex"), "personaplex"),  # explicit, real codes fit
+    (dict(_SMALL_MOSHI, dep_q=16, personaplex={}, reference="kyutai"), "kyutai"),
+])
+def test_reference_is_read_from_config_json(raw, reference):
+    cfg = config_from_kyutai_dict(raw, "m")
+    assert cfg.reference == reference and cfg.prompt.enabled == (reference == "personaplex")
+    # One switch: every module's config carries the same value.
+    assert cfg.lm.reference == cfg.lm.temporal.reference == cfg.mimi.reference == cfg.mimi.transformer.reference \
+        == reference
+
+
+def test_reference_switches_every_part_at_once():
+    cfg = dataclasses.replace(CONFIGS["tiny"], reference="kyutai")
+    assert (cfg.lm.temporal.reference, cfg.mimi.transformer.reference) == ("kyutai", "kyutai")
+    with pytest.raises(ValueError, match="unknown reference 'moshi'"):
+        config_from_kyutai_dict(dict(_SMALL_MOSHI, reference="moshi"), "m")
+
+
+def test_prompt_tokens_that_do_not_fit_the_codebooks_are_refused():
+    # PersonaPlex's real silence codes (948, ...) on a 64-entry codebook.
+    with pytest.raises(ValueError, match=r"personaplex\.silence_tokens \[948, .*0\.\.63.*config\.json"):
+        config_from_kyutai_dict(dict(_SMALL_MOSHI, reference="personaplex"), "m")
+    with pytest.raises(ValueError, match=r"personaplex\.sine_tokens"):
+        config_from_kyutai_dict(dict(_SMALL_MOSHI, personaplex={"silence_tokens": [1] * 8, "sine_tokens": [64] * 8}),
+                                "m")
+    with pytest.raises(ValueError, match=r"personaplex\.silence_tokens .* must be 8 Mimi codes"):
+        config_from_kyutai_dict(dict(_SMALL_MOSHI, personaplex={"silence_tokens": [1] * 7, "sine_tokens": [2] * 8}),
+                                "m")
+    with pytest.raises(ValueError, match=r"zero_text_code 128"):
+        config_from_kyutai_dict(dict(_SMALL_MOSHI, personaplex={
+            "silence_tokens": [1] * 8, "sine_tokens": [2] * 8, "zero_text_code": 128}), "m")
+
+
+def test_a_checkpoint_with_unfit_prompt_tokens_fails_at_load(golden_dir, tmp_path):
+    folder = tmp_path / "unfit"
+    _copy_checkpoint(golden_dir, folder)
+    shutil.copy(golden_dir / "model.safetensors", folder / "model.safetensors")
+    config = json.loads((golden_dir / "config.json").read_text())
+    del config["personaplex"]  # falls back to PersonaPlex-7B's codes, which a 64-entry codebook lacks
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="personaplex.silence_tokens"):
+        load_model(str(folder))
+
+
 def test_unsupported_kyutai_feature_is_refused():
     with pytest.raises(ValueError, match="conditioners"):
         config_from_kyutai_dict({"dim": 64, "conditioners": {"x": {}}}, "x")

@@ -17,17 +17,25 @@ def _mask(b: int, rows: list[int]) -> torch.Tensor:
     return m
 
 
+@pytest.mark.parametrize("reference,window", [("personaplex", -1), ("kyutai", 0)])
 @pytest.mark.parametrize("capacity,num_new", [(5, 1), (6, 2), (64, 1)])
-def test_ring_mask_follows_the_reference_rule(capacity, num_new):
+def test_ring_mask_follows_the_reference_rule(capacity, num_new, reference, window):
+    """PersonaPlex: a full ring shows ``capacity - 1`` keys; Kyutai: ``capacity`` (each query: not past itself)."""
+    window += capacity
     ends = torch.arange(num_new, 4 * capacity, num_new)
-    mask = ring_attention_mask(ends, num_new, capacity)
+    mask = ring_attention_mask(ends, num_new, capacity, reference)
     for b, end in enumerate(ends.tolist()):
         for t in range(num_new):
             query = end - num_new + t
             for slot in range(capacity):
                 held = [p for p in range(end) if p % capacity == slot]
-                expected = bool(held) and max(0, end - capacity + 1) <= held[-1] <= query
+                expected = bool(held) and max(0, end - window) <= held[-1] <= query
                 assert bool(mask[b, 0, t, slot]) == expected, (end, t, slot)
+
+
+def test_ring_mask_rejects_an_unknown_reference():
+    with pytest.raises(ValueError, match="unknown reference"):
+        ring_attention_mask(torch.tensor([3]), 1, 4, "moshi")
 
 
 @torch.no_grad()

@@ -1,10 +1,13 @@
 """Run Kyutai's ``moshi`` 0.2.13 the way the oracle tests need it.
 
-Everything here drives moshi's own modules.  Our implementation follows
-NVIDIA's PersonaPlex fork (the reference of the golden set) where that fork
-differs from moshi 0.2.13 on the paths we test; :class:`Semantics` switches
-each difference on top of moshi, so that moshi checks our code paths under
-the semantics we declare (``_ours.semantics``):
+Everything here drives moshi's own modules.  Kyutai's checkpoints are
+compared with moshi 0.2.13 as published (:data:`KYUTAI`).  For
+PersonaPlex-style checkpoints our implementation follows NVIDIA's
+PersonaPlex fork (the reference of the golden set) where that fork differs
+from moshi 0.2.13 on the paths we test; :class:`Semantics` switches each
+difference on top of moshi (:data:`FORK`), so that moshi checks our code
+paths under the reference each checkpoint declares
+(:func:`checkpoint_semantics`):
 
 * **Attention window** (:func:`attention_window`).  moshi 0.2.13: a
   streaming attention of ``context`` C sees the last C keys (its
@@ -65,6 +68,19 @@ class Semantics:
 
 KYUTAI = Semantics()
 """moshi 0.2.13 as published: Kyutai's reference for Kyutai checkpoints."""
+
+FORK = Semantics(window="fork", depformer_window="kyutai", user_lag=1)
+"""NVIDIA's fork where our PersonaPlex mode follows it: LM/Mimi windows and user timing (not the depformer)."""
+
+
+def checkpoint_semantics(directory: pathlib.Path) -> Semantics:
+    """The reference a tiny checkpoint must follow, from what it is: PersonaPlex-style or Kyutai's own.
+
+    Stated here independently of our loader: a ``personaplex`` object in
+    ``config.json`` means NVIDIA's fork (:data:`FORK`), none means Kyutai's
+    moshi 0.2.13 as published (:data:`KYUTAI`).
+    """
+    return FORK if "personaplex" in tiny.read_config(directory) else KYUTAI
 
 
 @contextlib.contextmanager

@@ -23,16 +23,16 @@ def load(directory: pathlib.Path) -> LoadedModel:
 
 
 def semantics(model: LoadedModel) -> ref.Semantics:
-    """Which reference our implementation follows, in moshi's terms (``pplex_trio.model``'s docstring).
+    """Which reference our implementation follows for ``model``, in moshi's terms.
 
-    NVIDIA's fork for the attention window of the LM and Mimi rings and for
-    the user-audio timing, on every checkpoint; Kyutai's rule in the
-    depformer (every step sees all earlier ones, as trained).  Kyutai
-    checkpoints are therefore not run with Kyutai's own semantics: see
-    ``test_kyutai_checkpoint_follows_moshi_0213``.
+    ``ModelConfig.reference`` (``pplex_trio.model``'s docstring): Kyutai's
+    checkpoints run moshi 0.2.13's own rules (:data:`_moshi_ref.KYUTAI`,
+    nothing patched); PersonaPlex checkpoints run NVIDIA's fork for the
+    attention window of the LM and Mimi rings and for the user-audio timing
+    (:data:`_moshi_ref.FORK`).  The depformer follows Kyutai's rule in both
+    (every step sees all earlier ones, as trained).
     """
-    del model  # the same for every checkpoint today
-    return ref.Semantics(window="fork", depformer_window="kyutai", user_lag=1)
+    return {"kyutai": ref.KYUTAI, "personaplex": ref.FORK}[model.config.reference]
 
 
 def _mask(rows: tp.Iterable[int], batch: int) -> torch.Tensor:

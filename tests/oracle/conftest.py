@@ -53,7 +53,7 @@ def user_codes(tiny_checkpoints: dict[str, pathlib.Path], speech_rows: np.ndarra
     """Per checkpoint, moshi's streaming Mimi codes of :func:`speech_rows`: ``[BATCH, LM_STEPS, 8]``.
 
     These are the user audio the LM runs listen to (encoded with the fork's
-    window, as our Mimi would: any real codes would do).
+    window for both checkpoints: any real codes would do).
     """
     import _moshi_ref as ref
 

@@ -3,13 +3,14 @@
 Text and agent-audio tokens must be exactly equal.  The user audio is real
 speech encoded by Mimi; every run is several times longer than the tiny
 contexts (24 and 32 frames), so the KV rings wrap.  moshi runs with the
-semantics our implementation declares (:func:`_ours.semantics`: NVIDIA's
-fork); :func:`test_kyutai_checkpoint_follows_moshi_0213` pins where that
-departs from Kyutai's own reference.
+semantics of the checkpoint's reference (:func:`_moshi_ref.checkpoint_semantics`):
+moshi 0.2.13 unpatched for Kyutai's checkpoint, NVIDIA's fork's rules
+patched in for the PersonaPlex-style one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import numpy as np
@@ -40,11 +41,30 @@ def moshi_lm(checkpoint: pathlib.Path):
     return ref.load_oracle_lm(checkpoint)
 
 
+def test_loader_picks_the_checkpoints_reference(ours, checkpoint: pathlib.Path) -> None:
+    """Kyutai's checkpoint runs Kyutai's rules, the PersonaPlex-style one NVIDIA's (from config.json alone)."""
+    expected = ref.checkpoint_semantics(checkpoint)
+    assert _ours.semantics(ours) == expected
+    assert ours.config.reference == ("kyutai" if expected == ref.KYUTAI else "personaplex")
+    assert ours.config.prompt.enabled == (ours.config.reference == "personaplex")
+
+
+def test_kyutai_checkpoint_is_compared_with_unpatched_moshi(tiny_checkpoints) -> None:
+    """For Kyutai's checkpoint the oracle is moshi 0.2.13 as published: no rule of it is patched."""
+    from moshi.modules import transformer as tr
+
+    assert ref.checkpoint_semantics(tiny_checkpoints["kyutai-dep8"]) == ref.KYUTAI
+    original = tr.RingKVCache.complete
+    with ref.attention_window(ref.KYUTAI.window, ref.KYUTAI.depformer_window):
+        assert tr.RingKVCache.complete is original
+    assert ref.KYUTAI.user_lag == 0
+
+
 def test_greedy_tokens_equal_moshi(ours, moshi_lm, checkpoint: pathlib.Path, user_codes) -> None:
     codes = user_codes[checkpoint.name][:1, :LM_STEPS]
     assert LM_STEPS > 5 * ours.config.lm.context
     got = _ours.lm_generate(ours, codes)
-    expected = ref.lm_generate(moshi_lm, codes, semantics=_ours.semantics(ours))
+    expected = ref.lm_generate(moshi_lm, codes, semantics=ref.checkpoint_semantics(checkpoint))
     assert (expected[0, 0] == -2).all() and (expected[0, 1:] >= 0).all()
     first_bad = np.flatnonzero((got != expected).any(-1)[0])
     assert first_bad.size == 0, f"first differing step {first_bad[0]}: ours {got[0, first_bad[0]]}, moshi {expected[0, first_bad[0]]}"
@@ -82,45 +102,35 @@ def test_batch_reset_and_pause(ours, moshi_lm, checkpoint: pathlib.Path, user_co
     resumed = _ours.lm_generate(ours, codes[PAUSE_ROW : PAUSE_ROW + 1, ran])[0]
     np.testing.assert_array_equal(events[PAUSE_ROW, ran], resumed)
 
-    expected = ref.lm_generate(moshi_lm, codes, RESETS, PAUSES, semantics=_ours.semantics(ours))
+    expected = ref.lm_generate(moshi_lm, codes, RESETS, PAUSES, semantics=ref.checkpoint_semantics(checkpoint))
     for row in range(BATCH):
         steps = ran if row == PAUSE_ROW else slice(None)
         np.testing.assert_array_equal(events[row, steps], expected[row, steps], f"row {row} differs from moshi")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="our LMGen follows NVIDIA's fork on every checkpoint: the user frame reaches the temporal "
-    "transformer one call later than in moshi 0.2.13, and full LM/Mimi KV rings see context-1 keys",
-)
-def test_kyutai_checkpoint_follows_moshi_0213(tiny_checkpoints, user_codes) -> None:
-    """On a Kyutai checkpoint, Kyutai's own reference (moshi 0.2.13 unchanged) is the expectation."""
-    directory = tiny_checkpoints["kyutai-dep8"]
-    codes = user_codes["kyutai-dep8"][:1, :20]  # within the context: no window effect in the temporal ring
-    expected = ref.lm_generate(ref.load_oracle_lm(directory), codes, semantics=ref.KYUTAI)
-    np.testing.assert_array_equal(_ours.lm_generate(_ours.load(directory), codes), expected)
+def flips(semantics: ref.Semantics) -> list[ref.Semantics]:
+    """``semantics`` with one part changed: the window, the user lag, or the depformer's window."""
+    other = {"fork": "kyutai", "kyutai": "fork"}
+    return [
+        dataclasses.replace(semantics, window=other[semantics.window]),
+        dataclasses.replace(semantics, user_lag=1 - semantics.user_lag),
+        dataclasses.replace(semantics, depformer_window=other[semantics.depformer_window]),
+    ]
 
 
-@pytest.mark.parametrize(
-    "semantics",
-    [
-        pytest.param(ref.Semantics(window="fork", depformer_window="kyutai", user_lag=0), id="no-user-lag"),
-        pytest.param(ref.Semantics(window="kyutai", depformer_window="kyutai", user_lag=1), id="full-window"),
-        pytest.param(ref.Semantics(window="fork", depformer_window="fork", user_lag=1), id="fork-depformer"),
-    ],
-)
-def test_each_declared_difference_matters(tiny_checkpoints, user_codes, semantics: ref.Semantics) -> None:
-    """Changing any one part of the declared semantics breaks parity on the Kyutai (dep_q 8) checkpoint.
+@pytest.mark.parametrize("part", ["window", "user_lag", "depformer_window"])
+def test_each_part_of_the_reference_matters(ours, moshi_lm, checkpoint: pathlib.Path, user_codes, part: str) -> None:
+    """Changing any one part of the checkpoint's semantics on the moshi side breaks parity.
 
-    So the oracle's imitation of our semantics has nothing superfluous, and
-    each part is a real, separate behaviour: the user lag and the short
-    window (the fork's, unlike moshi 0.2.13), and a depformer whose last
-    step sees step 0 (moshi's, unlike the fork's ring, which would hide it
-    from agent codebook 7 of a dep_q 8 model).
+    So the oracle's imitation of each reference has nothing superfluous,
+    and each part is a real, separate behaviour: the ring window and the
+    user timing (the two rules ``ModelConfig.reference`` switches), and a
+    depformer whose last step sees step 0 (moshi's, unlike the fork's ring,
+    which would hide it from agent codebook 7 of a dep_q 8 model).
     """
-    directory = tiny_checkpoints["kyutai-dep8"]
-    codes = user_codes["kyutai-dep8"][:1, :60]  # the 24-frame context wraps twice
-    ours = _ours.load(directory)
-    assert semantics != _ours.semantics(ours)
-    expected = ref.lm_generate(ref.load_oracle_lm(directory), codes, semantics=semantics)
+    codes = user_codes[checkpoint.name][:1, :40]  # past the 24/32-frame contexts: the rings wrap
+    semantics = ref.checkpoint_semantics(checkpoint)
+    changed = flips(semantics)[["window", "user_lag", "depformer_window"].index(part)]
+    assert getattr(changed, part) != getattr(semantics, part)
+    expected = ref.lm_generate(moshi_lm, codes, semantics=changed)
     assert not np.array_equal(_ours.lm_generate(ours, codes), expected)

@@ -121,6 +121,6 @@ def test_expanded_checkpoint_speaks_like_moshi_on_the_eight_step_file(
     codes = user_codes["kyutai-dep8"][:1, :100]
     got = _ours.lm_generate(ours, codes)
     expected = ref.lm_generate(
-        tiny.load_moshi_lm(tiny_checkpoints["kyutai-dep8"]), codes, semantics=_ours.semantics(ours)
+        tiny.load_moshi_lm(tiny_checkpoints["kyutai-dep8"]), codes, semantics=ref.checkpoint_semantics(expanded_checkpoint)
     )
     np.testing.assert_array_equal(got, expected)

@@ -2,7 +2,8 @@
 
 Codes must be exactly equal; decoded audio within 1e-5.  The runs are longer
 than the tiny Mimi context (40 transformer steps = 20 frames), so the
-attention rings wrap.
+attention rings wrap.  moshi follows the checkpoint's reference: unpatched
+for Kyutai's checkpoint, the fork's window for the PersonaPlex-style one.
 """
 
 from __future__ import annotations
@@ -49,15 +50,17 @@ def test_wraps_the_attention_ring(checkpoint: pathlib.Path) -> None:
     assert 2 * FRAMES > tiny.read_config(checkpoint)["mimi"]["transformer"]["context"] + 10
 
 
-def test_streaming_encode_equals_moshi(ours, moshi_mimi, speech_rows: np.ndarray) -> None:
+def test_streaming_encode_equals_moshi(ours, moshi_mimi, checkpoint: pathlib.Path, speech_rows: np.ndarray) -> None:
     pcm = speech_rows[:1, :FRAMES]
-    expected = ref.mimi_encode(moshi_mimi, pcm, rule=_ours.semantics(ours).window)
+    rule = ref.checkpoint_semantics(checkpoint).window
+    assert ours.config.mimi.transformer.reference == ("kyutai" if rule == "kyutai" else "personaplex")
+    expected = ref.mimi_encode(moshi_mimi, pcm, rule=rule)
     np.testing.assert_array_equal(_ours.mimi_encode(ours, pcm), expected)
 
 
 def test_streaming_decode_equals_moshi(ours, moshi_mimi, checkpoint: pathlib.Path, user_codes) -> None:
     codes = user_codes[checkpoint.name][:1, :FRAMES]
-    expected = ref.mimi_decode(moshi_mimi, codes, rule=_ours.semantics(ours).window)
+    expected = ref.mimi_decode(moshi_mimi, codes, rule=ref.checkpoint_semantics(checkpoint).window)
     got = _ours.mimi_decode(ours, codes)
     assert np.abs(expected).max() > 0.05  # real audio, not silence
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
@@ -74,7 +77,7 @@ def test_batch_with_reset_and_pause_equals_moshi_and_single_rows(
     exactly, audio up to float rounding (a B=1 matmul may round differently
     from a B=4 one).
     """
-    rule = _ours.semantics(ours).window
+    rule = ref.checkpoint_semantics(checkpoint).window
     pcm = speech_rows[:, :FRAMES]
     codes = user_codes[checkpoint.name][:, :FRAMES]
     ran = executed(4, FRAMES, PAUSES)
@@ -104,14 +107,9 @@ def test_batch_with_reset_and_pause_equals_moshi_and_single_rows(
         np.testing.assert_allclose(dec[row, frames], alone_dec, rtol=0, atol=1e-6)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="our Mimi follows NVIDIA's fork: a full attention ring sees context-1 keys, moshi 0.2.13 sees "
-    "context keys, so codes differ once the ring wraps (frame ~20 here, ~125 = 10 s with the real Mimi)",
-)
-def test_kyutai_checkpoint_mimi_follows_moshi_0213(tiny_checkpoints, speech_rows: np.ndarray) -> None:
-    """On a Kyutai checkpoint, Kyutai's own reference (moshi 0.2.13 unchanged) is the expectation."""
-    directory = tiny_checkpoints["kyutai-dep8"]
+def test_the_window_rule_matters(ours, moshi_mimi, checkpoint: pathlib.Path, speech_rows: np.ndarray) -> None:
+    """moshi with the other reference's window gives other codes once the ring wraps (~frame 20 here)."""
+    rule = ref.checkpoint_semantics(checkpoint).window
+    other = {"fork": "kyutai", "kyutai": "fork"}[rule]
     pcm = speech_rows[:1, :FRAMES]
-    expected = ref.mimi_encode(tiny.load_moshi_mimi(directory), pcm, rule="kyutai")
-    np.testing.assert_array_equal(_ours.mimi_encode(_ours.load(directory), pcm), expected)
+    assert not np.array_equal(_ours.mimi_encode(ours, pcm), ref.mimi_encode(moshi_mimi, pcm, rule=other))
