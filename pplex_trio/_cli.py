@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
         "nvidia/personaplex-7b-v1, or a local checkpoint directory (default echo)")
     serve.add_argument("--slots", type=_positive_int, default=4, help="concurrent conversations (default 4)")
     serve.add_argument("--device", default="auto", help="torch device: auto, cpu, cuda, cuda:1 … (default auto)")
+    serve.add_argument(
+        "--cuda-graph", action="store_true",
+        help="capture each tick's GPU work as a CUDA graph and replay it (CUDA only; untested on hardware so far)")
     serve.add_argument("--voice-dir", type=pathlib.Path, help="folder of voice prompt .pt files")
     serve.add_argument("--static", dest="static_dir", type=pathlib.Path, help="serve another web UI build from this folder")
     serve.add_argument("--queue-size", type=_non_negative_int, default=16, help="connections that may wait for a slot (default 16)")
@@ -113,6 +116,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = ServerSettings(
         host=args.host, port=args.port, model=args.model, slots=args.slots, device=args.device,
+        cuda_graph=args.cuda_graph,
         voice_dir=args.voice_dir, static_dir=args.static_dir, queue_size=args.queue_size,
         queue_timeout=args.queue_timeout, max_prompt_chars=args.max_prompt_chars, framing=args.framing,
         opus_encoder=args.opus_encoder,

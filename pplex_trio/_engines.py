@@ -47,6 +47,7 @@ def create_engine(settings: ServerSettings) -> Engine:
             num_slots=settings.slots,
             device=resolve_device(settings.device),
             voice_dir=None if settings.voice_dir is None else str(settings.voice_dir),
+            cuda_graph=settings.cuda_graph,
         )
-    except (ModelAccessError, CheckpointMismatchError, VoiceNotFoundError) as exc:
+    except (ModelAccessError, CheckpointMismatchError, VoiceNotFoundError, ValueError) as exc:
         raise ModelUnavailable(f"--model {settings.model}: {exc}") from exc

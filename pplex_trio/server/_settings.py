@@ -17,6 +17,7 @@ class ServerSettings:
     model: str = "echo"
     slots: int = 4
     device: str = "auto"
+    cuda_graph: bool = False  # capture each tick's GPU work as a CUDA graph (CUDA only)
     voice_dir: pathlib.Path | None = None
     static_dir: pathlib.Path | None = None  # None: the web UI shipped with the package
     queue_size: int = 16  # connections that may wait for a slot
