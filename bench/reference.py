@@ -1,0 +1,499 @@
+#!/usr/bin/env python3
+"""bench/reference: pplex-trio side by side with Kyutai's reference server (moshi 0.2.13).
+
+Serves one tiny checkpoint with both servers and drives them with the same
+Moshi-protocol client (``bench/_reference_client.py``): real speech from
+``../shared/data``, Ogg Opus pages of 40 ms sent at real-time pace.
+
+* **single conversation**, repeated, the two servers taking turns: time to
+  the handshake, handshake to first audio, per-frame turnaround;
+* **N simultaneous clients** (2, 4, 8): how many are served at once, each
+  client's time to first audio, audio frames per second per client.
+
+The reference (``moshi.server``, aiohttp) runs in its own venv
+``bench/.venv-reference``, created on first use (``bench/_reference_env.py``),
+through ``bench/_reference_launch.py``, which only makes it run on a CPU.
+The checkpoint is ``bench/_reference_checkpoint.py``'s (built into a temporary
+folder unless ``--checkpoint``).
+
+Usage (from the repository root)::
+
+    python bench/reference.py                       # the whole comparison, ~10 minutes
+    python bench/reference.py --repeats 1 --clients 2 --duration 6 --load-duration 4   # a quick look
+
+Prints one table with both servers and ``ours/ref`` ratios, and writes
+``bench/results/<name>.json`` and ``.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import logging
+import math
+import os
+import pathlib
+import platform
+import re
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import trio
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import _reference_checkpoint as checkpoint  # noqa: E402
+import _reference_client as client  # noqa: E402
+import _reference_env as refenv  # noqa: E402
+from _metrics import Histogram, Snapshot, scrape  # noqa: E402
+from _serverproc import ServerProcess  # noqa: E402
+from load import encode_pages  # noqa: E402
+
+logger = logging.getLogger("bench.reference")
+DATA = REPO.parent / "shared" / "data"
+RESULTS = REPO / "bench" / "results"
+LAUNCHER = REPO / "bench" / "_reference_launch.py"
+SIDES = ("reference", "ours")
+_FRAME_HANDLED = re.compile(r"frame handled in ([\d.]+)ms")
+
+
+# --- the two servers ----------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A port that was free a moment ago (moshi.server prints the port it was given, not the one bound)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_reference(args: argparse.Namespace, ckpt: pathlib.Path) -> ServerProcess:
+    cmd = [str(LAUNCHER), "--lm-dtype", "float32", "--torch-threads", str(args.torch_threads),
+           "--host", "127.0.0.1", "--port", str(free_port()), *checkpoint.reference_args(ckpt)]
+    return ServerProcess(cmd, python=str(refenv.python(args.reference_venv)), startup_timeout=300,
+                         env={"PYTHONPATH": ""})
+
+
+def start_ours(args: argparse.Namespace, ckpt: pathlib.Path, slots: int) -> ServerProcess:
+    cmd = ["-m", "pplex_trio", "serve", "--model", str(ckpt), "--slots", str(slots), "--device", "cpu",
+           "--port", "0", "--queue-size", "16"]
+    return ServerProcess(cmd, startup_timeout=300, env={"PYTHONPATH": str(REPO)})
+
+
+@dataclasses.dataclass
+class Server:
+    side: str
+    proc: ServerProcess
+
+    @property
+    def url(self) -> str:
+        return "http://" + self.proc.address
+
+    def log_mark(self) -> int:
+        return len(self.proc.log)
+
+    def frames_handled_ms(self, since: int) -> list[float]:
+        """moshi.server logs ``frame handled in X ms`` (encode + LM step + decode + send) per input frame."""
+        return [float(m.group(1)) for line in self.proc.log[since:] if (m := _FRAME_HANDLED.search(line))]
+
+
+# --- scenarios ----------------------------------------------------------------------------
+
+
+def counters(snapshot: Snapshot, base: Snapshot, at: float) -> client.Counters:
+    def delta(name: str) -> float:
+        return snapshot.total(name) - base.total(name)
+
+    return client.Counters(
+        at=at, frames_in=delta("pplex_frames_in_total"), silence=delta("pplex_frames_silence_filled_total"),
+        skipped=delta("pplex_input_samples_skipped_total"), dropped=delta("pplex_frames_dropped_total"),
+    )
+
+
+async def single_conversation(server: Server, pages: list[bytes], page_samples: list[int],
+                              args: argparse.Namespace) -> dict:
+    """One conversation of ``args.duration`` s; our server's counters are read every 0.5 s meanwhile."""
+    t0 = trio.current_time()
+    clock = lambda: trio.current_time() - t0  # noqa: E731
+    trace = client.Trace(0)
+    snapshots: list[tuple[float, Snapshot]] = []
+    mark, cpu0 = server.log_mark(), server.proc.cpu_seconds()
+
+    async def read() -> tuple[float, Snapshot]:
+        return clock(), await trio.to_thread.run_sync(scrape, server.url)
+
+    done = trio.Event()
+    async with trio.open_nursery() as nursery:
+        if server.side == "ours":
+            snapshots.append(await read())
+            nursery.start_soon(client.scrape_while, done, read, snapshots)
+        await client.converse(client.chat_url(server.url, **checkpoint.SAMPLING_QUERY), pages, trace,
+                              clock=clock, stream_pages=round(args.duration / client.PAGE_S),
+                              wait_timeout=30, drain=args.drain)
+        done.set()
+    wall = clock()
+    cpu = server.proc.cpu_seconds() - cpu0
+
+    frames = client.complete_frames(trace, page_samples)
+    result = {"trace": dataclasses.asdict(trace), "complete_frames": frames, "cpu_percent": 100 * cpu / wall}
+    if server.side == "reference":
+        mapping = client.reference_frame_map(len(trace.audio_at))
+        handled = server.frames_handled_ms(mark)
+        result["server_frame_ms_p50"] = client.quantile(handled, 0.5)
+        result["outputs_expected"] = frames - 1
+    else:
+        base = snapshots[0][1]
+        series = [counters(s, base, at) for at, s in snapshots]
+        mapping = client.ours_frame_map(len(trace.audio_at), series)
+        first, last = snapshots[0][1], snapshots[-1][1]
+        result["server_tick_engine_ms_p50"] = 1000 * Histogram.between(first, last, "pplex_tick_engine_seconds").quantile(0.5)
+        result["server_added_latency_ms_p50"] = 1000 * Histogram.between(
+            first, last, "pplex_added_latency_seconds").quantile(0.5)
+        result["counters"] = [dataclasses.asdict(c) for c in series]
+        result["ticks_skipped"] = last.total("pplex_ticks_skipped_total") - first.total("pplex_ticks_skipped_total")
+        result["frames_dropped"] = series[-1].dropped
+    turn = client.turnarounds(trace, mapping, page_samples)
+    result.update(
+        mapped_outputs=sum(m is not None for m in mapping),
+        turnaround_ms=[1000 * t for t in turn],
+        handshake_ms=1000 * (trace.handshake_at - trace.connect_at),
+        first_audio_ms=1000 * (trace.audio_at[0] - trace.handshake_at) if trace.audio_at else math.nan,
+    )
+    return result
+
+
+async def warm_up(server: Server, pages: list[bytes]) -> None:
+    """One short conversation, not measured: first-call costs (lazy inits, allocator) are not the comparison."""
+    trace = client.Trace(-1)
+    await client.converse(client.chat_url(server.url, **checkpoint.SAMPLING_QUERY), pages, trace,
+                          clock=trio.current_time, stream_pages=50, wait_timeout=30, drain=0.3)
+    if trace.error or not trace.audio_at:
+        raise RuntimeError(f"{server.side} server failed its warm-up conversation: {trace.error or 'no audio'}")
+
+
+async def many_clients(server: Server, n: int, pages: list[bytes], args: argparse.Namespace) -> dict:
+    """``n`` clients connect at once; each streams ``args.load_duration`` s once it has its handshake."""
+    t0 = trio.current_time()
+    clock = lambda: trio.current_time() - t0  # noqa: E731
+    traces = [client.Trace(i) for i in range(n)]
+    cpu0 = server.proc.cpu_seconds()
+    url = client.chat_url(server.url, **checkpoint.SAMPLING_QUERY)
+    async with trio.open_nursery() as nursery:
+        for trace in traces:
+            nursery.start_soon(functools.partial(
+                client.converse, url, pages, trace, clock=clock,
+                stream_pages=round(args.load_duration / client.PAGE_S),
+                wait_timeout=args.wait_timeout, drain=args.drain))
+    wall = clock()
+    return {"clients": n, "traces": [dataclasses.asdict(t) for t in traces],
+            "wall_s": wall, "cpu_percent": 100 * (server.proc.cpu_seconds() - cpu0) / wall}
+
+
+# --- summaries ------------------------------------------------------------------------------
+
+
+def summarize_single(runs: Sequence[dict]) -> dict:
+    """Pool the runs: medians, and each run's median for the spread."""
+    def spread(key: str) -> dict:
+        values = [r[key] for r in runs if not math.isnan(r[key])]
+        return {"p50": client.quantile(values, 0.5), "min": min(values, default=math.nan),
+                "max": max(values, default=math.nan)}
+
+    turn = [t for r in runs for t in r["turnaround_ms"]]
+    per_run = [client.quantile(r["turnaround_ms"], 0.5) for r in runs]
+    return {
+        "handshake_ms": spread("handshake_ms"),
+        "first_audio_ms": spread("first_audio_ms"),
+        "turnaround_ms": {"p10": client.quantile(turn, 0.1), "p50": client.quantile(turn, 0.5),
+                          "p90": client.quantile(turn, 0.9), "p99": client.quantile(turn, 0.99),
+                          "run_p50_min": min(per_run, default=math.nan), "run_p50_max": max(per_run, default=math.nan),
+                          "frames": len(turn)},
+        "outputs": sum(len(r["trace"]["audio_at"]) for r in runs),
+        "mapped_outputs": sum(r["mapped_outputs"] for r in runs),
+        "complete_frames": sum(r["complete_frames"] for r in runs),
+        "cpu_percent": client.quantile([r["cpu_percent"] for r in runs], 0.5),
+        "ticks_skipped": sum(r.get("ticks_skipped", 0) for r in runs),
+        "frames_dropped": sum(r.get("frames_dropped", 0) for r in runs),
+        "errors": [r["trace"]["error"] for r in runs if r["trace"]["error"]],
+    }
+
+
+def summarize_many(run: dict, window: float) -> dict:
+    traces = [client.Trace(**t) for t in run["traces"]]
+    served = [t for t in traces if t.audio_at]
+    first = [t.audio_at[0] - t.connect_at for t in served]
+    fps = [client.frames_within(t, window) / window for t in traces]
+    return {
+        "clients": run["clients"],
+        "served": len(served),
+        "concurrent": client.max_concurrent(traces),
+        "first_audio_s": {"p50": client.quantile(first, 0.5), "max": max(first, default=math.nan),
+                          "each": first},
+        "fps_per_client": {"mean": float(np.mean(fps)), "min": min(fps), "max": max(fps), "each": fps},
+        "all_done_s": max((t.closed_at for t in traces), default=math.nan),
+        "cpu_percent": run["cpu_percent"],
+        "errors": [t.error for t in traces if t.error],
+    }
+
+
+def ratio(ours: float, ref: float) -> str:
+    if math.isnan(ours) or math.isnan(ref) or ref == 0:
+        return "-"
+    return f"{ours / ref:.2f}"
+
+
+def table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+                     for row in rows)
+
+
+def single_rows(single: dict) -> list[list[str]]:
+    ref, ours = single["reference"], single["ours"]
+
+    def spread_cell(s: dict) -> str:
+        return f"{s['p50']:.1f} [{s['min']:.1f}-{s['max']:.1f}]"
+
+    rows = [["single conversation", "reference", "ours", "ours/ref"]]
+    for label, key in (("time to handshake, ms", "handshake_ms"), ("handshake -> first audio, ms", "first_audio_ms")):
+        rows.append([label, spread_cell(ref[key]), spread_cell(ours[key]), ratio(ours[key]["p50"], ref[key]["p50"])])
+    for q in ("p10", "p50", "p90", "p99"):
+        rows.append([f"per-frame turnaround {q}, ms", f"{ref['turnaround_ms'][q]:.1f}",
+                     f"{ours['turnaround_ms'][q]:.1f}", ratio(ours["turnaround_ms"][q], ref["turnaround_ms"][q])])
+    rows.append(["  runs' p50 min-max, ms",
+                 f"{ref['turnaround_ms']['run_p50_min']:.1f}-{ref['turnaround_ms']['run_p50_max']:.1f}",
+                 f"{ours['turnaround_ms']['run_p50_min']:.1f}-{ours['turnaround_ms']['run_p50_max']:.1f}", ""])
+    rows.append(["frames timed / audio received / input frames",
+                 f"{ref['turnaround_ms']['frames']}/{ref['outputs']}/{ref['complete_frames']}",
+                 f"{ours['turnaround_ms']['frames']}/{ours['outputs']}/{ours['complete_frames']}", ""])
+    rows.append(["server CPU, % of a core", f"{ref['cpu_percent']:.0f}", f"{ours['cpu_percent']:.0f}",
+                 ratio(ours["cpu_percent"], ref["cpu_percent"])])
+    return rows
+
+
+def many_rows(many: dict, window: float) -> list[list[str]]:
+    rows = [["simultaneous clients", "reference", "ours", "ours/ref"]]
+    for n in sorted(many["ours"], key=int):
+        ref, ours = many["reference"][n], many["ours"][n]
+        rows.append([f"N={n}: served at once", f"{ref['concurrent']}/{n}", f"{ours['concurrent']}/{n}",
+                     ratio(ours["concurrent"], ref["concurrent"])])
+        rows.append([f"N={n}: connect -> first audio p50 / max, s",
+                     f"{ref['first_audio_s']['p50']:.2f} / {ref['first_audio_s']['max']:.2f}",
+                     f"{ours['first_audio_s']['p50']:.2f} / {ours['first_audio_s']['max']:.2f}",
+                     f"{ratio(ours['first_audio_s']['p50'], ref['first_audio_s']['p50'])} / "
+                     f"{ratio(ours['first_audio_s']['max'], ref['first_audio_s']['max'])}"])
+        rows.append([f"N={n}: audio frames/s per client, first {window:g} s (mean, min-max)",
+                     f"{ref['fps_per_client']['mean']:.1f} ({ref['fps_per_client']['min']:.1f}-"
+                     f"{ref['fps_per_client']['max']:.1f})",
+                     f"{ours['fps_per_client']['mean']:.1f} ({ours['fps_per_client']['min']:.1f}-"
+                     f"{ours['fps_per_client']['max']:.1f})",
+                     ratio(ours["fps_per_client"]["mean"], ref["fps_per_client"]["mean"])])
+        rows.append([f"N={n}: last client done after, s", f"{ref['all_done_s']:.1f}", f"{ours['all_done_s']:.1f}",
+                     ratio(ours["all_done_s"], ref["all_done_s"])])
+        rows.append([f"N={n}: server CPU, % of a core", f"{ref['cpu_percent']:.0f}", f"{ours['cpu_percent']:.0f}",
+                     ratio(ours["cpu_percent"], ref["cpu_percent"])])
+    return rows
+
+
+NOTES = """\
+What the numbers include (times on the client's clock, loopback):
+* time to handshake: WebSocket connect + upgrade until 0x00. Neither server runs a system prompt for a Kyutai
+  checkpoint; ours also claims a slot and waits for the engine tick that starts it.
+* handshake -> first audio: the client starts streaming at the handshake. The reference answers only input:
+  its first output needs two whole input frames (the LM's first step returns nothing; 2 x 80 ms of audio, sent in
+  real time, ~120 ms after the first page) plus one step. Ours ticks every 80 ms from the handshake on, feeding
+  silence until the first frame is in, so its first audio is the next tick plus one step, whatever the client sends.
+* per-frame turnaround: from sending the Ogg page that completes an input frame to receiving the output of the
+  model step that consumed that frame (see bench/_reference_client.py for how each side's outputs are matched to
+  frames). The reference steps the moment a frame is complete: its turnaround is its step time (Mimi encode, LM,
+  Mimi decode, Opus encode) plus loopback. Ours adds the wait for the next 80 ms tick (0-80 ms; the aligned framer
+  moves frame ends to the newest audio before a tick), then the batched step and Opus encode.
+* simultaneous clients: all connect at once and stream once they have their handshake. The reference serves one
+  conversation at a time under its lock: the others get no handshake (and no message at all) until it is free.
+  'served at once' = most clients receiving audio at the same moment; frames/s counts audio messages in the first
+  WINDOW s after connecting (real time is 12.5).
+* The tiny model's step costs ~25-60 ms of CPU here for either server, a third to two thirds of the 80 ms frame:
+  turnaround is dominated by it and by ours' tick wait; with the 7B on a GPU the step is ~30-80 ms per tick, so
+  the same structure holds. On 2 shared cores, one process's step slows the other's; servers take turns here."""
+
+
+def plot(data: dict, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"reference": "tab:orange", "ours": "tab:blue"}
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    ax = axes[0][0]
+    for side in SIDES:
+        values = sorted(t for run in data["single_runs"][side] for t in run["turnaround_ms"])
+        if values:
+            ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", color=colors[side], label=side)
+    ax.set(xlabel="per-frame turnaround (ms)", ylabel="fraction of frames", title="Single conversation")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax = axes[0][1]
+    for k, side in enumerate(SIDES):
+        for n, summary in data["many"][side].items():
+            xs = [int(n) + (k - 0.5) * 0.3] * len(summary["first_audio_s"]["each"])
+            ax.plot(xs, summary["first_audio_s"]["each"], "o", color=colors[side], alpha=0.7,
+                    label=side if n == min(data["many"][side], key=int) else None)
+    ax.set(xlabel="simultaneous clients", ylabel="connect -> first audio (s)", title="Time to first audio, each client")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    largest = max(data["many"]["ours"], key=int) if data["many"]["ours"] else None
+    for ax, side in zip(axes[1], SIDES):
+        ax.set(xlabel="time since the clients connected (s)", ylabel="client",
+               title=f"{side}: audio received, N={largest}")
+        if largest is None:
+            continue
+        for t in data["many_runs"][side][largest]["traces"]:
+            ax.plot(t["audio_at"], [t["index"]] * len(t["audio_at"]), "|", color=colors[side], markersize=6)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"bench/reference: pplex-trio vs moshi 0.2.13 moshi.server, {data['checkpoint_spec']}, CPU")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# --- driving it -------------------------------------------------------------------------------
+
+
+def run_scenario(fn: Callable, *args) -> dict:
+    return trio.run(functools.partial(fn, *args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=20.0, help="speech per single conversation, s (default 20)")
+    parser.add_argument("--repeats", type=int, default=3, help="single conversations per server (default 3)")
+    parser.add_argument("--clients", default="2,4,8", help="simultaneous clients, comma-separated (default 2,4,8)")
+    parser.add_argument("--load-duration", type=float, default=8.0,
+                        help="speech each simultaneous client streams, s (default 8)")
+    parser.add_argument("--wait-timeout", type=float, default=None,
+                        help="how long a client waits for its handshake, s (default: long enough for the "
+                        "reference to serve every client in turn)")
+    parser.add_argument("--drain", type=float, default=1.0, help="seconds a client listens after its last page")
+    parser.add_argument("--our-slots", type=int, default=0,
+                        help="--slots of our server; 0 (default): as many as the scenario's clients")
+    parser.add_argument("--torch-threads", type=int, default=1,
+                        help="the reference's torch threads (default 1, what ours uses for a small model on CPU)")
+    parser.add_argument("--checkpoint", type=pathlib.Path, help="a checkpoint folder made by _reference_checkpoint")
+    parser.add_argument("--reference-venv", type=pathlib.Path, default=refenv.VENV)
+    parser.add_argument("--name", default="reference", help="file name stem under bench/results/")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    clients = [int(n) for n in args.clients.split(",") if n.strip()]
+    if args.wait_timeout is None:
+        args.wait_timeout = max(clients, default=1) * (args.load_duration + args.drain + 3) + 30
+
+    versions = refenv.ensure(args.reference_venv)
+    logger.info("reference venv: moshi torch aiohttp sphn numpy = %s", versions)
+    with tempfile.TemporaryDirectory(prefix="bench-reference-") as tmp:
+        ckpt = args.checkpoint or checkpoint.build(pathlib.Path(tmp) / "tiny", DATA / "speech_assistant.wav")
+        if not (ckpt / checkpoint.MOSHI_CONFIG).exists():
+            checkpoint.write_moshi_config(ckpt)
+        data = measure(args, ckpt, clients)
+    data["reference_venv_versions"] = dict(zip(("moshi", "torch", "aiohttp", "sphn", "numpy"), versions.split()))
+    data["command"] = " ".join(["python", "bench/reference.py", *(argv if argv is not None else sys.argv[1:])])
+
+    window = args.load_duration
+    header = [
+        f"# bench/reference: pplex-trio vs Kyutai moshi {data['reference_venv_versions']['moshi']} moshi.server, "
+        f"tiny {data['checkpoint_spec']} checkpoint (random weights), CPU float32, sampling as the official client",
+        f"# {data['command']}",
+        f"# {data['date']}, {data['cpus']} CPUs, load average before/after: "
+        f"{data['load_before'][0]:.2f}/{data['load_after'][0]:.2f} (1 min)",
+        f"# single conversation: {args.repeats} runs x {args.duration:g} s of speech per server, taking turns; "
+        f"value [min-max of runs]",
+        f"# simultaneous clients: {args.load_duration:g} s of speech each; our server --slots "
+        f"{'= N' if not args.our_slots else args.our_slots}; reference torch threads {args.torch_threads}",
+        f"# server-side cross-check (p50): reference 'frame handled' {data['server_side']['reference_frame_ms']:.1f} ms;"
+        f" ours engine tick {data['server_side']['ours_tick_engine_ms']:.1f} ms, added latency "
+        f"{data['server_side']['ours_added_latency_ms']:.1f} ms",
+        f"# ours in the single conversations: {data['single']['ours']['ticks_skipped']:.0f} ticks skipped, "
+        f"{data['single']['ours']['frames_dropped']:.0f} frames dropped; each server had one unmeasured 2 s "
+        "warm-up conversation after it started",
+    ]
+    print("\n".join(header))
+    print()
+    print(table(single_rows(data["single"])))
+    print()
+    print(table(many_rows(data["many"], window)))
+    print()
+    print(NOTES.replace("WINDOW", f"{window:g}"))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = RESULTS / args.name
+    stem.with_suffix(".json").write_text(json.dumps(data, indent=1, allow_nan=True))
+    plot(data, stem.with_suffix(".png"))
+    print(f"\nwrote {stem.with_suffix('.json').relative_to(REPO)} and {stem.with_suffix('.png').relative_to(REPO)}")
+    errors = [e for side in SIDES for e in data["single"][side]["errors"]]
+    errors += [e for side in SIDES for s in data["many"][side].values() for e in s["errors"]]
+    for error in errors:
+        logger.warning("client error: %s", error)
+    return 0
+
+
+def measure(args: argparse.Namespace, ckpt: pathlib.Path, clients: list[int]) -> dict:
+    """Run every scenario; the two servers take turns, the first one alternating."""
+    pages = encode_pages(max(args.duration, args.load_duration) + 2, 40)
+    page_samples = client.decoded_samples(pages)
+    data: dict = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "python": platform.python_version(),
+        "load_before": os.getloadavg(), "checkpoint_spec": checkpoint.spec().name,
+        "single_runs": {side: [] for side in SIDES}, "many_runs": {side: {} for side in SIDES},
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
+    reference = Server("reference", start_reference(args, ckpt))
+    logger.info("reference server at %s", reference.url)
+    run_scenario(warm_up, reference, pages)
+    try:
+        ours = Server("ours", start_ours(args, ckpt, args.our_slots or 1))
+        try:
+            logger.info("our server at %s", ours.url)
+            run_scenario(warm_up, ours, pages)
+            for rep in range(args.repeats):
+                order = (reference, ours) if rep % 2 == 0 else (ours, reference)
+                for server in order:
+                    logger.info("single conversation %d/%d: %s", rep + 1, args.repeats, server.side)
+                    data["single_runs"][server.side].append(
+                        run_scenario(single_conversation, server, pages, page_samples, args))
+        finally:
+            ours.proc.stop()
+        for k, n in enumerate(clients):
+            ours = Server("ours", start_ours(args, ckpt, args.our_slots or n))
+            try:
+                run_scenario(warm_up, ours, pages)
+                order = (reference, ours) if k % 2 == 0 else (ours, reference)
+                for server in order:
+                    logger.info("%d simultaneous clients: %s", n, server.side)
+                    data["many_runs"][server.side][str(n)] = run_scenario(many_clients, server, n, pages, args)
+            finally:
+                ours.proc.stop()
+    finally:
+        reference.proc.stop()
+    data["load_after"] = os.getloadavg()
+    data["single"] = {side: summarize_single(data["single_runs"][side]) for side in SIDES}
+    data["many"] = {side: {n: summarize_many(run, args.load_duration) for n, run in data["many_runs"][side].items()}
+                    for side in SIDES}
+    ref_runs, our_runs = data["single_runs"]["reference"], data["single_runs"]["ours"]
+    data["server_side"] = {
+        "reference_frame_ms": client.quantile([r["server_frame_ms_p50"] for r in ref_runs], 0.5),
+        "ours_tick_engine_ms": client.quantile([r["server_tick_engine_ms_p50"] for r in our_runs], 0.5),
+        "ours_added_latency_ms": client.quantile([r["server_added_latency_ms_p50"] for r in our_runs], 0.5),
+    }
+    return data
+
+
+if __name__ == "__main__":
+    sys.exit(main())
