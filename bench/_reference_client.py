@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import math
 import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
@@ -190,7 +191,7 @@ def ours_frame_map(outputs: int, counters: Sequence[Counters]) -> FrameMap:
     mapping: FrameMap = [None] * outputs
     if any(c.dropped for c in counters):
         return mapping
-    for before, after in zip(counters, counters[1:]):
+    for before, after in itertools.pairwise(counters):
         if after.silence != before.silence or after.skipped != before.skipped:
             continue
         first, last = int(before.ticks), int(after.ticks)

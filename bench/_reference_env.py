@@ -68,7 +68,7 @@ def python(venv: pathlib.Path = VENV) -> pathlib.Path:
 
 def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
     logger.info("$ %s", " ".join(cmd))
-    return subprocess.run(cmd, text=True, capture_output=True, **kwargs)
+    return subprocess.run(cmd, check=False, text=True, capture_output=True, **kwargs)
 
 
 def _check(done: subprocess.CompletedProcess[str]) -> None:
@@ -86,7 +86,7 @@ def versions(venv: pathlib.Path = VENV) -> str | None:
     """``moshi torch aiohttp sphn numpy`` versions if the venv can run the reference, else None."""
     if not python(venv).exists():
         return None
-    done = subprocess.run([str(python(venv)), "-c", _PROBE], text=True, capture_output=True)
+    done = subprocess.run([str(python(venv)), "-c", _PROBE], check=False, text=True, capture_output=True)
     return done.stdout.strip() if done.returncode == 0 else None
 
 

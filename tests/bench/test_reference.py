@@ -9,6 +9,7 @@ the config the benchmark writes for it, without touching the hub.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import sys
@@ -20,6 +21,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import _reference_client as client  # noqa: E402
 import _reference_env as refenv  # noqa: E402
+import _reference_report as report  # noqa: E402
 
 PAGE = 960  # samples in one 40 ms page
 MOSHI_REQUIRES = [
@@ -148,3 +150,42 @@ def test_moshi_loads_the_benchmark_checkpoint_offline(tmp_path: pathlib.Path, sp
     assert (lm.card, lm.dep_q, config["card"]) == (2048, 8, 2048)
     assert info.get_mimi("cpu").num_codebooks == 8
     assert info.lm_gen_config == checkpoint.LM_GEN_CONFIG
+
+
+def single_run(side: str, turnaround_ms: list[float]) -> dict:
+    trace = sent_trace(10)
+    trace.audio_at = [1.2 + 0.08 * i for i in range(len(turnaround_ms))]
+    return {"trace": dataclasses.asdict(trace), "complete_frames": 5, "cpu_percent": 40.0,
+            "mapped_outputs": len(turnaround_ms), "turnaround_ms": turnaround_ms, "handshake_ms": 10.0,
+            "first_audio_ms": 100.0 if side == "ours" else 160.0}
+
+
+def many_run(n: int, serial: bool) -> dict:
+    traces = []
+    for i in range(n):
+        start = 8.0 * i if serial else 0.1
+        traces.append(dataclasses.asdict(client.Trace(
+            i, connect_at=0.0, handshake_at=start, audio_at=[start + 0.1 + 0.08 * k for k in range(100)],
+            closed_at=start + 9.0)))
+    return {"clients": n, "traces": traces, "wall_s": 9.0 * n, "cpu_percent": 50.0, "server_step_ms_p50": 40.0}
+
+
+def test_report_puts_the_two_servers_side_by_side(tmp_path: pathlib.Path) -> None:
+    runs = {"reference": [single_run("reference", [50.0, 55.0])], "ours": [single_run("ours", [60.0, 65.0])]}
+    single = {side: report.summarize_single(runs[side]) for side in report.SIDES}
+    assert single["ours"]["turnaround_ms"]["p50"] == pytest.approx(62.5)
+    rows = report.single_rows(single)
+    assert rows[0] == ["single conversation", "reference", "ours", "ours/ref"]
+    assert ["handshake -> first audio, ms", "160.0 [160.0-160.0]", "100.0 [100.0-100.0]", "0.62"] in rows
+
+    many_runs = {"reference": {"4": many_run(4, serial=True)}, "ours": {"4": many_run(4, serial=False)}}
+    many = {side: {n: report.summarize_many(r, 8.0) for n, r in many_runs[side].items()} for side in report.SIDES}
+    assert (many["reference"]["4"]["concurrent"], many["ours"]["4"]["concurrent"]) == (1, 4)
+    assert many["ours"]["4"]["fps_per_client"]["mean"] == pytest.approx(98 / 8)  # audio at 0.2 s + 80 ms * k
+    assert many["reference"]["4"]["fps_per_client"]["min"] == 0.0
+    text = report.table(report.many_rows(many, 8.0))
+    assert "N=4: served at once" in text and "4.00" in text
+
+    report.plot({"single_runs": runs, "many": many, "many_runs": many_runs, "checkpoint_spec": "tiny"},
+                tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 0
