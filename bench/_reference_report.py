@@ -37,6 +37,7 @@ def summarize_single(runs: Sequence[dict]) -> dict:
         "mapped_outputs": sum(r["mapped_outputs"] for r in runs),
         "complete_frames": sum(r["complete_frames"] for r in runs),
         "cpu_percent": client.quantile([r["cpu_percent"] for r in runs], 0.5),
+        "other_cores": max((r.get("other_cores", math.nan) for r in runs), default=math.nan),
         "ticks_skipped": sum(r.get("ticks_skipped", 0) for r in runs),
         "frames_dropped": sum(r.get("frames_dropped", 0) for r in runs),
         "errors": [r["trace"]["error"] for r in runs if r["trace"]["error"]],
@@ -58,6 +59,7 @@ def summarize_many(run: dict, window: float) -> dict:
         "all_done_s": max((t.closed_at for t in traces), default=math.nan),
         "cpu_percent": run["cpu_percent"],
         "server_step_ms_p50": run["server_step_ms_p50"],
+        "other_cores": run.get("other_cores", math.nan),
         "ticks_skipped": run.get("ticks_skipped", math.nan),
         "frames_dropped": run.get("frames_dropped", math.nan),
         "errors": [t.error for t in traces if t.error],
@@ -96,6 +98,8 @@ def single_rows(single: dict) -> list[list[str]]:
                  f"{ours['turnaround_ms']['frames']}/{ours['outputs']}/{ours['complete_frames']}", ""])
     rows.append(["server CPU, % of a core", f"{ref['cpu_percent']:.0f}", f"{ours['cpu_percent']:.0f}",
                  ratio(ours["cpu_percent"], ref["cpu_percent"])])
+    rows.append(["other processes' CPU meanwhile, cores (max of runs)", f"{ref['other_cores']:.2f}",
+                 f"{ours['other_cores']:.2f}", ""])
     return rows
 
 
@@ -125,6 +129,8 @@ def many_rows(many: dict, window: float) -> list[list[str]]:
                      ratio(ours["server_step_ms_p50"], ref["server_step_ms_p50"])])
         rows.append([f"N={n}: ours: ticks skipped / frames dropped", "",
                      f"{ours['ticks_skipped']:.0f} / {ours['frames_dropped']:.0f}", ""])
+        rows.append([f"N={n}: other processes' CPU meanwhile, cores", f"{ref['other_cores']:.2f}",
+                     f"{ours['other_cores']:.2f}", ""])
     return rows
 
 

@@ -51,6 +51,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import _reference_checkpoint as checkpoint  # noqa: E402
 import _reference_client as client  # noqa: E402
+import _reference_cpu as cpu  # noqa: E402
 import _reference_env as refenv  # noqa: E402
 import _reference_report as report  # noqa: E402
 from _metrics import Histogram, Snapshot, scrape  # noqa: E402
@@ -77,8 +78,7 @@ def free_port() -> int:
 def start_reference(args: argparse.Namespace, ckpt: pathlib.Path) -> ServerProcess:
     cmd = [str(LAUNCHER), "--lm-dtype", "float32", "--torch-threads", str(args.torch_threads),
            "--host", "127.0.0.1", "--port", str(free_port()), *checkpoint.reference_args(ckpt)]
-    return ServerProcess(cmd, python=str(refenv.python(args.reference_venv)), startup_timeout=300,
-                         env={"PYTHONPATH": ""})
+    return ServerProcess(cmd, python=str(refenv.python(args.reference_venv)), startup_timeout=300)
 
 
 def start_ours(args: argparse.Namespace, ckpt: pathlib.Path, slots: int) -> ServerProcess:
@@ -212,6 +212,23 @@ def run_scenario(fn: Callable, *args) -> dict:
     return trio.run(functools.partial(fn, *args))
 
 
+class Scenarios:
+    """Runs scenarios one at a time, each after a quiet moment, noting the other processes' CPU use."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.servers: list[Server] = []
+        self.meter = cpu.CpuMeter(lambda: [s.proc for s in self.servers])
+
+    def run(self, fn: Callable, server: Server, *args) -> dict:
+        quiet = self.meter.wait_quiet(self.args.quiet_below, self.args.quiet_wait)
+        before = self.meter.sample()
+        result = run_scenario(fn, server, *args)
+        result["other_cores"] = cpu.CpuMeter.other_cores(before, self.meter.sample())
+        result["other_cores_before"] = quiet
+        return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=20.0, help="speech per single conversation, s (default 20)")
@@ -227,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="--slots of our server; 0 (default): as many as the scenario's clients")
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="the reference's torch threads (default 1, what ours uses for a small model on CPU)")
+    parser.add_argument("--quiet-below", type=float, default=0.25,
+                        help="before each scenario, wait until other processes use fewer cores than this (default 0.25)")
+    parser.add_argument("--quiet-wait", type=float, default=180.0,
+                        help="longest such wait per scenario, s; then it measures anyway (default 180)")
     parser.add_argument("--checkpoint", type=pathlib.Path, help="a checkpoint folder made by _reference_checkpoint")
     parser.add_argument("--reference-venv", type=pathlib.Path, default=refenv.VENV)
     parser.add_argument("--name", default="reference", help="file name stem under bench/results/")
@@ -294,31 +315,29 @@ def measure(args: argparse.Namespace, ckpt: pathlib.Path, clients: list[int]) ->
         "single_runs": {side: [] for side in report.SIDES}, "many_runs": {side: {} for side in report.SIDES},
         "args": {k: str(v) for k, v in vars(args).items()},
     }
+    scenarios = Scenarios(args)
     reference = Server("reference", start_reference(args, ckpt))
     logger.info("reference server at %s", reference.url)
-    run_scenario(warm_up, reference, pages)
     try:
-        ours = Server("ours", start_ours(args, ckpt, args.our_slots or 1))
-        try:
-            logger.info("our server at %s", ours.url)
-            run_scenario(warm_up, ours, pages)
-            for rep in range(args.repeats):
-                order = (reference, ours) if rep % 2 == 0 else (ours, reference)
-                for server in order:
-                    logger.info("single conversation %d/%d: %s", rep + 1, args.repeats, server.side)
-                    data["single_runs"][server.side].append(
-                        run_scenario(single_conversation, server, pages, page_samples, args))
-        finally:
-            ours.proc.stop()
-        for k, n in enumerate(clients):
+        run_scenario(warm_up, reference, pages)
+        for k, n in enumerate([1, *clients]):
             ours = Server("ours", start_ours(args, ckpt, args.our_slots or n))
+            scenarios.servers = [reference, ours]
             try:
+                logger.info("our server (--slots %s) at %s", args.our_slots or n, ours.url)
                 run_scenario(warm_up, ours, pages)
-                order = (reference, ours) if k % 2 == 0 else (ours, reference)
-                for server in order:
-                    logger.info("%d simultaneous clients: %s", n, server.side)
-                    data["many_runs"][server.side][str(n)] = run_scenario(many_clients, server, n, pages, args)
+                for rep in range(args.repeats if n == 1 else 1):
+                    order = (reference, ours) if (rep + k) % 2 == 0 else (ours, reference)
+                    for server in order:
+                        if n == 1:
+                            logger.info("single conversation %d/%d: %s", rep + 1, args.repeats, server.side)
+                            data["single_runs"][server.side].append(
+                                scenarios.run(single_conversation, server, pages, page_samples, args))
+                        else:
+                            logger.info("%d simultaneous clients: %s", n, server.side)
+                            data["many_runs"][server.side][str(n)] = scenarios.run(many_clients, server, n, pages, args)
             finally:
+                scenarios.servers = [reference]
                 ours.proc.stop()
     finally:
         reference.proc.stop()
