@@ -151,11 +151,12 @@ What the numbers include (times on the client's clock, loopback):
   conversation at a time under its lock: the others get no handshake (and no message at all) until it is free.
   'served at once' = most clients receiving audio at the same moment; frames/s counts audio messages in the first
   WINDOW s after connecting (real time is 12.5).
-* Compute: the tiny model's step (see 'model step' rows and the server-side line above) takes a half to two thirds
-  of the 80 ms frame on this CPU, so turnaround is mostly that step, for both servers, plus ours' tick wait. It
-  also means the reference could not step two conversations per frame here even without its lock, while ours
-  steps all rows in one batched call, whose cost grows far less than the number of rows. The 7B on a GPU is in
-  the same regime (MODEL.md: 28-70 ms per batched tick on an H100-class GPU), so the shape of the comparison
+* Compute: the tiny model's step (the 'model step' rows and the server-side line above) takes roughly a half to
+  two thirds of the 80 ms frame on this CPU, for either server, so turnaround is mostly that step, plus ours'
+  tick wait. It also means the reference could not step two conversations per frame here even without its lock,
+  while ours steps all rows in one batched call whose cost grows much more slowly than the number of rows; at N=8
+  it comes close to the 80 ms budget of this CPU (skipped ticks, if any, show in their row). The 7B on a GPU is
+  in the same regime (MODEL.md: 28-70 ms per batched tick on an H100-class GPU), so the shape of the comparison
   carries over; the absolute numbers do not. Two shared cores: the servers take turns, never run at once."""
 
 
