@@ -169,11 +169,15 @@ def plot(data: dict, path: pathlib.Path) -> None:
     colors = {"reference": "tab:orange", "ours": "tab:blue"}
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     ax = axes[0][0]
+    limit = 300.0  # ms: beyond that a server has fallen behind; the legend counts those frames
     for side in SIDES:
         values = sorted(t for run in data["single_runs"][side] for t in run["turnaround_ms"])
         if values:
-            ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", color=colors[side], label=side)
-    ax.set(xlabel="per-frame turnaround (ms)", ylabel="fraction of frames", title="Single conversation")
+            beyond = sum(v > limit for v in values) / len(values)
+            ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", color=colors[side],
+                    label=f"{side} ({100 * beyond:.0f}% beyond {limit:g} ms)")
+    ax.set(xlabel="per-frame turnaround (ms)", ylabel="fraction of frames", title="Single conversation",
+           xlim=(0, limit))
     ax.grid(alpha=0.3)
     ax.legend()
     ax = axes[0][1]
@@ -200,3 +204,30 @@ def plot(data: dict, path: pathlib.Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def render(data: dict) -> str:
+    """The whole printed report of a run: comment lines, the two tables, the notes."""
+    a = data["args"]
+    window = float(a["load_duration"])
+    side = data["server_side"]
+    header = [
+        f"# bench/reference: pplex-trio vs Kyutai moshi {data['reference_venv_versions']['moshi']} moshi.server, "
+        f"tiny {data['checkpoint_spec']} checkpoint (random weights), CPU float32, sampling as the official client",
+        f"# {data['command']}",
+        f"# {data['date']}, {data['cpus']} CPUs, load average before/after: "
+        f"{data['load_before'][0]:.2f}/{data['load_after'][0]:.2f} (1 min)",
+        f"# single conversation: {a['repeats']} runs x {float(a['duration']):g} s of speech per server, taking turns;"
+        " value [min-max of runs]",
+        f"# simultaneous clients: {window:g} s of speech each; our server --slots "
+        f"{'= N' if a['our_slots'] == '0' else a['our_slots']}; reference torch threads {a['torch_threads']}",
+        f"# server-side cross-check (p50): reference 'frame handled' {side['reference_frame_ms']:.1f} ms;"
+        f" ours engine tick {side['ours_tick_engine_ms']:.1f} ms, added latency {side['ours_added_latency_ms']:.1f} ms",
+        f"# ours in the single conversations: {data['single']['ours']['ticks_skipped']:.0f} ticks skipped, "
+        f"{data['single']['ours']['frames_dropped']:.0f} frames dropped; each server had one unmeasured 2 s "
+        "warm-up conversation after it started",
+        f"# {data.get('scenarios_rerun', 0)} scenario(s) run again because other processes used >= "
+        f"{float(a.get('busy_limit', 'nan')):g} cores during them (the 'other processes' rows show the ones kept)",
+    ]
+    return "\n".join([*header, "", table(single_rows(data["single"])), "", table(many_rows(data["many"], window)),
+                      "", NOTES.replace("WINDOW", f"{window:g}")])

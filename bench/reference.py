@@ -267,7 +267,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", type=pathlib.Path, help="a checkpoint folder made by _reference_checkpoint")
     parser.add_argument("--reference-venv", type=pathlib.Path, default=refenv.VENV)
     parser.add_argument("--name", default="reference", help="file name stem under bench/results/")
+    parser.add_argument("--report", type=pathlib.Path, metavar="JSON",
+                        help="measure nothing: print the table of a results file again and redraw its plot")
     args = parser.parse_args(argv)
+    if args.report:
+        data = json.loads(args.report.read_text())
+        print(report.render(data))
+        report.plot(data, args.report.with_suffix(".png"))
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     clients = [int(n) for n in args.clients.split(",") if n.strip()]
@@ -284,33 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     data["reference_venv_versions"] = dict(zip(("moshi", "torch", "aiohttp", "sphn", "numpy"), versions.split()))
     data["command"] = " ".join(["python", "bench/reference.py", *(argv if argv is not None else sys.argv[1:])])
 
-    window = args.load_duration
-    header = [
-        f"# bench/reference: pplex-trio vs Kyutai moshi {data['reference_venv_versions']['moshi']} moshi.server, "
-        f"tiny {data['checkpoint_spec']} checkpoint (random weights), CPU float32, sampling as the official client",
-        f"# {data['command']}",
-        f"# {data['date']}, {data['cpus']} CPUs, load average before/after: "
-        f"{data['load_before'][0]:.2f}/{data['load_after'][0]:.2f} (1 min)",
-        f"# single conversation: {args.repeats} runs x {args.duration:g} s of speech per server, taking turns; "
-        f"value [min-max of runs]",
-        f"# simultaneous clients: {args.load_duration:g} s of speech each; our server --slots "
-        f"{'= N' if not args.our_slots else args.our_slots}; reference torch threads {args.torch_threads}",
-        f"# server-side cross-check (p50): reference 'frame handled' {data['server_side']['reference_frame_ms']:.1f} ms;"
-        f" ours engine tick {data['server_side']['ours_tick_engine_ms']:.1f} ms, added latency "
-        f"{data['server_side']['ours_added_latency_ms']:.1f} ms",
-        f"# ours in the single conversations: {data['single']['ours']['ticks_skipped']:.0f} ticks skipped, "
-        f"{data['single']['ours']['frames_dropped']:.0f} frames dropped; each server had one unmeasured 2 s "
-        "warm-up conversation after it started",
-        f"# {data['scenarios_rerun']} scenario(s) run again because other processes used >= {args.busy_limit:g} "
-        "cores during them (see the 'other processes' rows for the ones kept)",
-    ]
-    print("\n".join(header))
-    print()
-    print(report.table(report.single_rows(data["single"])))
-    print()
-    print(report.table(report.many_rows(data["many"], window)))
-    print()
-    print(report.NOTES.replace("WINDOW", f"{window:g}"))
+    print(report.render(data))
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = RESULTS / args.name
     stem.with_suffix(".json").write_text(json.dumps(data, indent=1, allow_nan=True))

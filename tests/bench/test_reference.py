@@ -189,3 +189,13 @@ def test_report_puts_the_two_servers_side_by_side(tmp_path: pathlib.Path) -> Non
     report.plot({"single_runs": runs, "many": many, "many_runs": many_runs, "checkpoint_spec": "tiny"},
                 tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 0
+
+    data = {"single_runs": runs, "many_runs": many_runs, "single": single, "many": many, "checkpoint_spec": "tiny",
+            "reference_venv_versions": {"moshi": "0.2.13"}, "command": "python bench/reference.py", "date": "today",
+            "cpus": 2, "load_before": [0.5], "load_after": [0.7], "scenarios_rerun": 1,
+            "server_side": {"reference_frame_ms": 55.0, "ours_tick_engine_ms": 37.0, "ours_added_latency_ms": 38.0},
+            "args": {"load_duration": "8.0", "repeats": "1", "duration": "20.0", "our_slots": "0",
+                     "torch_threads": "1", "busy_limit": "0.5"}}
+    text = report.render(data)
+    assert "# python bench/reference.py" in text and "our server --slots = N" in text
+    assert "1 scenario(s) run again" in text and "first 8 s after connecting" in text
