@@ -198,4 +198,4 @@ def test_report_puts_the_two_servers_side_by_side(tmp_path: pathlib.Path) -> Non
                      "torch_threads": "1", "busy_limit": "0.5"}}
     text = report.render(data)
     assert "# python bench/reference.py" in text and "our server --slots = N" in text
-    assert "1 scenario(s) run again" in text and "first 8 s after connecting" in text
+    assert "1 scenario(s) run again" in text and "audio frames/s per client, first 8 s" in text
