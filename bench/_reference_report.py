@@ -75,7 +75,7 @@ def ratio(ours: float, ref: float) -> str:
 def table(rows: list[list[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-                     for row in rows)
+                     .rstrip() for row in rows)
 
 
 def single_rows(single: dict) -> list[list[str]]:

@@ -18,7 +18,7 @@ folder unless ``--checkpoint``).
 
 Usage (from the repository root)::
 
-    python bench/reference.py                       # the whole comparison, ~10 minutes
+    python bench/reference.py                       # the whole comparison, ~7 minutes on a quiet machine
     python bench/reference.py --repeats 1 --clients 2 --duration 6 --load-duration 4   # a quick look
 
 Prints one table with both servers and ``ours/ref`` ratios, and writes
@@ -304,6 +304,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def relative(value: object) -> object:
+    """A path inside the repository as the repository-relative path (results files name no machine's folders)."""
+    if isinstance(value, pathlib.Path) and value.resolve().is_relative_to(REPO):
+        return value.resolve().relative_to(REPO)
+    return value
+
+
 def measure(args: argparse.Namespace, ckpt: pathlib.Path, clients: list[int]) -> dict:
     """Run every scenario; the two servers take turns, the first one alternating."""
     pages = encode_pages(max(args.duration, args.load_duration) + 2, 40)
@@ -312,7 +319,7 @@ def measure(args: argparse.Namespace, ckpt: pathlib.Path, clients: list[int]) ->
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "python": platform.python_version(),
         "load_before": os.getloadavg(), "checkpoint_spec": checkpoint.spec().name,
         "single_runs": {side: [] for side in report.SIDES}, "many_runs": {side: {} for side in report.SIDES},
-        "args": {k: str(v) for k, v in vars(args).items()},
+        "args": {k: str(relative(v)) for k, v in vars(args).items()},
     }
     scenarios = Scenarios(args)
     reference = Server("reference", start_reference(args, ckpt))
