@@ -30,7 +30,9 @@ def scrape(http_url: str) -> Snapshot:
         for sample in family.samples:
             if sample.name.endswith("_bucket"):
                 bound = float(sample.labels["le"])
-                buckets.setdefault(sample.name[: -len("_bucket")], []).append((bound, sample.value))
+                others = sorted((k, v) for k, v in sample.labels.items() if k != "le")
+                key = sample.name[: -len("_bucket")] + "".join(f"|{k}={v}" for k, v in others)
+                buckets.setdefault(key, []).append((bound, sample.value))
             else:
                 values[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     for series in buckets.values():
@@ -46,9 +48,10 @@ class Histogram:
     counts: list[float]  # cumulative
 
     @classmethod
-    def between(cls, before: Snapshot, after: Snapshot, name: str) -> Histogram:
-        b = dict(before.buckets.get(name, []))
-        a = after.buckets.get(name, [])
+    def between(cls, before: Snapshot, after: Snapshot, name: str, **labels: str) -> Histogram:
+        key = name + "".join(f"|{k}={v}" for k, v in sorted(labels.items()))
+        b = dict(before.buckets.get(key, []))
+        a = after.buckets.get(key, [])
         return cls([bound for bound, _ in a], [count - b.get(bound, 0.0) for bound, count in a])
 
     @property

@@ -153,6 +153,7 @@ class RunResult:
     decode_errors: int
     per_session: list[dict] = dataclasses.field(default_factory=list)
     latency_cdf: tuple[list[float], list[float]] = ((), ())
+    stages_p50_ms: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def lost(self) -> float:
@@ -208,6 +209,9 @@ async def load_run(http_url: str, clients: int, duration: float, page_ms: int, p
         decode_errors=sum(s.decode_errors for s in stats),
         per_session=[dataclasses.asdict(s) for s in stats],
         latency_cdf=latency.cdf(),
+        stages_p50_ms={stage: 1000 * Histogram.between(before, after, "pplex_added_latency_stage_seconds",
+                                                       stage=stage).quantile(0.5)
+                       for stage in ("wait_for_tick", "tick", "encode", "send")},
     )
 
 
@@ -247,6 +251,9 @@ COLUMNS = [
     ("tick p50/p99 ms", lambda r: f"{r.tick_p50_ms:.1f}/{r.tick_p99_ms:.1f}", "{}"),
     ("late p50/p99 ms", lambda r: f"{r.lateness_p50_ms:.2f}/{r.lateness_p99_ms:.2f}", "{}"),
     ("added p50/p90/p99 ms", lambda r: f"{r.latency_p50_ms:.1f}/{r.latency_p90_ms:.1f}/{r.latency_p99_ms:.1f}", "{}"),
+    ("stages p50 ms (wait/tick/enc/send)",
+     lambda r: "/".join(f"{r.stages_p50_ms.get(k, math.nan):.1f}" for k in ("wait_for_tick", "tick", "encode", "send")),
+     "{}"),
     ("cpu %", lambda r: r.cpu_percent, "{:.0f}"),
     ("rss MB", lambda r: r.peak_rss_mb, "{:.0f}"),
     ("real time", lambda r: "yes" if r.real_time else "NO", "{}"),

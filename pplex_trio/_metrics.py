@@ -58,6 +58,12 @@ class Metrics:
             "Per frame: last input sample reached the server -> output frame written to the socket, "
             "minus the engine's compute time for that tick",
             buckets=_LATENCY_BUCKETS, registry=r)
+        self.latency_stage = Histogram(
+            "pplex_added_latency_stage_seconds",
+            "The added latency split by stage: wait_for_tick (input complete -> tick starts), "
+            "tick (tick starts -> output handed over, minus compute), encode (output queue + Opus), "
+            "send (queue to the socket + the write)",
+            ["stage"], buckets=_LATENCY_BUCKETS, registry=r)
         self.frames_out = Counter("pplex_frames_out_total", "Output frames handed to sessions", registry=r)
         self.sessions_started = Counter(
             "pplex_sessions_started_total", "Connections accepted, by protocol", ["protocol"], registry=r)

@@ -48,6 +48,7 @@ class _Plan:
     leases: list[Lease | None]
     pcm: np.ndarray
     arrivals: list[float | None]  # when each LIVE row's input frame was complete
+    started: float  # Trio time at which the tick began
 
 
 @dataclasses.dataclass
@@ -225,7 +226,7 @@ class EngineActor:
                     continue
                 self.metrics.frames_silence.inc()
             pcm[i] = 0.0
-        return _Plan(self.ticks, resets, starts, modes, leases, pcm, arrivals)
+        return _Plan(self.ticks, resets, starts, modes, leases, pcm, arrivals, trio.current_time())
 
     def _execute(self, plan: _Plan) -> _Result:
         """The engine calls of one tick, on the worker thread."""
@@ -253,6 +254,7 @@ class EngineActor:
 
     def _apply(self, plan: _Plan, result: _Result) -> None:
         slots = self.table.slots
+        now = trio.current_time()
         for i, (code, message) in result.rejected.items():
             if slots[i].lease is plan.leases[i]:
                 self.metrics.errors.labels("start_rejected" if code == POLICY else "engine_start").inc()
@@ -278,6 +280,7 @@ class EngineActor:
                 frame = OutputFrame(
                     result.output.pcm[i].copy(), result.output.text[i], plan.tick,
                     input_arrival=plan.arrivals[i], step_seconds=result.step_seconds,
+                    tick_started=plan.started, delivered=now,
                 )
                 lease.outbox.send_nowait(frame)
                 lease.frames_delivered += 1

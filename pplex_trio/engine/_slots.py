@@ -65,6 +65,8 @@ class OutputFrame:
     tick: int
     input_arrival: float | None = None
     step_seconds: float = 0.0
+    tick_started: float = 0.0  # when the tick that made it began
+    delivered: float = 0.0  # when it reached the outbox
 
 
 class Lease:

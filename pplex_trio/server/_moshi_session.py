@@ -16,7 +16,7 @@ from .._channel import DropOldestChannel
 from ..engine import SAMPLE_RATE, Conversation, Lease, LeaseState
 from ..protocol import CloseCode, ProtocolError, conversation_from_params, moshi, parse_query
 from ._opus import make_writer
-from ._session import Outgoing, Session, latency_origin
+from ._session import Outgoing, Session, frame_times
 
 
 class MoshiSession(Session):
@@ -80,7 +80,7 @@ class MoshiSession(Session):
             if ogg:
                 # The first pages carry OpusHead/OpusTags: without them a
                 # decoder cannot start, so they are never dropped.
-                outbound.send_nowait((moshi.audio(ogg), latency_origin(frame)), droppable=not first)
+                outbound.send_nowait((moshi.audio(ogg), frame_times(frame)), droppable=not first)
                 first = False
                 self.stats.frames_sent += 1
             if frame.text:

@@ -14,7 +14,7 @@ import trio
 from .._channel import DropOldestChannel
 from ..engine import Conversation, Lease, LeaseState, OutputFrame
 from ..protocol import CloseCode, ProtocolError, conversation_from_params, raw
-from ._session import Outgoing, Session, latency_origin
+from ._session import Outgoing, Session, frame_times
 
 _FLUSHED = object()  # marks the end of a flush in the output pipeline
 
@@ -94,7 +94,7 @@ class RawSession(Session):
                 outbound.close()
                 return
             assert isinstance(frame, OutputFrame)
-            outbound.send_nowait((raw.pcm_frame(frame.pcm), latency_origin(frame)))
+            outbound.send_nowait((raw.pcm_frame(frame.pcm), frame_times(frame)))
             self.stats.frames_sent += 1
             if frame.text:
                 outbound.send_nowait((raw.text(frame.text), None), droppable=False)

@@ -48,15 +48,28 @@ class WebSocket(Protocol):
     async def close(self, code: int, reason: str = "") -> None: ...
 
 
-# A message for the socket, and when the latency clock of its frame started
-# (input arrival + engine compute), or None if it carries no input frame.
-Outgoing = tuple[bytes | str, float | None]
+@dataclasses.dataclass(frozen=True)
+class FrameTimes:
+    """When one output frame passed each stage (Trio clock), for the latency metrics."""
+
+    input_arrival: float
+    tick_started: float
+    step_seconds: float
+    delivered: float
+    encoded: float
 
 
-def latency_origin(frame: OutputFrame) -> float | None:
+# A message for the socket, and the times of the frame it carries (None if it
+# carries no input frame's answer).
+Outgoing = tuple[bytes | str, "FrameTimes | None"]
+
+
+def frame_times(frame: OutputFrame) -> FrameTimes | None:
+    """Call when the frame's message is ready to queue for sending."""
     if frame.input_arrival is None:
         return None
-    return frame.input_arrival + frame.step_seconds
+    return FrameTimes(frame.input_arrival, frame.tick_started, frame.step_seconds, frame.delivered,
+                      trio.current_time())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,15 +239,21 @@ class Session(abc.ABC):
                      "internal_error")
 
     async def _send_loop(self, outbound: DropOldestChannel[Outgoing]) -> None:
-        latency = self.server.metrics.added_latency
-        async for message, origin in outbound:
+        metrics = self.server.metrics
+        stage = {name: metrics.latency_stage.labels(name) for name in ("wait_for_tick", "tick", "encode", "send")}
+        async for message, times in outbound:
             with trio.move_on_after(self.settings.send_timeout) as timer:
                 await self.ws.send(message)
             if timer.cancelled_caught:
                 self.end(CloseCode.POLICY, "client did not read its messages in time", "send_timeout")
                 return
-            if origin is not None:
-                latency.observe(trio.current_time() - origin)
+            if times is not None:
+                sent = trio.current_time()
+                metrics.added_latency.observe(sent - times.input_arrival - times.step_seconds)
+                stage["wait_for_tick"].observe(times.tick_started - times.input_arrival)
+                stage["tick"].observe(times.delivered - times.tick_started - times.step_seconds)
+                stage["encode"].observe(times.encoded - times.delivered)
+                stage["send"].observe(sent - times.encoded)
         # The protocol closed its output: everything is sent, a normal end.
         self.end(CloseCode.NORMAL, None, "completed")
 
@@ -265,6 +284,10 @@ class Session(abc.ABC):
             "queue_position": lease.position if lease and lease.state is LeaseState.QUEUED else None,
             **dataclasses.asdict(self.stats),
             "frames_consumed": lease.frames_consumed if lease else 0,
+            "input_backlog_ms": round(lease.framer.pending_samples / 24, 1) if lease else 0.0,
+            "input_margin_ms": round(lease.framer.margin / 24, 1) if lease else 0.0,
+            "input_underruns": lease.framer.underruns if lease else 0,
+            "input_skipped_ms": round(lease.framer.skipped_samples / 24, 1) if lease else 0.0,
         }
 
 
