@@ -27,7 +27,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from pplex_trio.protocol._ogg import split_pages  # noqa: E402
-from pplex_trio.server._opus import LibopusWriter  # noqa: E402
+from pplex_trio.codec._libopus import LibopusWriter  # noqa: E402
 
 SR, FRAME = 24_000, 1920
 

@@ -28,15 +28,26 @@ class DropOldestChannel(Generic[T]):
 
     ``receive()`` waits for an item; once :meth:`close` has been called and
     the queue is empty it raises :class:`trio.EndOfChannel`.
+
+    ``salvage(dropped, successor)``, if given, may move what must not be lost
+    (a text piece riding on an audio frame, say) onto the item that follows.
     """
 
-    def __init__(self, capacity: int, *, name: str, on_drop: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        name: str,
+        on_drop: Callable[[str], None] | None = None,
+        salvage: Callable[[T, T], None] | None = None,
+    ):
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
         self.name = name
         self.dropped = 0
         self._on_drop = on_drop
+        self._salvage = salvage
         self._items: collections.deque[tuple[T, bool]] = collections.deque()
         self._droppable = 0
         self._closed = False
@@ -49,15 +60,18 @@ class DropOldestChannel(Generic[T]):
         if self._closed:
             raise trio.ClosedResourceError(f"{self.name} channel is closed")
         if droppable and self._droppable >= self.capacity:
-            self._drop_oldest()
+            self._drop_oldest(item)
         self._items.append((item, droppable))
         self._droppable += droppable
         self._lot.unpark()
 
-    def _drop_oldest(self) -> None:
-        for index, (_, droppable) in enumerate(self._items):
+    def _drop_oldest(self, incoming: T) -> None:
+        for index, (dropped, droppable) in enumerate(self._items):
             if droppable:
                 del self._items[index]
+                if self._salvage is not None:
+                    successor = self._items[index][0] if index < len(self._items) else incoming
+                    self._salvage(dropped, successor)
                 self._droppable -= 1
                 self.dropped += 1
                 if self._on_drop is not None:

@@ -60,9 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--queue-timeout", type=_non_negative_float, default=60.0, help="seconds one may wait (default 60)")
     serve.add_argument("--max-prompt-chars", type=_positive_int, default=1000, help="persona length limit (default 1000)")
     serve.add_argument(
-        "--opus-encoder", choices=("auto", "libopus", "sphn"), default="auto",
-        help="Opus encoder for /api/chat output: libopus via ctypes (complexity 5, runs beside the event loop), "
-        "sphn, or auto (libopus when the system has it); default auto")
+        "--opus-encoder", choices=("auto", "process", "libopus", "sphn"), default="auto",
+        help="Opus encoding of /api/chat output: process (libopus in a child process, off the event loop's GIL), "
+        "libopus (in a worker thread), sphn (in a worker thread), or auto (process when the system has "
+        "libopus, else sphn); default auto")
+    serve.add_argument(
+        "--opus-decoder", choices=("auto", "process", "inline"), default="auto",
+        help="Opus decoding of /api/chat input: process (a child process) or inline (sphn on the event loop); "
+        "default auto (process)")
     serve.add_argument(
         "--framing", choices=("aligned", "naive"), default="aligned",
         help="Moshi input framing: aligned (frames end at the newest audio before each tick, lower latency) "
@@ -119,7 +124,7 @@ def _serve(args: argparse.Namespace) -> int:
         cuda_graph=args.cuda_graph,
         voice_dir=args.voice_dir, static_dir=args.static_dir, queue_size=args.queue_size,
         queue_timeout=args.queue_timeout, max_prompt_chars=args.max_prompt_chars, framing=args.framing,
-        opus_encoder=args.opus_encoder,
+        opus_encoder=args.opus_encoder, opus_decoder=args.opus_decoder,
         echo_delay_frames=args.echo_delay_frames, echo_prefill_steps=args.echo_prefill_steps,
         echo_step_seconds=args.echo_step_ms / 1000.0,
     )

@@ -69,6 +69,12 @@ class ActorStatistics:
     ticks_skipped: int
 
 
+def _carry_text(dropped: OutputFrame, successor: OutputFrame) -> None:
+    """A dropped frame's audio is gone, but its text piece goes out with the next frame."""
+    if dropped.text:
+        successor.text = dropped.text + (successor.text or "")
+
+
 class EngineActor:
     """Owns ``engine``; sessions get slots through :meth:`lease`.
 
@@ -119,7 +125,8 @@ class EngineActor:
             conversation,
             framer=InputFramer(self.engine.frame_size, self.input_backlog_frames, align=align),
             outbox=DropOldestChannel(
-                self.output_backlog_frames, name="output_backlog", on_drop=self.metrics.drop
+                self.output_backlog_frames, name="output_backlog", on_drop=self.metrics.drop,
+                salvage=_carry_text,
             ),
         )
         self.table.request(lease)

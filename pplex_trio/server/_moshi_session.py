@@ -9,13 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import sphn
 import trio
 
 from .._channel import DropOldestChannel
 from ..engine import SAMPLE_RATE, Conversation, Lease, LeaseState
 from ..protocol import CloseCode, ProtocolError, conversation_from_params, moshi, parse_query
-from ._opus import make_writer
 from ._session import Outgoing, Session, frame_times
 
 
@@ -54,13 +52,20 @@ class MoshiSession(Session):
                 self.stats.messages_ignored += 1
 
     async def decode_loop(self, inbound: DropOldestChannel[Any], lease: Lease) -> None:
-        reader = sphn.OpusStreamReader(SAMPLE_RATE)
+        pool = self.server.decoder_pool
+        stream = pool.open_stream()
+        try:
+            await self._decode_pages(inbound, lease, pool, stream)
+        finally:
+            pool.close_stream(stream)
+
+    async def _decode_pages(self, inbound: DropOldestChannel[Any], lease: Lease, pool: Any, stream: Any) -> None:
         actor = self.server.actor
         frame_size = actor.engine.frame_size
         decoded = 0
         async for arrived, ogg in inbound:
             try:
-                pcm = reader.append_bytes(ogg)
+                pcm = await pool.decode(stream, ogg)
             except ValueError as exc:
                 raise ProtocolError(
                     f"audio is not a valid Ogg Opus stream ({exc}); send Ogg pages of 24 kHz mono Opus",
@@ -72,11 +77,17 @@ class MoshiSession(Session):
                 self.stats.frames_decoded = decoded // frame_size
 
     async def encode_loop(self, lease: Lease, outbound: DropOldestChannel[Outgoing]) -> None:
-        writer = make_writer(self.settings.opus_encoder)
         pool = self.server.encoder_pool
+        stream = pool.open_stream()
+        try:
+            await self._encode_frames(lease, outbound, pool, stream)
+        finally:
+            pool.close_stream(stream)
+
+    async def _encode_frames(self, lease: Lease, outbound: DropOldestChannel[Outgoing], pool: Any, stream: Any) -> None:
         first = True
         async for frame in lease.outbox:
-            ogg = await pool.encode(writer, frame.pcm)
+            ogg = await pool.encode(stream, frame.pcm)
             if ogg:
                 # The first pages carry OpusHead/OpusTags: without them a
                 # decoder cannot start, so they are never dropped.

@@ -10,7 +10,14 @@ import trio
 
 from .._metrics import Metrics
 from ..engine import Engine, EngineActor
-from ._opus import EncoderPool
+from ..codec._pools import (
+    EncoderPool,
+    InlineDecoderPool,
+    ProcessDecoderPool,
+    ProcessEncoderPool,
+    make_decoder_pool,
+    make_encoder_pool,
+)
 from ._settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -23,7 +30,8 @@ class ServerState:
     engine: Engine
     actor: EngineActor
     metrics: Metrics
-    encoder_pool: EncoderPool = dataclasses.field(default_factory=EncoderPool)
+    encoder_pool: EncoderPool | ProcessEncoderPool = dataclasses.field(default_factory=EncoderPool)
+    decoder_pool: InlineDecoderPool | ProcessDecoderPool = dataclasses.field(default_factory=InlineDecoderPool)
     sessions: set[Session] = dataclasses.field(default_factory=set)
     shutting_down: bool = False
     sessions_gone: trio.Event = dataclasses.field(default_factory=trio.Event)
@@ -38,7 +46,9 @@ class ServerState:
             input_backlog_frames=settings.input_backlog_frames,
             output_backlog_frames=settings.output_backlog_frames,
         )
-        return cls(settings=settings, engine=engine, actor=actor, metrics=metrics)
+        return cls(settings=settings, engine=engine, actor=actor, metrics=metrics,
+                   encoder_pool=make_encoder_pool(settings.opus_encoder),
+                   decoder_pool=make_decoder_pool(settings.opus_decoder))
 
     def voices(self) -> Sequence[str]:
         return self.engine.voices()

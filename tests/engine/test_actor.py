@@ -273,3 +273,19 @@ async def test_idle_actor_does_not_tick(nursery, autojump_clock):
     await trio.sleep(1.0)
     assert actor.ticks == ticks  # stopped after the slot drained
     assert actor.statistics().slots_free == 1
+
+
+async def test_a_dropped_output_frame_keeps_its_text(nursery, autojump_clock):
+    """When a slow reader lets the outbox overflow, audio is dropped but text never is."""
+    engine = EchoEngine(1, prefill_steps=0)
+    actor = EngineActor(engine, output_backlog_frames=2, run_sync=inline_runner())
+    await nursery.start(actor.run)
+    with actor.lease(Conversation()) as lease:
+        await wait_state(lease, LeaseState.LIVE)
+        await trio.sleep(6 * TICK + TICK / 2)  # nobody reads: 6 frames into a 2-frame outbox
+        frames = [lease.outbox.receive_nowait(), lease.outbox.receive_nowait()]
+        with pytest.raises(trio.WouldBlock):
+            lease.outbox.receive_nowait()
+    delivered = lease.frames_delivered
+    assert delivered == 6 and lease.outbox.dropped == 4
+    assert "".join(f.text for f in frames) == "".join(f" {i}" for i in range(delivered))

@@ -68,3 +68,11 @@ async def test_close_wakes_a_waiting_receiver():
         nursery.start_soon(consumer)
         await trio.testing.wait_all_tasks_blocked()
         ch.close()
+
+
+async def test_salvage_moves_what_must_survive_to_the_next_item():
+    merged = []
+    ch = DropOldestChannel(2, name="t", salvage=lambda dropped, successor: merged.append((dropped, successor)))
+    for item in ("a", "b", "c", "d"):
+        ch.send_nowait(item)
+    assert merged == [("a", "b"), ("b", "c")]

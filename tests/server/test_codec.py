@@ -7,7 +7,8 @@ import trio
 
 from _helpers.audio import best_lag
 from pplex_trio.protocol._ogg import page_sequence, split_pages
-from pplex_trio.server._opus import EncoderPool, LibopusWriter, libopus_available, make_writer
+from pplex_trio.codec._libopus import LibopusWriter, libopus_available
+from pplex_trio.codec._pools import EncoderPool, make_writer
 
 pytestmark = pytest.mark.skipif(not libopus_available(), reason="needs the system libopus")
 

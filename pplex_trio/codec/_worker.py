@@ -1,0 +1,123 @@
+"""The Opus codec processes: every session's Opus work, away from the event loop.
+
+Why a process: libopus through ctypes releases the GIL while it encodes, but
+a worker *thread* must take the GIL back after every packet, and with the
+event loop busy that wait, not the codec, dominates (measured: 48 frames took
+75 ms instead of 16).  sphn's decoder holds the GIL outright.  A child
+process shares no GIL: the event loop only packs and unpacks bytes.
+
+One child encodes (libopus, one :class:`LibopusWriter` per stream), another
+decodes (sphn, one ``OpusStreamReader`` per stream).  The parent sends a
+batch of items and reads one answer per batch.  The format below is sans-IO,
+so both ends and the tests share it.
+
+Wire format, little-endian: ``u32 count``, then ``count`` items of
+``u32 stream, u32 kind, u32 length, payload``.  Request kinds: DATA (PCM to
+encode, or Ogg bytes to decode) and CLOSE (forget the stream).  Answer kinds:
+DATA (the Ogg pages, or the PCM) and ERROR (a UTF-8 message: the stream's
+input was bad; the stream is forgotten).
+
+Run as ``python -m pplex_trio.codec._worker encode|decode``.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from typing import BinaryIO, Callable
+
+_HEADER = struct.Struct("<I")
+_ITEM = struct.Struct("<III")
+DATA, CLOSE, ERROR = 0, 1, 2
+READY = b"R"  # the child's first byte: its imports are done, it takes batches
+
+Item = tuple[int, int, bytes]  # (stream, kind, payload)
+
+
+def pack(items: list[Item]) -> bytes:
+    parts = [_HEADER.pack(len(items))]
+    for stream, kind, payload in items:
+        parts.append(_ITEM.pack(stream, kind, len(payload)))
+        parts.append(payload)
+    return b"".join(parts)
+
+
+class Unpacker:
+    """Incremental parser: feed bytes, take whole messages."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    def next_message(self) -> list[Item] | None:
+        buf = self._buf
+        if len(buf) < _HEADER.size:
+            return None
+        (count,) = _HEADER.unpack_from(buf, 0)
+        pos, items = _HEADER.size, []
+        for _ in range(count):
+            if len(buf) < pos + _ITEM.size:
+                return None
+            stream, kind, length = _ITEM.unpack_from(buf, pos)
+            pos += _ITEM.size
+            if len(buf) < pos + length:
+                return None
+            items.append((stream, kind, bytes(buf[pos : pos + length])))
+            pos += length
+        del buf[:pos]
+        return items
+
+
+def _encoder() -> tuple[Callable[[], object], Callable[[object, bytes], bytes]]:
+    import numpy as np
+
+    from ._libopus import LibopusWriter
+
+    return LibopusWriter, lambda writer, pcm: writer.append_pcm(np.frombuffer(pcm, dtype="<f4"))  # type: ignore[attr-defined]
+
+
+def _decoder() -> tuple[Callable[[], object], Callable[[object, bytes], bytes]]:
+    import numpy as np
+    import sphn
+
+    def decode(reader: object, ogg: bytes) -> bytes:
+        return np.ascontiguousarray(reader.append_bytes(ogg), dtype="<f4").tobytes()  # type: ignore[attr-defined]
+
+    return (lambda: sphn.OpusStreamReader(24_000)), decode
+
+
+def serve(mode: str, stdin: BinaryIO, stdout: BinaryIO) -> None:
+    """Answer batches until stdin closes."""
+    make, work = _encoder() if mode == "encode" else _decoder()
+    make()  # fail now (e.g. no libopus), not on the first batch
+    states: dict[int, object] = {}
+    unpacker = Unpacker()
+    stdout.write(READY)
+    stdout.flush()
+    while True:
+        data = stdin.read1(1 << 20)  # type: ignore[attr-defined]
+        if not data:
+            return
+        unpacker.feed(data)
+        while (batch := unpacker.next_message()) is not None:
+            answers: list[Item] = []
+            for stream, kind, payload in batch:
+                if kind == CLOSE:
+                    states.pop(stream, None)
+                    continue
+                state = states.get(stream)
+                if state is None:
+                    state = states[stream] = make()
+                try:
+                    answers.append((stream, DATA, work(state, payload)))
+                except ValueError as exc:
+                    states.pop(stream, None)
+                    answers.append((stream, ERROR, str(exc).encode()))
+            stdout.write(pack(answers))
+            stdout.flush()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], sys.stdin.buffer, sys.stdout.buffer)
