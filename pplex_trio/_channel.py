@@ -97,6 +97,13 @@ class DropOldestChannel(Generic[T]):
                 await trio.lowlevel.checkpoint()
                 return item
 
+    async def receive_batch(self) -> list[T]:
+        """Wait for an item, then take it and everything queued behind it."""
+        items = [await self.receive()]
+        while self._items:
+            items.append(self.receive_nowait())
+        return items
+
     def close(self) -> None:
         """No more items will come; the receiver drains what is left."""
         self._closed = True

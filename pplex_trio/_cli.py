@@ -65,10 +65,6 @@ def build_parser() -> argparse.ArgumentParser:
         "libopus (in a worker thread), sphn (in a worker thread), or auto (process when the system has "
         "libopus, else sphn); default auto")
     serve.add_argument(
-        "--opus-decoder", choices=("auto", "process", "inline"), default="auto",
-        help="Opus decoding of /api/chat input: process (a child process) or inline (sphn on the event loop); "
-        "default auto (process)")
-    serve.add_argument(
         "--framing", choices=("aligned", "naive"), default="aligned",
         help="Moshi input framing: aligned (frames end at the newest audio before each tick, lower latency) "
         "or naive (fixed 1920-sample boundaries); default aligned")
@@ -124,7 +120,7 @@ def _serve(args: argparse.Namespace) -> int:
         cuda_graph=args.cuda_graph,
         voice_dir=args.voice_dir, static_dir=args.static_dir, queue_size=args.queue_size,
         queue_timeout=args.queue_timeout, max_prompt_chars=args.max_prompt_chars, framing=args.framing,
-        opus_encoder=args.opus_encoder, opus_decoder=args.opus_decoder,
+        opus_encoder=args.opus_encoder,
         echo_delay_frames=args.echo_delay_frames, echo_prefill_steps=args.echo_prefill_steps,
         echo_step_seconds=args.echo_step_ms / 1000.0,
     )

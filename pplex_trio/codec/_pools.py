@@ -4,16 +4,19 @@ sphn's encoder holds the GIL for ~1.4 ms per 80 ms frame: on a 2-core machine
 that caps a server near 50 real-time conversations (PERFORMANCE.md).  libopus
 through ctypes (``_libopus``) is cheaper and releases the GIL, but a worker
 thread must take the GIL back after each packet, and with a busy event loop
-that wait dominates.  So by default each direction runs in a child process
-(``_worker``) that shares no GIL, fed in batches: the event loop only packs
-and unpacks bytes.  The thread and inline variants remain for comparison
+that wait dominates.  So by default encoding runs in a child process (``_worker``) that shares no
+GIL, fed in batches: the event loop only packs
+and unpacks bytes.  Decoding stays on the event loop:
+sphn's decoder costs ~0.07 ms of CPU a page, and a decoding child was
+measured to cost the event loop nearly as much in packing, pipe traffic and
+wake-ups, while adding a round trip of latency.  The thread variants remain for comparison
 (``bench/load.py``) and for machines without libopus.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
-from typing import Protocol
 
 import numpy as np
 import sphn
@@ -69,6 +72,9 @@ class EncoderPool:
     def close_stream(self, stream: OpusWriter) -> None:
         pass
 
+    async def encode_many(self, writer: OpusWriter, frames: list[np.ndarray]) -> list[bytes]:
+        return [await self.encode(writer, pcm) for pcm in frames]
+
     async def encode(self, writer: OpusWriter, pcm: np.ndarray) -> bytes:
         job = _Job(writer, pcm)
         self._pending.append(job)
@@ -115,12 +121,12 @@ def _encode_all(batch: list[_Job]) -> None:
 class CodecProcess:
     """Opus streams served by a child process (see ``_worker``), in batches.
 
-    ``mode`` is ``encode`` (PCM in, Ogg pages out) or ``decode`` (Ogg bytes
-    in, PCM out).  Sessions open a stream, then ``await process.run_item(...)``;
-    whatever has gathered while the previous batch was away goes in the next
-    one, so a busy server sends few large batches and an idle one answers at
-    once.  If the child dies, the streams it held fail (their codec state is
-    gone) and a new child serves new streams.
+    ``mode`` is ``encode`` (PCM in, Ogg pages out), the one mode the child has.  Sessions open a stream and hand over items with
+    :meth:`run_items`; a writer task sends whatever has gathered as one batch,
+    without waiting for earlier answers, and a reader task matches answers to
+    batches in order.  So throughput does not depend on how long a round trip
+    takes on a busy event loop.  If the child dies, the streams it held fail
+    (their codec state is gone) and a new child serves new streams.
     """
 
     def __init__(self, mode: str) -> None:
@@ -139,24 +145,28 @@ class CodecProcess:
 
     def close_stream(self, stream: int) -> None:
         self._closing.append(stream)
+        self._wakeup.set()
 
-    async def run_item(self, stream: int, payload: bytes) -> bytes:
-        """Raises ``ValueError`` (the child's message) if the payload was bad for this stream."""
+    async def run_items(self, stream: int, payloads: list[bytes]) -> list[bytes]:
+        """Process ``payloads`` in order on ``stream``.
+
+        Raises ``ValueError`` (the child's message) if one was bad for this stream.
+        """
         if stream < self._first_live_stream:
             raise RuntimeError("this stream's Opus codec died with its process")
-        job = _ProcessJob()
-        self._pending.append((stream, payload, job))
+        job = _ProcessJob(len(payloads))
+        self._pending.extend((stream, payload, (job, i)) for i, payload in enumerate(payloads))
         self._wakeup.set()
         await job.done.wait()
         if job.error is not None:
             raise job.error
-        return job.result
+        return job.results
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         import subprocess
         import sys
 
-        from ._worker import CLOSE, DATA, ERROR, READY, Unpacker, pack
+        from ._worker import READY
 
         started = False
         while True:
@@ -164,49 +174,23 @@ class CodecProcess:
                 [sys.executable, "-m", "pplex_trio.codec._worker", self.mode],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             )
-            with trio.fail_after(60):
-                if await process.stdout.receive_some(1) != READY:
-                    raise RuntimeError(f"the Opus {self.mode} process did not start (see its errors above)")
-            if not started:
-                task_status.started()
-                started = True
-            unpacker = Unpacker()
-            batch: list[tuple[int, bytes, _ProcessJob]] = []
+            in_flight: collections.deque[list[tuple[_ProcessJob, int]]] = collections.deque()
             try:
-                while True:
-                    await self._wakeup.wait()
-                    self._wakeup = trio.Event()
-                    await trio.lowlevel.checkpoint()  # let the other sessions of this moment add theirs
-                    batch, self._pending = self._pending, []
-                    closing, self._closing = self._closing, []
-                    if not batch and not closing:
-                        continue
-                    request = [(stream, DATA, payload) for stream, payload, _ in batch]
-                    request += [(stream, CLOSE, b"") for stream in closing]
-                    await process.stdin.send_all(pack(request))
-                    if not batch:
-                        continue  # closings get no answer
-                    answer = None
-                    while answer is None:
-                        data = await process.stdout.receive_some(1 << 20)
-                        if not data:
-                            raise RuntimeError(f"the Opus {self.mode} process exited")
-                        unpacker.feed(data)
-                        answer = unpacker.next_message()
-                    for (_, _, job), (_, kind, payload) in zip(batch, answer):
-                        if kind == ERROR:
-                            job.error = ValueError(payload.decode("utf-8", errors="replace"))
-                        else:
-                            job.result = payload
-                        job.done.set()
-                    self.batches += 1
-                    self.items += len(batch)
+                with trio.fail_after(60):
+                    if await process.stdout.receive_some(1) != READY:
+                        raise RuntimeError("it did not start (see its errors above)")
+                if not started:
+                    task_status.started()
+                    started = True
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._write_batches, process, in_flight)
+                    nursery.start_soon(self._read_answers, process, in_flight)
             except (RuntimeError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 logger.error("Opus %s process failed (%s); starting a new one", self.mode, exc)
                 self._first_live_stream = self._next_stream + 1
-                for _, _, job in batch + self._pending:
-                    job.error = RuntimeError(f"the Opus {self.mode} process failed")
-                    job.done.set()
+                failed = [job for jobs in in_flight for job, _ in jobs] + [job for _, _, (job, _) in self._pending]
+                for job in failed:
+                    job.fail(RuntimeError(f"the Opus {self.mode} process failed"))
                 self._pending = []
             finally:
                 with trio.CancelScope(shield=True):
@@ -215,6 +199,41 @@ class CodecProcess:
                         await process.wait()
                     if process.returncode is None:
                         process.kill()
+
+    async def _write_batches(self, process: trio.Process, in_flight: collections.deque[list[tuple[_ProcessJob, int]]]) -> None:
+        from ._worker import CLOSE, DATA, pack
+
+        while True:
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            await trio.lowlevel.checkpoint()  # let the other sessions of this moment add theirs
+            batch, self._pending = self._pending, []
+            closing, self._closing = self._closing, []
+            request = [(stream, DATA, payload) for stream, payload, _ in batch]
+            request += [(stream, CLOSE, b"") for stream in closing]
+            if not request:
+                continue
+            if batch:  # closings alone get no answer
+                in_flight.append([job for _, _, job in batch])
+            await process.stdin.send_all(pack(request))
+            self.batches += 1
+            self.items += len(batch)
+
+    async def _read_answers(self, process: trio.Process, in_flight: collections.deque[list[tuple[_ProcessJob, int]]]) -> None:
+        from ._worker import ERROR, Unpacker
+
+        unpacker = Unpacker()
+        while True:
+            data = await process.stdout.receive_some(1 << 20)
+            if not data:
+                raise RuntimeError("it exited")
+            unpacker.feed(data)
+            while (answer := unpacker.next_message()) is not None:
+                for (job, index), (_, kind, payload) in zip(in_flight.popleft(), answer):
+                    if kind == ERROR:
+                        job.fail(ValueError(payload.decode("utf-8", errors="replace")))
+                    else:
+                        job.deliver(index, payload)
 
 
 class ProcessEncoderPool:
@@ -226,49 +245,29 @@ class ProcessEncoderPool:
         self.open_stream = self.process.open_stream
         self.close_stream = self.process.close_stream
 
-    async def encode(self, stream: int, pcm: np.ndarray) -> bytes:
-        return await self.process.run_item(stream, np.ascontiguousarray(pcm, dtype="<f4").tobytes())
-
-
-class ProcessDecoderPool:
-    """Ogg Opus decoding in a child process (see :class:`CodecProcess`)."""
-
-    def __init__(self) -> None:
-        self.process = CodecProcess("decode")
-        self.run = self.process.run
-        self.open_stream = self.process.open_stream
-        self.close_stream = self.process.close_stream
-
-    async def decode(self, stream: int, ogg: bytes) -> np.ndarray:
-        return np.frombuffer(await self.process.run_item(stream, ogg), dtype="<f4")
-
-
-class InlineDecoderPool:
-    """sphn's decoder on the event loop (~0.1 ms a page): for small servers and tests."""
-
-    def open_stream(self) -> sphn.OpusStreamReader:
-        return sphn.OpusStreamReader(SAMPLE_RATE)
-
-    def close_stream(self, stream: sphn.OpusStreamReader) -> None:
-        pass
-
-    async def decode(self, stream: sphn.OpusStreamReader, ogg: bytes) -> np.ndarray:
-        await trio.lowlevel.checkpoint()
-        return stream.append_bytes(ogg)
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-
-
-def make_decoder_pool(kind: str) -> ProcessDecoderPool | InlineDecoderPool:
-    """``process`` (a child process) or ``inline`` (sphn on the event loop); ``auto`` = process."""
-    return InlineDecoderPool() if kind == "inline" else ProcessDecoderPool()
+    async def encode_many(self, stream: int, frames: list[np.ndarray]) -> list[bytes]:
+        payloads = [np.ascontiguousarray(pcm, dtype="<f4").tobytes() for pcm in frames]
+        return await self.process.run_items(stream, payloads)
 
 
 class _ProcessJob:
-    __slots__ = ("result", "error", "done")
+    """The items one ``run_items`` call handed over, and one event for all of them."""
 
-    def __init__(self) -> None:
-        self.result = b""
+    __slots__ = ("results", "left", "error", "done")
+
+    def __init__(self, count: int):
+        self.results: list[bytes] = [b""] * count
+        self.left = count
         self.error: Exception | None = None
         self.done = trio.Event()
+
+    def deliver(self, index: int, payload: bytes) -> None:
+        self.results[index] = payload
+        self.left -= 1
+        if self.left == 0:
+            self.done.set()
+
+    def fail(self, error: Exception) -> None:
+        if self.error is None:
+            self.error = error
+        self.done.set()

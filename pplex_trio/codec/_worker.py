@@ -1,23 +1,22 @@
-"""The Opus codec processes: every session's Opus work, away from the event loop.
+"""The Opus encoder process: every session's output encoding, away from the event loop.
 
 Why a process: libopus through ctypes releases the GIL while it encodes, but
 a worker *thread* must take the GIL back after every packet, and with the
 event loop busy that wait, not the codec, dominates (measured: 48 frames took
-75 ms instead of 16).  sphn's decoder holds the GIL outright.  A child
-process shares no GIL: the event loop only packs and unpacks bytes.
+75 ms instead of 16).  A child process shares no GIL: the event loop only
+packs and unpacks bytes.
 
-One child encodes (libopus, one :class:`LibopusWriter` per stream), another
-decodes (sphn, one ``OpusStreamReader`` per stream).  The parent sends a
+The child keeps one :class:`LibopusWriter` per stream.  The parent sends a
 batch of items and reads one answer per batch.  The format below is sans-IO,
 so both ends and the tests share it.
 
 Wire format, little-endian: ``u32 count``, then ``count`` items of
 ``u32 stream, u32 kind, u32 length, payload``.  Request kinds: DATA (PCM to
-encode, or Ogg bytes to decode) and CLOSE (forget the stream).  Answer kinds:
-DATA (the Ogg pages, or the PCM) and ERROR (a UTF-8 message: the stream's
-input was bad; the stream is forgotten).
+encode) and CLOSE (forget the stream).  Answer kinds: DATA (the Ogg pages)
+and ERROR (a UTF-8 message: the stream's input was bad; the stream is
+forgotten).
 
-Run as ``python -m pplex_trio.codec._worker encode|decode``.
+Run as ``python -m pplex_trio.codec._worker encode``.
 """
 
 from __future__ import annotations
@@ -43,30 +42,42 @@ def pack(items: list[Item]) -> bytes:
 
 
 class Unpacker:
-    """Incremental parser: feed bytes, take whole messages."""
+    """Incremental parser: feed bytes, take whole messages.
+
+    It remembers how many bytes the message in progress needs at least, so a
+    large answer arriving in many small reads is parsed once, not once per read.
+    """
 
     def __init__(self) -> None:
         self._buf = bytearray()
+        self._need = _HEADER.size
 
     def feed(self, data: bytes) -> None:
         self._buf += data
 
     def next_message(self) -> list[Item] | None:
         buf = self._buf
-        if len(buf) < _HEADER.size:
+        if len(buf) < self._need:
             return None
         (count,) = _HEADER.unpack_from(buf, 0)
         pos, items = _HEADER.size, []
-        for _ in range(count):
-            if len(buf) < pos + _ITEM.size:
-                return None
-            stream, kind, length = _ITEM.unpack_from(buf, pos)
-            pos += _ITEM.size
-            if len(buf) < pos + length:
-                return None
-            items.append((stream, kind, bytes(buf[pos : pos + length])))
-            pos += length
+        view = memoryview(buf)
+        try:
+            for _ in range(count):
+                if len(buf) < pos + _ITEM.size:
+                    self._need = pos + _ITEM.size
+                    return None
+                stream, kind, length = _ITEM.unpack_from(buf, pos)
+                pos += _ITEM.size
+                if len(buf) < pos + length:
+                    self._need = pos + length
+                    return None
+                items.append((stream, kind, bytes(view[pos : pos + length])))
+                pos += length
+        finally:
+            view.release()
         del buf[:pos]
+        self._need = _HEADER.size
         return items
 
 
@@ -78,19 +89,11 @@ def _encoder() -> tuple[Callable[[], object], Callable[[object, bytes], bytes]]:
     return LibopusWriter, lambda writer, pcm: writer.append_pcm(np.frombuffer(pcm, dtype="<f4"))  # type: ignore[attr-defined]
 
 
-def _decoder() -> tuple[Callable[[], object], Callable[[object, bytes], bytes]]:
-    import numpy as np
-    import sphn
-
-    def decode(reader: object, ogg: bytes) -> bytes:
-        return np.ascontiguousarray(reader.append_bytes(ogg), dtype="<f4").tobytes()  # type: ignore[attr-defined]
-
-    return (lambda: sphn.OpusStreamReader(24_000)), decode
-
-
 def serve(mode: str, stdin: BinaryIO, stdout: BinaryIO) -> None:
     """Answer batches until stdin closes."""
-    make, work = _encoder() if mode == "encode" else _decoder()
+    if mode != "encode":
+        raise SystemExit(f"unknown mode {mode!r}: the codec worker encodes (mode 'encode')")
+    make, work = _encoder()
     make()  # fail now (e.g. no libopus), not on the first batch
     states: dict[int, object] = {}
     unpacker = Unpacker()
@@ -103,10 +106,12 @@ def serve(mode: str, stdin: BinaryIO, stdout: BinaryIO) -> None:
         unpacker.feed(data)
         while (batch := unpacker.next_message()) is not None:
             answers: list[Item] = []
+            wants_answer = False
             for stream, kind, payload in batch:
                 if kind == CLOSE:
                     states.pop(stream, None)
                     continue
+                wants_answer = True
                 state = states.get(stream)
                 if state is None:
                     state = states[stream] = make()
@@ -115,8 +120,9 @@ def serve(mode: str, stdin: BinaryIO, stdout: BinaryIO) -> None:
                 except ValueError as exc:
                     states.pop(stream, None)
                     answers.append((stream, ERROR, str(exc).encode()))
-            stdout.write(pack(answers))
-            stdout.flush()
+            if wants_answer:  # a batch of closings alone gets no answer
+                stdout.write(pack(answers))
+                stdout.flush()
 
 
 if __name__ == "__main__":

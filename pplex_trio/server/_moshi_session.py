@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import sphn
 import trio
 
 from .._channel import DropOldestChannel
@@ -52,29 +53,27 @@ class MoshiSession(Session):
                 self.stats.messages_ignored += 1
 
     async def decode_loop(self, inbound: DropOldestChannel[Any], lease: Lease) -> None:
-        pool = self.server.decoder_pool
-        stream = pool.open_stream()
-        try:
-            await self._decode_pages(inbound, lease, pool, stream)
-        finally:
-            pool.close_stream(stream)
-
-    async def _decode_pages(self, inbound: DropOldestChannel[Any], lease: Lease, pool: Any, stream: Any) -> None:
+        reader = sphn.OpusStreamReader(SAMPLE_RATE)  # ~0.07 ms of CPU a page: cheaper here than anywhere else
         actor = self.server.actor
         frame_size = actor.engine.frame_size
         decoded = 0
-        async for arrived, ogg in inbound:
+        while True:
             try:
-                pcm = await pool.decode(stream, ogg)
+                batch = await inbound.receive_batch()
+            except trio.EndOfChannel:
+                return
+            try:
+                pcms = [reader.append_bytes(ogg) for _, ogg in batch]
             except ValueError as exc:
                 raise ProtocolError(
                     f"audio is not a valid Ogg Opus stream ({exc}); send Ogg pages of 24 kHz mono Opus",
                     CloseCode.INVALID_PAYLOAD,
                 ) from None
-            if pcm.size and lease.state is LeaseState.LIVE:
-                actor.push_input(lease, pcm, arrived)
-                decoded += pcm.size
-                self.stats.frames_decoded = decoded // frame_size
+            for (arrived, _), pcm in zip(batch, pcms):
+                if pcm.size and lease.state is LeaseState.LIVE:
+                    actor.push_input(lease, pcm, arrived)
+                    decoded += pcm.size
+            self.stats.frames_decoded = decoded // frame_size
 
     async def encode_loop(self, lease: Lease, outbound: DropOldestChannel[Outgoing]) -> None:
         pool = self.server.encoder_pool
@@ -86,14 +85,19 @@ class MoshiSession(Session):
 
     async def _encode_frames(self, lease: Lease, outbound: DropOldestChannel[Outgoing], pool: Any, stream: Any) -> None:
         first = True
-        async for frame in lease.outbox:
-            ogg = await pool.encode(stream, frame.pcm)
-            if ogg:
-                # The first pages carry OpusHead/OpusTags: without them a
-                # decoder cannot start, so they are never dropped.
-                outbound.send_nowait((moshi.audio(ogg), frame_times(frame)), droppable=not first)
-                first = False
-                self.stats.frames_sent += 1
-            if frame.text:
-                outbound.send_nowait((moshi.text(frame.text), None), droppable=False)
-                self.stats.text_sent += 1
+        while True:
+            try:
+                frames = await lease.outbox.receive_batch()
+            except trio.EndOfChannel:
+                return
+            oggs = await pool.encode_many(stream, [frame.pcm for frame in frames])
+            for frame, ogg in zip(frames, oggs):
+                if ogg:
+                    # The first pages carry OpusHead/OpusTags: without them a
+                    # decoder cannot start, so they are never dropped.
+                    outbound.send_nowait((moshi.audio(ogg), frame_times(frame)), droppable=not first)
+                    first = False
+                    self.stats.frames_sent += 1
+                if frame.text:
+                    outbound.send_nowait((moshi.text(frame.text), None), droppable=False)
+                    self.stats.text_sent += 1

@@ -84,7 +84,6 @@ async def serve(
     async with trio.open_nursery() as nursery:
         await nursery.start(state.actor.run)
         await nursery.start(state.encoder_pool.run)
-        await nursery.start(state.decoder_pool.run)
         binds = await nursery.start(partial(_http, app, hypercorn_config(settings), stop.wait, nursery))
         handle = ServerHandle(state, binds, stop)
         if handle_signals:

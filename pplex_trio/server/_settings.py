@@ -25,7 +25,6 @@ class ServerSettings:
     max_prompt_chars: int = 1000
     max_message_bytes: int = 1 * MIB  # larger client messages are refused (1009)
     opus_encoder: str = "auto"  # "process", "libopus" or "sphn" (worker thread), or "auto"
-    opus_decoder: str = "auto"  # "process" or "inline" (sphn on the event loop), or "auto" (process)
     framing: str = "aligned"  # Moshi input framing: "aligned" (low latency) or "naive"
     input_backlog_frames: int = 6  # input waiting for the engine, per slot (480 ms)
     output_backlog_frames: int = 8  # engine output waiting for the encoder, per session

@@ -12,10 +12,7 @@ from .._metrics import Metrics
 from ..engine import Engine, EngineActor
 from ..codec._pools import (
     EncoderPool,
-    InlineDecoderPool,
-    ProcessDecoderPool,
     ProcessEncoderPool,
-    make_decoder_pool,
     make_encoder_pool,
 )
 from ._settings import ServerSettings
@@ -31,7 +28,6 @@ class ServerState:
     actor: EngineActor
     metrics: Metrics
     encoder_pool: EncoderPool | ProcessEncoderPool = dataclasses.field(default_factory=EncoderPool)
-    decoder_pool: InlineDecoderPool | ProcessDecoderPool = dataclasses.field(default_factory=InlineDecoderPool)
     sessions: set[Session] = dataclasses.field(default_factory=set)
     shutting_down: bool = False
     sessions_gone: trio.Event = dataclasses.field(default_factory=trio.Event)
@@ -47,8 +43,7 @@ class ServerState:
             output_backlog_frames=settings.output_backlog_frames,
         )
         return cls(settings=settings, engine=engine, actor=actor, metrics=metrics,
-                   encoder_pool=make_encoder_pool(settings.opus_encoder),
-                   decoder_pool=make_decoder_pool(settings.opus_decoder))
+                   encoder_pool=make_encoder_pool(settings.opus_encoder))
 
     def voices(self) -> Sequence[str]:
         return self.engine.voices()

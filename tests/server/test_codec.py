@@ -78,3 +78,38 @@ async def test_pool_error_reaches_only_its_session(nursery):
     with pytest.raises(RuntimeError, match="exploded"):
         await pool.encode(Broken(), np.zeros(1920, np.float32))
     assert await pool.encode(good, np.zeros(1920, np.float32))
+    assert len(await pool.encode_many(good, [np.zeros(1920, np.float32)] * 3)) == 3
+
+
+def test_worker_wire_format_round_trips_in_any_split():
+    from pplex_trio.codec._worker import CLOSE, DATA, Unpacker, pack
+
+    items = [(1, DATA, b"abc"), (2, CLOSE, b""), (3, DATA, bytes(range(256)) * 40)]
+    data = pack(items) + pack(items[:1])
+    for step in (1, 7, 4096, len(data)):
+        unpacker, got = Unpacker(), []
+        for i in range(0, len(data), step):
+            unpacker.feed(data[i : i + step])
+            while (message := unpacker.next_message()) is not None:
+                got.append(message)
+        assert got == [items, items[:1]]
+
+
+async def test_encoder_process_matches_an_in_process_writer(nursery):
+    """The child's pages decode to what our own LibopusWriter's pages decode to."""
+    from pplex_trio.codec._pools import ProcessEncoderPool
+
+    pool = ProcessEncoderPool()
+    await nursery.start(pool.run)
+    tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(1920 * 5) / 24000)).astype(np.float32)
+    frames = [tone[i * 1920 : (i + 1) * 1920] for i in range(5)]
+    a, b = pool.open_stream(), pool.open_stream()
+    from_child = await pool.encode_many(a, frames)
+    other = await pool.encode_many(b, frames[:2])  # a second stream starts its own Ogg stream
+    local = LibopusWriter()
+    reference = [local.append_pcm(f) for f in frames]
+    decode = lambda messages: np.concatenate([r.append_bytes(m) for r in [sphn.OpusStreamReader(24000)] for m in messages])  # noqa: E731
+    np.testing.assert_allclose(decode(from_child), decode(reference), atol=1e-6)
+    assert split_pages(other[0])[0][28:36] == b"OpusHead"
+    pool.close_stream(a)
+    pool.close_stream(b)
