@@ -7,7 +7,9 @@ they hold a :class:`Lease` and exchange frames with the actor through it.
 
 Scheduling: ticks are due every ``tick_seconds``.  A tick that overruns makes
 the next one start at once; when the actor is a whole tick or more behind, it
-skips the missed ticks (counting them) instead of bursting to catch up.
+skips the missed ticks (counting them) instead of bursting to catch up.  The
+grid itself drifts by a few milliseconds at most per tick towards the moment
+the conversations' audio arrives (see ``_phase``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .._channel import DropOldestChannel
 from .._metrics import Metrics
 from ._framing import InputFramer
 from ._interface import Conversation, ConversationRejected, Engine, SlotMode, StepOutput
+from ._phase import PhaseSteering
 from ._slots import Lease, OutputFrame, SlotPhase, SlotTable
 
 logger = logging.getLogger(__name__)
@@ -107,6 +110,8 @@ class EngineActor:
         self.ticks = 0
         self.ticks_skipped = 0
         self.engine_busy = False  # an engine call is in flight
+        self.phase = PhaseSteering()
+        self._phase_step = 0.0
         self._update_gauges()
 
     # -- sessions ------------------------------------------------------------
@@ -170,7 +175,7 @@ class EngineActor:
             self.metrics.tick_lateness.observe(max(0.0, now - deadline))
             await self._tick()
             self.metrics.tick_duration.observe(trio.current_time() - now)
-            deadline += self.tick_seconds
+            deadline += self.tick_seconds + self._phase_step
             behind = trio.current_time() - deadline
             if behind >= self.tick_seconds:
                 skipped = int(behind // self.tick_seconds)
@@ -212,6 +217,9 @@ class EngineActor:
         arrivals: list[float | None] = [None] * n
         starts = []
         pcm = self._pcm
+        now = trio.current_time()
+        slacks: list[float] = []
+        late = 0
         for slot in self.table.slots:
             i = slot.index
             lease = leases[i] = slot.lease
@@ -230,10 +238,14 @@ class EngineActor:
                     lease.frames_consumed += 1
                     lease.last_consumed_tick = self.ticks
                     self.metrics.frames_in.inc()
+                    slacks.append(now - arrivals[i])
                     continue
                 self.metrics.frames_silence.inc()
+                if lease.frames_consumed and now - lease.framer.last_arrival < 2 * self.tick_seconds:
+                    late += 1  # still streaming, but this tick came before its frame
             pcm[i] = 0.0
-        return _Plan(self.ticks, resets, starts, modes, leases, pcm, arrivals, trio.current_time())
+        self._phase_step = self.phase.adjust(slacks, late)
+        return _Plan(self.ticks, resets, starts, modes, leases, pcm, arrivals, now)
 
     def _execute(self, plan: _Plan) -> _Result:
         """The engine calls of one tick, on the worker thread."""

@@ -62,6 +62,7 @@ class InputFramer:
         self._hold = 0
         self._popped = False
         self.margin = 0  # samples kept back against jitter (see the module docstring)
+        self._last_arrival = float("-inf")
         self.skipped_samples = 0  # skipped by phase alignment
         self.underruns = 0
 
@@ -72,6 +73,11 @@ class InputFramer:
     @property
     def pending_frames(self) -> int:
         return self._len // self.frame_size
+
+    @property
+    def last_arrival(self) -> float:
+        """When the newest samples arrived (-inf before any)."""
+        return self._last_arrival
 
     def push(self, pcm: np.ndarray, arrived_at: float = 0.0) -> int:
         """Append float32 mono samples that arrived at ``arrived_at``; return frames dropped."""
@@ -93,6 +99,7 @@ class InputFramer:
         self._buf[self._len : self._len + pcm.size] = pcm
         self._len += pcm.size
         self._arrivals.append((self._start + self._len, arrived_at))
+        self._last_arrival = arrived_at
         return dropped
 
     def pop_frame_into(self, out: np.ndarray) -> float | None:

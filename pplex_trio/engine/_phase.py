@@ -1,0 +1,43 @@
+"""Steering the tick grid towards the moment inputs arrive.
+
+The framer (``_framing``) cuts each conversation's stream so that a frame
+ends at its newest audio; what is left is the wait between that audio's
+arrival and the tick.  With 40 ms pages at random phases nothing can shrink
+it below half a page on average.  But clients that start streaming when
+they get the handshake (the official client does) all send at nearly the
+same phase, since handshakes go out right after a tick: then the whole grid
+can move so that ticks fall just after their pages arrive.
+
+Moving a tick earlier by ``d`` keeps every frame complete as long as ``d``
+is less than every live conversation's *slack* (tick time minus the arrival
+of the last sample of the frame it takes).  So the steering moves the grid
+earlier by a fraction of the smallest slack beyond a small safety target,
+and later by a small step whenever a streaming conversation finds no frame.
+With clients at random phases the smallest slack is near zero and the grid
+stays put; nothing gets worse.
+"""
+
+from __future__ import annotations
+
+
+class PhaseSteering:
+    """Per tick: slacks in, how far to move the next deadline out (negative = earlier)."""
+
+    def __init__(self, *, target: float = 0.004, gain: float = 0.25, max_step: float = 0.005, late_step: float = 0.002):
+        self.target = target
+        self.gain = gain
+        self.max_step = max_step
+        self.late_step = late_step
+        self.moved = 0.0  # total movement so far (seconds, negative = earlier), for the metrics
+
+    def adjust(self, slacks: list[float], late: int) -> float:
+        """``slacks`` of the conversations that got a frame, ``late`` how many streaming ones got none."""
+        if late:
+            step = self.late_step
+        elif slacks:
+            spare = min(slacks) - self.target
+            step = -min(self.max_step, self.gain * spare) if spare > 0 else 0.0
+        else:
+            step = 0.0
+        self.moved += step
+        return step
