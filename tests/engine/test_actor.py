@@ -310,8 +310,7 @@ async def test_the_tick_grid_moves_to_just_after_the_audio_arrives(nursery, auto
                 send_at += TICK
 
         async def reader():
-            while True:
-                frame = await lease.outbox.receive()
+            async for frame in lease.outbox:
                 if frame.input_arrival is not None:
                     waits.append(frame.tick_started - frame.input_arrival)
 
