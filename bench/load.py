@@ -85,7 +85,7 @@ class ClientStats:
 
 
 async def run_client(url: str, pages: list[bytes], page_ms: int, stats: ClientStats, *, decode: bool,
-                     live: trio.Semaphore, stop: trio.Event, started_at: float) -> None:
+                     live: trio.Semaphore, stop: trio.Event, started_at: float, random_phase: bool) -> None:
     reader = sphn.OpusStreamReader(SR) if decode else None
     frames_per_message = page_ms / 80
     try:
@@ -110,7 +110,8 @@ async def run_client(url: str, pages: list[bytes], page_ms: int, stats: ClientSt
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(receive)
-                await trio.sleep(random.uniform(0, 0.080))  # clients join at random tick phases
+                if random_phase:  # like clients whose recorder starts at an arbitrary moment
+                    await trio.sleep(random.uniform(0, 0.080))
                 for page in pages[:2]:
                     await ws.send_message(b"\x01" + page)
                 deadline = trio.current_time()
@@ -165,7 +166,8 @@ class RunResult:
 
 
 async def load_run(http_url: str, clients: int, duration: float, page_ms: int, pages: list[bytes], *,
-                   label: str, server: ServerProcess | None, warmup: float, decode_every: int) -> RunResult:
+                   label: str, server: ServerProcess | None, warmup: float, decode_every: int,
+                   random_phase: bool = True) -> RunResult:
     ws_url = http_url.replace("http://", "ws://") + "/api/chat"
     stats = [ClientStats(i) for i in range(clients)]
     live, stop = trio.Semaphore(0), trio.Event()
@@ -174,7 +176,8 @@ async def load_run(http_url: str, clients: int, duration: float, page_ms: int, p
         for s in stats:
             nursery.start_soon(functools.partial(
                 run_client, ws_url, pages, page_ms, s,
-                decode=s.index % decode_every == 0, live=live, stop=stop, started_at=started_at))
+                decode=s.index % decode_every == 0, live=live, stop=stop, started_at=started_at,
+                random_phase=random_phase))
         with trio.fail_after(120):
             for _ in range(clients):
                 await live.acquire()
@@ -228,15 +231,18 @@ def start_server(args: argparse.Namespace, slots: int, framing: str) -> ServerPr
 
 
 def one(args: argparse.Namespace, clients: int, framing: str, pages: list[bytes]) -> RunResult:
-    label = f"{framing}, N={clients}"
+    label = f"{framing}, {args.start_phase} start, N={clients}"
+    random_phase = args.start_phase == "random"
     if args.url:
         return trio.run(lambda: load_run(args.url, clients, args.duration, args.page_ms, pages, label=label,
-                                         server=None, warmup=args.warmup, decode_every=args.decode_every))
+                                         server=None, warmup=args.warmup, decode_every=args.decode_every,
+                                         random_phase=random_phase))
     server = start_server(args, clients, framing)
     try:
         url = "http://" + server.address
         return trio.run(lambda: load_run(url, clients, args.duration, args.page_ms, pages, label=label,
-                                         server=server, warmup=args.warmup, decode_every=args.decode_every))
+                                         server=server, warmup=args.warmup, decode_every=args.decode_every,
+                                         random_phase=random_phase))
     finally:
         server.stop()
 
@@ -313,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare-framing", action="store_true", help="run naive then aligned, side by side")
     parser.add_argument("--find-max", action="store_true", help="search the largest N that holds real time")
     parser.add_argument("--max-clients", type=int, default=160, help="upper bound for --find-max")
+    parser.add_argument("--start-phase", choices=("random", "handshake"), default="random",
+                        help="random: each client starts streaming at a random moment after the handshake; "
+                        "handshake: at once, as the official client does")
     parser.add_argument("--page-ms", type=int, choices=(20, 40, 80), default=40,
                         help="audio per message: 40 = one Ogg page of two 20 ms packets, like the browser")
     parser.add_argument("--decode-every", type=int, default=8, help="decode the audio of every k-th client")
