@@ -11,10 +11,11 @@ can move so that ticks fall just after their pages arrive.
 Moving a tick earlier by ``d`` keeps every frame complete as long as ``d``
 is less than every live conversation's *slack* (tick time minus the arrival
 of the last sample of the frame it takes).  So the steering moves the grid
-earlier by a fraction of the smallest slack beyond a small safety target,
-and later by a small step whenever a streaming conversation finds no frame.
-With clients at random phases the smallest slack is near zero and the grid
-stays put; nothing gets worse.
+earlier by a fraction of the smallest slack beyond a safety *margin*, and
+later whenever a streaming conversation finds no frame.  Each such miss
+widens the margin (jitter is bigger than we thought); calm stretches narrow
+it again, slowly.  With clients at random phases the smallest slack is near
+zero and the grid stays put: nothing gets worse.
 """
 
 from __future__ import annotations
@@ -23,21 +24,37 @@ from __future__ import annotations
 class PhaseSteering:
     """Per tick: slacks in, how far to move the next deadline out (negative = earlier)."""
 
-    def __init__(self, *, target: float = 0.004, gain: float = 0.25, max_step: float = 0.005, late_step: float = 0.002):
-        self.target = target
+    def __init__(
+        self,
+        *,
+        margin: float = 0.008,
+        max_margin: float = 0.030,
+        gain: float = 0.25,
+        max_step: float = 0.005,
+        late_step: float = 0.004,
+        calm_ticks: int = 250,
+    ):
+        self.min_margin = self.margin = margin
+        self.max_margin = max_margin
         self.gain = gain
         self.max_step = max_step
         self.late_step = late_step
-        self.moved = 0.0  # total movement so far (seconds, negative = earlier), for the metrics
+        self.calm_ticks = calm_ticks
+        self._calm = 0
+        self.moved = 0.0  # total movement so far (seconds, negative = earlier)
 
     def adjust(self, slacks: list[float], late: int) -> float:
         """``slacks`` of the conversations that got a frame, ``late`` how many streaming ones got none."""
         if late:
+            self.margin = min(self.max_margin, self.margin + 0.002)
+            self._calm = 0
             step = self.late_step
-        elif slacks:
-            spare = min(slacks) - self.target
-            step = -min(self.max_step, self.gain * spare) if spare > 0 else 0.0
         else:
-            step = 0.0
+            self._calm += 1
+            if self._calm >= self.calm_ticks:  # 20 s without a miss: trust the timing a little more
+                self.margin = max(self.min_margin, self.margin - 0.001)
+                self._calm = 0
+            spare = min(slacks) - self.margin if slacks else 0.0
+            step = -min(self.max_step, self.gain * spare) if spare > 0 else 0.0
         self.moved += step
         return step

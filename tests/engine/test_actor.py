@@ -75,8 +75,8 @@ async def test_prefill_then_live_in_lockstep(nursery, autojump_clock):
             out = await lease.outbox.receive()
             times.append(trio.current_time())
             assert not out.pcm.any()
-        # 80 ms apart (the grid may step 2 ms later: this row streamed, then stopped)
-        assert np.diff(times) == pytest.approx([TICK, TICK], abs=0.0021)
+        # 80 ms apart (the grid may step 4 ms later: this row streamed, then stopped)
+        assert np.diff(times) == pytest.approx([TICK, TICK], abs=0.0041)
     assert engine.started == [(0, Conversation(persona="a"))]
     # Rows other than the lease's were IDLE in every step.
     assert all(modes[1] is SlotMode.IDLE for modes, _ in engine.steps)
@@ -317,5 +317,5 @@ async def test_the_tick_grid_moves_to_just_after_the_audio_arrives(nursery, auto
         nursery.start_soon(reader)
         await client()
     assert waits[0] > 0.035  # the naive grid: the audio waits ~40 ms for its tick
-    assert max(waits[-20:]) < 0.006  # steered: ticks now come ~4 ms after the audio
+    assert max(waits[-20:]) < 0.010  # steered: ticks now come ~8 ms (the safety margin) after the audio
     assert actor.metrics.frames_silence._value.get() <= 2  # and no frame was missed on the way

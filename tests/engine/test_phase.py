@@ -6,7 +6,7 @@ from pplex_trio.engine._phase import PhaseSteering
 
 
 def test_moves_earlier_by_a_fraction_of_the_smallest_spare_slack():
-    steer = PhaseSteering(target=0.004, gain=0.25, max_step=0.005)
+    steer = PhaseSteering(margin=0.004, gain=0.25, max_step=0.005)
     assert steer.adjust([0.020, 0.012, 0.030], late=0) == pytest.approx(-0.25 * (0.012 - 0.004))
 
 
@@ -15,11 +15,22 @@ def test_step_is_capped():
 
 
 def test_no_move_when_some_conversation_has_no_spare_slack():
-    assert PhaseSteering(target=0.004).adjust([0.030, 0.003], late=0) == 0.0
+    assert PhaseSteering(margin=0.004).adjust([0.030, 0.003], late=0) == 0.0
     assert PhaseSteering().adjust([], late=0) == 0.0
 
 
-def test_a_late_conversation_moves_the_grid_later():
-    steer = PhaseSteering(late_step=0.002)
-    assert steer.adjust([0.050], late=1) == pytest.approx(0.002)
-    assert steer.moved == pytest.approx(0.002)
+def test_a_late_conversation_moves_the_grid_later_and_widens_the_margin():
+    steer = PhaseSteering(margin=0.008, late_step=0.004)
+    assert steer.adjust([0.050], late=1) == pytest.approx(0.004)
+    assert steer.margin == pytest.approx(0.010)
+    assert steer.adjust([0.013], late=0) == pytest.approx(-0.25 * (0.013 - 0.010))
+
+
+def test_calm_narrows_the_margin_back_slowly():
+    steer = PhaseSteering(margin=0.008, calm_ticks=10)
+    for _ in range(3):
+        steer.adjust([0.0], late=1)
+    assert steer.margin == pytest.approx(0.014)
+    for _ in range(30):
+        steer.adjust([0.0], late=0)
+    assert steer.margin == pytest.approx(0.011)
