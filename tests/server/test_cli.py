@@ -59,10 +59,15 @@ def test_client_round_trips_a_wav_file_with_both_protocols(server_process, golde
         pieces = [t["text"] for t in texts]
         assert pieces[: len(pieces)] == [f" {i}" for i in range(len(pieces))]
         assert len(pieces) >= sent.size // FRAME - 2
-        # The echo is the input, a whole number of frames late (16-bit wav rounding aside).
-        lag, corr = best_lag(sent, out, FRAME, 5 * FRAME)
+        # The echo is the input, some frames late (16-bit wav rounding aside).  A
+        # tick whose input came late carries silence and shifts the rest by a
+        # frame, so compare one-second windows, each at its own lag.
         threshold = 0.999 if protocol == "raw" else 0.8  # raw is exact; Moshi has two Opus passes
-        assert corr > threshold, (protocol, lag, corr)
+        window = 24_000
+        scores = [best_lag(sent[i : i + window], out[i : i + window + 6 * FRAME], FRAME, 6 * FRAME)[1]
+                  for i in range(0, sent.size - window - 6 * FRAME, window)]
+        good = sum(score > threshold for score in scores)
+        assert good >= 0.75 * len(scores), (protocol, [round(x, 3) for x in scores])
 
 
 def test_unknown_model_fails_with_a_clear_message():
