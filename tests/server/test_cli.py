@@ -64,8 +64,10 @@ def test_client_round_trips_a_wav_file_with_both_protocols(server_process, golde
         # frame, so compare one-second windows, each at its own lag.
         threshold = 0.999 if protocol == "raw" else 0.8  # raw is exact; Moshi has two Opus passes
         window = 24_000
+        starts = [i for i in range(0, sent.size - window - 6 * FRAME, window) if sent[i : i + window].std() > 1e-3]
         scores = [best_lag(sent[i : i + window], out[i : i + window + 6 * FRAME], FRAME, 6 * FRAME)[1]
-                  for i in range(0, sent.size - window - 6 * FRAME, window)]
+                  for i in starts]
+        assert len(scores) >= 4
         good = sum(score > threshold for score in scores)
         assert good >= 0.75 * len(scores), (protocol, [round(x, 3) for x in scores])
 
