@@ -123,8 +123,8 @@ class CodecProcess:
 
     ``mode`` is ``encode`` (PCM in, Ogg pages out), the one mode the child has.  Sessions open a stream and hand over items with
     :meth:`run_items`; a writer task sends whatever has gathered as one batch,
-    without waiting for earlier answers, and a reader task matches answers to
-    batches in order.  So throughput does not depend on how long a round trip
+    without waiting for earlier answers, and a reader task matches the answers,
+    which come item by item as the child finishes them, to items in order.  So throughput does not depend on how long a round trip
     takes on a busy event loop.  If the child dies, the streams it held fail
     (their codec state is gone) and a new child serves new streams.
     """
@@ -174,7 +174,7 @@ class CodecProcess:
                 [sys.executable, "-m", "pplex_trio.codec._worker", self.mode],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             )
-            in_flight: collections.deque[list[tuple[_ProcessJob, int]]] = collections.deque()
+            in_flight: collections.deque[tuple[_ProcessJob, int]] = collections.deque()
             try:
                 with trio.fail_after(60):
                     if await process.stdout.receive_some(1) != READY:
@@ -188,7 +188,7 @@ class CodecProcess:
             except (RuntimeError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 logger.error("Opus %s process failed (%s); starting a new one", self.mode, exc)
                 self._first_live_stream = self._next_stream + 1
-                failed = [job for jobs in in_flight for job, _ in jobs] + [job for _, _, (job, _) in self._pending]
+                failed = [job for job, _ in in_flight] + [job for _, _, (job, _) in self._pending]
                 for job in failed:
                     job.fail(RuntimeError(f"the Opus {self.mode} process failed"))
                 self._pending = []
@@ -200,7 +200,7 @@ class CodecProcess:
                     if process.returncode is None:
                         process.kill()
 
-    async def _write_batches(self, process: trio.Process, in_flight: collections.deque[list[tuple[_ProcessJob, int]]]) -> None:
+    async def _write_batches(self, process: trio.Process, in_flight: collections.deque[tuple[_ProcessJob, int]]) -> None:
         from ._worker import CLOSE, DATA, pack
 
         while True:
@@ -213,13 +213,13 @@ class CodecProcess:
             request += [(stream, CLOSE, b"") for stream in closing]
             if not request:
                 continue
-            if batch:  # closings alone get no answer
-                in_flight.append([job for _, _, job in batch])
-            await process.stdin.send_all(pack(request))
+            in_flight.extend(job for _, _, job in batch)  # closings get no answer
+            # One message per item: the child starts on the first frame while the rest are in the pipe.
+            await process.stdin.send_all(b"".join(pack([item]) for item in request))
             self.batches += 1
             self.items += len(batch)
 
-    async def _read_answers(self, process: trio.Process, in_flight: collections.deque[list[tuple[_ProcessJob, int]]]) -> None:
+    async def _read_answers(self, process: trio.Process, in_flight: collections.deque[tuple[_ProcessJob, int]]) -> None:
         from ._worker import ERROR, Unpacker
 
         unpacker = Unpacker()
@@ -229,7 +229,8 @@ class CodecProcess:
                 raise RuntimeError("it exited")
             unpacker.feed(data)
             while (answer := unpacker.next_message()) is not None:
-                for (job, index), (_, kind, payload) in zip(in_flight.popleft(), answer):
+                for _, kind, payload in answer:
+                    job, index = in_flight.popleft()
                     if kind == ERROR:
                         job.fail(ValueError(payload.decode("utf-8", errors="replace")))
                     else:

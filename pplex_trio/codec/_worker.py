@@ -7,8 +7,10 @@ event loop busy that wait, not the codec, dominates (measured: 48 frames took
 packs and unpacks bytes.
 
 The child keeps one :class:`LibopusWriter` per stream.  The parent sends a
-batch of items and reads one answer per batch.  The format below is sans-IO,
-so both ends and the tests share it.
+batch of items; the child answers each DATA item as soon as it is encoded (a
+message of one item), so the first session of a tick does not wait for the
+last one's encode.  Answers come in the order of the items.  The format below
+is sans-IO, so both ends and the tests share it.
 
 Wire format, little-endian: ``u32 count``, then ``count`` items of
 ``u32 stream, u32 kind, u32 length, payload``.  Request kinds: DATA (PCM to
@@ -90,7 +92,7 @@ def _encoder() -> tuple[Callable[[], object], Callable[[object, bytes], bytes]]:
 
 
 def serve(mode: str, stdin: BinaryIO, stdout: BinaryIO) -> None:
-    """Answer batches until stdin closes."""
+    """Answer every DATA item, in order, until stdin closes."""
     if mode != "encode":
         raise SystemExit(f"unknown mode {mode!r}: the codec worker encodes (mode 'encode')")
     make, work = _encoder()
@@ -105,23 +107,19 @@ def serve(mode: str, stdin: BinaryIO, stdout: BinaryIO) -> None:
             return
         unpacker.feed(data)
         while (batch := unpacker.next_message()) is not None:
-            answers: list[Item] = []
-            wants_answer = False
             for stream, kind, payload in batch:
-                if kind == CLOSE:
+                if kind == CLOSE:  # closings get no answer
                     states.pop(stream, None)
                     continue
-                wants_answer = True
                 state = states.get(stream)
                 if state is None:
                     state = states[stream] = make()
                 try:
-                    answers.append((stream, DATA, work(state, payload)))
+                    answer = (stream, DATA, work(state, payload))
                 except ValueError as exc:
                     states.pop(stream, None)
-                    answers.append((stream, ERROR, str(exc).encode()))
-            if wants_answer:  # a batch of closings alone gets no answer
-                stdout.write(pack(answers))
+                    answer = (stream, ERROR, str(exc).encode())
+                stdout.write(pack([answer]))
                 stdout.flush()
 
 

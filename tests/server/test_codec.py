@@ -113,3 +113,24 @@ async def test_encoder_process_matches_an_in_process_writer(nursery):
     assert split_pages(other[0])[0][28:36] == b"OpusHead"
     pool.close_stream(a)
     pool.close_stream(b)
+
+
+def test_worker_answers_each_frame_as_soon_as_it_is_encoded():
+    """One request of three frames (and a closing) gets three one-item answers, in order."""
+    import io
+
+    from pplex_trio.codec._worker import CLOSE, DATA, READY, Unpacker, pack, serve
+
+    tone = (0.3 * np.sin(np.arange(1920) / 7)).astype("<f4").tobytes()
+    request = pack([(1, DATA, tone), (2, DATA, tone), (1, CLOSE, b""), (2, DATA, tone)])
+    stdout = io.BytesIO()
+    serve("encode", io.BufferedReader(io.BytesIO(request)), stdout)
+    out = stdout.getvalue()
+    assert out[:1] == READY
+    unpacker, answers = Unpacker(), []
+    unpacker.feed(out[1:])
+    while (message := unpacker.next_message()) is not None:
+        answers.append(message)
+    assert [[(stream, kind) for stream, kind, _ in a] for a in answers] == [[(1, DATA)], [(2, DATA)], [(2, DATA)]]
+    assert all(b"OpusHead" in a[0][2] for a in answers[:2])  # two fresh streams
+    assert b"OpusHead" not in answers[2][0][2]  # stream 2 goes on
