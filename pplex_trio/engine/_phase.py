@@ -11,14 +11,18 @@ can move so that ticks fall just after their pages arrive.
 Moving a tick earlier by ``d`` keeps every frame complete as long as ``d``
 is less than every live conversation's *slack* (tick time minus the arrival
 of the last sample of the frame it takes).  So the steering moves the grid
-earlier by a fraction of the smallest slack beyond a safety *margin*, and
-later whenever a streaming conversation finds no frame.  Each such miss
+earlier by a fraction of the smallest slack of the last ``window`` ticks (as
+it would be on today's grid) beyond a safety *margin*, and later whenever a
+streaming conversation finds no frame.  The window is what keeps one calm
+tick from pulling the grid into the path of the next jittery page.  Each such miss
 widens the margin (jitter is bigger than we thought); calm stretches narrow
 it again, slowly.  With clients at random phases the smallest slack is near
 zero and the grid stays put: nothing gets worse.
 """
 
 from __future__ import annotations
+
+import collections
 
 
 class PhaseSteering:
@@ -27,7 +31,8 @@ class PhaseSteering:
     def __init__(
         self,
         *,
-        margin: float = 0.008,
+        margin: float = 0.006,
+        window: int = 25,
         max_margin: float = 0.030,
         gain: float = 0.25,
         max_step: float = 0.005,
@@ -42,19 +47,25 @@ class PhaseSteering:
         self.calm_ticks = calm_ticks
         self._calm = 0
         self.moved = 0.0  # total movement so far (seconds, negative = earlier)
+        # Each recent tick's smallest slack, as ``slack - moved`` so that adding
+        # today's ``moved`` gives what it would be on today's grid.
+        self._recent: collections.deque[float] = collections.deque(maxlen=window)
 
     def adjust(self, slacks: list[float], late: int) -> float:
         """``slacks`` of the conversations that got a frame, ``late`` how many streaming ones got none."""
         if late:
             self.margin = min(self.max_margin, self.margin + 0.002)
             self._calm = 0
+            self._recent.clear()
             step = self.late_step
         else:
             self._calm += 1
             if self._calm >= self.calm_ticks:  # 20 s without a miss: trust the timing a little more
                 self.margin = max(self.min_margin, self.margin - 0.001)
                 self._calm = 0
-            spare = min(slacks) - self.margin if slacks else 0.0
+            if slacks:
+                self._recent.append(min(slacks) - self.moved)
+            spare = min(self._recent) + self.moved - self.margin if self._recent else 0.0
             step = -min(self.max_step, self.gain * spare) if spare > 0 else 0.0
         self.moved += step
         return step
