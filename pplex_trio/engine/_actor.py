@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -112,6 +113,7 @@ class EngineActor:
         self.engine_busy = False  # an engine call is in flight
         self.phase = PhaseSteering()
         self._phase_step = 0.0
+        self._deadline: float | None = None  # when the next tick is due (None while idle)
         self._update_gauges()
 
     # -- sessions ------------------------------------------------------------
@@ -166,6 +168,7 @@ class EngineActor:
         deadline: float | None = None
         while True:
             while not self.table.busy():
+                self._deadline = None
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()
                 deadline = None
@@ -183,7 +186,25 @@ class EngineActor:
                 self.ticks_skipped += skipped
                 self.metrics.ticks_skipped.inc(skipped)
                 logger.warning("engine actor fell %d tick(s) behind; skipping ahead", skipped)
+            self._deadline = deadline
             await trio.sleep_until(deadline)
+
+    async def sleep_until_before_tick(self, lead: float) -> None:
+        """Sleep until ``lead`` seconds before one of the next ticks (at most one tick period).
+
+        A client that starts streaming when it gets the handshake (the
+        official one does) sends its pages at the phase of that moment, for
+        good.  Sending the handshake ``lead`` before a tick puts those pages
+        just ahead of the ticks that take them, so its frames barely wait,
+        whatever the phase of the conversations that came before.
+        """
+        deadline = self._deadline
+        if deadline is None:
+            return
+        now = trio.current_time()
+        target = deadline - lead
+        target += math.ceil((now - target) / self.tick_seconds) * self.tick_seconds
+        await trio.sleep_until(target)
 
     async def _tick(self) -> None:
         freed = self.table.free_drained()

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 _ids = itertools.count(1)
 STAGE_SAMPLING = 4  # one frame in this many feeds the per-stage latency histograms
+# Time from the handshake leaving to the client's first page arriving, beyond
+# the page's own audio: the way out, the client's reaction, the way back.
+CLIENT_REACTION = 0.003
 
 
 class WebSocket(Protocol):
@@ -222,6 +225,11 @@ class Session(abc.ABC):
             if not await self._wait_until_live(lease):
                 nursery.cancel_scope.cancel()
                 return
+            if self.align_input:
+                # Pages of a client that starts streaming at the handshake land
+                # just ahead of the ticks (see EngineActor.sleep_until_before_tick).
+                actor = self.server.actor
+                await actor.sleep_until_before_tick(actor.phase.margin + CLIENT_REACTION)
             await self.send_ready()
             nursery.start_soon(self._guard, self.encode_loop, lease, outbound)
             nursery.start_soon(self._guard, self._send_loop, outbound)

@@ -319,3 +319,37 @@ async def test_the_tick_grid_moves_to_just_after_the_audio_arrives(nursery, auto
     assert waits[0] > 0.035  # the naive grid: the audio waits ~40 ms for its tick
     assert max(waits[-20:]) < 0.010  # steered: ticks now come ~8 ms (the safety margin) after the audio
     assert actor.metrics.frames_silence._value.get() <= 2  # and no frame was missed on the way
+
+
+async def test_a_client_that_starts_at_the_handshake_lands_just_ahead_of_the_ticks(nursery, autojump_clock):
+    """Sending the handshake `lead` before a tick: the client's frames wait ~lead, from the first one."""
+    engine = RecordingEcho(1, prefill_steps=3)
+    actor = EngineActor(engine, run_sync=inline_runner())
+    await nursery.start(actor.run)
+    with actor.lease(Conversation()) as lease:
+        await wait_state(lease, LeaseState.LIVE)
+        await trio.sleep(0.023)  # the prefill's last tick was a while ago: an arbitrary phase
+        await actor.sleep_until_before_tick(0.010)
+        handshake = trio.current_time()
+        waits = []
+
+        async def reader():
+            async for frame in lease.outbox:
+                if frame.input_arrival is not None:
+                    waits.append(frame.tick_started - frame.input_arrival)
+
+        nursery.start_soon(reader)
+        for k in range(1, 40):  # a whole frame of audio every 80 ms from the handshake on
+            await trio.sleep_until(handshake + k * TICK)
+            actor.push_input(lease, np.full(1920, 0.5, np.float32), trio.current_time())
+        await trio.sleep(TICK)
+    assert waits[0] == pytest.approx(0.010, abs=1e-6)  # no settling needed
+    assert all(0.004 < w <= 0.010 + 1e-6 for w in waits)  # then steering trims it towards its margin
+    assert len(waits) == 39 and lease.framer.underruns == 0  # every frame taken, none late
+
+
+async def test_sleep_until_before_tick_returns_at_once_while_idle(autojump_clock):
+    actor = EngineActor(EchoEngine(1), run_sync=inline_runner())
+    before = trio.current_time()
+    await actor.sleep_until_before_tick(0.010)
+    assert trio.current_time() == before
