@@ -24,7 +24,47 @@ class Snapshot:
 
 
 def scrape(http_url: str) -> Snapshot:
-    text = httpx.get(http_url + "/metrics", timeout=10).text
+    return parse(httpx.get(http_url + "/metrics", timeout=10).text)
+
+
+async def fetch_text(http_url: str) -> str:
+    """The raw ``/metrics`` text over a plain socket, on the caller's event loop.
+
+    For load generators: an HTTP client in a thread (TLS context, parsing)
+    would hold the GIL long enough to delay every client's next page at once.
+    Parse the text later with :func:`parse`.
+    """
+    import urllib.parse
+
+    import trio
+
+    url = urllib.parse.urlsplit(http_url)
+    stream = await trio.open_tcp_stream(url.hostname or "127.0.0.1", url.port or 80)
+    async with stream:
+        await stream.send_all(f"GET /metrics HTTP/1.1\r\nHost: {url.netloc}\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += await _receive(stream)
+        head, _, body = data.partition(b"\r\n\r\n")
+        status, *headers = head.decode("latin-1").split("\r\n")
+        if status.split()[1:2] != ["200"]:
+            raise RuntimeError(f"/metrics answered {status!r}")
+        fields = dict(line.lower().split(":", 1) for line in headers if ":" in line)
+        length = int(fields.get("content-length", "-1"))
+        # hypercorn keeps the socket open after the body: read exactly its length.
+        while len(body) < length:
+            body += await _receive(stream)
+    return body.decode()
+
+
+async def _receive(stream: object) -> bytes:
+    data = await stream.receive_some(1 << 16)  # type: ignore[attr-defined]
+    if not data:
+        raise RuntimeError("the server closed the connection before the whole /metrics answer")
+    return data
+
+
+def parse(text: str) -> Snapshot:
     values, buckets = {}, {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

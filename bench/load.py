@@ -41,7 +41,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from _metrics import Histogram, scrape  # noqa: E402
+from _metrics import Histogram, fetch_text, parse  # noqa: E402
 from _serverproc import ServerProcess  # noqa: E402
 
 from pplex_trio.client import open_websocket  # noqa: E402
@@ -191,16 +191,17 @@ async def load_run(http_url: str, clients: int, duration: float, page_ms: int, p
             for _ in range(clients):
                 await live.acquire()
         await trio.sleep(warmup)  # past the first alignment of every session
-        before = await trio.to_thread.run_sync(scrape, http_url)
+        before_text = await fetch_text(http_url)  # parsed after the run, off the clock
         cpu0, t0 = (server.cpu_seconds() if server else math.nan), time.monotonic()
         sent0 = [s.sent_frames for s in stats]
         recv0 = [s.audio_received for s in stats]
         await trio.sleep(duration)
-        after = await trio.to_thread.run_sync(scrape, http_url)
+        after_text = await fetch_text(http_url)
         cpu1, t1 = (server.cpu_seconds() if server else math.nan), time.monotonic()
         for s, a, b in zip(stats, sent0, recv0):
             s.window_sent, s.window_received = s.sent_frames - a, s.audio_received - b
         stop.set()
+    before, after = parse(before_text), parse(after_text)
     window = t1 - t0
     tick = Histogram.between(before, after, "pplex_tick_duration_seconds")
     lateness = Histogram.between(before, after, "pplex_tick_lateness_seconds")
