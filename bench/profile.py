@@ -1,0 +1,117 @@
+"""bench/profile: where the server's event loop spends its time under load.
+
+Starts ``pplex-trio serve --model echo --slots N``, drives it with
+``bench/load.py --url ... --clients N``, and samples the server with py-spy
+(``pip install py-spy``; it needs ptrace rights over the child, as root or
+with ``kernel.yama.ptrace_scope=0``).  Each sample of the main thread (the
+Trio event loop) is put in the first bucket whose marker appears in its
+stack, innermost frame first, so "sphn decode" inside a session task counts as
+decoding, not as the session.  Idle samples (the loop waiting in epoll) are
+counted apart: the loop's busy share is what limits how many conversations
+one process holds in real time.
+
+Usage (from the repository root)::
+
+    python bench/profile.py --clients 48 --duration 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from _serverproc import ServerProcess  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# (bucket, markers): the first bucket with a marker in a frame wins, frames read innermost first.
+BUCKETS = [
+    ("idle (epoll wait)", ("epoll.poll", "get_events (trio/_core/_io_epoll.py")),
+    ("Opus decode (sphn)", ("append_bytes",)),
+    ("metrics (prometheus-client)", ("prometheus_client",)),
+    ("encoder child I/O (pack, pipe, answers)", ("pplex_trio/codec/",)),
+    ("WebSocket framing (wsproto)", ("wsproto/",)),
+    ("HTTP server (hypercorn)", ("hypercorn/",)),
+    ("Quart websocket layer", ("quart/", "quart_trio/")),
+    ("engine actor (plan, apply)", ("pplex_trio/engine/",)),
+    ("sessions (pplex_trio/server)", ("pplex_trio/server/",)),
+    ("our protocol codecs", ("pplex_trio/protocol/",)),
+    ("Trio scheduler and channels", ("trio/",)),
+]
+
+
+def bucket_of(frames: list[str]) -> str:
+    for frame in reversed(frames):  # innermost first
+        for name, markers in BUCKETS:
+            if any(marker in frame for marker in markers):
+                return name
+    return "other"
+
+
+def summarize(raw: str) -> tuple[collections.Counter[str], int]:
+    """py-spy's ``--format raw`` (collapsed stacks: ``thread;frame;frame count``) → samples per bucket."""
+    counts: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        if "MainThread" not in frames[0]:
+            continue
+        counts[bucket_of(frames[1:])] += int(count)
+        total += int(count)
+    return counts, total
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=48)
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds sampled")
+    parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    parser.add_argument("--py-spy", default="py-spy", help="the py-spy executable")
+    args = parser.parse_args(argv)
+
+    server = ServerProcess(["-m", "pplex_trio", "serve", "--model", "echo", "--slots", str(args.clients),
+                            "--port", "0", "--queue-size", "0", "--echo-step-ms", "20"])
+    url = f"http://{server.address}"
+    load = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "load.py"), "--url", url, "--clients", str(args.clients),
+         "--duration", str(args.duration + 10), "--name", "tmp-profile"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(8)  # connect, run the system prompts, settle
+        with tempfile.TemporaryDirectory() as tmp:
+            out = pathlib.Path(tmp) / "profile.txt"
+            subprocess.run(
+                [args.py_spy, "record", "--pid", str(server.pid), "--duration", str(int(args.duration)),
+                 "--rate", str(args.rate), "--format", "raw", "--threads", "--nonblocking", "--idle",
+                 "--output", str(out)],
+                check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            counts, total = summarize(out.read_text())
+    finally:
+        load.wait(timeout=120)
+        server.stop()
+    if not total:
+        print("no samples of the main thread (does py-spy have ptrace rights?)")
+        return 1
+    idle = counts.pop("idle (epoll wait)", 0)
+    busy = total - idle
+    print(f"# main thread (event loop), {args.clients} conversations, {args.duration:g} s, {total} samples")
+    print(f"# busy {100 * busy / total:.0f}% of the time; shares of the busy time:")
+    for name, count in counts.most_common():
+        print(f"{name:42s} {100 * count / busy:5.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""bench/profile.py: py-spy's collapsed stacks sorted into buckets (no py-spy needed)."""
+
+import importlib.util
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("bench_profile", ROOT / "bench" / "profile.py")
+profile = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(profile)
+
+RAW = """\
+thread (100): MainThread;run (trio/_core/_run.py:2300);get_events (trio/_core/_io_epoll.py:245) 60
+thread (100): MainThread;run (trio/_core/_run.py:2300);decode_loop (pplex_trio/server/_moshi_session.py:64);append_bytes (<native>:0) 10
+thread (100): MainThread;run (trio/_core/_run.py:2300);_send_loop (pplex_trio/server/_session.py:250);send (quart/wrappers/websocket.py:80);app_send (hypercorn/protocol/ws_stream.py:300);send (wsproto/connection.py:90) 20
+thread (100): MainThread;run (trio/_core/_run.py:2300);_send_loop (pplex_trio/server/_session.py:250);send (quart/wrappers/websocket.py:80) 10
+thread (101): Trio thread 0;_execute (pplex_trio/engine/_actor.py:240) 500
+bad line
+"""
+
+
+def test_main_thread_samples_go_to_the_innermost_bucket():
+    counts, total = profile.summarize(RAW)
+    assert total == 100  # the worker thread's 500 samples are not the event loop's
+    assert counts == {
+        "idle (epoll wait)": 60,
+        "Opus decode (sphn)": 10,
+        "WebSocket framing (wsproto)": 20,
+        "Quart websocket layer": 10,
+    }
