@@ -1,4 +1,4 @@
-"""bench/profile: where the server's event loop spends its time under load.
+"""bench/loop_profile: where the server's event loop spends its time under load.
 
 Starts ``pplex-trio serve --model echo --slots N``, drives it with
 ``bench/load.py --url ... --clients N``, and samples the server with py-spy
@@ -12,7 +12,7 @@ one process holds in real time.
 
 Usage (from the repository root)::
 
-    python bench/profile.py --clients 48 --duration 20
+    python bench/loop_profile.py --clients 48 --duration 20
 """
 
 from __future__ import annotations

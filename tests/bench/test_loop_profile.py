@@ -1,10 +1,10 @@
-"""bench/profile.py: py-spy's collapsed stacks sorted into buckets (no py-spy needed)."""
+"""bench/loop_profile.py: py-spy's collapsed stacks sorted into buckets (no py-spy needed)."""
 
 import importlib.util
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("bench_profile", ROOT / "bench" / "profile.py")
+spec = importlib.util.spec_from_file_location("bench_loop_profile", ROOT / "bench" / "loop_profile.py")
 profile = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(profile)
 
