@@ -13,6 +13,9 @@ Usage (from the repository root)::
     python bench/load.py --find-max --duration 30              # largest N that holds real time
     python bench/load.py --url http://127.0.0.1:8998 --clients 8   # a server you started
 
+``gen late`` counts pages the generator itself sent over 5 ms behind
+schedule: a run with many is measuring the generator's stalls too.
+
 Real time held = no frame lost (dropped by a full queue anywhere in the
 server) and p99 tick lateness <= 10 ms over the window.  Late input frames
 (a tick that came before its frame: the frame is heard one tick later) and
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import gc
 import json
 import logging
 import math
@@ -49,6 +53,7 @@ from pplex_trio.protocol import ogg  # noqa: E402
 
 logger = logging.getLogger("bench.load")
 SR, FRAME = 24_000, 1920
+GENERATOR_LAG = 0.005  # a page sent this late was delayed by the generator, not the server
 DATA = REPO.parent / "shared" / "data"
 RESULTS = REPO / "bench" / "results"
 
@@ -84,6 +89,8 @@ class ClientStats:
     error: str = ""
     window_sent: float = 0.0
     window_received: int = 0
+    late_sends: int = 0  # pages this generator sent over 5 ms behind schedule (its own stalls)
+    window_late_sends: int = 0
 
 
 async def run_client(url: str, pages: list[bytes], page_ms: int, stats: ClientStats, *, decode: bool,
@@ -120,6 +127,8 @@ async def run_client(url: str, pages: list[bytes], page_ms: int, stats: ClientSt
                 for page in pages[2:]:
                     if stop.is_set():
                         break
+                    if trio.current_time() - deadline > GENERATOR_LAG:
+                        stats.late_sends += 1
                     await ws.send_message(b"\x01" + page)
                     stats.sent_frames += frames_per_message
                     deadline += page_ms / 1000
@@ -154,6 +163,7 @@ class RunResult:
     cpu_percent: float
     peak_rss_mb: float
     decode_errors: int
+    generator_late_sends: int  # pages the load generator itself sent late (its stalls, not the server's)
     per_session: list[dict] = dataclasses.field(default_factory=list)
     latency_cdf: tuple[list[float], list[float]] = ((), ())
     stages_p50_ms: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -194,12 +204,14 @@ async def load_run(http_url: str, clients: int, duration: float, page_ms: int, p
         before_text = await fetch_text(http_url)  # parsed after the run, off the clock
         cpu0, t0 = (server.cpu_seconds() if server else math.nan), time.monotonic()
         sent0 = [s.sent_frames for s in stats]
+        late0 = [s.late_sends for s in stats]
         recv0 = [s.audio_received for s in stats]
         await trio.sleep(duration)
         after_text = await fetch_text(http_url)
         cpu1, t1 = (server.cpu_seconds() if server else math.nan), time.monotonic()
-        for s, a, b in zip(stats, sent0, recv0):
+        for s, a, b, c in zip(stats, sent0, recv0, late0):
             s.window_sent, s.window_received = s.sent_frames - a, s.audio_received - b
+            s.window_late_sends = s.late_sends - c
         stop.set()
     before, after = parse(before_text), parse(after_text)
     window = t1 - t0
@@ -220,6 +232,7 @@ async def load_run(http_url: str, clients: int, duration: float, page_ms: int, p
         cpu_percent=100 * (cpu1 - cpu0) / window if server else math.nan,
         peak_rss_mb=server.peak_rss_mb() if server else math.nan,
         decode_errors=sum(s.decode_errors for s in stats),
+        generator_late_sends=sum(s.window_late_sends for s in stats),
         per_session=[dataclasses.asdict(s) for s in stats],
         latency_cdf=latency.cdf(),
         stages_p50_ms={stage: 1000 * Histogram.between(before, after, "pplex_added_latency_stage_seconds",
@@ -271,6 +284,7 @@ COLUMNS = [
     ("stages p50 ms (wait/tick/enc/send)",
      lambda r: "/".join(f"{r.stages_p50_ms.get(k, math.nan):.1f}" for k in ("wait_for_tick", "tick", "encode", "send")),
      "{}"),
+    ("gen late", lambda r: r.generator_late_sends, "{}"),
     ("cpu %", lambda r: r.cpu_percent, "{:.0f}"),
     ("rss MB", lambda r: r.peak_rss_mb, "{:.0f}"),
     ("real time", lambda r: "yes" if r.real_time else "NO", "{}"),
@@ -344,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--page-ms 20 needs 20 ms pages, which sphn's writer does not produce")
     RESULTS.mkdir(parents=True, exist_ok=True)
     pages = encode_pages(args.duration + args.warmup + 30, args.page_ms)
+    gc.freeze()  # the generator's own collections would delay every client's pages at once
 
     results: list[RunResult] = []
     if args.find_max:
