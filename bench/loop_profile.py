@@ -4,11 +4,14 @@ Starts ``pplex-trio serve --model echo --slots N``, drives it with
 ``bench/load.py --url ... --clients N``, and samples the server with py-spy
 (``pip install py-spy``; it needs ptrace rights over the child, as root or
 with ``kernel.yama.ptrace_scope=0``).  Each sample of the main thread (the
-Trio event loop) is put in the first bucket whose marker appears in its
-stack, innermost frame first, so "sphn decode" inside a session task counts as
-decoding, not as the session.  Idle samples (the loop waiting in epoll) are
-counted apart: the loop's busy share is what limits how many conversations
-one process holds in real time.
+Trio event loop) is put in the bucket of its innermost frame that has one,
+skipping Trio's own frames, so a socket send inside hypercorn counts as
+hypercorn's, and
+``decode_loop`` (which calls sphn's native decoder, invisible to py-spy
+without ``--native``) counts as decoding.  Only stacks that are Trio all the
+way down count as the scheduler's.  Idle samples (the loop waiting in epoll)
+are counted apart: the loop's busy share is what limits how many
+conversations one process holds in real time.
 
 Usage (from the repository root)::
 
@@ -31,28 +34,38 @@ from _serverproc import ServerProcess  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-# (bucket, markers): the first bucket with a marker in a frame wins, frames read innermost first.
+IDLE = ("get_events (trio/_core/_io_epoll.py",)
+# (bucket, markers), tried in order on each frame from the innermost out.
 BUCKETS = [
-    ("idle (epoll wait)", ("epoll.poll", "get_events (trio/_core/_io_epoll.py")),
-    ("Opus decode (sphn)", ("append_bytes",)),
+    ("Opus decode (sphn, decode_loop)", (".decode_loop",)),
     ("metrics (prometheus-client)", ("prometheus_client",)),
     ("encoder child I/O (pack, pipe, answers)", ("pplex_trio/codec/",)),
     ("WebSocket framing (wsproto)", ("wsproto/",)),
-    ("HTTP server (hypercorn)", ("hypercorn/",)),
+    ("HTTP server (hypercorn, h11)", ("hypercorn/", "h11/")),
     ("Quart websocket layer", ("quart/", "quart_trio/")),
-    ("engine actor (plan, apply)", ("pplex_trio/engine/",)),
-    ("sessions (pplex_trio/server)", ("pplex_trio/server/",)),
-    ("our protocol codecs", ("pplex_trio/protocol/",)),
-    ("Trio scheduler and channels", ("trio/",)),
+    ("engine actor and input framing", ("pplex_trio/engine/",)),
+    ("sessions: receive, encode, send loops", ("pplex_trio/server/",)),
+    ("our protocol codecs and channels", ("pplex_trio/protocol/", "pplex_trio/_channel")),
 ]
+SCHEDULER = "Trio scheduler alone"
 
 
 def bucket_of(frames: list[str]) -> str:
-    for frame in reversed(frames):  # innermost first
+    if frames and any(marker in frames[-1] for marker in IDLE):
+        return "idle (epoll wait)"
+    # Only what runs inside Trio's run loop belongs to a task.
+    starts = [i for i, frame in enumerate(frames) if "run (trio/_core/_run.py" in frame]
+    if starts:
+        frames = frames[starts[-1] + 1 :]
+    seen_other = False
+    for frame in reversed(frames):  # innermost first; a frame of no bucket defers to its caller
+        if "(trio/" in frame:
+            continue  # Trio's own frames count for whoever called them
         for name, markers in BUCKETS:
             if any(marker in frame for marker in markers):
                 return name
-    return "other"
+        seen_other = True
+    return "other" if seen_other else SCHEDULER
 
 
 def summarize(raw: str) -> tuple[collections.Counter[str], int]:
