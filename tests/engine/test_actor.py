@@ -317,7 +317,7 @@ async def test_the_tick_grid_moves_to_just_after_the_audio_arrives(nursery, auto
         nursery.start_soon(reader)
         await client()
     assert waits[0] > 0.035  # the naive grid: the audio waits ~40 ms for its tick
-    assert max(waits[-20:]) < 0.010  # steered: ticks now come ~8 ms (the safety margin) after the audio
+    assert max(waits[-20:]) < 0.010  # steered: ticks now come ~6 ms (the safety margin) after the audio
     assert actor.metrics.frames_silence._value.get() <= 2  # and no frame was missed on the way
 
 
