@@ -250,6 +250,8 @@ def start_server(args: argparse.Namespace, slots: int, framing: str) -> ServerPr
     if args.model == "echo":
         cmd += ["--echo-step-ms", str(args.echo_step_ms), "--echo-prefill-steps", "12"]
     cmd += ["--opus-encoder", args.opus_encoder]
+    if args.inline_encoders is not None:
+        cmd += ["--inline-encoders", str(args.inline_encoders)]
     return ServerProcess(cmd)
 
 
@@ -340,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--echo-step-ms", type=float, default=20.0, help="echo engine compute stand-in (default 20)")
     parser.add_argument("--framing", choices=("aligned", "naive"), default="aligned")
     parser.add_argument("--opus-encoder", default="auto", help="the started server's --opus-encoder")
+    parser.add_argument("--inline-encoders", type=int, help="the started server's --inline-encoders")
     parser.add_argument("--compare-framing", action="store_true", help="run naive then aligned, side by side")
     parser.add_argument("--find-max", action="store_true", help="search the largest N that holds real time")
     parser.add_argument("--max-clients", type=int, default=160, help="upper bound for --find-max")

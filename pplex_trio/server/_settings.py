@@ -25,6 +25,7 @@ class ServerSettings:
     max_prompt_chars: int = 1000
     max_message_bytes: int = 1 * MIB  # larger client messages are refused (1009)
     opus_encoder: str = "auto"  # "process", "libopus" or "sphn" (worker thread), or "auto"
+    inline_encoders: int = 4  # with "process": this many conversations encode on the event loop
     framing: str = "aligned"  # Moshi input framing: "aligned" (low latency) or "naive"
     input_backlog_frames: int = 6  # input waiting for the engine, per slot (480 ms)
     output_backlog_frames: int = 8  # engine output waiting for the encoder, per session

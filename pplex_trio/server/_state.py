@@ -43,7 +43,7 @@ class ServerState:
             output_backlog_frames=settings.output_backlog_frames,
         )
         return cls(settings=settings, engine=engine, actor=actor, metrics=metrics,
-                   encoder_pool=make_encoder_pool(settings.opus_encoder))
+                   encoder_pool=make_encoder_pool(settings.opus_encoder, settings.inline_encoders))
 
     def voices(self) -> Sequence[str]:
         return self.engine.voices()

@@ -134,3 +134,20 @@ def test_worker_answers_each_frame_as_soon_as_it_is_encoded():
     assert [[(stream, kind) for stream, kind, _ in a] for a in answers] == [[(1, DATA)], [(2, DATA)], [(2, DATA)]]
     assert all(b"OpusHead" in a[0][2] for a in answers[:2])  # two fresh streams
     assert b"OpusHead" not in answers[2][0][2]  # stream 2 goes on
+
+
+async def test_the_first_streams_encode_inline_and_the_rest_in_the_child(nursery):
+    from pplex_trio.codec._pools import ProcessEncoderPool
+
+    pool = ProcessEncoderPool(inline_streams=1)
+    await nursery.start(pool.run)
+    tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(1920 * 3) / 24000)).astype(np.float32)
+    frames = [tone[i * 1920 : (i + 1) * 1920] for i in range(3)]
+    inline, child = pool.open_stream(), pool.open_stream()
+    assert isinstance(inline, LibopusWriter) and isinstance(child, int)
+    decode = lambda messages: np.concatenate([r.append_bytes(m) for r in [sphn.OpusStreamReader(24000)] for m in messages])  # noqa: E731
+    np.testing.assert_allclose(decode(await pool.encode_many(inline, frames)),
+                               decode(await pool.encode_many(child, frames)), atol=1e-6)
+    pool.close_stream(inline)  # its place is free for the next conversation
+    assert isinstance(pool.open_stream(), LibopusWriter)
+    assert isinstance(pool.open_stream(), int)
