@@ -125,11 +125,13 @@ def _encode_all(batch: list[_Job]) -> None:
 class CodecProcess:
     """Opus streams served by a child process (see ``_worker``), in batches.
 
-    ``mode`` is ``encode`` (PCM in, Ogg pages out), the one mode the child has.  Sessions open a stream and hand over items with
-    :meth:`run_items`; a writer task sends whatever has gathered as one batch,
-    without waiting for earlier answers, and a reader task matches the answers,
-    which come item by item as the child finishes them, to items in order.  So throughput does not depend on how long a round trip
-    takes on a busy event loop.  If the child dies, the streams it held fail
+    ``mode`` is ``encode`` (PCM in, Ogg pages out), the one mode the child
+    has.  Sessions open a stream and hand over items with :meth:`run_items`;
+    a writer task sends whatever has gathered as one batch, without waiting
+    for earlier answers, and a reader task matches the answers, which come
+    item by item as the child finishes them, to items in order.  So
+    throughput does not depend on how long a round trip takes on a busy
+    event loop.  If the child dies, the streams it held fail
     (their codec state is gone) and a new child serves new streams.
     """
 

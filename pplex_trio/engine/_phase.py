@@ -13,10 +13,10 @@ is less than every live conversation's *slack* (tick time minus the arrival
 of the last sample of the frame it takes).  So the steering moves the grid
 earlier by a fraction of the smallest slack of the last ``window`` ticks (as
 it would be on today's grid) beyond a safety *margin*, and later whenever a
-streaming conversation finds no frame.  The window is what keeps one calm
-tick from pulling the grid into the path of the next jittery page.  Each such miss
-widens the margin (jitter is bigger than we thought); calm stretches narrow
-it again, slowly.  With clients at random phases the smallest slack is near
+streaming conversation finds no frame.  Each such miss widens the margin
+(jitter is bigger than we thought); calm stretches narrow it again, slowly.
+The window keeps one calm tick from pulling the grid into the path of the
+next jittery page.  With clients at random phases the smallest slack is near
 zero and the grid stays put: nothing gets worse.
 """
 
