@@ -4,12 +4,12 @@ sphn's encoder holds the GIL for ~1.4 ms per 80 ms frame: on a 2-core machine
 that caps a server near 50 real-time conversations (PERFORMANCE.md).  libopus
 through ctypes (``_libopus``) is cheaper and releases the GIL, but a worker
 thread must take the GIL back after each packet, and with a busy event loop
-that wait dominates.  So by default encoding runs in a child process (``_worker``) that shares no
-GIL, fed in batches: the event loop only packs
-and unpacks bytes.  Decoding stays on the event loop:
-sphn's decoder costs ~0.07 ms of CPU a page, and a decoding child was
-measured to cost the event loop nearly as much in packing, pipe traffic and
-wake-ups, while adding a round trip of latency.  The thread variants remain for comparison
+that wait dominates.  So by default encoding runs in a child process
+(``_worker``) that shares no GIL, fed in batches: the event loop only packs
+and unpacks bytes.  Decoding stays on the event loop: sphn's decoder costs
+~0.07 ms of CPU a page, and a decoding child was measured to cost the event
+loop nearly as much in packing, pipe traffic and wake-ups, while adding a
+round trip of latency.  The thread variants remain for comparison
 (``bench/load.py``) and for machines without libopus.
 """
 
@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import collections
 import logging
+import subprocess
+import sys
 
 import numpy as np
 import sphn
 import trio
 
 from ._libopus import SAMPLE_RATE, LibopusWriter, OpusWriter, libopus_available
+from ._worker import CLOSE, DATA, ERROR, READY, Unpacker, pack
 
 logger = logging.getLogger(__name__)
 
@@ -122,21 +125,19 @@ def _encode_all(batch: list[_Job]) -> None:
             job.error = exc
 
 
-class CodecProcess:
-    """Opus streams served by a child process (see ``_worker``), in batches.
+class EncoderProcess:
+    """Opus encoder streams served by a child process (see ``_worker``), in batches.
 
-    ``mode`` is ``encode`` (PCM in, Ogg pages out), the one mode the child
-    has.  Sessions open a stream and hand over items with :meth:`run_items`;
-    a writer task sends whatever has gathered as one batch, without waiting
-    for earlier answers, and a reader task matches the answers, which come
-    item by item as the child finishes them, to items in order.  So
-    throughput does not depend on how long a round trip takes on a busy
-    event loop.  If the child dies, the streams it held fail
-    (their codec state is gone) and a new child serves new streams.
+    PCM goes in, Ogg pages come out.  Sessions open a stream and hand over
+    items with :meth:`run_items`; a writer task sends whatever has gathered
+    as one batch, without waiting for earlier answers, and a reader task
+    matches the answers, which come item by item as the child finishes them,
+    to items in order.  So throughput does not depend on how long a round
+    trip takes on a busy event loop.  If the child dies, the streams it held
+    fail (their encoder state is gone) and a new child serves new streams.
     """
 
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
+    def __init__(self) -> None:
         self._pending: list[tuple[int, bytes, _ProcessJob]] = []
         self._closing: list[int] = []
         self._wakeup = trio.Event()
@@ -159,7 +160,7 @@ class CodecProcess:
         Raises ``ValueError`` (the child's message) if one was bad for this stream.
         """
         if stream < self._first_live_stream:
-            raise RuntimeError("this stream's Opus codec died with its process")
+            raise RuntimeError("this stream's Opus encoder died with its process")
         job = _ProcessJob(len(payloads))
         self._pending.extend((stream, payload, (job, i)) for i, payload in enumerate(payloads))
         self._wakeup.set()
@@ -169,15 +170,10 @@ class CodecProcess:
         return job.results
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        import subprocess
-        import sys
-
-        from ._worker import READY
-
         started = False
         while True:
             process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "pplex_trio.codec._worker", self.mode],
+                [sys.executable, "-m", "pplex_trio.codec._worker"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             )
             in_flight: collections.deque[tuple[_ProcessJob, int]] = collections.deque()
@@ -192,11 +188,11 @@ class CodecProcess:
                     nursery.start_soon(self._write_batches, process, in_flight)
                     nursery.start_soon(self._read_answers, process, in_flight)
             except (RuntimeError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                logger.error("Opus %s process failed (%s); starting a new one", self.mode, exc)
+                logger.error("Opus encoder process failed (%s); starting a new one", exc)
                 self._first_live_stream = self._next_stream + 1
                 failed = [job for job, _ in in_flight] + [job for _, _, (job, _) in self._pending]
                 for job in failed:
-                    job.fail(RuntimeError(f"the Opus {self.mode} process failed"))
+                    job.fail(RuntimeError("the Opus encoder process failed"))
                 self._pending = []
             finally:
                 with trio.CancelScope(shield=True):
@@ -207,8 +203,6 @@ class CodecProcess:
                         process.kill()
 
     async def _write_batches(self, process: trio.Process, in_flight: collections.deque[tuple[_ProcessJob, int]]) -> None:
-        from ._worker import CLOSE, DATA, pack
-
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
@@ -226,8 +220,6 @@ class CodecProcess:
             self.items += len(batch)
 
     async def _read_answers(self, process: trio.Process, in_flight: collections.deque[tuple[_ProcessJob, int]]) -> None:
-        from ._worker import ERROR, Unpacker
-
         unpacker = Unpacker()
         while True:
             data = await process.stdout.receive_some(1 << 20)
@@ -244,7 +236,7 @@ class CodecProcess:
 
 
 class ProcessEncoderPool:
-    """The encoder pool interface over an encoding :class:`CodecProcess`.
+    """The encoder pool interface over an encoding :class:`EncoderProcess`.
 
     A frame's trip to the child and back costs ~2 ms of pipe traffic and
     wake-ups for ~0.4 ms of encoding: on a lightly loaded server that is most
@@ -256,7 +248,7 @@ class ProcessEncoderPool:
     """
 
     def __init__(self, inline_streams: int = 0) -> None:
-        self.process = CodecProcess("encode")
+        self.process = EncoderProcess()
         self.run = self.process.run
         self.inline_streams = inline_streams
         self.inline_open = 0

@@ -18,7 +18,7 @@ encode) and CLOSE (forget the stream).  Answer kinds: DATA (the Ogg pages)
 and ERROR (a UTF-8 message: the stream's input was bad; the stream is
 forgotten).
 
-Run as ``python -m pplex_trio.codec._worker encode``.
+Run as ``python -m pplex_trio.codec._worker``.
 """
 
 from __future__ import annotations
@@ -91,10 +91,8 @@ def _encoder() -> tuple[Callable[[], object], Callable[[object, bytes], bytes]]:
     return LibopusWriter, lambda writer, pcm: writer.append_pcm(np.frombuffer(pcm, dtype="<f4"))  # type: ignore[attr-defined]
 
 
-def serve(mode: str, stdin: BinaryIO, stdout: BinaryIO) -> None:
+def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
     """Answer every DATA item, in order, until stdin closes."""
-    if mode != "encode":
-        raise SystemExit(f"unknown mode {mode!r}: the codec worker encodes (mode 'encode')")
     make, work = _encoder()
     make()  # fail now (e.g. no libopus), not on the first batch
     states: dict[int, object] = {}
@@ -124,4 +122,4 @@ def serve(mode: str, stdin: BinaryIO, stdout: BinaryIO) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], sys.stdin.buffer, sys.stdout.buffer)
+    serve(sys.stdin.buffer, sys.stdout.buffer)

@@ -294,6 +294,7 @@ class Session(abc.ABC):
 
     def describe(self) -> dict[str, Any]:
         lease = self.lease
+        ms = 1000 / self.server.engine.sample_rate  # per sample
         return {
             "id": self.id,
             "protocol": self.protocol,
@@ -302,10 +303,10 @@ class Session(abc.ABC):
             "queue_position": lease.position if lease and lease.state is LeaseState.QUEUED else None,
             **dataclasses.asdict(self.stats),
             "frames_consumed": lease.frames_consumed if lease else 0,
-            "input_backlog_ms": round(lease.framer.pending_samples / 24, 1) if lease else 0.0,
-            "input_margin_ms": round(lease.framer.margin / 24, 1) if lease else 0.0,
+            "input_backlog_ms": round(lease.framer.pending_samples * ms, 1) if lease else 0.0,
+            "input_margin_ms": round(lease.framer.margin * ms, 1) if lease else 0.0,
             "input_underruns": lease.framer.underruns if lease else 0,
-            "input_skipped_ms": round(lease.framer.skipped_samples / 24, 1) if lease else 0.0,
+            "input_skipped_ms": round(lease.framer.skipped_samples * ms, 1) if lease else 0.0,
         }
 
 

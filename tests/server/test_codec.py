@@ -124,7 +124,7 @@ def test_worker_answers_each_frame_as_soon_as_it_is_encoded():
     tone = (0.3 * np.sin(np.arange(1920) / 7)).astype("<f4").tobytes()
     request = pack([(1, DATA, tone), (2, DATA, tone), (1, CLOSE, b""), (2, DATA, tone)])
     stdout = io.BytesIO()
-    serve("encode", io.BufferedReader(io.BytesIO(request)), stdout)
+    serve(io.BufferedReader(io.BytesIO(request)), stdout)
     out = stdout.getvalue()
     assert out[:1] == READY
     unpacker, answers = Unpacker(), []
