@@ -177,10 +177,10 @@ class DeviceTick:
     # --- CUDA graph -----------------------------------------------------------------
 
     def replay(self) -> None:
-        """Run the tick as the recorded CUDA graph (recording it first if needed).
+        """Run the tick as the recorded CUDA graph.
 
-        Call it after :meth:`upload`: recording runs the tick with every
-        row masked out, which moves no state but overwrites ``control``.
+        Order per tick: :meth:`prepare_graph` (records only when there is no
+        valid recording; it overwrites ``control``), :meth:`upload`, then this.
         """
         if not self.cuda_graph:
             raise RuntimeError("this DeviceTick was built without cuda_graph=True")
