@@ -33,6 +33,14 @@ pytestmark = pytest.mark.browser
 MISSED_BOUND_S = 0.25
 
 
+def connect(context: Any, server: Any, phase: str) -> Any:
+    """A fresh page on ``server`` that clicks Connect and waits until it shows ``phase``."""
+    page = open_ui(context, server)
+    page.get_by_role("button", name="Connect").click()
+    wait_phase(page, phase)
+    return page
+
+
 def only_session(server: Any) -> dict:
     sessions = server.get("/api/sessions")["sessions"]
     assert len(sessions) == 1, sessions
@@ -189,18 +197,12 @@ def test_settings_reach_the_server(context, start_server):
 def test_queued_then_live_and_queue_full_message(context, start_server):
     """One slot, a queue of one: the second page waits (position 1), the third is told the server is busy."""
     server = start_server(slots=1, queue_size=1)
-    first = open_ui(context, server)
-    first.get_by_role("button", name="Connect").click()
-    wait_phase(first, "live")
+    first = connect(context, server, "live")
 
-    second = open_ui(context, server)
-    second.get_by_role("button", name="Connect").click()
-    wait_phase(second, "queued")
+    second = connect(context, server, "queued")
     expect(second.locator("#state")).to_have_text("Queued (position 1)")
 
-    third = open_ui(context, server)
-    third.get_by_role("button", name="Connect").click()
-    wait_phase(third, "ended")
+    third = connect(context, server, "ended")
     expect(third.locator("#ending")).to_contain_text("The server is busy")
     expect(third.locator("#ending")).to_contain_text("queue is full")
 
@@ -216,12 +218,8 @@ def test_queued_then_live_and_queue_full_message(context, start_server):
 def test_a_silent_server_is_given_up_after_10_s(context, start_server):
     """Without pings (here: one per 60 s) a waiting page ends after 10 s of silence, and says so."""
     server = start_server(slots=1, keepalive_interval=60.0)
-    first = open_ui(context, server)
-    first.get_by_role("button", name="Connect").click()
-    wait_phase(first, "live")
-    second = open_ui(context, server)
-    second.get_by_role("button", name="Connect").click()
-    wait_phase(second, "queued")
+    first = connect(context, server, "live")
+    second = connect(context, server, "queued")
     wait_phase(second, "ended", timeout=14_000)
     expect(second.locator("#ending")).to_contain_text("The server stopped responding")
     expect(first.locator("#state")).to_have_text("Live")  # the other conversation carries on
@@ -230,9 +228,7 @@ def test_a_silent_server_is_given_up_after_10_s(context, start_server):
 def test_server_shutdown_is_explained(context, start_server):
     """A close from the server shows its reason (here 1001, going away)."""
     server = start_server()
-    page = open_ui(context, server)
-    page.get_by_role("button", name="Connect").click()
-    wait_phase(page, "live")
+    page = connect(context, server, "live")
     server.stop()
     wait_phase(page, "ended")
     expect(page.locator("#ending")).to_have_text("The server is shutting down. Try again in a moment.")

@@ -46,6 +46,31 @@ def _exec(exec_masks: tp.Mapping[int, tp.Sequence[bool]], t: int, batch: int) ->
 
 
 @torch.no_grad()
+def _mimi_stream(
+    init_state: tp.Callable[[int], tp.Any],
+    step: tp.Callable[[torch.Tensor, tp.Any, torch.Tensor], torch.Tensor],
+    inputs: np.ndarray,
+    dtype: type,
+    resets: tp.Mapping[int, tp.Sequence[int]] | None,
+    exec_masks: tp.Mapping[int, tp.Sequence[bool]] | None,
+) -> np.ndarray:
+    """Run ``step(frame, state, exec_mask)`` frame by frame over ``inputs`` ``[B, T, ...]``.
+
+    ``resets[t]`` lists rows whose state restarts just before frame ``t``;
+    ``exec_masks[t]`` is frame ``t``'s exec mask (all rows run otherwise).
+    """
+    resets, exec_masks = resets or {}, exec_masks or {}
+    batch, steps, _ = inputs.shape
+    state = init_state(batch)
+    out = []
+    for t in range(steps):
+        if t in resets:
+            state.reset(_mask(resets[t], batch))
+        frame = torch.from_numpy(np.ascontiguousarray(inputs[:, t], dtype=dtype))
+        out.append(step(frame, state, _exec(exec_masks, t, batch)).numpy())
+    return np.stack(out, axis=1)
+
+
 def mimi_encode(
     model: LoadedModel,
     pcm: np.ndarray,
@@ -53,19 +78,9 @@ def mimi_encode(
     exec_masks: tp.Mapping[int, tp.Sequence[bool]] | None = None,
 ) -> np.ndarray:
     """Streaming encode ``[B, T, 1920]`` -> ``[B, T, 8]`` with per-frame resets / exec masks."""
-    resets, exec_masks = resets or {}, exec_masks or {}
-    batch, steps, _ = pcm.shape
-    state = model.mimi.init_encoder_state(batch)
-    out = []
-    for t in range(steps):
-        if t in resets:
-            state.reset(_mask(resets[t], batch))
-        frame = torch.from_numpy(np.ascontiguousarray(pcm[:, t], dtype=np.float32))
-        out.append(model.mimi.encode_frame(frame, state, _exec(exec_masks, t, batch)).numpy())
-    return np.stack(out, axis=1)
+    return _mimi_stream(model.mimi.init_encoder_state, model.mimi.encode_frame, pcm, np.float32, resets, exec_masks)
 
 
-@torch.no_grad()
 def mimi_decode(
     model: LoadedModel,
     codes: np.ndarray,
@@ -73,16 +88,7 @@ def mimi_decode(
     exec_masks: tp.Mapping[int, tp.Sequence[bool]] | None = None,
 ) -> np.ndarray:
     """Streaming decode ``[B, T, 8]`` -> ``[B, T, 1920]``."""
-    resets, exec_masks = resets or {}, exec_masks or {}
-    batch, steps, _ = codes.shape
-    state = model.mimi.init_decoder_state(batch)
-    out = []
-    for t in range(steps):
-        if t in resets:
-            state.reset(_mask(resets[t], batch))
-        frame = torch.from_numpy(np.ascontiguousarray(codes[:, t], dtype=np.int64))
-        out.append(model.mimi.decode_frame(frame, state, _exec(exec_masks, t, batch)).numpy())
-    return np.stack(out, axis=1)
+    return _mimi_stream(model.mimi.init_decoder_state, model.mimi.decode_frame, codes, np.int64, resets, exec_masks)
 
 
 @torch.no_grad()
