@@ -16,7 +16,7 @@ _LATENCY_BUCKETS = tuple(x / 1000 for x in (0.5, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 
 _LATENESS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 1.0)
 
 
-DROP_REASONS = ("inbound", "input_backlog", "output_backlog", "outbound")
+DROP_REASONS = ("inbound", "input_backlog", "output_backlog")
 ERROR_KINDS = ("bad_request", "protocol", "session", "engine", "engine_start", "engine_reset", "start_rejected")
 
 

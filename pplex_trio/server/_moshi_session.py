@@ -7,13 +7,15 @@ Opus at 24 kHz through sphn, one reader and one writer per connection.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import sphn
 import trio
 
 from .._channel import DropOldestChannel
-from ..engine import SAMPLE_RATE, Conversation, Lease, LeaseState
+from ..engine import SAMPLE_RATE, Conversation, Lease, LeaseState, OutputFrame
 from ..protocol import CloseCode, ProtocolError, conversation_from_params, moshi, parse_query
 from ._session import Outgoing, Session, frame_times
 
@@ -75,29 +77,23 @@ class MoshiSession(Session):
                     decoded += pcm.size
             self.stats.frames_decoded = decoded // frame_size
 
-    async def encode_loop(self, lease: Lease, outbound: DropOldestChannel[Outgoing]) -> None:
+    @contextlib.contextmanager
+    def open_encoder(self) -> Iterator[None]:
         pool = self.server.encoder_pool
-        stream = pool.open_stream()
+        self._stream = pool.open_stream()
         try:
-            await self._encode_frames(lease, outbound, pool, stream)
+            yield
         finally:
-            pool.close_stream(stream)
+            pool.close_stream(self._stream)
 
-    async def _encode_frames(self, lease: Lease, outbound: DropOldestChannel[Outgoing], pool: Any, stream: Any) -> None:
-        first = True
-        while True:
-            try:
-                frames = await lease.outbox.receive_batch()
-            except trio.EndOfChannel:
-                return
-            oggs = await pool.encode_many(stream, [frame.pcm for frame in frames])
-            for frame, ogg in zip(frames, oggs):
-                if ogg:
-                    # The first pages carry OpusHead/OpusTags: without them a
-                    # decoder cannot start, so they are never dropped.
-                    outbound.send_nowait((moshi.audio(ogg), frame_times(frame)), droppable=not first)
-                    first = False
-                    self.stats.frames_sent += 1
-                if frame.text:
-                    outbound.send_nowait((moshi.text(frame.text), None), droppable=False)
-                    self.stats.text_sent += 1
+    async def encode(self, items: list[OutputFrame]) -> list[Outgoing]:
+        oggs = await self.server.encoder_pool.encode_many(self._stream, [frame.pcm for frame in items])
+        messages: list[Outgoing] = []
+        for frame, ogg in zip(items, oggs):
+            if ogg:
+                messages.append((moshi.audio(ogg), frame_times(frame)))
+                self.stats.frames_sent += 1
+            if frame.text:
+                messages.append((moshi.text(frame.text), None))
+                self.stats.text_sent += 1
+        return messages

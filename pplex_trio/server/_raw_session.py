@@ -87,16 +87,17 @@ class RawSession(Session):
             await lease.wait_changed()
         lease.outbox.send_nowait(_FLUSHED, droppable=False)  # type: ignore[arg-type]
 
-    async def encode_loop(self, lease: Lease, outbound: DropOldestChannel[Outgoing]) -> None:
-        async for frame in lease.outbox:
+    async def encode(self, items: list[Any]) -> list[Outgoing]:
+        messages: list[Outgoing] = []
+        for frame in items:
             if frame is _FLUSHED:
-                outbound.send_nowait((raw.done(), None), droppable=False)
-                outbound.close()
-                return
+                messages.append((raw.done(), None))
+                self.output_complete = True
+                break
             assert isinstance(frame, OutputFrame)
-            outbound.send_nowait((raw.pcm_frame(frame.pcm), frame_times(frame)))
+            messages.append((raw.pcm_frame(frame.pcm), frame_times(frame)))
             self.stats.frames_sent += 1
             if frame.text:
-                outbound.send_nowait((raw.text(frame.text), None), droppable=False)
+                messages.append((raw.text(frame.text), None))
                 self.stats.text_sent += 1
-
+        return messages

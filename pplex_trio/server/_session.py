@@ -2,11 +2,14 @@
 
 A session is a small Trio nursery around a :class:`~pplex_trio.engine.Lease`:
 
-    socket → receive → [inbound] → decode → engine input framer
-    engine → lease.outbox → encode → [outbound] → send → socket
+    socket → receive → [inbound] → decode → [engine input framer]
+    engine → [lease.outbox] → send (encode, write) → socket
 
-Every hop is a bounded channel that drops the oldest item when full, so a slow
-stage costs audio, never latency.  Whoever ends the session first (a protocol
+Every hop is a bounded queue that drops the oldest item when full, so a slow
+stage costs audio, never latency.  The send task encodes as well: a frame
+goes out as soon as it is encoded, without one more task switch, and a client
+that reads slowly makes the engine's outbox drop raw frames before any are
+encoded, so the Opus stream stays whole.  Whoever ends the session first (a protocol
 error, an engine failure, a shutdown, the end of a flush) calls :meth:`end`,
 which records the close code and cancels the rest.  A client that disconnects
 cancels the whole handler (Quart does that); ``finally`` blocks release the
@@ -70,7 +73,7 @@ Outgoing = tuple[bytes | str, "FrameTimes | None"]
 
 
 def frame_times(frame: OutputFrame) -> FrameTimes | None:
-    """Call when the frame's message is ready to queue for sending."""
+    """Call when the frame's message is encoded, ready to send."""
     if frame.input_arrival is None:
         return None
     return FrameTimes(frame.input_arrival, frame.tick_started, frame.step_seconds, frame.delivered,
@@ -109,6 +112,7 @@ class Session(abc.ABC):
         self._ending: Ending | None = None
         self._scope = trio.CancelScope()
         self._drop = server.metrics.drop
+        self.output_complete = False  # the protocol has encoded its last message
 
     # -- what protocols provide ---------------------------------------------
 
@@ -130,8 +134,15 @@ class Session(abc.ABC):
     async def decode_loop(self, inbound: DropOldestChannel[Any], lease: Lease) -> None: ...
 
     @abc.abstractmethod
-    async def encode_loop(self, lease: Lease, outbound: DropOldestChannel[Outgoing]) -> None:
-        """Turn engine output frames into messages (with their latency origin) for the send task."""
+    async def encode(self, items: list[Any]) -> list[Outgoing]:
+        """Turn what the engine's outbox held into messages (with their latency origin).
+
+        Set ``output_complete`` once the last message of the conversation is among them.
+        """
+
+    def open_encoder(self) -> contextlib.AbstractContextManager[Any]:
+        """Per-conversation encoder state, held while the send task runs."""
+        return contextlib.nullcontext()
 
     @abc.abstractmethod
     def error_message(self, message: str) -> bytes | str: ...
@@ -213,9 +224,6 @@ class Session(abc.ABC):
     async def _run_conversation(self, lease: Lease) -> None:
         s = self.settings
         inbound: DropOldestChannel[Any] = DropOldestChannel(s.input_backlog_frames * 2, name="inbound", on_drop=self._drop)
-        outbound: DropOldestChannel[Outgoing] = DropOldestChannel(
-            s.outbound_messages, name="outbound", on_drop=self._drop
-        )
         async with trio.open_nursery() as nursery:
             # The client is read from the start, so a protocol error or a
             # disconnect is noticed while it waits too (input before "live" is
@@ -231,8 +239,7 @@ class Session(abc.ABC):
                 actor = self.server.actor
                 await actor.sleep_until_before_tick(actor.phase.margin + CLIENT_REACTION)
             await self.send_ready()
-            nursery.start_soon(self._guard, self.encode_loop, lease, outbound)
-            nursery.start_soon(self._guard, self._send_loop, outbound)
+            nursery.start_soon(self._guard, self._send_loop, lease)
             nursery.start_soon(self._watch_failure, lease)
 
     async def _guard(self, fn: Any, *args: Any) -> None:
@@ -248,19 +255,25 @@ class Session(abc.ABC):
             self.end(CloseCode.INTERNAL_ERROR, "internal server error in this conversation; please reconnect",
                      "internal_error")
 
-    async def _send_loop(self, outbound: DropOldestChannel[Outgoing]) -> None:
+    async def _send_loop(self, lease: Lease) -> None:
         metrics = self.server.metrics
         stage = {name: metrics.latency_stage.labels(name) for name in ("wait_for_tick", "tick", "encode", "send")}
         timeout = self.settings.send_timeout
         observed = 0
         # One cancel scope for the whole loop, its deadline moved per message:
         # a new scope per message costs more than the send itself.
-        with trio.CancelScope() as timer:
-            async for message, times in outbound:
-                timer.deadline = trio.current_time() + timeout
-                await self.ws.send(message)
-                timer.deadline = math.inf
-                if times is not None:
+        with self.open_encoder(), trio.CancelScope() as timer:
+            while not self.output_complete:
+                try:
+                    items = await lease.outbox.receive_batch()
+                except trio.EndOfChannel:
+                    return  # the slot was released: the session is ending anyway
+                for message, times in await self.encode(items):
+                    timer.deadline = trio.current_time() + timeout
+                    await self.ws.send(message)
+                    timer.deadline = math.inf
+                    if times is None:
+                        continue
                     sent = trio.current_time()
                     metrics.added_latency.observe(sent - times.input_arrival - times.step_seconds)
                     observed += 1
@@ -272,7 +285,7 @@ class Session(abc.ABC):
         if timer.cancelled_caught:
             self.end(CloseCode.POLICY, "client did not read its messages in time", "send_timeout")
             return
-        # The protocol closed its output: everything is sent, a normal end.
+        # The protocol sent its last message: everything is out, a normal end.
         self.end(CloseCode.NORMAL, None, "completed")
 
     async def _watch_failure(self, lease: Lease) -> None:

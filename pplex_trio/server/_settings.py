@@ -29,7 +29,6 @@ class ServerSettings:
     framing: str = "aligned"  # Moshi input framing: "aligned" (low latency) or "naive"
     input_backlog_frames: int = 6  # input waiting for the engine, per slot (480 ms)
     output_backlog_frames: int = 8  # engine output waiting for the encoder, per session
-    outbound_messages: int = 32  # encoded messages waiting for the socket, per session
     keepalive_interval: float = 2 * SECONDS  # pings while queued or prefilling
     send_timeout: float = 10 * SECONDS  # a client that reads nothing for this long is dropped
     open_timeout: float = 10 * SECONDS  # raw protocol: time allowed before the "open" message
