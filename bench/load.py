@@ -167,6 +167,7 @@ class RunResult:
     per_session: list[dict] = dataclasses.field(default_factory=list)
     latency_cdf: tuple[list[float], list[float]] = ((), ())
     stages_p50_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    ticks_held: float = 0.0  # ticks held up to the input grace for a page that was due
 
     @property
     def lost(self) -> float:
@@ -238,6 +239,7 @@ async def load_run(http_url: str, clients: int, duration: float, page_ms: int, p
         stages_p50_ms={stage: 1000 * Histogram.between(before, after, "pplex_added_latency_stage_seconds",
                                                        stage=stage).quantile(0.5)
                        for stage in ("wait_for_tick", "tick", "encode", "send")},
+        ticks_held=Histogram.between(before, after, "pplex_tick_input_wait_seconds").count,
     )
 
 
@@ -280,6 +282,7 @@ COLUMNS = [
     ("dropped", lambda r: r.dropped, "{:.0f}"),
     ("late", lambda r: r.late, "{:.0f}"),
     ("skip ms", lambda r: r.skipped_ms, "{:.0f}"),
+    ("held", lambda r: r.ticks_held, "{:.0f}"),
     ("tick p50/p99 ms", lambda r: f"{r.tick_p50_ms:.1f}/{r.tick_p99_ms:.1f}", "{}"),
     ("late p50/p99 ms", lambda r: f"{r.lateness_p50_ms:.2f}/{r.lateness_p99_ms:.2f}", "{}"),
     ("added p50/p90/p99 ms", lambda r: f"{r.latency_p50_ms:.1f}/{r.latency_p90_ms:.1f}/{r.latency_p99_ms:.1f}", "{}"),

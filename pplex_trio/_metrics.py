@@ -37,6 +37,10 @@ class Metrics:
         self.tick_lateness = Histogram(
             "pplex_tick_lateness_seconds", "How late a tick started against its 80 ms schedule",
             buckets=_LATENESS_BUCKETS, registry=r)
+        self.tick_input_wait = Histogram(
+            "pplex_tick_input_wait_seconds",
+            "How long a tick was held for a page that was due (at most the input grace), when it was",
+            buckets=_LATENESS_BUCKETS, registry=r)
         self.ticks_skipped = Counter(
             "pplex_ticks_skipped_total", "Ticks skipped because the actor fell a whole tick or more behind",
             registry=r)
@@ -61,8 +65,8 @@ class Metrics:
         self.latency_stage = Histogram(
             "pplex_added_latency_stage_seconds",
             "The added latency split by stage: wait_for_tick (input complete -> tick starts), "
-            "tick (tick starts -> output handed over, minus compute), encode (output queue + Opus), "
-            "send (queue to the socket + the write)",
+            "tick (tick starts -> output handed over, minus compute), encode (the send task wakes + Opus), "
+            "send (the write through Quart and hypercorn)",
             ["stage"], buckets=_LATENCY_BUCKETS, registry=r)
         self.frames_out = Counter("pplex_frames_out_total", "Output frames handed to sessions", registry=r)
         self.sessions_started = Counter(

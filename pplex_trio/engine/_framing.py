@@ -63,6 +63,7 @@ class InputFramer:
         self._popped = False
         self.margin = 0  # samples kept back against jitter (see the module docstring)
         self._last_arrival = float("-inf")
+        self._last_push = 0  # samples in the newest push (a client's page size)
         self.skipped_samples = 0  # skipped by phase alignment
         self.underruns = 0
 
@@ -79,11 +80,21 @@ class InputFramer:
         """When the newest samples arrived (-inf before any)."""
         return self._last_arrival
 
+    @property
+    def awaits_page(self) -> bool:
+        """Aligned, streaming, and short of a whole frame by no more than one more page like the last.
+
+        Its frame ends at a page that is due about now: the engine actor may
+        hold a tick a few milliseconds for it (see ``EngineActor``).
+        """
+        return self.align and self._popped and self._len < self.frame_size <= self._len + self._last_push
+
     def push(self, pcm: np.ndarray, arrived_at: float = 0.0) -> int:
         """Append float32 mono samples that arrived at ``arrived_at``; return frames dropped."""
         pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
         if not pcm.size:
             return 0
+        self._last_push = pcm.size
         overflow = self._len + pcm.size - self._buf.size
         dropped = 0
         if overflow > 0:

@@ -31,7 +31,7 @@ class PhaseSteering:
     def __init__(
         self,
         *,
-        margin: float = 0.006,
+        margin: float = 0.003,
         window: int = 25,
         max_margin: float = 0.030,
         gain: float = 0.25,

@@ -162,3 +162,23 @@ def test_a_jittery_client_settles_with_a_margin():
     assert framer.underruns <= 4  # not one per late page
     assert framer.margin > 0
     assert latencies[100:].max() <= 81  # bounded: never more than a frame behind
+
+
+def test_awaits_page_when_one_more_page_like_the_last_completes_the_frame():
+    framer = InputFramer(8, max_frames=4, align=True)
+    framer.push(stream(4), 1.0)
+    assert not framer.awaits_page  # nothing taken yet: the stream has not started its rhythm
+    framer.push(stream(4), 2.0)
+    framer.pop_frame_into(np.zeros(8, np.float32))
+    framer.push(stream(4), 3.0)
+    assert framer.awaits_page  # half a frame waits, and pages are half a frame
+    framer.push(stream(4), 4.0)
+    assert not framer.awaits_page  # whole frame: nothing to wait for
+    framer.pop_frame_into(np.zeros(8, np.float32))
+    framer.push(stream(2), 5.0)
+    assert not framer.awaits_page  # 2 waiting + one more page of 2 is still short
+    naive = InputFramer(8, max_frames=4)
+    naive.push(stream(8), 1.0)
+    naive.pop_frame_into(np.zeros(8, np.float32))
+    naive.push(stream(4), 2.0)
+    assert not naive.awaits_page  # only aligned framing asks the actor to wait
