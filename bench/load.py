@@ -123,7 +123,9 @@ async def run_client(url: str, pages: list[bytes], page_ms: int, stats: ClientSt
                     await trio.sleep(random.uniform(0, 0.080))
                 for page in pages[:2]:
                     await ws.send_message(b"\x01" + page)
-                deadline = trio.current_time()
+                # Like a recorder: the first page goes out once its audio has been recorded.
+                deadline = trio.current_time() + page_ms / 1000
+                await trio.sleep_until(deadline)
                 for page in pages[2:]:
                     if stop.is_set():
                         break

@@ -41,6 +41,13 @@ class Metrics:
             "pplex_tick_input_wait_seconds",
             "How long a tick was held for a page that was due (at most the input grace), when it was",
             buckets=_LATENESS_BUCKETS, registry=r)
+        self.tick_margin = Gauge(
+            "pplex_tick_margin_seconds",
+            "The safety margin the tick grid keeps after the aligned conversations' audio arrives", registry=r)
+        self.client_reaction = Gauge(
+            "pplex_client_reaction_seconds",
+            "Median time from the handshake to a client's first page, beyond its audio (recent clients)",
+            registry=r)
         self.ticks_skipped = Counter(
             "pplex_ticks_skipped_total", "Ticks skipped because the actor fell a whole tick or more behind",
             registry=r)

@@ -198,7 +198,7 @@ class EngineActor:
             if deadline is None:
                 deadline = now  # a fresh schedule after idling
             self.metrics.tick_lateness.observe(max(0.0, now - deadline))
-            await self._hold_for_due_pages(now)
+            await self._hold_for_due_pages(now, deadline)
             started = trio.current_time()
             await self._tick()
             self.metrics.tick_duration.observe(trio.current_time() - started)
@@ -230,11 +230,12 @@ class EngineActor:
         target += math.ceil((now - target) / self.tick_seconds) * self.tick_seconds
         await trio.sleep_until(target)
 
-    async def _hold_for_due_pages(self, now: float) -> None:
-        """Hold this tick up to ``input_grace`` for aligned conversations whose page is due (see above)."""
+    async def _hold_for_due_pages(self, now: float, deadline: float) -> None:
+        """Wait for aligned conversations' due pages, until ``input_grace`` past the deadline at most."""
         while self._held and self._held[0] <= self.ticks - GRACE_WINDOW:
             self._held.popleft()
-        if self.input_grace <= 0 or len(self._held) >= GRACE_PER_WINDOW:
+        until = deadline + self.input_grace
+        if now >= until or len(self._held) >= GRACE_PER_WINDOW:
             return
         awaited = [
             slot.lease for slot in self.table.slots
@@ -246,7 +247,7 @@ class EngineActor:
         self._held.append(self.ticks)
         self._awaited = awaited
         self._page_arrived = trio.Event()
-        with trio.move_on_at(now + self.input_grace):
+        with trio.move_on_at(until):
             await self._page_arrived.wait()
         self._awaited = []
         self.metrics.tick_input_wait.observe(trio.current_time() - now)
@@ -391,6 +392,7 @@ class EngineActor:
         self._update_gauges()
 
     def _update_gauges(self) -> None:
+        self.metrics.tick_margin.set(self.phase.margin)
         for phase in SlotPhase:
             self.metrics.slots.labels(phase.value).set(self.table.count(phase))
         self.metrics.queued.set(self.table.queued)

@@ -37,7 +37,7 @@ class PhaseSteering:
         gain: float = 0.25,
         max_step: float = 0.005,
         late_step: float = 0.004,
-        calm_ticks: int = 250,
+        calm_ticks: int = 75,
     ):
         self.min_margin = self.margin = margin
         self.max_margin = max_margin
@@ -60,7 +60,7 @@ class PhaseSteering:
             step = self.late_step
         else:
             self._calm += 1
-            if self._calm >= self.calm_ticks:  # 20 s without a miss: trust the timing a little more
+            if self._calm >= self.calm_ticks:  # 6 s without a miss: trust the timing a little more
                 self.margin = max(self.min_margin, self.margin - 0.001)
                 self._calm = 0
             if slacks:

@@ -73,6 +73,11 @@ class MoshiSession(Session):
                 ) from None
             for (arrived, _), pcm in zip(batch, pcms):
                 if pcm.size and lease.state is LeaseState.LIVE:
+                    if self.handshake_sent is not None and arrived >= self.handshake_sent:
+                        reaction = self.server.client_reaction
+                        reaction.observe(self.handshake_sent, arrived, pcm.size / SAMPLE_RATE)
+                        self.server.metrics.client_reaction.set(reaction.estimate)
+                        self.handshake_sent = None
                     actor.push_input(lease, pcm, arrived)
                     decoded += pcm.size
             self.stats.frames_decoded = decoded // frame_size

@@ -40,9 +40,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 _ids = itertools.count(1)
 STAGE_SAMPLING = 4  # one frame in this many feeds the per-stage latency histograms
-# Time from the handshake leaving to the client's first page arriving, beyond
-# the page's own audio: the way out, the client's reaction, the way back.
-CLIENT_REACTION = 0.003
 
 
 class WebSocket(Protocol):
@@ -113,6 +110,7 @@ class Session(abc.ABC):
         self._scope = trio.CancelScope()
         self._drop = server.metrics.drop
         self.output_complete = False  # the protocol has encoded its last message
+        self.handshake_sent: float | None = None  # set for aligned input until its first page
 
     # -- what protocols provide ---------------------------------------------
 
@@ -237,7 +235,8 @@ class Session(abc.ABC):
                 # Pages of a client that starts streaming at the handshake land
                 # just ahead of the ticks (see EngineActor.sleep_until_before_tick).
                 actor = self.server.actor
-                await actor.sleep_until_before_tick(actor.phase.margin + CLIENT_REACTION)
+                await actor.sleep_until_before_tick(actor.phase.margin + self.server.client_reaction.estimate)
+                self.handshake_sent = trio.current_time()
             await self.send_ready()
             nursery.start_soon(self._guard, self._send_loop, lease)
             nursery.start_soon(self._watch_failure, lease)

@@ -15,6 +15,7 @@ from ..codec._pools import (
     ProcessEncoderPool,
     make_encoder_pool,
 )
+from ._reaction import DEFAULT_REACTION, ClientReaction
 from ._settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -31,10 +32,12 @@ class ServerState:
     sessions: set[Session] = dataclasses.field(default_factory=set)
     shutting_down: bool = False
     sessions_gone: trio.Event = dataclasses.field(default_factory=trio.Event)
+    client_reaction: ClientReaction = dataclasses.field(default_factory=ClientReaction)
 
     @classmethod
     def create(cls, settings: ServerSettings, engine: Engine) -> ServerState:
         metrics = Metrics()
+        metrics.client_reaction.set(DEFAULT_REACTION)
         actor = EngineActor(
             engine,
             metrics=metrics,
