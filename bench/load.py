@@ -64,6 +64,9 @@ RESULTS = REPO / "bench" / "results"
 def encode_pages(seconds: float, page_ms: int) -> list[bytes]:
     """Real speech as the Ogg pages of one continuous stream (headers first)."""
     speech = [sphn.read(str(p), sample_rate=SR)[0][0] for p in sorted(DATA.glob("speech_*.wav"))]
+    if not speech:
+        raise SystemExit(f"no speech recordings (speech_*.wav) in {DATA}: bench/load streams real speech from "
+                         "the shared data folder next to the repository")
     pcm = np.concatenate(speech)
     repeats = math.ceil(seconds * SR / pcm.size)
     pcm = np.tile(pcm, repeats)[: int(seconds * SR) // FRAME * FRAME]
