@@ -36,6 +36,13 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _grace_ms(text: str) -> float:
+    value = _non_negative_float(text)
+    if value > 40:
+        raise argparse.ArgumentTypeError(f"{text} ms is too long for an 80 ms tick; use 0 to 40 (0 turns it off)")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pplex-trio", description="Real-time full-duplex PersonaPlex speech server")
     parser.add_argument("--version", action="version", version=f"pplex-trio {__version__}")
@@ -72,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--framing", choices=("aligned", "naive"), default="aligned",
         help="Moshi input framing: aligned (frames end at the newest audio before each tick, lower latency) "
         "or naive (fixed 1920-sample boundaries); default aligned")
+    serve.add_argument(
+        "--input-grace-ms", type=_grace_ms, default=4.0,
+        help="with aligned framing, a tick may wait this long for a conversation's page that is due, rather "
+        "than feed it a silent frame and a tick of delay (at most 3 ticks in 2 s); 0 turns it off; default 4")
     echo = serve.add_argument_group("echo test engine")
     echo.add_argument("--echo-delay-frames", type=_non_negative_int, default=1, help="output delay in 80 ms frames (default 1)")
     echo.add_argument("--echo-prefill-steps", type=_non_negative_int, default=12, help="system-prompt ticks (default 12)")
@@ -125,6 +136,7 @@ def _serve(args: argparse.Namespace) -> int:
         voice_dir=args.voice_dir, static_dir=args.static_dir, queue_size=args.queue_size,
         queue_timeout=args.queue_timeout, max_prompt_chars=args.max_prompt_chars, framing=args.framing,
         opus_encoder=args.opus_encoder, inline_encoders=args.inline_encoders,
+        input_grace=args.input_grace_ms / 1000.0,
         echo_delay_frames=args.echo_delay_frames, echo_prefill_steps=args.echo_prefill_steps,
         echo_step_seconds=args.echo_step_ms / 1000.0,
     )

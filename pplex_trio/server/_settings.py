@@ -27,6 +27,7 @@ class ServerSettings:
     opus_encoder: str = "auto"  # "process", "libopus" or "sphn" (worker thread), or "auto"
     inline_encoders: int = 4  # with "process": this many conversations encode on the event loop
     framing: str = "aligned"  # Moshi input framing: "aligned" (low latency) or "naive"
+    input_grace: float = 0.004  # aligned framing: how long a tick may wait for a due page (0: never)
     input_backlog_frames: int = 6  # input waiting for the engine, per slot (480 ms)
     output_backlog_frames: int = 8  # engine output waiting for the encoder, per session
     keepalive_interval: float = 2 * SECONDS  # pings while queued or prefilling

@@ -44,6 +44,7 @@ class ServerState:
             queue_size=settings.queue_size,
             input_backlog_frames=settings.input_backlog_frames,
             output_backlog_frames=settings.output_backlog_frames,
+            input_grace=settings.input_grace,
         )
         return cls(settings=settings, engine=engine, actor=actor, metrics=metrics,
                    encoder_pool=make_encoder_pool(settings.opus_encoder, settings.inline_encoders))

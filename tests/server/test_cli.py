@@ -89,3 +89,17 @@ def test_client_reports_a_refused_conversation(server_process, golden_dir, tmp_p
     )
     assert proc.returncode == 1
     assert "bare file name" in proc.stderr
+
+
+def test_input_grace_flag_is_checked_and_reaches_the_engine_actor(capsys):
+    from pplex_trio._cli import build_parser
+    from pplex_trio.engine import EchoEngine
+    from pplex_trio.server import ServerSettings
+    from pplex_trio.server._state import ServerState
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--input-grace-ms", "50"])
+    assert "too long for an 80 ms tick" in capsys.readouterr().err
+    assert build_parser().parse_args(["serve", "--input-grace-ms", "0"]).input_grace_ms == 0
+    state = ServerState.create(ServerSettings(input_grace=0.002), EchoEngine(1))
+    assert state.actor.input_grace == 0.002
