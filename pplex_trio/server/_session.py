@@ -303,6 +303,11 @@ class Session(abc.ABC):
             if ending.message is not None:
                 await self.ws.send(self.error_message(ending.message))
             await self.ws.close(ending.code, close_reason(ending.message))
+            # Read on until the client answers the close (Quart then cancels
+            # us): a socket closed with the client's audio still unread would
+            # be reset, and the client might never see why it ended.
+            while await self.ws.receive() is not None:
+                pass
 
     def describe(self) -> dict[str, Any]:
         lease = self.lease
