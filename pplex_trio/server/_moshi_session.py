@@ -22,6 +22,7 @@ from ._session import Outgoing, Session, frame_times
 
 class MoshiSession(Session):
     protocol = "moshi"
+    _stream: Any = None  # this conversation's Opus encoder in the server's pool, while the send task runs
 
     @property
     def align_input(self) -> bool:  # type: ignore[override]
