@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from pplex_trio.engine import EchoEngine
@@ -24,10 +23,3 @@ def start_server(nursery):
         return await nursery.start(serve, settings, engine)
 
     return start
-
-
-async def get_json(handle, path: str) -> dict:
-    async with httpx.AsyncClient() as client:
-        response = await client.get(handle.http_url + path)
-        response.raise_for_status()
-        return response.json()

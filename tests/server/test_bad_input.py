@@ -103,7 +103,7 @@ async def test_unknown_kinds_and_control_are_ignored(start_server):
                 if message[0] == 2:
                     texts.append(message[1:].decode())
         assert texts == [f" {i}" for i in range(5)]  # still live, nothing skipped
-    from conftest import get_json
+    from _helpers.http import get_json
 
     with trio.fail_after(3):
         while (await get_json(handle, "/health"))["sessions"]:

@@ -3,7 +3,7 @@
 import httpx
 import pytest
 
-from conftest import get_json
+from _helpers.http import get_json
 
 
 async def test_health_info_voices(start_server):

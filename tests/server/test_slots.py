@@ -6,7 +6,7 @@ import numpy as np
 import trio
 
 from _helpers.ws import FRAME, errors_in, moshi_handshake, moshi_url, raw_open, read_until_closed
-from conftest import get_json
+from _helpers.http import get_json
 from pplex_trio.client import open_websocket
 from pplex_trio.engine import EchoEngine
 

@@ -14,7 +14,7 @@ import sphn
 import trio
 
 from _helpers.ws import FRAME, moshi_handshake, moshi_url, opus_messages, raw_open
-from conftest import get_json
+from _helpers.http import get_json
 from pplex_trio.client import open_websocket
 from pplex_trio.engine import Conversation, Sampling, SlotMode
 
