@@ -50,6 +50,13 @@ class RecordingEcho(EchoEngine):
         return super().step(modes, pcm)
 
 
+async def _record_waits(lease, waits):
+    """Each output frame's wait for its tick: its input complete -> the tick starts."""
+    async for frame in lease.outbox:
+        if frame.input_arrival is not None:
+            waits.append(frame.tick_started - frame.input_arrival)
+
+
 async def wait_state(lease, state):
     while lease.state is not state:
         await lease.wait_changed()
@@ -310,13 +317,7 @@ async def test_the_tick_grid_moves_to_just_after_the_audio_arrives(nursery, auto
                 await trio.sleep_until(send_at)
                 actor.push_input(lease, np.full(1920, 0.5, np.float32), trio.current_time())
                 send_at += TICK
-
-        async def reader():
-            async for frame in lease.outbox:
-                if frame.input_arrival is not None:
-                    waits.append(frame.tick_started - frame.input_arrival)
-
-        nursery.start_soon(reader)
+        nursery.start_soon(_record_waits, lease, waits)
         await client()
     assert waits[0] > 0.035  # the naive grid: the audio waits ~40 ms for its tick
     assert max(waits[-20:]) < 0.010  # steered: ticks now come ~3 ms (the safety margin) after the audio
@@ -334,13 +335,7 @@ async def test_a_client_that_starts_at_the_handshake_lands_just_ahead_of_the_tic
         await actor.sleep_until_before_tick(0.010)
         handshake = trio.current_time()
         waits = []
-
-        async def reader():
-            async for frame in lease.outbox:
-                if frame.input_arrival is not None:
-                    waits.append(frame.tick_started - frame.input_arrival)
-
-        nursery.start_soon(reader)
+        nursery.start_soon(_record_waits, lease, waits)
         for k in range(1, 40):  # a whole frame of audio every 80 ms from the handshake on
             await trio.sleep_until(handshake + k * TICK)
             actor.push_input(lease, np.full(1920, 0.5, np.float32), trio.current_time())
@@ -373,13 +368,7 @@ async def _aligned_client(actor, nursery, pages, delay):
         await wait_state(lease, LeaseState.LIVE)
         await actor.sleep_until_before_tick(actor.phase.margin)
         waits = []
-
-        async def reader():
-            async for frame in lease.outbox:
-                if frame.input_arrival is not None:
-                    waits.append(frame.tick_started - frame.input_arrival)
-
-        nursery.start_soon(reader)
+        nursery.start_soon(_record_waits, lease, waits)
         await _stream_pages(actor, lease, trio.current_time(), pages, delay)
         await trio.sleep(TICK)
         return lease, waits
