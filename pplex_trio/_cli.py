@@ -37,7 +37,10 @@ def _non_negative_float(text: str) -> float:
 
 
 def _grace_ms(text: str) -> float:
-    value = _non_negative_float(text)
+    try:
+        value = _non_negative_float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
     if value > 40:
         raise argparse.ArgumentTypeError(f"{text} ms is too long for an 80 ms tick; use 0 to 40 (0 turns it off)")
     return value

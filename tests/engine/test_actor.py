@@ -317,6 +317,7 @@ async def test_the_tick_grid_moves_to_just_after_the_audio_arrives(nursery, auto
                 await trio.sleep_until(send_at)
                 actor.push_input(lease, np.full(1920, 0.5, np.float32), trio.current_time())
                 send_at += TICK
+
         nursery.start_soon(_record_waits, lease, waits)
         await client()
     assert waits[0] > 0.035  # the naive grid: the audio waits ~40 ms for its tick

@@ -100,6 +100,9 @@ def test_input_grace_flag_is_checked_and_reaches_the_engine_actor(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--input-grace-ms", "50"])
     assert "too long for an 80 ms tick" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--input-grace-ms", "soon"])
+    assert "'soon' is not a number of milliseconds" in capsys.readouterr().err
     assert build_parser().parse_args(["serve", "--input-grace-ms", "0"]).input_grace_ms == 0
     state = ServerState.create(ServerSettings(input_grace=0.002), EchoEngine(1))
     assert state.actor.input_grace == 0.002
