@@ -21,7 +21,7 @@ from trio_websocket import ConnectionClosed
 
 from ._ws import open_websocket
 
-from ..engine import FRAME_SIZE, SAMPLE_RATE
+from .._conversation import FRAME_SIZE, SAMPLE_RATE
 from ..protocol import moshi
 
 logger = logging.getLogger(__name__)

@@ -17,11 +17,11 @@ from typing import Protocol
 
 import numpy as np
 
-from ..protocol._ogg import OggOpusMuxer
+from .._conversation import SAMPLE_RATE
+from ._ogg_writer import OggOpusMuxer
 
 logger = logging.getLogger(__name__)
 
-SAMPLE_RATE = 24_000
 PACKET_SAMPLES = SAMPLE_RATE // 25  # 40 ms: one packet per page, two pages per frame, as sphn writes
 COMPLEXITY = 5
 BITRATE = 32_000

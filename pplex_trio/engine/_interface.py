@@ -15,43 +15,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-SAMPLE_RATE = 24_000
-FRAME_SIZE = 1_920  # samples per 80 ms frame at 24 kHz (Mimi's frame)
+from .._conversation import FRAME_SIZE, SAMPLE_RATE, Conversation, Sampling
 
-
-@dataclasses.dataclass(frozen=True)
-class Sampling:
-    """Per-conversation sampling settings, as the client asked for them.
-
-    Defaults are the official client's.  ``greedy`` (argmax everywhere) is what
-    the parity tests and ``pplex-trio offline --greedy`` use.  A seed of
-    ``None`` means "pick one at random".
-    """
-
-    text_temperature: float = 0.7
-    text_topk: int = 25
-    audio_temperature: float = 0.8
-    audio_topk: int = 250
-    text_seed: int | None = None
-    audio_seed: int | None = None
-    greedy: bool = False
-    # Accepted from the official client and validated; the reference ignores them.
-    pad_mult: float = 0.0
-    repetition_penalty_context: int = 64
-    repetition_penalty: float = 1.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Conversation:
-    """What a new conversation asks of its slot.
-
-    ``voice`` is a bare file name already checked against the engine's voice
-    library (``None``: the engine's default, or no voice prompt).
-    """
-
-    persona: str = ""
-    voice: str | None = None
-    sampling: Sampling = Sampling()
+__all__ = [
+    "FRAME_SIZE", "SAMPLE_RATE", "Conversation", "ConversationRejected", "Engine", "Sampling", "SlotMode",
+    "StepOutput",
+]
 
 
 class ConversationRejected(ValueError):

@@ -1,4 +1,4 @@
-"""Wire protocols, free of I/O: bytes in, events out (see PROTOCOL.md)."""
+"""Wire protocols, free of I/O: bytes in, events out (see ``docs/PROTOCOL.md``)."""
 
 from . import _moshi as moshi
 from . import _ogg as ogg

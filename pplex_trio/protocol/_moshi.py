@@ -1,7 +1,7 @@
 """The Moshi wire protocol (``/api/chat``), sans-IO.
 
 Every message is one binary WebSocket frame: a kind byte, then the payload.
-See ``PROTOCOL.md``.  These functions turn client frames into events and
+See ``docs/PROTOCOL.md``.  These functions turn client frames into events and
 server events into frames; they know nothing of sockets or Opus.
 """
 

@@ -15,8 +15,8 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-from .._voice_names import is_bare_voice_name
-from ..engine._interface import Conversation, Sampling
+from .._voice_catalogue import is_bare_voice_name
+from .._conversation import Conversation, Sampling
 from ._errors import CloseCode, ProtocolError
 
 MAX_TEMPERATURE = 10.0

@@ -1,7 +1,7 @@
 """The raw PCM protocol (``/v1/audio/duplex``), sans-IO.
 
 Binary frames carry float32 little-endian mono PCM at 24 kHz, any length;
-text frames carry small JSON control messages.  See ``PROTOCOL.md``.
+text frames carry small JSON control messages.  See ``docs/PROTOCOL.md``.
 """
 
 from __future__ import annotations

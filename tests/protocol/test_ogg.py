@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import sphn
 
-from pplex_trio.protocol._ogg import OggOpusMuxer, build_page, is_bos, ogg_crc, page_sequence, split_pages
+from pplex_trio.codec._ogg_writer import OggOpusMuxer, build_page, ogg_crc
+from pplex_trio.protocol._ogg import is_bos, page_sequence, split_pages
 
 
 def crc_bitwise(data: bytes) -> int:

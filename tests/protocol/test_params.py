@@ -5,7 +5,7 @@ import pytest
 from pplex_trio.engine import Sampling
 from pplex_trio.protocol import CloseCode, ProtocolError, conversation_from_params, parse_query
 
-# Exactly what the official PersonaPlex client sends (PROTOCOL.md), in its order.
+# Exactly what the official PersonaPlex client sends (docs/PROTOCOL.md), in its order.
 OFFICIAL_QUERY = (
     "text_temperature=0.7&text_topk=25&audio_temperature=0.8&audio_topk=250&pad_mult=0"
     "&text_seed=123456&audio_seed=654321&repetition_penalty_context=64&repetition_penalty=1.0"
