@@ -8,26 +8,19 @@ step to stand in for GPU compute time.
 
 from __future__ import annotations
 
-import pathlib
 import time
 from collections.abc import Sequence
 
 import numpy as np
 
+from .._voice_catalogue import OFFICIAL_VOICES, voice_files
 from ._interface import FRAME_SIZE, Conversation, Engine, SlotMode, StepOutput
 
-# The voice names shipped with PersonaPlex, offered when no voice directory is given.
-OFFICIAL_VOICES = tuple(
-    [f"NAT{g}{i}.pt" for g in "FM" for i in range(4)] + [f"VAR{g}{i}.pt" for g in "FM" for i in range(5)]
-)
+__all__ = ["OFFICIAL_VOICES", "EchoEngine", "voices_in_directory"]
 
-
-def voices_in_directory(directory: str | pathlib.Path) -> list[str]:
-    """The ``*.pt`` voice files of a directory, sorted (names only)."""
-    path = pathlib.Path(directory)
-    if not path.is_dir():
-        raise FileNotFoundError(f"voice directory {path} does not exist: pass --voice-dir with a folder of .pt files")
-    return sorted(p.name for p in path.iterdir() if p.suffix == ".pt" and p.is_file())
+# Echo offers the official client's voices unless given a voice folder; a folder is listed
+# by the catalogue's one rule, so echo and the real model agree on what a folder holds.
+voices_in_directory = voice_files
 
 
 class EchoEngine(Engine):

@@ -73,10 +73,12 @@ differ from it.  Only the agent's depformer steps run by default.
 Engine-level pieces: ``build_prompt_plan`` (system prompt as forced steps),
 ``RowSampling`` / ``RowGenerators`` / ``sample`` (per-row seeded sampling),
 ``StreamDecoder`` (incremental detokenization), ``make_voice_prompt``
-(voice ``.pt`` from audio).  The ``pplex-trio offline`` command lives in
-``_offline.py`` (``add_arguments(parser)``, ``run(args)``).
+(voice ``.pt`` from audio).  The ``pplex-trio offline`` command is not
+here but in ``pplex_trio._cli`` (it drives the engine, which this package
+must not import).
 """
 
+from .._sources import DEFAULT_REPO as DEFAULT_REPO
 from ._checkpoint import CheckpointMismatchError as CheckpointMismatchError
 from ._checkpoint import convert_kyutai_state_dict as convert_kyutai_state_dict
 from ._checkpoint import expand_depformer_steps as expand_depformer_steps
@@ -90,13 +92,12 @@ from ._config import REFERENCES as REFERENCES
 from ._config import QuantizerConfig as QuantizerConfig
 from ._config import SEANetConfig as SEANetConfig
 from ._config import TransformerConfig as TransformerConfig
-from ._config import config_from_kyutai_dict as config_from_kyutai_dict
-from ._config import config_to_kyutai_dict as config_to_kyutai_dict
-from ._config import lm_config_from_kwargs as lm_config_from_kwargs
-from ._config import mimi_config_from_dict as mimi_config_from_dict
+from ._kyutai_config import config_from_kyutai_dict as config_from_kyutai_dict
+from ._kyutai_config import config_to_kyutai_dict as config_to_kyutai_dict
+from ._kyutai_config import lm_config_from_kwargs as lm_config_from_kwargs
+from ._kyutai_config import mimi_config_from_dict as mimi_config_from_dict
 from ._depformer import Depformer as Depformer
 from ._lm import LMModel as LMModel
-from ._loading import DEFAULT_REPO as DEFAULT_REPO
 from ._loading import LoadedModel as LoadedModel
 from ._loading import ModelAccessError as ModelAccessError
 from ._loading import build_lm as build_lm

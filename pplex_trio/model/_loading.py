@@ -21,18 +21,17 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from .._cache import cache_dir
+from .._sources import DEFAULT_REPO, is_repo_id
 from ._checkpoint import expand_depformer_steps, load_state_dict_strict
-from ._config import (LM_FILE, MIMI_FILE, TOKENIZER_FILE, VOICES_ARCHIVE, MimiConfig, ModelConfig,
-                      config_from_kyutai_dict, lm_config_from_kwargs, mimi_config_from_dict)
+from ._config import LM_FILE, MIMI_FILE, TOKENIZER_FILE, VOICES_ARCHIVE, MimiConfig, ModelConfig
+from ._kyutai_config import config_from_kyutai_dict, lm_config_from_kwargs, mimi_config_from_dict
 from ._lm import LMModel
 from ._mimi import Mimi
 from ._text import TextTokenizer
-from .._cache import cache_dir
 from ._voices import VoiceLibrary, extract_voices
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_REPO = "nvidia/personaplex-7b-v1"
 
 
 class ModelAccessError(ValueError):
@@ -107,7 +106,7 @@ def resolve_checkpoint(source: str) -> CheckpointFiles:
     path = Path(source).expanduser()
     if path.is_dir():
         return _files_in_folder(path, name=path.name)
-    if path.exists() or source.startswith((".", "/", "~")) or source.count("/") != 1:
+    if not is_repo_id(source):
         raise ModelAccessError(f"model {source!r}: not 'tiny', not a folder, not a Hugging Face repo id (owner/name)")
     config_path = _hub_download(source, "config.json", optional=True)
     raw = _read_config(config_path)

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from ..engine._interface import Sampling
+from .._conversation import Sampling
 
 
 @dataclasses.dataclass

@@ -2,7 +2,7 @@
 
 ``--model tiny`` needs no download: the first use builds a checkpoint
 folder (``config.json``, weights, a SentencePiece tokenizer trained on a
-small built-in text, and ``voices/TINY*.pt``) under the cache folder, keyed
+small built-in text, and ``voices/*.pt``) under the cache folder, keyed
 by a hash of everything that goes into it, and then loads it through the
 normal local-folder loader.  Same seed, same files.
 
@@ -13,7 +13,9 @@ zero, so every code would be 0), norms and layer scales are drawn away from
 their identity init, and the decoder output is scaled to peak near 0.5.
 The voices are made by the reference procedure
 (:func:`~pplex_trio.model._voices.make_voice_prompt`) from synthetic
-recordings of different pitch.
+recordings of different pitch.  They carry the official client's names
+(:data:`~pplex_trio._voice_catalogue.OFFICIAL_VOICES`), so that client's
+voice menu works against ``--model tiny`` as it does against PersonaPlex.
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from ._config import CONFIGS, LM_FILE, MIMI_FILE, TOKENIZER_FILE, ModelConfig, config_to_kyutai_dict
+from .._cache import cache_dir
+from .._voice_catalogue import OFFICIAL_VOICES
+from ._config import CONFIGS, LM_FILE, MIMI_FILE, TOKENIZER_FILE, ModelConfig
+from ._kyutai_config import config_to_kyutai_dict
 from ._lm import LMModel
 from ._mimi import Mimi
 from ._quantizer import Codebook, ResidualVQ
@@ -42,9 +47,19 @@ from ._voices import make_voice_prompt
 
 logger = logging.getLogger(__name__)
 
-TINY_VERSION = 1
+TINY_VERSION = 2  # bump when the build changes, so cached folders are rebuilt
 TINY_SEED = 1234
-TINY_VOICES = {"TINY0.pt": 110.0, "TINY1.pt": 165.0, "TINY2.pt": 220.0}  # name -> pitch (Hz)
+
+
+def _spread(names: list[str], low: float, high: float) -> dict[str, float]:
+    """Pitches evenly spaced over ``low..high`` Hz, so every voice sounds different."""
+    step = (high - low) / max(len(names) - 1, 1)
+    return {name: low + i * step for i, name in enumerate(names)}
+
+
+_PITCHES = {**_spread([n for n in OFFICIAL_VOICES if n[3] == "F"], 180.0, 260.0),
+            **_spread([n for n in OFFICIAL_VOICES if n[3] == "M"], 90.0, 150.0)}
+TINY_VOICES = {name: _PITCHES[name] for name in OFFICIAL_VOICES}  # name -> pitch (Hz), the client's order
 
 _CORPUS = """\
 You are a wise and friendly teacher. Answer questions or provide advice in a clear and engaging way.
@@ -68,8 +83,6 @@ def _folder_key(cfg: ModelConfig) -> str:
 
 def ensure_tiny_checkpoint(root: Path | None = None) -> Path:
     """The folder of the ``tiny`` checkpoint, building it first if needed."""
-    from ._loading import cache_dir
-
     cfg = CONFIGS["tiny"]
     root = Path(root) if root is not None else cache_dir()
     folder = root / f"tiny-{_folder_key(cfg)}"

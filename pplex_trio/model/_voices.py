@@ -6,9 +6,9 @@ LM's summed input embedding at each step) and ``cache`` ``[1, 17, 4]`` (the
 token cache afterwards).  Replaying the embeddings and restoring the cache
 puts the LM where the recording left it, without Mimi.
 
-Names are resolved only inside the library folder: a voice is a bare file
-name ending in ``.pt``; anything with a path separator or ``..`` is
-refused, so a client cannot make the server read other files.
+Which names exist and how a name maps to a file are the voice catalogue's
+rules (:mod:`pplex_trio._voice_catalogue`): a bare ``NAME.pt``, resolved
+only inside the library folder.
 """
 
 from __future__ import annotations
@@ -17,21 +17,16 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from .._cache import extract_once
-from .._voice_names import is_bare_voice_name
-
 import numpy as np
 import torch
 
+from .._cache import extract_once
+from .._voice_catalogue import VoiceNotFoundError, check_voice_name, voice_files, voice_path
 from ._lm import LMModel
 from ._lockstep import LMGen, StepInputs
 from ._mimi import Mimi
 
 logger = logging.getLogger(__name__)
-
-
-class VoiceNotFoundError(LookupError):
-    """The requested voice is not a valid name in the voice library."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,17 +53,6 @@ class VoicePrompt:
         torch.save({"embeddings": emb, "cache": self.cache.cpu()}, path)
 
 
-def check_voice_name(name: str) -> str:
-    """Validate a client-supplied voice name; returns it unchanged.
-
-    Error handling: raises :class:`VoiceNotFoundError` (with what is
-    allowed) for anything but a bare ``NAME.pt``.
-    """
-    if not is_bare_voice_name(name):
-        raise VoiceNotFoundError(f"invalid voice name {name!r}: use a bare file name ending in .pt, like NATF0.pt")
-    return name
-
-
 class VoiceLibrary:
     """The ``*.pt`` voice prompts of one folder, loaded on demand and cached."""
 
@@ -77,18 +61,18 @@ class VoiceLibrary:
         self._cache: dict[str, VoicePrompt] = {}
 
     def names(self) -> list[str]:
+        """The library's voices (none without a folder: a model may come without voices)."""
         if self.folder is None or not self.folder.is_dir():
             return []
-        return sorted(p.name for p in self.folder.glob("*.pt") if p.is_file() and not p.name.startswith("."))
+        return voice_files(self.folder)
 
     def get(self, name: str) -> VoicePrompt:
+        """Load a voice (once).  Error handling: :class:`VoiceNotFoundError` for a bad or unknown name."""
         check_voice_name(name)
         if name not in self._cache:
-            path = self.folder / name if self.folder is not None else None
-            if path is None or not path.is_file():
-                known = ", ".join(self.names()[:20]) or "none"
-                raise VoiceNotFoundError(f"unknown voice {name!r}; available: {known}")
-            self._cache[name] = VoicePrompt.from_file(path)
+            if self.folder is None:
+                raise VoiceNotFoundError(f"unknown voice {name!r}; available: none (this model has no voices)")
+            self._cache[name] = VoicePrompt.from_file(voice_path(self.folder, name))
         return self._cache[name]
 
 

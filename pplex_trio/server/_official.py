@@ -22,10 +22,10 @@ import pathlib
 import tarfile
 
 from .._cache import cache_dir, extract_once
+from .._sources import DEFAULT_REPO, is_repo_id
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_REPO = "nvidia/personaplex-7b-v1"
 ARCHIVE = "dist.tgz"
 ROOT_QUERY = "official"  # /?official serves the official client's index too
 
@@ -37,10 +37,7 @@ _ROUTER_FIX = (
 
 def repo_for_model(model: str) -> str:
     """The repository whose ``dist.tgz`` to look for: ``--model`` if it is a repo id."""
-    looks_like_repo = model.count("/") == 1 and not model.startswith((".", "/", "~"))
-    if looks_like_repo and not pathlib.Path(model).expanduser().exists():
-        return model
-    return DEFAULT_REPO
+    return model if is_repo_id(model) else DEFAULT_REPO
 
 
 def find_official_client(

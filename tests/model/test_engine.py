@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import pplex_trio.model
+from pplex_trio._voice_catalogue import OFFICIAL_VOICES
 from pplex_trio.engine._interface import Conversation, ConversationRejected, Engine, Sampling, SlotMode
 from pplex_trio.engine._personaplex import PersonaPlexEngine
 from pplex_trio.model import VoiceNotFoundError, persona_tokens
@@ -18,7 +19,7 @@ def engine(tiny_model) -> PersonaPlexEngine:
 
 def test_engine_basics(engine, tiny_model):
     assert isinstance(engine, Engine) and engine.name == "tiny" and engine.num_slots == 2
-    assert list(engine.voices()) == ["TINY0.pt", "TINY1.pt", "TINY2.pt"]
+    assert list(engine.voices()) == list(OFFICIAL_VOICES)  # tiny speaks the official client's voice names
     assert engine.frame_size == 1920 and engine.sample_rate == 24_000
 
 
@@ -26,8 +27,8 @@ def test_prefill_count_is_voice_silence_persona_silence(engine, tiny_model):
     persona = "You are a wise and friendly teacher."
     n_persona = len(persona_tokens(tiny_model.tokenizer, persona))
     assert n_persona > 5
-    assert engine.start(0, Conversation(persona=persona, voice="TINY1.pt")) == 24 + 6 + n_persona + 6
-    assert engine.start(1, Conversation(persona="", voice="TINY1.pt")) == 24 + 12  # no persona, no persona steps
+    assert engine.start(0, Conversation(persona=persona, voice="NATF1.pt")) == 24 + 6 + n_persona + 6
+    assert engine.start(1, Conversation(persona="", voice="NATF1.pt")) == 24 + 12  # no persona, no persona steps
     # Already wrapped personas are not wrapped again.
     wrapped = "<system> " + persona + " <system>"
     assert persona_tokens(tiny_model.tokenizer, wrapped) == persona_tokens(tiny_model.tokenizer, persona)
@@ -39,11 +40,11 @@ def test_no_voice_prompt_drops_the_reference_initial_call(tiny_model):
 
 
 def test_default_voice_is_the_first_of_the_library(engine):
-    assert engine.default_voice == "TINY0.pt"
+    assert engine.default_voice == "NATF0.pt"
     assert engine.start(0, Conversation(persona="")) == 24 + 12
 
 
-@pytest.mark.parametrize("voice", ["../TINY0.pt", "TINY9.pt", "TINY0.wav"])
+@pytest.mark.parametrize("voice", ["../NATF0.pt", "NATF9.pt", "NATF0.wav"])
 def test_bad_voice_is_refused_and_leaves_the_slot_alone(engine, voice):
     with pytest.raises(ConversationRejected, match="voice") as info:
         engine.start(0, Conversation(voice=voice))
@@ -106,12 +107,12 @@ def test_kyutai_moshi_models_have_no_system_prompt(tiny_model):
     assert not moshi.prompt.enabled and config_from_kyutai_dict({}, "pp").prompt.enabled
     cfg = dataclasses.replace(tiny_model.config, prompt=dataclasses.replace(tiny_model.config.prompt, enabled=False))
     engine = PersonaPlexEngine(dataclasses.replace(tiny_model, config=cfg), 1)
-    assert engine.start(0, Conversation(persona="Ignored.", voice="TINY0.pt")) == 0
+    assert engine.start(0, Conversation(persona="Ignored.", voice="NATF0.pt")) == 0
     out = engine.step([SlotMode.LIVE], np.zeros((1, 1920), np.float32))
     assert out.pcm.shape == (1, 1920) and out.text == [None]  # the first frame exists only as silence
     assert isinstance(LMConfig(), LMConfig) and isinstance(engine.model, LoadedModel)
 
 
 def test_unknown_default_voice_is_refused(tiny_model):
-    with pytest.raises(ValueError, match="TINY0.pt, TINY1.pt"):
+    with pytest.raises(ValueError, match="NATF0.pt, NATF1.pt"):
         PersonaPlexEngine(tiny_model, 1, default_voice="NOPE.pt")

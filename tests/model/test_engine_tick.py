@@ -51,11 +51,11 @@ def layout(tensors: dict[str, torch.Tensor]) -> dict[str, tuple]:
 def busy_engine(tiny_model) -> PersonaPlexEngine:
     """Three rows mid-way: 0 LIVE and sampling, 1 PREFILL inside its voice prompt, 2 IDLE."""
     engine = PersonaPlexEngine(tiny_model, 3)
-    steps = engine.start(0, Conversation(persona="Hi.", voice="TINY1.pt", sampling=Sampling(text_seed=1, audio_seed=2)))
+    steps = engine.start(0, Conversation(persona="Hi.", voice="NATF1.pt", sampling=Sampling(text_seed=1, audio_seed=2)))
     audio = (0.1 * np.random.RandomState(0).randn(3, 1920)).astype(np.float32)
     for _ in range(steps):
         engine.step([PREFILL, IDLE, IDLE], audio)
-    engine.start(1, Conversation(persona="Other.", voice="TINY2.pt", sampling=Sampling(greedy=True)))
+    engine.start(1, Conversation(persona="Other.", voice="NATM0.pt", sampling=Sampling(greedy=True)))
     for _ in range(3):
         engine.step([LIVE, PREFILL, IDLE], audio)
     return engine
@@ -74,12 +74,12 @@ def test_cuda_graph_is_refused_off_cuda(tiny_model):
 def test_no_tensor_is_reallocated_between_ticks(tiny_model):
     engine = PersonaPlexEngine(tiny_model, 3)
     audio = (0.1 * np.random.RandomState(1).randn(3, 1920)).astype(np.float32)
-    left = [engine.start(0, Conversation(voice="TINY0.pt")), engine.start(1, Conversation(voice="TINY1.pt")), None]
+    left = [engine.start(0, Conversation(voice="NATF0.pt")), engine.start(1, Conversation(voice="NATF1.pt")), None]
     before = layout(tick_tensors(engine._tick))
     assert len(before) > 50 and {"tick.packed", "tick.gen.state.keys", "tick.encoder.transformer.keys"} <= set(before)
     for tick in range(60):
         if tick == 30:  # a row (re)starts mid-way: reset and a new voice, in place
-            left[2] = engine.start(2, Conversation(voice="TINY2.pt", sampling=Sampling(text_seed=5, audio_seed=6)))
+            left[2] = engine.start(2, Conversation(voice="NATM0.pt", sampling=Sampling(text_seed=5, audio_seed=6)))
         engine._shortcuts = tick % 2 == 0  # eager ticks with and without the parts they skip
         modes = [IDLE if n is None else PREFILL if n > 0 else LIVE for n in left]
         engine.step(modes, audio)

@@ -17,7 +17,7 @@ from pplex_trio.model import TextTokenizer, sample
 def _conversation_tokens(model, samplings: list[Sampling], frames: int = 25) -> np.ndarray:
     """Run one conversation per slot on the same input; returns their output tokens [slots, frames, 17]."""
     engine = PersonaPlexEngine(model, len(samplings))
-    steps = [engine.start(i, Conversation(persona="Hi.", voice="TINY0.pt", sampling=s))
+    steps = [engine.start(i, Conversation(persona="Hi.", voice="NATF0.pt", sampling=s))
              for i, s in enumerate(samplings)]
     assert len(set(steps)) == 1
     rng = np.random.RandomState(5)

@@ -118,7 +118,7 @@ def test_paused_row_resumes_as_if_nothing_happened(golden_model, golden):
 
 def _engine_run(model, start_other_at: int | None, ticks: int = 62):
     engine = PersonaPlexEngine(model, 2)
-    prefill = engine.start(0, Conversation(persona="Hello there.", voice="TINY1.pt",
+    prefill = engine.start(0, Conversation(persona="Hello there.", voice="NATF1.pt",
                                            sampling=Sampling(text_seed=3, audio_seed=4)))
     rng = np.random.RandomState(0)
     pcm_out, text_out, other_left = [], [], 0
@@ -126,7 +126,7 @@ def _engine_run(model, start_other_at: int | None, ticks: int = 62):
         modes = [SlotMode.PREFILL if tick < prefill else SlotMode.LIVE, SlotMode.IDLE]
         pcm = (0.1 * rng.randn(2, 1920)).astype(np.float32)
         if start_other_at is not None and tick == prefill + start_other_at:
-            other_left = engine.start(1, Conversation(persona="Another one.", voice="TINY2.pt"))
+            other_left = engine.start(1, Conversation(persona="Another one.", voice="NATM0.pt"))
         if start_other_at is not None and tick >= prefill + start_other_at:
             modes[1] = SlotMode.PREFILL if other_left > 0 else SlotMode.LIVE
             other_left -= 1

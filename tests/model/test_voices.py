@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from pplex_trio._voice_catalogue import OFFICIAL_VOICES
 from pplex_trio.model import VoiceLibrary, VoiceNotFoundError, VoicePrompt, check_voice_name, make_voice_prompt
 
 
@@ -45,7 +46,28 @@ def test_unknown_voice_lists_the_available_ones(golden_model):
 
 
 def test_tiny_model_has_deterministic_voices(tiny_model):
-    assert tiny_model.voices.names() == ["TINY0.pt", "TINY1.pt", "TINY2.pt"]
+    assert tiny_model.voices.names() == list(OFFICIAL_VOICES)
     voices = [tiny_model.voices.get(n) for n in tiny_model.voices.names()]
     assert all(v.embeddings.shape == (24, tiny_model.config.lm.dim) for v in voices)
     assert not torch.equal(voices[0].embeddings, voices[1].embeddings)
+
+
+def test_the_catalogue_is_the_one_listing_rule(tmp_path):
+    from pplex_trio._voice_catalogue import voice_files, voice_path
+    from pplex_trio.engine import EchoEngine, voices_in_directory
+
+    assert OFFICIAL_VOICES[:5] == ("NATF0.pt", "NATF1.pt", "NATF2.pt", "NATF3.pt", "NATM0.pt")
+    assert len(OFFICIAL_VOICES) == 18 and OFFICIAL_VOICES[-1] == "VARM4.pt"
+    for name in ("B.pt", "A.pt", ".hidden.pt", "notes.txt", "a..b.pt"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "folder.pt").mkdir()
+    assert voice_files(tmp_path) == ["A.pt", "B.pt"] == VoiceLibrary(tmp_path).names()
+    assert voice_path(tmp_path, "A.pt") == tmp_path / "A.pt"
+    with pytest.raises(VoiceNotFoundError, match="available: A.pt, B.pt"):
+        voice_path(tmp_path, "C.pt")
+    with pytest.raises(VoiceNotFoundError, match="invalid voice name"):
+        voice_path(tmp_path, "../A.pt")
+    with pytest.raises(FileNotFoundError, match="--voice-dir"):
+        voice_files(tmp_path / "missing")
+    # The echo engine offers the official names, or a folder's by the same rule.
+    assert list(EchoEngine(1).voices()) == list(OFFICIAL_VOICES) and voices_in_directory is voice_files

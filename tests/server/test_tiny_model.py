@@ -91,11 +91,11 @@ def direct_run(engine, conversation, frames, lead_silence):
 
 async def test_two_slots_two_protocols_each_with_its_persona_and_voice(start_server, engine, speech_frames):
     handle = await start_server(engine=engine, slots=2)
-    assert set((await get_json(handle, "/api/voices"))["voices"]) >= {"TINY1.pt", "TINY2.pt"}
+    assert set((await get_json(handle, "/api/voices"))["voices"]) >= {"NATF1.pt", "NATM0.pt"}
     moshi_audio, raw_result = [], {}
 
     async def moshi_talk():
-        url = moshi_url(handle.ws_url, text_prompt=PIRATE, voice_prompt="TINY1.pt", text_seed=1, audio_seed=2)
+        url = moshi_url(handle.ws_url, text_prompt=PIRATE, voice_prompt="NATF1.pt", text_seed=1, audio_seed=2)
         decoder = sphn.OpusStreamReader(24000)
         async with open_websocket(url) as ws:
             await moshi_handshake(ws, timeout=60)
@@ -117,7 +117,7 @@ async def test_two_slots_two_protocols_each_with_its_persona_and_voice(start_ser
 
     async def raw_talk():
         raw_result["pcm"], raw_result["text"] = await raw_conversation(
-            handle, speech_frames, persona=HOST, voice="TINY2.pt", **GREEDY)
+            handle, speech_frames, persona=HOST, voice="NATM0.pt", **GREEDY)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(moshi_talk)
@@ -127,7 +127,7 @@ async def test_two_slots_two_protocols_each_with_its_persona_and_voice(start_ser
     assert audio.size >= FRAMES * FRAME and np.abs(audio).max() > 1e-3
     # Raw: exactly what the engine computes for this persona, voice and input,
     # although the other slot ran another conversation meanwhile.
-    conversation = Conversation(persona=HOST, voice="TINY2.pt", sampling=Sampling(**GREEDY))
+    conversation = Conversation(persona=HOST, voice="NATM0.pt", sampling=Sampling(**GREEDY))
     served = raw_result["pcm"]
     matches = []
     for lead in range(3):  # ticks that ran before the first input frame carried silence
@@ -137,10 +137,10 @@ async def test_two_slots_two_protocols_each_with_its_persona_and_voice(start_ser
     assert any(matches), "served audio differs from a direct engine run"
     lead = matches.index(True)
     # And it depends on the voice: another voice gives other audio.
-    other = direct_run(engine, Conversation(persona=HOST, voice="TINY1.pt", sampling=Sampling(**GREEDY)),
+    other = direct_run(engine, Conversation(persona=HOST, voice="NATF1.pt", sampling=Sampling(**GREEDY)),
                        speech_frames, lead)
     assert not np.array_equal(other[: len(served)], served[: len(other)])
     # And on the persona.
-    pirate = direct_run(engine, Conversation(persona=PIRATE, voice="TINY2.pt", sampling=Sampling(**GREEDY)),
+    pirate = direct_run(engine, Conversation(persona=PIRATE, voice="NATM0.pt", sampling=Sampling(**GREEDY)),
                         speech_frames, lead)
     assert not np.array_equal(pirate[: len(served)], served[: len(pirate)])
