@@ -1,4 +1,4 @@
-"""The engine side: the interface, the actor that drives it, and the echo test engine."""
+"""The engine side: the interface, the actor that drives it, leases, and the echo test engine."""
 
 from ._actor import ActorStatistics as ActorStatistics
 from ._actor import EngineActor as EngineActor
@@ -14,9 +14,13 @@ from ._interface import Engine as Engine
 from ._interface import Sampling as Sampling
 from ._interface import SlotMode as SlotMode
 from ._interface import StepOutput as StepOutput
+from ._settings import ActorSettings as ActorSettings
+from ._slots import InputStats as InputStats
 from ._slots import Lease as Lease
 from ._slots import LeaseFailure as LeaseFailure
 from ._slots import LeaseState as LeaseState
+from ._slots import OutputEnd as OutputEnd
+from ._slots import OutputEvent as OutputEvent
 from ._slots import OutputFrame as OutputFrame
 from ._slots import QueueFull as QueueFull
 from ._slots import SlotPhase as SlotPhase

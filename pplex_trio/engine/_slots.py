@@ -7,7 +7,11 @@ stays DRAINING until the actor is between engine calls, so an engine call
 still in flight never mixes the old conversation with a new one (drain before
 release).
 
-Everything here runs on the Trio thread and is synchronous.
+A :class:`Lease` is the session's handle and nothing more: it reads state and
+pushes input, flushes, reads output events and ends.  Every change of a
+lease's state is made here, by the :class:`SlotTable`, which the engine actor
+calls between engine calls.  Everything runs on the Trio thread and is
+synchronous, except waiting.
 """
 
 from __future__ import annotations
@@ -15,13 +19,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+from collections.abc import Callable
 
 import numpy as np
 import trio
 
 from .._channel import DropOldestChannel
+from .._conversation import CloseCode, Conversation
 from ._framing import InputFramer
-from ._interface import Conversation
 
 
 class SlotPhase(enum.Enum):
@@ -46,7 +51,7 @@ class QueueFull(Exception):
 class LeaseFailure:
     """Why the server ended a conversation: tell the client, then close with ``code``."""
 
-    code: int
+    code: CloseCode
     message: str
 
 
@@ -69,40 +74,182 @@ class OutputFrame:
     delivered: float = 0.0  # when it reached the outbox
 
 
-class Lease:
-    """One conversation's claim on an engine slot.
+@dataclasses.dataclass(frozen=True)
+class OutputEnd:
+    """The last output event of a flushed conversation: every input frame has had its answer."""
 
-    The session reads ``state``/``position``/``failure`` and waits with
-    :meth:`wait_changed`; it pushes input PCM through :meth:`push_input` and
-    reads engine output from ``outbox``.
+
+OutputEvent = OutputFrame | OutputEnd
+
+
+@dataclasses.dataclass(frozen=True)
+class InputStats:
+    """The input framer's view of one conversation, in samples (for ``/api/sessions``)."""
+
+    pending: int
+    margin: int
+    underruns: int
+    skipped: int
+
+
+def _carry_text(dropped: OutputEvent, successor: OutputEvent) -> None:
+    """A dropped frame's audio is gone, but its text piece goes out with the next frame."""
+    if isinstance(dropped, OutputFrame) and isinstance(successor, OutputFrame) and dropped.text:
+        successor.text = dropped.text + (successor.text or "")
+
+
+class Lease:
+    """One conversation's claim on an engine slot: the session's side of the engine.
+
+    Read ``state``, ``position`` (in the queue) and ``failure``, and wait for
+    any of them to change with :meth:`wait_changed`.  Push input with
+    :meth:`push_input`; read output with ``async for batch in lease.frames()``;
+    :meth:`flush` asks for an :class:`OutputEnd` once every pending input frame
+    has had its answer; :meth:`end` gives the slot back (it drains first).
     """
 
-    def __init__(self, conversation: Conversation, *, framer: InputFramer, outbox: DropOldestChannel[OutputFrame]):
+    def __init__(
+        self,
+        conversation: Conversation,
+        *,
+        framer: InputFramer,
+        output_capacity: int,
+        on_drop: Callable[[str, int], None],
+        on_input: Callable[[Lease], None],
+        on_end: Callable[[Lease], None],
+    ):
         self.conversation = conversation
-        self.framer = framer
-        self.outbox = outbox
-        self.state = LeaseState.QUEUED
-        self.slot: int | None = None
-        self.position = 0  # 1-based place in the queue while QUEUED
-        self.failure: LeaseFailure | None = None
-        self.prefill_total = 0
-        self.frames_consumed = 0  # real input frames the engine took
-        self.frames_delivered = 0  # output frames put into the outbox
-        self.last_consumed_tick = -1  # tick that took the newest real input frame
-        self.last_delivered_tick = -1  # tick of the newest output frame
+        self._framer = framer
+        self._outbox: DropOldestChannel[OutputEvent] = DropOldestChannel(
+            output_capacity, name="output_backlog", on_drop=on_drop, salvage=_carry_text)
+        self._on_drop = on_drop
+        self._on_input = on_input
+        self._on_end = on_end
+        self._state = LeaseState.QUEUED
+        self._slot: int | None = None
+        self._position = 0
+        self._failure: LeaseFailure | None = None
+        self._prefill_total = 0
+        self._flushing = False
+        self._end_sent = False
+        self._frames_consumed = 0  # real input frames the engine took
+        self._frames_delivered = 0  # output frames put into the outbox
+        self._last_consumed_tick = -1
+        self._last_delivered_tick = -1
         self._lot = trio.lowlevel.ParkingLot()
 
-    def notify(self) -> None:
-        self._lot.unpark_all()
+    # -- what the session reads ----------------------------------------------
+
+    @property
+    def state(self) -> LeaseState:
+        return self._state
+
+    @property
+    def slot(self) -> int | None:
+        return self._slot
+
+    @property
+    def position(self) -> int:
+        """1-based place in the queue while QUEUED, else 0."""
+        return self._position
+
+    @property
+    def failure(self) -> LeaseFailure | None:
+        return self._failure
+
+    @property
+    def prefill_total(self) -> int:
+        return self._prefill_total
+
+    @property
+    def frames_consumed(self) -> int:
+        """Real input frames the engine took (silence fill excluded)."""
+        return self._frames_consumed
+
+    @property
+    def frames_delivered(self) -> int:
+        """Output frames put into the outbox (some may have been dropped since)."""
+        return self._frames_delivered
+
+    @property
+    def output_dropped(self) -> int:
+        return self._outbox.dropped
+
+    def input_stats(self) -> InputStats:
+        f = self._framer
+        return InputStats(f.pending_samples, f.margin, f.underruns, f.skipped_samples)
 
     async def wait_changed(self) -> None:
-        """Wait until state, position, failure or delivery counters change."""
+        """Wait until state, position, failure or the output changes."""
         await self._lot.park()
 
-    def fail(self, code: int, message: str) -> None:
-        if self.failure is None:
-            self.failure = LeaseFailure(code, message)
-        self.notify()
+    # -- what the session does -----------------------------------------------
+
+    def push_input(self, pcm: np.ndarray, arrived_at: float) -> bool:
+        """Queue input PCM that reached the server at ``arrived_at``; False if not LIVE (then it is dropped).
+
+        Input before LIVE is audio the model was never going to hear (the
+        client should wait for the handshake); on overflow the oldest frames go.
+        """
+        if self._state is not LeaseState.LIVE or self._flushing:
+            return False
+        self._on_drop("input_backlog", self._framer.push(pcm, arrived_at))
+        self._on_input(self)
+        return True
+
+    def flush(self) -> None:
+        """No more input: pad the last frame, and end the output once everything is answered."""
+        if self._flushing:
+            return
+        self._flushing = True
+        self._framer.pad_to_frame()
+        self._end_output_if_flushed()
+
+    def frames(self) -> _OutputBatches:
+        """Output events, in batches of everything waiting (at least one); ends when the lease does."""
+        return _OutputBatches(self._outbox)
+
+    def end(self) -> None:
+        """The conversation is over: give the slot back (it drains before anyone else gets it)."""
+        if self._state is not LeaseState.ENDED:
+            self._on_end(self)
+
+    # -- the engine's side, called only by the SlotTable ----------------------
+
+    def _changed(self) -> None:
+        self._lot.unpark_all()
+
+    def _set(self, state: LeaseState, *, slot: int | None = None, position: int = 0) -> None:
+        self._state = state
+        if slot is not None:
+            self._slot = slot
+        self._position = position
+        if state is LeaseState.ENDED:
+            self._outbox.close()
+        self._changed()
+
+    def _end_output_if_flushed(self) -> None:
+        if (self._flushing and not self._end_sent and self._state is LeaseState.LIVE
+                and not self._framer.pending_frames and self._last_delivered_tick >= self._last_consumed_tick):
+            self._end_sent = True
+            self._outbox.send_nowait(OutputEnd(), droppable=False)
+            self._changed()
+
+
+class _OutputBatches:
+    """``async for batch in lease.frames()``: no async generator, so nothing to finalize."""
+
+    def __init__(self, outbox: DropOldestChannel[OutputEvent]):
+        self._outbox = outbox
+
+    def __aiter__(self) -> _OutputBatches:
+        return self
+
+    async def __anext__(self) -> list[OutputEvent]:
+        try:
+            return await self._outbox.receive_batch()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
 
 
 @dataclasses.dataclass
@@ -115,14 +262,19 @@ class Slot:
 
 
 class SlotTable:
-    """The engine's slots plus the bounded queue of leases waiting for one."""
+    """The engine's slots plus the bounded queue of leases waiting for one.
+
+    The only code that changes a lease's state.  The actor calls the tick
+    methods between engine calls; :meth:`request` and :meth:`release` run
+    whenever a session arrives or leaves.
+    """
 
     def __init__(self, num_slots: int, *, queue_size: int):
         self.slots = [Slot(i) for i in range(num_slots)]
         self.queue_size = queue_size
         self._queue: collections.deque[Lease] = collections.deque()
 
-    # -- session side -------------------------------------------------------
+    # -- sessions arrive and leave ---------------------------------------------
 
     def request(self, lease: Lease) -> None:
         """Give ``lease`` a free slot, or a place in the queue, or raise :class:`QueueFull`."""
@@ -137,12 +289,11 @@ class SlotTable:
                 f"({self.queue_size}); try again later"
             )
         self._queue.append(lease)
-        lease.position = len(self._queue)
-        lease.notify()
+        lease._set(LeaseState.QUEUED, position=len(self._queue))
 
     def release(self, lease: Lease) -> None:
         """The conversation is over; its slot drains before anyone else gets it."""
-        if lease.state is LeaseState.QUEUED and lease in self._queue:
+        if lease in self._queue:
             self._queue.remove(lease)
             self._renumber()
         elif lease.slot is not None:
@@ -150,10 +301,9 @@ class SlotTable:
             if slot.lease is lease:
                 slot.phase = SlotPhase.DRAINING
                 slot.lease = None
-        lease.state = LeaseState.ENDED
-        lease.notify()
+        lease._set(LeaseState.ENDED)
 
-    # -- actor side (only between engine calls) -----------------------------
+    # -- between engine calls ------------------------------------------------
 
     def free_drained(self) -> list[int]:
         """DRAINING → FREE, safe only while no engine call is in flight."""
@@ -178,19 +328,69 @@ class SlotTable:
         if changed:
             self._renumber()
 
-    def fail_slot(self, slot: Slot, code: int, message: str) -> None:
+    def take_input(self, slot: Slot, out: np.ndarray, tick: int) -> tuple[float | None, int]:
+        """Move the LIVE slot's next input frame into ``out``.
+
+        Returns when the frame's last sample arrived (None: no whole frame
+        waited) and how many samples the aligned framer skipped on the way.
+        """
+        lease = slot.lease
+        assert lease is not None and slot.phase is SlotPhase.LIVE
+        framer = lease._framer
+        skipped = framer.skipped_samples
+        arrived = framer.pop_frame_into(out)
+        if arrived is not None:
+            lease._frames_consumed += 1
+            lease._last_consumed_tick = tick
+        return arrived, framer.skipped_samples - skipped
+
+    def has_due_page(self, slot: Slot, now: float, tick_seconds: float) -> bool:
+        """A LIVE, aligned conversation still streaming whose frame ends at a page due about now."""
+        lease = slot.lease
+        return (slot.phase is SlotPhase.LIVE and lease is not None and lease._framer.awaits_page
+                and now - lease._framer.last_arrival < tick_seconds)
+
+    def has_input_frame(self, lease: Lease) -> bool:
+        return bool(lease._framer.pending_frames)
+
+    def still_streaming(self, slot: Slot, now: float, tick_seconds: float) -> bool:
+        """The slot's conversation sent input recently, so a tick without its frame came too early."""
+        lease = slot.lease
+        return lease is not None and bool(lease.frames_consumed) and now - lease._framer.last_arrival < 2 * tick_seconds
+
+    def started(self, slot: Slot, steps: int) -> None:
+        """``engine.start`` ran: ``steps`` PREFILL steps to go (0: live at once)."""
+        assert slot.lease is not None
+        slot.started = True
+        slot.prefill_left = steps
+        slot.lease._prefill_total = steps
+        if steps == 0:
+            self._go_live(slot)
+
+    def prefill_stepped(self, slot: Slot) -> None:
+        slot.prefill_left -= 1
+        if slot.prefill_left <= 0:
+            self._go_live(slot)
+
+    def deliver(self, slot: Slot, frame: OutputFrame) -> None:
+        lease = slot.lease
+        assert lease is not None
+        if lease._end_sent:
+            return  # a flushed conversation's output is complete: nothing may follow its end
+        lease._outbox.send_nowait(frame)
+        lease._frames_delivered += 1
+        lease._last_delivered_tick = frame.tick
+        lease._end_output_if_flushed()
+        lease._changed()
+
+    def fail_slot(self, slot: Slot, code: CloseCode, message: str) -> None:
         """End the slot's conversation from the server side (engine error)."""
         lease = slot.lease
         slot.phase = SlotPhase.DRAINING
         slot.lease = None
-        if lease is not None:
-            lease.fail(code, message)
-
-    def go_live(self, slot: Slot) -> None:
-        slot.phase = SlotPhase.LIVE
-        assert slot.lease is not None
-        slot.lease.state = LeaseState.LIVE
-        slot.lease.notify()
+        if lease is not None and lease._failure is None:
+            lease._failure = LeaseFailure(code, message)
+            lease._changed()
 
     # -- views ---------------------------------------------------------------
 
@@ -214,13 +414,14 @@ class SlotTable:
         slot.phase = SlotPhase.PREFILL
         slot.lease = lease
         slot.started = False
-        lease.slot = slot.index
-        lease.state = LeaseState.PREFILL
-        lease.position = 0
-        lease.notify()
+        lease._set(LeaseState.PREFILL, slot=slot.index)
+
+    def _go_live(self, slot: Slot) -> None:
+        assert slot.lease is not None
+        slot.phase = SlotPhase.LIVE
+        slot.lease._set(LeaseState.LIVE)
 
     def _renumber(self) -> None:
         for position, lease in enumerate(self._queue, start=1):
             if lease.position != position:
-                lease.position = position
-                lease.notify()
+                lease._set(LeaseState.QUEUED, position=position)

@@ -13,6 +13,7 @@ import trio
 import trio.testing
 
 from pplex_trio.engine import (
+    ActorSettings,
     Conversation,
     EchoEngine,
     EngineActor,
@@ -22,7 +23,9 @@ from pplex_trio.engine import (
     SlotPhase,
 )
 
-from pplex_trio.engine._actor import GRACE_PER_WINDOW, GRACE_WINDOW, INPUT_GRACE
+from pplex_trio.engine._grace import GRACE_PER_WINDOW, GRACE_WINDOW
+
+INPUT_GRACE = ActorSettings().input_grace_ms / 1000
 
 TICK = 0.080
 
@@ -52,9 +55,16 @@ class RecordingEcho(EchoEngine):
 
 async def _record_waits(lease, waits):
     """Each output frame's wait for its tick: its input complete -> the tick starts."""
-    async for frame in lease.outbox:
-        if frame.input_arrival is not None:
-            waits.append(frame.tick_started - frame.input_arrival)
+    async for batch in lease.frames():
+        for frame in batch:
+            if frame.input_arrival is not None:
+                waits.append(frame.tick_started - frame.input_arrival)
+
+
+async def next_frame(lease):
+    """The next output frame (the tests read as fast as the engine writes: one per batch)."""
+    (frame,) = await lease.frames().__anext__()
+    return frame
 
 
 async def wait_state(lease, state):
@@ -73,15 +83,15 @@ async def test_prefill_then_live_in_lockstep(nursery, autojump_clock):
         await wait_state(lease, LeaseState.LIVE)
         assert trio.current_time() - t0 == pytest.approx(2 * TICK)  # 3 prefill steps: t=0, 80, 160 ms
         assert [m[0] for m, _ in engine.steps] == [SlotMode.PREFILL] * 3
-        actor.push_input(lease, frame, trio.current_time())
-        out = await lease.outbox.receive()
+        lease.push_input(frame, trio.current_time())
+        out = await next_frame(lease)
         np.testing.assert_array_equal(out.pcm, frame)
         assert out.text == " 0"
         assert lease.frames_consumed == 1
         # Without input, the live row is fed silence, one frame per tick.
         times = []
         for _ in range(3):
-            out = await lease.outbox.receive()
+            out = await next_frame(lease)
             times.append(trio.current_time())
             assert not out.pcm.any()
         # 80 ms apart (the grid may step 4 ms later: this row streamed, then stopped)
@@ -93,7 +103,7 @@ async def test_prefill_then_live_in_lockstep(nursery, autojump_clock):
 
 async def test_queue_positions_admission_and_full_queue(nursery, autojump_clock):
     engine = EchoEngine(1, prefill_steps=1)
-    actor = EngineActor(engine, queue_size=2, run_sync=inline_runner())
+    actor = EngineActor(engine, ActorSettings(queue_size=2), run_sync=inline_runner())
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as first:
         with actor.lease(Conversation()) as second, actor.lease(Conversation()) as third:
@@ -104,8 +114,7 @@ async def test_queue_positions_admission_and_full_queue(nursery, autojump_clock)
                     pass
             assert actor.statistics().queued == 2
             # `first` leaves: its slot drains, then goes to `second`; `third` moves up.
-            actor.table.release(first)
-            actor._changed()
+            first.end()
             await wait_state(second, LeaseState.LIVE)
             assert third.position == 1 and second.slot == 0
         stats = actor.statistics()
@@ -113,13 +122,13 @@ async def test_queue_positions_admission_and_full_queue(nursery, autojump_clock)
 
 
 async def test_leaving_the_queue_renumbers_the_others(nursery, autojump_clock):
-    actor = EngineActor(EchoEngine(1), queue_size=3, run_sync=inline_runner())
+    actor = EngineActor(EchoEngine(1), ActorSettings(queue_size=3), run_sync=inline_runner())
     await nursery.start(actor.run)
     with actor.lease(Conversation()):
         with actor.lease(Conversation()) as a:
             with actor.lease(Conversation()) as b:
                 assert (a.position, b.position) == (1, 2)
-                actor.table.release(a)
+                a.end()
                 assert b.position == 1
                 assert actor.statistics().queued == 1
 
@@ -189,7 +198,7 @@ async def test_engine_exception_fails_its_conversations_and_the_engine_recovers(
     assert actor.metrics.errors.labels("engine")._value.get() == 1
     with actor.lease(Conversation()) as c:
         await wait_state(c, LeaseState.LIVE)
-        out = await c.outbox.receive()
+        out = await next_frame(c)
         assert out.text == " 0"  # a fresh conversation on a reset engine
         assert c.failure is None
 
@@ -210,7 +219,7 @@ async def test_rejected_start_fails_only_that_conversation(nursery, autojump_clo
             await bad.wait_changed()
         assert bad.failure.code == 1008 and "pick another" in bad.failure.message
         await wait_state(good, LeaseState.LIVE)
-        assert (await good.outbox.receive()).text == " 0"
+        assert (await next_frame(good)).text == " 0"
         assert good.failure is None
 
 
@@ -243,7 +252,7 @@ class BlockingEcho(EchoEngine):
 async def test_drain_before_release(nursery):
     """A slot released mid-step is not handed on until that step has finished."""
     engine = BlockingEcho(1, prefill_steps=0)
-    actor = EngineActor(engine, queue_size=1)  # real worker thread, real clock
+    actor = EngineActor(engine, ActorSettings(queue_size=1))  # real worker thread, real clock
     await nursery.start(actor.run)
     with actor.lease(Conversation(persona="old")) as old:
         await wait_state(old, LeaseState.LIVE)
@@ -252,8 +261,7 @@ async def test_drain_before_release(nursery):
         assert actor.engine_busy
         with actor.lease(Conversation(persona="new")) as new:
             assert new.state is LeaseState.QUEUED
-            actor.table.release(old)  # the old conversation leaves while its step runs
-            actor._changed()
+            old.end()  # the old conversation leaves while its step runs
             for _ in range(5):
                 await trio.sleep(0.05)
                 assert actor.table.slots[0].phase is SlotPhase.DRAINING
@@ -265,7 +273,7 @@ async def test_drain_before_release(nursery):
             assert new.slot == 0
             # After the blocked step: reset of the old row, then the new start, then steps.
             assert engine.calls[calls_before : calls_before + 2] == [("reset", 0), ("start", 0)]
-            out = await new.outbox.receive()
+            out = await next_frame(new)
             assert out.text == " 0"  # fresh row: nothing of the old conversation leaks
 
 
@@ -288,16 +296,15 @@ async def test_idle_actor_does_not_tick(nursery, autojump_clock):
 async def test_a_dropped_output_frame_keeps_its_text(nursery, autojump_clock):
     """When a slow reader lets the outbox overflow, audio is dropped but text never is."""
     engine = EchoEngine(1, prefill_steps=0)
-    actor = EngineActor(engine, output_backlog_frames=2, run_sync=inline_runner())
+    actor = EngineActor(engine, ActorSettings(output_backlog_frames=2), run_sync=inline_runner())
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
         await wait_state(lease, LeaseState.LIVE)
         await trio.sleep(6 * TICK + TICK / 2)  # nobody reads: 6 frames into a 2-frame outbox
-        frames = [lease.outbox.receive_nowait(), lease.outbox.receive_nowait()]
-        with pytest.raises(trio.WouldBlock):
-            lease.outbox.receive_nowait()
+        frames = await lease.frames().__anext__()  # everything that waited
+        assert len(frames) == 2
     delivered = lease.frames_delivered
-    assert delivered == 6 and lease.outbox.dropped == 4
+    assert delivered == 6 and lease.output_dropped == 4
     assert "".join(f.text for f in frames) == "".join(f" {i}" for i in range(delivered))
 
 
@@ -315,7 +322,7 @@ async def test_the_tick_grid_moves_to_just_after_the_audio_arrives(nursery, auto
             send_at = first + 0.030
             for _ in range(150):
                 await trio.sleep_until(send_at)
-                actor.push_input(lease, np.full(1920, 0.5, np.float32), trio.current_time())
+                lease.push_input(np.full(1920, 0.5, np.float32), trio.current_time())
                 send_at += TICK
 
         nursery.start_soon(_record_waits, lease, waits)
@@ -339,11 +346,11 @@ async def test_a_client_that_starts_at_the_handshake_lands_just_ahead_of_the_tic
         nursery.start_soon(_record_waits, lease, waits)
         for k in range(1, 40):  # a whole frame of audio every 80 ms from the handshake on
             await trio.sleep_until(handshake + k * TICK)
-            actor.push_input(lease, np.full(1920, 0.5, np.float32), trio.current_time())
+            lease.push_input(np.full(1920, 0.5, np.float32), trio.current_time())
         await trio.sleep(TICK)
     assert waits[0] == pytest.approx(0.010, abs=1e-6)  # no settling needed
     assert all(actor.phase.margin - 1e-6 < w <= 0.010 + 1e-6 for w in waits)  # then steering trims it towards its margin
-    assert len(waits) == 39 and lease.framer.underruns == 0  # every frame taken, none late
+    assert len(waits) == 39 and lease.input_stats().underruns == 0  # every frame taken, none late
 
 
 async def test_sleep_until_before_tick_returns_at_once_while_idle(autojump_clock):
@@ -361,7 +368,7 @@ async def _stream_pages(actor, lease, handshake, pages, delay):
     """Pages of 40 ms from the handshake on, page k at handshake + 40 ms * k + delay(k)."""
     for k in range(1, pages + 1):
         await trio.sleep_until(handshake + k * TICK / 2 + delay(k))
-        actor.push_input(lease, np.full(960, 0.5, np.float32), trio.current_time())
+        lease.push_input(np.full(960, 0.5, np.float32), trio.current_time())
 
 
 async def _aligned_client(actor, nursery, pages, delay):
@@ -377,7 +384,7 @@ async def _aligned_client(actor, nursery, pages, delay):
 
 @pytest.mark.parametrize("grace", [0.0, 0.004])
 async def test_a_page_a_little_late_holds_the_tick_instead_of_missing_it(nursery, autojump_clock, grace):
-    actor = EngineActor(RecordingEcho(1, prefill_steps=2), input_grace=grace,
+    actor = EngineActor(RecordingEcho(1, prefill_steps=2), ActorSettings(input_grace_ms=grace * 1000),
                         run_sync=inline_runner(compute_seconds=0.010))
     await nursery.start(actor.run)
     # Page 20 completes frame 10 and comes 5 ms late: 2 ms after its tick.
@@ -385,11 +392,11 @@ async def test_a_page_a_little_late_holds_the_tick_instead_of_missing_it(nursery
     count = _histogram(actor.metrics.tick_input_wait, "_count")
     if grace:
         assert count == 1  # that one tick waited for it ...
-        assert lease.framer.underruns == 0  # ... so no tick came before its frame
+        assert lease.input_stats().underruns == 0  # ... so no tick came before its frame
         assert max(waits) < 0.010  # and no frame carries a tick of delay
     else:
         assert count == 0
-        assert lease.framer.underruns == 1  # the model heard a silent frame
+        assert lease.input_stats().underruns == 1  # the model heard a silent frame
         assert max(waits) > 0.070  # and the late frame waited a whole tick
 
 
@@ -397,7 +404,7 @@ async def test_a_page_later_than_the_grace_is_not_waited_for_past_it(nursery, au
     actor = EngineActor(RecordingEcho(1, prefill_steps=2), run_sync=inline_runner(compute_seconds=0.010))
     await nursery.start(actor.run)
     lease, _ = await _aligned_client(actor, nursery, 40, lambda k: 0.020 if k == 20 else 0.0)
-    assert lease.framer.underruns == 1  # 17 ms after its tick: late, as without the grace
+    assert lease.input_stats().underruns == 1  # 17 ms after its tick: late, as without the grace
     assert _histogram(actor.metrics.tick_input_wait, "_count") == 1  # one hold ...
     assert _histogram(actor.metrics.tick_input_wait, "_sum") == pytest.approx(INPUT_GRACE)  # ... of just the grace
 
@@ -412,3 +419,36 @@ async def test_holds_are_rationed(nursery, autojump_clock):
     count = _histogram(actor.metrics.tick_input_wait, "_count")
     windows = (actor.ticks - ticks_before) / GRACE_WINDOW
     assert 1 <= count <= GRACE_PER_WINDOW * (windows + 1)
+
+
+async def test_flush_ends_the_output_once_every_input_frame_is_answered(nursery, autojump_clock):
+    """OutputEnd follows the answer to the last input frame, even in a full outbox; nothing follows it."""
+    from pplex_trio.engine import OutputEnd, OutputFrame
+
+    engine = EchoEngine(1, prefill_steps=0, delay_frames=0)
+    actor = EngineActor(engine, ActorSettings(output_backlog_frames=2), run_sync=inline_runner())
+    await nursery.start(actor.run)
+    with actor.lease(Conversation()) as lease:
+        await wait_state(lease, LeaseState.LIVE)
+        for k in range(3):
+            assert lease.push_input(np.full(1920, k + 1, np.float32), trio.current_time())
+        lease.flush()
+        assert not lease.push_input(np.zeros(1920, np.float32), trio.current_time())  # no input after a flush
+        await trio.sleep(1.0)  # nobody reads while the ticks go on
+        batch = await lease.frames().__anext__()
+    assert [type(event) for event in batch] == [OutputFrame, OutputFrame, OutputEnd]
+    assert [frame.pcm[0] for frame in batch[:2]] == [2.0, 3.0]  # the oldest frame's audio was dropped ...
+    assert batch[0].text == " 0 1" and batch[1].text == " 2"  # ... its text was not
+    assert lease.frames_delivered == 3  # the ticks after the end delivered nothing
+
+
+async def test_input_before_live_is_refused(nursery, autojump_clock):
+    actor = EngineActor(EchoEngine(1, prefill_steps=3), run_sync=inline_runner())
+    await nursery.start(actor.run)
+    with actor.lease(Conversation()) as lease:
+        assert lease.state is LeaseState.PREFILL
+        assert not lease.push_input(np.ones(1920, np.float32), trio.current_time())
+        await wait_state(lease, LeaseState.LIVE)
+        assert lease.input_stats().pending == 0
+    assert lease.state is LeaseState.ENDED
+    lease.end()  # ending twice is harmless

@@ -1,0 +1,30 @@
+"""The engine actor's settings: one typed object, each default written once."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .._setting import check_settings, setting
+
+TICK_SECONDS = 0.080  # one Mimi frame
+
+
+@dataclasses.dataclass
+class ActorSettings:
+    """What the engine actor needs to know; the server's settings extend it."""
+
+    queue_size: int = setting(16, "connections that may wait for a slot", low=0, group="conversations")
+    input_backlog_frames: int = setting(
+        6, "input audio that may wait for the engine, per conversation, in 80 ms frames (the oldest goes first)",
+        low=1, group="conversations")
+    output_backlog_frames: int = setting(
+        8, "engine output that may wait for a slow reader, per conversation, in 80 ms frames (the oldest goes "
+        "first; its text goes out with the next frame)", low=1, group="conversations")
+    input_grace_ms: float = setting(
+        4.0, "with aligned framing, a tick may wait this long for a conversation's page that is due, rather "
+        "than feed it a silent frame and a tick of delay (at most 3 ticks in 2 s); 0 turns it off",
+        low=0, high=40, group="timing")
+    tick_seconds: float = setting(TICK_SECONDS, "the lockstep period (Mimi's frame)", low=0.001, cli=False)
+
+    def __post_init__(self) -> None:
+        check_settings(self)
