@@ -42,6 +42,7 @@ import sphn
 import trio
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+BENCH = REPO / "bench"
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
@@ -252,11 +253,13 @@ async def load_run(http_url: str, clients: int, duration: float, page_ms: int, p
 
 
 def start_server(args: argparse.Namespace, slots: int, framing: str) -> ServerProcess:
-    cmd = ["-m", "pplex_trio", "serve", "--model", args.model, "--slots", str(slots), "--port", "0",
-           "--queue-size", "0", "--framing", framing]
+    flags = ["--model", args.model, "--slots", str(slots), "--port", "0", "--queue-size", "0", "--framing", framing]
     if args.model == "echo":
-        cmd += ["--echo-step-ms", str(args.echo_step_ms), "--echo-prefill-steps", "12"]
-    cmd += ["--opus-encoder", args.opus_encoder]
+        flags += ["--echo-step-ms", str(args.echo_step_ms), "--echo-prefill-steps", "12"]
+    if args.opus_encoder.startswith("thread-"):  # the comparison variant: a bench-only server entry
+        cmd = [str(BENCH / "thread_encoder_server.py"), args.opus_encoder.removeprefix("thread-"), *flags]
+    else:
+        cmd = ["-m", "pplex_trio", "serve", *flags, "--opus-encoder", args.opus_encoder]
     if args.inline_encoders is not None:
         cmd += ["--inline-encoders", str(args.inline_encoders)]
     return ServerProcess(cmd)
@@ -349,7 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="echo", help="model for the started server: echo or tiny (default echo)")
     parser.add_argument("--echo-step-ms", type=float, default=20.0, help="echo engine compute stand-in (default 20)")
     parser.add_argument("--framing", choices=("aligned", "naive"), default="aligned")
-    parser.add_argument("--opus-encoder", default="auto", help="the started server's --opus-encoder")
+    parser.add_argument("--opus-encoder", default="auto",
+                        help="the started server's --opus-encoder (auto, process, inline, sphn), or thread-libopus / "
+                        "thread-sphn: the worker-thread placement kept in bench/ for comparison")
     parser.add_argument("--inline-encoders", type=int, help="the started server's --inline-encoders")
     parser.add_argument("--compare-framing", action="store_true", help="run naive then aligned, side by side")
     parser.add_argument("--find-max", action="store_true", help="search the largest N that holds real time")

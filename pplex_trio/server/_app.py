@@ -10,10 +10,12 @@ from werkzeug.exceptions import NotFound
 from quart_trio import QuartTrio
 
 from .._version import __version__
-from ._moshi_session import MoshiSession
+from ._moshi_session import MoshiProtocol
 from ._official import ROOT_QUERY, find_official_client, official_index
 from ._queue_status import MAX_TICKET_CHARS, queue_status
-from ._raw_session import RawSession
+from ._raw_session import RawProtocol
+from ._session import Session
+from ._settings import Framing
 from ._state import ServerState
 
 logger = logging.getLogger(__name__)
@@ -34,13 +36,17 @@ def create_app(state: ServerState) -> QuartTrio:
     # Our own UI at /, the official client (if cached locally) at /official/.
     official_dir = None if state.settings.static_dir else find_official_client(state.settings.model)
 
+    settings = state.settings
+    limits = dict(max_message_bytes=settings.max_message_bytes, max_prompt_chars=settings.max_prompt_chars)
+
     @app.websocket("/api/chat")
     async def chat() -> None:
-        await MoshiSession(websocket._get_current_object(), state).run()
+        wire = MoshiProtocol(state.encoders, align=settings.framing is Framing.ALIGNED, **limits)
+        await Session(websocket._get_current_object(), wire, state).run()
 
     @app.websocket("/v1/audio/duplex")
     async def duplex() -> None:
-        await RawSession(websocket._get_current_object(), state).run()
+        await Session(websocket._get_current_object(), RawProtocol(**limits), state).run()
 
     @app.get("/health")
     async def health() -> Response:

@@ -1,103 +1,63 @@
-"""The raw PCM session (``/v1/audio/duplex``): float32 in and out, JSON control.
+"""The raw PCM protocol (``/v1/audio/duplex``): float32 in and out, JSON control.
 
 For tools and tests that want exact samples, not Opus.  The client opens with
 ``{"type": "open", ...}``; ``{"type": "close"}`` flushes pending input through
-the engine, answers ``{"type": "done"}`` and closes.
+the engine, answers ``{"type": "done"}`` and closes.  See ``docs/PROTOCOL.md``.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import trio
-
-from .._channel import DropOldestChannel
-from ..engine import Conversation, Lease, LeaseState, OutputFrame
-from ..protocol import CloseCode, ProtocolError, conversation_from_params, raw
-from ._session import Outgoing, Session, frame_times
-
-_FLUSHED = object()  # marks the end of a flush in the output pipeline
+from .._conversation import CloseCode, Conversation
+from ..engine import OutputFrame
+from ..protocol import ProtocolError, conversation_from_params, raw
+from ._wire import EndOfInput, InputAudio, InputEvent, Message, WireProtocol
 
 
-class RawSession(Session):
-    protocol = "raw"
+class RawProtocol(WireProtocol):
+    name = "raw"
+    opens_with_message = True
+    opening_hint = 'send {"type": "open", ...} first'
 
-    async def negotiate(self) -> Conversation:
-        max_bytes = self.settings.max_message_bytes
-        with trio.move_on_after(self.settings.open_timeout):
-            message = await self.ws.receive()
-            self.stats.messages_received += 1
-            event = raw.parse_client_message(message, max_bytes=max_bytes)
-            if not isinstance(event, raw.Open):
-                raise ProtocolError('the first message must be {"type": "open", ...}', CloseCode.POLICY)
-            return conversation_from_params(event.params, max_prompt_chars=self.settings.max_prompt_chars)
-        raise ProtocolError(
-            f'no {{"type": "open"}} message within {self.settings.open_timeout:g} s', CloseCode.POLICY
-        )
+    def __init__(self, *, max_message_bytes: int, max_prompt_chars: int):
+        self._max_bytes = max_message_bytes
+        self._max_prompt_chars = max_prompt_chars
+        self._closing = False
 
-    async def keepalive(self, lease: Lease) -> None:
-        if lease.position:
-            await self.ws.send(raw.queued(lease.position))
+    def conversation(self, query: bytes, opening: bytes | str | None) -> Conversation:
+        event = raw.parse_client_message(opening, max_bytes=self._max_bytes)
+        if not isinstance(event, raw.Open):
+            raise ProtocolError('the first message must be {"type": "open", ...}', CloseCode.POLICY)
+        return conversation_from_params(event.params, max_prompt_chars=self._max_prompt_chars)
 
-    async def send_ready(self) -> None:
-        await self.ws.send(raw.ready())
+    def parse(self, message: bytes | str | None) -> InputEvent:
+        event = raw.parse_client_message(message, max_bytes=self._max_bytes)
+        if isinstance(event, raw.PcmReceived):
+            if self._closing:
+                raise ProtocolError('audio after "close": nothing may follow a close', CloseCode.POLICY)
+            return InputAudio(event.pcm) if event.pcm.size else None
+        if isinstance(event, raw.Close):
+            if self._closing:
+                return None
+            self._closing = True
+            return EndOfInput()
+        raise ProtocolError("the conversation is already open", CloseCode.POLICY)
 
-    def error_message(self, message: str) -> str:
-        return raw.error(message)
+    def keepalive(self, position: int | None) -> Message | None:
+        return raw.queued(position) if position else None
 
-    async def receive_loop(self, inbound: DropOldestChannel[Any]) -> None:
-        max_bytes = self.settings.max_message_bytes
-        closing = False
-        while True:
-            message = await self.ws.receive()
-            self.stats.messages_received += 1
-            arrived = trio.current_time()
-            event = raw.parse_client_message(message, max_bytes=max_bytes)
-            if isinstance(event, raw.PcmReceived):
-                if closing:
-                    raise ProtocolError("audio after \"close\": nothing may follow a close", CloseCode.POLICY)
-                if event.pcm.size:
-                    inbound.send_nowait((arrived, event.pcm))
-            elif isinstance(event, raw.Close):
-                if not closing:
-                    closing = True
-                    inbound.close()  # the decode loop flushes once it has passed everything on
-            else:
-                raise ProtocolError("the conversation is already open", CloseCode.POLICY)
+    def ready(self) -> Message:
+        return raw.ready()
 
-    async def decode_loop(self, inbound: DropOldestChannel[Any], lease: Lease) -> None:
-        actor = self.server.actor
-        frame_size = actor.engine.frame_size
-        received = 0
-        async for arrived, pcm in inbound:
-            if lease.state is not LeaseState.LIVE:
-                continue  # not ready yet: the client should have waited for "ready"
-            actor.push_input(lease, pcm, arrived)
-            received += pcm.size
-            self.stats.frames_decoded = received // frame_size
-        if lease.state is not LeaseState.LIVE:
-            self.end(CloseCode.NORMAL, None, "completed")  # closed before it began
-            return
-        await self._flush(lease)
-
-    async def _flush(self, lease: Lease) -> None:
-        """Run what is pending through the engine, then mark the end of the output."""
-        lease.framer.pad_to_frame()
-        while lease.framer.pending_frames or lease.last_delivered_tick < lease.last_consumed_tick:
-            await lease.wait_changed()
-        lease.outbox.send_nowait(_FLUSHED, droppable=False)  # type: ignore[arg-type]
-
-    async def encode(self, items: list[Any]) -> list[Outgoing]:
-        messages: list[Outgoing] = []
-        for frame in items:
-            if frame is _FLUSHED:
-                messages.append((raw.done(), None))
-                self.output_complete = True
-                break
-            assert isinstance(frame, OutputFrame)
-            messages.append((raw.pcm_frame(frame.pcm), frame_times(frame)))
-            self.stats.frames_sent += 1
+    async def encode(self, frames: list[OutputFrame]) -> list[tuple[Message, OutputFrame | None]]:
+        messages: list[tuple[Message, OutputFrame | None]] = []
+        for frame in frames:
+            messages.append((raw.pcm_frame(frame.pcm), frame))
             if frame.text:
                 messages.append((raw.text(frame.text), None))
-                self.stats.text_sent += 1
         return messages
+
+    def end_of_output(self) -> Message:
+        return raw.done()
+
+    def error(self, message: str) -> Message:
+        return raw.error(message)

@@ -19,6 +19,7 @@ import trio
 
 from ..engine import Engine
 from ._app import create_app
+from ._encoders import Encoders
 from ._settings import ServerSettings
 from ._state import ServerState
 
@@ -74,16 +75,20 @@ async def serve(
     engine: Engine,
     *,
     handle_signals: bool = False,
+    encoders: Encoders | None = None,
     task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until shut down (by a signal if ``handle_signals``, or the handle)."""
-    state = ServerState.create(settings, engine)
+    """Serve until shut down (by a signal if ``handle_signals``, or the handle).
+
+    ``encoders`` replaces the ``--opus-encoder`` choice (for benchmarks).
+    """
+    state = ServerState.create(settings, engine, encoders=encoders)
     app = create_app(state)
     stop = trio.Event()
     _quiet_garbage_collector()
     async with trio.open_nursery() as nursery:
         await nursery.start(state.actor.run)
-        await nursery.start(state.encoder_pool.run)
+        await nursery.start(state.encoders.run)
         binds = await nursery.start(partial(_http, app, hypercorn_config(settings), stop.wait, nursery))
         handle = ServerHandle(state, binds, stop)
         if handle_signals:

@@ -1,41 +1,52 @@
-"""One WebSocket conversation: admission, then receive / process / send tasks.
+"""One WebSocket conversation: the session core that every wire protocol shares.
 
-A session is a small Trio nursery around a :class:`~pplex_trio.engine.Lease`:
+A session is an explicit state machine around a :class:`~pplex_trio.engine.Lease`:
 
-    socket → receive → [inbound] → decode → [engine input framer]
-    engine → [lease.outbox] → send (encode, write) → socket
+    ADMITTING → QUEUED → PREPARING → LIVE → CLOSING → CLOSED
 
-Every hop is a bounded queue that drops the oldest item when full, so a slow
-stage costs audio, never latency.  The send task encodes as well: a frame
-goes out as soon as it is encoded, without one more task switch, and a client
-that reads slowly makes the engine's outbox drop raw frames before any are
-encoded, so the Opus stream stays whole.  Whoever ends the session first (a protocol
-error, an engine failure, a shutdown, the end of a flush) calls :meth:`end`,
-which records the close code and cancels the rest.  A client that disconnects
-cancels the whole handler (Quart does that); ``finally`` blocks release the
-slot, which then drains before anyone else gets it.
+(QUEUED is skipped when a slot is free; any state may go to CLOSING when the
+session ends, and to CLOSED when the connection is gone).  While it waits and
+while it is live, it is a small Trio nursery of three tasks joined by bounded
+queues that drop the oldest item when full, so a slow stage costs audio,
+never latency:
 
-The protocol specifics (Moshi/Ogg Opus vs raw PCM) live in subclasses.
+    socket → receive → [inbound] → process (decode) → lease.push_input → engine
+    engine → lease.frames() → send (encode, write) → socket
+
+The send task encodes as well: a frame goes out as soon as it is encoded, and
+a client that reads slowly makes the lease's outbox drop raw frames before any
+are encoded, so an Opus stream stays whole.  Whoever ends the session first
+(a protocol error, an engine failure, a shutdown, the end of a flush) calls
+:meth:`Session.end`, which records why and cancels the rest; the session then
+tells the client why and closes.  A client that disconnects cancels the whole
+handler (Quart does that); leaving the lease's block gives the slot back,
+which drains before anyone else gets it.
+
+What differs between protocols is a :class:`~pplex_trio.server._wire.WireProtocol`:
+pure codec calls plus a few specifics.  See ``docs/ARCHITECTURE.md``.
 """
 
 from __future__ import annotations
 
-import abc
-import contextlib
 import dataclasses
+import enum
 import itertools
-import math
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+import math
+from collections.abc import Sequence
+from typing import Any, Protocol
 
+import numpy as np
 import trio
 
 from .._channel import DropOldestChannel
-from ..engine import Conversation, Lease, LeaseState, OutputFrame, QueueFull
-from ..protocol import CloseCode, ProtocolError
-
-if TYPE_CHECKING:
-    from ._state import ServerState
+from .._conversation import CloseCode, Conversation
+from .._metrics import Metrics
+from ..engine import EngineActor, Lease, LeaseState, OutputEnd, OutputFrame, QueueFull
+from ..protocol import ProtocolError
+from ._reaction import ClientReaction
+from ._settings import ServerSettings
+from ._wire import EndOfInput, InputAudio, Message, WireProtocol
 
 logger = logging.getLogger(__name__)
 _ids = itertools.count(1)
@@ -43,7 +54,7 @@ STAGE_SAMPLING = 4  # one frame in this many feeds the per-stage latency histogr
 
 
 class WebSocket(Protocol):
-    """The part of Quart's websocket object a session uses."""
+    """The part of Quart's websocket object a session uses (tests pass a fake)."""
 
     query_string: bytes
 
@@ -53,33 +64,41 @@ class WebSocket(Protocol):
     async def close(self, code: int, reason: str = "") -> None: ...
 
 
-@dataclasses.dataclass(frozen=True)
-class FrameTimes:
-    """When one output frame passed each stage (Trio clock), for the latency metrics."""
+class SessionHost(Protocol):
+    """What a session needs of its server (``ServerState`` is one)."""
 
-    input_arrival: float
-    tick_started: float
-    step_seconds: float
-    delivered: float
-    encoded: float
+    settings: ServerSettings
+    actor: EngineActor
+    metrics: Metrics
+    client_reaction: ClientReaction
+    sessions: set[Session]
+    shutting_down: bool
 
-
-# A message for the socket, and the times of the frame it carries (None if it
-# carries no input frame's answer).
-Outgoing = tuple[bytes | str, "FrameTimes | None"]
+    def voices(self) -> Sequence[str]: ...
 
 
-def frame_times(frame: OutputFrame) -> FrameTimes | None:
-    """Call when the frame's message is encoded, ready to send."""
-    if frame.input_arrival is None:
-        return None
-    return FrameTimes(frame.input_arrival, frame.tick_started, frame.step_seconds, frame.delivered,
-                      trio.current_time())
+class SessionState(enum.Enum):
+    ADMITTING = "admitting"  # accepted; reading and checking the conversation's settings
+    QUEUED = "queued"  # waiting for a slot
+    PREPARING = "preparing"  # the slot runs the system prompt
+    LIVE = "live"  # audio both ways
+    CLOSING = "closing"  # telling the client why, closing the socket
+    CLOSED = "closed"
+
+
+_NEXT = {
+    SessionState.ADMITTING: {SessionState.QUEUED, SessionState.PREPARING},
+    SessionState.QUEUED: {SessionState.PREPARING},
+    SessionState.PREPARING: {SessionState.LIVE},
+    SessionState.LIVE: set(),
+    SessionState.CLOSING: set(),
+    SessionState.CLOSED: set(),
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Ending:
-    code: int
+    code: CloseCode
     message: str | None  # told to the client before the close, if any
     outcome: str  # metrics label
 
@@ -88,204 +107,266 @@ class Ending:
 class SessionStats:
     """Per-session counters, shown by ``/api/sessions``."""
 
-    frames_decoded: int = 0  # input audio, in 1920-sample frames
+    frames_decoded: int = 0  # input audio taken by the engine, in 1920-sample frames
     frames_sent: int = 0  # output audio frames
     text_sent: int = 0
     messages_received: int = 0
     messages_ignored: int = 0
 
 
-class Session(abc.ABC):
-    protocol: str  # "moshi" or "raw"
-    align_input = False  # phase-aligned framing (see InputFramer)
+class Session:
+    """One conversation over one WebSocket, speaking ``wire``."""
 
-    def __init__(self, ws: WebSocket, server: ServerState):
+    def __init__(self, ws: WebSocket, wire: WireProtocol, host: SessionHost):
         self.id = next(_ids)
         self.ws = ws
-        self.server = server
-        self.settings = server.settings
+        self.wire = wire
+        self.host = host
+        self.settings = host.settings
         self.stats = SessionStats()
+        self.state = SessionState.ADMITTING
         self.lease: Lease | None = None
-        self._ending: Ending | None = None
+        self.ending: Ending | None = None
         self._scope = trio.CancelScope()
-        self._drop = server.metrics.drop
-        self.output_complete = False  # the protocol has encoded its last message
-        self.handshake_sent: float | None = None  # set for aligned input until its first page
+        self._ready_sent: float | None = None  # aligned input: when "ready" went out, until the first page
+        self._samples_pushed = 0
 
-    # -- what protocols provide ---------------------------------------------
+    @property
+    def protocol(self) -> str:
+        return self.wire.name
 
-    @abc.abstractmethod
-    async def negotiate(self) -> Conversation:
-        """Read the client's conversation settings (raise ProtocolError if bad)."""
+    # -- the state machine ---------------------------------------------------
 
-    @abc.abstractmethod
-    async def keepalive(self, lease: Lease) -> None:
-        """Tell a waiting client it is still queued / being prepared."""
+    def _enter(self, state: SessionState) -> None:
+        if state in (SessionState.CLOSING, SessionState.CLOSED) or state in _NEXT[self.state]:
+            self.state = state
+        else:
+            raise RuntimeError(f"session {self.id}: no transition from {self.state.value} to {state.value}")
 
-    @abc.abstractmethod
-    async def send_ready(self) -> None: ...
-
-    @abc.abstractmethod
-    async def receive_loop(self, inbound: DropOldestChannel[Any]) -> None: ...
-
-    @abc.abstractmethod
-    async def decode_loop(self, inbound: DropOldestChannel[Any], lease: Lease) -> None: ...
-
-    @abc.abstractmethod
-    async def encode(self, items: list[Any]) -> list[Outgoing]:
-        """Turn what the engine's outbox held into messages (with their latency origin).
-
-        Set ``output_complete`` once the last message of the conversation is among them.
-        """
-
-    def open_encoder(self) -> contextlib.AbstractContextManager[Any]:
-        """Per-conversation encoder state, held while the send task runs."""
-        return contextlib.nullcontext()
-
-    @abc.abstractmethod
-    def error_message(self, message: str) -> bytes | str: ...
-
-    # -- the common life cycle ------------------------------------------------
-
-    def end(self, code: int, message: str | None, outcome: str) -> None:
+    def end(self, code: CloseCode, message: str | None, outcome: str) -> None:
         """End the session (the first caller's reason wins)."""
-        if self._ending is None:
-            self._ending = Ending(code, message, outcome)
+        if self.ending is None:
+            self.ending = Ending(code, message, outcome)
         self._scope.cancel()
 
     async def run(self) -> None:
-        metrics = self.server.metrics
-        metrics.sessions_started.labels(self.protocol).inc()
-        self.server.sessions.add(self)
+        host = self.host
+        host.metrics.sessions_started.labels(self.protocol).inc()
+        host.sessions.add(self)
         outcome = "client_closed"
         try:
             await self.ws.accept()
             with self._scope:
-                if self.server.shutting_down:
+                if host.shutting_down:
                     self.end(CloseCode.GOING_AWAY, "server is shutting down", "shutdown")
-                await self._converse()
-            if self._ending is not None:
-                outcome = self._ending.outcome
-                await self._close(self._ending)
+                else:
+                    await self._converse()
+            if self.ending is not None:
+                outcome = self.ending.outcome
+                self._enter(SessionState.CLOSING)
+                await self._close(self.ending)
         finally:
-            self.server.sessions.discard(self)
-            metrics.sessions_ended.labels(self.protocol, outcome).inc()
+            self._enter(SessionState.CLOSED)
+            host.sessions.discard(self)
+            host.metrics.sessions_ended.labels(self.protocol, outcome).inc()
             logger.info("session %d (%s) ended: %s", self.id, self.protocol, outcome)
 
     async def _converse(self) -> None:
+        conversation = await self._admit()
+        if conversation is None:
+            return
         try:
-            conversation = await self.negotiate()
+            with self.host.actor.lease(conversation, align=self.wire.align_input) as lease:
+                self.lease = lease
+                await self._run_conversation(lease)
+        except QueueFull as exc:
+            self.end(CloseCode.TRY_AGAIN_LATER, str(exc), "queue_full")
+
+    async def _admit(self) -> Conversation | None:
+        """ADMITTING: the conversation's settings, checked (None: the session has ended)."""
+        try:
+            opening = None
+            if self.wire.opens_with_message:
+                timeout = self.settings.open_timeout
+                with trio.move_on_after(timeout):
+                    opening = await self.ws.receive()
+                    self.stats.messages_received += 1
+                if opening is None:
+                    raise ProtocolError(f"no opening message within {timeout:g} s: {self.wire.opening_hint}")
+            conversation = self.wire.conversation(self.ws.query_string, opening)
         except ProtocolError as exc:
-            self.server.metrics.errors.labels("bad_request").inc()
+            self.host.metrics.errors.labels("bad_request").inc()
             self.end(exc.code, exc.message, "bad_request")
-            return
-        if conversation.voice is not None and conversation.voice not in self.server.voices():
-            self.server.metrics.errors.labels("bad_request").inc()
-            self.end(
-                CloseCode.POLICY,
-                f"unknown voice_prompt {conversation.voice!r}: see /api/voices for the voices this server has",
-                "bad_request",
-            )
-            return
-        with contextlib.ExitStack() as stack:
-            try:
-                lease = stack.enter_context(self.server.actor.lease(conversation, align=self.align_input))
-            except QueueFull as exc:
-                self.end(CloseCode.TRY_AGAIN_LATER, str(exc), "queue_full")
+            return None
+        if conversation.voice is not None and conversation.voice not in self.host.voices():
+            self.host.metrics.errors.labels("bad_request").inc()
+            self.end(CloseCode.POLICY,
+                     f"unknown voice_prompt {conversation.voice!r}: see /api/voices for the voices this server has",
+                     "bad_request")
+            return None
+        return conversation
+
+    async def _run_conversation(self, lease: Lease) -> None:
+        s = self.settings
+        inbound: DropOldestChannel[tuple[float, Any]] = DropOldestChannel(
+            s.input_backlog_frames * 2, name="inbound", on_drop=self.host.metrics.drop)
+        self._enter(SessionState.QUEUED if lease.state is LeaseState.QUEUED else SessionState.PREPARING)
+        async with trio.open_nursery() as nursery:
+            # The client is read from the start, so a protocol error or a
+            # disconnect is noticed while it waits too (input before "live" is
+            # decoded, to keep the stream's state, and then dropped).
+            nursery.start_soon(self._guard, self._receive_loop, inbound)
+            nursery.start_soon(self._guard, self._process_loop, inbound, lease)
+            if not await self._wait_until_live(lease):
+                nursery.cancel_scope.cancel()
                 return
-            self.lease = lease
-            await self._run_conversation(lease)
+            if self.wire.align_input:
+                # Pages of a client that starts streaming at the handshake land
+                # just ahead of the ticks (see EngineActor.sleep_until_before_tick).
+                actor = self.host.actor
+                await actor.sleep_until_before_tick(actor.phase.margin + self.host.client_reaction.estimate)
+                self._ready_sent = trio.current_time()
+            await self._send_control(self.wire.ready())
+            self._enter(SessionState.LIVE)
+            nursery.start_soon(self._guard, self._send_loop, lease)
+            nursery.start_soon(self._watch_failure, lease)
 
     async def _wait_until_live(self, lease: Lease) -> bool:
-        """Wait in the queue, then through the prefill, keeping the client informed."""
+        """QUEUED, then PREPARING: keep the client informed until the lease is LIVE."""
+        interval = self.settings.keepalive_interval
         with trio.move_on_after(self.settings.queue_timeout) as queue_timer:
-            while lease.state is LeaseState.QUEUED:
-                await self.keepalive(lease)
-                with trio.move_on_after(self.settings.keepalive_interval):
+            while lease.state is LeaseState.QUEUED and lease.failure is None:
+                await self._keepalive(lease.position)
+                with trio.move_on_after(interval):
                     await lease.wait_changed()
         if queue_timer.cancelled_caught:
-            self.end(
-                CloseCode.TRY_AGAIN_LATER,
-                f"no conversation slot became free within {self.settings.queue_timeout:g} s; try again later",
-                "queue_timeout",
-            )
+            self.end(CloseCode.TRY_AGAIN_LATER,
+                     f"no conversation slot became free within {self.settings.queue_timeout:g} s; try again later",
+                     "queue_timeout")
             return False
+        if self.state is SessionState.QUEUED:
+            self._enter(SessionState.PREPARING)
         while lease.state is LeaseState.PREFILL and lease.failure is None:
-            await self.keepalive(lease)
-            with trio.move_on_after(self.settings.keepalive_interval):
+            await self._keepalive(None)
+            with trio.move_on_after(interval):
                 await lease.wait_changed()
         if lease.failure is not None:
             self._end_from_failure(lease)
             return False
         return lease.state is LeaseState.LIVE
 
-    async def _run_conversation(self, lease: Lease) -> None:
-        s = self.settings
-        inbound: DropOldestChannel[Any] = DropOldestChannel(s.input_backlog_frames * 2, name="inbound", on_drop=self._drop)
-        async with trio.open_nursery() as nursery:
-            # The client is read from the start, so a protocol error or a
-            # disconnect is noticed while it waits too (input before "live" is
-            # decoded, to keep the stream's state, and then dropped).
-            nursery.start_soon(self._guard, self.receive_loop, inbound)
-            nursery.start_soon(self._guard, self.decode_loop, inbound, lease)
-            if not await self._wait_until_live(lease):
-                nursery.cancel_scope.cancel()
-                return
-            if self.align_input:
-                # Pages of a client that starts streaming at the handshake land
-                # just ahead of the ticks (see EngineActor.sleep_until_before_tick).
-                actor = self.server.actor
-                await actor.sleep_until_before_tick(actor.phase.margin + self.server.client_reaction.estimate)
-                self.handshake_sent = trio.current_time()
-            await self.send_ready()
-            nursery.start_soon(self._guard, self._send_loop, lease)
-            nursery.start_soon(self._watch_failure, lease)
+    async def _keepalive(self, position: int | None) -> None:
+        message = self.wire.keepalive(position)
+        if message is not None:
+            await self._send_control(message)
 
     async def _guard(self, fn: Any, *args: Any) -> None:
-        """Run one pipeline task; turn its ProtocolError into the session's ending."""
+        """Run one pipeline task; turn its error into the session's ending (never the server's)."""
         try:
             await fn(*args)
         except ProtocolError as exc:
-            self.server.metrics.errors.labels("protocol").inc()
+            self.host.metrics.errors.labels("protocol").inc()
             self.end(exc.code, exc.message, "protocol_error")
         except Exception:
             logger.exception("session %d: internal error in %s", self.id, getattr(fn, "__name__", fn))
-            self.server.metrics.errors.labels("session").inc()
+            self.host.metrics.errors.labels("session").inc()
             self.end(CloseCode.INTERNAL_ERROR, "internal server error in this conversation; please reconnect",
                      "internal_error")
 
+    # -- the three tasks -----------------------------------------------------
+
+    async def _receive_loop(self, inbound: DropOldestChannel[tuple[float, Any]]) -> None:
+        """Socket → parsed events → the inbound queue (audio payloads, still encoded)."""
+        wire, stats = self.wire, self.stats
+        while True:
+            message = await self.ws.receive()
+            stats.messages_received += 1
+            arrived = trio.current_time()
+            event = wire.parse(message)
+            if isinstance(event, InputAudio):
+                inbound.send_nowait((arrived, event.payload))
+            elif isinstance(event, EndOfInput):
+                inbound.close()  # the process task flushes once it has passed everything on
+            else:
+                stats.messages_ignored += 1
+
+    async def _process_loop(self, inbound: DropOldestChannel[tuple[float, Any]], lease: Lease) -> None:
+        """Decode what arrived and push it to the engine; at the end of input, flush."""
+        frame_size = self.host.actor.engine.frame_size
+        while True:
+            try:
+                batch = await inbound.receive_batch()
+            except trio.EndOfChannel:
+                break
+            pcms = self.wire.decode([payload for _, payload in batch])
+            for (arrived, _), pcm in zip(batch, pcms):
+                if pcm.size and lease.push_input(pcm, arrived):
+                    self._first_page(arrived, pcm)
+                    self._samples_pushed += pcm.size
+            self.stats.frames_decoded = self._samples_pushed // frame_size
+        if lease.state is not LeaseState.LIVE:
+            self.end(CloseCode.NORMAL, None, "completed")  # the input ended before the conversation began
+            return
+        lease.flush()
+
+    def _first_page(self, arrived: float, pcm: np.ndarray) -> None:
+        """The first page after an aligned "ready" tells how long clients take to react."""
+        if self._ready_sent is not None and arrived >= self._ready_sent:
+            reaction = self.host.client_reaction
+            reaction.observe(self._ready_sent, arrived, pcm.size / self.host.actor.engine.sample_rate)
+            self.host.metrics.client_reaction.set(reaction.estimate)
+            self._ready_sent = None
+
     async def _send_loop(self, lease: Lease) -> None:
-        metrics = self.server.metrics
+        """Engine output → encoded messages → socket, each write with a deadline."""
+        metrics = self.host.metrics
         stage = {name: metrics.latency_stage.labels(name) for name in ("wait_for_tick", "tick", "encode", "send")}
         timeout = self.settings.send_timeout
         observed = 0
+        complete = False
         # One cancel scope for the whole loop, its deadline moved per message:
         # a new scope per message costs more than the send itself.
-        with self.open_encoder(), trio.CancelScope() as timer:
-            while not self.output_complete:
-                try:
-                    items = await lease.outbox.receive_batch()
-                except trio.EndOfChannel:
-                    return  # the slot was released: the session is ending anyway
-                for message, times in await self.encode(items):
+        with self.wire.output_stream(), trio.CancelScope() as timer:
+            async for batch in lease.frames():
+                frames = [event for event in batch if isinstance(event, OutputFrame)]
+                complete = len(frames) < len(batch)  # an OutputEnd: the flush is done
+                messages = await self.wire.encode(frames) if frames else []
+                encoded = trio.current_time()
+                self.stats.text_sent += sum(1 for frame in frames if frame.text)
+                if complete and (last := self.wire.end_of_output()) is not None:
+                    messages.append((last, None))
+                for message, frame in messages:
                     timer.deadline = trio.current_time() + timeout
                     await self.ws.send(message)
                     timer.deadline = math.inf
-                    if times is None:
+                    if frame is None:
+                        continue
+                    self.stats.frames_sent += 1
+                    if frame.input_arrival is None:
                         continue
                     sent = trio.current_time()
-                    metrics.added_latency.observe(sent - times.input_arrival - times.step_seconds)
+                    metrics.added_latency.observe(sent - frame.input_arrival - frame.step_seconds)
                     observed += 1
                     if observed % STAGE_SAMPLING == 0:  # the split by stage needs fewer samples
-                        stage["wait_for_tick"].observe(times.tick_started - times.input_arrival)
-                        stage["tick"].observe(times.delivered - times.tick_started - times.step_seconds)
-                        stage["encode"].observe(times.encoded - times.delivered)
-                        stage["send"].observe(sent - times.encoded)
+                        stage["wait_for_tick"].observe(frame.tick_started - frame.input_arrival)
+                        stage["tick"].observe(frame.delivered - frame.tick_started - frame.step_seconds)
+                        stage["encode"].observe(encoded - frame.delivered)
+                        stage["send"].observe(sent - encoded)
+                if complete:
+                    break
         if timer.cancelled_caught:
             self.end(CloseCode.POLICY, "client did not read its messages in time", "send_timeout")
-            return
-        # The protocol sent its last message: everything is out, a normal end.
-        self.end(CloseCode.NORMAL, None, "completed")
+        elif complete:
+            self.end(CloseCode.NORMAL, None, "completed")  # everything is out: a normal end
+        # else: the lease ended, so the session is ending anyway
+
+    async def _send_control(self, message: Message) -> None:
+        """A message outside the audio stream (keepalive, ready), with the same deadline."""
+        with trio.move_on_after(self.settings.send_timeout) as timer:
+            await self.ws.send(message)
+        if timer.cancelled_caught:
+            self.end(CloseCode.POLICY, "client did not read its messages in time", "send_timeout")
+            await trio.lowlevel.checkpoint()  # the session's scope is cancelled: stop here
 
     async def _watch_failure(self, lease: Lease) -> None:
         while lease.failure is None:
@@ -298,10 +379,11 @@ class Session(abc.ABC):
         self.end(lease.failure.code, lease.failure.message, outcome)
 
     async def _close(self, ending: Ending) -> None:
+        """CLOSING: tell the client why, close, and read until it answers the close."""
         # The client may be gone or stuck: never wait long on it.
         with trio.move_on_after(1.0):
             if ending.message is not None:
-                await self.ws.send(self.error_message(ending.message))
+                await self.ws.send(self.wire.error(ending.message))
             await self.ws.close(ending.code, close_reason(ending.message))
             # Read on until the client answers the close (Quart then cancels
             # us): a socket closed with the client's audio still unread would
@@ -311,19 +393,20 @@ class Session(abc.ABC):
 
     def describe(self) -> dict[str, Any]:
         lease = self.lease
-        ms = 1000 / self.server.engine.sample_rate  # per sample
+        ms = 1000 / self.host.actor.engine.sample_rate  # per sample
+        inputs = lease.input_stats() if lease else None
         return {
             "id": self.id,
             "protocol": self.protocol,
-            "state": lease.state.value if lease else "negotiating",
+            "state": self.state.value,
             "slot": lease.slot if lease else None,
             "queue_position": lease.position if lease and lease.state is LeaseState.QUEUED else None,
             **dataclasses.asdict(self.stats),
             "frames_consumed": lease.frames_consumed if lease else 0,
-            "input_backlog_ms": round(lease.framer.pending_samples * ms, 1) if lease else 0.0,
-            "input_margin_ms": round(lease.framer.margin * ms, 1) if lease else 0.0,
-            "input_underruns": lease.framer.underruns if lease else 0,
-            "input_skipped_ms": round(lease.framer.skipped_samples * ms, 1) if lease else 0.0,
+            "input_backlog_ms": round(inputs.pending * ms, 1) if inputs else 0.0,
+            "input_margin_ms": round(inputs.margin * ms, 1) if inputs else 0.0,
+            "input_underruns": inputs.underruns if inputs else 0,
+            "input_skipped_ms": round(inputs.skipped * ms, 1) if inputs else 0.0,
         }
 
 

@@ -126,7 +126,7 @@ export class Conversation {
           const status = await response.json();
           if (this.state.phase !== "live" && this.state.phase !== "ended") {
             if (status.state === "queued") this._setState({ phase: "queued", position: status.position });
-            else if (status.state === "prefill") this._setState({ phase: "preparing" });
+            else if (status.state === "preparing") this._setState({ phase: "preparing" });
           }
         }
       } catch {

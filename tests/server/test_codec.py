@@ -1,4 +1,4 @@
-"""Our libopus writer against sphn's reader, and the batching encoder pool."""
+"""Our libopus writer against sphn's reader, the encoder child, and where encoding runs."""
 
 import numpy as np
 import pytest
@@ -7,8 +7,9 @@ import trio
 
 from _helpers.audio import best_lag
 from pplex_trio.protocol._ogg import page_sequence, split_pages
-from pplex_trio.codec._libopus import LibopusWriter, libopus_available
-from pplex_trio.codec._pools import EncoderPool, make_writer
+from pplex_trio.codec import LibopusWriter, libopus_available, make_writer
+from pplex_trio.server._encoders import InlineEncoders, ProcessEncoderPool, make_encoders
+from pplex_trio.server._settings import OpusEncoderPlacement
 
 pytestmark = pytest.mark.skipif(not libopus_available(), reason="needs the system libopus")
 
@@ -43,44 +44,6 @@ def test_make_writer_kinds():
     assert isinstance(make_writer("sphn"), sphn.OpusStreamWriter)
 
 
-async def test_pool_encodes_each_sessions_frames_in_order(nursery):
-    pool = EncoderPool()
-    await nursery.start(pool.run)
-    writers = [LibopusWriter() for _ in range(5)]
-    readers = [sphn.OpusStreamReader(24000) for _ in writers]
-    tones = [np.sin(2 * np.pi * (200 + 100 * k) * np.arange(1920 * 6) / 24000).astype(np.float32) * 0.3
-             for k in range(len(writers))]
-    results = {k: [] for k in range(len(writers))}
-
-    async def session(k):
-        for i in range(6):
-            results[k].append(await pool.encode(writers[k], tones[k][i * 1920 : (i + 1) * 1920]))
-
-    async with trio.open_nursery() as sessions:
-        for k in range(len(writers)):
-            sessions.start_soon(session, k)
-    assert pool.frames == 30 and pool.batches < 30  # frames of concurrent sessions share thread calls
-    for k in range(len(writers)):
-        out = np.concatenate([readers[k].append_bytes(m) for m in results[k]])
-        spectrum = np.abs(np.fft.rfft(out[4000:]))
-        peak_hz = np.argmax(spectrum) * 24000 / (out.size - 4000)
-        assert abs(peak_hz - (200 + 100 * k)) < 10
-
-
-async def test_pool_error_reaches_only_its_session(nursery):
-    class Broken:
-        def append_pcm(self, pcm):
-            raise RuntimeError("encoder exploded")
-
-    pool = EncoderPool()
-    await nursery.start(pool.run)
-    good = LibopusWriter()
-    with pytest.raises(RuntimeError, match="exploded"):
-        await pool.encode(Broken(), np.zeros(1920, np.float32))
-    assert await pool.encode(good, np.zeros(1920, np.float32))
-    assert len(await pool.encode_many(good, [np.zeros(1920, np.float32)] * 3)) == 3
-
-
 def test_worker_wire_format_round_trips_in_any_split():
     from pplex_trio.codec._worker import CLOSE, DATA, Unpacker, pack
 
@@ -97,8 +60,6 @@ def test_worker_wire_format_round_trips_in_any_split():
 
 async def test_encoder_process_matches_an_in_process_writer(nursery):
     """The child's pages decode to what our own LibopusWriter's pages decode to."""
-    from pplex_trio.codec._pools import ProcessEncoderPool
-
     pool = ProcessEncoderPool()
     await nursery.start(pool.run)
     tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(1920 * 5) / 24000)).astype(np.float32)
@@ -137,8 +98,6 @@ def test_worker_answers_each_frame_as_soon_as_it_is_encoded():
 
 
 async def test_the_first_streams_encode_inline_and_the_rest_in_the_child(nursery):
-    from pplex_trio.codec._pools import ProcessEncoderPool
-
     pool = ProcessEncoderPool(inline_streams=1)
     await nursery.start(pool.run)
     tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(1920 * 3) / 24000)).astype(np.float32)
@@ -151,3 +110,21 @@ async def test_the_first_streams_encode_inline_and_the_rest_in_the_child(nursery
     pool.close_stream(inline)  # its place is free for the next conversation
     assert isinstance(pool.open_stream(), LibopusWriter)
     assert isinstance(pool.open_stream(), int)
+
+
+async def test_every_placement_encodes_the_same_stream(nursery):
+    """process, inline and sphn placements: the same four calls, decodable output in order."""
+    tone = (0.3 * np.sin(2 * np.pi * 330 * np.arange(1920 * 4) / 24000)).astype(np.float32)
+    frames = [tone[i * 1920 : (i + 1) * 1920] for i in range(4)]
+    for placement in (OpusEncoderPlacement.PROCESS, OpusEncoderPlacement.INLINE, OpusEncoderPlacement.SPHN):
+        encoders = make_encoders(placement)
+        assert isinstance(encoders, ProcessEncoderPool if placement is OpusEncoderPlacement.PROCESS else InlineEncoders)
+        await nursery.start(encoders.run)
+        stream = encoders.open_stream()
+        out = await encoders.encode_many(stream, frames)
+        encoders.close_stream(stream)
+        pages = [p for m in out for p in split_pages(m)]
+        assert [page_sequence(p) for p in pages] == list(range(len(pages)))
+        decoded = np.concatenate([r.append_bytes(m) for r in [sphn.OpusStreamReader(24000)] for m in out])
+        spectrum = np.abs(np.fft.rfft(decoded[2000:]))
+        assert abs(np.argmax(spectrum) * 24000 / (decoded.size - 2000) - 330) < 10, placement

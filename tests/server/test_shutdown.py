@@ -59,7 +59,8 @@ def test_sigterm_closes_conversations_with_1001_and_exits_0(tmp_path):
     """The real command: `pplex-trio serve`, a client, then SIGTERM."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pplex_trio", "serve", "--port", "0", "--slots", "1", "--echo-prefill-steps", "1"],
+        [sys.executable, "-m", "pplex_trio", "serve", "--model", "echo", "--port", "0", "--slots", "1",
+         "--echo-prefill-steps", "1"],
         stderr=subprocess.PIPE, text=True, env=env,
     )
     try:

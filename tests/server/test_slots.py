@@ -33,7 +33,7 @@ async def test_moshi_waits_in_queue_with_pings_then_is_served(start_server):
             await wait_health(handle, queued=1, slots_free=0)
             await first.aclose()
             pings = await moshi_handshake(second)
-            assert pings >= 0
+            assert pings >= 1  # at least the one sent as its system prompt began
             await wait_health(handle, queued=0)
             message = await second.get_message()
             assert message[0] in (1, 2)  # live: audio or text flows

@@ -1,16 +1,20 @@
-"""Where the Opus work of all sessions runs: child processes, a worker thread, or inline.
+"""Where the Opus encoding of all Moshi sessions runs: a child process, or the event loop.
 
 sphn's encoder holds the GIL for ~1.4 ms per 80 ms frame: on a 2-core machine
-that caps a server near 50 real-time conversations (PERFORMANCE.md).  libopus
-through ctypes (``_libopus``) is cheaper and releases the GIL, but a worker
-thread must take the GIL back after each packet, and with a busy event loop
-that wait dominates.  So by default encoding runs in a child process
-(``_worker``) that shares no GIL, fed in batches: the event loop only packs
-and unpacks bytes.  Decoding stays on the event loop: sphn's decoder costs
+that caps a server near 50 real-time conversations.  libopus through ctypes
+(``codec/_libopus.py``) is cheaper and releases the GIL, but a worker thread
+must take the GIL back after each packet, and with a busy event loop that wait
+dominates.  So by default encoding runs in a child process
+(``codec/_worker.py``) that shares no GIL, fed in batches: the event loop only
+packs and unpacks bytes, and the first few conversations encode inline to
+spare them the trip.  Decoding stays on the event loop: sphn's decoder costs
 ~0.07 ms of CPU a page, and a decoding child was measured to cost the event
 loop nearly as much in packing, pipe traffic and wake-ups, while adding a
-round trip of latency.  The thread variants remain for comparison
-(``bench/load.py``) and for machines without libopus.
+round trip of latency (``docs/BENCHMARKS.md``).
+
+Every placement offers the same four calls (:class:`Encoders`), so the Moshi
+protocol does not know which one it has.  The worker-thread placements that
+were measured against these live in ``bench/``, not here.
 """
 
 from __future__ import annotations
@@ -19,59 +23,46 @@ import collections
 import logging
 import subprocess
 import sys
+from typing import Any, Protocol
 
 import numpy as np
-import sphn
 import trio
 
-from ._libopus import SAMPLE_RATE, LibopusWriter, OpusWriter, libopus_available
-from ._worker import CLOSE, DATA, ERROR, READY, Unpacker, pack
+from ..codec import LibopusWriter, OpusWriter, libopus_available, make_writer
+from ..codec._worker import CLOSE, DATA, ERROR, READY, Unpacker, pack
+from ._settings import OpusEncoderPlacement
 
 logger = logging.getLogger(__name__)
 
-def make_encoder_pool(kind: str, inline_streams: int = 0) -> EncoderPool | ProcessEncoderPool:
-    """``auto``: libopus in a child process when the system has libopus, else sphn.
 
-    With the child process, the first ``inline_streams`` conversations at a
-    time encode on the event loop instead (see :class:`ProcessEncoderPool`).
-    """
-    if kind == "auto":
-        kind = "process" if libopus_available() else "sphn"
-    if kind == "process":
+class Encoders(Protocol):
+    """Per-conversation Opus streams, wherever they run."""
+
+    def open_stream(self) -> Any: ...
+    def close_stream(self, stream: Any) -> None: ...
+    async def encode_many(self, stream: Any, frames: list[np.ndarray]) -> list[bytes]: ...
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None: ...
+
+
+def make_encoders(placement: OpusEncoderPlacement, inline_streams: int = 0) -> Encoders:
+    """``auto``: libopus in a child process when the system has libopus, else sphn (with a warning)."""
+    if placement is OpusEncoderPlacement.AUTO:
+        if libopus_available():
+            placement = OpusEncoderPlacement.PROCESS
+        else:
+            logger.warning("no libopus on this system: Opus output is encoded by sphn on the event loop, "
+                           "which holds it ~1.4 ms per frame and conversation; install libopus0 for capacity")
+            placement = OpusEncoderPlacement.SPHN
+    if placement is OpusEncoderPlacement.PROCESS:
         return ProcessEncoderPool(inline_streams=inline_streams)
-    return EncoderPool(kind)
+    return InlineEncoders("sphn" if placement is OpusEncoderPlacement.SPHN else "libopus")
 
 
-def make_writer(kind: str) -> OpusWriter:
-    """``libopus``, ``sphn``, or ``auto`` (libopus when the system has it)."""
-    if kind == "sphn":
-        return sphn.OpusStreamWriter(SAMPLE_RATE)
-    if kind in ("libopus", "auto"):
-        try:
-            return LibopusWriter()
-        except Exception:
-            if kind == "libopus":
-                raise
-    return sphn.OpusStreamWriter(SAMPLE_RATE)
-
-
-class EncoderPool:
-    """Runs the Opus encodes of all sessions on one worker thread, in batches.
-
-    After each tick every live session has one frame to encode.  Sessions
-    hand theirs to :meth:`encode` and wait; the pool's task takes whatever has
-    gathered and encodes it in one ``trio.to_thread`` call, so the event loop
-    keeps receiving and sending while libopus works (it releases the GIL), at
-    the cost of a few thread hops per tick instead of one per frame.
-    """
+class InlineEncoders:
+    """Every stream encodes on the event loop, as its frames come."""
 
     def __init__(self, kind: str = "libopus") -> None:
         self.kind = kind
-        self._pending: list[_Job] = []
-        self._wakeup = trio.Event()
-        self._limiter = trio.CapacityLimiter(1)
-        self.batches = 0
-        self.frames = 0
 
     def open_stream(self) -> OpusWriter:
         return make_writer(self.kind)
@@ -79,54 +70,15 @@ class EncoderPool:
     def close_stream(self, stream: OpusWriter) -> None:
         pass
 
-    async def encode_many(self, writer: OpusWriter, frames: list[np.ndarray]) -> list[bytes]:
-        return [await self.encode(writer, pcm) for pcm in frames]
-
-    async def encode(self, writer: OpusWriter, pcm: np.ndarray) -> bytes:
-        job = _Job(writer, pcm)
-        self._pending.append(job)
-        self._wakeup.set()
-        await job.done.wait()
-        if job.error is not None:
-            raise job.error
-        return job.result
+    async def encode_many(self, stream: OpusWriter, frames: list[np.ndarray]) -> list[bytes]:
+        return [stream.append_pcm(pcm) for pcm in frames]
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        while True:
-            await self._wakeup.wait()
-            self._wakeup = trio.Event()
-            await trio.lowlevel.checkpoint()  # let the other sessions of this tick add theirs
-            batch, self._pending = self._pending, []
-            if not batch:
-                continue
-            await trio.to_thread.run_sync(_encode_all, batch, limiter=self._limiter)
-            self.batches += 1
-            self.frames += len(batch)
-            for job in batch:
-                job.done.set()
-
-
-class _Job:
-    __slots__ = ("writer", "pcm", "result", "error", "done")
-
-    def __init__(self, writer: OpusWriter, pcm: np.ndarray):
-        self.writer, self.pcm = writer, pcm
-        self.result = b""
-        self.error: Exception | None = None
-        self.done = trio.Event()
-
-
-def _encode_all(batch: list[_Job]) -> None:
-    for job in batch:
-        try:
-            job.result = job.writer.append_pcm(job.pcm)
-        except Exception as exc:  # one session's failure is that session's
-            job.error = exc
 
 
 class EncoderProcess:
-    """Opus encoder streams served by a child process (see ``_worker``), in batches.
+    """Opus encoder streams served by a child process (see ``codec/_worker.py``), in batches.
 
     PCM goes in, Ogg pages come out.  Sessions open a stream and hand over
     items with :meth:`run_items`; a writer task sends whatever has gathered

@@ -1,0 +1,83 @@
+"""What a wire protocol gives the session core: pure codec calls plus a few specifics.
+
+The session core (``_session.py``) runs the same state machine and tasks for
+every protocol; a :class:`WireProtocol` turns that protocol's messages into
+events and engine output into messages.  Apart from ``encode`` (the Moshi
+protocol's Opus encoder may run in another process), every method is a plain
+function of its arguments and the protocol's own per-connection state: no
+sockets, no clocks.  One instance serves one connection.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import dataclasses
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .._conversation import Conversation
+from ..engine import OutputFrame
+
+Message = bytes | str  # one WebSocket message
+
+
+@dataclasses.dataclass(frozen=True)
+class InputAudio:
+    """Audio from the client, still in the protocol's encoding (decoded by :meth:`WireProtocol.decode`)."""
+
+    payload: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class EndOfInput:
+    """The client will send no more audio: flush what is pending, then end."""
+
+
+InputEvent = InputAudio | EndOfInput | None  # None: a well-formed message the server ignores
+
+
+class WireProtocol(abc.ABC):
+    """One connection's protocol: parse, decode, encode.  Raise ``ProtocolError`` for bad input."""
+
+    name: ClassVar[str]  # the ``protocol`` label of the metrics
+    opens_with_message: ClassVar[bool] = False  # the settings come in a first message, not the query
+    opening_hint: ClassVar[str] = ""  # what that message should be, for the timeout's error
+    align_input: bool = False  # phase-aligned framing of the input (see InputFramer)
+
+    @abc.abstractmethod
+    def conversation(self, query: bytes, opening: bytes | str | None) -> Conversation:
+        """The conversation's settings from the query string and the opening message (if any)."""
+
+    @abc.abstractmethod
+    def parse(self, message: bytes | str | None) -> InputEvent:
+        """One client message after the opening."""
+
+    def decode(self, payloads: list[Any]) -> list[np.ndarray]:
+        """Payloads of :class:`InputAudio` events → float32 PCM at 24 kHz, one array each."""
+        return payloads
+
+    @abc.abstractmethod
+    def keepalive(self, position: int | None) -> Message | None:
+        """What to send while queued (``position``) or preparing (None), every keepalive interval."""
+
+    @abc.abstractmethod
+    def ready(self) -> Message:
+        """The conversation is live (the Moshi handshake)."""
+
+    def output_stream(self) -> contextlib.AbstractContextManager[Any]:
+        """Per-conversation encoder state, held while the send task runs."""
+        return contextlib.nullcontext()
+
+    @abc.abstractmethod
+    async def encode(self, frames: list[OutputFrame]) -> list[tuple[Message, OutputFrame | None]]:
+        """Messages for engine output, each with the frame whose audio it carries (None for text)."""
+
+    def end_of_output(self) -> Message | None:
+        """The message that says a flushed conversation's output is complete, if the protocol has one."""
+        return None
+
+    @abc.abstractmethod
+    def error(self, message: str) -> Message:
+        """Tell the client why the session ends, before the close frame."""

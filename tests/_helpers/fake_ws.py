@@ -1,0 +1,145 @@
+"""A fake WebSocket and a server host for driving sessions without hypercorn, on Trio's virtual clock."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import trio
+
+from pplex_trio._metrics import Metrics
+from pplex_trio.engine import EchoEngine, Engine, EngineActor
+from pplex_trio.server import ServerSettings, ServerState
+from pplex_trio.server._encoders import InlineEncoders
+from pplex_trio.server._moshi_session import MoshiProtocol
+from pplex_trio.server._raw_session import RawProtocol
+from pplex_trio.server._session import Session
+
+
+class FakeWebSocket:
+    """What the session sees of a client; the test plays the client.
+
+    ``client_send`` queues a message for the server; ``reading = False``
+    makes the server's writes block, as a client that stops reading does once
+    its buffers are full.  ``sent`` is everything the server wrote, in order.
+    A client that vanishes is played by cancelling the session's scope, which
+    is what Quart does when the connection drops.
+    """
+
+    def __init__(self, query: bytes = b""):
+        self.query_string = query
+        self._inbox_send, self._inbox = trio.open_memory_channel[Any](math.inf)
+        self.sent: list[bytes | str] = []
+        self.accepted = False
+        self.closed: tuple[int, str] | None = None
+        self.reading = True
+        self._changed = trio.lowlevel.ParkingLot()
+
+    # -- the server's side ---------------------------------------------------
+
+    async def accept(self) -> None:
+        self.accepted = True
+
+    async def receive(self) -> bytes | str | None:
+        return await self._inbox.receive()
+
+    async def send(self, data: bytes | str) -> None:
+        while not self.reading:
+            await self._wait()
+        await trio.lowlevel.checkpoint()
+        self.sent.append(data)
+        self._changed.unpark_all()
+
+    async def close(self, code: int, reason: str = "") -> None:
+        self.closed = (code, reason)
+        self._changed.unpark_all()
+        self.client_send(None)  # the client answers the close: Quart's receive then yields nothing more
+
+    # -- the client's side ---------------------------------------------------
+
+    def client_send(self, message: bytes | str | None) -> None:
+        self._inbox_send.send_nowait(message)
+
+    def resume_reading(self) -> None:
+        self.reading = True
+        self._changed.unpark_all()
+
+    async def _wait(self) -> None:
+        await self._changed.park()
+
+    async def wait_for(self, predicate: Any, *, timeout: float = 30.0) -> Any:
+        """Wait (virtual time) until ``predicate(sent)`` is truthy; return its value."""
+        with trio.fail_after(timeout):
+            while not (found := predicate(self.sent)):
+                await self._wait()
+        return found
+
+    async def wait_closed(self, timeout: float = 30.0) -> tuple[int, str]:
+        with trio.fail_after(timeout):
+            while self.closed is None:
+                await self._wait()
+        return self.closed
+
+
+def inline_runner(compute_seconds: float = 0.0):
+    """Engine calls on the Trio thread, each taking ``compute_seconds`` of virtual time."""
+
+    async def run(fn, *args):
+        if compute_seconds:
+            await trio.sleep(compute_seconds)
+        return fn(*args)
+
+    return run
+
+
+def make_host(engine: Engine | None = None, **overrides: Any) -> ServerState:
+    """A ServerState whose actor runs the engine inline (deterministic under the virtual clock)."""
+    options: dict[str, Any] = dict(slots=1, echo_prefill_steps=2, keepalive_interval=0.5, input_grace_ms=0)
+    options.update(overrides)
+    settings = ServerSettings(**options)
+    engine = engine or EchoEngine(settings.slots, delay_frames=settings.echo_delay_frames,
+                                  prefill_steps=settings.echo_prefill_steps)
+    metrics = Metrics()
+    actor = EngineActor(engine, settings, metrics=metrics, run_sync=inline_runner(0.005))
+    return ServerState(settings=settings, engine=engine, actor=actor, metrics=metrics,
+                       encoders=InlineEncoders("sphn"))
+
+
+async def running_host(nursery: trio.Nursery, engine: Engine | None = None, **overrides: Any) -> ServerState:
+    """:func:`make_host`, with its engine actor ticking in ``nursery``."""
+    host = make_host(engine, **overrides)
+    await nursery.start(host.actor.run)
+    await nursery.start(host.encoders.run)
+    return host
+
+
+@dataclasses.dataclass
+class Running:
+    session: Session
+    ws: FakeWebSocket
+    scope: trio.CancelScope  # cancelling it is what Quart does when the connection drops
+    done: trio.Event
+
+
+async def start_session(nursery: trio.Nursery, host: ServerState, protocol: str, query: bytes = b"") -> Running:
+    """Start one session on a fake socket; returns at once (the session runs in ``nursery``)."""
+    ws = FakeWebSocket(query)
+    s = host.settings
+    if protocol == "raw":
+        wire: Any = RawProtocol(max_message_bytes=s.max_message_bytes, max_prompt_chars=s.max_prompt_chars)
+    else:
+        wire = MoshiProtocol(host.encoders, max_message_bytes=s.max_message_bytes,
+                             max_prompt_chars=s.max_prompt_chars, align=s.framing == "aligned")
+    session = Session(ws, wire, host)
+    scope = trio.CancelScope()
+    done = trio.Event()
+
+    async def run() -> None:
+        with scope:
+            await session.run()
+        done.set()
+
+    nursery.start_soon(run)
+    await trio.lowlevel.checkpoint()
+    return Running(session, ws, scope, done)
