@@ -48,7 +48,7 @@ def only_session(server: Any) -> dict:
 
 
 def check_wire_format(messages: list[bytes]) -> None:
-    """What the page sent is what the official client sends (PROTOCOL.md).
+    """What the page sent is what the official client sends (docs/PROTOCOL.md).
 
     Every message is 0x01 + one Ogg page; OpusHead (BOS, sequence 0), then
     OpusTags (sequence 1), then pages of two 20 ms packets with consecutive
@@ -82,7 +82,7 @@ def check_wire_format(messages: list[bytes]) -> None:
 def model_server(request: Any, start_server: Any) -> Any:
     if request.param == "echo":
         return start_server(slots=2)
-    from pplex_trio._engines import create_engine
+    from pplex_trio._cli._engines import create_engine
     from pplex_trio.server import ServerSettings
 
     engine = create_engine(ServerSettings(model="tiny", slots=1, device="cpu"))

@@ -29,7 +29,7 @@ import _tiny_moshi as tiny  # noqa: E402
 
 from pplex_trio.engine._interface import Conversation, Sampling, SlotMode  # noqa: E402
 from pplex_trio.engine._personaplex import PersonaPlexEngine  # noqa: E402
-from pplex_trio.model import _offline  # noqa: E402
+from pplex_trio._cli import _offline  # noqa: E402
 
 pytestmark = pytest.mark.oracle
 

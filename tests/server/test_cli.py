@@ -93,16 +93,68 @@ def test_client_reports_a_refused_conversation(server_process, golden_dir, tmp_p
 
 def test_input_grace_flag_is_checked_and_reaches_the_engine_actor(capsys):
     from pplex_trio._cli import build_parser
+    from pplex_trio._cli._settings_cli import settings_from_args
     from pplex_trio.engine import EchoEngine
-    from pplex_trio.server import ServerSettings
-    from pplex_trio.server._state import ServerState
+    from pplex_trio.server import ServerSettings, ServerState
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--input-grace-ms", "50"])
-    assert "too long for an 80 ms tick" in capsys.readouterr().err
+    assert "--input-grace-ms: must be between 0 and 40, got 50" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--input-grace-ms", "soon"])
-    assert "'soon' is not a number of milliseconds" in capsys.readouterr().err
-    assert build_parser().parse_args(["serve", "--input-grace-ms", "0"]).input_grace_ms == 0
-    state = ServerState.create(ServerSettings(input_grace=0.002), EchoEngine(1))
-    assert state.actor.input_grace == 0.002
+    assert "'soon' is not a number" in capsys.readouterr().err
+    args = build_parser().parse_args(["serve", "--input-grace-ms", "2.5", "--queue-size", "3"])
+    state = ServerState.create(settings_from_args(ServerSettings, args), EchoEngine(1))
+    assert state.actor.grace.grace == 0.0025  # parsed, then through the settings into the actor
+    assert state.actor.table.queue_size == 3
+
+
+def test_every_setting_is_a_flag_with_the_dataclass_default():
+    """The command line is generated from the settings: no default is written twice."""
+    import dataclasses
+
+    from pplex_trio._cli import build_parser
+    from pplex_trio._cli._settings_cli import settings_from_args
+    from pplex_trio.server import ServerSettings
+
+    assert settings_from_args(ServerSettings, build_parser().parse_args(["serve"])) == ServerSettings()
+    flags = {f.name: f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+             for f in dataclasses.fields(ServerSettings) if f.metadata["cli"]}
+    assert {"--input-grace-ms", "--static", "--opus-encoder", "--framing", "--echo-step-ms"} <= set(flags.values())
+    args = build_parser().parse_args(["serve", "--framing", "naive", "--opus-encoder", "inline", "--cuda-graph",
+                                      "--static", "/srv/ui", "--echo-step-ms", "20"])
+    settings = settings_from_args(ServerSettings, args)
+    assert (settings.framing, settings.opus_encoder, settings.cuda_graph) == ("naive", "inline", True)
+    assert str(settings.static_dir) == "/srv/ui" and settings.echo_step_ms == 20.0
+
+
+def test_a_choice_outside_its_enum_is_refused_with_the_choices(capsys):
+    from pplex_trio._cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--opus-encoder", "thread"])
+    err = capsys.readouterr().err
+    assert "'thread' is not one of auto, process, inline, sphn" in err
+
+
+def test_settings_built_in_code_are_checked_too():
+    from pplex_trio.server import ServerSettings
+
+    with pytest.raises(ValueError, match="--slots must be at least 1, got 0"):
+        ServerSettings(slots=0)
+    with pytest.raises(ValueError):
+        ServerSettings(framing="sideways")
+
+
+def test_the_readme_lists_every_serve_flag():
+    import dataclasses
+    import pathlib
+
+    from pplex_trio._setting import flag_of
+    from pplex_trio.server import ServerSettings
+
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme[readme.index("## `pplex-trio serve`"):readme.index("## How it works")]
+    missing = [flag_of(f) for f in dataclasses.fields(ServerSettings)
+               if f.metadata["cli"] and f"`{flag_of(f)}`" not in table]
+    assert not missing, f"README's flag table lacks {missing}"

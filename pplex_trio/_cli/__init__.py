@@ -1,0 +1,102 @@
+"""``pplex-trio``: serve, client, offline (the top layer: it may import every other)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import pathlib
+import sys
+from collections.abc import Sequence
+
+import trio
+
+from .._version import __version__
+from ._offline import add_arguments as add_offline_arguments
+from ._settings_cli import add_settings_arguments, settings_from_args
+
+logger = logging.getLogger("pplex_trio")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ..server import ServerSettings
+
+    parser = argparse.ArgumentParser(prog="pplex-trio", description="Real-time full-duplex PersonaPlex speech server")
+    parser.add_argument("--version", action="version", version=f"pplex-trio {__version__}")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the server")
+    add_settings_arguments(serve, ServerSettings)
+
+    client = commands.add_parser("client", help="stream a wav file through a running server")
+    client.add_argument("url", help="server URL, e.g. http://127.0.0.1:8998")
+    client.add_argument("--input", required=True, type=pathlib.Path, help="wav file to send")
+    client.add_argument("--output", required=True, type=pathlib.Path, help="wav file for the agent's audio")
+    client.add_argument("--text", type=pathlib.Path, help="JSON file for the agent's text pieces")
+    client.add_argument("--persona", help="persona (text prompt)")
+    client.add_argument("--voice", help="voice prompt name, e.g. NATF2.pt")
+    client.add_argument("--protocol", choices=("moshi", "raw"), default="moshi", help="wire protocol (default moshi)")
+
+    offline = commands.add_parser("offline", help="run a model over a wav file without a server")
+    add_offline_arguments(offline)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "client":
+        return _client(args)
+    if args.command == "offline":
+        from ._offline import run
+
+        return run(args)
+    raise AssertionError(args.command)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from ..server import ServerSettings, serve
+    from ._engines import ModelUnavailable, create_engine
+
+    settings = settings_from_args(ServerSettings, args)
+    if settings.static_dir is not None and not (settings.static_dir / "index.html").is_file():
+        logger.error("--static %s has no index.html", settings.static_dir)
+        return 2
+    try:
+        engine = create_engine(settings)
+    except (ModelUnavailable, FileNotFoundError, ValueError) as exc:
+        logger.error("%s", exc)
+        return 2
+    trio.run(lambda: serve(settings, engine, handle_signals=True))
+    logger.info("server stopped")
+    return 0
+
+
+def _client(args: argparse.Namespace) -> int:
+    from ..client import ClientError, run_client
+
+    try:
+        trio.run(
+            lambda: run_client(
+                args.url, args.input, args.output, text_json=args.text, protocol=args.protocol,
+                persona=args.persona, voice=args.voice,
+            )
+        )
+    except (ClientError, OSError, BaseExceptionGroup) as exc:
+        for leaf in _leaves(exc):
+            if not isinstance(leaf, (ClientError, OSError)):
+                raise
+            logger.error("%s%s", "server: " if isinstance(leaf, ClientError) else "", leaf)
+        return 1
+    return 0
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups that trio raises."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]

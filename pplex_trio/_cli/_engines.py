@@ -1,0 +1,74 @@
+"""Choosing the engine behind ``--model``: the echo test engine or a PersonaPlex/Moshi model."""
+
+from __future__ import annotations
+
+import logging
+
+from .._sources import DEFAULT_REPO
+from ..engine import EchoEngine, Engine, voices_in_directory
+from ..server import ServerSettings
+
+logger = logging.getLogger(__name__)
+
+
+class ModelUnavailable(Exception):
+    """The requested model cannot be served here; the message says why and what to do."""
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` means the first GPU when torch sees one, else the CPU."""
+    if device != "auto":
+        return device
+    return "cuda" if cuda_available() else "cpu"
+
+
+def resolve_model(model: str) -> str:
+    """``auto``: the real model when torch sees a GPU, else the tiny CPU model (and say so)."""
+    if model != "auto":
+        return model
+    if cuda_available():
+        logger.info("--model auto: a GPU is here, serving %s", DEFAULT_REPO)
+        return DEFAULT_REPO
+    logger.info("--model auto: no GPU here, serving the tiny random-weight model on the CPU (its voice is noise); "
+                "pass --model %s to load the real one anyway", DEFAULT_REPO)
+    return "tiny"
+
+
+def create_engine(settings: ServerSettings) -> Engine:
+    """``echo`` is the test engine (only when asked for by name); anything else is a model."""
+    model = resolve_model(settings.model)
+    if model == "echo":
+        kwargs = {}
+        if settings.voice_dir is not None:
+            kwargs["voices"] = voices_in_directory(settings.voice_dir)
+        return EchoEngine(
+            settings.slots,
+            delay_frames=settings.echo_delay_frames,
+            prefill_steps=settings.echo_prefill_steps,
+            step_seconds=settings.echo_step_ms / 1000,
+            **kwargs,
+        )
+    try:
+        from ..engine._personaplex import PersonaPlexEngine
+    except ImportError as exc:
+        raise ModelUnavailable(
+            f"--model {model}: the PersonaPlex engine is not available in this build ({exc}); use --model echo"
+        ) from exc
+    from ..model import CheckpointMismatchError, ModelAccessError, VoiceNotFoundError
+
+    try:
+        return PersonaPlexEngine.load(
+            model,
+            num_slots=settings.slots,
+            device=resolve_device(settings.device),
+            voice_dir=None if settings.voice_dir is None else str(settings.voice_dir),
+            cuda_graph=settings.cuda_graph,
+        )
+    except (ModelAccessError, CheckpointMismatchError, VoiceNotFoundError, ValueError) as exc:
+        raise ModelUnavailable(f"--model {model}: {exc}") from exc

@@ -1,0 +1,102 @@
+"""``pplex-trio offline``: run one conversation from a WAV file, like the reference's offline tool.
+
+The system prompt (voice, silence, persona, silence) runs first; then the
+input is streamed frame by frame (80 ms, the last frame zero-padded) as the
+user's audio.  Written: the agent's audio (same duration as the input,
+24 kHz mono WAV) and a JSON list with one string per frame: ``EPAD`` /
+``PAD`` for the padding ids, otherwise the SentencePiece piece with ``▁``
+as a space (exactly the reference's ``output_text.json``).  A frame the
+model has no output for yet (the first one of a model without system
+prompt, such as Kyutai's Moshi) is silent, and its text is ``""``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+
+import numpy as np
+import sphn
+
+from .._sources import DEFAULT_REPO
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PERSONA = "You are a wise and friendly teacher. Answer questions or provide advice in a clear and engaging way."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=DEFAULT_REPO,
+                        help=f"'tiny', a Hugging Face repo id or a local folder (default {DEFAULT_REPO})")
+    parser.add_argument("--input-wav", required=True, help="the user's audio (any rate, first channel used)")
+    parser.add_argument("--output-wav", required=True, help="where to write the agent's audio (24 kHz WAV)")
+    parser.add_argument("--output-text", required=True, help="where to write the per-frame text (JSON list)")
+    parser.add_argument("--text-prompt", default=DEFAULT_PERSONA, help="the persona (system prompt)")
+    parser.add_argument("--voice-prompt", default=None,
+                        help="voice file name in the model's voice library, e.g. NATF2.pt (default: the first)")
+    parser.add_argument("--voice-prompt-dir", default=None, help="use this folder as the voice library")
+    parser.add_argument("--greedy", action="store_true", help="argmax everywhere instead of sampling")
+    parser.add_argument("--seed", type=int, default=-1, help="sampling seed (-1: random)")
+    parser.add_argument("--temp-text", type=float, default=0.7)
+    parser.add_argument("--topk-text", type=int, default=25)
+    parser.add_argument("--temp-audio", type=float, default=0.8)
+    parser.add_argument("--topk-audio", type=int, default=250)
+    parser.add_argument("--device", default=None, help="cuda, cpu, cuda:1 ... (default: cuda if available)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the command; returns the process exit code."""
+    from ..engine import Conversation, Sampling, SlotMode
+    from ..engine._personaplex import PersonaPlexEngine
+    from ..model import ModelAccessError, VoiceNotFoundError
+    from ._engines import resolve_device
+
+    try:
+        engine = PersonaPlexEngine.load(args.model, 1, device=resolve_device(args.device or "auto"),
+                                        voice_dir=args.voice_prompt_dir)
+        seed = None if args.seed < 0 else args.seed
+        sampling = Sampling(text_temperature=args.temp_text, text_topk=args.topk_text,
+                            audio_temperature=args.temp_audio, audio_topk=args.topk_audio,
+                            text_seed=seed, audio_seed=seed, greedy=args.greedy)
+        steps = engine.start(0, Conversation(persona=args.text_prompt, voice=args.voice_prompt, sampling=sampling))
+    except (ModelAccessError, VoiceNotFoundError, ValueError) as exc:
+        logger.error("%s", exc)
+        return 1
+    try:
+        pcm, rate = sphn.read(args.input_wav)
+    except Exception as exc:  # sphn raises plain exceptions for unreadable files
+        logger.error("cannot read %s: %s", args.input_wav, exc)
+        return 1
+    if rate != engine.sample_rate:
+        pcm = sphn.resample(pcm, src_sample_rate=rate, dst_sample_rate=engine.sample_rate)
+    audio = np.asarray(pcm[0], dtype=np.float32)
+    frame = engine.frame_size
+    frames = -(-audio.shape[0] // frame)
+    padded = np.zeros(frames * frame, dtype=np.float32)
+    padded[: audio.shape[0]] = audio
+
+    logger.info("system prompt: %d steps", steps)
+    silence = np.zeros((1, frame), dtype=np.float32)
+    for _ in range(steps):
+        engine.step([SlotMode.PREFILL], silence)
+    tokenizer = engine.model.tokenizer
+    out_frames, texts = [], []
+    start = time.perf_counter()
+    for i in range(frames):
+        out = engine.step([SlotMode.LIVE], padded[None, i * frame:(i + 1) * frame])
+        out_frames.append(out.pcm[0])
+        token = int(engine.last_tokens[0, 0])
+        piece = tokenizer.offline_piece(token) if token >= 0 else ""
+        texts.append(piece)
+        logger.debug("frame %d text %r", i, piece)
+    elapsed = time.perf_counter() - start
+    logger.info("%d frames in %.1f s (%.1f ms per frame)", frames, elapsed, 1000 * elapsed / max(frames, 1))
+    output = np.concatenate(out_frames)[: audio.shape[0]] if out_frames else np.zeros(0, dtype=np.float32)
+    sphn.write_wav(args.output_wav, output, engine.sample_rate)
+    with open(args.output_text, "w", encoding="utf-8") as f:
+        json.dump(texts, f, ensure_ascii=False)
+    logger.info("wrote %s and %s", args.output_wav, args.output_text)
+    return 0
+
