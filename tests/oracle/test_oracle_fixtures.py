@@ -121,5 +121,10 @@ def test_truncated_depformer_is_an_exact_oracle(tiny_checkpoints: dict[str, path
                     logits = lm.forward_depformer(step, prev, x)
                     sink.append(logits)
                     prev = logits.argmax(-1)
+    # Equal up to float32 rounding: the two LMs hold their per-step weights in
+    # matrices of different sizes, and on some CPUs the BLAS blocks those
+    # products differently (seen here: 3.6e-7).  A real dependence on steps
+    # 8-15 would move the logits by orders of magnitude more.
     for a, b in zip(logits_full, logits_small, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
