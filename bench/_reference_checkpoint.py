@@ -36,7 +36,7 @@ CARD = 2048
 MOSHI_CONFIG = "moshi-config.json"
 MOSHI_MIMI_CONFIG = "moshi-mimi.json"
 
-# The official client's sampling (PROTOCOL.md): our server takes it from the
+# The official client's sampling (docs/PROTOCOL.md): our server takes it from the
 # query string, moshi's server from ``lm_gen_config``.
 SAMPLING_QUERY = {"text_temperature": 0.7, "text_topk": 25, "audio_temperature": 0.8, "audio_topk": 250}
 LM_GEN_CONFIG = {"use_sampling": True, "temp": 0.8, "temp_text": 0.7, "top_k": 250, "top_k_text": 25}

@@ -156,7 +156,7 @@ What the numbers include (times on the client's clock, loopback):
   tick wait. It also means the reference could not step two conversations per frame here even without its lock,
   while ours steps all rows in one batched call whose cost grows much more slowly than the number of rows; at N=8
   it comes close to the 80 ms budget of this CPU (skipped ticks, if any, show in their row). The 7B on a GPU is
-  in the same regime (MODEL.md: 28-70 ms per batched tick on an H100-class GPU), so the shape of the comparison
+  in the same regime (a batched server of it measured 28-70 ms per tick for B = 2-32 on an H100-class GPU), so the shape of the comparison
   carries over; the absolute numbers do not. Two shared cores: the servers take turns, never run at once."""
 
 

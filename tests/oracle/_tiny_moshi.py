@@ -82,7 +82,7 @@ NON_LM_KEYS = frozenset(
     }
 )
 
-# The fork's prompt constants (MODEL.md); tiny checkpoints store them modulo card.
+# The fork's prompt constants (as in pplex_trio/model/_config.py); tiny checkpoints store them modulo card.
 SILENCE_TOKENS = (948, 243, 1178, 546, 1736, 1030, 1978, 2008)
 SINE_TOKENS = (430, 1268, 381, 1611, 1095, 1495, 56, 472)
 
