@@ -149,7 +149,7 @@ class EncoderProcess:
             finally:
                 with trio.CancelScope(shield=True):
                     await process.stdin.aclose()
-                    with trio.move_on_after(2):
+                    with trio.move_on_after(1):  # shutdown is bounded: a child that lingers is killed
                         await process.wait()
                     if process.returncode is None:
                         process.kill()

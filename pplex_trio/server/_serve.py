@@ -1,20 +1,25 @@
-"""Running the server: hypercorn's trio ``serve()`` inside our own nursery.
+"""Running the server: the transport (``_transport``), the engine actor and the encoders in one nursery.
 
-The nursery holds three things: the engine actor, hypercorn, and (when we
-own the process) a signal watcher.  Shutdown is graceful: every conversation
-is closed with 1001 (going away), then hypercorn stops, then the actor.
+The nursery holds the engine actor, the encoders, the HTTP/WebSocket
+transport, and (when we own the process) a signal watcher.  Shutdown is
+bounded whatever the clients do: every conversation is told 1001 (going away)
+and gets ``--shutdown-grace`` to close, then the transport stops, gives open
+connections the same grace and aborts the ones a write still holds, then the
+actor and the encoders stop.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import gc
 import logging
 import signal
+import socket
 from functools import partial
+from typing import Any
 
 import hypercorn.config
-import hypercorn.trio
 import trio
 
 from ..engine import Engine
@@ -22,6 +27,7 @@ from ._app import create_app
 from ._encoders import Encoders
 from ._settings import ServerSettings
 from ._state import ServerState
+from ._transport import serve_http
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +68,39 @@ class ServerHandle:
 def hypercorn_config(settings: ServerSettings) -> hypercorn.config.Config:
     config = hypercorn.config.Config()
     config.bind = [f"{settings.host}:{settings.port}"]
-    # Our own limit answers with a clear 0x05 message; hypercorn's is a backstop.
+    # The transport guard enforces our limit at the frame header; hypercorn's is a backstop.
     config.websocket_max_message_size = 2 * settings.max_message_bytes
+    # A peer that sends nothing, not even a pong to these pings, is given up (dead, frozen, half-open).
+    config.websocket_ping_interval = settings.client_timeout / 3
+    config.read_timeout = settings.client_timeout  # type: ignore[assignment]  (hypercorn accepts seconds)
+    config.keep_alive_timeout = min(5.0, settings.client_timeout)  # an idle or half-sent HTTP request
     config.graceful_timeout = settings.shutdown_grace
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     return config
+
+
+class ListenError(OSError):
+    """The server cannot listen where it was asked to; the message says where and why."""
+
+
+def bind_sockets(settings: ServerSettings) -> list[socket.socket]:
+    """Bound, listening sockets for ``--host``/``--port`` (before any task starts, so errors are plain)."""
+    config = hypercorn_config(settings)
+    where = f"{settings.host}:{settings.port}"
+    try:
+        sockets = config.create_sockets().insecure_sockets
+        for sock in sockets:
+            sock.listen(config.backlog)
+    except socket.gaierror as exc:
+        raise ListenError(f"cannot listen on {where}: the host {settings.host!r} does not resolve "
+                          f"({exc.strerror}); use an address of this machine, such as 127.0.0.1 or 0.0.0.0") from None
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise ListenError(f"cannot listen on {where}: the address is already in use (another server on port "
+                              f"{settings.port}?); stop it or pass another --port") from None
+        raise ListenError(f"cannot listen on {where}: {exc.strerror or exc}") from None
+    return sockets
 
 
 async def serve(
@@ -76,20 +109,29 @@ async def serve(
     *,
     handle_signals: bool = False,
     encoders: Encoders | None = None,
+    sockets: list[socket.socket] | None = None,
     task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until shut down (by a signal if ``handle_signals``, or the handle).
 
-    ``encoders`` replaces the ``--opus-encoder`` choice (for benchmarks).
+    ``encoders`` replaces the ``--opus-encoder`` choice (for benchmarks);
+    ``sockets`` are listening sockets from :func:`bind_sockets` (default: bound here).
     """
     state = ServerState.create(settings, engine, encoders=encoders)
     app = create_app(state)
     stop = trio.Event()
+    if sockets is None:
+        sockets = bind_sockets(settings)
     _quiet_garbage_collector()
     async with trio.open_nursery() as nursery:
         await nursery.start(state.actor.run)
         await nursery.start(state.encoders.run)
-        binds = await nursery.start(partial(_http, app, hypercorn_config(settings), stop.wait, nursery))
+        # The transport's write deadline comes a second after the session's own, so a session that gives
+        # up on a client says so (and tries to tell it) before the transport drops the connection.
+        http = partial(serve_http, app, hypercorn_config(settings), sockets, write_timeout=settings.client_timeout + 1,
+                       max_message_bytes=settings.max_message_bytes, shutdown_trigger=stop.wait,
+                       on_refusal=lambda refusal: state.metrics.errors.labels("transport").inc())
+        binds = await nursery.start(_http, http, nursery)
         handle = ServerHandle(state, binds, stop)
         if handle_signals:
             nursery.start_soon(_watch_signals, handle)
@@ -109,9 +151,9 @@ def _quiet_garbage_collector() -> None:
     gc.freeze()
 
 
-async def _http(app, config, stop_wait, nursery: trio.Nursery, task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
-    await hypercorn.trio.serve(app, config, shutdown_trigger=stop_wait, task_status=task_status)
-    nursery.cancel_scope.cancel()  # hypercorn is done: stop the actor and the signal watcher
+async def _http(http: Any, nursery: trio.Nursery, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+    await http(task_status=task_status)
+    nursery.cancel_scope.cancel()  # the transport is done: stop the actor, the encoders and the signal watcher
 
 
 async def _watch_signals(handle: ServerHandle) -> None:

@@ -1,0 +1,194 @@
+"""The HTTP/WebSocket transport: hypercorn's connection handling over sockets we guard.
+
+hypercorn's trio worker writes to a socket with cancellation shielded, so a
+client that stops reading would hold that write, and the task behind it,
+forever: no deadline of ours could end it, and neither could shutdown.  So we
+run hypercorn's connection class (``TCPServer``) on our own accept loop, over
+a :class:`GuardedStream` that
+
+* ends every write by a deadline, and then aborts the connection (a TCP reset);
+* passes the client's bytes through the sans-IO :class:`InboundGuard`
+  (request-head limit, no compression, message-size limit at the frame header);
+* can be aborted from outside, which is how shutdown ends connections that
+  would not close in time.
+
+Dead peers are found by hypercorn itself: it pings every WebSocket
+(``websocket_ping_interval``) and gives up on a connection that sends nothing,
+not even a pong, for ``read_timeout``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState, LifespanState
+from hypercorn.utils import repr_socket_addr, wrap_app
+
+from ..protocol._ws_guard import InboundGuard, Refusal
+
+logger = logging.getLogger(__name__)
+
+_REASONS = {400: "Bad Request", 431: "Request Header Fields Too Large"}
+
+
+class GuardedStream(trio.abc.HalfCloseableStream):
+    """A client's socket stream with write deadlines, an inbound guard, and an abort."""
+
+    def __init__(self, stream: trio.SocketStream, *, write_timeout: float, max_message_bytes: int,
+                 on_refusal: Callable[[Refusal], None] | None = None):
+        self._stream = stream
+        self.socket = stream.socket  # hypercorn reads the peer's address from it
+        self._write_timeout = write_timeout
+        self._guard = InboundGuard(max_message_bytes)
+        self._lock = trio.Lock()  # our own refusals write beside hypercorn's writes
+        self._on_refusal = on_refusal
+        self.aborted = False
+
+    def peer(self) -> str:
+        try:
+            host, port = self.socket.getpeername()[:2]
+        except OSError:
+            return "a client that is gone"
+        return f"{host}:{port}"
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        while True:
+            data = await self._stream.receive_some(max_bytes)
+            if not data:
+                return data
+            passed, refusal = self._guard.inbound(data)
+            if refusal is not None:
+                await self._refuse(refusal)
+                raise trio.BrokenResourceError(refusal.reason)
+            if passed:
+                return passed  # else: only the start of a header so far, read on
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        async with self._lock:
+            self._guard.outbound(bytes(data[:16]))
+            with trio.move_on_after(self._write_timeout) as deadline:
+                await self._stream.send_all(data)
+        if deadline.cancelled_caught:
+            logger.info("connection from %s: nothing read for %g s, aborted", self.peer(), self._write_timeout)
+            self.abort()
+            raise trio.BrokenResourceError(f"the client read nothing for {self._write_timeout:g} s")
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        await self._stream.send_eof()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    def abort(self) -> None:
+        """Drop the connection now with a TCP reset; tasks blocked on it wake with an error."""
+        if self.aborted:
+            return
+        self.aborted = True
+        try:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+        self.socket.close()
+
+    async def _refuse(self, refusal: Refusal) -> None:
+        logger.warning("connection from %s refused: %s", self.peer(), refusal.reason)
+        if self._on_refusal is not None:
+            self._on_refusal(refusal)
+        if refusal.http_status is not None:
+            message = (f"HTTP/1.1 {refusal.http_status} {_REASONS.get(refusal.http_status, 'Refused')}\r\n"
+                       "connection: close\r\ncontent-length: 0\r\n\r\n").encode()
+        else:
+            assert refusal.close_code is not None
+            reason = refusal.reason.encode()[:123]
+            message = bytes([0x88, 2 + len(reason)]) + int(refusal.close_code).to_bytes(2, "big") + reason
+        with trio.move_on_after(1.0):
+            async with self._lock:
+                await self._stream.send_all(message)
+        self.abort()
+
+
+class Connections:
+    """The open connections, so that shutdown can abort the ones that would not close."""
+
+    def __init__(self) -> None:
+        self.open: set[GuardedStream] = set()
+
+    def abort_all(self) -> int:
+        streams = list(self.open)
+        for stream in streams:
+            stream.abort()
+        return len(streams)
+
+
+async def serve_http(
+    app: Any,
+    config: Config,
+    sockets: list[socket.socket],
+    *,
+    write_timeout: float,
+    max_message_bytes: int,
+    shutdown_trigger: Callable[[], Awaitable[None]],
+    on_refusal: Callable[[Refusal], None] | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` on ``sockets`` (bound and listening) until ``shutdown_trigger`` returns.
+
+    Then: no new connections; open ones get ``config.graceful_timeout`` to end,
+    after which they are cancelled and, if a write still holds one, aborted.
+    """
+    app = wrap_app(app, config.wsgi_max_body_size, "asgi")
+    lifespan_state: LifespanState = {}
+    lifespan = Lifespan(app, config, lifespan_state)
+    context = WorkerContext(None)
+    connections = Connections()
+
+    async def handle(stream: trio.SocketStream) -> None:
+        guarded = GuardedStream(stream, write_timeout=write_timeout, max_message_bytes=max_message_bytes,
+                                on_refusal=on_refusal)
+        connections.open.add(guarded)
+        try:
+            await TCPServer(app, config, context, ConnectionState(lifespan_state.copy()), guarded)  # type: ignore[arg-type]
+        finally:
+            connections.open.discard(guarded)
+
+    async with trio.open_nursery() as lifespan_nursery:
+        await lifespan_nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets]
+        binds = [f"http://{repr_socket_addr(sock.family, sock.getsockname())}" for sock in sockets]
+        for bind in binds:
+            await config.log.info(f"Running on {bind} (CTRL + C to quit)")
+        async with trio.open_nursery() as connection_nursery:
+            async with trio.open_nursery() as accepting:
+                accepting.start_soon(partial(trio.serve_listeners, handle, listeners, handler_nursery=connection_nursery))
+                task_status.started(binds)
+                await shutdown_trigger()
+                accepting.cancel_scope.cancel()
+            for listener in listeners:
+                await listener.aclose()
+            await context.terminated.set()
+            connection_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+            lifespan_nursery.start_soon(_abort_after, config.graceful_timeout, connections)
+        await lifespan.wait_for_shutdown()
+        lifespan_nursery.cancel_scope.cancel()
+
+
+async def _abort_after(seconds: float, connections: Connections) -> None:
+    """At the end of the grace, abort what a shielded write still holds (cancellation cannot reach it)."""
+    await trio.sleep(seconds + 0.05)
+    aborted = connections.abort_all()
+    if aborted:
+        logger.warning("shutdown: aborted %d connection(s) that did not close in time", aborted)
