@@ -17,7 +17,8 @@ _LATENESS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 
 
 
 DROP_REASONS = ("inbound", "input_backlog", "output_backlog")
-ERROR_KINDS = ("bad_request", "protocol", "session", "engine", "engine_start", "engine_reset", "start_rejected")
+ERROR_KINDS = ("bad_request", "protocol", "session", "engine", "engine_start", "engine_reset", "engine_stalled",
+               "start_rejected", "transport")
 
 
 class Metrics:
@@ -52,6 +53,9 @@ class Metrics:
             "pplex_ticks_skipped_total", "Ticks skipped because the actor fell a whole tick or more behind",
             registry=r)
         self.slots = Gauge("pplex_slots", "Conversation slots by phase", ["phase"], registry=r)
+        self.engine_stalled = Gauge(
+            "pplex_engine_stalled", "1 while an engine step has run past --engine-timeout without returning",
+            registry=r)
         self.queued = Gauge("pplex_queued", "Connections waiting for a slot", registry=r)
         self.frames_dropped = Counter(
             "pplex_frames_dropped_total", "Audio frames or messages dropped, by reason", ["reason"], registry=r)
@@ -82,6 +86,8 @@ class Metrics:
             "pplex_sessions_ended_total", "Connections ended, by protocol and outcome", ["protocol", "outcome"],
             registry=r)
         self.errors = Counter("pplex_errors_total", "Errors, by kind", ["kind"], registry=r)
+        self.trio_tasks = Gauge("pplex_trio_tasks", "Trio tasks alive in the server (counted when /metrics is read)",
+                                registry=r)
 
         # Known label values start at zero, so dashboards see them before the first event.
         for reason in DROP_REASONS:

@@ -6,6 +6,7 @@ import argparse
 import logging
 import pathlib
 import sys
+import typing
 from collections.abc import Sequence
 
 import trio
@@ -17,10 +18,17 @@ from ._settings_cli import add_settings_arguments, settings_from_args
 logger = logging.getLogger("pplex_trio")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a mistake is one line: with ~40 flags, the usage would bury it."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ..server import ServerSettings
 
-    parser = argparse.ArgumentParser(prog="pplex-trio", description="Real-time full-duplex PersonaPlex speech server")
+    parser = _Parser(prog="pplex-trio", description="Real-time full-duplex PersonaPlex speech server")
     parser.add_argument("--version", action="version", version=f"pplex-trio {__version__}")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -60,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from ..server import ServerSettings, serve
+    from ..server._serve import ListenError, bind_sockets
     from ._engines import ModelUnavailable, create_engine
 
     settings = settings_from_args(ServerSettings, args)
@@ -67,11 +76,12 @@ def _serve(args: argparse.Namespace) -> int:
         logger.error("--static %s has no index.html", settings.static_dir)
         return 2
     try:
+        sockets = bind_sockets(settings)  # first: a port in use is said at once, not after loading a model
         engine = create_engine(settings)
-    except (ModelUnavailable, FileNotFoundError, ValueError) as exc:
+    except (ListenError, ModelUnavailable, FileNotFoundError, ValueError) as exc:
         logger.error("%s", exc)
         return 2
-    trio.run(lambda: serve(settings, engine, handle_signals=True))
+    trio.run(lambda: serve(settings, engine, handle_signals=True, sockets=sockets))
     logger.info("server stopped")
     return 0
 

@@ -114,9 +114,9 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
                     state = states[stream] = make()
                 try:
                     answer = (stream, DATA, work(state, payload))
-                except ValueError as exc:
+                except Exception as exc:  # one stream's bad input fails that stream, never the child
                     states.pop(stream, None)
-                    answer = (stream, ERROR, str(exc).encode())
+                    answer = (stream, ERROR, f"{type(exc).__name__}: {exc}".encode())
                 stdout.write(pack([answer]))
                 stdout.flush()
 

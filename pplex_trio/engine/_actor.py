@@ -12,6 +12,13 @@ grid itself drifts by a few milliseconds at most per tick towards the moment
 the conversations' audio arrives (``_phase``), and a tick may wait a few
 milliseconds for a page that is due (``_grace``).  What one tick does is in
 ``_tick_plan``.
+
+**Faults.**  An engine call that raises ends the conversations of its tick
+(1011) and the engine is reset.  One that hangs past ``engine_timeout`` ends
+them as well and marks the actor *stalled* (``/health`` says so and new
+conversations are refused), but is still waited for: the engine is not
+thread-safe, so no other call may start; when it returns, the engine is reset
+and the actor goes on.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from ._interface import Engine
 from ._phase import PhaseSteering
 from ._settings import ActorSettings
 from ._slots import Lease, SlotPhase, SlotTable
-from ._tick_plan import apply_result, execute, fail_plan, plan_tick
+from ._tick_plan import TickPlan, TickResult, apply_result, execute, fail_plan, plan_tick
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +86,7 @@ class EngineActor:
         self.ticks = 0
         self.ticks_skipped = 0
         self.engine_busy = False  # an engine call is in flight
+        self.stalled = False  # that call has run past engine_timeout (and not returned yet)
         self.phase = PhaseSteering()
         self.grace = InputGrace(settings.input_grace_ms / 1000, self.table.has_input_frame)
         self._phase_step = 0.0
@@ -194,28 +202,62 @@ class EngineActor:
         self.engine_busy = True
         started_at = trio.current_time()
         try:
-            result = await self._run_sync(execute, self.engine, plan)
-        except Exception:
-            logger.exception("engine step failed; ending the conversations in it and resetting the engine")
-            self.metrics.errors.labels("engine").inc()
-            fail_plan(table, plan)
-            try:
-                await self._run_sync(self.engine.reset_all)
-            except Exception:
-                logger.exception("engine reset failed")
-                self.metrics.errors.labels("engine_reset").inc()
-        else:
-            apply_result(table, plan, result, trio.current_time(), self.metrics)
+            outcome = await self._call_engine(plan)
+            if self.stalled:
+                await self._recover_from_stall(trio.current_time() - started_at)
+            elif isinstance(outcome, Exception):
+                logger.error("engine step failed; ending the conversations in it and resetting the engine",
+                             exc_info=outcome)
+                self.metrics.errors.labels("engine").inc()
+                fail_plan(table, plan, "internal error in the model engine; please reconnect")
+                await self._reset_engine()
+            else:
+                apply_result(table, plan, outcome, trio.current_time(), self.metrics)
         finally:
             self.engine_busy = False
             self.metrics.tick_engine.observe(trio.current_time() - started_at)
             self.ticks += 1
             self._update_gauges()
 
+    async def _call_engine(self, plan: TickPlan) -> TickResult | Exception:
+        """The tick's engine call, watched: past ``engine_timeout`` its conversations end, and it is waited for."""
+        async with trio.open_nursery() as watchdog:
+            watchdog.start_soon(self._stall_after, self.settings.engine_timeout, plan)
+            try:
+                return await self._run_sync(execute, self.engine, plan)
+            except Exception as exc:  # the caller decides; nothing of it may escape the actor
+                return exc
+            finally:
+                watchdog.cancel_scope.cancel()
+
+    async def _stall_after(self, seconds: float, plan: TickPlan) -> None:
+        await trio.sleep(seconds)
+        self.stalled = True
+        self.metrics.errors.labels("engine_stalled").inc()
+        self.metrics.engine_stalled.set(1)
+        logger.error("engine step has not returned for %g s: ending its conversations and refusing new ones "
+                     "until it does", seconds)
+        fail_plan(self.table, plan, "the model engine stalled; please reconnect")
+        self._changed()
+
+    async def _recover_from_stall(self, seconds: float) -> None:
+        logger.warning("the stalled engine step returned after %.1f s; resetting the engine", seconds)
+        await self._reset_engine()
+        self.stalled = False
+        self.metrics.engine_stalled.set(0)
+
+    async def _reset_engine(self) -> None:
+        try:
+            await self._run_sync(self.engine.reset_all)
+        except Exception:
+            logger.exception("engine reset failed")
+            self.metrics.errors.labels("engine_reset").inc()
+
     # -- helpers -------------------------------------------------------------
 
     async def _in_worker_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+        # Only shutdown cancels the actor; then a call still running is left to finish on its own.
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter, abandon_on_cancel=True)
 
     def _changed(self) -> None:
         self._wakeup.set()

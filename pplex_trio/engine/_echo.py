@@ -30,6 +30,9 @@ class EchoEngine(Engine):
     - ``step_seconds``: time each step sleeps, standing in for GPU compute.
     - Text: every LIVE step emits ``" <n>"`` where ``n`` counts the row's
       LIVE frames from 0, so ordering and loss are visible at the client.
+    - Faults, for tests of the server: ``fail_at_step`` raises in that step
+      (counted from 0 over all steps), ``hang_at_step`` sleeps ``hang_seconds``
+      in it, as a GPU call that never returns would.
     """
 
     def __init__(
@@ -40,6 +43,9 @@ class EchoEngine(Engine):
         prefill_steps: int = 12,
         step_seconds: float = 0.0,
         voices: Sequence[str] = OFFICIAL_VOICES,
+        fail_at_step: int | None = None,
+        hang_at_step: int | None = None,
+        hang_seconds: float = 30.0,
     ):
         if num_slots < 1:
             raise ValueError("num_slots must be at least 1")
@@ -54,6 +60,10 @@ class EchoEngine(Engine):
         self._history = np.zeros((num_slots, delay_frames + 1, FRAME_SIZE), dtype=np.float32)
         self._frames = np.zeros(num_slots, dtype=np.int64)
         self.started: list[tuple[int, Conversation]] = []  # for tests: what start() received
+        self.fail_at_step = fail_at_step
+        self.hang_at_step = hang_at_step
+        self.hang_seconds = hang_seconds
+        self.steps_taken = 0
 
     @property
     def name(self) -> str:
@@ -72,6 +82,11 @@ class EchoEngine(Engine):
         self._frames[slot] = 0
 
     def step(self, modes: Sequence[SlotMode], pcm: np.ndarray) -> StepOutput:
+        step, self.steps_taken = self.steps_taken, self.steps_taken + 1
+        if step == self.fail_at_step:
+            raise RuntimeError(f"echo engine: the failure asked for at step {step}")
+        if step == self.hang_at_step:
+            time.sleep(self.hang_seconds)
         if self.step_seconds:
             time.sleep(self.step_seconds)
         out = np.zeros((self.num_slots, FRAME_SIZE), dtype=np.float32)

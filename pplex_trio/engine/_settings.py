@@ -24,6 +24,10 @@ class ActorSettings:
         4.0, "with aligned framing, a tick may wait this long for a conversation's page that is due, rather "
         "than feed it a silent frame and a tick of delay (at most 3 ticks in 2 s); 0 turns it off",
         low=0, high=40, group="timing")
+    engine_timeout: float = setting(
+        10.0, "an engine step that has not returned after this many seconds is stalled: its conversations end "
+        "(1011), /health says stalled (503) and new conversations are refused until it returns", low=0.1,
+        group="conversations")
     tick_seconds: float = setting(TICK_SECONDS, "the lockstep period (Mimi's frame)", low=0.001, cli=False)
 
     def __post_init__(self) -> None:

@@ -68,8 +68,13 @@ def plan_tick(table: SlotTable, tick: int, resets: list[int], pcm: np.ndarray, n
             else:
                 starts.append((i, lease.conversation))  # its mode is known once started
         elif slot.phase is SlotPhase.LIVE and lease is not None:
+            try:
+                arrivals[i], skipped = table.take_input(slot, pcm[i], tick)
+            except Exception:  # one conversation's trouble is that conversation's, never the actor's
+                _fail_row(table, i, metrics, "cutting its input frame")
+                pcm[i] = 0.0
+                continue
             modes[i] = SlotMode.LIVE
-            arrivals[i], skipped = table.take_input(slot, pcm[i], tick)
             if skipped:
                 metrics.samples_skipped.inc(skipped)
             if arrivals[i] is not None:
@@ -124,23 +129,33 @@ def apply_result(table: SlotTable, plan: TickPlan, result: TickResult, now: floa
     for i, mode in enumerate(plan.modes):
         if not still_held(i):
             continue  # released (or failed) while the engine ran: its output is dropped
-        if mode is SlotMode.PREFILL:
-            table.prefill_stepped(slots[i])
-        elif mode is SlotMode.LIVE:
-            assert result.output is not None
-            table.deliver(slots[i], OutputFrame(
-                result.output.pcm[i].copy(), result.output.text[i], plan.tick,
-                input_arrival=plan.arrivals[i], step_seconds=result.step_seconds,
-                tick_started=plan.started, delivered=now,
-            ))
-            metrics.frames_out.inc()
+        try:
+            if mode is SlotMode.PREFILL:
+                table.prefill_stepped(slots[i])
+            elif mode is SlotMode.LIVE:
+                assert result.output is not None
+                table.deliver(slots[i], OutputFrame(
+                    result.output.pcm[i].copy(), result.output.text[i], plan.tick,
+                    input_arrival=plan.arrivals[i], step_seconds=result.step_seconds,
+                    tick_started=plan.started, delivered=now,
+                ))
+                metrics.frames_out.inc()
+        except Exception:  # one conversation's trouble is that conversation's, never the actor's
+            _fail_row(table, i, metrics, "delivering its output")
 
 
-def fail_plan(table: SlotTable, plan: TickPlan) -> None:
-    """The engine call raised: end every conversation it involved."""
+def fail_plan(table: SlotTable, plan: TickPlan, message: str) -> None:
+    """The engine call failed or stalled: end every conversation it involved (1011, ``message``)."""
     involved = {i for i, mode in enumerate(plan.modes) if mode is not SlotMode.IDLE}
     involved.update(i for i, _ in plan.starts)
     for i in sorted(involved):
         slot = table.slots[i]
         if slot.lease is plan.leases[i] and slot.lease is not None:
-            table.fail_slot(slot, CloseCode.INTERNAL_ERROR, "internal error in the model engine; please reconnect")
+            table.fail_slot(slot, CloseCode.INTERNAL_ERROR, message)
+
+
+def _fail_row(table: SlotTable, i: int, metrics: Metrics, doing: str) -> None:
+    logger.exception("slot %d: internal error %s; ending that conversation", i, doing)
+    metrics.errors.labels("session").inc()
+    table.fail_slot(table.slots[i], CloseCode.INTERNAL_ERROR,
+                    "internal server error in this conversation; please reconnect")

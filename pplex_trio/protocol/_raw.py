@@ -14,6 +14,8 @@ import numpy as np
 
 from ._errors import CloseCode, ProtocolError
 
+MAX_CONTROL_CHARS = 64 * 1024
+
 
 @dataclasses.dataclass(frozen=True)
 class Open:
@@ -63,10 +65,18 @@ def decode_pcm(data: bytes) -> np.ndarray:
 
 
 def _parse_control(message: str) -> Open | Close:
+    # A control message is small (a persona is at most a few thousand characters): anything much larger is
+    # refused before the parser sees it, and nesting deep enough to exhaust the parser is refused too.
+    if len(message) > MAX_CONTROL_CHARS:
+        raise ProtocolError(
+            f"a control message of {len(message)} characters is over the limit of {MAX_CONTROL_CHARS}",
+            CloseCode.INVALID_PAYLOAD)
     try:
         obj = json.loads(message)
     except json.JSONDecodeError as exc:
         raise ProtocolError(f"text frames must be JSON objects: {exc.msg}", CloseCode.INVALID_PAYLOAD) from None
+    except RecursionError:
+        raise ProtocolError("the JSON is nested too deeply: send a flat object", CloseCode.INVALID_PAYLOAD) from None
     if not isinstance(obj, dict):
         raise ProtocolError("text frames must be JSON objects with a \"type\"", CloseCode.INVALID_PAYLOAD)
     kind = obj.get("type")

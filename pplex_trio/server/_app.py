@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import pathlib
 
+import trio
+
 from quart import Response, jsonify, request, send_from_directory, websocket
 from werkzeug.exceptions import NotFound
 from quart_trio import QuartTrio
@@ -29,6 +31,11 @@ def default_static_dir() -> pathlib.Path:
     return bundled if bundled.is_dir() else PACKAGE_DIR.parent / "static"
 
 
+def _count_tasks(task: trio.lowlevel.Task) -> int:
+    """Trio tasks alive under ``task`` (itself included): a leak shows as growth between idle moments."""
+    return 1 + sum(_count_tasks(child) for nursery in task.child_nurseries for child in nursery.child_tasks)
+
+
 def create_app(state: ServerState) -> QuartTrio:
     app = QuartTrio(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = 64 * 1024
@@ -49,10 +56,10 @@ def create_app(state: ServerState) -> QuartTrio:
         await Session(websocket._get_current_object(), RawProtocol(**limits), state).run()
 
     @app.get("/health")
-    async def health() -> Response:
+    async def health() -> tuple[Response, int]:
         stats = state.actor.statistics()
-        status = "shutting_down" if state.shutting_down else "ok"
-        return jsonify(
+        status = "stalled" if state.actor.stalled else "shutting_down" if state.shutting_down else "ok"
+        body = jsonify(
             status=status,
             slots_total=stats.slots_total,
             slots_free=stats.slots_free,
@@ -60,9 +67,11 @@ def create_app(state: ServerState) -> QuartTrio:
             slots=stats.phases,
             sessions=len(state.sessions),
         )
+        return body, 503 if status == "stalled" else 200
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        state.metrics.trio_tasks.set(_count_tasks(trio.lowlevel.current_root_task()))
         return Response(state.metrics.render(), content_type=state.metrics.content_type)
 
     @app.get("/api/info")

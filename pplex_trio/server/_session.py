@@ -160,7 +160,13 @@ class Session:
                 if host.shutting_down:
                     self.end(CloseCode.GOING_AWAY, "server is shutting down", "shutdown")
                 else:
-                    await self._converse()
+                    try:
+                        await self._converse()
+                    except Exception:  # a bug met in this conversation ends this conversation only
+                        logger.exception("session %d (%s): internal error", self.id, self.protocol)
+                        host.metrics.errors.labels("session").inc()
+                        self.end(CloseCode.INTERNAL_ERROR,
+                                 "internal server error in this conversation; please reconnect", "internal_error")
             if self.ending is not None:
                 outcome = self.ending.outcome
                 self._enter(SessionState.CLOSING)
@@ -174,6 +180,10 @@ class Session:
     async def _converse(self) -> None:
         conversation = await self._admit()
         if conversation is None:
+            return
+        if self.host.actor.stalled:
+            self.end(CloseCode.TRY_AGAIN_LATER, "the model engine is stalled and being recovered; try again in a "
+                     "moment", "engine_stalled")
             return
         try:
             with self.host.actor.lease(conversation, align=self.wire.align_input) as lease:
@@ -321,7 +331,7 @@ class Session:
         """Engine output → encoded messages → socket, each write with a deadline."""
         metrics = self.host.metrics
         stage = {name: metrics.latency_stage.labels(name) for name in ("wait_for_tick", "tick", "encode", "send")}
-        timeout = self.settings.send_timeout
+        timeout = self.settings.client_timeout
         observed = 0
         complete = False
         # One cancel scope for the whole loop, its deadline moved per message:
@@ -355,17 +365,17 @@ class Session:
                 if complete:
                     break
         if timer.cancelled_caught:
-            self.end(CloseCode.POLICY, "client did not read its messages in time", "send_timeout")
+            self.end(CloseCode.POLICY, "client did not read its messages in time", "client_timeout")
         elif complete:
             self.end(CloseCode.NORMAL, None, "completed")  # everything is out: a normal end
         # else: the lease ended, so the session is ending anyway
 
     async def _send_control(self, message: Message) -> None:
         """A message outside the audio stream (keepalive, ready), with the same deadline."""
-        with trio.move_on_after(self.settings.send_timeout) as timer:
+        with trio.move_on_after(self.settings.client_timeout) as timer:
             await self.ws.send(message)
         if timer.cancelled_caught:
-            self.end(CloseCode.POLICY, "client did not read its messages in time", "send_timeout")
+            self.end(CloseCode.POLICY, "client did not read its messages in time", "client_timeout")
             await trio.lowlevel.checkpoint()  # the session's scope is cancelled: stop here
 
     async def _watch_failure(self, lease: Lease) -> None:

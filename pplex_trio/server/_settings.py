@@ -68,8 +68,9 @@ class ServerSettings(ActorSettings):
         "lower latency) or naive (fixed 1920-sample boundaries)", group="timing")
     keepalive_interval: float = setting(2.0, "seconds between pings while a conversation is queued or "
                                         "being prepared", low=0.01, group="conversations")
-    send_timeout: float = setting(10.0, "a client that reads nothing for this many seconds is dropped (1008)",
-                                  low=0.01, group="conversations")
+    client_timeout: float = setting(
+        15.0, "a client that reads nothing, or sends nothing (not even a pong to the transport's pings), for "
+        "this many seconds is disconnected and its slot freed", low=0.1, group="conversations")
     open_timeout: float = setting(10.0, 'raw protocol: seconds allowed before the {"type": "open"} message',
                                   low=0.01, group="conversations")
     shutdown_grace: float = setting(1.0, "seconds conversations get to close on shutdown", low=0,
@@ -78,6 +79,11 @@ class ServerSettings(ActorSettings):
     echo_prefill_steps: int = setting(12, "system-prompt ticks", low=0, group="echo test engine")
     echo_step_ms: float = setting(0.0, "sleep per step, standing in for GPU time", low=0,
                                   group="echo test engine")
+    echo_fail_at_step: int | None = setting(None, "raise an error in this step (counted from 0), for fault tests",
+                                            low=0, group="echo test engine")
+    echo_hang_at_step: int | None = setting(None, "hang in this step (counted from 0), for fault tests", low=0,
+                                            group="echo test engine")
+    echo_hang_seconds: float = setting(30.0, "how long that step hangs", low=0, group="echo test engine")
 
     def __post_init__(self) -> None:
         # Strings are welcome where a choice or a path is expected (tests, callers).

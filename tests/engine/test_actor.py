@@ -452,3 +452,32 @@ async def test_input_before_live_is_refused(nursery, autojump_clock):
         assert lease.input_stats().pending == 0
     assert lease.state is LeaseState.ENDED
     lease.end()  # ending twice is harmless
+
+
+async def test_a_step_past_the_engine_timeout_stalls_the_actor_until_it_returns(nursery, autojump_clock):
+    """The watchdog ends the step's conversations at the timeout, waits for the call, then resets the engine."""
+    engine = ExplodingEcho(1, prefill_steps=0)
+    hang = {"calls": 0}
+
+    async def runner(fn, *args):
+        hang["calls"] += 1
+        if hang["calls"] == 5:
+            await trio.sleep(30.0)  # a GPU call that takes 30 s to come back
+        return fn(*args)
+
+    actor = EngineActor(engine, ActorSettings(engine_timeout=10.0), run_sync=runner)
+    await nursery.start(actor.run)
+    with actor.lease(Conversation()) as lease:
+        await wait_state(lease, LeaseState.LIVE)
+        while lease.failure is None:
+            await lease.wait_changed()
+        stalled_at = trio.current_time()
+        assert lease.failure.code == 1011 and "stalled" in lease.failure.message
+        assert actor.stalled and actor.metrics.engine_stalled._value.get() == 1
+    while actor.stalled:
+        await trio.sleep(0.1)
+    assert trio.current_time() - stalled_at == pytest.approx(20.0, abs=0.2)  # it waited for the call
+    assert engine.reset_all_calls == 1 and actor.metrics.engine_stalled._value.get() == 0
+    with actor.lease(Conversation()) as fresh:
+        await wait_state(fresh, LeaseState.LIVE)
+        assert (await next_frame(fresh)).text == " 0"

@@ -158,3 +158,31 @@ def test_the_readme_lists_every_serve_flag():
     missing = [flag_of(f) for f in dataclasses.fields(ServerSettings)
                if f.metadata["cli"] and f"`{flag_of(f)}`" not in table]
     assert not missing, f"README's flag table lacks {missing}"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--port", "80000"], "--port: must be between 0 and 65535, got 80000"),
+    (["--port", "eighty"], "--port: 'eighty' is not a whole number"),
+    (["--host", "no-such-host.invalid"], "the host 'no-such-host.invalid' does not resolve"),
+    (["--client-timeout", "0"], "--client-timeout: must be at least 0.1, got 0"),
+])
+def test_a_bad_command_line_gets_one_line_and_exit_status_2(args, words):
+    proc = subprocess.run([sys.executable, "-m", "pplex_trio", "serve", "--model", "echo", *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert words in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) <= 3
+
+
+def test_a_port_in_use_is_named():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "pplex_trio", "serve", "--model", "echo", "--port", str(port)],
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}: the address is already in use" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -86,7 +86,7 @@ async def test_raw_session_walks_every_state_and_flushes_everything(nursery, aut
 
 async def test_flush_with_a_full_output_queue_ends_with_done_after_what_survived(nursery, autojump_clock):
     """The client stops reading; its output queue overflows (oldest audio first, text kept); then it reads."""
-    host = await running_host(nursery, slots=1, output_backlog_frames=2, send_timeout=30)
+    host = await running_host(nursery, slots=1, output_backlog_frames=2, client_timeout=30)
     run = await start_session(nursery, host, "raw")
     run.ws.client_send(OPEN)
     await run.ws.wait_for(of_type("ready"))
@@ -106,15 +106,15 @@ async def test_flush_with_a_full_output_queue_ends_with_done_after_what_survived
     assert len(pcm_frames(run.ws.sent)) < lease.frames_delivered  # but audio was
 
 
-async def test_a_client_that_never_reads_again_is_dropped_after_the_send_timeout(nursery, autojump_clock):
-    host = await running_host(nursery, slots=1, output_backlog_frames=2, send_timeout=3)
+async def test_a_client_that_never_reads_again_is_dropped_after_the_client_timeout(nursery, autojump_clock):
+    host = await running_host(nursery, slots=1, output_backlog_frames=2, client_timeout=3)
     run = await start_session(nursery, host, "raw")
     run.ws.client_send(OPEN)
     await run.ws.wait_for(of_type("ready"))
     run.ws.reading = False
     started = trio.current_time()
     await run.done.wait()
-    assert run.session.ending == Ending(1008, "client did not read its messages in time", "send_timeout")
+    assert run.session.ending == Ending(1008, "client did not read its messages in time", "client_timeout")
     assert trio.current_time() - started < 3 + 1 + 0.2  # the timeout, then at most the 1 s close budget
     assert run.ws.closed is None  # it could not even be told: the session gave up on it
     await trio.sleep(0.2)  # the slot drains at the next tick
