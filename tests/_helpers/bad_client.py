@@ -1,0 +1,141 @@
+"""A WebSocket client on a bare socket that misbehaves at the transport level, as broken networks do.
+
+wsproto does the framing; the test decides what reaches the wire and when:
+stop reading (with a small receive buffer, so the server's writes back up),
+freeze, reset the connection (SO_LINGER 0), send fragments forever, send a
+frame header and nothing else, half-send the HTTP request.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from typing import Any
+
+import trio
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Message, Ping, RejectConnection,
+                            Request, TextMessage)
+
+
+# The fault tests' server: faults show within a second or two.
+CLIENT_TIMEOUT = 1.5
+LIMIT = 64 * 1024
+
+
+class Refused(Exception):
+    """The server refused the WebSocket upgrade."""
+
+
+class BadClient:
+    def __init__(self, stream: trio.SocketStream, ws: WSConnection):
+        self.stream = stream
+        self.ws = ws
+        self.closed: CloseConnection | None = None
+        self._sending = trio.Lock()  # the reader answers pings while a sender may be writing
+        self._pending: list[Any] = []  # events read but not handed out yet
+
+    @classmethod
+    async def connect(cls, port: int, path: str, *, rcvbuf: int | None = None, answer_pings: bool = True,
+                      timeout: float = 10.0) -> BadClient:
+        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf is not None:  # before connect, so the window is small from the start
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        await sock.connect(("127.0.0.1", port))
+        client = cls(trio.SocketStream(sock), WSConnection(ConnectionType.CLIENT))
+        client.answer_pings = answer_pings
+        await client.send_raw(client.ws.send(Request(host=f"127.0.0.1:{port}", target=path)))
+        with trio.fail_after(timeout):
+            while True:
+                events = await client._events()
+                for i, event in enumerate(events):
+                    if isinstance(event, AcceptConnection):
+                        client._pending = events[i + 1:]  # what came with the answer is the first of the rest
+                        return client
+                    if isinstance(event, RejectConnection):
+                        raise Refused(event.status_code)
+
+    @property
+    def socket(self) -> Any:
+        return self.stream.socket
+
+    async def _events(self) -> list[Any]:
+        data = await self.stream.receive_some(65536)
+        if not data:
+            raise trio.BrokenResourceError("the server closed the connection")
+        self.ws.receive_data(data)
+        return list(self.ws.events())
+
+    async def send(self, message: bytes | str) -> None:
+        await self.send_raw(self.ws.send(Message(data=message)))
+
+    async def send_raw(self, data: bytes) -> None:
+        async with self._sending:
+            await self.stream.send_all(data)
+
+    async def receive(self, timeout: float = 10.0) -> bytes | str:
+        """The next whole message (pings answered on the way); raises :class:`ServerClosed` on a close."""
+        buffer: list[Any] = []
+        with trio.fail_after(timeout):
+            while True:
+                if not self._pending:  # one read may bring several events: keep those not used yet
+                    self._pending.extend(await self._events())
+                while self._pending:
+                    event = self._pending.pop(0)
+                    if isinstance(event, Ping) and self.answer_pings:
+                        await self.send_raw(self.ws.send(event.response()))
+                    elif isinstance(event, CloseConnection):
+                        self.closed = event
+                        raise ServerClosed(event.code, event.reason)
+                    elif isinstance(event, (TextMessage, BytesMessage)):
+                        buffer.append(event.data)
+                        if event.message_finished:
+                            return "".join(buffer) if isinstance(event, TextMessage) else b"".join(buffer)
+
+    async def read_until_closed(self, timeout: float = 10.0) -> tuple[int | None, list[bytes | str]]:
+        """Read on until the server closes (with a close frame, or by dropping the connection)."""
+        messages: list[bytes | str] = []
+        try:
+            with trio.fail_after(timeout):
+                while True:
+                    messages.append(await self.receive(timeout))
+        except ServerClosed as closed:
+            return closed.code, messages
+        except (trio.BrokenResourceError, ConnectionResetError):
+            return None, messages
+
+    def reset(self) -> None:
+        """Vanish with a TCP reset: SO_LINGER 0, then close."""
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.socket.close()
+
+    def close(self) -> None:
+        """Close the socket (no matter what state it is in)."""
+        self.socket.close()
+
+
+class ServerClosed(Exception):
+    def __init__(self, code: int, reason: str | None):
+        super().__init__(code, reason)
+        self.code = code
+        self.reason = reason
+
+
+def frame_header(length: int, *, opcode: int = 0x2, fin: bool = True) -> bytes:
+    """A masked client frame header claiming ``length`` payload bytes (and a mask key), no payload."""
+    first = (0x80 if fin else 0) | opcode
+    if length < 126:
+        head = struct.pack("!BB", first, 0x80 | length)
+    elif length < 1 << 16:
+        head = struct.pack("!BBH", first, 0x80 | 126, length)
+    else:
+        head = struct.pack("!BBQ", first, 0x80 | 127, length)
+    return head + os.urandom(4)
+
+
+def masked_frame(payload: bytes, *, opcode: int, fin: bool) -> bytes:
+    """One whole masked client frame (a fragment when ``fin`` is False; opcode 0 continues)."""
+    header = frame_header(len(payload), opcode=opcode, fin=fin)
+    mask = header[-4:]
+    return header + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))

@@ -1,0 +1,74 @@
+"""Faults of the engine: a step that raises, a step that hangs (the watchdog), and recovery."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import trio
+
+from _helpers.bad_client import BadClient
+from _helpers.ws import RawWitness
+from pplex_trio.engine import EchoEngine
+
+OPEN = json.dumps({"type": "open"})
+
+
+async def health(port: int) -> tuple[int, dict]:
+    async with httpx.AsyncClient() as http:
+        response = await http.get(f"http://127.0.0.1:{port}/health", timeout=5)
+        return response.status_code, response.json()
+
+
+async def open_raw(port: int) -> BadClient:
+    client = await BadClient.connect(port, "/v1/audio/duplex")
+    await client.send(OPEN)
+    return client
+
+
+async def test_a_hung_engine_step_ends_its_conversations_reports_stalled_and_recovers(fault_server):
+    # Step 20 hangs for 3 s (a GPU call that does not come back); the watchdog gives it 1 s.
+    engine = EchoEngine(2, prefill_steps=2, hang_at_step=20, hang_seconds=3.0)
+    server = await fault_server(engine, engine_timeout=1.0, client_timeout=10)
+    port = server.port
+    live = await open_raw(port)
+    started = trio.current_time()
+    code, messages = await live.read_until_closed(timeout=10)
+    assert code == 1011
+    errors = [json.loads(m)["error"] for m in messages if isinstance(m, str) and '"error"' in m]
+    assert errors == ["the model engine stalled; please reconnect"]
+    status, body = await health(port)
+    assert status == 503 and body["status"] == "stalled"
+    refused = await open_raw(port)  # while the step is still in flight
+    code, messages = await refused.read_until_closed(timeout=5)
+    assert code == 1013 and "stalled" in messages[-1]
+    with trio.fail_after(10):  # the step returns (3 s after it began), the engine is reset
+        while (await health(port))[0] != 200:
+            await trio.sleep(0.05)
+    assert trio.current_time() - started < 8
+    witness = RawWitness(server.handle.ws_url)  # and the server serves again, losing nothing
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(witness.run)
+        await witness.ready.wait()
+        await trio.sleep(0.8)
+        witness.stop.set()
+    witness.check()
+    for client in (live, refused):
+        client.close()
+
+
+async def test_an_engine_step_that_raises_ends_its_conversations_and_the_server_goes_on(fault_server):
+    engine = EchoEngine(2, prefill_steps=2, fail_at_step=10)
+    server = await fault_server(engine)
+    first = await open_raw(server.port)
+    code, messages = await first.read_until_closed(timeout=10)
+    assert code == 1011 and "internal error in the model engine" in messages[-1]
+    witness = RawWitness(server.handle.ws_url)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(witness.run)
+        await witness.ready.wait()
+        await trio.sleep(0.8)
+        witness.stop.set()
+    witness.check()
+    assert (await health(server.port))[1]["status"] == "ok"
+    first.close()

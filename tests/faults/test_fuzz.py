@@ -1,0 +1,136 @@
+"""Protocol fuzzing: random client messages against the session core, on a fake socket.
+
+Every sequence must end in a documented close code (1000, 1003, 1007, 1008,
+1009) or be ignored, never in an internal error, on both protocols: message
+kinds and lengths up to the limit and just past it, Ogg streams with corrupted
+pages, wrong CRCs and chained streams, JSON of random shape and depth.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import sphn
+import trio
+import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from _helpers.fake_ws import running_host, start_session
+from pplex_trio.protocol import ogg
+
+LIMIT = 4096
+DOCUMENTED = {1000, 1003, 1007, 1008, 1009}
+
+
+def _ogg_pages() -> list[bytes]:
+    writer = sphn.OpusStreamWriter(24000)
+    tone = (0.3 * np.sin(np.arange(1920 * 3) / 5)).astype(np.float32)
+    return [p for i in range(3) for p in ogg.split_pages(writer.append_pcm(tone[i * 1920:(i + 1) * 1920]))]
+
+
+PAGES = _ogg_pages()
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+open_params = st.dictionaries(
+    st.sampled_from(["persona", "voice", "text_prompt", "voice_prompt", "text_temperature", "text_topk",
+                     "audio_seed", "repetition_penalty", "pad_mult", "x"]),
+    json_values, max_size=4)
+
+
+@st.composite
+def raw_messages(draw) -> bytes | str:
+    kind = draw(st.sampled_from(["open", "close", "json", "deep", "pcm", "bytes", "big"]))
+    if kind == "open":
+        return json.dumps({"type": "open", **draw(open_params)}, allow_nan=True)
+    if kind == "close":
+        return json.dumps({"type": "close"})
+    if kind == "json":
+        return json.dumps(draw(json_values), allow_nan=True)
+    if kind == "deep":
+        depth = draw(st.integers(1, 100_000 // 8))
+        return "[" * depth + "]" * draw(st.sampled_from([0, depth]))
+    if kind == "pcm":
+        samples = draw(st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), max_size=64))
+        return np.array(samples, dtype="<f4").tobytes()
+    if kind == "bytes":
+        return draw(st.binary(max_size=64))
+    return bytes(draw(st.sampled_from([LIMIT - 1, LIMIT, LIMIT + 1, LIMIT + 4])))
+
+
+@st.composite
+def moshi_messages(draw) -> bytes | str:
+    kind = draw(st.sampled_from(["page", "corrupt", "crc", "chained", "truncated", "kind", "text", "empty", "big"]))
+    if kind == "page":
+        return b"\x01" + draw(st.sampled_from(PAGES))
+    if kind == "corrupt":
+        page = bytearray(draw(st.sampled_from(PAGES)))
+        at = draw(st.integers(0, len(page) - 1))
+        page[at] ^= draw(st.integers(1, 255))
+        return b"\x01" + bytes(page)
+    if kind == "crc":
+        page = bytearray(draw(st.sampled_from(PAGES)))
+        page[22:26] = bytes(4)
+        return b"\x01" + bytes(page)
+    if kind == "chained":
+        return b"\x01" + b"".join(PAGES[:2]) + b"".join(_ogg_pages()[:3])
+    if kind == "truncated":
+        page = draw(st.sampled_from(PAGES))
+        return b"\x01" + page[: draw(st.integers(1, len(page) - 1))]
+    if kind == "kind":
+        return bytes([draw(st.integers(0, 255))]) + draw(st.binary(max_size=32))
+    if kind == "text":
+        return draw(st.text(max_size=32))
+    if kind == "empty":
+        return b""
+    return b"\x01" + bytes(draw(st.sampled_from([LIMIT - 1, LIMIT, LIMIT + 1])) - 1)
+
+
+def run_session(protocol: str, messages: list[bytes | str]) -> tuple[object, int]:
+    """Feed ``messages`` to one session; return how it ended and how many internal errors were counted."""
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            host = await running_host(nursery, slots=1, echo_prefill_steps=1, max_message_bytes=LIMIT)
+            run = await start_session(nursery, host, protocol)
+            if protocol == "moshi":
+                await run.ws.wait_for(lambda sent: b"\x00" in sent)
+            for message in messages:
+                run.ws.client_send(message)
+                await trio.sleep(0.02)
+            if protocol == "raw":
+                run.ws.client_send(json.dumps({"type": "close"}))
+            with trio.move_on_after(10):
+                await run.done.wait()
+            errors = host.metrics.errors.labels("session")._value.get()
+            ending = run.session.ending
+            nursery.cancel_scope.cancel()
+            return ending, errors
+
+    return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+fuzz = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@fuzz
+@given(st.lists(raw_messages(), min_size=1, max_size=6))
+def test_raw_sessions_end_in_a_documented_way(messages):
+    ending, errors = run_session("raw", messages)
+    assert errors == 0
+    assert ending is not None and ending.outcome != "internal_error", ending
+    assert ending.code in DOCUMENTED, ending
+
+
+@fuzz
+@given(st.lists(moshi_messages(), min_size=1, max_size=6))
+def test_moshi_sessions_end_in_a_documented_way_or_go_on(messages):
+    ending, errors = run_session("moshi", messages)
+    assert errors == 0
+    if ending is not None:  # else: every message was ignored or taken, and the conversation went on
+        assert ending.outcome != "internal_error" and ending.code in DOCUMENTED, ending
