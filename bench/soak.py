@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests"))
 
 from _serverproc import ServerProcess  # noqa: E402
-from _helpers.bad_client import BadClient, ServerClosed  # noqa: E402
+from _helpers.bad_client import BadClient  # noqa: E402
 
 logger = logging.getLogger("bench.soak")
 FRAME = 1920
@@ -158,7 +158,7 @@ async def churner(port: int, end: float, rng: random.Random, pages: list[bytes],
         tally.conversations[exit] += 1
         try:
             await conversation(port, protocol, exit, talk, pages, tally)
-        except* (OSError, trio.BrokenResourceError, trio.TooSlowError, ServerClosed) as group:
+        except* Exception as group:  # a soak must not end on one client's surprise: count it, go on
             if exit == "clean":  # the others leave by breaking the rules: errors are theirs to expect
                 first = group.exceptions[0]
                 tally.failures[f"{protocol} {exit}: {type(first).__name__}: {first}"[:120]] += 1

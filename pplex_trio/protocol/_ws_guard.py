@@ -14,8 +14,8 @@ gigabytes.  This guard sits below it and follows the bytes the client sends:
   the moment its header arrives, before its payload is read.
 
 Bytes in, bytes (or a refusal) out; no sockets.  Request bodies are skipped by
-``Content-Length``; a chunked body (no route of this server takes one) ends the
-guarding of that connection, since following it would mean parsing chunks.
+``Content-Length``; a chunked body is refused (411): no route of this server
+takes a body, and following chunks would leave a way around the guard.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ class _Phase(enum.Enum):
     BODY = "body"  # skipping a request body
     UPGRADING = "upgrading"  # an upgrade request came; the server has not answered yet
     FRAMES = "frames"  # WebSocket frames
-    UNGUARDED = "unguarded"  # passed through as is (a chunked body)
 
 
 _WAIT = object()  # a phase needs more bytes before it can go on
@@ -66,8 +65,6 @@ class InboundGuard:
 
     def inbound(self, data: bytes) -> tuple[bytes, Refusal | None]:
         """What to pass on of the client's ``data`` (maybe rewritten), and a refusal if it broke a limit."""
-        if self._phase is _Phase.UNGUARDED:
-            return data, None
         self._buffer += data
         return self._run()
 
@@ -79,7 +76,7 @@ class InboundGuard:
 
     def _run(self) -> tuple[bytes, Refusal | None]:
         out = bytearray()
-        while self._buffer and self._phase is not _Phase.UNGUARDED:
+        while self._buffer:
             if self._skip:
                 take = min(self._skip, len(self._buffer))
                 out += self._buffer[:take]
@@ -95,9 +92,6 @@ class InboundGuard:
                 break
             if isinstance(step, Refusal):
                 return bytes(out), step
-        if self._phase is _Phase.UNGUARDED:
-            out += self._buffer
-            self._buffer.clear()
         return bytes(out), None
 
     # -- phases --------------------------------------------------------------
@@ -112,7 +106,7 @@ class InboundGuard:
         lines = bytes(self._buffer[:end]).split(b"\r\n")
         del self._buffer[:end]
         kept = [lines[0]]
-        upgrade, length, chunked = False, 0, False
+        upgrade, length = False, 0
         for line in lines[1:]:
             name, _, value = line.partition(b":")
             name, value = name.strip().lower(), value.strip().lower()
@@ -125,12 +119,10 @@ class InboundGuard:
                     return Refusal("bad Content-Length", http_status=400)
                 length = int(value)
             elif name == b"transfer-encoding":
-                chunked = True
+                return Refusal("a chunked request body (no route here takes a body)", http_status=411)
             kept.append(line)
         out += b"\r\n".join(kept)
-        if chunked:
-            self._phase = _Phase.UNGUARDED
-        elif upgrade:
+        if upgrade:
             self._phase = _Phase.UPGRADING
         elif length:
             self._phase, self._skip = _Phase.BODY, length

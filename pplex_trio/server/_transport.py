@@ -38,7 +38,7 @@ from ..protocol._ws_guard import InboundGuard, Refusal
 
 logger = logging.getLogger(__name__)
 
-_REASONS = {400: "Bad Request", 431: "Request Header Fields Too Large"}
+_REASONS = {400: "Bad Request", 411: "Length Required", 431: "Request Header Fields Too Large"}
 
 
 class GuardedStream(trio.abc.HalfCloseableStream):

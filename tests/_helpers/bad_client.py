@@ -15,6 +15,7 @@ from typing import Any
 
 import trio
 from wsproto import ConnectionType, WSConnection
+from wsproto.connection import ConnectionState
 from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Message, Ping, RejectConnection,
                             Request, TextMessage)
 
@@ -83,7 +84,7 @@ class BadClient:
                     self._pending.extend(await self._events())
                 while self._pending:
                     event = self._pending.pop(0)
-                    if isinstance(event, Ping) and self.answer_pings:
+                    if isinstance(event, Ping) and self.answer_pings and self.ws.state is ConnectionState.OPEN:
                         await self.send_raw(self.ws.send(event.response()))
                     elif isinstance(event, CloseConnection):
                         self.closed = event

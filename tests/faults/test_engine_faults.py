@@ -26,6 +26,17 @@ async def open_raw(port: int) -> BadClient:
     return client
 
 
+async def serves_a_witness(server) -> None:
+    """A conversation of 0.8 s gets every frame back."""
+    witness = RawWitness(server.handle.ws_url)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(witness.run)
+        await witness.ready.wait()
+        await trio.sleep(0.8)
+        witness.stop.set()
+    witness.check()
+
+
 async def test_a_hung_engine_step_ends_its_conversations_reports_stalled_and_recovers(fault_server):
     # Step 20 hangs for 3 s (a GPU call that does not come back); the watchdog gives it 1 s.
     engine = EchoEngine(2, prefill_steps=2, hang_at_step=20, hang_seconds=3.0)
@@ -46,13 +57,7 @@ async def test_a_hung_engine_step_ends_its_conversations_reports_stalled_and_rec
         while (await health(port))[0] != 200:
             await trio.sleep(0.05)
     assert trio.current_time() - started < 8
-    witness = RawWitness(server.handle.ws_url)  # and the server serves again, losing nothing
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(witness.run)
-        await witness.ready.wait()
-        await trio.sleep(0.8)
-        witness.stop.set()
-    witness.check()
+    await serves_a_witness(server)  # and the server serves again, losing nothing
     for client in (live, refused):
         client.close()
 
@@ -63,12 +68,6 @@ async def test_an_engine_step_that_raises_ends_its_conversations_and_the_server_
     first = await open_raw(server.port)
     code, messages = await first.read_until_closed(timeout=10)
     assert code == 1011 and "internal error in the model engine" in messages[-1]
-    witness = RawWitness(server.handle.ws_url)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(witness.run)
-        await witness.ready.wait()
-        await trio.sleep(0.8)
-        witness.stop.set()
-    witness.check()
+    await serves_a_witness(server)
     assert (await health(server.port))[1]["status"] == "ok"
     first.close()

@@ -48,6 +48,15 @@ async def wait_for_state(port: int, after: int, state: str) -> None:
             await trio.sleep(0.02)
 
 
+async def start_witness(nursery, server) -> RawWitness:
+    """A raw conversation streaming known audio beside the bad client; check it at the end."""
+    witness = RawWitness(server.handle.ws_url)
+    nursery.start_soon(witness.run)
+    with trio.fail_after(10):
+        await witness.ready.wait()
+    return witness
+
+
 async def bring_to(phase: str, protocol: str, bad: BadClient, port: int, after: int) -> None:
     """Take the bad client's conversation to ``phase``, behaving well on the way."""
     if phase == "connected":
@@ -101,10 +110,7 @@ async def test_a_misbehaving_client_costs_the_others_nothing(fault_server, nurse
         phase = "preparing"  # a Moshi conversation is admitted from its query at once: there is no wait to misbehave in
     server = await fault_server()
     port = server.port
-    witness = RawWitness(server.handle.ws_url)
-    nursery.start_soon(witness.run)
-    with trio.fail_after(10):
-        await witness.ready.wait()
+    witness = await start_witness(nursery, server)
     blocker_done = trio.Event()
     if phase == "queued":  # both slots taken: the bad client waits in the queue
         nursery.start_soon(_blocker, server.handle.ws_url, blocker_done)
@@ -223,10 +229,7 @@ async def test_compression_is_never_negotiated(fault_server):
 async def test_a_storm_of_connections_that_reset_leaves_nothing_behind(fault_server, nursery):
     server = await fault_server()
     port = server.port
-    witness = RawWitness(server.handle.ws_url)
-    nursery.start_soon(witness.run)
-    with trio.fail_after(10):
-        await witness.ready.wait()
+    witness = await start_witness(nursery, server)
 
     async def one(i: int) -> None:
         bad = await BadClient.connect(port, PATHS["raw" if i % 2 else "moshi"])
@@ -251,3 +254,39 @@ async def test_a_storm_of_connections_that_reset_leaves_nothing_behind(fault_ser
     witness.check()
     health = await get(port, "/health")
     assert health["status"] == "ok" and health["slots_free"] == 2 and health["queued"] == 0
+
+
+async def test_sigterm_with_a_frozen_and_a_non_reading_client_exits_within_5_s():
+    """The real command: `pplex-trio serve`, two bad clients, SIGTERM, exit 0 within 5 s."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "pplex_trio", "serve", "--model", "echo", "--port", "0",
+                             "--slots", "2", "--echo-prefill-steps", "2"],
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        port = None
+        for line in proc.stderr:
+            if match := re.search(r"Running on http://127\.0\.0\.1:(\d+)", line):
+                port = int(match.group(1))
+                break
+        assert port is not None
+        clients = []
+        for protocol, rcvbuf in (("raw", 4096), ("moshi", None)):
+            client = await BadClient.connect(port, PATHS[protocol], rcvbuf=rcvbuf)
+            await bring_to("live", protocol, client, port, 0)
+            clients.append(client)  # from now on neither reads
+        await trio.sleep(2.0)
+        proc.send_signal(signal.SIGTERM)
+        started = trio.current_time()
+        code = await trio.to_thread.run_sync(proc.wait, 10)
+        assert code == 0 and trio.current_time() - started < 5
+        for client in clients:
+            client.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
