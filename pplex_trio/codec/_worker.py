@@ -23,6 +23,7 @@ Run as ``python -m pplex_trio.codec._worker``.
 
 from __future__ import annotations
 
+import signal
 import struct
 import sys
 from typing import BinaryIO, Callable
@@ -122,4 +123,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
 
 
 if __name__ == "__main__":
+    # Ctrl-C in a terminal reaches the whole process group: the parent owns shutdown, and this
+    # child ends when the parent closes its stdin.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     serve(sys.stdin.buffer, sys.stdout.buffer)

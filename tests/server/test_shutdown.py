@@ -88,3 +88,26 @@ def test_sigterm_closes_conversations_with_1001_and_exits_0(tmp_path):
         if proc.poll() is None:
             proc.kill()
         proc.stderr.close()
+
+
+def test_ctrl_c_to_the_process_group_stops_cleanly_without_tracebacks():
+    """A terminal's Ctrl-C reaches the server and its encoder child alike: one clean stop, no traceback."""
+    import re
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pplex_trio", "serve", "--model", "echo", "--port", "0", "--opus-encoder", "process"],
+        stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True,
+    )
+    try:
+        for line in proc.stderr:
+            if re.search(r"Running on http://", line):
+                break
+        os.killpg(proc.pid, signal.SIGINT)
+        err = proc.stderr.read()
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "server stopped" in err
