@@ -56,7 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     if args.command == "serve":
-        return _serve(args)
+        try:
+            return _serve(args)
+        except KeyboardInterrupt:  # Ctrl-C while a model loads (minutes for the real one)
+            return _interrupted()
     if args.command == "client":
         return _client(args)
     if args.command == "offline":
@@ -84,6 +87,11 @@ def _serve(args: argparse.Namespace) -> int:
     trio.run(lambda: serve(settings, engine, handle_signals=True, sockets=sockets))
     logger.info("server stopped")
     return 0
+
+
+def _interrupted() -> int:
+    logger.info("interrupted before the server started")
+    return 130
 
 
 def _client(args: argparse.Namespace) -> int:

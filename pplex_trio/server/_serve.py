@@ -54,15 +54,18 @@ class ServerHandle:
 
     async def shutdown(self) -> None:
         """Close every conversation with 1001 within the grace period, then stop."""
-        state = self.state
-        if state.shutting_down:
-            return
-        logger.info("shutting down: closing %d conversation(s)", len(state.sessions))
-        state.begin_shutdown()
-        with trio.move_on_after(state.settings.shutdown_grace):
-            while state.sessions:
-                await trio.sleep(0.01)
-        self._stop.set()
+        await _shutdown(self.state, self._stop)
+
+
+async def _shutdown(state: ServerState, stop: trio.Event) -> None:
+    if state.shutting_down:
+        return
+    logger.info("shutting down: closing %d conversation(s)", len(state.sessions))
+    state.begin_shutdown()
+    with trio.move_on_after(state.settings.shutdown_grace):
+        while state.sessions:
+            await trio.sleep(0.01)
+    stop.set()
 
 
 def hypercorn_config(settings: ServerSettings) -> hypercorn.config.Config:
@@ -124,6 +127,8 @@ async def serve(
         sockets = bind_sockets(settings)
     _quiet_garbage_collector()
     async with trio.open_nursery() as nursery:
+        if handle_signals:  # before anything listens: a Ctrl-C at any moment from here is a clean stop
+            await nursery.start(_watch_signals, state, stop)
         await nursery.start(state.actor.run)
         await nursery.start(state.encoders.run)
         # The transport's write deadline comes a second after the session's own, so a session that gives
@@ -133,8 +138,6 @@ async def serve(
                        on_refusal=lambda refusal: state.metrics.errors.labels("transport").inc())
         binds = await nursery.start(_http, http, nursery)
         handle = ServerHandle(state, binds, stop)
-        if handle_signals:
-            nursery.start_soon(_watch_signals, handle)
         logger.info("serving %s with %d slot(s) on %s", engine.name, engine.num_slots, ", ".join(binds))
         task_status.started(handle)
 
@@ -156,12 +159,14 @@ async def _http(http: Any, nursery: trio.Nursery, task_status: trio.TaskStatus[l
     nursery.cancel_scope.cancel()  # the transport is done: stop the actor, the encoders and the signal watcher
 
 
-async def _watch_signals(handle: ServerHandle) -> None:
+async def _watch_signals(state: ServerState, stop: trio.Event,
+                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()
         async for signum in signals:
-            if handle.state.shutting_down:
+            if state.shutting_down:
                 logger.warning("second %s: stopping now", signal.Signals(signum).name)
-                handle._stop.set()
+                stop.set()
                 return
             logger.info("%s received", signal.Signals(signum).name)
-            await handle.shutdown()
+            await _shutdown(state, stop)
