@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from http import HTTPStatus
 import struct
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -37,9 +38,6 @@ from hypercorn.utils import repr_socket_addr, wrap_app
 from ..protocol._ws_guard import InboundGuard, Refusal
 
 logger = logging.getLogger(__name__)
-
-_REASONS = {400: "Bad Request", 411: "Length Required", 431: "Request Header Fields Too Large"}
-
 
 class GuardedStream(trio.abc.HalfCloseableStream):
     """A client's socket stream with write deadlines, an inbound guard, and an abort."""
@@ -75,7 +73,8 @@ class GuardedStream(trio.abc.HalfCloseableStream):
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         async with self._lock:
-            self._guard.outbound(bytes(data[:16]))
+            if not self._guard.websocket:  # only the answer to an upgrade matters to the guard
+                self._guard.outbound(bytes(data[:16]))
             with trio.move_on_after(self._write_timeout) as deadline:
                 await self._stream.send_all(data)
         if deadline.cancelled_caught:
@@ -108,7 +107,7 @@ class GuardedStream(trio.abc.HalfCloseableStream):
         if self._on_refusal is not None:
             self._on_refusal(refusal)
         if refusal.http_status is not None:
-            message = (f"HTTP/1.1 {refusal.http_status} {_REASONS.get(refusal.http_status, 'Refused')}\r\n"
+            message = (f"HTTP/1.1 {refusal.http_status} {HTTPStatus(refusal.http_status).phrase}\r\n"
                        "connection: close\r\ncontent-length: 0\r\n\r\n").encode()
         else:
             assert refusal.close_code is not None
