@@ -95,7 +95,7 @@ def test_ctrl_c_to_the_process_group_stops_cleanly_without_tracebacks():
     import re
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pplex_trio", "serve", "--model", "echo", "--port", "0", "--opus-encoder", "process"],
+        [sys.executable, "-m", "pplex_trio", "serve", "--model", "echo", "--port", "0"],  # auto: the child, with libopus
         stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True,
     )
     try:
