@@ -15,14 +15,19 @@ a :class:`GuardedStream` that
 Dead peers are found by hypercorn itself: it pings every WebSocket
 (``websocket_ping_interval``) and gives up on a connection that sends nothing,
 not even a pong, for ``read_timeout``.
+
+With TLS (:class:`GuardedTLSStream`) the same guard reads the decrypted bytes,
+and the deadlines and the abort act on the socket below; a plain-HTTP request
+to the TLS port is answered with a redirect to ``https://``.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-from http import HTTPStatus
+import ssl
 import struct
+from http import HTTPStatus
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -44,7 +49,7 @@ class GuardedStream(trio.abc.HalfCloseableStream):
 
     def __init__(self, stream: trio.SocketStream, *, write_timeout: float, max_message_bytes: int,
                  on_refusal: Callable[[Refusal], None] | None = None):
-        self._stream = stream
+        self._stream: trio.abc.Stream = stream  # what bytes are read from and written to
         self.socket = stream.socket  # hypercorn reads the peer's address from it
         self._write_timeout = write_timeout
         self._guard = InboundGuard(max_message_bytes)
@@ -119,6 +124,81 @@ class GuardedStream(trio.abc.HalfCloseableStream):
         self.abort()
 
 
+class GuardedTLSStream(GuardedStream):
+    """A :class:`GuardedStream` over TLS.
+
+    hypercorn tells a TLS stream by ``do_handshake``, ``selected_alpn_protocol``
+    and ``transport_stream``; it runs the handshake under its own deadline.
+    """
+
+    def __init__(self, stream: trio.SocketStream, context: ssl.SSLContext, **options: Any):
+        super().__init__(stream, **options)
+        self._first = _FirstBytes(stream)
+        # https_compatible: no close_notify is written or waited for (closing never blocks on a peer).
+        self._tls = trio.SSLStream(self._first, context, server_side=True, https_compatible=True)
+        self._stream = self._tls
+
+    @property
+    def transport_stream(self) -> GuardedTLSStream:
+        return self  # hypercorn reads ``transport_stream.socket``
+
+    def selected_alpn_protocol(self) -> str | None:
+        return self._tls.selected_alpn_protocol()
+
+    async def do_handshake(self) -> None:
+        first = await self._first.peek()
+        if first[:1] not in (b"", b"\x16"):  # not a TLS handshake record: someone typed http://
+            await self._redirect_to_https(first)
+            raise trio.BrokenResourceError("plain HTTP on the TLS port")
+        await self._tls.do_handshake()
+
+    async def send_eof(self) -> None:
+        pass  # TLS has no half-close; hypercorn closes the stream next
+
+    async def _redirect_to_https(self, first: bytes) -> None:
+        head = first.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+        target = head[0].split(" ")[1] if len(head[0].split(" ")) == 3 else "/"
+        host = next((line.split(":", 1)[1].strip() for line in head[1:] if line.lower().startswith("host:")), None)
+        if host is None or not target.startswith("/"):
+            message = b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+        else:
+            location = f"https://{host}{target}".encode("latin-1", "replace")
+            message = (b"HTTP/1.1 301 Moved Permanently\r\nlocation: " + location +
+                       b"\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
+        logger.info("connection from %s: plain HTTP on the TLS port, redirected to https://", self.peer())
+        with trio.move_on_after(1.0) as deadline:
+            await self._first.send_all(message)
+        if deadline.cancelled_caught:
+            self.abort()  # else the connection closes normally, so the client reads the redirect
+
+
+class _FirstBytes(trio.abc.Stream):
+    """A socket stream whose first bytes can be looked at before TLS reads them."""
+
+    def __init__(self, stream: trio.SocketStream):
+        self._stream = stream
+        self._peeked = b""
+
+    async def peek(self) -> bytes:
+        self._peeked = await self._stream.receive_some(16384)
+        return self._peeked
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._peeked:
+            data, self._peeked = self._peeked, b""
+            return data
+        return await self._stream.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
 class Connections:
     """The open connections, so that shutdown can abort the ones that would not close."""
 
@@ -141,9 +221,12 @@ async def serve_http(
     max_message_bytes: int,
     shutdown_trigger: Callable[[], Awaitable[None]],
     on_refusal: Callable[[Refusal], None] | None = None,
+    ssl_context: ssl.SSLContext | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``sockets`` (bound and listening) until ``shutdown_trigger`` returns.
+
+    With ``ssl_context``, every connection is TLS.
 
     Then: no new connections; open ones get ``config.graceful_timeout`` to end,
     after which they are cancelled and, if a write still holds one, aborted.
@@ -155,19 +238,22 @@ async def serve_http(
     connections = Connections()
 
     async def handle(stream: trio.SocketStream) -> None:
-        guarded = GuardedStream(stream, write_timeout=write_timeout, max_message_bytes=max_message_bytes,
-                                on_refusal=on_refusal)
+        options = dict(write_timeout=write_timeout, max_message_bytes=max_message_bytes, on_refusal=on_refusal)
+        guarded = GuardedStream(stream, **options) if ssl_context is None else \
+            GuardedTLSStream(stream, ssl_context, **options)
         connections.open.add(guarded)
         try:
             await TCPServer(app, config, context, ConnectionState(lifespan_state.copy()), guarded)  # type: ignore[arg-type]
         finally:
             connections.open.discard(guarded)
+            await trio.aclose_forcefully(guarded)  # hypercorn leaves it open when a TLS handshake fails
 
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
         listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets]
-        binds = [f"http://{repr_socket_addr(sock.family, sock.getsockname())}" for sock in sockets]
+        scheme = "http" if ssl_context is None else "https"
+        binds = [f"{scheme}://{repr_socket_addr(sock.family, sock.getsockname())}" for sock in sockets]
         for bind in binds:
             await config.log.info(f"Running on {bind} (CTRL + C to quit)")
         async with trio.open_nursery() as connection_nursery:
