@@ -17,6 +17,7 @@ _LATENESS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 
 
 
 DROP_REASONS = ("inbound", "input_backlog", "output_backlog")
+REFUSAL_REASONS = ("unauthorized", "forbidden_origin", "too_many_connections")
 ERROR_KINDS = ("bad_request", "protocol", "session", "engine", "engine_start", "engine_reset", "engine_stalled",
                "start_rejected", "transport")
 
@@ -85,6 +86,9 @@ class Metrics:
         self.sessions_ended = Counter(
             "pplex_sessions_ended_total", "Connections ended, by protocol and outcome", ["protocol", "outcome"],
             registry=r)
+        self.refused = Counter(
+            "pplex_refused_total", "Requests and WebSocket upgrades refused at the door (401, 403, 429), by reason",
+            ["reason"], registry=r)
         self.errors = Counter("pplex_errors_total", "Errors, by kind", ["kind"], registry=r)
         self.trio_tasks = Gauge("pplex_trio_tasks", "Trio tasks alive in the server (counted when /metrics is read)",
                                 registry=r)
@@ -94,6 +98,8 @@ class Metrics:
             self.frames_dropped.labels(reason)
         for kind in ERROR_KINDS:
             self.errors.labels(kind)
+        for reason in REFUSAL_REASONS:
+            self.refused.labels(reason)
 
     def drop(self, reason: str, count: int = 1) -> None:
         if count:

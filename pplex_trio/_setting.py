@@ -22,10 +22,15 @@ def setting(
     high: float | None = None,
     group: str | None = None,
     cli: bool = True,
+    secret: bool = False,
 ) -> Any:
-    """A dataclass field with its command-line ``flag`` (default ``--field-name``), ``help`` and bounds."""
+    """A dataclass field with its command-line ``flag`` (default ``--field-name``), ``help`` and bounds.
+
+    A ``secret`` is left out of the dataclass's ``repr`` (so a logged settings object never shows it).
+    """
     return dataclasses.field(
         default=default,
+        repr=not secret,
         metadata={"help": help, "flag": flag, "low": low, "high": high, "group": group, "cli": cli},
     )
 

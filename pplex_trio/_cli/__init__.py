@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import pathlib
+import ssl
 import sys
 import typing
 from collections.abc import Sequence
@@ -44,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument("--persona", help="persona (text prompt)")
     client.add_argument("--voice", help="voice prompt name, e.g. NATF2.pt")
     client.add_argument("--protocol", choices=("moshi", "raw"), default="moshi", help="wire protocol (default moshi)")
+    client.add_argument("--token", help="the server's access token (default: the PPLEX_TRIO_AUTH_TOKEN environment "
+                        "variable, which ps does not show)")
+    client.add_argument("--cafile", type=pathlib.Path, help="with https://, trust the certificates in this PEM file "
+                        "(such as the cert.pem a server made with --ssl)")
+    client.add_argument("--insecure", action="store_true", help="with https://, do not check the server's "
+                        "certificate (a self-signed one you have not copied here)")
 
     offline = commands.add_parser("offline", help="run a model over a wav file without a server")
     add_offline_arguments(offline)
@@ -71,20 +79,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from ..server import ServerSettings, serve
-    from ..server._serve import ListenError, bind_sockets
+    from ..server._serve import ListenError, bind_sockets, tls_certificate
+    from ..protocol._access import AUTH_TOKEN_ENV
     from ._engines import ModelUnavailable, create_engine
 
-    settings = settings_from_args(ServerSettings, args)
+    if args.auth_token is None and AUTH_TOKEN_ENV in os.environ:
+        args.auth_token = os.environ[AUTH_TOKEN_ENV]  # the recommended way: ps shows flags, not the environment
+    try:
+        settings = settings_from_args(ServerSettings, args)
+    except ValueError as exc:
+        logger.error("%s", exc)
+        return 2
     if settings.static_dir is not None and not (settings.static_dir / "index.html").is_file():
         logger.error("--static %s has no index.html", settings.static_dir)
         return 2
     try:
+        certificate = tls_certificate(settings)
         sockets = bind_sockets(settings)  # first: a port in use is said at once, not after loading a model
         engine = create_engine(settings)
     except (ListenError, ModelUnavailable, FileNotFoundError, ValueError) as exc:
         logger.error("%s", exc)
         return 2
-    trio.run(lambda: serve(settings, engine, handle_signals=True, sockets=sockets))
+    trio.run(lambda: serve(settings, engine, handle_signals=True, sockets=sockets, certificate=certificate))
     logger.info("server stopped")
     return 0
 
@@ -95,22 +111,37 @@ def _interrupted() -> int:
 
 
 def _client(args: argparse.Namespace) -> int:
-    from ..client import ClientError, run_client
+    from ..client import ClientError, Refused, client_ssl_context, run_client
+    from ..protocol._access import AUTH_TOKEN_ENV
 
+    token = args.token if args.token is not None else os.environ.get(AUTH_TOKEN_ENV)
+    try:
+        context = client_ssl_context(insecure=args.insecure, cafile=args.cafile)
+    except (OSError, ssl.SSLError) as exc:
+        logger.error("--cafile %s: %s", args.cafile, exc)
+        return 2
     try:
         trio.run(
             lambda: run_client(
                 args.url, args.input, args.output, text_json=args.text, protocol=args.protocol,
-                persona=args.persona, voice=args.voice,
+                persona=args.persona, voice=args.voice, token=token, ssl_context=context,
             )
         )
-    except (ClientError, OSError, BaseExceptionGroup) as exc:
+    except (ClientError, Refused, OSError, BaseExceptionGroup) as exc:
         for leaf in _leaves(exc):
-            if not isinstance(leaf, (ClientError, OSError)):
+            if not isinstance(leaf, (ClientError, Refused, OSError)):
                 raise
-            logger.error("%s%s", "server: " if isinstance(leaf, ClientError) else "", leaf)
+            logger.error("%s%s", "server: " if isinstance(leaf, ClientError) else "", _explain(leaf))
         return 1
     return 0
+
+
+def _explain(error: BaseException) -> str:
+    """A failed certificate check says what to do about it."""
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return (f"{error.verify_message or error}: the server's certificate is not trusted here; pass "
+                "--cafile with its cert.pem, or --insecure for a self-signed one you trust")
+    return str(error)
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 import pathlib
+import ssl
 import urllib.parse
 from typing import Any
 
@@ -58,12 +59,13 @@ def read_wav(path: str | pathlib.Path) -> np.ndarray:
     return np.ascontiguousarray(data.mean(axis=0), dtype=np.float32)
 
 
-async def stream_moshi(url: str, pcm: np.ndarray, *, tail_seconds: float = 2.0) -> ClientResult:
+async def stream_moshi(url: str, pcm: np.ndarray, *, tail_seconds: float = 2.0, **connect: Any) -> ClientResult:
+    """``connect``: :func:`open_websocket`'s ``ssl_context`` and ``token``."""
     writer, reader = sphn.OpusStreamWriter(SAMPLE_RATE), sphn.OpusStreamReader(SAMPLE_RATE)
     received: list[np.ndarray] = []
     text: list[dict[str, Any]] = []
     total = [0]
-    async with open_websocket(url) as ws:
+    async with open_websocket(url, **connect) as ws:
         await _wait_moshi_handshake(ws)
         logger.info("handshake received; streaming %.1f s of audio", pcm.size / SAMPLE_RATE)
         done = trio.Event()
@@ -108,11 +110,12 @@ async def stream_moshi(url: str, pcm: np.ndarray, *, tail_seconds: float = 2.0) 
     return ClientResult(_fit(received, pcm.size), text)
 
 
-async def stream_raw(url: str, pcm: np.ndarray, params: dict[str, Any], *, tail_seconds: float = 2.0) -> ClientResult:
+async def stream_raw(url: str, pcm: np.ndarray, params: dict[str, Any], *, tail_seconds: float = 2.0,
+                     **connect: Any) -> ClientResult:
     received: list[np.ndarray] = []
     text: list[dict[str, Any]] = []
     total = 0
-    async with open_websocket(url) as ws:
+    async with open_websocket(url, **connect) as ws:
         await ws.send_message(json.dumps({"type": "open", **params}))
         while True:
             message = await ws.get_message()
@@ -197,19 +200,23 @@ async def run_client(
     persona: str | None = None,
     voice: str | None = None,
     extra: dict[str, str] | None = None,
+    token: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> ClientResult:
+    """``token``: the server's access token (sent as a Bearer header); ``ssl_context``: for ``wss://``."""
     pcm = read_wav(input_wav)
+    connect = dict(token=token, ssl_context=ssl_context)
     if protocol == "moshi":
         params = dict(extra or {})
         if persona is not None:
             params["text_prompt"] = persona
         if voice is not None:
             params["voice_prompt"] = voice
-        result = await stream_moshi(conversation_url(url, protocol, params), pcm)
+        result = await stream_moshi(conversation_url(url, protocol, params), pcm, **connect)
     elif protocol == "raw":
         params = {k: v for k, v in (("persona", persona), ("voice", voice)) if v is not None}
         params.update(extra or {})
-        result = await stream_raw(conversation_url(url, protocol, {}), pcm, params)
+        result = await stream_raw(conversation_url(url, protocol, {}), pcm, params, **connect)
     else:
         raise ValueError(f"unknown protocol {protocol!r}: use moshi or raw")
     sphn.write_wav(str(output_wav), result.pcm, SAMPLE_RATE)

@@ -5,22 +5,45 @@ trio-websocket's ``open_websocket_url`` leaves its socket open when the
 own ``aclose``), which leaks a file descriptor per conversation in a
 long-running load generator.  Here we open the TCP stream ourselves, hand it
 to ``wrap_client_stream`` (public API) and always close it.
+
+``wss://`` verifies the server's certificate against the system's authorities,
+or ``--cafile`` (a self-signed ``cert.pem``), or not at all with ``--insecure``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import pathlib
 import ssl
 import urllib.parse
 from collections.abc import AsyncIterator
 
 import trio
-from trio_websocket import WebSocketConnection, wrap_client_stream
+from trio_websocket import ConnectionRejected, WebSocketConnection, wrap_client_stream
+
+
+class Refused(Exception):
+    """The server refused the WebSocket upgrade (401, 403, 429, …); the message says why."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"the server refused the connection ({status}): {message}")
+        self.status = status
+
+
+def client_ssl_context(*, insecure: bool = False, cafile: str | pathlib.Path | None = None) -> ssl.SSLContext:
+    """How ``wss://`` checks the server: the system's authorities, ``cafile``, or (``insecure``) not at all."""
+    context = ssl.create_default_context(cafile=str(cafile) if cafile is not None else None)
+    if insecure:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
 
 
 @contextlib.asynccontextmanager
 async def open_websocket(
-    url: str, *, max_message_size: int = 16 * 1024 * 1024, message_queue_size: int = 64
+    url: str, *, max_message_size: int = 16 * 1024 * 1024, message_queue_size: int = 64,
+    ssl_context: ssl.SSLContext | None = None, token: str | None = None, connect_timeout: float = 30.0,
 ) -> AsyncIterator[WebSocketConnection]:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("ws", "wss"):
@@ -31,21 +54,44 @@ async def open_websocket(
     resource = parts.path or "/"
     if parts.query:
         resource += "?" + parts.query
+    headers = [("Authorization", f"Bearer {token}")] if token else None
     stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
     try:
         if secure:
-            stream = trio.SSLStream(stream, ssl.create_default_context(), server_hostname=host)
-        async with trio.open_nursery() as nursery:
-            ws = await wrap_client_stream(
-                nursery, stream, parts.netloc, resource,
-                max_message_size=max_message_size, message_queue_size=message_queue_size,
-            )
+            tls = trio.SSLStream(stream, ssl_context or client_ssl_context(), server_hostname=host)
             try:
-                yield ws
-            finally:
-                with trio.move_on_after(2) as cleanup:
-                    cleanup.shield = True
-                    await ws.aclose()
-                nursery.cancel_scope.cancel()
+                with trio.fail_after(connect_timeout):
+                    # Here, not in trio-websocket's reader task, which would swallow a certificate error and hang.
+                    await tls.do_handshake()
+            except trio.BrokenResourceError as exc:
+                if isinstance(exc.__cause__, ssl.SSLError):
+                    raise exc.__cause__ from None  # "certificate verify failed" says more than "broken"
+                raise
+            stream = tls
+        try:
+            async with trio.open_nursery() as nursery:
+                with trio.fail_after(connect_timeout):
+                    ws = await wrap_client_stream(
+                        nursery, stream, parts.netloc, resource, extra_headers=headers,
+                        max_message_size=max_message_size, message_queue_size=message_queue_size,
+                    )
+                try:
+                    yield ws
+                finally:
+                    with trio.move_on_after(2) as cleanup:
+                        cleanup.shield = True
+                        await ws.aclose()
+                    nursery.cancel_scope.cancel()
+        except* ConnectionRejected as rejected:  # raised by the connection's reader task
+            first = rejected.exceptions[0]
+            assert isinstance(first, ConnectionRejected)
+            raise Refused(first.status_code, _refusal_message(first.body)) from None
     finally:
         await trio.aclose_forcefully(stream)
+
+
+def _refusal_message(body: bytes | None) -> str:
+    try:
+        return str(json.loads(body or b"")["error"])
+    except (ValueError, KeyError, TypeError):
+        return (body or b"").decode("utf-8", "replace")[:200] or "no reason given"

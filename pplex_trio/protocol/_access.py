@@ -30,6 +30,7 @@ import urllib.parse
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+AUTH_TOKEN_ENV = "PPLEX_TRIO_AUTH_TOKEN"  # where the server and the client read the token (ps shows flags)
 COOKIE_NAME = "pplex_trio_auth"
 TOKEN_PARAMETER = "token"
 ANY_ORIGIN = "*"

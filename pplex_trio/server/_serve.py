@@ -24,9 +24,12 @@ import trio
 
 from ..engine import Engine
 from ._app import create_app
+from ..protocol import AccessPolicy
 from ._encoders import Encoders
+from ._gate import AccessGate
 from ._settings import ServerSettings
 from ._state import ServerState
+from ._tls import Certificate, prepare_certificate
 from ._transport import serve_http
 
 logger = logging.getLogger(__name__)
@@ -50,7 +53,7 @@ class ServerHandle:
 
     @property
     def ws_url(self) -> str:
-        return self.binds[0].replace("http://", "ws://", 1)
+        return "ws" + self.binds[0].removeprefix("http")  # http → ws, https → wss
 
     async def shutdown(self) -> None:
         """Close every conversation with 1001 within the grace period, then stop."""
@@ -78,6 +81,7 @@ def hypercorn_config(settings: ServerSettings) -> hypercorn.config.Config:
     config.read_timeout = settings.client_timeout  # type: ignore[assignment]  (hypercorn accepts seconds)
     config.keep_alive_timeout = min(5.0, settings.client_timeout)  # an idle or half-sent HTTP request
     config.graceful_timeout = settings.shutdown_grace
+    config.ssl_handshake_timeout = settings.client_timeout  # type: ignore[assignment]
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     return config
@@ -113,15 +117,22 @@ async def serve(
     handle_signals: bool = False,
     encoders: Encoders | None = None,
     sockets: list[socket.socket] | None = None,
+    certificate: Certificate | None = None,
     task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until shut down (by a signal if ``handle_signals``, or the handle).
 
     ``encoders`` replaces the ``--opus-encoder`` choice (for benchmarks);
-    ``sockets`` are listening sockets from :func:`bind_sockets` (default: bound here).
+    ``sockets`` are listening sockets from :func:`bind_sockets` (default: bound here);
+    ``certificate`` is the one :func:`prepare_certificate` gave (default: prepared here).
     """
+    if certificate is None:
+        certificate = tls_certificate(settings)
     state = ServerState.create(settings, engine, encoders=encoders)
-    app = create_app(state)
+    policy = AccessPolicy(token=settings.auth_token, allowed_origins=settings.origins,
+                          max_connections_per_address=settings.max_connections_per_ip,
+                          open_paths=OPEN_PATHS, secure=certificate is not None)
+    app = AccessGate(create_app(state), policy, on_refusal=lambda reason: state.metrics.refused.labels(reason).inc())
     stop = trio.Event()
     if sockets is None:
         sockets = bind_sockets(settings)
@@ -135,11 +146,45 @@ async def serve(
         # up on a client says so (and tries to tell it) before the transport drops the connection.
         http = partial(serve_http, app, hypercorn_config(settings), sockets, write_timeout=settings.client_timeout + 1,
                        max_message_bytes=settings.max_message_bytes, shutdown_trigger=stop.wait,
-                       on_refusal=lambda refusal: state.metrics.errors.labels("transport").inc())
+                       on_refusal=lambda refusal: state.metrics.errors.labels("transport").inc(),
+                       ssl_context=certificate.server_context() if certificate is not None else None)
         binds = await nursery.start(_http, http, nursery)
         handle = ServerHandle(state, binds, stop)
         logger.info("serving %s with %d slot(s) on %s", engine.name, engine.num_slots, ", ".join(binds))
+        _log_exposure(settings, certificate, handle.port)
         task_status.started(handle)
+
+
+OPEN_PATHS = frozenset({"/health"})  # load balancers and probes check it without the token
+
+
+def tls_certificate(settings: ServerSettings) -> Certificate | None:
+    """The certificate ``--ssl``/``--certfile`` ask for (made if needed), logged with its fingerprint."""
+    certificate = prepare_certificate(ssl_dir=settings.ssl_dir, certfile=settings.certfile,
+                                      keyfile=settings.keyfile, host=settings.host)
+    if certificate is not None:
+        logger.info("TLS: certificate %s, SHA-256 fingerprint %s, valid until %s", certificate.cert_path,
+                    certificate.fingerprint, certificate.not_after.date())
+    return certificate
+
+
+def _log_exposure(settings: ServerSettings, certificate: Certificate | None, port: int) -> None:
+    """Where to open the server, and a warning for each way in which it is exposed."""
+    loopback = settings.host in ("127.0.0.1", "::1", "localhost")
+    if certificate is not None:
+        ips = [name for name in certificate.names if name.count(".") == 3 and not name.startswith("127.")]
+        host = settings.host if not settings.host.startswith("0.") and settings.host != "::" else \
+            (ips[0] if ips else "localhost")
+        where = f"[{host}]" if ":" in host else host
+        note = " (the certificate is self-signed: the browser asks once to accept it; compare the fingerprint)" \
+            if certificate.self_signed else ""
+        logger.info("open https://%s:%d/%s", where, port, note)
+    elif not loopback:
+        logger.warning("listening on %s without TLS: browsers on other machines will not give the page the "
+                       "microphone; serve with --ssl DIR (a self-signed certificate is made there)", settings.host)
+    if settings.auth_token is None and not loopback:
+        logger.warning("listening on %s without an access token: anyone who can reach the port can use the "
+                       "server; set PPLEX_TRIO_AUTH_TOKEN (see docs/SECURITY.md)", settings.host)
 
 
 def _quiet_garbage_collector() -> None:

@@ -240,6 +240,8 @@ class Session:
             self._enter(SessionState.LIVE)
             nursery.start_soon(self._guard, self._send_loop, lease)
             nursery.start_soon(self._watch_failure, lease)
+            if s.max_session_seconds:
+                nursery.start_soon(self._time_limit, s.max_session_seconds)
 
     async def _wait_until_live(self, lease: Lease) -> bool:
         """QUEUED, then PREPARING: keep the client informed until the lease is LIVE."""
@@ -382,6 +384,12 @@ class Session:
         while lease.failure is None:
             await lease.wait_changed()
         self._end_from_failure(lease)
+
+    async def _time_limit(self, seconds: float) -> None:
+        """``--max-session-seconds``: one conversation cannot hold a slot for ever."""
+        await trio.sleep(seconds)
+        self.end(CloseCode.NORMAL, f"this conversation reached the server's time limit of {seconds:g} s; "
+                 "start a new one to go on", "time_limit")
 
     def _end_from_failure(self, lease: Lease) -> None:
         assert lease.failure is not None

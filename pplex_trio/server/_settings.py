@@ -13,6 +13,8 @@ import pathlib
 
 from .._setting import check_settings, setting
 from ..engine import ActorSettings
+from ..protocol import parse_origins
+from ..protocol._access import AUTH_TOKEN_ENV
 
 MIB = 1024 * 1024
 
@@ -75,6 +77,27 @@ class ServerSettings(ActorSettings):
                                   low=0.01, group="conversations")
     shutdown_grace: float = setting(1.0, "seconds conversations get to close on shutdown", low=0,
                                     group="conversations")
+    ssl_dir: pathlib.Path | None = setting(
+        None, "serve HTTPS and WSS with DIR/cert.pem and DIR/key.pem, like the official server; when both are "
+        "missing, a self-signed pair is made there for localhost, this host's name and its LAN addresses",
+        flag="--ssl", group="security")
+    certfile: pathlib.Path | None = setting(None, "serve HTTPS and WSS with this certificate (PEM, the chain "
+                                            "after it); needs --keyfile", group="security")
+    keyfile: pathlib.Path | None = setting(None, "the private key of --certfile (PEM, unencrypted)",
+                                           group="security")
+    auth_token: str | None = setting(
+        None, f"every route but /health needs this token (a Bearer header, token= in the query, or the cookie "
+        f"a page opened with ?token= gets); prefer the {AUTH_TOKEN_ENV} environment variable, which ps does "
+        "not show", group="security", secret=True)
+    allowed_origins: str = setting(
+        "", "web pages at these origins (comma-separated, like https://app.example.com; * for any) may open "
+        "WebSockets to the server besides its own pages", group="security")
+    max_connections_per_ip: int = setting(
+        0, "open WebSocket connections allowed from one address; the next is refused with 429 (0: no limit)",
+        low=0, group="security")
+    max_session_seconds: float = setting(
+        0.0, "a conversation is told why and closed (1000) once it has been live this long (0: no limit)",
+        low=0, group="security")
     echo_delay_frames: int = setting(1, "output delay in 80 ms frames", low=0, group="echo test engine")
     echo_prefill_steps: int = setting(12, "system-prompt ticks", low=0, group="echo test engine")
     echo_step_ms: float = setting(0.0, "sleep per step, standing in for GPU time", low=0,
@@ -89,7 +112,23 @@ class ServerSettings(ActorSettings):
         # Strings are welcome where a choice or a path is expected (tests, callers).
         self.framing = Framing(self.framing)
         self.opus_encoder = OpusEncoderPlacement(self.opus_encoder)
-        for name in ("voice_dir", "static_dir"):
+        for name in ("voice_dir", "static_dir", "ssl_dir", "certfile", "keyfile"):
             if isinstance(getattr(self, name), str):
                 setattr(self, name, pathlib.Path(getattr(self, name)))
         check_settings(self)
+        if (self.certfile is None) != (self.keyfile is None):
+            raise ValueError("--certfile and --keyfile go together: give both, or --ssl DIR instead")
+        if self.certfile is not None and self.ssl_dir is not None:
+            raise ValueError("give either --ssl DIR or --certfile/--keyfile, not both")
+        if self.auth_token is not None and not self.auth_token.strip():
+            raise ValueError(f"--auth-token (or {AUTH_TOKEN_ENV}) is empty; give a long random token, such as "
+                             "the output of: python3 -c 'import secrets; print(secrets.token_urlsafe(24))'")
+        parse_origins(self.allowed_origins)  # a mistake is said now, not at the first browser
+
+    @property
+    def tls(self) -> bool:
+        return self.ssl_dir is not None or self.certfile is not None
+
+    @property
+    def origins(self) -> frozenset[str]:
+        return parse_origins(self.allowed_origins)

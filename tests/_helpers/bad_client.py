@@ -8,8 +8,10 @@ frame header and nothing else, half-send the HTTP request.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import ssl
 import struct
 from typing import Any
 
@@ -17,7 +19,7 @@ import trio
 from wsproto import ConnectionType, WSConnection
 from wsproto.connection import ConnectionState
 from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Message, Ping, RejectConnection,
-                            Request, TextMessage)
+                            RejectData, Request, TextMessage)
 
 
 # The fault tests' server: faults show within a second or two.
@@ -26,12 +28,18 @@ LIMIT = 64 * 1024
 
 
 class Refused(Exception):
-    """The server refused the WebSocket upgrade."""
+    """The server refused the WebSocket upgrade: ``status`` and the body it sent."""
+
+    def __init__(self, status: int, body: str = ""):
+        super().__init__(status, body)
+        self.status = status
+        self.body = body
 
 
 class BadClient:
-    def __init__(self, stream: trio.SocketStream, ws: WSConnection):
-        self.stream = stream
+    def __init__(self, stream: trio.abc.Stream, ws: WSConnection, raw: trio.SocketStream):
+        self.stream = stream  # the socket stream, or TLS over it
+        self.raw = raw
         self.ws = ws
         self.closed: CloseConnection | None = None
         self._sending = trio.Lock()  # the reader answers pings while a sender may be writing
@@ -39,14 +47,20 @@ class BadClient:
 
     @classmethod
     async def connect(cls, port: int, path: str, *, rcvbuf: int | None = None, answer_pings: bool = True,
-                      timeout: float = 10.0) -> BadClient:
+                      timeout: float = 10.0, headers: list[tuple[str, str]] | None = None,
+                      tls: ssl.SSLContext | None = None) -> BadClient:
+        """Open a WebSocket; ``headers`` go with the upgrade; ``tls``: over TLS with this context."""
         sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if rcvbuf is not None:  # before connect, so the window is small from the start
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         await sock.connect(("127.0.0.1", port))
-        client = cls(trio.SocketStream(sock), WSConnection(ConnectionType.CLIENT))
+        raw = trio.SocketStream(sock)
+        stream: trio.abc.Stream = raw if tls is None else trio.SSLStream(raw, tls, server_hostname="127.0.0.1")
+        client = cls(stream, WSConnection(ConnectionType.CLIENT), raw)
         client.answer_pings = answer_pings
-        await client.send_raw(client.ws.send(Request(host=f"127.0.0.1:{port}", target=path)))
+        request = Request(host=f"127.0.0.1:{port}", target=path, extra_headers=[
+            (name.encode(), value.encode()) for name, value in headers or []])
+        await client.send_raw(client.ws.send(request))
         with trio.fail_after(timeout):
             while True:
                 events = await client._events()
@@ -55,11 +69,13 @@ class BadClient:
                         client._pending = events[i + 1:]  # what came with the answer is the first of the rest
                         return client
                     if isinstance(event, RejectConnection):
-                        raise Refused(event.status_code)
+                        body = await client._rejection_body(events[i + 1:], event.has_body, timeout)
+                        client.close()
+                        raise Refused(event.status_code, body.decode("utf-8", "replace"))
 
     @property
     def socket(self) -> Any:
-        return self.stream.socket
+        return self.raw.socket
 
     async def _events(self) -> list[Any]:
         data = await self.stream.receive_some(65536)
@@ -67,6 +83,17 @@ class BadClient:
             raise trio.BrokenResourceError("the server closed the connection")
         self.ws.receive_data(data)
         return list(self.ws.events())
+
+    async def _rejection_body(self, events: list[Any], has_body: bool, timeout: float) -> bytes:
+        body = b""
+        with contextlib.suppress(trio.BrokenResourceError, trio.TooSlowError), trio.fail_after(timeout):
+            while has_body:
+                for event in events:
+                    if isinstance(event, RejectData):
+                        body += event.data
+                        has_body = not event.body_finished
+                events = await self._events() if has_body else []
+        return body
 
     async def send(self, message: bytes | str) -> None:
         await self.send_raw(self.ws.send(Message(data=message)))

@@ -62,13 +62,14 @@ def fake_hub_cache(root: pathlib.Path, archive: bytes, repo: str = REPO_ID) -> p
 
 
 @contextlib.contextmanager
-def server_process(*args: str, env: Mapping[str, str] | None = None, timeout: float = 60) -> Iterator[str]:
-    """``pplex-trio serve --port 0 ARGS`` in a child process; yields its base URL."""
+def server_process(*args: str, env: Mapping[str, str] | None = None, timeout: float = 60,
+                   lines: list[str] | None = None) -> Iterator[str]:
+    """``pplex-trio serve --port 0 ARGS`` in a child process; yields its base URL (``lines``: its stderr)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "pplex_trio", "serve", "--port", "0", *args],
         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
-    lines: list[str] = []
+    lines = [] if lines is None else lines
     found = threading.Event()
     url: list[str] = []
 
@@ -76,7 +77,7 @@ def server_process(*args: str, env: Mapping[str, str] | None = None, timeout: fl
         assert proc.stderr is not None
         for line in proc.stderr:
             lines.append(line)
-            match = re.search(r"Running on (http://127\.0\.0\.1:\d+)", line)
+            match = re.search(r"Running on (https?://127\.0\.0\.1:\d+)", line)
             if match and not found.is_set():
                 url.append(match.group(1))
                 found.set()

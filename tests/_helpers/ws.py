@@ -99,8 +99,9 @@ class RawWitness:
     a single frame.
     """
 
-    def __init__(self, base: str, delay_frames: int = 1):
+    def __init__(self, base: str, delay_frames: int = 1, **connect: Any):
         self.base = base
+        self.connect = connect  # open_websocket's ssl_context, token
         self.delay = delay_frames
         rng = np.random.default_rng(7)
         self.sent: list[np.ndarray] = []
@@ -111,7 +112,7 @@ class RawWitness:
         self.stop = trio.Event()
 
     async def run(self) -> None:
-        async with open_websocket(f"{self.base}/v1/audio/duplex") as ws:
+        async with open_websocket(f"{self.base}/v1/audio/duplex", **self.connect) as ws:
             await raw_open(ws, persona="witness")
             self.ready.set()
 
