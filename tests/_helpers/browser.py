@@ -92,13 +92,21 @@ class ThreadServer:
         return self.handle.http_url
 
     def get(self, path: str) -> Any:
+        return self._get(path).json()
+
+    def get_text(self, path: str) -> str:
+        return self._get(path).text
+
+    def _get(self, path: str) -> httpx.Response:
         # One client for all requests: a new one per call costs an SSL context,
         # CPU time that the server's thread (sharing our GIL) would miss.
         if self._http is None:
-            self._http = httpx.Client(timeout=5, trust_env=False)
+            token = self.settings.auth_token
+            self._http = httpx.Client(timeout=5, trust_env=False, verify=not self.settings.tls,
+                                      headers={"authorization": f"Bearer {token}"} if token else None)
         response = self._http.get(self.url + path)
         response.raise_for_status()
-        return response.json()
+        return response
 
     def metric(self, name: str) -> float:
         """One unlabelled sample of /metrics."""

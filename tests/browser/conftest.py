@@ -48,6 +48,18 @@ def context(browser: Any) -> Iterator[Any]:
 
 
 @pytest.fixture
+def tls_context(browser: Any) -> Iterator[Any]:
+    """Like ``context``, but the profile accepts the test servers' self-signed certificates."""
+    ctx = browser.new_context(ignore_https_errors=True, viewport={"width": 1280, "height": 900})
+    ctx.set_default_timeout(15_000)
+    errors: list[str] = []
+    ctx.on("weberror", lambda e: errors.append(str(e.error)))
+    yield ctx
+    ctx.close()
+    assert not errors, f"uncaught errors in the page: {errors}"
+
+
+@pytest.fixture
 def start_server() -> Iterator[Any]:
     """``start_server(engine=None, **settings)`` → a running :class:`ThreadServer` (echo engine by default)."""
     servers: list[ThreadServer] = []
