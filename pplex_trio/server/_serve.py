@@ -25,6 +25,7 @@ import trio
 from ..engine import Engine
 from ._app import create_app
 from ..protocol import AccessPolicy
+from ._access_log import AccessLog
 from ._encoders import Encoders
 from ._gate import AccessGate
 from ._settings import ServerSettings
@@ -132,7 +133,10 @@ async def serve(
     policy = AccessPolicy(token=settings.auth_token, allowed_origins=settings.origins,
                           max_connections_per_address=settings.max_connections_per_ip,
                           open_paths=OPEN_PATHS, secure=certificate is not None)
-    app = AccessGate(create_app(state), policy, on_refusal=lambda reason: state.metrics.refused.labels(reason).inc())
+    app: Any = AccessGate(create_app(state), policy,
+                          on_refusal=lambda reason: state.metrics.refused.labels(reason).inc())
+    if settings.access_log:
+        app = AccessLog(app)
     stop = trio.Event()
     if sockets is None:
         sockets = bind_sockets(settings)

@@ -77,6 +77,9 @@ class ServerSettings(ActorSettings):
                                   low=0.01, group="conversations")
     shutdown_grace: float = setting(1.0, "seconds conversations get to close on shutdown", low=0,
                                     group="conversations")
+    access_log: bool = setting(
+        False, "log one line per request and WebSocket: the client's address, the request (any token= masked), "
+        "the status and how long it took", group="listening")
     ssl_dir: pathlib.Path | None = setting(
         None, "serve HTTPS and WSS with DIR/cert.pem and DIR/key.pem, like the official server; when both are "
         "missing, a self-signed pair is made there for localhost, this host's name and its LAN addresses",

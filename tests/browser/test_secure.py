@@ -20,17 +20,20 @@ pytestmark = pytest.mark.browser
 
 TOKEN = "browser-token-5e1c9a7b3d"
 
-# What the official client does with its socket (client/src/pages/Conversation): a WebSocket to
-# /api/chat on the page's own host, wss:// under https://, its settings in the query, binary
-# messages; the first message from the server is the 0x00 handshake.  No headers: a browser
-# WebSocket cannot send any, so its way in is the cookie.
+# What the official client does with its socket (client/src/pages/Conversation, buildURL and
+# useSocket): a WebSocket to /api/chat at location.hostname + ":" + location.port, wss:// under
+# https://, its settings and two random seeds in the query, binary messages; the first message
+# from the server is the 0x00 handshake.  No headers: a browser WebSocket cannot send any, so
+# its way in is the cookie.
 OFFICIAL_SHAPED_PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>loading</title></head><body><script type="module">
 const scheme = location.protocol === "https:" ? "wss" : "ws";
 const query = new URLSearchParams({text_prompt: "You enjoy having a good conversation.",
   voice_prompt: "NATF2.pt", text_temperature: "0.7", text_topk: "25", audio_temperature: "0.8",
-  audio_topk: "250", pad_mult: "0", repetition_penalty: "1.0", repetition_penalty_context: "64"});
-const target = new URLSearchParams(location.search).get("target") || `${scheme}://${location.host}`;
+  audio_topk: "250", pad_mult: "0", text_seed: "4242", audio_seed: "4243", repetition_penalty: "1.0",
+  repetition_penalty_context: "64"});
+const own = `${scheme}://${location.hostname}:${location.port}`;
+const target = new URLSearchParams(location.search).get("target") || own;
 const ws = new WebSocket(`${target}/api/chat?${query}`);
 ws.binaryType = "arraybuffer";
 ws.onmessage = (event) => {

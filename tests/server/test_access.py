@@ -124,9 +124,10 @@ async def test_a_page_without_the_token_asks_for_it(start_server):
         assert api.status_code == 401 and "token" in api.json()["error"]
 
 
-async def test_the_token_never_reaches_the_logs(start_server, caplog):
+@pytest.mark.parametrize("access_log", [False, True])
+async def test_the_token_never_reaches_the_logs(start_server, caplog, access_log):
     caplog.set_level(logging.DEBUG)
-    handle = await start_server(auth_token=TOKEN)
+    handle = await start_server(auth_token=TOKEN, access_log=access_log)
     async with httpx.AsyncClient(base_url=handle.http_url) as http:
         await http.get("/", params={"token": TOKEN})
         await http.get("/", params={"token": TOKEN + "x"})
@@ -149,6 +150,24 @@ async def test_the_token_never_reaches_the_logs(start_server, caplog):
         text = record.getMessage() + (logging.Formatter().formatException(record.exc_info) if record.exc_info else "")
         assert TOKEN not in text, record
     assert TOKEN not in repr(handle.state.settings)
+    access = [r.getMessage() for r in server_records if r.name == "pplex_trio.access"]
+    if access_log:
+        assert any(line.startswith('127.0.0.1 "GET /?token=***" 303 ') for line in access), access
+        assert any('"GET /nothing-here?token=***" 404 ' in line for line in access), access
+        assert any('"WebSocket /api/chat?voice_prompt=nope&token=***" 101 ' in line for line in access), access
+        assert any('"WebSocket /v1/audio/duplex?token=***" 401 ' in line for line in access), access
+    else:
+        assert access == []
+
+
+async def test_the_token_form_escapes_what_it_echoes(start_server):
+    handle = await start_server(auth_token=TOKEN)
+    async with httpx.AsyncClient(base_url=handle.http_url) as http:
+        page = await http.get('/"><script>alert(1)</script>', params={'"><img src=x>': '"><script>x</script>'},
+                              headers={"accept": "text/html"})
+    assert page.status_code == 401
+    assert "<script>alert" not in page.text and "<img" not in page.text and "<script>x" not in page.text
+    assert "&lt;script&gt;" in page.text
 
 
 # -- origins ----------------------------------------------------------------------------
@@ -218,3 +237,10 @@ async def test_a_conversation_is_closed_at_the_time_limit(start_server, protocol
     assert 0.5 <= lasted < 2.5
     metrics = handle.state.metrics.render().decode()
     assert f'pplex_sessions_ended_total{{outcome="time_limit",protocol="{protocol}"}} 1.0' in metrics
+
+
+def test_the_access_log_masks_every_token_parameter_and_nothing_else():
+    from pplex_trio.server._access_log import masked_query
+
+    assert masked_query(b"token=abc") == "token=***"
+    assert masked_query(b"a=1&token=abc%20d&b=token=y&xtoken=z&token=") == "a=1&token=***&b=token=y&xtoken=z&token=***"
