@@ -55,8 +55,8 @@ class MoshiProtocol(WireProtocol):
     def keepalive(self, position: int | None) -> Message:
         return moshi.ping()  # queued or preparing alike: the official client has no queue message
 
-    def ready(self) -> Message:
-        return moshi.handshake()
+    def ready(self) -> list[Message]:
+        return [moshi.handshake()]
 
     @contextlib.contextmanager
     def output_stream(self) -> Iterator[None]:
@@ -76,5 +76,5 @@ class MoshiProtocol(WireProtocol):
                 messages.append((moshi.text(frame.text), None))
         return messages
 
-    def error(self, message: str) -> Message:
+    def error(self, message: str, code: int) -> Message:
         return moshi.error(message)

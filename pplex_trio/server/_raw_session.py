@@ -45,8 +45,8 @@ class RawProtocol(WireProtocol):
     def keepalive(self, position: int | None) -> Message | None:
         return raw.queued(position) if position else None
 
-    def ready(self) -> Message:
-        return raw.ready()
+    def ready(self) -> list[Message]:
+        return [raw.ready()]
 
     async def encode(self, frames: list[OutputFrame]) -> list[tuple[Message, OutputFrame | None]]:
         messages: list[tuple[Message, OutputFrame | None]] = []
@@ -59,5 +59,5 @@ class RawProtocol(WireProtocol):
     def end_of_output(self) -> Message:
         return raw.done()
 
-    def error(self, message: str) -> Message:
+    def error(self, message: str, code: int) -> Message:
         return raw.error(message)

@@ -46,7 +46,7 @@ from ..engine import EngineActor, Lease, LeaseState, OutputEnd, OutputFrame, Que
 from ..protocol import ProtocolError
 from ._reaction import ClientReaction
 from ._settings import ServerSettings
-from ._wire import EndOfInput, InputAudio, Message, WireProtocol
+from ._wire import EndOfInput, InputAudio, Message, Replies, WireProtocol
 
 logger = logging.getLogger(__name__)
 _ids = itertools.count(1)
@@ -58,7 +58,7 @@ class WebSocket(Protocol):
 
     query_string: bytes
 
-    async def accept(self) -> None: ...
+    async def accept(self, subprotocol: str | None = None) -> None: ...
     async def receive(self) -> bytes | str | None: ...
     async def send(self, data: bytes | str) -> None: ...
     async def close(self, code: int, reason: str = "") -> None: ...
@@ -155,7 +155,10 @@ class Session:
         host.sessions.add(self)
         outcome = "client_closed"
         try:
-            await self.ws.accept()
+            if self.wire.subprotocol is not None:
+                await self.ws.accept(subprotocol=self.wire.subprotocol)
+            else:
+                await self.ws.accept()
             with self._scope:
                 if host.shutting_down:
                     self.end(CloseCode.GOING_AWAY, "server is shutting down", "shutdown")
@@ -195,15 +198,17 @@ class Session:
     async def _admit(self) -> Conversation | None:
         """ADMITTING: the conversation's settings, checked (None: the session has ended)."""
         try:
-            opening = None
+            for message in self.wire.greeting():
+                await self._send_control(message)
             if self.wire.opens_with_message:
+                conversation = None
                 timeout = self.settings.open_timeout
                 with trio.move_on_after(timeout):
-                    opening = await self.ws.receive()
-                    self.stats.messages_received += 1
-                if opening is None:
+                    conversation = await self._opening()
+                if conversation is None:
                     raise ProtocolError(f"no opening message within {timeout:g} s: {self.wire.opening_hint}")
-            conversation = self.wire.conversation(self.ws.query_string, opening)
+            else:
+                conversation = self.wire.conversation(self.ws.query_string, None)
         except ProtocolError as exc:
             self.host.metrics.errors.labels("bad_request").inc()
             self.end(exc.code, exc.message, "bad_request")
@@ -215,6 +220,17 @@ class Session:
                      "bad_request")
             return None
         return conversation
+
+    async def _opening(self) -> Conversation:
+        """Read the opening messages until the protocol has the conversation's settings."""
+        while True:
+            message = await self.ws.receive()
+            self.stats.messages_received += 1
+            step = self.wire.opening(self.ws.query_string, message)
+            if isinstance(step, Conversation):
+                return step
+            for reply in step.messages:
+                await self._send_control(reply)
 
     async def _run_conversation(self, lease: Lease) -> None:
         s = self.settings
@@ -236,7 +252,8 @@ class Session:
                 actor = self.host.actor
                 await actor.sleep_until_before_tick(actor.phase.margin + self.host.client_reaction.estimate)
                 self._ready_sent = trio.current_time()
-            await self._send_control(self.wire.ready())
+            for message in self.wire.ready():
+                await self._send_control(message)
             self._enter(SessionState.LIVE)
             nursery.start_soon(self._guard, self._send_loop, lease)
             nursery.start_soon(self._watch_failure, lease)
@@ -299,6 +316,9 @@ class Session:
                 inbound.send_nowait((arrived, event.payload))
             elif isinstance(event, EndOfInput):
                 inbound.close()  # the process task flushes once it has passed everything on
+            elif isinstance(event, Replies):
+                for reply in event.messages:
+                    await self._send_control(reply)
             else:
                 stats.messages_ignored += 1
 
@@ -401,7 +421,7 @@ class Session:
         # The client may be gone or stuck: never wait long on it.
         with trio.move_on_after(1.0):
             if ending.message is not None:
-                await self.ws.send(self.wire.error(ending.message))
+                await self.ws.send(self.wire.error(ending.message, ending.code))
             await self.ws.close(ending.code, close_reason(ending.message))
             # Read on until the client answers the close (Quart then cancels
             # us): a socket closed with the client's audio still unread would

@@ -35,7 +35,14 @@ class EndOfInput:
     """The client will send no more audio: flush what is pending, then end."""
 
 
-InputEvent = InputAudio | EndOfInput | None  # None: a well-formed message the server ignores
+@dataclasses.dataclass(frozen=True)
+class Replies:
+    """Messages to send back at once (answers to control events); nothing else changes."""
+
+    messages: list[Message]
+
+
+InputEvent = InputAudio | EndOfInput | Replies | None  # None: a well-formed message the server ignores
 
 
 class WireProtocol(abc.ABC):
@@ -46,9 +53,19 @@ class WireProtocol(abc.ABC):
     opening_hint: ClassVar[str] = ""  # what that message should be, for the timeout's error
     align_input: bool = False  # phase-aligned framing of the input (see InputFramer)
 
+    subprotocol: str | None = None  # the WebSocket subprotocol to accept, if any
+
+    def greeting(self) -> list[Message]:
+        """What to send as soon as the connection is accepted."""
+        return []
+
     @abc.abstractmethod
     def conversation(self, query: bytes, opening: bytes | str | None) -> Conversation:
         """The conversation's settings from the query string and the opening message (if any)."""
+
+    def opening(self, query: bytes, message: bytes | str) -> Conversation | Replies:
+        """One message of the opening (``opens_with_message``): the conversation, or replies and wait for more."""
+        return self.conversation(query, message)
 
     @abc.abstractmethod
     def parse(self, message: bytes | str | None) -> InputEvent:
@@ -63,7 +80,7 @@ class WireProtocol(abc.ABC):
         """What to send while queued (``position``) or preparing (None), every keepalive interval."""
 
     @abc.abstractmethod
-    def ready(self) -> Message:
+    def ready(self) -> list[Message]:
         """The conversation is live (the Moshi handshake)."""
 
     def output_stream(self) -> contextlib.AbstractContextManager[Any]:
@@ -79,5 +96,5 @@ class WireProtocol(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def error(self, message: str) -> Message:
-        """Tell the client why the session ends, before the close frame."""
+    def error(self, message: str, code: int) -> Message:
+        """Tell the client why the session ends (``code``: the close code to follow), before the close frame."""

@@ -38,8 +38,9 @@ class FakeWebSocket:
 
     # -- the server's side ---------------------------------------------------
 
-    async def accept(self) -> None:
+    async def accept(self, subprotocol: str | None = None) -> None:
         self.accepted = True
+        self.subprotocol = subprotocol
 
     async def receive(self) -> bytes | str | None:
         return await self._inbox.receive()
