@@ -1,10 +1,15 @@
-"""Opus output for the Moshi protocol: our libopus writer, its Ogg muxer, and the encoder child.
+"""Audio codecs: Opus output for the Moshi protocol (our libopus writer, its Ogg muxer, the encoder
+child), and G.711, resampling and a voice-activity detector for the Realtime protocol.
 
 Pure codec work, no Trio: the encoder child process imports only this
 package, numpy and opuslib, so it starts fast.  Where the encoding runs (the
 child, the event loop) is the server's business (``server/_encoders.py``).
 """
 
+from ._g711 import alaw_decode as alaw_decode
+from ._g711 import alaw_encode as alaw_encode
+from ._g711 import ulaw_decode as ulaw_decode
+from ._g711 import ulaw_encode as ulaw_encode
 from ._libopus import LibopusWriter as LibopusWriter
 from ._libopus import OpusWriter as OpusWriter
 from ._libopus import libopus_available as libopus_available
