@@ -14,8 +14,9 @@ The checks, in order:
    ``Host`` header) nor allowed is refused with 403.  Programs send no ``Origin``
    and are let in.
 2. **The token**, when one is set: an ``Authorization: Bearer`` header, a
-   ``token=`` query parameter (for clients that cannot send headers), or the
-   cookie that a page opened with ``?token=`` received.  Compared in constant
+   ``token=`` query parameter (for clients that cannot send headers), the
+   cookie that a page opened with ``?token=`` received, or (browser Realtime
+   clients) an ``openai-insecure-api-key.<token>`` WebSocket subprotocol.  Compared in constant
    time; never echoed back.
 3. **Connections per address** (WebSocket upgrades only): the next upgrade from
    an address at its limit is refused with 429 until one of its connections ends.
@@ -33,6 +34,7 @@ from collections.abc import Iterable, Sequence
 AUTH_TOKEN_ENV = "PPLEX_TRIO_AUTH_TOKEN"  # where the server and the client read the token (ps shows flags)
 COOKIE_NAME = "pplex_trio_auth"
 TOKEN_PARAMETER = "token"
+REALTIME_KEY_SUBPROTOCOL = "openai-insecure-api-key"
 ANY_ORIGIN = "*"
 
 
@@ -197,6 +199,11 @@ class AccessPolicy:
         for name, value in _cookies(request.header(b"cookie")):
             if name == COOKIE_NAME and _same(value, self._cookie):
                 return "cookie"
+        for offered in (request.header(b"sec-websocket-protocol") or "").split(","):
+            # How a browser's OpenAI Realtime client carries its key: a WebSocket subprotocol.
+            name, _, value = offered.strip().partition(".")
+            if name == REALTIME_KEY_SUBPROTOCOL and _same(value, self.token):
+                return "subprotocol"
         return None
 
     def set_cookie_header(self) -> str:

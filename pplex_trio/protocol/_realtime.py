@@ -1,0 +1,360 @@
+"""The OpenAI Realtime protocol's events, both dialects, sans-IO: JSON text in, events out.
+
+Two dialects share one route (``/v1/realtime``): the GA protocol (the
+``openai`` SDK's ``client.realtime.connect()``) and the beta one
+(``client.beta.realtime.connect()``, header ``OpenAI-Beta: realtime=v1``).
+They differ in a few event names (``response.output_audio.delta`` is beta's
+``response.audio.delta``) and in the shape of the session object; a
+:class:`ServerEvents` of either dialect writes the same facts in its shape.
+
+What of the protocol a full-duplex model can honour is in ``docs/PROTOCOL.md``;
+this module only reads and writes events and checks the values of a session
+update (:func:`apply_session_update`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import enum
+import itertools
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .._conversation import Conversation, Sampling
+from ._errors import ProtocolError
+from .._voice_catalogue import is_bare_voice_name
+from ._params import MAX_TEMPERATURE
+
+
+class Dialect(enum.Enum):
+    GA = "ga"
+    BETA = "beta"
+
+
+class AudioFormat(enum.Enum):
+    """The audio formats of the protocol, by what they are; ``rate`` in Hz."""
+
+    PCM16 = ("audio/pcm", "pcm16", 24_000)
+    PCMU = ("audio/pcmu", "g711_ulaw", 8_000)
+    PCMA = ("audio/pcma", "g711_alaw", 8_000)
+
+    def __init__(self, ga: str, beta: str, rate: int):
+        self.ga = ga
+        self.beta = beta
+        self.rate = rate
+
+    @classmethod
+    def named(cls, name: str) -> AudioFormat | None:
+        return next((f for f in cls if name in (f.ga, f.beta)), None)
+
+
+class RealtimeError(Exception):
+    """A client event the server cannot take: answered with an ``error`` event; the session goes on."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str = "invalid_value",
+                 event_id: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.event_id = event_id
+        self.kind = kind
+
+
+# -- the session -----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionConfig:
+    """What a session can set that this server honours."""
+
+    instructions: str = ""
+    voice: str | None = None  # a name from /api/voices; None: the engine's default
+    input_format: AudioFormat = AudioFormat.PCM16
+    output_format: AudioFormat = AudioFormat.PCM16
+    temperature: float = Sampling().audio_temperature  # beta's `temperature`: the audio sampling temperature
+
+    def conversation(self) -> Conversation:
+        return Conversation(persona=self.instructions, voice=self.voice,
+                            sampling=dataclasses.replace(Sampling(), audio_temperature=self.temperature))
+
+
+def apply_session_update(config: SessionConfig, session: Any, *, started: bool, max_prompt_chars: int,
+                         voices: Callable[[], Sequence[str]], event_id: str | None = None) -> SessionConfig:
+    """``config`` with a ``session.update``'s ``session`` applied; both dialects' field names are read.
+
+    Unknown fields are ignored. Raises :class:`RealtimeError` (with ``param``) for a bad value, and
+    for a persona or voice change once the conversation has ``started`` (the model's prompt is
+    behind it).
+    """
+    if not isinstance(session, Mapping):
+        raise RealtimeError("session must be an object", param="session", event_id=event_id)
+    changes: dict[str, Any] = {}
+    audio = session.get("audio") if isinstance(session.get("audio"), Mapping) else {}
+    audio_in = audio.get("input") if isinstance(audio.get("input"), Mapping) else {}
+    audio_out = audio.get("output") if isinstance(audio.get("output"), Mapping) else {}
+
+    if "instructions" in session:
+        text = session["instructions"]
+        if not isinstance(text, str):
+            raise RealtimeError("instructions must be a string", param="session.instructions", event_id=event_id)
+        text = text.strip()
+        if len(text) > max_prompt_chars:
+            raise RealtimeError(f"instructions have {len(text)} characters; this server's limit is "
+                                f"{max_prompt_chars}", param="session.instructions", code="string_above_max_length",
+                                event_id=event_id)
+        if "\x00" in text:
+            raise RealtimeError("instructions must not contain NUL characters", param="session.instructions",
+                                event_id=event_id)
+        changes["instructions"] = text
+    voice_param, voice = ("session.audio.output.voice", audio_out["voice"]) if "voice" in audio_out else \
+        ("session.voice", session["voice"]) if "voice" in session else (None, None)
+    if voice_param is not None:
+        if isinstance(voice, Mapping):
+            voice = voice.get("id")
+        if not isinstance(voice, str) or not is_bare_voice_name(voice) or voice not in voices():
+            raise RealtimeError(f"unknown voice {str(voice)[:80]!r}: use one of the names GET /api/voices lists",
+                                param=voice_param, event_id=event_id)
+        changes["voice"] = voice
+    for side, ga_block, beta_name in (("input", audio_in, "input_audio_format"),
+                                      ("output", audio_out, "output_audio_format")):
+        if "format" in ga_block:
+            param, value = f"session.audio.{side}.format", ga_block["format"]
+        elif beta_name in session:
+            param, value = f"session.{beta_name}", session[beta_name]
+        else:
+            continue
+        changes[f"{side}_format"] = _audio_format(value, param, event_id)
+    if "temperature" in session:
+        value = session["temperature"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= MAX_TEMPERATURE:
+            raise RealtimeError(f"temperature must be a number from 0 to {MAX_TEMPERATURE:g}",
+                                param="session.temperature", event_id=event_id)
+        changes["temperature"] = float(value)
+    if started:
+        for name in ("instructions", "voice", "temperature"):
+            if name in changes and changes[name] != getattr(config, name):
+                raise RealtimeError(f"the {name} cannot change once the conversation has started (the model "
+                                    "has taken them in); open a new session", param=f"session.{name}",
+                                    code="session_started", event_id=event_id)
+        for side in ("input_format", "output_format"):
+            if side in changes and changes[side] != getattr(config, side):
+                raise RealtimeError(f"the {side.replace('_', ' ')} cannot change once audio flows; open a new "
+                                    "session", param=f"session.{side}", code="session_started", event_id=event_id)
+    return dataclasses.replace(config, **changes)
+
+
+def _audio_format(value: Any, param: str, event_id: str | None) -> AudioFormat:
+    name, rate = (value.get("type"), value.get("rate")) if isinstance(value, Mapping) else (value, None)
+    found = AudioFormat.named(name) if isinstance(name, str) else None
+    if found is None or rate not in (None, found.rate):
+        supported = ", ".join(f"{f.ga} / {f.beta} ({f.rate} Hz)" for f in AudioFormat)
+        raise RealtimeError(f"unsupported audio format {json.dumps(value)[:80]}: this server speaks {supported}",
+                            param=param, event_id=event_id)
+    return found
+
+
+# -- client events -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientEvent:
+    type: str
+    event_id: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionUpdate(ClientEvent):
+    session: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class AudioAppend(ClientEvent):
+    audio: bytes  # decoded from base64, still in the session's input format
+
+
+# Events answered without effect on a full-duplex model, and events refused (docs/PROTOCOL.md).
+ANSWERED = frozenset({"input_audio_buffer.commit", "input_audio_buffer.clear", "response.create",
+                      "response.cancel", "output_audio_buffer.clear"})
+REFUSED = frozenset({"conversation.item.create", "conversation.item.delete", "conversation.item.truncate",
+                     "conversation.item.retrieve", "transcription_session.update"})
+
+
+def parse_client_event(message: bytes | str, *, max_bytes: int) -> ClientEvent:
+    """One client message → an event; :class:`RealtimeError` for what is not a valid event.
+
+    Binary frames are not part of the protocol (it is JSON text): a :class:`ProtocolError` (1003).
+    """
+    if isinstance(message, bytes):
+        raise ProtocolError("binary frames are not part of the Realtime protocol: send JSON events as text", 1003)
+    if len(message) > max_bytes:
+        raise ProtocolError(f"message over {max_bytes} bytes", 1009)
+    try:
+        event = json.loads(message)
+    except ValueError:
+        raise RealtimeError("the message is not valid JSON", code="invalid_json") from None
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        raise RealtimeError("an event must be a JSON object with a string 'type'", param="type",
+                            code="invalid_event")
+    kind, event_id = event["type"], event.get("event_id")
+    event_id = event_id if isinstance(event_id, str) else None
+    if kind == "session.update":
+        return SessionUpdate(kind, event_id, event.get("session"))
+    if kind == "input_audio_buffer.append":
+        audio = event.get("audio")
+        if not isinstance(audio, str):
+            raise RealtimeError("audio must be a base64 string", param="audio", event_id=event_id)
+        try:
+            return AudioAppend(kind, event_id, base64.b64decode(audio, validate=True))
+        except (binascii.Error, ValueError):
+            raise RealtimeError("audio is not valid base64", param="audio", event_id=event_id) from None
+    if kind in ANSWERED:
+        return ClientEvent(kind, event_id)
+    if kind in REFUSED:
+        raise RealtimeError(f"{kind} is not supported: PersonaPlex is a full-duplex speech model that keeps no "
+                            "editable conversation items (see docs/PROTOCOL.md)", param="type",
+                            code="unsupported_event", event_id=event_id)
+    raise RealtimeError(f"unknown event type {kind[:80]!r}", param="type", code="invalid_event_type",
+                        event_id=event_id)
+
+
+# -- server events ---------------------------------------------------------------------------
+
+# GA names, and beta's where they differ.
+_BETA_NAMES = {
+    "response.output_audio.delta": "response.audio.delta",
+    "response.output_audio.done": "response.audio.done",
+    "response.output_audio_transcript.delta": "response.audio_transcript.delta",
+    "response.output_audio_transcript.done": "response.audio_transcript.done",
+}
+TURN_DETECTION = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 0, "silence_duration_ms": 480,
+                  "create_response": False, "interrupt_response": False}
+
+
+class ServerEvents:
+    """Builds one connection's server events as JSON text, in its dialect, with fresh ids."""
+
+    def __init__(self, dialect: Dialect, *, model: str):
+        self.dialect = dialect
+        self.model = model
+        self._ids = itertools.count(1)
+        self.session_id = self.new_id("sess")
+
+    def new_id(self, prefix: str) -> str:
+        return f"{prefix}_{next(self._ids):06d}"
+
+    def _event(self, kind: str, **fields: Any) -> str:
+        if self.dialect is Dialect.BETA:
+            kind = _BETA_NAMES.get(kind, kind)
+        return json.dumps({"type": kind, "event_id": self.new_id("event"), **fields}, separators=(",", ":"))
+
+    # -- the session
+
+    def session(self, config: SessionConfig) -> dict[str, Any]:
+        if self.dialect is Dialect.BETA:
+            # (beta's session model names only OpenAI's models: ours is left out, as the schema allows)
+            return {"id": self.session_id, "object": "realtime.session",
+                    "modalities": ["audio", "text"], "instructions": config.instructions, "voice": config.voice,
+                    "input_audio_format": config.input_format.beta, "output_audio_format": config.output_format.beta,
+                    "input_audio_transcription": None, "turn_detection": TURN_DETECTION, "tools": [],
+                    "tool_choice": "auto", "temperature": config.temperature,
+                    "max_response_output_tokens": "inf", "speed": 1.0}
+        return {"type": "realtime", "object": "realtime.session", "id": self.session_id, "model": self.model,
+                "output_modalities": ["audio"], "instructions": config.instructions,
+                "audio": {"input": {"format": _ga_format(config.input_format), "transcription": None,
+                                    "noise_reduction": None, "turn_detection": TURN_DETECTION},
+                          "output": {"format": _ga_format(config.output_format), "voice": config.voice,
+                                     "speed": 1.0}},
+                "tools": [], "tool_choice": "auto", "max_output_tokens": "inf", "tracing": None,
+                "truncation": "auto", "prompt": None}
+
+    def session_created(self, config: SessionConfig) -> str:
+        return self._event("session.created", session=self.session(config))
+
+    def session_updated(self, config: SessionConfig) -> str:
+        return self._event("session.updated", session=self.session(config))
+
+    def error(self, message: str, *, kind: str = "invalid_request_error", code: str | None = None,
+              param: str | None = None, event_id: str | None = None) -> str:
+        return self._event("error", error={"type": kind, "code": code, "message": message, "param": param,
+                                           "event_id": event_id})
+
+    def error_from(self, exc: RealtimeError) -> str:
+        return self.error(exc.message, kind=exc.kind, code=exc.code, param=exc.param, event_id=exc.event_id)
+
+    # -- input
+
+    def committed(self, item_id: str, previous_item_id: str | None) -> str:
+        return self._event("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous_item_id)
+
+    def cleared(self) -> str:
+        return self._event("input_audio_buffer.cleared")
+
+    def speech_started(self, audio_start_ms: int, item_id: str) -> str:
+        return self._event("input_audio_buffer.speech_started", audio_start_ms=audio_start_ms, item_id=item_id)
+
+    def speech_stopped(self, audio_end_ms: int, item_id: str) -> str:
+        return self._event("input_audio_buffer.speech_stopped", audio_end_ms=audio_end_ms, item_id=item_id)
+
+    def output_cleared(self, response_id: str) -> str:
+        return self._event("output_audio_buffer.cleared", response_id=response_id)
+
+    # -- a response: created, its one audio item and part, deltas, then done
+
+    def _item(self, item_id: str, status: str, transcript: str | None) -> dict[str, Any]:
+        content = {"type": "output_audio" if self.dialect is Dialect.GA else "audio", "transcript": transcript}
+        return {"id": item_id, "object": "realtime.item", "type": "message", "status": status, "role": "assistant",
+                "content": [] if transcript is None else [content]}
+
+    def _response(self, response_id: str, status: str, config: SessionConfig,
+                  output: list[dict[str, Any]]) -> dict[str, Any]:
+        base = {"id": response_id, "object": "realtime.response", "status": status, "status_details": None,
+                "output": output, "conversation_id": None, "usage": None, "metadata": None}
+        if self.dialect is Dialect.BETA:
+            return {**base, "modalities": ["audio", "text"], "voice": config.voice,
+                    "output_audio_format": config.output_format.beta, "max_output_tokens": "inf"}
+        return {**base, "output_modalities": ["audio"], "max_output_tokens": "inf",
+                "audio": {"output": {"format": _ga_format(config.output_format), "voice": config.voice}}}
+
+    def response_started(self, response_id: str, item_id: str, config: SessionConfig) -> list[str]:
+        where = dict(response_id=response_id, item_id=item_id, output_index=0, content_index=0)
+        return [
+            self._event("response.created", response=self._response(response_id, "in_progress", config, [])),
+            self._event("response.output_item.added", response_id=response_id, output_index=0,
+                        item=self._item(item_id, "in_progress", None)),
+            self._event("response.content_part.added", **where, part={"type": "audio", "transcript": ""}),
+        ]
+
+    def audio_delta(self, response_id: str, item_id: str, audio: bytes) -> str:
+        return self._event("response.output_audio.delta", response_id=response_id, item_id=item_id,
+                           output_index=0, content_index=0, delta=base64.b64encode(audio).decode("ascii"))
+
+    def transcript_delta(self, response_id: str, item_id: str, text: str) -> str:
+        return self._event("response.output_audio_transcript.delta", response_id=response_id, item_id=item_id,
+                           output_index=0, content_index=0, delta=text)
+
+    def response_finished(self, response_id: str, item_id: str, config: SessionConfig, transcript: str,
+                          status: str = "completed") -> list[str]:
+        where = dict(response_id=response_id, item_id=item_id, output_index=0, content_index=0)
+        item = self._item(item_id, "completed" if status == "completed" else "incomplete", transcript)
+        return [
+            self._event("response.output_audio.done", **where),
+            self._event("response.output_audio_transcript.done", **where, transcript=transcript),
+            self._event("response.content_part.done", **where, part={"type": "audio", "transcript": transcript}),
+            self._event("response.output_item.done", response_id=response_id, output_index=0, item=item),
+            self._event("response.done", response=self._response(response_id, status, config, [item])),
+        ]
+
+    # -- ours (the protocol has no queue)
+
+    def queued(self, position: int) -> str:
+        return self._event("pplex.queued", position=position)
+
+
+def _ga_format(audio_format: AudioFormat) -> dict[str, Any]:
+    if audio_format is AudioFormat.PCM16:
+        return {"type": audio_format.ga, "rate": audio_format.rate}
+    return {"type": audio_format.ga}
