@@ -16,6 +16,7 @@ from ._moshi_session import MoshiProtocol
 from ._official import ROOT_QUERY, find_official_client, official_index
 from ._queue_status import MAX_TICKET_CHARS, queue_status
 from ._raw_session import RawProtocol
+from ._realtime_session import SUBPROTOCOL, RealtimeProtocol, dialect_of
 from ._session import Session
 from ._settings import Framing
 from ._state import ServerState
@@ -44,6 +45,7 @@ def create_app(state: ServerState) -> QuartTrio:
     official_dir = None if state.settings.static_dir else find_official_client(state.settings.model)
 
     settings = state.settings
+    model_id = settings.model if settings.model != "auto" else state.engine.name.split(" ")[0]
     limits = dict(max_message_bytes=settings.max_message_bytes, max_prompt_chars=settings.max_prompt_chars)
 
     @app.websocket("/api/chat")
@@ -54,6 +56,21 @@ def create_app(state: ServerState) -> QuartTrio:
     @app.websocket("/v1/audio/duplex")
     async def duplex() -> None:
         await Session(websocket._get_current_object(), RawProtocol(**limits), state).run()
+
+    @app.websocket("/v1/realtime")
+    async def realtime() -> None:
+        ws = websocket._get_current_object()
+        offered = ws.requested_subprotocols
+        wire = RealtimeProtocol(dialect_of(ws.headers, offered), model=model_id, voices=state.voices,
+                                align=settings.framing is Framing.ALIGNED,
+                                subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None, **limits)
+        await Session(ws, wire, state).run()
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        # What OpenAI clients list before they connect; any ``model`` is accepted by /v1/realtime.
+        return jsonify(object="list", data=[{"id": model_id, "object": "model", "created": 0,
+                                             "owned_by": "pplex-trio"}])
 
     @app.get("/health")
     async def health() -> tuple[Response, int]:

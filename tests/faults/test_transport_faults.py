@@ -13,6 +13,7 @@ sockets: these are faults of the transport, which no fake can show.
 
 from __future__ import annotations
 
+import base64
 import json
 
 import httpx
@@ -24,8 +25,10 @@ from _helpers.bad_client import CLIENT_TIMEOUT, LIMIT, BadClient, frame_header, 
 from _helpers.ws import RawWitness, raw_open
 from pplex_trio.client import open_websocket
 
-PATHS = {"raw": "/v1/audio/duplex", "moshi": "/api/chat?voice_prompt=NATF0.pt"}
+PATHS = {"raw": "/v1/audio/duplex", "moshi": "/api/chat?voice_prompt=NATF0.pt", "realtime": "/v1/realtime"}
 OPEN = json.dumps({"type": "open"})
+APPEND = json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(3840)).decode()})
+PROTOCOLS = ["raw", "moshi", "realtime"]
 PHASES = ["connected", "queued", "preparing", "live", "closing"]
 BEHAVIOURS = ["stop_reading", "freeze", "reset", "fragments", "header_only"]
 GONE_WITHIN = CLIENT_TIMEOUT + 1 + 2.5  # the timeout, the transport's extra second, the close budget and slack
@@ -71,18 +74,23 @@ async def bring_to(phase: str, protocol: str, bad: BadClient, port: int, after: 
         return
     if protocol == "raw":
         await bad.send(OPEN)
+    if protocol == "realtime":
+        await bad.send(APPEND)  # the first audio starts the conversation
     if phase in ("queued", "preparing"):
         await wait_for_state(port, after, phase)
         return
     with trio.fail_after(10):
         while True:
             message = await bad.receive()
-            if message == b"\x00" or (isinstance(message, str) and json.loads(message)["type"] == "ready"):
+            if message == b"\x00" or (isinstance(message, str) and
+                                        json.loads(message)["type"] in ("ready", "response.created")):
                 break
     if phase == "closing":
         if protocol == "raw":
             await bad.send(np.zeros(1920 * 3, "<f4").tobytes())
             await bad.send(json.dumps({"type": "close"}))  # the flush is still running when it misbehaves
+        elif protocol == "realtime":
+            await bad.send(b"binary frames are refused")  # the server starts closing (1003)
         else:
             await bad.send("text frames are refused")  # the server starts closing (1003)
 
@@ -112,7 +120,7 @@ async def misbehave(behaviour: str, bad: BadClient) -> None:
 
 @pytest.mark.parametrize("behaviour", BEHAVIOURS)
 @pytest.mark.parametrize("phase", PHASES)
-@pytest.mark.parametrize("protocol", ["raw", "moshi"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 async def test_a_misbehaving_client_costs_the_others_nothing(fault_server, nursery, protocol, phase, behaviour):
     if protocol == "moshi" and phase == "connected":
         phase = "preparing"  # a Moshi conversation is admitted from its query at once: there is no wait to misbehave in
@@ -160,7 +168,7 @@ async def _blocker(base: str, done: trio.Event) -> None:
 
 
 @pytest.mark.parametrize("behaviour", ["stop_reading", "freeze", "fragments"])
-@pytest.mark.parametrize("protocol", ["raw", "moshi"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 async def test_shutdown_finishes_within_5_s_whatever_the_clients_do(fault_server, nursery, protocol, behaviour):
     server = await fault_server(shutdown_grace=1.0, client_timeout=30)  # the timeout cannot help here
     port = server.port

@@ -46,8 +46,8 @@ async def status_of_upgrade(port: int, path: str, headers: list[tuple[str, str]]
 async def test_every_route_but_health_needs_the_token(start_server):
     handle = await start_server(auth_token=TOKEN)
     http_paths, ws_paths = protected_routes(handle)
-    assert {"/", "/metrics", "/api/info", "/api/sessions", "/api/voices", "/api/queue"} <= set(http_paths)
-    assert sorted(ws_paths) == ["/api/chat", "/v1/audio/duplex"]
+    assert {"/", "/metrics", "/api/info", "/api/sessions", "/api/voices", "/api/queue", "/v1/models"} <= set(http_paths)
+    assert sorted(ws_paths) == ["/api/chat", "/v1/audio/duplex", "/v1/realtime"]
     wrong_ways = [{}, {"headers": {"authorization": "Bearer wrong"}}, {"params": {"token": "wrong"}},
                   {"headers": {"authorization": f"Basic {TOKEN}"}}, {"headers": {"cookie": f"{COOKIE}={TOKEN}"}}]
     async with httpx.AsyncClient(base_url=handle.http_url) as http:

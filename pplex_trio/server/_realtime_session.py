@@ -1,0 +1,236 @@
+"""The OpenAI Realtime protocol (``/v1/realtime``) on the session core: JSON events, base64 audio.
+
+The connection opens with ``session.created``; ``session.update`` events are
+answered until the first ``input_audio_buffer.append`` or ``response.create``,
+which starts the conversation with the session as configured then (the
+opening, in the session core's terms).  From then on:
+
+* appended audio (PCM16 at 24 kHz, or G.711 at 8 kHz, resampled) feeds the
+  model; a small VAD on it gives ``speech_started`` / ``speech_stopped``;
+* every 80 ms frame of the model's voice goes out as an audio delta, silence
+  included, its text as transcript deltas;
+* responses tile the conversation: one is open from the moment the
+  conversation is live; the caller starting to speak, ``response.create`` and
+  ``response.cancel`` end it (completed, or cancelled) and open the next at
+  once, so every delta belongs to an open response.
+
+What the protocol has that a full-duplex model cannot do is answered or refused
+as ``docs/PROTOCOL.md`` says.  Events the VAD and the cuts produce are queued
+here and go out with the next frame, from the send task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .._conversation import SAMPLE_RATE, CloseCode, Conversation
+from ..codec._g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from ..codec._resample import StreamResampler
+from ..codec._vad import EnergyVAD
+from ..engine import OutputFrame
+from ..protocol import ProtocolError
+from ..protocol._realtime import (AudioAppend, AudioFormat, Dialect, RealtimeError, ServerEvents, SessionConfig,
+                                  SessionUpdate, apply_session_update, parse_client_event)
+from ._wire import InputAudio, InputEvent, Message, Replies, WireProtocol
+
+SUBPROTOCOL = "realtime"  # what browsers offer (with the token and beta markers beside it)
+MAX_PENDING_EVENTS = 256  # server events waiting for the next frame; more means the client floods us
+
+
+def dialect_of(headers: Any, subprotocols: Sequence[str]) -> Dialect:
+    """Beta when the client says so (the SDK's ``OpenAI-Beta: realtime=v1``, or a browser's subprotocol)."""
+    beta = "realtime=v1" in (headers.get("OpenAI-Beta") or "").replace(" ", "") or \
+        any(p.startswith("openai-beta.realtime-v1") for p in subprotocols)
+    return Dialect.BETA if beta else Dialect.GA
+
+
+class _AudioIn:
+    """The session's input format → float32 at 24 kHz."""
+
+    def __init__(self, audio_format: AudioFormat):
+        self.format = audio_format
+        self._resample = StreamResampler(audio_format.rate, SAMPLE_RATE)
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        if self.format is AudioFormat.PCM16:
+            if len(data) % 2:
+                raise RealtimeError("pcm16 audio must be whole 16-bit samples (an even number of bytes)",
+                                    param="audio")
+            return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+        pcm = ulaw_decode(data) if self.format is AudioFormat.PCMU else alaw_decode(data)
+        return self._resample(pcm)
+
+
+class _AudioOut:
+    """float32 at 24 kHz → the session's output format."""
+
+    def __init__(self, audio_format: AudioFormat):
+        self.format = audio_format
+        self._resample = StreamResampler(SAMPLE_RATE, audio_format.rate)
+
+    def __call__(self, pcm: np.ndarray) -> bytes:
+        if self.format is AudioFormat.PCM16:
+            return (np.clip(pcm, -1.0, 32767 / 32768) * 32768.0).astype("<i2").tobytes()
+        resampled = self._resample(pcm)
+        return ulaw_encode(resampled) if self.format is AudioFormat.PCMU else alaw_encode(resampled)
+
+
+class RealtimeProtocol(WireProtocol):
+    name = "realtime"
+    opens_with_message = True
+    opening_hint = "send input_audio_buffer.append (or response.create) to start the conversation"
+
+    def __init__(self, dialect: Dialect, *, model: str, voices: Callable[[], Sequence[str]],
+                 max_message_bytes: int, max_prompt_chars: int, align: bool, subprotocol: str | None = None):
+        self.dialect = dialect
+        self.events = ServerEvents(dialect, model=model)
+        self.config = SessionConfig()
+        self.subprotocol = subprotocol
+        self.align_input = align
+        self._voices = voices
+        self._max_bytes = max_message_bytes
+        self._max_prompt_chars = max_prompt_chars
+        self._started = False
+        self._audio_in: _AudioIn | None = None
+        self._audio_out: _AudioOut | None = None
+        self._vad = EnergyVAD(SAMPLE_RATE)
+        self._speech_item: str | None = None  # the caller's speech in progress, as an input item
+        self._last_item: str | None = None  # the last committed input item
+        self._pending: list[Message] = []  # go out before the next frame's deltas
+        self._response: str | None = None  # the open response and its one item
+        self._item: str | None = None
+        self._transcript: list[str] = []
+
+    # -- the opening -----------------------------------------------------------------
+
+    def greeting(self) -> list[Message]:
+        return [self.events.session_created(self.config)]
+
+    def conversation(self, query: bytes, opening: bytes | str | None) -> Conversation:
+        return self.config.conversation()
+
+    def opening(self, query: bytes, message: bytes | str) -> Conversation | Replies:
+        event = self._parse(message)
+        if isinstance(event, Replies):
+            return event
+        if isinstance(event, AudioAppend) or event.type == "response.create":
+            self._start()
+            return self.config.conversation()  # audio sent before the conversation is live is not heard
+        return self._answer(event)
+
+    def _start(self) -> None:
+        self._started = True
+        self._audio_in = _AudioIn(self.config.input_format)
+        self._audio_out = _AudioOut(self.config.output_format)
+
+    # -- client events ---------------------------------------------------------------
+
+    def _parse(self, message: bytes | str | None) -> Any:
+        """An event, or the ``error`` event that answers a bad one."""
+        if message is None:
+            return Replies([])
+        try:
+            return parse_client_event(message, max_bytes=self._max_bytes)
+        except RealtimeError as exc:
+            return Replies([self.events.error_from(exc)])
+
+    def parse(self, message: bytes | str | None) -> InputEvent:
+        event = self._parse(message)
+        if isinstance(event, Replies):
+            return event
+        if isinstance(event, AudioAppend):
+            return InputAudio(event.audio) if event.audio else None
+        return self._answer(event)
+
+    def _answer(self, event: Any) -> Replies:
+        """The events that do not carry audio (before or after the start)."""
+        events = self.events
+        if isinstance(event, SessionUpdate):
+            try:
+                self.config = apply_session_update(self.config, event.session, started=self._started,
+                                                   max_prompt_chars=self._max_prompt_chars, voices=self._voices,
+                                                   event_id=event.event_id)
+            except RealtimeError as exc:
+                return Replies([events.error_from(exc)])
+            return Replies([events.session_updated(self.config)])
+        if event.type == "input_audio_buffer.commit":
+            item = self._speech_item or events.new_id("item")
+            previous, self._last_item = self._last_item, item
+            return Replies([events.committed(item, previous)])
+        if event.type == "input_audio_buffer.clear":
+            return Replies([events.cleared()])
+        if event.type == "output_audio_buffer.clear":
+            return Replies([events.output_cleared(self._response or events.new_id("resp"))])
+        if event.type in ("response.create", "response.cancel"):
+            if self._response is not None:  # (before the conversation is live there is no response to cut)
+                self._queue(*self._cut("cancelled" if event.type == "response.cancel" else "completed"))
+            return Replies([])
+        raise AssertionError(event.type)
+
+    def _queue(self, *messages: Message) -> None:
+        if len(self._pending) + len(messages) > MAX_PENDING_EVENTS:
+            raise ProtocolError("too many events in one frame's time; slow down", CloseCode.POLICY)
+        self._pending.extend(messages)
+
+    # -- audio in ---------------------------------------------------------------------
+
+    def decode(self, payloads: list[Any]) -> list[np.ndarray]:
+        assert self._audio_in is not None
+        out = []
+        for data in payloads:
+            try:
+                pcm = self._audio_in(data)
+            except RealtimeError as exc:
+                self._queue(self.events.error_from(exc))
+                pcm = np.zeros(0, dtype=np.float32)
+            for speech in self._vad.feed(pcm):
+                if speech.started:
+                    self._speech_item = self.events.new_id("item")
+                    self._queue(self.events.speech_started(speech.at_ms, self._speech_item))
+                    if self._response is not None:
+                        self._queue(*self._cut("completed"))  # the caller's turn starts: so does the next response
+                elif self._speech_item is not None:
+                    self._queue(self.events.speech_stopped(speech.at_ms, self._speech_item))
+            out.append(pcm)
+        return out
+
+    # -- output -----------------------------------------------------------------------
+
+    def keepalive(self, position: int | None) -> Message | None:
+        return self.events.queued(position) if position else None
+
+    def ready(self) -> list[Message]:
+        return self._open_response()
+
+    def _open_response(self) -> list[Message]:
+        self._response, self._item = self.events.new_id("resp"), self.events.new_id("item")
+        self._transcript = []
+        return self.events.response_started(self._response, self._item, self.config)
+
+    def _cut(self, status: str) -> list[Message]:
+        """End the open response and open the next, back to back."""
+        assert self._response is not None and self._item is not None
+        done = self.events.response_finished(self._response, self._item, self.config, "".join(self._transcript),
+                                             status)
+        return done + self._open_response()
+
+    async def encode(self, frames: list[OutputFrame]) -> list[tuple[Message, OutputFrame | None]]:
+        assert self._audio_out is not None
+        messages: list[tuple[Message, OutputFrame | None]] = [(m, None) for m in self._pending]
+        self._pending = []
+        for frame in frames:
+            assert self._response is not None and self._item is not None
+            audio = self._audio_out(frame.pcm)
+            messages.append((self.events.audio_delta(self._response, self._item, audio), frame))
+            if frame.text:
+                self._transcript.append(frame.text)
+                messages.append((self.events.transcript_delta(self._response, self._item, frame.text), None))
+        return messages
+
+    def error(self, message: str, code: int) -> Message:
+        kind = "server_error" if code in (CloseCode.INTERNAL_ERROR, CloseCode.TRY_AGAIN_LATER,
+                                          CloseCode.GOING_AWAY) else "invalid_request_error"
+        return self.events.error(message, kind=kind, code=f"close_{int(code)}")

@@ -1,0 +1,150 @@
+"""`/v1/realtime` in the server's own terms: queue, shutdown, cuts, answered events, the tiny model."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pytest
+import trio
+
+from _helpers.ws import read_until_closed
+from pplex_trio.client import open_websocket
+
+SILENCE = base64.b64encode(bytes(1920 * 2)).decode()
+
+
+def append(audio: str = SILENCE) -> str:
+    return json.dumps({"type": "input_audio_buffer.append", "audio": audio})
+
+
+async def next_event(ws, kind: str | None = None, timeout: float = 10.0) -> dict:
+    with trio.fail_after(timeout):
+        while True:
+            event = json.loads(await ws.get_message())
+            if kind is None or event["type"] == kind:
+                return event
+
+
+async def live(ws) -> dict:
+    """Start the conversation and wait for the first response (the conversation is live)."""
+    await next_event(ws, "session.created")
+    await ws.send_message(append())
+    return await next_event(ws, "response.created")
+
+
+async def test_queued_then_live_and_a_full_queue(start_server, nursery):
+    handle = await start_server(slots=1, queue_size=1)
+    url = handle.ws_url + "/v1/realtime"
+    async with open_websocket(url) as first, open_websocket(url) as second:
+        await live(first)
+        await next_event(second, "session.created")
+        await second.send_message(append())
+        queued = await next_event(second, "pplex.queued")
+        assert queued["position"] == 1
+        async with open_websocket(url) as third:
+            await next_event(third, "session.created")
+            await third.send_message(append())
+            closed = await read_until_closed(third)
+            assert closed.code == 1013
+            errors = [json.loads(m)["error"] for m in closed.messages if json.loads(m)["type"] == "error"]
+            assert errors and errors[-1]["type"] == "server_error" and "queue" in errors[-1]["message"]
+        await first.aclose()
+        await next_event(second, "response.created")  # the slot came free: live
+
+
+async def test_shutdown_is_an_error_event_then_1001(start_server):
+    handle = await start_server()
+    async with open_websocket(handle.ws_url + "/v1/realtime") as ws:
+        await live(ws)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(handle.shutdown)
+            closed = await read_until_closed(ws)
+    assert closed.code == 1001
+    assert any(json.loads(m)["type"] == "error" and "shutting down" in json.loads(m)["error"]["message"]
+               for m in closed.messages)
+
+
+async def test_cancel_and_create_cut_the_response_and_the_next_begins(start_server):
+    handle = await start_server()
+    async with open_websocket(handle.ws_url + "/v1/realtime") as ws:
+        first = (await live(ws))["response"]["id"]
+        await ws.send_message(json.dumps({"type": "response.cancel"}))
+        done = await next_event(ws, "response.done")
+        assert done["response"]["id"] == first and done["response"]["status"] == "cancelled"
+        second = (await next_event(ws, "response.created"))["response"]["id"]
+        await ws.send_message(json.dumps({"type": "response.create"}))
+        done = await next_event(ws, "response.done")
+        assert done["response"]["id"] == second and done["response"]["status"] == "completed"
+        third = await next_event(ws, "response.created")
+        delta = await next_event(ws, "response.output_audio.delta")
+        assert delta["response_id"] == third["response"]["id"] != second != first
+
+
+async def test_commit_clear_and_output_clear_are_answered(start_server):
+    handle = await start_server()
+    async with open_websocket(handle.ws_url + "/v1/realtime") as ws:
+        await live(ws)
+        for sent, answer in (("input_audio_buffer.commit", "input_audio_buffer.committed"),
+                             ("input_audio_buffer.commit", "input_audio_buffer.committed"),
+                             ("input_audio_buffer.clear", "input_audio_buffer.cleared"),
+                             ("output_audio_buffer.clear", "output_audio_buffer.cleared")):
+            await ws.send_message(json.dumps({"type": sent}))
+            event = await next_event(ws, answer)
+            if answer == "input_audio_buffer.committed":
+                assert event["item_id"]
+        await next_event(ws, "response.output_audio.delta")  # and the audio goes on
+
+
+async def test_the_caller_speaking_cuts_the_response(start_server):
+    handle = await start_server()
+    loud = base64.b64encode((0.2 * np.sin(np.arange(1920) / 5) * 32767).astype("<i2").tobytes()).decode()
+    async with open_websocket(handle.ws_url + "/v1/realtime") as ws:
+        first = (await live(ws))["response"]["id"]
+        for _ in range(4):
+            await ws.send_message(append(loud))
+        started = await next_event(ws, "input_audio_buffer.speech_started")
+        done = await next_event(ws, "response.done")
+        assert done["response"]["id"] == first and done["response"]["status"] == "completed"
+        nxt = await next_event(ws, "response.created")
+        assert nxt["response"]["id"] != first and started["item_id"]
+
+
+async def test_binary_frames_close_with_1003(start_server):
+    handle = await start_server()
+    async with open_websocket(handle.ws_url + "/v1/realtime") as ws:
+        await next_event(ws, "session.created")
+        await ws.send_message(b"\x00\x01")
+        closed = await read_until_closed(ws)
+    assert closed.code == 1003
+
+
+async def test_an_idle_opening_times_out(start_server):
+    handle = await start_server(open_timeout=0.3)
+    async with open_websocket(handle.ws_url + "/v1/realtime") as ws:
+        await next_event(ws, "session.created")
+        closed = await read_until_closed(ws)
+    assert closed.code == 1008
+    assert "input_audio_buffer.append" in json.loads(closed.messages[-1])["error"]["message"]
+
+
+@pytest.mark.parametrize("subprotocols, accepted", [(["realtime"], "realtime"), ([], None)])
+async def test_the_realtime_subprotocol_is_accepted(start_server, subprotocols, accepted):
+    from trio_websocket import open_websocket_url
+
+    handle = await start_server()
+    async with open_websocket_url(handle.ws_url + "/v1/realtime", subprotocols=subprotocols) as ws:
+        assert ws.subprotocol == accepted
+        await next_event(ws, "session.created")
+
+
+async def test_a_browser_carries_the_token_in_a_subprotocol(start_server):
+    from trio_websocket import open_websocket_url
+
+    handle = await start_server(auth_token="browser-key-123456")
+    offered = ["realtime", "openai-insecure-api-key.browser-key-123456", "openai-beta.realtime-v1"]
+    async with open_websocket_url(handle.ws_url + "/v1/realtime", subprotocols=offered) as ws:
+        assert ws.subprotocol == "realtime"
+        created = await next_event(ws, "session.created")
+        assert "modalities" in created["session"]  # the beta marker chose the beta dialect
