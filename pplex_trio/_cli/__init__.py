@@ -45,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument("--text", type=pathlib.Path, help="JSON file for the agent's text pieces")
     client.add_argument("--persona", help="persona (text prompt)")
     client.add_argument("--voice", help="voice prompt name, e.g. NATF2.pt")
-    client.add_argument("--protocol", choices=("moshi", "raw"), default="moshi", help="wire protocol (default moshi)")
+    client.add_argument("--protocol", choices=("moshi", "raw", "realtime"), default="moshi",
+                        help="wire protocol: moshi (/api/chat), raw (/v1/audio/duplex) or realtime (/v1/realtime; "
+                        "default moshi)")
     client.add_argument("--token", help="the server's access token (default: the PPLEX_TRIO_AUTH_TOKEN environment "
                         "variable, which ps does not show)")
     client.add_argument("--cafile", type=pathlib.Path, help="with https://, trust the certificates in this PEM file "

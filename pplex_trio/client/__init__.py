@@ -7,6 +7,7 @@ from ._client import read_wav as read_wav
 from ._client import run_client as run_client
 from ._client import stream_moshi as stream_moshi
 from ._client import stream_raw as stream_raw
+from ._client import stream_realtime as stream_realtime
 from ._ws import Refused as Refused
 from ._ws import client_ssl_context as client_ssl_context
 from ._ws import open_websocket as open_websocket

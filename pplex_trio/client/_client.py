@@ -1,12 +1,14 @@
 """``pplex-trio client``: stream a wav file through a running server in real time.
 
-It speaks either protocol: ``moshi`` (real Ogg Opus through sphn, exactly
-what a browser sends) or ``raw`` (float32 PCM).  It writes the agent's audio
+It speaks every protocol: ``moshi`` (real Ogg Opus through sphn, exactly
+what a browser sends), ``raw`` (float32 PCM) or ``realtime`` (OpenAI Realtime
+events, PCM16).  It writes the agent's audio
 (as long as the input) and its text pieces with their times.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import logging
@@ -27,7 +29,7 @@ from ..protocol import moshi
 
 logger = logging.getLogger(__name__)
 
-PATHS = {"moshi": "/api/chat", "raw": "/v1/audio/duplex"}
+PATHS = {"moshi": "/api/chat", "raw": "/v1/audio/duplex", "realtime": "/v1/realtime"}
 FRAME_SECONDS = FRAME_SIZE / SAMPLE_RATE
 
 
@@ -158,6 +160,60 @@ async def stream_raw(url: str, pcm: np.ndarray, params: dict[str, Any], *, tail_
     return ClientResult(_fit(received, pcm.size), text)
 
 
+async def stream_realtime(url: str, pcm: np.ndarray, session: dict[str, Any], *, tail_seconds: float = 2.0,
+                          **connect: Any) -> ClientResult:
+    """The OpenAI Realtime protocol (GA events), PCM16 at 24 kHz both ways; ``session``: a session.update's."""
+    received: list[np.ndarray] = []
+    text: list[dict[str, Any]] = []
+    total = 0
+    async with open_websocket(url, **connect) as ws:
+        await _realtime_event(ws, "session.created")
+        await ws.send_message(json.dumps({"type": "session.update", "session": session}))
+        await _realtime_event(ws, "session.updated")
+        # Start the conversation and stream once it is live (audio before that is not heard).
+        await ws.send_message(json.dumps({"type": "response.create"}))
+        await _realtime_event(ws, "response.created")
+        padded = np.concatenate([pcm, np.zeros(int(tail_seconds * SAMPLE_RATE), np.float32)])
+        done = trio.Event()
+
+        async def send() -> None:
+            deadline = trio.current_time()
+            for frame in _frames(padded):
+                audio = base64.b64encode((np.clip(frame, -1, 32767 / 32768) * 32768).astype("<i2").tobytes())
+                await ws.send_message(json.dumps({"type": "input_audio_buffer.append", "audio": audio.decode()}))
+                deadline += FRAME_SECONDS
+                await trio.sleep_until(deadline)
+            done.set()
+
+        async def receive() -> None:
+            nonlocal total
+            while True:
+                event = json.loads(await ws.get_message())
+                kind = event.get("type")
+                if kind == "response.output_audio.delta":
+                    samples = np.frombuffer(base64.b64decode(event["delta"]), "<i2").astype(np.float32) / 32768
+                    received.append(samples)
+                    total += samples.size
+                elif kind == "response.output_audio_transcript.delta":
+                    text.append({"time": round(total / SAMPLE_RATE, 3), "text": event["delta"]})
+                elif kind == "error":
+                    raise ClientError(event["error"]["message"])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send)
+            nursery.start_soon(_until, done, receive)
+    return ClientResult(_fit(received, pcm.size), text)
+
+
+async def _realtime_event(ws: Any, kind: str) -> dict[str, Any]:
+    while True:
+        event = json.loads(await ws.get_message())
+        if event.get("type") == kind:
+            return event
+        if event.get("type") == "error":
+            raise ClientError(event["error"]["message"])
+
+
 async def _wait_moshi_handshake(ws: Any) -> None:
     while True:
         message = await ws.get_message()
@@ -217,8 +273,16 @@ async def run_client(
         params = {k: v for k, v in (("persona", persona), ("voice", voice)) if v is not None}
         params.update(extra or {})
         result = await stream_raw(conversation_url(url, protocol, {}), pcm, params, **connect)
+    elif protocol == "realtime":
+        session: dict[str, Any] = {"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcm"}},
+                                                                 "output": {"format": {"type": "audio/pcm"}}}}
+        if persona is not None:
+            session["instructions"] = persona
+        if voice is not None:
+            session["audio"]["output"]["voice"] = voice
+        result = await stream_realtime(conversation_url(url, protocol, {}), pcm, session, **connect)
     else:
-        raise ValueError(f"unknown protocol {protocol!r}: use moshi or raw")
+        raise ValueError(f"unknown protocol {protocol!r}: use moshi, raw or realtime")
     sphn.write_wav(str(output_wav), result.pcm, SAMPLE_RATE)
     if text_json is not None:
         pathlib.Path(text_json).write_text(json.dumps(result.text, ensure_ascii=False, indent=1) + "\n")
