@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""bench/load: N concurrent Moshi-protocol clients against a pplex-trio server.
+"""bench/load: N concurrent clients against a pplex-trio server, over /api/chat or /v1/realtime.
 
-Each client streams real speech (``../shared/data/*.wav``) at real-time pace as
-Ogg Opus pages, one page (two 20 ms packets) per message like the browser,
-pre-encoded once and replayed so the generator stays cheap.  It receives
-everything, decodes a sample of the clients' audio, and counts frames.
+Each client streams real speech (``../shared/data/*.wav``) at real-time pace:
+with ``--protocol moshi`` as Ogg Opus pages, one page (two 20 ms packets) per
+message like the browser; with ``--protocol realtime`` as OpenAI Realtime
+``input_audio_buffer.append`` events of base64 PCM16, one per page's worth of
+audio.  Either is pre-encoded once and replayed so the generator stays cheap.
+It receives everything, decodes a sample of the clients' audio (Moshi), and
+counts frames.
 
 Usage (from the repository root)::
 
@@ -12,6 +15,7 @@ Usage (from the repository root)::
     python bench/load.py --clients 64 --compare-framing        # naive vs aligned framing, one run
     python bench/load.py --find-max --duration 30              # largest N that holds real time
     python bench/load.py --url http://127.0.0.1:8998 --clients 8   # a server you started
+    python bench/load.py --clients 32 --compare-protocols      # /api/chat vs /v1/realtime, one run
 
 ``gen late`` counts pages the generator itself sent over 5 ms behind
 schedule: a run with many is measuring the generator's stalls too.
@@ -26,6 +30,7 @@ Prints a table, writes JSON and PNG plots under bench/results/.
 from __future__ import annotations
 
 import argparse
+import base64
 import dataclasses
 import functools
 import gc
@@ -36,6 +41,7 @@ import pathlib
 import random
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import sphn
@@ -62,15 +68,30 @@ RESULTS = REPO / "bench" / "results"
 # --- the load ----------------------------------------------------------------------
 
 
-def encode_pages(seconds: float, page_ms: int) -> list[bytes]:
-    """Real speech as the Ogg pages of one continuous stream (headers first)."""
-    speech = [sphn.read(str(p), sample_rate=SR)[0][0] for p in sorted(DATA.glob("speech_*.wav"))]
-    if not speech:
+def speech(seconds: float) -> np.ndarray:
+    """Real speech, repeated to ``seconds`` (whole frames)."""
+    recordings = [sphn.read(str(p), sample_rate=SR)[0][0] for p in sorted(DATA.glob("speech_*.wav"))]
+    if not recordings:
         raise SystemExit(f"no speech recordings (speech_*.wav) in {DATA}: bench/load streams real speech from "
                          "the shared data folder next to the repository")
-    pcm = np.concatenate(speech)
+    pcm = np.concatenate(recordings)
     repeats = math.ceil(seconds * SR / pcm.size)
-    pcm = np.tile(pcm, repeats)[: int(seconds * SR) // FRAME * FRAME]
+    return np.tile(pcm, repeats)[: int(seconds * SR) // FRAME * FRAME]
+
+
+def encode_appends(seconds: float, page_ms: int) -> list[str]:
+    """The same speech as Realtime append events: base64 PCM16, ``page_ms`` each (two leading silent ones,
+    standing in for the Moshi stream's two header pages)."""
+    pcm = (np.clip(speech(seconds), -1, 32767 / 32768) * 32768).astype("<i2")
+    step = SR * page_ms // 1000
+    chunks = [np.zeros(step, "<i2")] * 2 + [pcm[i:i + step] for i in range(0, pcm.size, step)]
+    return [json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(c.tobytes()).decode()})
+            for c in chunks]
+
+
+def encode_pages(seconds: float, page_ms: int) -> list[bytes]:
+    """Real speech as the Ogg pages of one continuous stream (headers first)."""
+    pcm = speech(seconds)
     writer = sphn.OpusStreamWriter(SR)
     pages: list[bytes] = []
     for i in range(0, pcm.size, FRAME):
@@ -97,21 +118,37 @@ class ClientStats:
     window_late_sends: int = 0
 
 
-async def run_client(url: str, pages: list[bytes], page_ms: int, stats: ClientStats, *, decode: bool,
+REALTIME_AUDIO = '{"type":"response.output_audio.delta"'  # how the server writes an audio event (compact JSON)
+REALTIME_TEXT = '{"type":"response.output_audio_transcript.delta"'
+
+
+async def run_client(url: str, pages: list[Any], page_ms: int, stats: ClientStats, *, decode: bool,
                      live: trio.Semaphore, stop: trio.Event, started_at: float, random_phase: bool) -> None:
-    reader = sphn.OpusStreamReader(SR) if decode else None
+    realtime = url.endswith("/v1/realtime")
+    reader = sphn.OpusStreamReader(SR) if decode and not realtime else None
     frames_per_message = page_ms / 80
     try:
         async with open_websocket(url) as ws:
-            while (await ws.get_message()) != b"\x00":
-                pass
+            if realtime:  # start the conversation; it is live at the first response
+                await ws.send_message('{"type":"response.create"}')
+                while not (await ws.get_message()).startswith('{"type":"response.created"'):
+                    pass
+            else:
+                while (await ws.get_message()) != b"\x00":
+                    pass
             stats.handshake_s = trio.current_time() - started_at
             live.release()
+            frame = (lambda page: page) if realtime else (lambda page: b"\x01" + page)  # noqa: E731
 
             async def receive() -> None:
                 while True:
                     message = await ws.get_message()
-                    if message[:1] == b"\x01":
+                    if realtime:
+                        if message.startswith(REALTIME_AUDIO):
+                            stats.audio_received += 1
+                        elif message.startswith(REALTIME_TEXT):
+                            stats.text_received += 1
+                    elif message[:1] == b"\x01":
                         stats.audio_received += 1
                         if reader is not None:
                             try:
@@ -126,7 +163,7 @@ async def run_client(url: str, pages: list[bytes], page_ms: int, stats: ClientSt
                 if random_phase:  # like clients whose recorder starts at an arbitrary moment
                     await trio.sleep(random.uniform(0, 0.080))
                 for page in pages[:2]:
-                    await ws.send_message(b"\x01" + page)
+                    await ws.send_message(frame(page))
                 # Like a recorder: the first page goes out once its audio has been recorded.
                 deadline = trio.current_time() + page_ms / 1000
                 await trio.sleep_until(deadline)
@@ -135,7 +172,7 @@ async def run_client(url: str, pages: list[bytes], page_ms: int, stats: ClientSt
                         break
                     if trio.current_time() - deadline > GENERATOR_LAG:
                         stats.late_sends += 1
-                    await ws.send_message(b"\x01" + page)
+                    await ws.send_message(frame(page))
                     stats.sent_frames += frames_per_message
                     deadline += page_ms / 1000
                     await trio.sleep_until(deadline)
@@ -176,6 +213,10 @@ class RunResult:
     ticks_held: float = 0.0  # ticks held up to the input grace for a page that was due
 
     @property
+    def cpu_ms_per_conversation_second(self) -> float:
+        return self.cpu_percent * 10 / self.clients  # (cpu % / 100) × 1000 ms, shared by the conversations
+
+    @property
     def lost(self) -> float:
         """Frames thrown away because the server could not keep up (a full queue).
 
@@ -191,10 +232,10 @@ class RunResult:
         return self.sessions_ok == self.clients and self.lost == 0 and self.lateness_p99_ms <= 10.0
 
 
-async def load_run(http_url: str, clients: int, duration: float, page_ms: int, pages: list[bytes], *,
+async def load_run(http_url: str, clients: int, duration: float, page_ms: int, pages: list[Any], *,
                    label: str, server: ServerProcess | None, warmup: float, decode_every: int,
-                   random_phase: bool = True) -> RunResult:
-    ws_url = http_url.replace("http://", "ws://") + "/api/chat"
+                   random_phase: bool = True, protocol: str = "moshi") -> RunResult:
+    ws_url = http_url.replace("http://", "ws://") + ("/v1/realtime" if protocol == "realtime" else "/api/chat")
     stats = [ClientStats(i) for i in range(clients)]
     live, stop = trio.Semaphore(0), trio.Event()
     started_at = trio.current_time()
@@ -265,19 +306,21 @@ def start_server(args: argparse.Namespace, slots: int, framing: str) -> ServerPr
     return ServerProcess(cmd)
 
 
-def one(args: argparse.Namespace, clients: int, framing: str, pages: list[bytes]) -> RunResult:
-    label = f"{framing}, {args.start_phase} start, N={clients}"
+def one(args: argparse.Namespace, clients: int, framing: str, pages: list[Any],
+        protocol: str | None = None) -> RunResult:
+    protocol = protocol or args.protocol
+    label = f"{protocol}, {framing}, {args.start_phase} start, N={clients}"
     random_phase = args.start_phase == "random"
+    options = dict(warmup=args.warmup, decode_every=args.decode_every, random_phase=random_phase,
+                   protocol=protocol, label=label)
     if args.url:
-        return trio.run(lambda: load_run(args.url, clients, args.duration, args.page_ms, pages, label=label,
-                                         server=None, warmup=args.warmup, decode_every=args.decode_every,
-                                         random_phase=random_phase))
+        return trio.run(lambda: load_run(args.url, clients, args.duration, args.page_ms, pages, server=None,
+                                         **options))
     server = start_server(args, clients, framing)
     try:
         url = "http://" + server.address
-        return trio.run(lambda: load_run(url, clients, args.duration, args.page_ms, pages, label=label,
-                                         server=server, warmup=args.warmup, decode_every=args.decode_every,
-                                         random_phase=random_phase))
+        return trio.run(lambda: load_run(url, clients, args.duration, args.page_ms, pages, server=server,
+                                         **options))
     finally:
         server.stop()
 
@@ -299,6 +342,7 @@ COLUMNS = [
      "{}"),
     ("gen late", lambda r: r.generator_late_sends, "{}"),
     ("cpu %", lambda r: r.cpu_percent, "{:.0f}"),
+    ("cpu ms/conv-s", lambda r: r.cpu_ms_per_conversation_second, "{:.1f}"),
     ("rss MB", lambda r: r.peak_rss_mb, "{:.0f}"),
     ("real time", lambda r: "yes" if r.real_time else "NO", "{}"),
 ]
@@ -357,6 +401,10 @@ def main(argv: list[str] | None = None) -> int:
                         "thread-sphn: the worker-thread placement kept in bench/ for comparison")
     parser.add_argument("--inline-encoders", type=int, help="the started server's --inline-encoders")
     parser.add_argument("--compare-framing", action="store_true", help="run naive then aligned, side by side")
+    parser.add_argument("--protocol", choices=("moshi", "realtime"), default="moshi",
+                        help="/api/chat (Ogg Opus) or /v1/realtime (base64 PCM16 JSON events); default moshi")
+    parser.add_argument("--compare-protocols", action="store_true",
+                        help="run moshi then realtime, side by side, with the realtime/moshi CPU ratio")
     parser.add_argument("--find-max", action="store_true", help="search the largest N that holds real time")
     parser.add_argument("--max-clients", type=int, default=160, help="upper bound for --find-max")
     parser.add_argument("--start-phase", choices=("random", "handshake"), default="random",
@@ -373,7 +421,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.page_ms == 20:
         parser.error("--page-ms 20 needs 20 ms pages, which sphn's writer does not produce")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    pages = encode_pages(args.duration + args.warmup + 30, args.page_ms)
+    seconds = args.duration + args.warmup + 30
+    streams = {"moshi": encode_pages(seconds, args.page_ms) if args.protocol == "moshi" or args.compare_protocols
+               else [], "realtime": encode_appends(seconds, args.page_ms)
+               if args.protocol == "realtime" or args.compare_protocols else []}
+    pages = streams[args.protocol]
     gc.freeze()  # the generator's own collections would delay every client's pages at once
 
     results: list[RunResult] = []
@@ -382,6 +434,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.compare_framing:
         for framing in ("naive", "aligned"):
             results.append(one(args, args.clients, framing, pages))
+            print(table(results[-1:]), flush=True)
+    elif args.compare_protocols:
+        for protocol in ("moshi", "realtime"):
+            results.append(one(args, args.clients, args.framing, streams[protocol], protocol))
             print(table(results[-1:]), flush=True)
     else:
         results.append(one(args, args.clients, args.framing, pages))
@@ -400,6 +456,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.find_max:
         best = max((r.clients for r in results if r.real_time), default=0)
         print(f"largest N holding real time: {best}")
+    if args.compare_protocols:
+        moshi, realtime = results
+        print(f"server CPU per conversation-second: moshi {moshi.cpu_ms_per_conversation_second:.1f} ms, "
+              f"realtime {realtime.cpu_ms_per_conversation_second:.1f} ms, ratio "
+              f"{realtime.cpu_ms_per_conversation_second / moshi.cpu_ms_per_conversation_second:.2f}")
     return 0
 
 

@@ -49,3 +49,16 @@ def test_short_load_run_reports_every_session(tmp_path):
     assert result["received_frames"] > 0 and result["sent_frames"] > 0
     assert "real time" in proc.stdout
     assert (REPO / "bench" / "results" / "test-smoke.png").stat().st_size > 0
+
+
+def test_the_protocols_side_by_side():
+    proc = subprocess.run(
+        [sys.executable, "bench/load.py", "--clients", "2", "--duration", "2", "--warmup", "1", "--compare-protocols",
+         "--name", "test-protocols"], cwd=REPO, capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    moshi, realtime = json.loads((REPO / "bench" / "results" / "test-protocols.json").read_text())["results"]
+    assert moshi["label"].startswith("moshi") and realtime["label"].startswith("realtime")
+    for result in (moshi, realtime):
+        assert result["sessions_ok"] == 2 and result["received_frames"] > 0.8 * result["sent_frames"] > 0
+    assert "server CPU per conversation-second: moshi" in proc.stdout and "ratio" in proc.stdout
