@@ -49,10 +49,12 @@ class ServerProcess:
         return self.proc.pid
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time of the server process and its threads."""
-        with open(f"/proc/{self.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+        """User + system CPU time of the server process and its threads (not its children)."""
+        return _cpu_seconds(self.pid)
+
+    def tree_cpu_seconds(self) -> float:
+        """The same with its live child processes (the Opus encoder child): the whole server's CPU."""
+        return sum(_cpu_seconds(pid) for pid in [self.pid, *_descendants(self.pid)])
 
     def peak_rss_mb(self) -> float:
         with open(f"/proc/{self.pid}/status") as f:
@@ -70,3 +72,23 @@ class ServerProcess:
                 self.proc.kill()
         self._reader.join(timeout=2)
         return self.proc.returncode
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:  # a child that has just ended
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def _descendants(pid: int) -> list[int]:
+    children: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children += [int(child) for child in f.read().split()]
+    except FileNotFoundError:
+        return []
+    return children + [grandchild for child in children for grandchild in _descendants(child)]

@@ -17,6 +17,10 @@ Usage (from the repository root)::
     python bench/load.py --url http://127.0.0.1:8998 --clients 8   # a server you started
     python bench/load.py --clients 32 --compare-protocols      # /api/chat vs /v1/realtime, one run
 
+``cpu %`` is the server process; ``+child %`` adds its child processes (the
+Opus encoder child), and ``cpu ms/conv-s`` divides that whole by the
+conversations: the server's CPU per second of one conversation.
+
 ``gen late`` counts pages the generator itself sent over 5 ms behind
 schedule: a run with many is measuring the generator's stalls too.
 
@@ -211,10 +215,12 @@ class RunResult:
     latency_cdf: tuple[list[float], list[float]] = ((), ())
     stages_p50_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     ticks_held: float = 0.0  # ticks held up to the input grace for a page that was due
+    tree_cpu_percent: float = math.nan  # the server with its child processes (the Opus encoder child)
 
     @property
     def cpu_ms_per_conversation_second(self) -> float:
-        return self.cpu_percent * 10 / self.clients  # (cpu % / 100) × 1000 ms, shared by the conversations
+        """The whole server's CPU (encoder child included) per second of one conversation."""
+        return self.tree_cpu_percent * 10 / self.clients  # (cpu % / 100) × 1000 ms, over the conversations
 
     @property
     def lost(self) -> float:
@@ -251,12 +257,14 @@ async def load_run(http_url: str, clients: int, duration: float, page_ms: int, p
         await trio.sleep(warmup)  # past the first alignment of every session
         before_text = await fetch_text(http_url)  # parsed after the run, off the clock
         cpu0, t0 = (server.cpu_seconds() if server else math.nan), time.monotonic()
+        tree0 = server.tree_cpu_seconds() if server else math.nan
         sent0 = [s.sent_frames for s in stats]
         late0 = [s.late_sends for s in stats]
         recv0 = [s.audio_received for s in stats]
         await trio.sleep(duration)
         after_text = await fetch_text(http_url)
         cpu1, t1 = (server.cpu_seconds() if server else math.nan), time.monotonic()
+        tree1 = server.tree_cpu_seconds() if server else math.nan
         for s, a, b, c in zip(stats, sent0, recv0, late0):
             s.window_sent, s.window_received = s.sent_frames - a, s.audio_received - b
             s.window_late_sends = s.late_sends - c
@@ -278,6 +286,7 @@ async def load_run(http_url: str, clients: int, duration: float, page_ms: int, p
         latency_p50_ms=1000 * latency.quantile(0.5), latency_p90_ms=1000 * latency.quantile(0.9),
         latency_p99_ms=1000 * latency.quantile(0.99), ticks_skipped=delta("pplex_ticks_skipped_total"),
         cpu_percent=100 * (cpu1 - cpu0) / window if server else math.nan,
+        tree_cpu_percent=100 * (tree1 - tree0) / window if server else math.nan,
         peak_rss_mb=server.peak_rss_mb() if server else math.nan,
         decode_errors=sum(s.decode_errors for s in stats),
         generator_late_sends=sum(s.window_late_sends for s in stats),
@@ -342,6 +351,7 @@ COLUMNS = [
      "{}"),
     ("gen late", lambda r: r.generator_late_sends, "{}"),
     ("cpu %", lambda r: r.cpu_percent, "{:.0f}"),
+    ("+child %", lambda r: r.tree_cpu_percent, "{:.0f}"),
     ("cpu ms/conv-s", lambda r: r.cpu_ms_per_conversation_second, "{:.1f}"),
     ("rss MB", lambda r: r.peak_rss_mb, "{:.0f}"),
     ("real time", lambda r: "yes" if r.real_time else "NO", "{}"),
