@@ -35,28 +35,26 @@ def browser() -> Iterator[Any]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-@pytest.fixture
-def context(browser: Any) -> Iterator[Any]:
+def _profile(browser: Any, **options: Any) -> Iterator[Any]:
     """A fresh browser profile for one test; page errors fail the test."""
-    ctx = browser.new_context(accept_downloads=True, viewport={"width": 1280, "height": 900})
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900}, **options)
     ctx.set_default_timeout(15_000)
     errors: list[str] = []
     ctx.on("weberror", lambda e: errors.append(str(e.error)))
     yield ctx
     ctx.close()
     assert not errors, f"uncaught errors in the page: {errors}"
+
+
+@pytest.fixture
+def context(browser: Any) -> Iterator[Any]:
+    yield from _profile(browser, accept_downloads=True)
 
 
 @pytest.fixture
 def tls_context(browser: Any) -> Iterator[Any]:
     """Like ``context``, but the profile accepts the test servers' self-signed certificates."""
-    ctx = browser.new_context(ignore_https_errors=True, viewport={"width": 1280, "height": 900})
-    ctx.set_default_timeout(15_000)
-    errors: list[str] = []
-    ctx.on("weberror", lambda e: errors.append(str(e.error)))
-    yield ctx
-    ctx.close()
-    assert not errors, f"uncaught errors in the page: {errors}"
+    yield from _profile(browser, ignore_https_errors=True)
 
 
 @pytest.fixture
