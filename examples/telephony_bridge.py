@@ -63,11 +63,19 @@ async def main() -> None:
             "type": "realtime", "instructions": args.persona,
             "audio": {"input": {"format": {"type": "audio/pcmu"}}, "output": {"format": {"type": "audio/pcmu"}}},
         })
+        # Start the conversation as the call is answered, and forward the caller once it is live: the model
+        # takes its persona in first (seconds on a CPU), and audio sent before that is not heard.
+        await connection.response.create()
+        async for event in connection:
+            if event.type == "response.created":
+                break
+            if event.type == "error":
+                raise SystemExit(f"server: {event.error.message}")
 
         async def from_phone() -> None:
             loop = asyncio.get_running_loop()
             start = loop.time()
-            for n, frame in enumerate(caller_frames(args.caller)):  # the first frame starts the conversation
+            for n, frame in enumerate(caller_frames(args.caller)):
                 await connection.input_audio_buffer.append(audio=base64.b64encode(frame).decode())
                 await asyncio.sleep(max(0.0, start + (n + 1) * 0.02 - loop.time()))
 
