@@ -128,3 +128,16 @@ async def test_every_placement_encodes_the_same_stream(nursery):
         decoded = np.concatenate([r.append_bytes(m) for r in [sphn.OpusStreamReader(24000)] for m in out])
         spectrum = np.abs(np.fft.rfft(decoded[2000:]))
         assert abs(np.argmax(spectrum) * 24000 / (decoded.size - 2000) - 330) < 10, placement
+
+
+def test_without_libopus_auto_falls_back_loudly(monkeypatch, caplog):
+    from pplex_trio.server import _encoders
+    from pplex_trio.server._settings import OpusEncoderPlacement
+
+    monkeypatch.setattr(_encoders, "libopus_available", lambda: False)
+    with caplog.at_level("WARNING"):
+        encoders = _encoders.make_encoders(OpusEncoderPlacement.AUTO, 4)
+    assert isinstance(encoders, _encoders.InlineEncoders)
+    (record,) = [r for r in caplog.records if r.name == "pplex_trio.server._encoders"]
+    assert record.levelname == "WARNING" and "CAPACITY WARNING" in record.getMessage()
+    assert "48 conversations" in record.getMessage() and "libopus0" in record.getMessage()
