@@ -17,6 +17,14 @@ Usage (from the repository root)::
     python bench/load.py --url http://127.0.0.1:8998 --clients 8   # a server you started
     python bench/load.py --clients 32 --compare-protocols      # /api/chat vs /v1/realtime, one run
 
+``--traffic official`` behaves like the official web client: 20 ms Opus
+packets two per Ogg page (a message every 40 ms), streaming from the handshake,
+with ``--random-phase-share`` (0.25) of the clients starting at a random phase
+as a telephony bridge would, and an echo engine that emits text on 30 % of
+frames (``--echo-text-share``), about what a speaking model produces.  The
+default ``mixed`` traffic is the one of the earlier figures: every client at a
+random phase (``--start-phase``), text on every frame.
+
 ``cpu %`` is the server process; ``+child %`` adds its child processes (the
 Opus encoder child), and ``cpu ms/conv-s`` divides that whole by the
 conversations: the server's CPU per second of one conversation.
@@ -238,9 +246,14 @@ class RunResult:
         return self.sessions_ok == self.clients and self.lost == 0 and self.lateness_p99_ms <= 10.0
 
 
+def spread(index: int, share: float) -> bool:
+    """Whether client ``index`` is one of an evenly spread ``share`` of them."""
+    return int((index + 1) * share) > int(index * share)
+
+
 async def load_run(http_url: str, clients: int, duration: float, page_ms: int, pages: list[Any], *,
                    label: str, server: ServerProcess | None, warmup: float, decode_every: int,
-                   random_phase: bool = True, protocol: str = "moshi") -> RunResult:
+                   random_phase_share: float = 1.0, protocol: str = "moshi") -> RunResult:
     ws_url = http_url.replace("http://", "ws://") + ("/v1/realtime" if protocol == "realtime" else "/api/chat")
     stats = [ClientStats(i) for i in range(clients)]
     live, stop = trio.Semaphore(0), trio.Event()
@@ -250,7 +263,7 @@ async def load_run(http_url: str, clients: int, duration: float, page_ms: int, p
             nursery.start_soon(functools.partial(
                 run_client, ws_url, pages, page_ms, s,
                 decode=s.index % decode_every == 0, live=live, stop=stop, started_at=started_at,
-                random_phase=random_phase))
+                random_phase=spread(s.index, random_phase_share)))
         with trio.fail_after(120):
             for _ in range(clients):
                 await live.acquire()
@@ -305,7 +318,8 @@ async def load_run(http_url: str, clients: int, duration: float, page_ms: int, p
 def start_server(args: argparse.Namespace, slots: int, framing: str) -> ServerProcess:
     flags = ["--model", args.model, "--slots", str(slots), "--port", "0", "--queue-size", "0", "--framing", framing]
     if args.model == "echo":
-        flags += ["--echo-step-ms", str(args.echo_step_ms), "--echo-prefill-steps", "12"]
+        flags += ["--echo-step-ms", str(args.echo_step_ms), "--echo-prefill-steps", "12",
+                  "--echo-text-share", str(echo_text_share(args))]
     if args.opus_encoder.startswith("thread-"):  # the comparison variant: a bench-only server entry
         cmd = [str(BENCH / "thread_encoder_server.py"), args.opus_encoder.removeprefix("thread-"), *flags]
     else:
@@ -315,12 +329,26 @@ def start_server(args: argparse.Namespace, slots: int, framing: str) -> ServerPr
     return ServerProcess(cmd)
 
 
+def random_phase_share(args: argparse.Namespace) -> float:
+    """The share of clients that start at a random phase (the rest stream from the handshake)."""
+    if args.traffic == "official":
+        return args.random_phase_share
+    return 1.0 if args.start_phase == "random" else 0.0
+
+
+def echo_text_share(args: argparse.Namespace) -> float:
+    if args.echo_text_share is not None:
+        return args.echo_text_share
+    return 0.3 if args.traffic == "official" else 1.0
+
+
 def one(args: argparse.Namespace, clients: int, framing: str, pages: list[Any],
         protocol: str | None = None) -> RunResult:
     protocol = protocol or args.protocol
-    label = f"{protocol}, {framing}, {args.start_phase} start, N={clients}"
-    random_phase = args.start_phase == "random"
-    options = dict(warmup=args.warmup, decode_every=args.decode_every, random_phase=random_phase,
+    share = random_phase_share(args)
+    start = {1.0: "random", 0.0: "handshake"}.get(share, f"{share:g} random")
+    label = f"{protocol}, {args.traffic} traffic, {framing}, {start} start, N={clients}"
+    options = dict(warmup=args.warmup, decode_every=args.decode_every, random_phase_share=share,
                    protocol=protocol, label=label)
     if args.url:
         return trio.run(lambda: load_run(args.url, clients, args.duration, args.page_ms, pages, server=None,
@@ -411,6 +439,16 @@ def main(argv: list[str] | None = None) -> int:
                         "thread-sphn: the worker-thread placement kept in bench/ for comparison")
     parser.add_argument("--inline-encoders", type=int, help="the started server's --inline-encoders")
     parser.add_argument("--compare-framing", action="store_true", help="run naive then aligned, side by side")
+    parser.add_argument("--traffic", choices=("mixed", "official"), default="mixed",
+                        help="mixed: every client per --start-phase, a text piece every frame; official: like the "
+                        "official web client (two 20 ms packets per page, streaming from the handshake) with "
+                        "--random-phase-share of them at a random phase, and --echo-text-share 0.3 (default mixed)")
+    parser.add_argument("--random-phase-share", type=float, default=0.25,
+                        help="with --traffic official: the share of clients starting at a random phase, like a "
+                        "telephony bridge (default 0.25)")
+    parser.add_argument("--echo-text-share", type=float,
+                        help="the started echo server's share of frames with text (default 0.3 with --traffic "
+                        "official, else 1)")
     parser.add_argument("--protocol", choices=("moshi", "realtime"), default="moshi",
                         help="/api/chat (Ogg Opus) or /v1/realtime (base64 PCM16 JSON events); default moshi")
     parser.add_argument("--compare-protocols", action="store_true",

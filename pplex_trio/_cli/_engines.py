@@ -55,6 +55,7 @@ def create_engine(settings: ServerSettings) -> Engine:
             fail_at_step=settings.echo_fail_at_step,
             hang_at_step=settings.echo_hang_at_step,
             hang_seconds=settings.echo_hang_seconds,
+            text_share=settings.echo_text_share,
             **kwargs,
         )
     try:

@@ -46,12 +46,16 @@ class EchoEngine(Engine):
         fail_at_step: int | None = None,
         hang_at_step: int | None = None,
         hang_seconds: float = 30.0,
+        text_share: float = 1.0,
     ):
         if num_slots < 1:
             raise ValueError("num_slots must be at least 1")
         if delay_frames < 0 or prefill_steps < 0 or step_seconds < 0:
             raise ValueError("delay_frames, prefill_steps and step_seconds must not be negative")
+        if not 0.0 <= text_share <= 1.0:
+            raise ValueError("text_share must be between 0 and 1")
         self.num_slots = num_slots
+        self.text_share = text_share  # the share of frames with a text piece (a speaking model: ~0.3)
         self.delay_frames = delay_frames
         self.prefill_steps = prefill_steps
         self.step_seconds = step_seconds
@@ -98,6 +102,7 @@ class EchoEngine(Engine):
             n = int(self._frames[row])
             self._history[row, n % depth] = pcm[row]
             out[row] = self._history[row, (n - self.delay_frames) % depth] if n >= self.delay_frames else 0.0
-            text[row] = f" {n}"
+            if int((n + 1) * self.text_share) > int(n * self.text_share):  # evenly spread, exact share
+                text[row] = f" {n}"
             self._frames[row] = n + 1
         return StepOutput(pcm=out, text=text)

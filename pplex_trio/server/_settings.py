@@ -105,6 +105,8 @@ class ServerSettings(ActorSettings):
     echo_prefill_steps: int = setting(12, "system-prompt ticks", low=0, group="echo test engine")
     echo_step_ms: float = setting(0.0, "sleep per step, standing in for GPU time", low=0,
                                   group="echo test engine")
+    echo_text_share: float = setting(1.0, "the share of frames with a text piece (the frame number); a speaking "
+                                     "model gives about 0.3", low=0, high=1, group="echo test engine")
     echo_fail_at_step: int | None = setting(None, "raise an error in this step (counted from 0), for fault tests",
                                             low=0, group="echo test engine")
     echo_hang_at_step: int | None = setting(None, "hang in this step (counted from 0), for fault tests", low=0,
