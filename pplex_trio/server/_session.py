@@ -42,7 +42,7 @@ import trio
 from .._channel import DropOldestChannel
 from .._conversation import CloseCode, Conversation
 from .._metrics import Metrics
-from ..engine import EngineActor, Lease, LeaseState, OutputEnd, OutputFrame, QueueFull
+from ..engine import EngineActor, Lease, LeaseState, OutputFrame, QueueFull
 from ..protocol import ProtocolError
 from ._reaction import ClientReaction
 from ._settings import ServerSettings

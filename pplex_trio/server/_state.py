@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-import trio
-
 from .._conversation import CloseCode
 from .._metrics import Metrics
 from ..engine import Engine, EngineActor
