@@ -7,8 +7,8 @@ with ``kernel.yama.ptrace_scope=0``).  Each sample of the main thread (the
 Trio event loop) is put in the bucket of its innermost frame that has one,
 skipping Trio's own frames, so a socket send inside hypercorn counts as
 hypercorn's, and
-``decode_loop`` (which calls sphn's native decoder, invisible to py-spy
-without ``--native``) counts as decoding.  Only stacks that are Trio all the
+a protocol's ``decode`` (for ``/api/chat`` sphn's native decoder, invisible to
+py-spy without ``--native``) counts as decoding.  Only stacks that are Trio all the
 way down count as the scheduler's.  Idle samples (the loop waiting in epoll)
 are counted apart: the loop's busy share is what limits how many
 conversations one process holds in real time.
@@ -37,13 +37,16 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 IDLE = ("get_events (trio/_core/_io_epoll.py",)
 # (bucket, markers), tried in order on each frame from the innermost out.
 BUCKETS = [
-    ("Opus decode (sphn, decode_loop)", (".decode_loop",)),
+    # The protocols' decode (sphn's native Opus decoder is invisible to py-spy without --native).
+    ("input decode (sphn Opus; Realtime base64, G.711)", (".decode_loop", "Protocol.decode")),
     ("metrics (prometheus-client)", ("prometheus_client",)),
     ("encoder child I/O (pack, pipe, answers)", ("pplex_trio/codec/",)),
     ("WebSocket framing (wsproto)", ("wsproto/",)),
     ("HTTP server (hypercorn, h11)", ("hypercorn/", "h11/")),
     ("Quart websocket layer", ("quart/", "quart_trio/")),
     ("engine actor and input framing", ("pplex_trio/engine/",)),
+    # The guarded transport under hypercorn: its socket reads and writes, the inbound guard.
+    ("transport: socket I/O and the guard", ("pplex_trio/server/_transport.py", "pplex_trio/protocol/_ws_guard.py")),
     ("sessions: receive, encode, send loops", ("pplex_trio/server/",)),
     ("our protocol codecs and channels", ("pplex_trio/protocol/", "pplex_trio/_channel")),
 ]
