@@ -68,6 +68,7 @@ from _metrics import Histogram, fetch_text, parse  # noqa: E402
 from _serverproc import ServerProcess  # noqa: E402
 
 from pplex_trio.client import open_websocket  # noqa: E402
+from pplex_trio.codec import pcm16_encode  # noqa: E402
 from pplex_trio.protocol import ogg  # noqa: E402
 
 logger = logging.getLogger("bench.load")
@@ -94,10 +95,10 @@ def speech(seconds: float) -> np.ndarray:
 def encode_appends(seconds: float, page_ms: int) -> list[str]:
     """The same speech as Realtime append events: base64 PCM16, ``page_ms`` each (two leading silent ones,
     standing in for the Moshi stream's two header pages)."""
-    pcm = (np.clip(speech(seconds), -1, 32767 / 32768) * 32768).astype("<i2")
+    pcm = speech(seconds)
     step = SR * page_ms // 1000
-    chunks = [np.zeros(step, "<i2")] * 2 + [pcm[i:i + step] for i in range(0, pcm.size, step)]
-    return [json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(c.tobytes()).decode()})
+    chunks = [np.zeros(step, np.float32)] * 2 + [pcm[i:i + step] for i in range(0, pcm.size, step)]
+    return [json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm16_encode(c)).decode()})
             for c in chunks]
 
 

@@ -25,6 +25,7 @@ from trio_websocket import ConnectionClosed
 from ._ws import open_websocket
 
 from .._conversation import FRAME_SIZE, SAMPLE_RATE
+from ..codec import pcm16_decode, pcm16_encode
 from ..protocol import moshi
 
 logger = logging.getLogger(__name__)
@@ -179,7 +180,7 @@ async def stream_realtime(url: str, pcm: np.ndarray, session: dict[str, Any], *,
         async def send() -> None:
             deadline = trio.current_time()
             for frame in _frames(padded):
-                audio = base64.b64encode((np.clip(frame, -1, 32767 / 32768) * 32768).astype("<i2").tobytes())
+                audio = base64.b64encode(pcm16_encode(frame))
                 await ws.send_message(json.dumps({"type": "input_audio_buffer.append", "audio": audio.decode()}))
                 deadline += FRAME_SECONDS
                 await trio.sleep_until(deadline)
@@ -191,7 +192,7 @@ async def stream_realtime(url: str, pcm: np.ndarray, session: dict[str, Any], *,
                 event = json.loads(await ws.get_message())
                 kind = event.get("type")
                 if kind == "response.output_audio.delta":
-                    samples = np.frombuffer(base64.b64decode(event["delta"]), "<i2").astype(np.float32) / 32768
+                    samples = pcm16_decode(base64.b64decode(event["delta"]))
                     received.append(samples)
                     total += samples.size
                 elif kind == "response.output_audio_transcript.delta":

@@ -11,6 +11,8 @@ from ._g711 import alaw_encode as alaw_encode
 from ._g711 import ulaw_decode as ulaw_decode
 from ._g711 import ulaw_encode as ulaw_encode
 from ._libopus import LibopusWriter as LibopusWriter
+from ._pcm16 import pcm16_decode as pcm16_decode
+from ._pcm16 import pcm16_encode as pcm16_encode
 from ._libopus import OpusWriter as OpusWriter
 from ._libopus import libopus_available as libopus_available
 from ._writers import make_writer as make_writer

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .._conversation import SAMPLE_RATE, CloseCode, Conversation
-from ..codec._g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from ..codec import alaw_decode, alaw_encode, pcm16_decode, pcm16_encode, ulaw_decode, ulaw_encode
 from ..codec._resample import StreamResampler
 from ..codec._vad import EnergyVAD
 from ..engine import OutputFrame
@@ -52,16 +52,15 @@ class _AudioIn:
 
     def __init__(self, audio_format: AudioFormat):
         self.format = audio_format
-        self._resample = StreamResampler(audio_format.rate, SAMPLE_RATE)
+        self._resample = StreamResampler(audio_format.rate, SAMPLE_RATE)  # a pass-through for PCM16
 
     def __call__(self, data: bytes) -> np.ndarray:
         if self.format is AudioFormat.PCM16:
             if len(data) % 2:
                 raise RealtimeError("pcm16 audio must be whole 16-bit samples (an even number of bytes)",
                                     param="audio")
-            return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
-        pcm = ulaw_decode(data) if self.format is AudioFormat.PCMU else alaw_decode(data)
-        return self._resample(pcm)
+            return pcm16_decode(data)
+        return self._resample(ulaw_decode(data) if self.format is AudioFormat.PCMU else alaw_decode(data))
 
 
 class _AudioOut:
@@ -69,11 +68,11 @@ class _AudioOut:
 
     def __init__(self, audio_format: AudioFormat):
         self.format = audio_format
-        self._resample = StreamResampler(SAMPLE_RATE, audio_format.rate)
+        self._resample = StreamResampler(SAMPLE_RATE, audio_format.rate)  # a pass-through for PCM16
 
     def __call__(self, pcm: np.ndarray) -> bytes:
         if self.format is AudioFormat.PCM16:
-            return (np.clip(pcm, -1.0, 32767 / 32768) * 32768.0).astype("<i2").tobytes()
+            return pcm16_encode(pcm)
         resampled = self._resample(pcm)
         return ulaw_encode(resampled) if self.format is AudioFormat.PCMU else alaw_encode(resampled)
 

@@ -87,3 +87,14 @@ def test_the_table_builders_follow_the_per_sample_algorithms():
     samples = np.arange(-32768, 32768, 7, dtype=np.int64)
     assert list(_g711._ulaw_bytes(samples)) == [_g711._ulaw_byte(int(s)) for s in samples]
     assert list(_g711._alaw_bytes(samples)) == [_g711._alaw_byte(int(s)) for s in samples]
+
+
+def test_pcm16_against_the_struct_module():
+    import struct
+
+    from pplex_trio.codec import pcm16_decode, pcm16_encode
+
+    pcm = np.array([0.0, 0.5, -0.5, -1.0, 0.99999, 2.0, -3.0], np.float32)
+    expected = struct.pack("<7h", 0, 16384, -16384, -32768, 32767, 32767, -32768)
+    assert pcm16_encode(pcm) == expected
+    assert pcm16_decode(expected).tolist() == [v / 32768 for v in struct.unpack("<7h", expected)]
