@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import gc
+import ipaddress
 import logging
 import signal
 import socket
@@ -176,9 +177,10 @@ def _log_exposure(settings: ServerSettings, certificate: Certificate | None, por
     """Where to open the server, and a warning for each way in which it is exposed."""
     loopback = settings.host in ("127.0.0.1", "::1", "localhost")
     if certificate is not None:
-        ips = [name for name in certificate.names if name.count(".") == 3 and not name.startswith("127.")]
-        host = settings.host if not settings.host.startswith("0.") and settings.host != "::" else \
-            (ips[0] if ips else "localhost")
+        host = settings.host
+        if host in ("0.0.0.0", "::"):  # every address: name the machine's LAN address, as another machine sees it
+            lan = [name for name in certificate.names if _is_lan_ipv4(name)]
+            host = lan[0] if lan else "localhost"
         where = f"[{host}]" if ":" in host else host
         note = " (the certificate is self-signed: the browser asks once to accept it; compare the fingerprint)" \
             if certificate.self_signed else ""
@@ -189,6 +191,14 @@ def _log_exposure(settings: ServerSettings, certificate: Certificate | None, por
     if settings.auth_token is None and not loopback:
         logger.warning("listening on %s without an access token: anyone who can reach the port can use the "
                        "server; set PPLEX_TRIO_AUTH_TOKEN (see docs/SECURITY.md)", settings.host)
+
+
+def _is_lan_ipv4(name: str) -> bool:
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False  # a DNS name
+    return address.version == 4 and not address.is_loopback
 
 
 def _quiet_garbage_collector() -> None:
