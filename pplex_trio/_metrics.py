@@ -50,6 +50,10 @@ class Metrics:
             "pplex_client_reaction_seconds",
             "Median time from the handshake to a client's first page, beyond its audio (recent clients)",
             registry=r)
+        self.tick_early = Histogram(
+            "pplex_tick_early_seconds",
+            "How long before its deadline a tick started because every streaming conversation's frame was in",
+            buckets=_LATENESS_BUCKETS, registry=r)
         self.ticks_skipped = Counter(
             "pplex_ticks_skipped_total", "Ticks skipped because the actor fell a whole tick or more behind",
             registry=r)

@@ -10,8 +10,9 @@ the next one start at once; when the actor is a whole tick or more behind, it
 skips the missed ticks (counting them) instead of bursting to catch up.  The
 grid itself drifts by a few milliseconds at most per tick towards the moment
 the conversations' audio arrives (``_phase``), and a tick may wait a few
-milliseconds for a page that is due (``_grace``).  What one tick does is in
-``_tick_plan``.
+milliseconds for a page that is due (``_grace``), or start up to
+``early_start_ms`` before it is due once every frame is in (``_early_start``).
+What one tick does is in ``_tick_plan``.
 
 **Faults.**  An engine call that raises ends the conversations of its tick
 (1011) and the engine is reset.  One that hangs past ``engine_timeout`` ends
@@ -35,6 +36,7 @@ import trio
 
 from .._conversation import Conversation
 from .._metrics import Metrics
+from ._early_start import EarlyStart
 from ._framing import InputFramer
 from ._grace import InputGrace
 from ._interface import Engine
@@ -89,6 +91,7 @@ class EngineActor:
         self.stalled = False  # that call has run past engine_timeout (and not returned yet)
         self.phase = PhaseSteering()
         self.grace = InputGrace(settings.input_grace_ms / 1000, self.table.has_input_frame)
+        self.early = EarlyStart(settings.early_start_ms / 1000, self.table, settings.tick_seconds)
         self._phase_step = 0.0
         self._deadline: float | None = None  # when the next tick is due (None while idle)
         self._update_gauges()
@@ -111,7 +114,7 @@ class EngineActor:
             framer=InputFramer(self.engine.frame_size, s.input_backlog_frames, align=align),
             output_capacity=s.output_backlog_frames,
             on_drop=self.metrics.drop,
-            on_input=self.grace.input_arrived,
+            on_input=self._input_arrived,
             on_end=self._release,
         )
         self.table.request(lease)
@@ -120,6 +123,10 @@ class EngineActor:
             yield lease
         finally:
             lease.end()
+
+    def _input_arrived(self, lease: Lease) -> None:
+        self.grace.input_arrived(lease)
+        self.early.input_arrived(lease)
 
     def _release(self, lease: Lease) -> None:
         self.table.release(lease)
@@ -168,10 +175,11 @@ class EngineActor:
             now = trio.current_time()
             if deadline is None:
                 deadline = now  # a fresh schedule after idling
+                self.phase.forget()
             self.metrics.tick_lateness.observe(max(0.0, now - deadline))
             await self._hold_for_due_pages(now, deadline)
             started = trio.current_time()
-            await self._tick()
+            await self._tick(deadline)
             self.metrics.tick_duration.observe(trio.current_time() - started)
             deadline += self.tick_seconds + self._phase_step
             behind = trio.current_time() - deadline
@@ -182,7 +190,8 @@ class EngineActor:
                 self.metrics.ticks_skipped.inc(skipped)
                 logger.warning("engine actor fell %d tick(s) behind; skipping ahead", skipped)
             self._deadline = deadline
-            await trio.sleep_until(deadline)
+            if await self.early.sleep_until(deadline):
+                self.metrics.tick_early.observe(deadline - trio.current_time())
 
     async def _hold_for_due_pages(self, now: float, deadline: float) -> None:
         if not self.grace.allowed(self.ticks, now, deadline):
@@ -193,11 +202,12 @@ class EngineActor:
             await self.grace.hold(self.ticks, awaited, deadline)
             self.metrics.tick_input_wait.observe(trio.current_time() - now)
 
-    async def _tick(self) -> None:
+    async def _tick(self, deadline: float) -> None:
         table = self.table
         freed = table.free_drained()
         table.admit_waiting()
-        plan = plan_tick(table, self.ticks, freed, self._pcm, trio.current_time(), self.tick_seconds, self.metrics)
+        plan = plan_tick(table, self.ticks, freed, self._pcm, trio.current_time(), deadline, self.tick_seconds,
+                         self.metrics)
         self._phase_step = self.phase.adjust(plan.slacks, plan.late)
         self.engine_busy = True
         started_at = trio.current_time()

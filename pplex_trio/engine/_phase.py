@@ -51,6 +51,11 @@ class PhaseSteering:
         # today's ``moved`` gives what it would be on today's grid.
         self._recent: collections.deque[float] = collections.deque(maxlen=window)
 
+    def forget(self) -> None:
+        """The grid restarts (the actor was idle): slacks measured on the old one mean nothing now."""
+        self._recent.clear()
+        self._calm = 0
+
     def adjust(self, slacks: list[float], late: int) -> float:
         """``slacks`` of the conversations that got a frame, ``late`` how many streaming ones got none."""
         if late:

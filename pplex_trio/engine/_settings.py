@@ -24,6 +24,10 @@ class ActorSettings:
         4.0, "with aligned framing, a tick may wait this long for a conversation's page that is due, rather "
         "than feed it a silent frame and a tick of delay (at most 3 ticks in 2 s); 0 turns it off",
         low=0, high=40, group="timing")
+    early_start_ms: float = setting(
+        10.0, "a tick may start up to this long before it is due, as soon as every conversation that is "
+        "streaming has its next frame (the deadlines do not move, so ticks come no more often); 0 turns it off",
+        low=0, high=40, group="timing")
     engine_timeout: float = setting(
         10.0, "an engine step that has not returned after this many seconds is stalled: its conversations end "
         "(1011), /health says stalled (503) and new conversations are refused until it returns", low=0.1,

@@ -37,7 +37,7 @@ class TickPlan:
     pcm: np.ndarray
     arrivals: list[float | None]  # when each LIVE row's input frame was complete
     started: float  # Trio time at which the tick began
-    slacks: list[float]  # tick start minus input arrival, per row that got a frame
+    slacks: list[float]  # the tick's deadline minus input arrival, per row that got a frame
     late: int  # streaming rows that got no frame this tick
 
 
@@ -49,9 +49,14 @@ class TickResult:
     step_seconds: float  # time inside engine.step (the compute the latency metric excludes)
 
 
-def plan_tick(table: SlotTable, tick: int, resets: list[int], pcm: np.ndarray, now: float,
+def plan_tick(table: SlotTable, tick: int, resets: list[int], pcm: np.ndarray, now: float, deadline: float,
               tick_seconds: float, metrics: Metrics) -> TickPlan:
-    """Cut every LIVE conversation's next input frame into ``pcm`` (silence where none is ready)."""
+    """Cut every LIVE conversation's next input frame into ``pcm`` (silence where none is ready).
+
+    Slacks are measured from the tick's ``deadline``, not from ``now``: the
+    steering moves the grid of deadlines, and a tick may start before its
+    deadline (early start) or after it (held, or behind).
+    """
     n = len(table.slots)
     modes = [SlotMode.IDLE] * n
     leases: list[Lease | None] = [None] * n
@@ -79,7 +84,7 @@ def plan_tick(table: SlotTable, tick: int, resets: list[int], pcm: np.ndarray, n
                 metrics.samples_skipped.inc(skipped)
             if arrivals[i] is not None:
                 metrics.frames_in.inc()
-                slacks.append(now - arrivals[i])
+                slacks.append(deadline - arrivals[i])
                 continue
             metrics.frames_silence.inc()
             if table.still_streaming(slot, now, tick_seconds):

@@ -26,6 +26,8 @@ from pplex_trio.engine import (
 from pplex_trio.engine._grace import GRACE_PER_WINDOW, GRACE_WINDOW
 
 INPUT_GRACE = ActorSettings().input_grace_ms / 1000
+EARLY_START = ActorSettings().early_start_ms / 1000
+NO_EARLY_START = ActorSettings(early_start_ms=0)
 
 TICK = 0.080
 
@@ -309,9 +311,12 @@ async def test_a_dropped_output_frame_keeps_its_text(nursery, autojump_clock):
 
 
 async def test_the_tick_grid_moves_to_just_after_the_audio_arrives(nursery, autojump_clock):
-    """A client whose frames land 30 ms after each tick: the grid drifts until they land just before."""
+    """A client whose frames land 30 ms after each tick: the grid drifts until they land just before.
+
+    (Early start off, to watch the steering alone.)
+    """
     engine = RecordingEcho(1, prefill_steps=0)
-    actor = EngineActor(engine, run_sync=inline_runner(compute_seconds=0.010))
+    actor = EngineActor(engine, NO_EARLY_START, run_sync=inline_runner(compute_seconds=0.010))
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
         await wait_state(lease, LeaseState.LIVE)
@@ -333,9 +338,9 @@ async def test_the_tick_grid_moves_to_just_after_the_audio_arrives(nursery, auto
 
 
 async def test_a_client_that_starts_at_the_handshake_lands_just_ahead_of_the_ticks(nursery, autojump_clock):
-    """Sending the handshake `lead` before a tick: the client's frames wait ~lead, from the first one."""
+    """Sending the handshake `lead` before a tick: the client's frames wait ~lead, from the first one (no early start)."""
     engine = RecordingEcho(1, prefill_steps=3)
-    actor = EngineActor(engine, run_sync=inline_runner())
+    actor = EngineActor(engine, NO_EARLY_START, run_sync=inline_runner())
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
         await wait_state(lease, LeaseState.LIVE)
@@ -351,6 +356,92 @@ async def test_a_client_that_starts_at_the_handshake_lands_just_ahead_of_the_tic
     assert waits[0] == pytest.approx(0.010, abs=1e-6)  # no settling needed
     assert all(actor.phase.margin - 1e-6 < w <= 0.010 + 1e-6 for w in waits)  # then steering trims it towards its margin
     assert len(waits) == 39 and lease.input_stats().underruns == 0  # every frame taken, none late
+
+
+async def _steady_client(lease, first_at, frames, period=TICK):
+    """A whole frame of audio at ``first_at`` and every ``period`` after it."""
+    send_at = first_at
+    for _ in range(frames):
+        await trio.sleep_until(send_at)
+        lease.push_input(np.full(1920, 0.5, np.float32), trio.current_time())
+        send_at += period
+
+
+async def test_a_tick_starts_as_soon_as_its_frame_is_in(nursery, autojump_clock):
+    """The same client as above, early start on: once steered within the window, no frame waits at all."""
+    actor = EngineActor(RecordingEcho(1, prefill_steps=0), run_sync=inline_runner(compute_seconds=0.010))
+    await nursery.start(actor.run)
+    with actor.lease(Conversation()) as lease:
+        await wait_state(lease, LeaseState.LIVE)
+        first = trio.current_time()
+        ticks_before = actor.ticks
+        waits = []
+        nursery.start_soon(_record_waits, lease, waits)
+        await _steady_client(lease, first + 0.030, 150)
+        await trio.sleep(TICK)
+        ticks = actor.ticks - ticks_before
+    assert len(waits) == 150 and waits[0] > EARLY_START  # the naive grid first, as above (less the window)
+    assert waits[-100:] == pytest.approx([0.0] * 100, abs=1e-9)  # then not even the steering's margin
+    assert actor.metrics.frames_silence._value.get() <= 2
+    assert ticks == pytest.approx((150 * TICK + 0.030 + TICK) / TICK, abs=1.5)  # one tick per period, not more
+
+
+async def test_a_flooding_client_gets_no_more_ticks_than_the_period_allows(nursery, autojump_clock):
+    """Frames four times faster than real time: every tick starts early, none comes sooner than that."""
+    actor = EngineActor(RecordingEcho(1, prefill_steps=0), run_sync=inline_runner(compute_seconds=0.010))
+    await nursery.start(actor.run)
+    with actor.lease(Conversation()) as lease:
+        await wait_state(lease, LeaseState.LIVE)
+        nursery.start_soon(_record_waits, lease, [])
+        await trio.sleep(0.001)
+        ticks_before, started = actor.ticks, trio.current_time()
+        await _steady_client(lease, started, 100, period=TICK / 4)  # 2 s of wall time
+        ticks = actor.ticks - ticks_before
+        elapsed = trio.current_time() - started
+    assert ticks == pytest.approx(elapsed / TICK, abs=1.5)
+    early = actor.metrics.tick_early
+    assert _histogram(early, "_count") >= ticks - 2
+    assert _histogram(early, "_sum") / _histogram(early, "_count") == pytest.approx(EARLY_START, abs=1e-6)
+
+
+async def test_an_early_start_waits_for_every_streaming_conversation(nursery, autojump_clock):
+    """Two streaming clients 25 ms apart and one silent: once steered, ticks start when the later one's frame is in."""
+    actor = EngineActor(RecordingEcho(3, prefill_steps=0), run_sync=inline_runner(compute_seconds=0.010))
+    await nursery.start(actor.run)
+    with actor.lease(Conversation()) as a, actor.lease(Conversation()) as b, actor.lease(Conversation()):
+        await wait_state(b, LeaseState.LIVE)
+        first = trio.current_time()
+        waits_a, waits_b = [], []
+        nursery.start_soon(_record_waits, a, waits_a)
+        nursery.start_soon(_record_waits, b, waits_b)
+        async with trio.open_nursery() as clients:
+            clients.start_soon(_steady_client, a, first + 0.020, 60)
+            clients.start_soon(_steady_client, b, first + 0.045, 60)
+        await trio.sleep(TICK)
+    # Steered to just after b's audio (a's comes 25 ms before it), the ticks start the moment b's frame is in.
+    assert waits_b[-30:] == pytest.approx([0.0] * 30, abs=1e-9)
+    assert waits_a[-30:] == pytest.approx([0.025] * 30, abs=1e-9)
+    assert a.input_stats().underruns == b.input_stats().underruns == 0
+
+
+async def test_the_grid_starts_afresh_after_idling(nursery, autojump_clock):
+    """A second conversation, after the first left the actor idle, is not steered by the first one's timing."""
+    actor = EngineActor(RecordingEcho(1, prefill_steps=0), NO_EARLY_START, run_sync=inline_runner(compute_seconds=0.010))
+    await nursery.start(actor.run)
+    all_waits = []
+    for phase in (0.075, 0.030):  # the first conversation pulls the grid 70 ms earlier; the second needs none of it
+        with actor.lease(Conversation()) as lease:
+            await wait_state(lease, LeaseState.LIVE)
+            waits = []
+            nursery.start_soon(_record_waits, lease, waits)
+            await _steady_client(lease, trio.current_time() + phase, 150)
+            await trio.sleep(TICK)
+        all_waits.append(waits)
+        await trio.sleep(1.0)  # idle
+    second = all_waits[1]
+    # Fresh steering: 40 ms at first, then 5 ms closer per tick at most, from the second frame on (the
+    # first conversation's slacks, kept, would hold the grid still for a whole window of 25 ticks).
+    assert second[0] > 0.035 and second[1] < second[0] - 0.004 and max(second[10:]) < 0.010
 
 
 async def test_sleep_until_before_tick_returns_at_once_while_idle(autojump_clock):
@@ -384,7 +475,7 @@ async def _aligned_client(actor, nursery, pages, delay):
 
 @pytest.mark.parametrize("grace", [0.0, 0.004])
 async def test_a_page_a_little_late_holds_the_tick_instead_of_missing_it(nursery, autojump_clock, grace):
-    actor = EngineActor(RecordingEcho(1, prefill_steps=2), ActorSettings(input_grace_ms=grace * 1000),
+    actor = EngineActor(RecordingEcho(1, prefill_steps=2), ActorSettings(input_grace_ms=grace * 1000, early_start_ms=0),
                         run_sync=inline_runner(compute_seconds=0.010))
     await nursery.start(actor.run)
     # Page 20 completes frame 10 and comes 5 ms late: 2 ms after its tick.
