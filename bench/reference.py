@@ -119,7 +119,7 @@ def counters(snapshot: Snapshot, base: Snapshot, at: float) -> client.Counters:
 
 async def single_conversation(server: Server, pages: list[bytes], page_samples: list[int],
                               args: argparse.Namespace) -> dict:
-    """One conversation of ``args.duration`` s; our server's counters are read every 0.5 s meanwhile."""
+    """One conversation of ``args.duration`` s; our server's counters are read meanwhile (``client.scrape_times``)."""
     t0 = trio.current_time()
     clock = lambda: trio.current_time() - t0  # noqa: E731
     trace = client.Trace(0)
@@ -132,7 +132,7 @@ async def single_conversation(server: Server, pages: list[bytes], page_samples: 
     done = trio.Event()
     async with trio.open_nursery() as nursery:
         if server.side == "ours":
-            snapshots.append(await read())
+            snapshots.append(await read())  # before the conversation: the base of every difference
             nursery.start_soon(client.scrape_while, done, read, snapshots)
         await client.converse(client.chat_url(server.url, **checkpoint.SAMPLING_QUERY), pages, trace,
                               clock=clock, stream_pages=round(args.duration / client.PAGE_S),

@@ -10,11 +10,13 @@ the config the benchmark writes for it, without touching the hub.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import pathlib
 import sys
 
 import pytest
+import trio
 
 REPO = pathlib.Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO / "bench"))
@@ -199,3 +201,24 @@ def test_report_puts_the_two_servers_side_by_side(tmp_path: pathlib.Path) -> Non
     text = report.render(data)
     assert "# python bench/reference.py" in text and "our server --slots = N" in text
     assert "1 scenario(s) run again" in text and "audio frames/s per client, first 8 s" in text
+
+
+def test_scrape_times_are_dense_at_first_then_sparse():
+    times = list(itertools.islice(client.scrape_times(0.5, 2.0, 4.0), 7))
+    assert times == [0.5, 1.0, 1.5, 2.0, 6.0, 10.0, 14.0]
+
+
+async def test_scrape_while_reads_at_its_times_and_once_at_the_end(autojump_clock):
+    reads = []
+
+    async def read():
+        reads.append(trio.current_time())
+        return len(reads)
+
+    running, into = trio.Event(), []
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client.scrape_while, running, read, into, [1.0, 2.0, 10.0])
+        await trio.sleep(3.0)
+        running.set()
+    assert [t - start for t in reads] == [1.0, 2.0, 3.0] and into == [1, 2, 3]
