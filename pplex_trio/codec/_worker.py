@@ -123,7 +123,9 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
 
 
 if __name__ == "__main__":
-    # Ctrl-C in a terminal reaches the whole process group: the parent owns shutdown, and this
-    # child ends when the parent closes its stdin.
+    # Ctrl-C in a terminal reaches the whole process group, and systemd sends SIGTERM to every
+    # process of the service: the parent owns shutdown (and may drain for a while first), and
+    # this child ends when the parent closes its stdin.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     serve(sys.stdin.buffer, sys.stdout.buffer)

@@ -63,7 +63,7 @@ class Allowed:
 
 @dataclasses.dataclass(frozen=True)
 class Refused:
-    status: int  # 401, 403 or 429
+    status: int  # 401, 403, 429 (or 503 from the server's busy check)
     reason: str  # metrics label: unauthorized, forbidden_origin, too_many_connections
     message: str  # for the client; never contains the token
 

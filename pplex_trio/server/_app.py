@@ -19,11 +19,12 @@ from ._raw_session import RawProtocol
 from ._realtime_session import SUBPROTOCOL, RealtimeProtocol, dialect_of
 from ._session import Session
 from ._settings import Framing
-from ._state import ServerState
+from ._state import UNREADY_MESSAGES, ServerState
 
 logger = logging.getLogger(__name__)
 
 PACKAGE_DIR = pathlib.Path(__file__).resolve().parent.parent
+CONVERSATION_PATHS = frozenset({"/api/chat", "/v1/audio/duplex", "/v1/realtime"})  # the WebSocket routes
 
 
 def default_static_dir() -> pathlib.Path:
@@ -75,7 +76,8 @@ def create_app(state: ServerState) -> QuartTrio:
     @app.get("/health")
     async def health() -> tuple[Response, int]:
         stats = state.actor.statistics()
-        status = "stalled" if state.actor.stalled else "shutting_down" if state.shutting_down else "ok"
+        status = ("stalled" if state.actor.stalled else "shutting_down" if state.shutting_down
+                  else "draining" if state.draining else "ok")
         body = jsonify(
             status=status,
             slots_total=stats.slots_total,
@@ -85,6 +87,21 @@ def create_app(state: ServerState) -> QuartTrio:
             sessions=len(state.sessions),
         )
         return body, 503 if status == "stalled" else 200
+
+    @app.get("/ready")
+    async def ready() -> tuple[Response, int]:
+        # For load balancers: can this replica take a conversation now? (/health: is it alive?)
+        stats = state.actor.statistics()
+        reason = state.unready_reason()
+        body = jsonify(
+            ready=reason is None,
+            reason=reason,
+            message=UNREADY_MESSAGES.get(reason or ""),
+            slots_free=stats.slots_free,
+            queued=stats.queued,
+            queue_size=settings.queue_size,
+        )
+        return body, 200 if reason is None else 503
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -12,6 +12,11 @@ Two things here are for browsers:
 * a page opened with the right ``?token=`` gets the cookie and a redirect to the
   same address without the token, so the token does not stay in the address
   bar, the history or a ``Referer``.
+
+And one thing is for load balancers: with ``busy`` given, a WebSocket upgrade
+the server cannot take now (``busy(path)`` gives a reason) is answered 503
+with ``Retry-After`` before it is accepted, which nginx's
+``proxy_next_upstream http_503`` turns into a try at the next replica.
 """
 
 from __future__ import annotations
@@ -39,10 +44,12 @@ PAGES = frozenset({"/", "/official/"})
 class AccessGate:
     """``app`` behind ``policy``; ``on_refusal(reason)`` counts each refusal."""
 
-    def __init__(self, app: Any, policy: AccessPolicy, *, on_refusal: Callable[[str], None] = lambda reason: None):
+    def __init__(self, app: Any, policy: AccessPolicy, *, on_refusal: Callable[[str], None] = lambda reason: None,
+                 busy: Callable[[str], Refused | None] | None = None):
         self.app = app
         self.policy = policy
         self.on_refusal = on_refusal
+        self.busy = busy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -63,6 +70,9 @@ class AccessGate:
             await self.app(scope, receive, send)
             return
         refused = self.policy.open(request.client)
+        if refused is None and self.busy is not None and (busy := self.busy(request.path)) is not None:
+            self.policy.close(request.client)
+            refused = busy
         if refused is not None:
             await self._refuse(scope, send, request, refused)
             return
@@ -82,6 +92,8 @@ class AccessGate:
             headers.append((b"www-authenticate", b'Bearer realm="pplex-trio"'))
         if refused.status == 429:
             headers.append((b"retry-after", b"5"))
+        if refused.status == 503:
+            headers.append((b"retry-after", b"1"))
         if not request.websocket and _wants_page(scope, request):
             body = _token_form(request).encode()
             headers.append((b"content-type", b"text/html; charset=utf-8"))

@@ -6,6 +6,10 @@ bounded whatever the clients do: every conversation is told 1001 (going away)
 and gets ``--shutdown-grace`` to close, then the transport stops, gives open
 connections the same grace and aborts the ones a write still holds, then the
 actor and the encoders stop.
+
+Before that, a SIGTERM drains for ``--drain-seconds``: ``/ready`` says 503
+and new conversations are refused, while the live ones go on until they end
+or the drain is over (a second signal ends it early, a third stops at once).
 """
 
 from __future__ import annotations
@@ -24,13 +28,13 @@ import hypercorn.config
 import trio
 
 from ..engine import Engine
-from ._app import create_app
-from ..protocol import AccessPolicy
+from ._app import CONVERSATION_PATHS, create_app
+from ..protocol import AccessPolicy, Refused
 from ._access_log import AccessLog
 from ._encoders import Encoders
 from ._gate import AccessGate
 from ._settings import ServerSettings
-from ._state import ServerState
+from ._state import UNREADY_MESSAGES, ServerState
 from ._tls import Certificate, prepare_certificate
 from ._transport import serve_http
 
@@ -60,6 +64,23 @@ class ServerHandle:
     async def shutdown(self) -> None:
         """Close every conversation with 1001 within the grace period, then stop."""
         await _shutdown(self.state, self._stop)
+
+    async def drain_then_shutdown(self, seconds: float) -> None:
+        """What SIGTERM does: refuse new conversations, let the live ones go on ``seconds``, then shut down."""
+        await _drain_then_shutdown(self.state, self._stop, seconds)
+
+
+async def _drain(state: ServerState, seconds: float, scope: trio.CancelScope) -> None:
+    """Not ready, no new conversations; wait (at most ``seconds``) until the live ones have ended."""
+    if seconds <= 0 or state.draining or state.shutting_down:
+        return
+    logger.info("draining: no new conversations; %d live one(s) may go on for up to %g s",
+                len(state.sessions), seconds)
+    state.begin_drain(scope)
+    with trio.move_on_after(seconds):
+        while state.sessions:
+            await trio.sleep(0.05)
+    logger.info("drain over: %d conversation(s) left", len(state.sessions))
 
 
 async def _shutdown(state: ServerState, stop: trio.Event) -> None:
@@ -135,7 +156,8 @@ async def serve(
                           max_connections_per_address=settings.max_connections_per_ip,
                           open_paths=OPEN_PATHS, secure=certificate is not None)
     app: Any = AccessGate(create_app(state), policy,
-                          on_refusal=lambda reason: state.metrics.refused.labels(reason).inc())
+                          on_refusal=lambda reason: state.metrics.refused.labels(reason).inc(),
+                          busy=partial(_busy, state) if settings.refuse_busy_upgrades else None)
     if settings.access_log:
         app = AccessLog(app)
     stop = trio.Event()
@@ -160,7 +182,15 @@ async def serve(
         task_status.started(handle)
 
 
-OPEN_PATHS = frozenset({"/health"})  # load balancers and probes check it without the token
+OPEN_PATHS = frozenset({"/health", "/ready"})  # load balancers and probes check them without the token
+
+
+def _busy(state: ServerState, path: str) -> Refused | None:
+    """``--refuse-busy-upgrades``: a conversation this server cannot take now is refused before its upgrade."""
+    if path not in CONVERSATION_PATHS:
+        return None
+    reason = state.unready_reason()
+    return None if reason is None else Refused(503, reason, UNREADY_MESSAGES[reason])
 
 
 def tls_certificate(settings: ServerSettings) -> Certificate | None:
@@ -222,10 +252,23 @@ async def _watch_signals(state: ServerState, stop: trio.Event,
                          task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         task_status.started()
-        async for signum in signals:
-            if state.shutting_down:
-                logger.warning("second %s: stopping now", signal.Signals(signum).name)
-                stop.set()
-                return
-            logger.info("%s received", signal.Signals(signum).name)
-            await _shutdown(state, stop)
+        async with trio.open_nursery() as nursery:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if state.shutting_down:
+                    logger.warning("%s while shutting down: stopping now", name)
+                    stop.set()
+                    return
+                if state.draining:
+                    logger.warning("%s while draining: ending the drain", name)
+                    state.end_drain()
+                    continue
+                logger.info("%s received", name)
+                drain = state.settings.drain_seconds if signum == signal.SIGTERM else 0.0
+                nursery.start_soon(_drain_then_shutdown, state, stop, drain)
+
+
+async def _drain_then_shutdown(state: ServerState, stop: trio.Event, seconds: float) -> None:
+    with trio.CancelScope() as scope:
+        await _drain(state, seconds, scope)
+    await _shutdown(state, stop)

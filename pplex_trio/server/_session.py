@@ -73,6 +73,7 @@ class SessionHost(Protocol):
     client_reaction: ClientReaction
     sessions: set[Session]
     shutting_down: bool
+    draining: bool
 
     def voices(self) -> Sequence[str]: ...
 
@@ -162,6 +163,9 @@ class Session:
             with self._scope:
                 if host.shutting_down:
                     self.end(CloseCode.GOING_AWAY, "server is shutting down", "shutdown")
+                elif host.draining:
+                    self.end(CloseCode.GOING_AWAY, "server is draining and takes no new conversations; connect "
+                             "again (behind a load balancer, to another replica)", "draining")
                 else:
                     try:
                         await self._converse()

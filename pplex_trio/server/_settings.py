@@ -77,6 +77,15 @@ class ServerSettings(ActorSettings):
                                   low=0.01, group="conversations")
     shutdown_grace: float = setting(1.0, "seconds conversations get to close on shutdown", low=0,
                                     group="conversations")
+    drain_seconds: float = setting(
+        0.0, "on SIGTERM, /ready turns 503 and new conversations are refused, while the live ones may go on "
+        "this long before they are closed with 1001 (a second signal ends the drain); 0: close them at once",
+        low=0, group="conversations")
+    refuse_busy_upgrades: bool = setting(
+        False, "answer a conversation's WebSocket upgrade with HTTP 503 and Retry-After, before accepting it, "
+        "while the server cannot take it (no slot or queue place free, engine stalled, draining), so that a "
+        "load balancer passes it to another replica (deploy/ sets it); off: the client is accepted and then "
+        "closed with 1013 or 1001 and a reason a browser can show", group="conversations")
     access_log: bool = setting(
         False, "log one line per request and WebSocket: the client's address, the request (any token= masked), "
         "the status and how long it took", group="listening")
@@ -89,7 +98,7 @@ class ServerSettings(ActorSettings):
     keyfile: pathlib.Path | None = setting(None, "the private key of --certfile (PEM, unencrypted)",
                                            group="security")
     auth_token: str | None = setting(
-        None, f"every route but /health needs this token (a Bearer header, token= in the query, or the cookie "
+        None, f"every route but /health and /ready needs this token (a Bearer header, token= in the query, or the cookie "
         f"a page opened with ?token= gets); prefer the {AUTH_TOKEN_ENV} environment variable, which ps does "
         "not show", group="security", secret=True)
     allowed_origins: str = setting(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import trio
+
 from .._conversation import CloseCode
 from .._metrics import Metrics
 from ..engine import Engine, EngineActor
@@ -12,6 +14,16 @@ from ._encoders import Encoders, make_encoders
 from ._reaction import DEFAULT_REACTION, ClientReaction
 from ._session import Session
 from ._settings import ServerSettings
+
+
+# What a client is told when the server cannot take its conversation (keys: ``unready_reason``).
+UNREADY_MESSAGES = {
+    "shutting_down": "this server is shutting down; connect again (behind a load balancer, to another replica)",
+    "draining": "this server is draining and takes no new conversations; connect again (behind a load "
+                "balancer, to another replica)",
+    "engine_stalled": "the model engine is stalled and being recovered; try again in a moment",
+    "full": "every conversation slot and queue place of this server is taken; try again shortly",
+}
 
 
 @dataclasses.dataclass(eq=False)
@@ -23,6 +35,8 @@ class ServerState:
     encoders: Encoders
     sessions: set[Session] = dataclasses.field(default_factory=set)
     shutting_down: bool = False
+    draining: bool = False
+    _drain_scope: trio.CancelScope | None = dataclasses.field(default=None, repr=False)
     client_reaction: ClientReaction = dataclasses.field(default_factory=ClientReaction)
 
     @classmethod
@@ -37,6 +51,29 @@ class ServerState:
 
     def voices(self) -> Sequence[str]:
         return self.engine.voices()
+
+    def unready_reason(self) -> str | None:
+        """Why the server cannot take a conversation now (None: it can); what ``/ready`` says."""
+        if self.shutting_down:
+            return "shutting_down"
+        if self.draining:
+            return "draining"
+        if self.actor.stalled:
+            return "engine_stalled"
+        stats = self.actor.statistics()
+        if stats.slots_free == 0 and stats.queued >= self.settings.queue_size:
+            return "full"
+        return None
+
+    def begin_drain(self, scope: trio.CancelScope) -> None:
+        """Take no new conversations; the live ones go on (``--drain-seconds``) until ``scope`` is cancelled."""
+        self.draining = True
+        self._drain_scope = scope
+
+    def end_drain(self) -> None:
+        """Cut the drain short (a second signal): the shutdown follows."""
+        if self._drain_scope is not None:
+            self._drain_scope.cancel()
 
     def begin_shutdown(self) -> None:
         """Close every conversation with 1001 (going away); refuse new ones."""

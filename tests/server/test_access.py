@@ -15,6 +15,7 @@ from _helpers.ws import errors_in, moshi_handshake, read_until_closed
 from pplex_trio.client import Refused as ClientRefused
 from pplex_trio.client import open_websocket
 from pplex_trio.server import create_app
+from pplex_trio.server._serve import OPEN_PATHS
 
 TOKEN = "tok-7f3a9c1e5b2d4f6a8c0e"
 WS_PATHS = {"moshi": "/api/chat?voice_prompt=NATF0.pt", "raw": "/v1/audio/duplex"}
@@ -23,11 +24,11 @@ CLIENT_LOGGERS = ("httpx", "httpcore", "trio-websocket")  # the test's own clien
 
 
 def protected_routes(handle) -> tuple[list[str], list[str]]:
-    """Every route of the app (HTTP paths, WebSocket paths) but /health, read from its URL map."""
+    """Every route of the app (HTTP paths, WebSocket paths) but the probes' (OPEN_PATHS), read from its URL map."""
     http, websockets = [], []
     for rule in create_app(handle.state).url_map.iter_rules():
         path = re.sub(r"<path:\w+>", "index.html", rule.rule)
-        if path == "/health":
+        if path in OPEN_PATHS:
             continue
         (websockets if rule.websocket else http).append(path)
     return http, websockets
@@ -43,7 +44,7 @@ async def status_of_upgrade(port: int, path: str, headers: list[tuple[str, str]]
     return 101
 
 
-async def test_every_route_but_health_needs_the_token(start_server):
+async def test_every_route_but_the_probes_needs_the_token(start_server):
     handle = await start_server(auth_token=TOKEN)
     http_paths, ws_paths = protected_routes(handle)
     assert {"/", "/metrics", "/api/info", "/api/sessions", "/api/voices", "/api/queue", "/v1/models"} <= set(http_paths)
@@ -52,6 +53,8 @@ async def test_every_route_but_health_needs_the_token(start_server):
                   {"headers": {"authorization": f"Basic {TOKEN}"}}, {"headers": {"cookie": f"{COOKIE}={TOKEN}"}}]
     async with httpx.AsyncClient(base_url=handle.http_url) as http:
         assert (await http.get("/health")).status_code == 200
+        assert (await http.get("/ready")).status_code == 200
+        assert OPEN_PATHS == {"/health", "/ready"}
         for path in http_paths:
             for way in wrong_ways:
                 http.cookies.clear()

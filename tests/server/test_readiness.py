@@ -1,0 +1,197 @@
+"""Readiness and drain: what a load balancer needs from one replica.
+
+``/ready`` says whether the server can take a conversation now; with
+``--refuse-busy-upgrades`` a conversation it cannot take is answered 503
+before the upgrade (so a balancer tries another replica); a drain refuses new
+conversations while the live ones go on.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+import trio
+
+from _helpers.ws import FRAME, moshi_handshake, moshi_url, raw_open, read_until_closed
+from pplex_trio.client import Refused, open_websocket
+
+DUPLEX = "/v1/audio/duplex"
+
+
+async def ready(handle) -> tuple[int, dict]:
+    async with httpx.AsyncClient() as client:
+        response = await client.get(handle.http_url + "/ready")
+    return response.status_code, response.json()
+
+
+async def refused_upgrade(url: str) -> Refused:
+    with pytest.raises(Refused) as caught:
+        async with open_websocket(url):
+            pass
+    return caught.value
+
+
+async def test_ready_while_a_slot_or_a_queue_place_is_free(start_server):
+    handle = await start_server(slots=1, queue_size=1)
+    status, body = await ready(handle)
+    assert status == 200 and body["ready"] is True and body["slots_free"] == 1
+    async with open_websocket(handle.ws_url + DUPLEX) as first:
+        await raw_open(first)
+        assert (await ready(handle))[0] == 200  # the queue place is still free
+        async with open_websocket(handle.ws_url + DUPLEX) as second:
+            await second.send_message(json.dumps({"type": "open"}))
+            with trio.fail_after(5):
+                while (await ready(handle))[0] != 503:  # the second one has taken the queue place
+                    await trio.sleep(0.01)
+            status, body = await ready(handle)
+            assert body["reason"] == "full" and "taken" in body["message"]
+    with trio.fail_after(5):
+        while (await ready(handle))[0] != 200:  # both gone: free again (the slot drains first)
+            await trio.sleep(0.01)
+
+
+async def test_ready_needs_no_token(start_server):
+    handle = await start_server(auth_token="a-long-test-token")
+    assert (await ready(handle))[0] == 200  # a probe carries no token
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(handle.http_url + "/api/info")).status_code == 401
+
+
+@pytest.mark.parametrize("path", [DUPLEX, "/api/chat", "/v1/realtime"])
+async def test_a_full_server_refuses_the_upgrade_with_503_when_asked_to(start_server, path):
+    handle = await start_server(slots=1, queue_size=0, refuse_busy_upgrades=True)
+    async with open_websocket(handle.ws_url + DUPLEX) as first:
+        await raw_open(first)
+        refusal = await refused_upgrade(handle.ws_url + path)
+        assert refusal.status == 503 and "slot" in str(refusal)
+        await first.send_message(np.zeros(FRAME, np.float32).tobytes())  # the live one is untouched
+        with trio.fail_after(5):
+            while not isinstance(await first.get_message(), bytes):
+                pass
+    metrics = await _metrics(handle)
+    assert 'pplex_refused_total{reason="full"} 1.0' in metrics
+
+
+async def test_the_refusal_carries_retry_after(start_server):
+    handle = await start_server(slots=1, queue_size=0, refuse_busy_upgrades=True)
+    async with open_websocket(handle.ws_url + DUPLEX) as first:
+        await raw_open(first)
+        headers = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+                   "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+        async with httpx.AsyncClient() as client:
+            response = await client.get(handle.http_url + DUPLEX, headers=headers)
+        assert response.status_code == 503 and response.headers["retry-after"] == "1"
+        assert "taken" in response.json()["error"]
+
+
+async def test_without_the_flag_a_full_server_accepts_and_closes_with_1013(start_server):
+    handle = await start_server(slots=1, queue_size=0)
+    async with open_websocket(handle.ws_url + DUPLEX) as first:
+        await raw_open(first)
+        async with open_websocket(handle.ws_url + DUPLEX) as second:
+            await second.send_message(json.dumps({"type": "open"}))
+            closed = await read_until_closed(second, timeout=2)
+    assert closed.code == 1013  # a browser can show this reason; an HTTP 503 it cannot
+
+
+async def test_drain_refuses_new_conversations_and_lets_the_live_one_finish(start_server, nursery):
+    handle = await start_server(slots=2, refuse_busy_upgrades=True)
+    async with open_websocket(handle.ws_url + DUPLEX) as live:
+        await raw_open(live)
+        drained = trio.Event()
+
+        async def drain():
+            await handle.drain_then_shutdown(30)
+            drained.set()
+
+        nursery.start_soon(drain)
+        with trio.fail_after(5):
+            while (await ready(handle))[0] != 503:
+                await trio.sleep(0.01)
+        assert (await ready(handle))[1]["reason"] == "draining"
+        assert (await refused_upgrade(moshi_url(handle.ws_url))).status == 503
+        for _ in range(3):  # the live conversation goes on: audio still flows both ways
+            await live.send_message(np.zeros(FRAME, np.float32).tobytes())
+        with trio.fail_after(5):
+            while not isinstance(await live.get_message(), bytes):
+                pass
+        assert not drained.is_set()
+    with trio.fail_after(5):  # the last conversation ended: the drain is over well before its 30 s
+        await drained.wait()
+
+
+async def test_without_the_flag_a_draining_server_closes_new_conversations_with_1001(start_server, nursery):
+    handle = await start_server(slots=2)
+    async with open_websocket(handle.ws_url + DUPLEX) as live:
+        await raw_open(live)
+        nursery.start_soon(handle.drain_then_shutdown, 30)
+        with trio.fail_after(5):
+            while (await ready(handle))[0] != 503:
+                await trio.sleep(0.01)
+        async with open_websocket(handle.ws_url + DUPLEX) as late:
+            closed = await read_until_closed(late, timeout=2)
+        assert closed.code == 1001 and "draining" in closed.reason
+
+
+async def test_a_drain_that_runs_out_closes_the_live_ones_with_1001(start_server, nursery):
+    handle = await start_server(slots=1, shutdown_grace=1.0)
+    async with open_websocket(handle.ws_url + DUPLEX) as live:
+        await raw_open(live)
+        started = trio.current_time()
+        nursery.start_soon(handle.drain_then_shutdown, 0.5)
+        closed = await read_until_closed(live, timeout=5)
+    assert closed.code == 1001
+    assert trio.current_time() - started >= 0.5  # not before the drain ran out
+
+
+async def _metrics(handle) -> str:
+    async with httpx.AsyncClient() as client:
+        return (await client.get(handle.http_url + "/metrics")).text
+
+
+def test_sigterm_to_the_whole_service_drains_then_exits_0():
+    """The real command, as systemd stops it (SIGTERM to every process of the group): drain, then exit."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pplex_trio", "serve", "--model", "echo", "--port", "0", "--slots", "2",
+         "--echo-prefill-steps", "1", "--drain-seconds", "30", "--refuse-busy-upgrades"],
+        stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True,
+    )
+    try:
+        port = None
+        for line in proc.stderr:
+            if match := re.search(r"Running on http://127\.0\.0\.1:(\d+)", line):
+                port = int(match.group(1))
+                break
+        assert port, "server did not report its port"
+        base = f"127.0.0.1:{port}"
+
+        async def talk():
+            async with open_websocket(f"ws://{base}/api/chat") as live:
+                await moshi_handshake(live)
+                os.killpg(proc.pid, signal.SIGTERM)
+                async with httpx.AsyncClient() as client:
+                    with trio.fail_after(5):
+                        while (await client.get(f"http://{base}/ready")).status_code != 503:
+                            await trio.sleep(0.02)
+                assert (await refused_upgrade(f"ws://{base}/api/chat")).status == 503
+                audio = 0
+                with trio.fail_after(5):  # Opus pages keep coming: the encoder child is still there
+                    while audio < 15:
+                        audio += (await live.get_message())[:1] == b"\x01"
+            return trio.current_time()
+
+        closed_at = trio.run(talk)
+        assert proc.wait(timeout=10) == 0  # the last conversation ended, so the drain did too
+        assert time.monotonic() - closed_at < 10
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        proc.stderr.close()
