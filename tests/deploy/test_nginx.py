@@ -16,7 +16,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 
@@ -24,6 +23,7 @@ import httpx
 import pytest
 import trio
 
+from _helpers.process import start_serve
 from _helpers.ws import raw_open
 from pplex_trio.client import Refused, open_websocket
 
@@ -48,26 +48,13 @@ def free_port() -> int:
 class Replica:
     """``pplex-trio serve --model echo`` in a child process, as one GPU's replica would run."""
 
-    def __init__(self, *args: str):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pplex_trio", "serve", "--model", "echo", "--port", "0", "--echo-prefill-steps",
-             "1", "--refuse-busy-upgrades", "--drain-seconds", "60", *args],
-            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        )
-        self.lines: list[str] = []
+    ARGS = ("--model", "echo", "--echo-prefill-steps", "1", "--refuse-busy-upgrades", "--drain-seconds", "60")
 
-    def wait_started(self) -> Replica:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line)
-            if match := re.search(r"Running on http://(127\.0\.0\.1:\d+)", line):
-                self.address = match.group(1)
-                break
-        else:
-            raise RuntimeError("replica did not start:\n" + "".join(self.lines))
+    def __init__(self, *args: str):
+        self.proc, port, self.lines = start_serve(*self.ARGS, *args)
+        self.address = f"127.0.0.1:{port}"
         self._reader = threading.Thread(target=self._drain_stderr, daemon=True)
         self._reader.start()
-        return self
 
     def _drain_stderr(self) -> None:
         assert self.proc.stderr is not None
@@ -90,8 +77,7 @@ class Replica:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if hasattr(self, "_reader"):
-            self._reader.join(5)
+        self._reader.join(5)
         assert self.proc.stderr is not None
         self.proc.stderr.close()
 
@@ -160,13 +146,13 @@ async def through_nginx(replicas: list[Replica], tmp_path: pathlib.Path) -> Asyn
 
 @pytest.fixture
 def replicas():
-    """``replicas(n, *args)``: n replicas started side by side, each with ``args``."""
+    """``replicas(n, *args)``: n replicas, each with ``args``."""
     started: list[Replica] = []
 
     def start(n: int, *args: str) -> list[Replica]:
         new = [Replica(*args) for _ in range(n)]
         started.extend(new)
-        return [replica.wait_started() for replica in new]
+        return new
 
     yield start
     for replica in started:

@@ -274,22 +274,12 @@ async def test_a_storm_of_connections_that_reset_leaves_nothing_behind(fault_ser
 
 async def test_sigterm_with_a_frozen_and_a_non_reading_client_exits_within_5_s():
     """The real command: `pplex-trio serve`, two bad clients, SIGTERM, exit 0 within 5 s."""
-    import os
-    import re
     import signal
-    import subprocess
-    import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "pplex_trio", "serve", "--model", "echo", "--port", "0",
-                             "--slots", "2", "--echo-prefill-steps", "2"],
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    from _helpers.process import start_serve
+
+    proc, port, _ = start_serve("--model", "echo", "--slots", "2", "--echo-prefill-steps", "2")
     try:
-        port = None
-        for line in proc.stderr:
-            if match := re.search(r"Running on http://127\.0\.0\.1:(\d+)", line):
-                port = int(match.group(1))
-                break
-        assert port is not None
         clients = []
         for protocol, rcvbuf in (("raw", 4096), ("moshi", None)):
             client = await BadClient.connect(port, PATHS[protocol], rcvbuf=rcvbuf)

@@ -8,10 +8,7 @@ conversations while the live ones go on.
 
 import json
 import os
-import re
 import signal
-import subprocess
-import sys
 import time
 
 import httpx
@@ -19,6 +16,7 @@ import numpy as np
 import pytest
 import trio
 
+from _helpers.process import start_serve
 from _helpers.ws import FRAME, moshi_handshake, moshi_url, raw_open, read_until_closed
 from pplex_trio.client import Refused, open_websocket
 
@@ -158,18 +156,9 @@ async def _metrics(handle) -> str:
 
 def test_sigterm_to_the_whole_service_drains_then_exits_0():
     """The real command, as systemd stops it (SIGTERM to every process of the group): drain, then exit."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pplex_trio", "serve", "--model", "echo", "--port", "0", "--slots", "2",
-         "--echo-prefill-steps", "1", "--drain-seconds", "30", "--refuse-busy-upgrades"],
-        stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True,
-    )
+    proc, port, _ = start_serve("--model", "echo", "--slots", "2", "--echo-prefill-steps", "1",
+                                "--drain-seconds", "30", "--refuse-busy-upgrades", new_session=True)
     try:
-        port = None
-        for line in proc.stderr:
-            if match := re.search(r"Running on http://127\.0\.0\.1:(\d+)", line):
-                port = int(match.group(1))
-                break
-        assert port, "server did not report its port"
         base = f"127.0.0.1:{port}"
 
         async def talk():

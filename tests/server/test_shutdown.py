@@ -1,13 +1,11 @@
 """Graceful shutdown: every open conversation is closed with 1001 within 1 s."""
 
 import os
-import re
 import signal
-import subprocess
-import sys
 
 import trio
 
+from _helpers.process import start_serve
 from _helpers.ws import moshi_handshake, moshi_url, raw_open, read_until_closed
 from pplex_trio.client import open_websocket
 from pplex_trio.engine import EchoEngine
@@ -55,22 +53,10 @@ async def test_shutdown_closes_live_queued_and_prefilling_conversations_with_100
     assert b"\x05server is shutting down" in results["moshi"].messages
 
 
-def test_sigterm_closes_conversations_with_1001_and_exits_0(tmp_path):
+def test_sigterm_closes_conversations_with_1001_and_exits_0():
     """The real command: `pplex-trio serve`, a client, then SIGTERM."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pplex_trio", "serve", "--model", "echo", "--port", "0", "--slots", "1",
-         "--echo-prefill-steps", "1"],
-        stderr=subprocess.PIPE, text=True, env=env,
-    )
+    proc, port, _ = start_serve("--model", "echo", "--slots", "1", "--echo-prefill-steps", "1")
     try:
-        port = None
-        for line in proc.stderr:
-            match = re.search(r"Running on http://127\.0\.0\.1:(\d+)", line)
-            if match:
-                port = int(match.group(1))
-                break
-        assert port, "server did not report its port"
 
         async def talk():
             async with open_websocket(f"ws://127.0.0.1:{port}/api/chat") as ws:
@@ -92,16 +78,8 @@ def test_sigterm_closes_conversations_with_1001_and_exits_0(tmp_path):
 
 def test_ctrl_c_to_the_process_group_stops_cleanly_without_tracebacks():
     """A terminal's Ctrl-C reaches the server and its encoder child alike: one clean stop, no traceback."""
-    import re
-
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pplex_trio", "serve", "--model", "echo", "--port", "0"],  # auto: the child, with libopus
-        stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True,
-    )
+    proc, _, _ = start_serve("--model", "echo", new_session=True)  # --opus-encoder auto: the child, with libopus
     try:
-        for line in proc.stderr:
-            if re.search(r"Running on http://", line):
-                break
         os.killpg(proc.pid, signal.SIGINT)
         err = proc.stderr.read()
         assert proc.wait(timeout=15) == 0
