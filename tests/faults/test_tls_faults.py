@@ -8,6 +8,7 @@ timeout, and a witness beside it loses nothing.
 from __future__ import annotations
 
 import ssl
+from functools import partial
 
 import httpx
 import pytest
@@ -15,7 +16,7 @@ import trio
 
 from _helpers.bad_client import CLIENT_TIMEOUT, BadClient
 from _helpers.ws import RawWitness
-from faults.test_transport_faults import BEHAVIOURS, GONE_WITHIN, PATHS, bring_to, misbehave
+from faults.test_transport_faults import BEHAVIOURS, GONE_WITHIN, PATHS, bring_to, misbehave, witness_talks_on_then_ends
 from pplex_trio.client import client_ssl_context
 
 
@@ -62,10 +63,5 @@ async def test_a_misbehaving_wss_client_costs_the_others_nothing(tls_server, nur
     with trio.fail_after(GONE_WITHIN):
         while len((await get(tls_server, "/api/sessions"))["sessions"]) > 1:  # only the witness left
             await trio.sleep(0.05)
-    await trio.sleep(0.6)
-    witness.stop.set()
-    with trio.fail_after(10):
-        while (await get(tls_server, "/health"))["sessions"]:
-            await trio.sleep(0.05)
-    witness.check()
+    await witness_talks_on_then_ends(witness, partial(get, tls_server, "/health"))
     bad.close()

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Awaitable, Callable
+from functools import partial
 
 import httpx
 import numpy as np
@@ -66,6 +68,16 @@ async def start_witness(nursery, server) -> RawWitness:
     with trio.fail_after(10):
         await witness.ready.wait()
     return witness
+
+
+async def witness_talks_on_then_ends(witness: RawWitness, health: Callable[[], Awaitable[dict]]) -> None:
+    """After the bad client is gone the witness goes on talking a while, then ends; it lost nothing."""
+    await trio.sleep(0.6)
+    witness.stop.set()
+    with trio.fail_after(10):
+        while (await health())["sessions"]:
+            await trio.sleep(0.05)
+    witness.check()
 
 
 async def bring_to(phase: str, protocol: str, bad: BadClient, port: int, after: int) -> None:
@@ -141,13 +153,8 @@ async def test_a_misbehaving_client_costs_the_others_nothing(fault_server, nurse
     with trio.fail_after(GONE_WITHIN):
         while await newest_session(port, before) is not None:
             await trio.sleep(0.05)
-    await trio.sleep(0.6)  # the witness goes on talking after the bad client is gone
     blocker_done.set()
-    witness.stop.set()
-    with trio.fail_after(10):
-        while (await get(port, "/health"))["sessions"]:
-            await trio.sleep(0.05)
-    witness.check()  # the witness lost nothing
+    await witness_talks_on_then_ends(witness, partial(get, port, "/health"))
     health = await drained(port)
     assert health["status"] == "ok" and health["slots_free"] == 2 and health["queued"] == 0
     bad.close()
@@ -189,13 +196,36 @@ async def test_shutdown_finishes_within_5_s_whatever_the_clients_do(fault_server
     bad.close()
 
 
+@pytest.mark.parametrize("behaviour", ["stop_reading", "freeze", "reset", "fragments"])
+async def test_a_drain_is_not_held_by_a_misbehaving_client(fault_server, nursery, behaviour):
+    """SIGTERM's drain with a bad live client beside the witness: the bad one goes, the witness goes on."""
+    server = await fault_server(drain_seconds=60, refuse_busy_upgrades=True)
+    port = server.port
+    witness = await start_witness(nursery, server)
+    before = max(s["id"] for s in (await get(port, "/api/sessions"))["sessions"])
+    bad = await BadClient.connect(port, PATHS["raw"], rcvbuf=4096 if behaviour == "stop_reading" else None)
+    await bring_to("live", "raw", bad, port, before)
+    nursery.start_soon(server.handle.drain_then_shutdown, 60)
+    await misbehave(behaviour, bad)
+    with trio.fail_after(GONE_WITHIN):  # the client timeout ends it, as when not draining
+        while await newest_session(port, before) is not None:
+            await trio.sleep(0.05)
+    assert (await get(port, "/ready"))["reason"] == "draining"
+    await trio.sleep(0.6)  # the witness goes on talking
+    witness.stop.set()
+    with trio.fail_after(5):  # the last conversation is over: so is the drain, far short of its 60 s
+        await server.stopped.wait()
+    witness.check()
+    bad.close()
+
+
 async def test_half_sent_http_requests_time_out_and_others_are_served(fault_server):
     server = await fault_server()
     port = server.port
     streams = []
-    for partial in (b"GET /api/chat HTTP/1.1\r\nHost: x\r\n", b"GET /he", b"G"):
+    for half in (b"GET /api/chat HTTP/1.1\r\nHost: x\r\n", b"GET /he", b"G"):
         stream = await trio.open_tcp_stream("127.0.0.1", port)
-        await stream.send_all(partial)
+        await stream.send_all(half)
         streams.append(stream)
     assert (await get(port, "/health"))["status"] == "ok"  # served meanwhile
     with trio.fail_after(CLIENT_TIMEOUT + 2):
@@ -262,12 +292,7 @@ async def test_a_storm_of_connections_that_reset_leaves_nothing_behind(fault_ser
     with trio.fail_after(10):
         while len((await get(port, "/api/sessions"))["sessions"]) > 1:
             await trio.sleep(0.05)
-    await trio.sleep(0.6)
-    witness.stop.set()
-    with trio.fail_after(10):
-        while (await get(port, "/health"))["sessions"]:
-            await trio.sleep(0.05)
-    witness.check()
+    await witness_talks_on_then_ends(witness, partial(get, port, "/health"))
     health = await drained(port)
     assert health["status"] == "ok" and health["slots_free"] == 2 and health["queued"] == 0
 

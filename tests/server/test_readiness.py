@@ -184,3 +184,29 @@ def test_sigterm_to_the_whole_service_drains_then_exits_0():
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         proc.stderr.close()
+
+
+def test_a_second_sigterm_ends_the_drain():
+    proc, port, _ = start_serve("--model", "echo", "--echo-prefill-steps", "1", "--drain-seconds", "60")
+    try:
+        base = f"127.0.0.1:{port}"
+
+        async def talk():
+            async with open_websocket(f"ws://{base}{DUPLEX}") as live:
+                await raw_open(live)
+                proc.send_signal(signal.SIGTERM)
+                async with httpx.AsyncClient() as client:
+                    with trio.fail_after(5):
+                        while (await client.get(f"http://{base}/ready")).status_code != 503:
+                            await trio.sleep(0.02)
+                proc.send_signal(signal.SIGTERM)  # not 60 s more: close now, telling why
+                return await read_until_closed(live, timeout=3)
+
+        closed = trio.run(talk)
+        assert closed.code == 1001 and "shutting down" in closed.reason
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
