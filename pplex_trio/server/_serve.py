@@ -70,14 +70,14 @@ class ServerHandle:
         await _drain_then_shutdown(self.state, self._stop, seconds)
 
 
-async def _drain(state: ServerState, seconds: float, scope: trio.CancelScope) -> None:
+async def _drain(state: ServerState, seconds: float) -> None:
     """Not ready, no new conversations; wait (at most ``seconds``) until the live ones have ended."""
     if seconds <= 0 or state.draining or state.shutting_down:
         return
     logger.info("draining: no new conversations; %d live one(s) may go on for up to %g s",
                 len(state.sessions), seconds)
-    state.begin_drain(scope)
-    with trio.move_on_after(seconds):
+    with trio.move_on_after(seconds) as drain:
+        state.begin_drain(drain)  # a second signal cancels it
         while state.sessions:
             await trio.sleep(0.05)
     logger.info("drain over: %d conversation(s) left", len(state.sessions))
@@ -269,6 +269,5 @@ async def _watch_signals(state: ServerState, stop: trio.Event,
 
 
 async def _drain_then_shutdown(state: ServerState, stop: trio.Event, seconds: float) -> None:
-    with trio.CancelScope() as scope:
-        await _drain(state, seconds, scope)
+    await _drain(state, seconds)
     await _shutdown(state, stop)
