@@ -37,6 +37,7 @@ import trio
 from .._conversation import Conversation
 from .._metrics import Metrics
 from ._early_start import EarlyStart
+from ._frame_watch import FrameWatch
 from ._framing import InputFramer
 from ._grace import InputGrace
 from ._interface import Engine
@@ -90,8 +91,9 @@ class EngineActor:
         self.engine_busy = False  # an engine call is in flight
         self.stalled = False  # that call has run past engine_timeout (and not returned yet)
         self.phase = PhaseSteering()
-        self.grace = InputGrace(settings.input_grace_ms / 1000, self.table.has_input_frame)
-        self.early = EarlyStart(settings.early_start_ms / 1000, self.table, settings.tick_seconds)
+        self._frames = FrameWatch(self.table.has_input_frame)
+        self.grace = InputGrace(settings.input_grace_ms / 1000, self._frames)
+        self.early = EarlyStart(settings.early_start_ms / 1000, self.table, settings.tick_seconds, self._frames)
         self._phase_step = 0.0
         self._deadline: float | None = None  # when the next tick is due (None while idle)
         self._update_gauges()
@@ -114,7 +116,7 @@ class EngineActor:
             framer=InputFramer(self.engine.frame_size, s.input_backlog_frames, align=align),
             output_capacity=s.output_backlog_frames,
             on_drop=self.metrics.drop,
-            on_input=self._input_arrived,
+            on_input=self._frames.input_arrived,
             on_end=self._release,
         )
         self.table.request(lease)
@@ -123,10 +125,6 @@ class EngineActor:
             yield lease
         finally:
             lease.end()
-
-    def _input_arrived(self, lease: Lease) -> None:
-        self.grace.input_arrived(lease)
-        self.early.input_arrived(lease)
 
     def _release(self, lease: Lease) -> None:
         self.table.release(lease)

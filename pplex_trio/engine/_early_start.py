@@ -26,21 +26,20 @@ from collections.abc import Callable
 
 import trio
 
+from ._frame_watch import FrameWatch
 from ._slots import Lease, SlotPhase, SlotTable
 
 
 class EarlyStart:
     """Waits for the deadline, or until the tick's frames are all in within ``window`` of it."""
 
-    def __init__(self, window: float, table: SlotTable, tick_seconds: float,
+    def __init__(self, window: float, table: SlotTable, tick_seconds: float, frames: FrameWatch,
                  clock: Callable[[], float] = trio.current_time):
         self.window = window
         self._table = table
         self._tick_seconds = tick_seconds
+        self._frames = frames
         self._clock = clock
-        self._awaited: set[Lease] | None = None  # None: not watching
-        self._any_frame = False
-        self._ready = trio.Event()
 
     async def sleep_until(self, deadline: float) -> bool:
         """Sleep until ``deadline`` or an early start; True when the tick may start early."""
@@ -48,37 +47,21 @@ class EarlyStart:
             await trio.sleep_until(deadline)
             return False
         await trio.sleep_until(deadline - self.window)
-        self._awaited, self._any_frame = self._waiting_for()
-        self._ready = trio.Event()
-        try:
-            if self._awaited or not self._any_frame:
-                with trio.move_on_at(deadline):
-                    await self._ready.wait()
-            return self._clock() < deadline
-        finally:
-            self._awaited = None
-
-    def input_arrived(self, lease: Lease) -> None:
-        """Called on every push: it may have completed the frame a tick waits for."""
-        awaited = self._awaited
-        if awaited is None or not self._table.has_input_frame(lease):
-            return
-        self._any_frame = True
-        awaited.discard(lease)
-        if not awaited:
-            self._ready.set()
+        awaited, some_frame = self._waiting_for()
+        await self._frames.wait(awaited, deadline, some_frame=some_frame)
+        return self._clock() < deadline
 
     def _waiting_for(self) -> tuple[set[Lease], bool]:
         """The streaming live leases still short of a frame, and whether any live lease has one."""
         table, now = self._table, self._clock()
         awaited: set[Lease] = set()
-        any_frame = False
+        some_frame = False
         for slot in table.slots:
             lease = slot.lease
             if slot.phase is not SlotPhase.LIVE or lease is None:
                 continue
             if table.has_input_frame(lease):
-                any_frame = True
+                some_frame = True
             elif table.still_streaming(slot, now, self._tick_seconds):
                 awaited.add(lease)
-        return awaited, any_frame
+        return awaited, some_frame

@@ -13,10 +13,8 @@ steering margin can stay small.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
 
-import trio
-
+from ._frame_watch import FrameWatch
 from ._slots import Lease
 
 GRACE_WINDOW = 25  # ticks (2 s) ...
@@ -26,12 +24,10 @@ GRACE_PER_WINDOW = 3  # ... in which at most this many may be held
 class InputGrace:
     """Holds a tick until the awaited conversations' pages arrive, or the grace runs out."""
 
-    def __init__(self, grace: float, has_frame: Callable[[Lease], bool]):
+    def __init__(self, grace: float, frames: FrameWatch):
         self.grace = grace
-        self._has_frame = has_frame
+        self._frames = frames
         self._held: collections.deque[int] = collections.deque()  # recent ticks that were held
-        self._awaited: list[Lease] = []
-        self._arrived = trio.Event()
 
     def allowed(self, tick: int, now: float, deadline: float) -> bool:
         """Whether tick ``tick`` may still be held (grace left, and not held too often lately)."""
@@ -42,15 +38,4 @@ class InputGrace:
     async def hold(self, tick: int, awaited: list[Lease], deadline: float) -> None:
         """Wait until every lease in ``awaited`` has a whole frame, or ``grace`` past ``deadline``."""
         self._held.append(tick)
-        self._awaited = awaited
-        self._arrived = trio.Event()
-        with trio.move_on_at(deadline + self.grace):
-            await self._arrived.wait()
-        self._awaited = []
-
-    def input_arrived(self, lease: Lease) -> None:
-        """Called on every push: a page the hold waits for may have completed a frame."""
-        if lease in self._awaited and self._has_frame(lease):
-            self._awaited.remove(lease)
-            if not self._awaited:
-                self._arrived.set()
+        await self._frames.wait(set(awaited), deadline + self.grace)
