@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
@@ -124,7 +125,7 @@ http {{
                 break
             if proc.poll() is not None:
                 raise RuntimeError("nginx did not start:\n" + proc.stderr.read())
-            threading.Event().wait(0.05)
+            time.sleep(0.05)  # a moment at startup: nothing else runs yet
         yield f"127.0.0.1:{port}"
     finally:
         proc.send_signal(signal.SIGQUIT)  # graceful: finish the open connections' writes
