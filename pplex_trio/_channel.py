@@ -88,13 +88,16 @@ class DropOldestChannel(Generic[T]):
         return item
 
     async def receive(self) -> T:
+        parked = False
         while True:
             try:
                 item = self.receive_nowait()
             except trio.WouldBlock:
                 await self._lot.park()
+                parked = True
             else:
-                await trio.lowlevel.checkpoint()
+                if not parked:  # a park was a checkpoint already: one yield per wait, not two
+                    await trio.lowlevel.checkpoint()
                 return item
 
     async def receive_batch(self) -> list[T]:
