@@ -6,7 +6,8 @@ forever: no deadline of ours could end it, and neither could shutdown.  So we
 run hypercorn's connection class (``TCPServer``) on our own accept loop, over
 a :class:`GuardedStream` that
 
-* ends every write by a deadline, and then aborts the connection (a TCP reset);
+* ends every write by a deadline (one watchdog checks them all), and then
+  aborts the connection (a TCP reset);
 * passes the client's bytes through the sans-IO :class:`InboundGuard`
   (request-head limit, no compression, message-size limit at the frame header);
 * can be aborted from outside, which is how shutdown ends connections that
@@ -56,6 +57,8 @@ class GuardedStream(trio.abc.HalfCloseableStream):
         self._lock = trio.Lock()  # our own refusals write beside hypercorn's writes
         self._on_refusal = on_refusal
         self.aborted = False
+        self.write_started: float | None = None  # when the write in progress began
+        self.write_timed_out = False
 
     def peer(self) -> str:
         try:
@@ -77,15 +80,36 @@ class GuardedStream(trio.abc.HalfCloseableStream):
                 return passed  # else: only the start of a header so far, read on
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        async with self._lock:
+        # hypercorn serializes its writes already; the lock only keeps our refusals apart from them,
+        # so the common case takes it without a yield (and the deadline is the watchdog's, below).
+        if self._lock.locked():
+            await self._lock.acquire()
+        else:
+            self._lock.acquire_nowait()
+        try:
             if not self._guard.websocket:  # only the answer to an upgrade matters to the guard
                 self._guard.outbound(bytes(data[:16]))
-            with trio.move_on_after(self._write_timeout) as deadline:
-                await self._stream.send_all(data)
-        if deadline.cancelled_caught:
-            logger.info("connection from %s: nothing read for %g s, aborted", self.peer(), self._write_timeout)
-            self.abort()
-            raise trio.BrokenResourceError(f"the client read nothing for {self._write_timeout:g} s")
+            self.write_started = trio.current_time()
+            await self._stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            if self.write_timed_out:
+                raise trio.BrokenResourceError(f"the client read nothing for {self._write_timeout:g} s") from None
+            raise
+        finally:
+            self.write_started = None
+            self._lock.release()
+
+    def enforce_write_deadline(self, now: float) -> None:
+        """Abort the connection if a write has waited on the client for longer than the write timeout.
+
+        One watchdog calls this for every connection (:func:`_watch_writes`):
+        cheaper than a cancel scope around each of the many small writes.
+        """
+        if self.write_started is None or now - self.write_started < self._write_timeout:
+            return
+        logger.info("connection from %s: nothing read for %g s, aborted", self.peer(), self._write_timeout)
+        self.write_timed_out = True
+        self.abort()
 
     async def wait_send_all_might_not_block(self) -> None:
         await self._stream.wait_send_all_might_not_block()
@@ -259,6 +283,7 @@ async def serve_http(
         async with trio.open_nursery() as connection_nursery:
             async with trio.open_nursery() as accepting:
                 accepting.start_soon(partial(trio.serve_listeners, handle, listeners, handler_nursery=connection_nursery))
+                lifespan_nursery.start_soon(_watch_writes, connections, write_timeout)
                 task_status.started(binds)
                 await shutdown_trigger()
                 accepting.cancel_scope.cancel()
@@ -269,6 +294,19 @@ async def serve_http(
             lifespan_nursery.start_soon(_abort_after, config.graceful_timeout, connections)
         await lifespan.wait_for_shutdown()
         lifespan_nursery.cancel_scope.cancel()
+
+
+WRITE_WATCH_INTERVAL = 0.25  # s: a stuck write is aborted within this much of its deadline
+
+
+async def _watch_writes(connections: Connections, write_timeout: float) -> None:
+    """Every connection's write deadline, checked by one task."""
+    interval = min(WRITE_WATCH_INTERVAL, write_timeout / 4)
+    while True:
+        await trio.sleep(interval)
+        now = trio.current_time()
+        for stream in list(connections.open):
+            stream.enforce_write_deadline(now)
 
 
 async def _abort_after(seconds: float, connections: Connections) -> None:
