@@ -1,4 +1,8 @@
-"""The Quart-Trio application: routes only; the work lives elsewhere."""
+"""The application: Quart-Trio's HTTP routes, and the conversation WebSockets beside it.
+
+The three conversation routes are served on ASGI directly (``_asgi_websocket.py``);
+every other route is Quart's.  Routes only: the work lives elsewhere.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +11,12 @@ import pathlib
 
 import trio
 
-from quart import Response, jsonify, request, send_from_directory, websocket
+from quart import Response, jsonify, request, send_from_directory
 from werkzeug.exceptions import NotFound
 from quart_trio import QuartTrio
 
 from .._version import __version__
+from ._asgi_websocket import AsgiWebSocket, ConversationRouter
 from ._moshi_session import MoshiProtocol
 from ._official import ROOT_QUERY, find_official_client, official_index
 from ._queue_status import MAX_TICKET_CHARS, queue_status
@@ -38,7 +43,37 @@ def _count_tasks(task: trio.lowlevel.Task) -> int:
     return 1 + sum(_count_tasks(child) for nursery in task.child_nurseries for child in nursery.child_tasks)
 
 
-def create_app(state: ServerState) -> QuartTrio:
+def create_app(state: ServerState) -> ConversationRouter:
+    """The whole ASGI application: the conversation WebSockets, then Quart (``.app``) for the rest."""
+    settings = state.settings
+    model_id = _model_id(state)
+    limits = dict(max_message_bytes=settings.max_message_bytes, max_prompt_chars=settings.max_prompt_chars)
+
+    async def chat(ws: AsgiWebSocket) -> None:
+        wire = MoshiProtocol(state.encoders, align=settings.framing is Framing.ALIGNED, **limits)
+        await Session(ws, wire, state).run()
+
+    async def duplex(ws: AsgiWebSocket) -> None:
+        await Session(ws, RawProtocol(**limits), state).run()
+
+    async def realtime(ws: AsgiWebSocket) -> None:
+        offered = ws.requested_subprotocols
+        wire = RealtimeProtocol(dialect_of(ws.headers, offered), model=model_id, voices=state.voices,
+                                align=settings.framing is Framing.ALIGNED,
+                                subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None, **limits)
+        await Session(ws, wire, state).run()
+
+    routes = {"/api/chat": chat, "/v1/audio/duplex": duplex, "/v1/realtime": realtime}
+    assert frozenset(routes) == CONVERSATION_PATHS
+    return ConversationRouter(create_http_app(state), routes)
+
+
+def _model_id(state: ServerState) -> str:
+    return state.settings.model if state.settings.model != "auto" else state.engine.name.split(" ")[0]
+
+
+def create_http_app(state: ServerState) -> QuartTrio:
+    """The Quart app: pages, the web UI, probes, metrics and the JSON routes."""
     app = QuartTrio(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = 64 * 1024
     static_dir = state.settings.static_dir or default_static_dir()
@@ -46,26 +81,7 @@ def create_app(state: ServerState) -> QuartTrio:
     official_dir = None if state.settings.static_dir else find_official_client(state.settings.model)
 
     settings = state.settings
-    model_id = settings.model if settings.model != "auto" else state.engine.name.split(" ")[0]
-    limits = dict(max_message_bytes=settings.max_message_bytes, max_prompt_chars=settings.max_prompt_chars)
-
-    @app.websocket("/api/chat")
-    async def chat() -> None:
-        wire = MoshiProtocol(state.encoders, align=settings.framing is Framing.ALIGNED, **limits)
-        await Session(websocket._get_current_object(), wire, state).run()
-
-    @app.websocket("/v1/audio/duplex")
-    async def duplex() -> None:
-        await Session(websocket._get_current_object(), RawProtocol(**limits), state).run()
-
-    @app.websocket("/v1/realtime")
-    async def realtime() -> None:
-        ws = websocket._get_current_object()
-        offered = ws.requested_subprotocols
-        wire = RealtimeProtocol(dialect_of(ws.headers, offered), model=model_id, voices=state.voices,
-                                align=settings.framing is Framing.ALIGNED,
-                                subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None, **limits)
-        await Session(ws, wire, state).run()
+    model_id = _model_id(state)
 
     @app.get("/v1/models")
     async def models() -> Response:

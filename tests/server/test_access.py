@@ -25,8 +25,9 @@ CLIENT_LOGGERS = ("httpx", "httpcore", "trio-websocket")  # the test's own clien
 
 def protected_routes(handle) -> tuple[list[str], list[str]]:
     """Every route of the app (HTTP paths, WebSocket paths) but the probes' (OPEN_PATHS), read from its URL map."""
-    http, websockets = [], []
-    for rule in create_app(handle.state).url_map.iter_rules():
+    app = create_app(handle.state)
+    http, websockets = [], sorted(app.websocket_paths)  # the conversation routes, served beside Quart
+    for rule in app.app.url_map.iter_rules():
         path = re.sub(r"<path:\w+>", "index.html", rule.rule)
         if path in OPEN_PATHS:
             continue

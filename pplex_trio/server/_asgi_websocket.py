@@ -1,0 +1,102 @@
+"""The conversation routes' WebSockets, served straight on ASGI, below Quart's per-message wrapper.
+
+Quart-Trio passes every incoming message through a task of its own and a
+second channel, and fires two signals per message in and out; a conversation
+is 25 messages a second in and 16 out, and at 64 conversations that wrapper
+was several per cent of the event loop (``docs/BENCHMARKS.md``).  A session
+needs only accept, receive, send and close, so the three conversation routes
+get them from ASGI directly; every other route (pages, JSON, WebSockets of
+any other path) stays with the Quart app.
+
+The semantics are Quart's: a client that disconnects cancels the handler; a
+handler that returns without closing closes with 1000, and one that never
+accepted is answered 403 by hypercorn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import trio
+from werkzeug.datastructures import Headers
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class AsgiWebSocket:
+    """One WebSocket of the ASGI server, with the calls a session makes (see ``_session.WebSocket``)."""
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send):
+        self.path: str = scope["path"]
+        self.query_string: bytes = scope.get("query_string", b"")
+        self.headers = Headers([(name.decode("latin-1"), value.decode("latin-1"))
+                                for name, value in scope.get("headers", ())])
+        self.requested_subprotocols: list[str] = list(scope.get("subprotocols", ()))
+        self._receive = receive
+        self._send = send
+        self.accepted = False
+        self.closed = False
+        self.disconnected = trio.CancelScope()  # cancelled when the client is gone
+
+    async def accept(self, subprotocol: str | None = None) -> None:
+        if not self.accepted:
+            await self._send({"type": "websocket.accept", "subprotocol": subprotocol, "headers": []})
+            self.accepted = True
+
+    async def receive(self) -> bytes | str:
+        while True:
+            event = await self._receive()
+            kind = event["type"]
+            if kind == "websocket.receive":
+                data = event.get("bytes")
+                return data if data is not None else event["text"]
+            if kind == "websocket.disconnect":
+                break
+            # else websocket.connect, which comes first: the upgrade itself, nothing to read
+        # Nothing more will come, and nothing sent would arrive: unwind the handler.
+        self.disconnected.cancel()
+        await trio.lowlevel.checkpoint()  # raises Cancelled
+        raise AssertionError("unreachable: the handler's scope is cancelled")
+
+    async def send(self, data: bytes | str) -> None:
+        if isinstance(data, str):
+            await self._send({"type": "websocket.send", "bytes": None, "text": data})
+        else:
+            await self._send({"type": "websocket.send", "bytes": data, "text": None})
+
+    async def close(self, code: int, reason: str = "") -> None:
+        if self.closed:
+            return
+        self.closed = True
+        await self._send({"type": "websocket.close", "code": code, "reason": reason})
+
+
+Handler = Callable[[AsgiWebSocket], Awaitable[None]]
+
+
+class ConversationRouter:
+    """ASGI: WebSocket upgrades to ``routes`` go to their handlers; everything else to ``app``."""
+
+    def __init__(self, app: Any, routes: Mapping[str, Handler]):
+        self.app = app
+        self.routes = dict(routes)
+
+    @property
+    def websocket_paths(self) -> frozenset[str]:
+        return frozenset(self.routes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        handler = self.routes.get(scope["path"]) if scope["type"] == "websocket" else None
+        if handler is None:
+            await self.app(scope, receive, send)
+            return
+        ws = AsgiWebSocket(scope, receive, send)
+        with ws.disconnected:
+            await handler(ws)
+        if ws.disconnected.cancelled_caught or ws.closed:
+            return
+        with trio.move_on_after(1.0):  # a handler that returned without closing: close, as Quart would
+            await send({"type": "websocket.close", "code": 1000})
