@@ -360,8 +360,8 @@ class Session:
         timeout = self.settings.client_timeout
         observed = 0
         complete = False
-        # One cancel scope for the whole loop, its deadline moved per message:
-        # a new scope per message costs more than the send itself.
+        # One cancel scope for the whole loop, its deadline set per batch (a
+        # frame's one or two messages): a new scope per message costs more than the send itself.
         with self.wire.output_stream(), trio.CancelScope() as timer:
             async for batch in lease.frames():
                 frames = [event for event in batch if isinstance(event, OutputFrame)]
@@ -371,10 +371,9 @@ class Session:
                 self.stats.text_sent += sum(1 for frame in frames if frame.text)
                 if complete and (last := self.wire.end_of_output()) is not None:
                     messages.append((last, None))
+                timer.deadline = encoded + timeout
                 for message, frame in messages:
-                    timer.deadline = trio.current_time() + timeout
                     await self.ws.send(message)
-                    timer.deadline = math.inf
                     if frame is None:
                         continue
                     self.stats.frames_sent += 1
@@ -388,6 +387,7 @@ class Session:
                         stage["tick"].observe(frame.delivered - frame.tick_started - frame.step_seconds)
                         stage["encode"].observe(encoded - frame.delivered)
                         stage["send"].observe(sent - encoded)
+                timer.deadline = math.inf
                 if complete:
                     break
         if timer.cancelled_caught:
