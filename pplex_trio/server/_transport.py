@@ -62,10 +62,10 @@ class GuardedStream(trio.abc.HalfCloseableStream):
 
     def peer(self) -> str:
         try:
-            host, port = self.socket.getpeername()[:2]
+            address = self.socket.getpeername()
         except OSError:
             return "a client that is gone"
-        return f"{host}:{port}"
+        return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address or "a local client")
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         while True:

@@ -76,3 +76,44 @@ async def test_salvage_moves_what_must_survive_to_the_next_item():
     for item in ("a", "b", "c", "d"):
         ch.send_nowait(item)
     assert merged == [("a", "b"), ("b", "c")]
+
+
+class _Steps(trio.abc.Instrument):
+    """Counts the scheduler passes (task steps) of one task."""
+
+    def __init__(self, task: trio.lowlevel.Task):
+        self.task, self.steps = task, 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.steps += task is self.task
+
+
+async def test_a_receive_that_waited_takes_one_scheduler_pass_to_return():
+    # The park was the checkpoint: waking and returning the item is one step, not two.
+    ch = DropOldestChannel(2, name="t")
+    got = []
+
+    async def consumer(task_status=trio.TASK_STATUS_IGNORED):
+        task_status.started(trio.lowlevel.current_task())
+        got.append(await ch.receive())
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        task = await nursery.start(consumer)
+        await trio.testing.wait_all_tasks_blocked()
+        steps = _Steps(task)
+        trio.lowlevel.add_instrument(steps)
+        ch.send_nowait("x")
+        await trio.testing.wait_all_tasks_blocked()
+        trio.lowlevel.remove_instrument(steps)
+        assert got == ["x"] and steps.steps == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_receive_with_an_item_ready_is_still_a_checkpoint():
+    ch = DropOldestChannel(2, name="t")
+    ch.send_nowait("x")
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await ch.receive()
+    assert scope.cancelled_caught and len(ch) == 0  # taken, then the checkpoint raised

@@ -1,0 +1,94 @@
+"""The guarded transport's write deadline: one watchdog, no cancel scope per write.
+
+Real loopback sockets: a client end that never reads, so the kernel's buffers
+fill and a write blocks (on Trio's virtual clock, so the deadline is checked
+exactly), and one that reads.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import trio
+import trio.testing
+
+from pplex_trio.server._transport import WRITE_WATCH_INTERVAL, Connections, GuardedStream, _watch_writes
+
+WRITE_TIMEOUT = 3.0
+
+
+def guarded_pair(write_timeout: float = WRITE_TIMEOUT, *, small_buffers: bool = True) -> tuple[GuardedStream, socket.socket]:
+    """Our end of a loopback TCP connection, guarded, and the client's end (a plain socket)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        theirs = socket.create_connection(listener.getsockname())
+        ours, _ = listener.accept()
+    ours.setblocking(False)
+    for sock in (ours, theirs) if small_buffers else ():
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+    return GuardedStream(stream, write_timeout=write_timeout, max_message_bytes=1 << 20), theirs
+
+
+async def test_a_write_the_client_never_reads_is_aborted_at_its_deadline(autojump_clock):
+    guarded, theirs = guarded_pair()
+    connections = Connections()
+    connections.open.add(guarded)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_writes, connections, WRITE_TIMEOUT)
+        started = trio.current_time()
+        with pytest.raises(trio.BrokenResourceError, match="read nothing for 3 s"):
+            await guarded.send_all(bytes(1 << 22))  # far more than the buffers hold
+        waited = trio.current_time() - started
+        nursery.cancel_scope.cancel()
+    assert WRITE_TIMEOUT <= waited <= WRITE_TIMEOUT + WRITE_WATCH_INTERVAL + 1e-6
+    assert guarded.aborted and guarded.write_started is None
+    await guarded.aclose()
+    theirs.close()
+
+
+async def test_writes_that_complete_and_idle_connections_are_left_alone():
+    # The real clock: TCP's window updates take real time, which a virtual clock would jump past.
+    timeout = 0.3
+    guarded, theirs = guarded_pair(timeout, small_buffers=False)
+    connections = Connections()
+    connections.open.add(guarded)
+    received = bytearray()
+
+    async def read() -> None:
+        peer = trio.socket.from_stdlib_socket(theirs)
+        while len(received) < 400_000:
+            received.extend(await peer.recv(65536))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_writes, connections, timeout)
+        nursery.start_soon(read)
+        for _ in range(40):
+            await guarded.send_all(bytes(10_000))
+        await trio.sleep(3 * timeout)  # idle: no write in progress, nothing to enforce
+        nursery.cancel_scope.cancel()
+    assert len(received) == 400_000 and not guarded.aborted
+    await guarded.aclose()
+    theirs.close()
+
+
+async def test_a_write_waits_for_a_refusal_being_written():
+    # The lock keeps our own refusal (written from the reading side) and hypercorn's writes apart.
+    guarded, theirs = guarded_pair()
+    order: list[str] = []
+    async with trio.open_nursery() as nursery:
+        await guarded._lock.acquire()
+
+        async def write() -> None:
+            await guarded.send_all(b"after")
+            order.append("write")
+
+        nursery.start_soon(write)
+        await trio.testing.wait_all_tasks_blocked()
+        order.append("refusal done")
+        guarded._lock.release()
+    assert order == ["refusal done", "write"]
+    assert theirs.recv(16) == b"after"
+    await guarded.aclose()
+    theirs.close()
