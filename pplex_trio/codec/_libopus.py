@@ -35,11 +35,11 @@ class OpusWriter(Protocol):
 class LibopusWriter:
     """libopus (ctypes) + our Ogg muxer."""
 
-    def __init__(self) -> None:
+    def __init__(self, complexity: int = COMPLEXITY) -> None:
         import opuslib_next
 
         self._encoder = opuslib_next.Encoder(SAMPLE_RATE, 1, opuslib_next.APPLICATION_AUDIO)
-        self._encoder.complexity = COMPLEXITY
+        self._encoder.complexity = complexity
         self._encoder.bitrate = BITRATE
         pre_skip = self._encoder.lookahead * (48_000 // SAMPLE_RATE)
         self._muxer = OggOpusMuxer(input_rate=SAMPLE_RATE, pre_skip_48k=pre_skip)
