@@ -71,6 +71,8 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self._reader.join(timeout=2)
+        if not self._reader.is_alive() and self.proc.stderr is not None:
+            self.proc.stderr.close()
         return self.proc.returncode
 
 

@@ -93,14 +93,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds sampled")
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--py-spy", default="py-spy", help="the py-spy executable")
+    parser.add_argument("--traffic", default="mixed", choices=("mixed", "official"), help="as bench/load.py")
+    parser.add_argument("--save-raw", type=pathlib.Path, help="also keep py-spy's collapsed stacks here")
     args = parser.parse_args(argv)
 
     server = ServerProcess(["-m", "pplex_trio", "serve", "--model", "echo", "--slots", str(args.clients),
-                            "--port", "0", "--queue-size", "0", "--echo-step-ms", "20"])
+                            "--port", "0", "--queue-size", "0", "--echo-step-ms", "20",
+                            "--echo-text-share", "0.3" if args.traffic == "official" else "1.0"])
     url = f"http://{server.address}"
     load = subprocess.Popen(
         [sys.executable, str(ROOT / "bench" / "load.py"), "--url", url, "--clients", str(args.clients),
-         "--duration", str(args.duration + 10), "--name", "tmp-profile"],
+         "--duration", str(args.duration + 10), "--traffic", args.traffic, "--name", "tmp-profile"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
@@ -113,7 +116,10 @@ def main(argv: list[str] | None = None) -> int:
                  "--output", str(out)],
                 check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
-            counts, total = summarize(out.read_text())
+            raw = out.read_text()
+            if args.save_raw is not None:
+                args.save_raw.write_text(raw)
+            counts, total = summarize(raw)
     finally:
         load.wait(timeout=120)
         server.stop()

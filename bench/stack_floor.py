@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""bench/stack_floor: what the fixed stack alone costs per conversation-second, beside our server.
+
+The CPU target of issue 14 asks for the whole server's CPU per
+conversation-second at ≤ 55 % of its baseline.  This run asks how much of
+today's cost is ours to cut: it drives, one after the other and with the same
+clients, servers that do less and less of a conversation's work:
+
+* ``ours``: ``pplex-trio serve --model echo`` (the load test's server);
+* ``quart+codecs``, ``asgi+codecs``: ``bench/_floor_server.py``, a server with no engine, no
+  sessions and no metrics that only takes the pages, decodes them (sphn),
+  encodes a frame per connection every 80 ms (libopus, complexity 5) and sends
+  it and, on 30 % of the ticks, a text message: the design card's stack
+  (Trio, hypercorn, wsproto, with and without Quart-Trio's WebSocket wrapper)
+  plus the codec work that any server of this protocol does;
+* ``asgi+codecs0``: the same with libopus at complexity 0 (its cheapest, and a lower quality);
+* ``asgi``: the same without the codecs (the stack alone).
+
+The clients behave like ``bench/load.py --traffic official`` from the
+handshake: a 40 ms Ogg page (two 20 ms packets of real speech) every 40 ms,
+reading everything.  The figure is the CPU time of the server's whole process
+tree over a steady window, per conversation-second.
+
+Usage (from the repository root)::
+
+    python bench/stack_floor.py --clients 64 --duration 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+import trio
+
+BENCH = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH.parent))
+
+from _serverproc import ServerProcess  # noqa: E402
+from load import encode_pages  # noqa: E402
+
+from pplex_trio.client import open_websocket  # noqa: E402
+
+RESULTS = BENCH / "results"
+PAGE_S = 0.040
+BASELINE_MS = 8.7  # official traffic, N=64, 2026-12-01 13:03 (docs/BENCHMARKS.md)
+
+
+def server_command(variant: str, clients: int) -> list[str]:
+    if variant == "ours":
+        return ["-m", "pplex_trio", "serve", "--model", "echo", "--slots", str(clients), "--port", "0",
+                "--queue-size", "0", "--echo-step-ms", "20", "--echo-prefill-steps", "12",
+                "--echo-text-share", "0.3"]
+    framework, _, codecs = variant.partition("+")  # e.g. "asgi+codecs", or "asgi+codecs0" for complexity 0
+    options = ["--codecs"] if codecs else []
+    if codecs.removeprefix("codecs"):
+        options += ["--complexity", codecs.removeprefix("codecs")]
+    return [str(BENCH / "_floor_server.py"), framework, *options]
+
+
+async def client(url: str, pages: list[bytes], ready: trio.Semaphore, stop: trio.Event) -> None:
+    async with open_websocket(url) as ws:
+        while await ws.get_message() != b"\x00":
+            pass
+        ready.release()
+        async with trio.open_nursery() as nursery:
+
+            async def read() -> None:
+                while True:
+                    await ws.get_message()
+
+            nursery.start_soon(read)
+            deadline = trio.current_time()
+            for page in pages:
+                if stop.is_set():
+                    break
+                await ws.send_message(b"\x01" + page)
+                deadline += PAGE_S
+                await trio.sleep_until(deadline)
+            nursery.cancel_scope.cancel()
+
+
+async def drive(server: ServerProcess, clients: int, pages: list[bytes], warmup: float, duration: float) -> float:
+    """CPU ms of the server tree per conversation-second over the window."""
+    url = f"ws://{server.address}/api/chat"
+    ready, stop = trio.Semaphore(0), trio.Event()
+    async with trio.open_nursery() as nursery:
+        for _ in range(clients):
+            nursery.start_soon(client, url, pages, ready, stop)
+        with trio.fail_after(120):
+            for _ in range(clients):
+                await ready.acquire()
+        await trio.sleep(warmup)
+        cpu0, t0 = server.tree_cpu_seconds(), time.monotonic()
+        await trio.sleep(duration)
+        cpu1, t1 = server.tree_cpu_seconds(), time.monotonic()
+        stop.set()
+        nursery.cancel_scope.cancel()
+    return 1000 * (cpu1 - cpu0) / ((t1 - t0) * clients)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds measured per server")
+    parser.add_argument("--warmup", type=float, default=5.0)
+    parser.add_argument("--variants", nargs="+", default=["ours", "quart+codecs", "asgi+codecs", "asgi+codecs0", "asgi"])
+    parser.add_argument("--name", default="stack-floor")
+    args = parser.parse_args(argv)
+    pages = encode_pages(args.warmup + args.duration + 30, 40)
+    rows = []
+    for variant in args.variants:
+        server = ServerProcess(server_command(variant, args.clients))
+        try:
+            ms = trio.run(drive, server, args.clients, pages, args.warmup, args.duration)
+        finally:
+            server.stop()
+        rows.append({"variant": variant, "clients": args.clients, "cpu_ms_per_conv_s": ms})
+        print(f"{variant:14s} N={args.clients}  {ms:5.2f} ms CPU per conversation-second", flush=True)
+    ours = next((r["cpu_ms_per_conv_s"] for r in rows if r["variant"] == "ours"), None)
+    print()
+    print("| server | CPU ms per conversation-second | of ours | of the baseline (8.7) |")
+    print("|---|---|---|---|")
+    for r in rows:
+        ms = r["cpu_ms_per_conv_s"]
+        share = f"{ms / ours:.2f}" if ours else "-"
+        print(f"| {r['variant']} | {ms:.2f} | {share} | {ms / BASELINE_MS:.2f} |")
+    print(f"\nthe target: ≤ {0.55 * BASELINE_MS:.2f} ms (55 % of the baseline)")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(
+        {"command": " ".join(["python", "bench/stack_floor.py", *(argv if argv is not None else sys.argv[1:])]),
+         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "results": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""bench/stack_floor.py: its floor servers speak enough of the Moshi protocol, and the run reports a figure."""
+
+import importlib.util
+import json
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+spec = importlib.util.spec_from_file_location("bench_stack_floor", ROOT / "bench" / "stack_floor.py")
+floor = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(floor)
+
+
+def test_variants_name_their_servers():
+    assert floor.server_command("ours", 8)[:4] == ["-m", "pplex_trio", "serve", "--model"]
+    assert floor.server_command("asgi", 8)[1:] == ["asgi"]
+    assert floor.server_command("quart+codecs", 8)[1:] == ["quart", "--codecs"]
+    assert floor.server_command("asgi+codecs0", 8)[1:] == ["asgi", "--codecs", "--complexity", "0"]
+
+
+def test_a_short_run_of_two_floor_servers_measures_both(tmp_path, monkeypatch):
+    monkeypatch.setattr(floor, "RESULTS", tmp_path)
+    assert floor.main(["--clients", "2", "--duration", "1", "--warmup", "0.3", "--variants", "asgi",
+                       "quart+codecs0", "--name", "t"]) == 0
+    rows = json.loads((tmp_path / "t.json").read_text())["results"]
+    assert [r["variant"] for r in rows] == ["asgi", "quart+codecs0"]
+    assert all(r["cpu_ms_per_conv_s"] > 0 for r in rows)  # the clients talked, the servers worked
