@@ -41,6 +41,7 @@ from ._frame_watch import FrameWatch
 from ._framing import InputFramer
 from ._grace import InputGrace
 from ._interface import Engine
+from ._late_pages import LatePages
 from ._phase import PhaseSteering
 from ._settings import ActorSettings
 from ._slots import Lease, SlotPhase, SlotTable
@@ -91,6 +92,7 @@ class EngineActor:
         self.engine_busy = False  # an engine call is in flight
         self.stalled = False  # that call has run past engine_timeout (and not returned yet)
         self.phase = PhaseSteering()
+        self._late_pages = LatePages(settings.tick_seconds)
         self._frames = FrameWatch(self.table.has_input_frame)
         self.grace = InputGrace(settings.input_grace_ms / 1000, self._frames)
         self.early = EarlyStart(settings.early_start_ms / 1000, self.table, settings.tick_seconds, self._frames)
@@ -174,6 +176,7 @@ class EngineActor:
             if deadline is None:
                 deadline = now  # a fresh schedule after idling
                 self.phase.forget()
+                self._late_pages.forget()
             self.metrics.tick_lateness.observe(max(0.0, now - deadline))
             await self._hold_for_due_pages(now, deadline)
             started = trio.current_time()
@@ -206,7 +209,7 @@ class EngineActor:
         table.admit_waiting()
         plan = plan_tick(table, self.ticks, freed, self._pcm, trio.current_time(), deadline, self.tick_seconds,
                          self.metrics)
-        self._phase_step = self.phase.adjust(plan.slacks, plan.late)
+        self._phase_step = self.phase.adjust(plan.slacks, self._late_pages.confirm(plan.missed, plan.started))
         self.engine_busy = True
         started_at = trio.current_time()
         try:

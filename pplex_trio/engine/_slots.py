@@ -167,6 +167,11 @@ class Lease:
         return self._frames_consumed
 
     @property
+    def last_input_arrival(self) -> float:
+        """When its newest input arrived (-inf before any)."""
+        return self._framer.last_arrival
+
+    @property
     def frames_delivered(self) -> int:
         """Output frames put into the outbox (some may have been dropped since)."""
         return self._frames_delivered

@@ -38,7 +38,7 @@ class TickPlan:
     arrivals: list[float | None]  # when each LIVE row's input frame was complete
     started: float  # Trio time at which the tick began
     slacks: list[float]  # the tick's deadline minus input arrival, per row that got a frame
-    late: int  # streaming rows that got no frame this tick
+    missed: list[Lease]  # streaming rows that got no frame this tick (late pages, or stopped: see _late_pages)
 
 
 @dataclasses.dataclass
@@ -63,7 +63,7 @@ def plan_tick(table: SlotTable, tick: int, resets: list[int], pcm: np.ndarray, n
     arrivals: list[float | None] = [None] * n
     starts = []
     slacks: list[float] = []
-    late = 0
+    missed: list[Lease] = []
     for slot in table.slots:
         i = slot.index
         lease = leases[i] = slot.lease
@@ -88,9 +88,9 @@ def plan_tick(table: SlotTable, tick: int, resets: list[int], pcm: np.ndarray, n
                 continue
             metrics.frames_silence.inc()
             if table.still_streaming(slot, now, tick_seconds):
-                late += 1  # still streaming, but this tick came before its frame
+                missed.append(lease)  # still streaming, but this tick came before its frame
         pcm[i] = 0.0
-    return TickPlan(tick, resets, starts, modes, leases, pcm, arrivals, now, slacks, late)
+    return TickPlan(tick, resets, starts, modes, leases, pcm, arrivals, now, slacks, missed)
 
 
 def execute(engine: Engine, plan: TickPlan) -> TickResult:
