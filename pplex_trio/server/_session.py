@@ -19,7 +19,7 @@ are encoded, so an Opus stream stays whole.  Whoever ends the session first
 (a protocol error, an engine failure, a shutdown, the end of a flush) calls
 :meth:`Session.end`, which records why and cancels the rest; the session then
 tells the client why and closes.  A client that disconnects cancels the whole
-handler (Quart does that); leaving the lease's block gives the slot back,
+handler (``AsgiWebSocket`` does that); leaving the lease's block gives the slot back,
 which drains before anyone else gets it.
 
 What differs between protocols is a :class:`~pplex_trio.server._wire.WireProtocol`:
@@ -54,7 +54,7 @@ STAGE_SAMPLING = 4  # one frame in this many feeds the per-stage latency histogr
 
 
 class WebSocket(Protocol):
-    """The part of Quart's websocket object a session uses (tests pass a fake)."""
+    """The part of a WebSocket a session uses (``AsgiWebSocket``; tests pass a fake)."""
 
     query_string: bytes
 

@@ -24,7 +24,7 @@ class FakeWebSocket:
     makes the server's writes block, as a client that stops reading does once
     its buffers are full.  ``sent`` is everything the server wrote, in order.
     A client that vanishes is played by cancelling the session's scope, which
-    is what Quart does when the connection drops.
+    is what the ASGI socket does when the connection drops.
     """
 
     def __init__(self, query: bytes = b""):
@@ -119,7 +119,7 @@ async def running_host(nursery: trio.Nursery, engine: Engine | None = None, **ov
 class Running:
     session: Session
     ws: FakeWebSocket
-    scope: trio.CancelScope  # cancelling it is what Quart does when the connection drops
+    scope: trio.CancelScope  # cancelling it is what the ASGI socket does when the connection drops
     done: trio.Event
 
 

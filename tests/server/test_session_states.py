@@ -138,7 +138,7 @@ async def test_a_client_that_vanishes_in_any_phase_frees_everything(nursery, aut
     if protocol == "moshi" and phase == "admitting":
         target = SessionState.PREPARING  # a Moshi conversation is admitted from its query, at once
     await wait_state(run.session, target)
-    run.scope.cancel()  # what Quart does when the connection drops
+    run.scope.cancel()  # what the ASGI socket does when the connection drops
     await run.done.wait()
     assert run.session.state is SessionState.CLOSED and run.session not in host.sessions
     if blocker is not None:
