@@ -361,7 +361,7 @@ class SlotTable:
     def still_streaming(self, slot: Slot, now: float, tick_seconds: float) -> bool:
         """The slot's conversation sent input recently, so a tick without its frame came too early."""
         lease = slot.lease
-        return lease is not None and bool(lease.frames_consumed) and now - lease._framer.last_arrival < 2 * tick_seconds
+        return lease is not None and bool(lease.frames_consumed) and now - lease.last_input_arrival < 2 * tick_seconds
 
     def started(self, slot: Slot, steps: int) -> None:
         """``engine.start`` ran: ``steps`` PREFILL steps to go (0: live at once)."""

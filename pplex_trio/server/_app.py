@@ -22,9 +22,9 @@ from ._official import ROOT_QUERY, find_official_client, official_index
 from ._queue_status import MAX_TICKET_CHARS, queue_status
 from ._raw_session import RawProtocol
 from ._realtime_session import SUBPROTOCOL, RealtimeProtocol, dialect_of
-from ._session import Session
+from ._session import UNREADY_MESSAGES, Session
 from ._settings import Framing
-from ._state import UNREADY_MESSAGES, ServerState
+from ._state import ServerState
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,6 @@ class AsgiWebSocket:
     """One WebSocket of the ASGI server, with the calls a session makes (see ``_session.WebSocket``)."""
 
     def __init__(self, scope: Scope, receive: Receive, send: Send):
-        self.path: str = scope["path"]
         self.query_string: bytes = scope.get("query_string", b"")
         self.headers = Headers([(name.decode("latin-1"), value.decode("latin-1"))
                                 for name, value in scope.get("headers", ())])

@@ -34,7 +34,8 @@ from ._access_log import AccessLog
 from ._encoders import Encoders
 from ._gate import AccessGate
 from ._settings import ServerSettings
-from ._state import UNREADY_MESSAGES, ServerState
+from ._session import UNREADY_MESSAGES
+from ._state import ServerState
 from ._tls import Certificate, prepare_certificate
 from ._transport import serve_http
 

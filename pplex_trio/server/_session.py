@@ -53,6 +53,16 @@ _ids = itertools.count(1)
 STAGE_SAMPLING = 4  # one frame in this many feeds the per-stage latency histograms
 
 
+# What a client is told when the server cannot take its conversation (keys: ``ServerState.unready_reason``).
+UNREADY_MESSAGES = {
+    "shutting_down": "this server is shutting down; connect again (behind a load balancer, to another replica)",
+    "draining": "this server is draining and takes no new conversations; connect again (behind a load "
+                "balancer, to another replica)",
+    "engine_stalled": "the model engine is stalled and being recovered; try again in a moment",
+    "full": "every conversation slot and queue place of this server is taken; try again shortly",
+}
+
+
 class WebSocket(Protocol):
     """The part of a WebSocket a session uses (``AsgiWebSocket``; tests pass a fake)."""
 
@@ -164,8 +174,7 @@ class Session:
                 if host.shutting_down:
                     self.end(CloseCode.GOING_AWAY, "server is shutting down", "shutdown")
                 elif host.draining:
-                    self.end(CloseCode.GOING_AWAY, "server is draining and takes no new conversations; connect "
-                             "again (behind a load balancer, to another replica)", "draining")
+                    self.end(CloseCode.GOING_AWAY, UNREADY_MESSAGES["draining"], "draining")
                 else:
                     try:
                         await self._converse()
@@ -189,8 +198,7 @@ class Session:
         if conversation is None:
             return
         if self.host.actor.stalled:
-            self.end(CloseCode.TRY_AGAIN_LATER, "the model engine is stalled and being recovered; try again in a "
-                     "moment", "engine_stalled")
+            self.end(CloseCode.TRY_AGAIN_LATER, UNREADY_MESSAGES["engine_stalled"], "engine_stalled")
             return
         try:
             with self.host.actor.lease(conversation, align=self.wire.align_input) as lease:

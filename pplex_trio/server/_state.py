@@ -12,18 +12,8 @@ from .._metrics import Metrics
 from ..engine import Engine, EngineActor
 from ._encoders import Encoders, make_encoders
 from ._reaction import DEFAULT_REACTION, ClientReaction
-from ._session import Session
+from ._session import UNREADY_MESSAGES, Session
 from ._settings import ServerSettings
-
-
-# What a client is told when the server cannot take its conversation (keys: ``unready_reason``).
-UNREADY_MESSAGES = {
-    "shutting_down": "this server is shutting down; connect again (behind a load balancer, to another replica)",
-    "draining": "this server is draining and takes no new conversations; connect again (behind a load "
-                "balancer, to another replica)",
-    "engine_stalled": "the model engine is stalled and being recovered; try again in a moment",
-    "full": "every conversation slot and queue place of this server is taken; try again shortly",
-}
 
 
 @dataclasses.dataclass(eq=False)
