@@ -16,9 +16,9 @@ clients, servers that do less and less of a conversation's work:
 * ``asgi+codecs0``: the same with libopus at complexity 0 (its cheapest, and a lower quality);
 * ``asgi``: the same without the codecs (the stack alone).
 
-The clients behave like ``bench/load.py --traffic official`` from the
-handshake: a 40 ms Ogg page (two 20 ms packets of real speech) every 40 ms,
-reading everything.  The figure is the CPU time of the server's whole process
+The clients (``_reference_client.converse``) behave like ``bench/load.py
+--traffic official`` from the handshake: a 40 ms Ogg page of real speech every
+40 ms, reading everything.  The figure is the CPU time of the server's whole process
 tree over a steady window, per conversation-second.
 
 Usage (from the repository root)::
@@ -29,6 +29,7 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import pathlib
 import sys
@@ -40,13 +41,12 @@ BENCH = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent))
 
+import _reference_client as client  # noqa: E402
 from _serverproc import ServerProcess  # noqa: E402
 from load import encode_pages  # noqa: E402
 
-from pplex_trio.client import open_websocket  # noqa: E402
-
 RESULTS = BENCH / "results"
-PAGE_S = 0.040
+CONNECT_TIMEOUT = 120.0  # s for every client to be streaming
 BASELINE_MS = 8.7  # official traffic, N=64, 2026-12-01 13:03 (docs/BENCHMARKS.md)
 
 
@@ -62,43 +62,24 @@ def server_command(variant: str, clients: int) -> list[str]:
     return [str(BENCH / "_floor_server.py"), framework, *options]
 
 
-async def client(url: str, pages: list[bytes], ready: trio.Semaphore, stop: trio.Event) -> None:
-    async with open_websocket(url) as ws:
-        while await ws.get_message() != b"\x00":
-            pass
-        ready.release()
-        async with trio.open_nursery() as nursery:
-
-            async def read() -> None:
-                while True:
-                    await ws.get_message()
-
-            nursery.start_soon(read)
-            deadline = trio.current_time()
-            for page in pages:
-                if stop.is_set():
-                    break
-                await ws.send_message(b"\x01" + page)
-                deadline += PAGE_S
-                await trio.sleep_until(deadline)
-            nursery.cancel_scope.cancel()
-
-
 async def drive(server: ServerProcess, clients: int, pages: list[bytes], warmup: float, duration: float) -> float:
-    """CPU ms of the server tree per conversation-second over the window."""
-    url = f"ws://{server.address}/api/chat"
-    ready, stop = trio.Semaphore(0), trio.Event()
+    """CPU ms of the server tree per conversation-second over the window, once every client is streaming."""
+    url = client.chat_url(f"http://{server.address}")
+    traces = [client.Trace(i) for i in range(clients)]
+    stream_pages = round((CONNECT_TIMEOUT + warmup + duration + 5) / client.PAGE_S)  # the run cancels them sooner
     async with trio.open_nursery() as nursery:
-        for _ in range(clients):
-            nursery.start_soon(client, url, pages, ready, stop)
-        with trio.fail_after(120):
-            for _ in range(clients):
-                await ready.acquire()
+        for trace in traces:
+            nursery.start_soon(functools.partial(client.converse, url, pages, trace, clock=trio.current_time,
+                                                 stream_pages=stream_pages, wait_timeout=CONNECT_TIMEOUT, drain=0.0))
+        with trio.fail_after(CONNECT_TIMEOUT):
+            while not all(trace.pages_sent_at or trace.error for trace in traces):
+                await trio.sleep(0.05)
+        if errors := [trace.error for trace in traces if trace.error]:
+            raise RuntimeError(f"{len(errors)} client(s) failed, the first: {errors[0]}")
         await trio.sleep(warmup)
         cpu0, t0 = server.tree_cpu_seconds(), time.monotonic()
         await trio.sleep(duration)
         cpu1, t1 = server.tree_cpu_seconds(), time.monotonic()
-        stop.set()
         nursery.cancel_scope.cancel()
     return 1000 * (cpu1 - cpu0) / ((t1 - t0) * clients)
 
@@ -111,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="+", default=["ours", "quart+codecs", "asgi+codecs", "asgi+codecs0", "asgi"])
     parser.add_argument("--name", default="stack-floor")
     args = parser.parse_args(argv)
-    pages = encode_pages(args.warmup + args.duration + 30, 40)
+    pages = encode_pages(CONNECT_TIMEOUT + args.warmup + args.duration + 10, 40)
     rows = []
     for variant in args.variants:
         server = ServerProcess(server_command(variant, args.clients))
