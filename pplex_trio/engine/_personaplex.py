@@ -200,8 +200,6 @@ class PersonaPlexEngine(Engine):
             tick.prepare_graph()  # (records on first use; moves no state)
         tick.upload(with_pcm=bool(live_rows))
         sampled_rows = [i for i in live_rows if not self._rows[i].greedy]
-        if sampled_rows:
-            tick.noise.draw(sampled_rows)
         if self.cuda_graph:
             tick.replay()
         elif self._shortcuts:

@@ -32,7 +32,7 @@ import logging
 import numpy as np
 import torch
 
-from ..model import LMGen, LoadedModel, RowGenerators, RowSampling, StepInputs, VoicePrompt
+from ..model import LMGen, LoadedModel, RowNoise, RowSampling, StepInputs, VoicePrompt
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class DeviceTick:
         self.encoder = model.mimi.init_encoder_state(b)
         self.decoder = model.mimi.init_decoder_state(b)
         self.sampling = RowSampling.greedy_rows(b, dev)
-        self.noise = RowGenerators(b, cfg.text_card, self.gen.depformer_steps, cfg.card, dev)
+        self.noise = RowNoise(b, cfg.text_card, self.gen.depformer_steps, cfg.card, dev)
         self.voice_embeddings = torch.zeros(b, 1, cfg.dim, device=dev, dtype=model.lm.dtype)
         self.voice_cache = self.gen.cache.tokens.clone()
         self.rows = torch.arange(b, device=dev)
@@ -146,7 +146,7 @@ class DeviceTick:
             inputs.embed_mask = embed_mask
             inputs.restore_cache = self.voice_cache
             inputs.restore_mask = restore_mask
-        noise = (self.noise.text_noise, self.noise.audio_noise) if sample else None
+        noise = self.noise.draw(live & exec_mask) if sample else None
         result = self.gen.step(inputs, self.sampling, noise, run_depformer=depformer)
 
         self.packed[:, :k].copy_(result.tokens)

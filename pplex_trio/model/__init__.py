@@ -71,7 +71,7 @@ last step (15, a discarded user codebook), so only that step's logits
 differ from it.  Only the agent's depformer steps run by default.
 
 Engine-level pieces: ``build_prompt_plan`` (system prompt as forced steps),
-``RowSampling`` / ``RowGenerators`` / ``sample`` (per-row seeded sampling),
+``RowSampling`` / ``RowNoise`` / ``sample`` (per-row seeded sampling),
 ``StreamDecoder`` (incremental detokenization), ``make_voice_prompt``
 (voice ``.pt`` from audio).  The ``pplex-trio offline`` command is not
 here but in ``pplex_trio._cli`` (it drives the engine, which this package
@@ -116,7 +116,7 @@ from ._mimi import MimiDecoderState as MimiDecoderState
 from ._mimi import MimiEncoderState as MimiEncoderState
 from ._prompt import PromptPlan as PromptPlan
 from ._prompt import build_prompt_plan as build_prompt_plan
-from ._sampling import RowGenerators as RowGenerators
+from ._sampling import RowNoise as RowNoise
 from ._sampling import RowSampling as RowSampling
 from ._sampling import sample as sample
 from ._streaming import ring_attention_mask as ring_attention_mask

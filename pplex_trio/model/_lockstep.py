@@ -161,7 +161,7 @@ class LMGen:
              return_embeddings: bool = False) -> StepResult:
         """Advance every executing row by one frame.
 
-        ``sampling``/``noise`` (from :class:`~pplex_trio.model._sampling.RowGenerators`)
+        ``sampling``/``noise`` (from :class:`~pplex_trio.model._sampling.RowNoise`)
         select sampling per row; without them every choice is the argmax.
         ``run_depformer=False`` skips the depformer: only allowed when every
         executing row forces all its audio streams (prompt replay), where its

@@ -1,15 +1,17 @@
-"""Per-row sampling: temperature, top-k, seeded generators, greedy.
+"""Per-row sampling: temperature, top-k, seeds, greedy.
 
-Every row (conversation slot) has its own settings and its own two random
-generators (text and audio), seeded from its ``Sampling`` seeds, so a
+Every row (conversation slot) has its own settings and its own two seeds
+(text and audio), from its ``Sampling``, so a
 conversation's tokens depend only on its own seed and inputs, never on what
 the other rows do or on how long its prompt took.
 
 Sampling from ``softmax(logits / T)`` restricted to the top ``k`` is done
 with the exponential race (Gumbel-max): ``argmax(logits / T - log E)`` with
-``E ~ Exp(1)`` drawn per vocabulary entry.  All randomness of one step is
-drawn up front (one call per live row), so the batched sampling itself is a
-handful of tensor ops with no host round trip.
+``E ~ Exp(1)`` per vocabulary entry.  ``E`` comes from a counter-based hash
+of the row's seed, its step and the entry (:class:`RowNoise`), computed on
+the device: the whole of a step's sampling is a handful of tensor ops with
+no host round trip and no per-row launch, so it lives inside the tick's
+CUDA graph.
 """
 
 from __future__ import annotations
@@ -36,6 +38,12 @@ class RowSampling:
     def greedy_rows(cls, batch_size: int, device: torch.device | str) -> "RowSampling":
         f = lambda v: torch.full((batch_size,), v, device=device)  # noqa: E731
         return cls(f(0.0), f(0).long(), f(0.0), f(0).long(), f(True).bool())
+
+    def set_greedy(self) -> None:
+        """Every row greedy (as after :meth:`greedy_rows`), in place."""
+        for t in (self.text_temperature, self.audio_temperature, self.text_topk, self.audio_topk):
+            t.zero_()
+        self.greedy.fill_(True)
 
     def set_row(self, row: int, sampling: Sampling) -> None:
         self.text_temperature[row] = sampling.text_temperature
@@ -64,27 +72,74 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, topk: torch.Tensor, 
     return torch.where(greedy | (temperature <= 0), best, drawn)
 
 
-class RowGenerators:
-    """Two seeded generators per row and preallocated noise buffers."""
+_LOW32 = 0xFFFF_FFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``x * c mod 2**32`` for ``x`` in ``[0, 2**32)`` (int64), in halves so no product overflows 63 bits."""
+    return ((x & 0xFFFF) * c + ((((x >> 16) * c) & 0xFFFF) << 16)) & _LOW32
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finaliser (a bijection of ``[0, 2**32)`` with full avalanche), on int64 tensors."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EB_CA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2_AE35)
+    return x ^ (x >> 16)
+
+
+def exponential_noise(keys: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``Exp(1)`` noise, float32, a pure function of a per-row key ``[B]`` and an element index (any shape).
+
+    ``u = (top 24 bits of mix32(mix32(index ^ key) + key) + 0.5) / 2**24`` lies strictly inside ``(0, 1)``,
+    so ``-log(u)`` is finite (at most ~17.3).
+    """
+    key = keys.view(-1, *([1] * index.dim()))
+    bits = mix32((mix32(index ^ key) + key) & _LOW32)
+    return -torch.log(((bits >> 8).to(torch.float32) + 0.5) * (1.0 / 2**24))
+
+
+class RowNoise:
+    """The sampling noise of every row, computed on the device from per-row seeds and step counters.
+
+    A row's noise at its ``n``-th sampled step depends only on its seeds and
+    ``n``: never on the other rows, the batch position or the time its
+    prompt took.  No generator objects and no per-row launches: one
+    :meth:`draw` is a few elementwise kernels over the whole batch, which a
+    CUDA graph records like any other part of the tick (the counters advance
+    on the device).
+    """
 
     def __init__(self, batch_size: int, text_card: int, num_audio: int, card: int, device: torch.device | str):
         self.device = torch.device(device)
-        self.text = [torch.Generator(device=self.device) for _ in range(batch_size)]
-        self.audio = [torch.Generator(device=self.device) for _ in range(batch_size)]
-        self.text_noise = torch.ones(batch_size, text_card, device=self.device)
-        self.audio_noise = torch.ones(batch_size, num_audio, card, device=self.device)
+        self.seeds = torch.zeros(batch_size, 2, dtype=torch.long, device=self.device)  # text, audio
+        self.steps = torch.zeros(batch_size, dtype=torch.long, device=self.device)
+        self._text_index = torch.arange(text_card, device=self.device)
+        self._audio_index = torch.arange(num_audio * card, device=self.device).view(num_audio, card)
 
     def seed(self, row: int, text_seed: int | None, audio_seed: int | None) -> tuple[int, int]:
-        """Seed row ``row``; ``None`` picks a random seed.  Returns the seeds used."""
+        """Seed row ``row`` and restart its counter; ``None`` picks a random seed.  Returns the seeds used."""
         text_seed = secrets.randbits(63) if text_seed is None else text_seed
         audio_seed = secrets.randbits(63) if audio_seed is None else audio_seed
-        self.text[row].manual_seed(text_seed)
-        self.audio[row].manual_seed(audio_seed)
+        self.seeds[row] = torch.tensor([text_seed % 2**63, audio_seed % 2**63])
+        self.steps[row] = 0
         return text_seed, audio_seed
 
-    def draw(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fresh noise for ``rows`` (the others keep stale values, which nobody reads)."""
-        for row in rows:
-            self.text_noise[row].exponential_(generator=self.text[row])
-            self.audio_noise[row].exponential_(generator=self.audio[row])
-        return self.text_noise, self.audio_noise
+    def reset(self) -> None:
+        self.seeds.zero_()
+        self.steps.zero_()
+
+    def _keys(self, column: int) -> torch.Tensor:
+        seed = self.seeds[:, column]
+        return mix32((mix32(mix32(seed & _LOW32) ^ (seed >> 32)) + self.steps) & _LOW32)
+
+    def draw(self, advance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(text [B, text_card], audio [B, num_audio, card])`` noise of each row's current step.
+
+        Then the rows in ``advance`` (bool ``[B]``) move on to their next step.
+        """
+        text = exponential_noise(self._keys(0), self._text_index)
+        audio = exponential_noise(self._keys(1), self._audio_index)
+        self.steps.add_(advance.long())
+        return text, audio

@@ -156,9 +156,9 @@ class StreamingTransformer(nn.Module):
     def forward(self, x: torch.Tensor, state: TransformerState, exec_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Run ``T = x.shape[1]`` new positions per row; returns ``[B, T, D]``.
 
-        Rows where ``exec_mask`` is False still write their keys at the
-        slots their next real step will overwrite first, and their ``end``
-        does not move, so the step leaves them as they were.
+        Rows where ``exec_mask`` is False compute (garbage) but write back
+        what their ring already holds, and their ``end`` does not move: the
+        step leaves them bit for bit as they were.
         """
         b, t, _ = x.shape
         capacity = self.cfg.context
@@ -169,14 +169,19 @@ class StreamingTransformer(nn.Module):
         rope = self.cfg.positional_embedding == "rope"
         if rope:
             rotation = rope_rotation(positions, self.cfg.d_model // self.cfg.num_heads, self.cfg.max_period)
+        keep = None if exec_mask is None else ~exec_mask.view(-1, 1, 1, 1)
         for i, layer in enumerate(self.layers):
             h = layer.norm1(x)
             q, k, v = layer.self_attn.qkv(h)
             if rope:
                 q, k = apply_rope(q, rotation), apply_rope(k, rotation)
             idx = slots.expand(-1, k.shape[1], -1, k.shape[-1])
-            state.keys[i].scatter_(2, idx, k.to(state.keys.dtype))
-            state.values[i].scatter_(2, idx, v.to(state.values.dtype))
+            k, v = k.to(state.keys.dtype), v.to(state.values.dtype)
+            if keep is not None:  # rows that do not execute rewrite what their slots hold
+                k = torch.where(keep, state.keys[i].gather(2, idx), k)
+                v = torch.where(keep, state.values[i].gather(2, idx), v)
+            state.keys[i].scatter_(2, idx, k)
+            state.values[i].scatter_(2, idx, v)
             att = F.scaled_dot_product_attention(q, state.keys[i].to(q.dtype), state.values[i].to(q.dtype), mask)
             att = layer.self_attn.out_proj(att.transpose(1, 2).reshape(b, t, -1))
             x = x + (layer.layer_scale_1(att) if layer._scaled else att)

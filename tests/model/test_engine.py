@@ -81,7 +81,7 @@ def test_conversation_runs_and_can_be_reset(engine):
 EXPORTS = {
     "CONFIGS", "CheckpointMismatchError", "DEFAULT_REPO", "Depformer", "FREE", "LMConfig", "LMGen", "LMModel",
     "LoadedModel", "Mimi", "MimiConfig", "MimiDecoderState", "MimiEncoderState", "ModelAccessError", "ModelConfig",
-    "PromptConfig", "PromptPlan", "QuantizerConfig", "REFERENCES", "RowGenerators", "RowSampling", "SEANetConfig", "StepInputs",
+    "PromptConfig", "PromptPlan", "QuantizerConfig", "REFERENCES", "RowNoise", "RowSampling", "SEANetConfig", "StepInputs",
     "StepResult", "StreamDecoder", "StreamingTransformer", "TextTokenizer", "TokenCache", "TransformerConfig",
     "TransformerState", "UNGENERATED", "VoiceLibrary", "VoiceNotFoundError", "VoicePrompt", "build_lm", "build_mimi",
     "build_prompt_plan", "cache_dir", "check_voice_name", "config_from_kyutai_dict", "config_to_kyutai_dict",

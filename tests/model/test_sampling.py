@@ -11,7 +11,8 @@ import torch
 
 from pplex_trio.engine._interface import Conversation, Sampling, SlotMode
 from pplex_trio.engine._personaplex import PersonaPlexEngine
-from pplex_trio.model import TextTokenizer, sample
+from pplex_trio.model import RowNoise, TextTokenizer, sample
+from pplex_trio.model._sampling import mix32
 
 
 def _conversation_tokens(model, samplings: list[Sampling], frames: int = 25) -> np.ndarray:
@@ -67,6 +68,67 @@ def test_sample_respects_top_k_and_temperature():
     assert (freq - probs).abs().max() < 0.07
     assert (sample(logits, temp, topk, torch.ones_like(greedy), noise) == logits.argmax(-1)).all()
     assert (sample(logits, torch.zeros_like(temp), topk, greedy, noise) == logits.argmax(-1)).all()
+
+
+def _fmix32_numpy(x: np.ndarray) -> np.ndarray:
+    """MurmurHash3's fmix32 written with numpy's wrapping uint32 arithmetic (the reference)."""
+    x = x.astype(np.uint32)
+    with np.errstate(over="ignore"):
+        x ^= x >> np.uint32(16)
+        x *= np.uint32(0x85EBCA6B)
+        x ^= x >> np.uint32(13)
+        x *= np.uint32(0xC2B2AE35)
+        x ^= x >> np.uint32(16)
+    return x
+
+
+def test_mix32_is_murmur3_fmix32():
+    values = np.concatenate([np.arange(1000), np.random.RandomState(0).randint(0, 2**32, 5000, dtype=np.uint64),
+                             [2**32 - 1, 2**31, 2**16 - 1]]).astype(np.int64)
+    got = mix32(torch.from_numpy(values)).numpy()
+    np.testing.assert_array_equal(got, _fmix32_numpy(values).astype(np.int64))
+    assert got[1] == 0x514E28B7  # fmix32(1), a published value
+
+
+def test_row_noise_is_exponential_and_depends_only_on_the_rows_seed_and_step():
+    noise = RowNoise(4, 3000, 2, 500, "cpu")
+    for row, seeds in enumerate([(1, 2), (3, 4), (1, 2), (2**62 + 5, 7)]):
+        noise.seed(row, *seeds)
+    advance = torch.tensor([True, True, True, False])
+    first_text, first_audio = noise.draw(advance)
+    second_text, _ = noise.draw(advance)
+    assert torch.equal(first_text[0], first_text[2]) and torch.equal(first_audio[0], first_audio[2])
+    assert not torch.equal(first_text[0], first_text[1])
+    assert not torch.equal(first_text[0], second_text[0])  # the next step has fresh noise...
+    assert torch.equal(first_text[3], second_text[3])  # ...only for rows that advanced
+    assert noise.steps.tolist() == [2, 2, 2, 0]
+    # Another batch, another position, the same seed and step: the same noise.
+    other = RowNoise(2, 3000, 2, 500, "cpu")
+    other.seed(1, 1, 2)
+    assert torch.equal(other.draw(torch.tensor([True, True]))[0][1], first_text[0])
+    # Exp(1): mean 1, variance 1, P(E > t) = exp(-t); no two rows or steps correlated.
+    sample_ = torch.cat([first_text.ravel(), second_text[:3].ravel(), first_audio.ravel()]).double()
+    assert torch.isfinite(sample_).all() and (sample_ > 0).all()
+    assert abs(sample_.mean() - 1) < 0.02 and abs(sample_.var() - 1) < 0.05
+    for t in (0.5, 1.0, 2.0, 4.0):
+        assert abs((sample_ > t).double().mean() - np.exp(-t)) < 0.01
+    assert abs(np.corrcoef(first_text[0].numpy(), first_text[1].numpy())[0, 1]) < 0.06
+    assert abs(np.corrcoef(first_text[0].numpy(), second_text[0].numpy())[0, 1]) < 0.06
+
+
+def test_sampling_with_row_noise_follows_the_softmax():
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.0, -1.0, -3.0])
+    rows, steps = 64, 40
+    noise = RowNoise(rows, logits.numel(), 1, 8, "cpu")
+    for row in range(rows):
+        noise.seed(row, row, 1000 + row)
+    temp, topk = torch.full((rows,), 0.8), torch.full((rows,), 4)
+    drawn = torch.stack([sample(logits.expand(rows, -1), temp, topk, torch.zeros(rows, dtype=torch.bool),
+                                noise.draw(torch.ones(rows, dtype=torch.bool))[0]) for _ in range(steps)])
+    expected = torch.softmax(logits[:4] / 0.8, dim=0)
+    freq = torch.stack([(drawn == i).double().mean() for i in range(4)])
+    assert (drawn < 4).all()  # top 4 only
+    assert (freq - expected).abs().max() < 0.03, (freq, expected)
 
 
 @pytest.fixture(scope="module")
