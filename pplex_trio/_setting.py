@@ -10,6 +10,7 @@ a limit or a help text exists in exactly one place.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 
@@ -23,15 +24,19 @@ def setting(
     group: str | None = None,
     cli: bool = True,
     secret: bool = False,
+    parse: Callable[[str], Any] | None = None,
 ) -> Any:
     """A dataclass field with its command-line ``flag`` (default ``--field-name``), ``help`` and bounds.
 
     A ``secret`` is left out of the dataclass's ``repr`` (so a logged settings object never shows it).
+    ``parse`` turns the flag's text into the value (default: the field's type); it raises ``ValueError``
+    with a message for the user.
     """
     return dataclasses.field(
         default=default,
         repr=not secret,
-        metadata={"help": help, "flag": flag, "low": low, "high": high, "group": group, "cli": cli},
+        metadata={"help": help, "flag": flag, "low": low, "high": high, "group": group, "cli": cli,
+                  "parse": parse},
     )
 
 
@@ -64,3 +69,21 @@ def check_settings(settings: Any) -> None:
     """Check every bounded field of a settings dataclass (call from ``__post_init__``)."""
     for field in dataclasses.fields(settings):
         check_bounds(field, getattr(settings, field.name))
+
+
+_SIZE_UNITS = {"": 2**30, "g": 2**30, "gib": 2**30, "gb": 10**9, "m": 2**20, "mib": 2**20, "mb": 10**6,
+               "t": 2**40, "tib": 2**40, "tb": 10**12}
+
+
+def parse_gib(text: str) -> float:
+    """A memory size in GiB from ``24``, ``24GiB``, ``80GB`` (10**9 bytes), ``1536MiB``, ``0.5TiB``."""
+    cleaned = text.strip().lower().replace(" ", "")
+    number = cleaned.rstrip("abgimt")
+    unit = cleaned[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        value = None
+    if value is None or unit not in _SIZE_UNITS or not value >= 0:
+        raise ValueError(f"{text!r} is not a memory size (such as 24GiB, 80GB or 1536MiB)")
+    return value * _SIZE_UNITS[unit] / 2**30

@@ -1,4 +1,4 @@
-"""``pplex-trio``: serve, client, offline (the top layer: it may import every other)."""
+"""``pplex-trio``: serve, client, offline, fit (the top layer: it may import every other)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import trio
 
 from .._version import __version__
+from ._fit import add_arguments as add_fit_arguments
 from ._offline import add_arguments as add_offline_arguments
 from ._settings_cli import add_settings_arguments, settings_from_args
 
@@ -57,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     offline = commands.add_parser("offline", help="run a model over a wav file without a server")
     add_offline_arguments(offline)
+
+    fit = commands.add_parser("fit", help="how many conversations of a model fit a GPU's memory")
+    add_fit_arguments(fit)
     return parser
 
 
@@ -76,6 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._offline import run
 
         return run(args)
+    if args.command == "fit":
+        from ._fit import run as run_fit
+
+        return run_fit(args)
     raise AssertionError(args.command)
 
 
@@ -95,12 +103,15 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.static_dir is not None and not (settings.static_dir / "index.html").is_file():
         logger.error("--static %s has no index.html", settings.static_dir)
         return 2
+    sockets = []
     try:
         certificate = tls_certificate(settings)
         sockets = bind_sockets(settings)  # first: a port in use is said at once, not after loading a model
         engine = create_engine(settings)
     except (ListenError, ModelUnavailable, FileNotFoundError, ValueError) as exc:
         logger.error("%s", exc)
+        for sock in sockets:
+            sock.close()
         return 2
     trio.run(lambda: serve(settings, engine, handle_signals=True, sockets=sockets, certificate=certificate))
     logger.info("server stopped")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from .._sources import DEFAULT_REPO
-from ..engine import EchoEngine, Engine, voices_in_directory
+from ..engine import OFF_GPU_SLOTS, EchoEngine, Engine, voices_in_directory
 from ..server import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def create_engine(settings: ServerSettings) -> Engine:
         if settings.voice_dir is not None:
             kwargs["voices"] = voices_in_directory(settings.voice_dir)
         return EchoEngine(
-            settings.slots,
+            settings.slots or OFF_GPU_SLOTS,
             delay_frames=settings.echo_delay_frames,
             prefill_steps=settings.echo_prefill_steps,
             step_seconds=settings.echo_step_ms / 1000,
@@ -73,6 +73,7 @@ def create_engine(settings: ServerSettings) -> Engine:
             device=resolve_device(settings.device),
             voice_dir=None if settings.voice_dir is None else str(settings.voice_dir),
             cuda_graph=settings.cuda_graph,
+            memory_reserve=settings.gpu_memory_reserve,
         )
     except (ModelAccessError, CheckpointMismatchError, VoiceNotFoundError, ValueError) as exc:
         raise ModelUnavailable(f"--model {model}: {exc}") from exc

@@ -63,10 +63,14 @@ def _plain_type(hint: Any) -> Any:
 
 
 def _parser_for(field: dataclasses.Field[Any], kind: Any) -> Callable[[str], Any]:
+    own = field.metadata.get("parse")
+
     def parse(text: str) -> Any:
         try:
-            value = kind(text)
-        except ValueError:
+            value = own(text) if own is not None else kind(text)
+        except ValueError as exc:
+            if own is not None:
+                raise argparse.ArgumentTypeError(str(exc)) from None
             if isinstance(kind, type) and issubclass(kind, enum.Enum):
                 what = "one of " + ", ".join(member.value for member in kind)
             else:

@@ -14,6 +14,7 @@ from ._interface import Engine as Engine
 from ._interface import Sampling as Sampling
 from ._interface import SlotMode as SlotMode
 from ._interface import StepOutput as StepOutput
+from ._settings import OFF_GPU_SLOTS as OFF_GPU_SLOTS
 from ._settings import ActorSettings as ActorSettings
 from ._slots import InputStats as InputStats
 from ._slots import Lease as Lease

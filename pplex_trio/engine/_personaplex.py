@@ -24,18 +24,13 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..model import FREE, LoadedModel, PromptPlan, StreamDecoder, VoiceNotFoundError, build_prompt_plan, load_model
+from ..model import (FREE, LoadedModel, PromptPlan, StreamDecoder, VoiceNotFoundError, build_prompt_plan, lm_dtype_for,
+                     load_config, load_model)
+from ._fit import GIB, NotEnoughMemory, auto_slots, out_of_memory_message
 from ._interface import Conversation, ConversationRejected, Engine, SlotMode, StepOutput
-from ._tick import EMBED, EXEC, LIVE, RESTORE, VOICE_STEP, DeviceTick
+from ._tick import EMBED, EXEC, LIVE, RESTORE, VOICE_STEP, CudaGraphs, DeviceTick, GraphRecorder
 
 logger = logging.getLogger(__name__)
-
-
-def _check_cuda_graph_device(device: torch.device) -> None:
-    if device.type != "cuda" or not torch.cuda.is_available():
-        raise ValueError(f"cuda_graph=True needs the model on a CUDA device, not {device} "
-                         f"(CUDA available here: {torch.cuda.is_available()}): use device='cuda' "
-                         "or leave cuda_graph off")
 
 
 @dataclasses.dataclass
@@ -61,27 +56,30 @@ class PersonaPlexEngine(Engine):
     the frames they decode.  No codebook entry is assumed to be silence,
     so this holds for any codebook size.
 
-    ``cuda_graph=True`` (CUDA only, off by default) records each tick's
-    device work once as a CUDA graph and replays it (see
+    The engine is ready for its first conversation when it is built: the
+    tick has been warmed up (CUDA's lazy set-up paid) and, with
+    ``cuda_graph=True`` (CUDA only, off by default), recorded as a CUDA
+    graph that every tick replays (see
     :class:`~pplex_trio.engine._tick.DeviceTick`): one graph for every mix
     of IDLE, PREFILL and LIVE rows, since rows that do not execute are
     masked, not skipped.  It therefore always runs Mimi, the depformer and
     the sampling code, which the eager path skips on ticks that do not
-    need them (e.g. prompt-only ticks); the results are the same.  **The
-    CUDA graph path is untested on hardware**: the CPU tests check what it
-    relies on (static buffers, no host reads in the tick, same results with
-    every part on), not the capture or the replay.
+    need them (e.g. prompt-only ticks); the results are the same.  A capture
+    that fails leaves the engine eager (:attr:`tick_path` says so).
+    ``graphs`` replaces the CUDA graph recorder (tests).  The voice buffer
+    holds the longest voice of the library (at least 20 s), so no voice
+    ever changes what the graph reads.
 
     Error handling: ``ValueError`` for ``cuda_graph=True`` on a model that
     is not on a CUDA device.
     """
 
     def __init__(self, model: LoadedModel, num_slots: int, *, default_voice: str | None = None,
-                 depformer_steps: int | None = None, cuda_graph: bool = False):
+                 depformer_steps: int | None = None, cuda_graph: bool = False, graphs: GraphRecorder | None = None):
         if num_slots < 1:
             raise ValueError("num_slots must be at least 1")
-        if cuda_graph:
-            _check_cuda_graph_device(model.device)
+        if cuda_graph and graphs is None:
+            graphs = CudaGraphs(model.device)
         self.model = model
         self.num_slots = num_slots
         self.device = model.device
@@ -93,40 +91,56 @@ class PersonaPlexEngine(Engine):
         elif default_voice and default_voice not in names:
             raise ValueError(f"default voice {default_voice!r} is not in the voice library ({', '.join(names) or 'empty'})")
         self.default_voice = default_voice or None
-        self._depformer_steps = depformer_steps
-        self.cuda_graph = cuda_graph
         self._shortcuts = True  # eager ticks skip the parts they do not need (tests turn this off)
         self._rows = [_Row() for _ in range(num_slots)]
         self.last_tokens = np.full((num_slots, cfg.lm.num_streams), -2, dtype=np.int64)
-        self._build_state()
+        longest_voice = max((model.voices.get(name).num_steps for name in names), default=0)
+        self._tick = DeviceTick(model, num_slots, depformer_steps=depformer_steps, voice_steps=longest_voice)
+        self._tick.prepare(graphs if cuda_graph else None)
 
     @classmethod
-    def load(cls, source: str, num_slots: int, device: str = "cpu", voice_dir: str | None = None,
-             cuda_graph: bool = False, **kwargs) -> "PersonaPlexEngine":
+    def load(cls, source: str, num_slots: int | None, device: str = "cpu", voice_dir: str | None = None,
+             cuda_graph: bool = False, memory_reserve: int = 2 * GIB, **kwargs) -> "PersonaPlexEngine":
         """Load ``source`` (``tiny``, a Hugging Face repo id or a local folder) and build an engine.
 
+        ``num_slots=None`` sizes the batch to the device: as many
+        conversations as fit its free memory once the weights are loaded,
+        less ``memory_reserve`` bytes (:func:`~pplex_trio.engine._fit.auto_slots`).
         On CPU with a small model, torch is limited to one intra-op thread:
         tiny ops gain nothing from threads, and on a busy machine each
         multi-threaded op can stall for tens of milliseconds.
         ``cuda_graph=True`` needs a CUDA ``device`` (checked before loading).
+
+        Error handling: :class:`~pplex_trio.engine._fit.NotEnoughMemory` (one
+        line with the figures and the way out) when the device runs out of
+        memory loading the weights, building the batch or capturing the graph.
         """
         if cuda_graph:
-            _check_cuda_graph_device(torch.device(device))  # before loading gigabytes
-        model = load_model(source, device=device, voice_dir=voice_dir)
-        if model.device.type == "cpu" and model.config.lm.dim <= 1024 and torch.get_num_threads() > 1:
-            logger.info("small model on CPU: using one torch thread")
-            torch.set_num_threads(1)
-        return cls(model, num_slots, cuda_graph=cuda_graph, **kwargs)
-
-    def _build_state(self) -> None:
-        self._tick = DeviceTick(self.model, self.num_slots, depformer_steps=self._depformer_steps,
-                                cuda_graph=self.cuda_graph)
+            CudaGraphs(torch.device(device))  # refuses a device without CUDA, before loading gigabytes
+        doing = "loading the weights"
+        try:
+            model = load_model(source, device=device, voice_dir=voice_dir)
+            if model.device.type == "cpu" and model.config.lm.dim <= 1024 and torch.get_num_threads() > 1:
+                logger.info("small model on CPU: using one torch thread")
+                torch.set_num_threads(1)
+            if num_slots is None:
+                num_slots = auto_slots(model, memory_reserve, depformer_steps=kwargs.get("depformer_steps"))
+            doing = "building the engine and capturing its tick" if cuda_graph else "building the engine"
+            return cls(model, num_slots, cuda_graph=cuda_graph, **kwargs)
+        except torch.OutOfMemoryError:
+            where = torch.device(device)
+            raise NotEnoughMemory(out_of_memory_message(doing, load_config(source), lm_dtype_for(where), where,
+                                                        num_slots)) from None
 
     # --- Engine interface ---------------------------------------------------------
 
     @property
     def name(self) -> str:
         return self._cfg.name
+
+    @property
+    def tick_path(self) -> str:
+        return str(self._tick.path)
 
     def voices(self) -> Sequence[str]:
         return self.model.voices.names()
@@ -147,32 +161,42 @@ class PersonaPlexEngine(Engine):
         try:
             voice = self.model.voices.get(voice_name) if voice_name is not None else None
             plan = build_prompt_plan(self._cfg, self.model.tokenizer, conversation.persona, voice)
+            if voice is not None and voice.num_steps > self._tick.voice_capacity:
+                raise ValueError(f"voice {voice.name} is {voice.num_steps} frames long; this server takes voices "
+                                 f"of up to {self._tick.voice_capacity} frames")
         except (VoiceNotFoundError, ValueError) as exc:
             raise ConversationRejected(str(exc)) from exc
-        self._reset_row(slot)
-        if voice is not None:
-            self._tick.store_voice(slot, voice)
-        s = conversation.sampling
-        self._tick.sampling.set_row(slot, s)
-        self._tick.noise.seed(slot, s.text_seed, s.audio_seed)
+        with self._tick.on_device():
+            self._reset_row(slot)
+            if voice is not None:
+                self._tick.store_voice(slot, voice)
+            s = conversation.sampling
+            self._tick.sampling.set_row(slot, s)
+            self._tick.noise.seed(slot, s.text_seed, s.audio_seed)
         self._rows[slot] = _Row(plan=plan, decoder=self.model.tokenizer.decoder(),
                                 greedy=s.greedy or (s.text_temperature <= 0 and s.audio_temperature <= 0))
         return plan.num_steps
 
     def reset(self, slot: int) -> None:
         self._check_slot(slot)
-        self._reset_row(slot)
+        with self._tick.on_device():
+            self._reset_row(slot)
         self._rows[slot] = _Row()
 
     def reset_all(self) -> None:
-        self._build_state()
+        with self._tick.on_device():
+            self._tick.reset_all()
         self._rows = [_Row() for _ in range(self.num_slots)]
 
     @torch.no_grad()
     def step(self, modes: Sequence[SlotMode], pcm: np.ndarray) -> StepOutput:
+        if len(modes) != self.num_slots:
+            raise ValueError(f"expected {self.num_slots} modes, got {len(modes)}")
+        with self._tick.on_device():
+            return self._step(modes, pcm)
+
+    def _step(self, modes: Sequence[SlotMode], pcm: np.ndarray) -> StepOutput:
         b, cfg, tick = self.num_slots, self._cfg.lm, self._tick
-        if len(modes) != b:
-            raise ValueError(f"expected {b} modes, got {len(modes)}")
         live_rows = [i for i, m in enumerate(modes) if m == SlotMode.LIVE]
         prefill_rows = [i for i, m in enumerate(modes) if m == SlotMode.PREFILL]
         # What the device needs from the host this tick: forced tokens, voice step, row flags (one
@@ -196,12 +220,10 @@ class PersonaPlexEngine(Engine):
         control[live_rows + prefill_rows, k + EXEC] = 1
         if live_rows:
             np.copyto(tick.host_pcm.numpy(), pcm, casting="same_kind")
-        if self.cuda_graph:
-            tick.prepare_graph()  # (records on first use; moves no state)
         tick.upload(with_pcm=bool(live_rows))
         sampled_rows = [i for i in live_rows if not self._rows[i].greedy]
-        if self.cuda_graph:
-            tick.replay()
+        if tick.replay():
+            pass  # the recorded graph: every part, every row
         elif self._shortcuts:
             tick.run(mimi=bool(live_rows), voice=bool(voice_rows), depformer=bool(live_rows),
                      sample=bool(sampled_rows))

@@ -7,6 +7,8 @@ import dataclasses
 from .._setting import check_settings, setting
 
 TICK_SECONDS = 0.080  # one Mimi frame
+OFF_GPU_SLOTS = 4
+"""``--slots auto`` where there is no GPU memory to size by (the CPU, the echo engine)."""
 
 
 @dataclasses.dataclass

@@ -7,6 +7,7 @@ with per-row reset, static shapes.  ``pplex_trio`` never imports ``moshi``.
 Loading
 -------
 ``load_model(source, device="cpu", voice_dir=None) -> LoadedModel`` where
+``load_config(source)`` reads only the config (named, folder or repo id);
 ``source`` is ``"tiny"`` (random weights, built once into the cache
 folder), a Hugging Face repo id (default ``nvidia/personaplex-7b-v1``;
 uses ``HF_TOKEN``) or a local folder with the same files.  ``LoadedModel``
@@ -73,7 +74,8 @@ differ from it.  Only the agent's depformer steps run by default.
 Engine-level pieces: ``build_prompt_plan`` (system prompt as forced steps),
 ``RowSampling`` / ``RowNoise`` / ``sample`` (per-row seeded sampling),
 ``StreamDecoder`` (incremental detokenization), ``make_voice_prompt``
-(voice ``.pt`` from audio).  The ``pplex-trio offline`` command is not
+(voice ``.pt`` from audio), ``random_model`` (any config with random
+weights, on its device: benchmarks of shapes whose weights are not here).  The ``pplex-trio offline`` command is not
 here but in ``pplex_trio._cli`` (it drives the engine, which this package
 must not import).
 """
@@ -103,7 +105,9 @@ from ._loading import ModelAccessError as ModelAccessError
 from ._loading import build_lm as build_lm
 from ._loading import build_mimi as build_mimi
 from ._loading import cache_dir as cache_dir
+from ._loading import load_config as load_config
 from ._loading import load_model as load_model
+from ._loading import lm_dtype_for as lm_dtype_for
 from ._loading import resolve_checkpoint as resolve_checkpoint
 from ._lockstep import FREE as FREE
 from ._lockstep import UNGENERATED as UNGENERATED
@@ -115,6 +119,7 @@ from ._mimi import Mimi as Mimi
 from ._mimi import MimiDecoderState as MimiDecoderState
 from ._mimi import MimiEncoderState as MimiEncoderState
 from ._prompt import PromptPlan as PromptPlan
+from ._random import random_model as random_model
 from ._prompt import build_prompt_plan as build_prompt_plan
 from ._sampling import RowNoise as RowNoise
 from ._sampling import RowSampling as RowSampling

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from .._cache import cache_dir
 from .._sources import DEFAULT_REPO, is_repo_id
 from ._checkpoint import expand_depformer_steps, load_state_dict_strict
-from ._config import LM_FILE, MIMI_FILE, TOKENIZER_FILE, VOICES_ARCHIVE, MimiConfig, ModelConfig
+from ._config import CONFIGS, LM_FILE, MIMI_FILE, TOKENIZER_FILE, VOICES_ARCHIVE, MimiConfig, ModelConfig
 from ._kyutai_config import config_from_kyutai_dict, lm_config_from_kwargs, mimi_config_from_dict
 from ._lm import LMModel
 from ._mimi import Mimi
@@ -122,6 +122,29 @@ def resolve_checkpoint(source: str) -> CheckpointFiles:
     )
 
 
+def load_config(source: str) -> ModelConfig:
+    """The :class:`ModelConfig` of ``source`` without its weights: a named config (``CONFIGS``), a local
+    folder or a hub repo id (only its ``config.json`` is fetched).  Errors as :func:`resolve_checkpoint`."""
+    if source in CONFIGS:
+        return CONFIGS[source]
+    path = Path(source).expanduser()
+    if path.is_dir():
+        raw = _read_config(path / "config.json")
+        mimi = json.loads((path / raw["mimi_config_name"]).read_text()) if raw.get("mimi_config_name") else None
+        return config_from_kyutai_dict(raw, name=path.name, mimi=mimi)
+    if not is_repo_id(source):
+        raise ModelAccessError(f"model {source!r}: not a named config ({', '.join(CONFIGS)}), not a folder, not a "
+                               "Hugging Face repo id (owner/name)")
+    raw = _read_config(_hub_download(source, "config.json", optional=True))
+    mimi = json.loads(_hub_download(source, raw["mimi_config_name"]).read_text()) if raw.get("mimi_config_name") else None
+    return config_from_kyutai_dict(raw, name=source, mimi=mimi)
+
+
+def lm_dtype_for(device: torch.device) -> torch.dtype:
+    """The LM's dtype by default: bfloat16 on CUDA, float32 elsewhere (Mimi is always float32)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
 def _read_config(path: Path | None) -> dict[str, Any]:
     if path is None or not path.is_file():
         return {}
@@ -186,7 +209,7 @@ def load_model(source: str = DEFAULT_REPO, device: str | torch.device = "cpu",
     device = torch.device(device)
     files = resolve_checkpoint(source)
     cfg = config_from_kyutai_dict(files.raw_config, name=files.name, mimi=files.mimi_config)
-    lm_dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    lm_dtype = dtype or lm_dtype_for(device)
     logger.info("loading %s (LM %s, %s)", files.name, str(lm_dtype).removeprefix("torch."), device)
 
     with torch.device("meta"):

@@ -117,7 +117,7 @@ def synthetic_voice(seconds: float, pitch: float, seed: int, sample_rate: int = 
 def build_tiny_checkpoint(folder: Path, cfg: ModelConfig) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(TINY_SEED)
-    (folder / TOKENIZER_FILE).write_bytes(_train_tokenizer(cfg.lm.text_card))
+    (folder / TOKENIZER_FILE).write_bytes(train_tokenizer(cfg.lm.text_card))
     lm = LMModel(cfg.lm)
     _init_lm(lm, gen)
     mimi = Mimi(cfg.mimi)
@@ -134,7 +134,7 @@ def build_tiny_checkpoint(folder: Path, cfg: ModelConfig) -> None:
     (folder / "config.json").write_text(json.dumps(config_to_kyutai_dict(cfg), indent=2))
 
 
-def _train_tokenizer(vocab_size: int) -> bytes:
+def train_tokenizer(vocab_size: int) -> bytes:
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(_CORPUS.splitlines() * 4), model_writer=model, vocab_size=vocab_size,

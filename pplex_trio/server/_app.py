@@ -101,6 +101,7 @@ def create_http_app(state: ServerState) -> QuartTrio:
             queued=stats.queued,
             slots=stats.phases,
             sessions=len(state.sessions),
+            tick_path=state.engine.tick_path,
         )
         return body, 503 if status == "stalled" else 200
 

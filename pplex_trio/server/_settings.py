@@ -11,12 +11,22 @@ import dataclasses
 import enum
 import pathlib
 
-from .._setting import check_settings, setting
+from .._setting import check_settings, parse_gib, setting
 from ..engine import ActorSettings
 from ..protocol import parse_origins
 from ..protocol._access import AUTH_TOKEN_ENV
 
 MIB = 1024 * 1024
+
+
+def parse_slots(text: str) -> int | None:
+    """``--slots``: a whole number, or ``auto`` (None: sized to the device)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is neither a whole number nor auto") from None
 
 
 class Framing(enum.StrEnum):
@@ -44,12 +54,18 @@ class ServerSettings(ActorSettings):
         "auto", "echo (test engine), tiny (random CPU model), a Hugging Face repo id such as "
         "nvidia/personaplex-7b-v1, or a local checkpoint folder; auto: the real model when torch sees a GPU, "
         "else tiny", group="model")
-    slots: int = setting(4, "concurrent conversations", low=1, group="model")
+    slots: int | None = setting(
+        None, "concurrent conversations: a number, or auto (the default): on a GPU as many as fit its free memory "
+        "once the model is loaded, less --gpu-memory-reserve (`pplex-trio fit` shows the figures); 4 without one",
+        low=1, group="model", parse=parse_slots)
     device: str = setting("auto", "torch device: auto, cpu, cuda, cuda:1 …", group="model")
     cuda_graph: bool = setting(
         False, "capture each tick's GPU work as a CUDA graph and replay it (CUDA only; untested on hardware "
         "so far)", group="model")
     voice_dir: pathlib.Path | None = setting(None, "folder of voice prompt .pt files", group="model")
+    gpu_memory_reserve_gib: float = setting(
+        2.0, "GPU memory that --slots auto leaves free for CUDA's workspaces and the allocator's slack: "
+        "2, 2GiB, 1536MiB", low=0, flag="--gpu-memory-reserve", group="model", parse=parse_gib)
     static_dir: pathlib.Path | None = setting(
         None, "serve another web UI build from this folder (default: the UI shipped with the package)",
         flag="--static", group="listening")
@@ -124,6 +140,8 @@ class ServerSettings(ActorSettings):
 
     def __post_init__(self) -> None:
         # Strings are welcome where a choice or a path is expected (tests, callers).
+        if isinstance(self.slots, str):
+            self.slots = parse_slots(self.slots)
         self.framing = Framing(self.framing)
         self.opus_encoder = OpusEncoderPlacement(self.opus_encoder)
         for name in ("voice_dir", "static_dir", "ssl_dir", "certfile", "keyfile"):
@@ -138,6 +156,11 @@ class ServerSettings(ActorSettings):
             raise ValueError(f"--auth-token (or {AUTH_TOKEN_ENV}) is empty; give a long random token, such as "
                              "the output of: python3 -c 'import secrets; print(secrets.token_urlsafe(24))'")
         parse_origins(self.allowed_origins)  # a mistake is said now, not at the first browser
+
+    @property
+    def gpu_memory_reserve(self) -> int:
+        """``--gpu-memory-reserve`` in bytes."""
+        return int(self.gpu_memory_reserve_gib * 2**30)
 
     @property
     def tls(self) -> bool:

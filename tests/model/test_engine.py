@@ -85,9 +85,10 @@ EXPORTS = {
     "StepResult", "StreamDecoder", "StreamingTransformer", "TextTokenizer", "TokenCache", "TransformerConfig",
     "TransformerState", "UNGENERATED", "VoiceLibrary", "VoiceNotFoundError", "VoicePrompt", "build_lm", "build_mimi",
     "build_prompt_plan", "cache_dir", "check_voice_name", "config_from_kyutai_dict", "config_to_kyutai_dict",
-    "convert_kyutai_state_dict", "ensure_tiny_checkpoint", "expand_depformer_steps", "load_model",
+    "convert_kyutai_state_dict", "ensure_tiny_checkpoint", "expand_depformer_steps", "load_config", "load_model",
+    "lm_dtype_for",
     "load_state_dict_strict", "lm_config_from_kwargs", "make_voice_prompt", "mimi_config_from_dict",
-    "persona_tokens", "resolve_checkpoint", "ring_attention_mask", "sample", "wrap_persona",
+    "persona_tokens", "random_model", "resolve_checkpoint", "ring_attention_mask", "sample", "wrap_persona",
 }
 
 

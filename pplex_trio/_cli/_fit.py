@@ -1,0 +1,81 @@
+"""``pplex-trio fit``: how many conversations of a model fit a GPU, and where its memory goes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+from .._setting import parse_gib
+from .._sources import DEFAULT_REPO
+
+logger = logging.getLogger(__name__)
+
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..server import ServerSettings
+
+    reserve = ServerSettings.__dataclass_fields__["gpu_memory_reserve_gib"].default
+    parser.add_argument("--model", default=DEFAULT_REPO,
+                        help=f"a named config (personaplex-7b-v1, tiny), a Hugging Face repo id or a local folder; "
+                        f"only its config is read (default {DEFAULT_REPO})")
+    parser.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="the LM's dtype (default bfloat16, as "
+                        "served on CUDA; Mimi is float32)")
+    parser.add_argument("--gpu-memory", type=_size, help="the GPU's memory, such as 24GiB, 80GB or 141GiB "
+                        "(default: the free memory of the current CUDA device)")
+    parser.add_argument("--gpu-memory-reserve", type=_size, default=reserve,
+                        help=f"memory to leave free, as serve's --gpu-memory-reserve (default {reserve:g} GiB)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..engine._fit import GIB, plan_memory
+    from ..model import ModelAccessError, load_config
+
+    try:
+        cfg = load_config(args.model)
+    except (ModelAccessError, ValueError) as exc:
+        logger.error("%s", exc)
+        return 2
+    memory = args.gpu_memory
+    if memory is None:
+        if not torch.cuda.is_available():
+            logger.error("no CUDA device here to read free memory from: pass --gpu-memory, such as 24GiB")
+            return 2
+        memory = torch.cuda.mem_get_info()[0] / GIB
+    plan = plan_memory(cfg, getattr(torch, args.dtype))
+    figures = plan.as_dict(int(memory * GIB), int(args.gpu_memory_reserve * GIB))
+    if args.json:
+        print(json.dumps(figures, indent=1))
+        return 0
+    print(_table(figures))
+    return 0
+
+
+def _size(text: str) -> float:
+    try:
+        return parse_gib(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _table(f: dict) -> str:
+    lines = [
+        f"model {f['model']}, LM in {f['dtype']}, on {f['gpu_memory_gib']:.1f} GiB of GPU memory",
+        f"  weights                 {f['weights_gib']:8.2f} GiB",
+        f"  fixed engine state      {f['fixed_gib']:8.3f} GiB",
+        f"  reserve                 {f['reserve_gib']:8.2f} GiB  (CUDA's context and workspaces, allocator slack)",
+        f"  per conversation        {f['per_conversation_gib']:8.3f} GiB, of which:",
+    ]
+    for name, gib in sorted(f["per_conversation_parts_gib"].items(), key=lambda item: -item[1]):
+        lines.append(f"    {name:21} {gib * 1024:9.2f} MiB")
+    count = f["conversations"]
+    lines.append(f"conversations that fit: {count}")
+    if count == 0:
+        need = f["weights_gib"] + f["fixed_gib"] + f["reserve_gib"] + f["per_conversation_gib"]
+        lines.append(f"  (one conversation needs {need:.1f} GiB in all)")
+    return "\n".join(lines)

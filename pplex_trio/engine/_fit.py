@@ -1,0 +1,262 @@
+"""How many conversations fit a GPU: the memory of a model and of its engine, from the model's config.
+
+Nothing here is a constant: the model and the engine's device state are
+built on the ``meta`` device (shapes and dtypes, no memory), so the figures
+are the bytes of exactly the tensors the engine allocates, for any config.
+
+* **weights**: every parameter and buffer of the LM (in its dtype) and of
+  Mimi (float32);
+* **per conversation**: the engine state one more row adds (the LM's KV
+  ring, Mimi's and the depformer's states, the voice buffer, the sampling
+  settings, the I/O buffers), plus the peak of the temporaries one tick
+  allocates for one more row (measured by running a tick on ``meta`` and
+  following every tensor it creates);
+* **fixed**: what the engine needs whatever the number of rows (the same
+  measurement at one row, less one row's share).
+
+A GPU also holds the CUDA context, cuBLAS workspaces and the allocator's
+slack, which no config describes: that is the *reserve* the caller leaves
+(``--gpu-memory-reserve``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from ..model import LMModel, LoadedModel, Mimi, ModelConfig, VoiceLibrary
+from ._settings import OFF_GPU_SLOTS
+from ._tick import DeviceTick
+
+logger = logging.getLogger(__name__)
+
+GIB = 2**30
+
+
+class NotEnoughMemory(ValueError):
+    """The model, or the conversations asked for, do not fit the device; the message says what does."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes of one model on one device; :meth:`conversations` is how many fit."""
+
+    model: str
+    dtype: str
+    weights: int
+    fixed: int
+    per_conversation: int
+    parts: dict[str, int]  # what one conversation's bytes are made of (they add up to per_conversation)
+
+    def conversations(self, memory: int, reserve: int = 0) -> int:
+        """Conversations that fit ``memory`` bytes with ``reserve`` of them left alone (0 when none does)."""
+        return max(0, (memory - reserve - self.weights - self.fixed) // self.per_conversation)
+
+    def conversations_after_load(self, free: int, reserve: int = 0) -> int:
+        """The same from the ``free`` bytes left once the weights are on the device."""
+        return self.conversations(free + self.weights, reserve)
+
+    def as_dict(self, memory: int, reserve: int) -> dict[str, Any]:
+        return {
+            "model": self.model, "dtype": self.dtype, "weights_gib": self.weights / GIB,
+            "fixed_gib": self.fixed / GIB, "per_conversation_gib": self.per_conversation / GIB,
+            "per_conversation_parts_gib": {name: size / GIB for name, size in self.parts.items()},
+            "gpu_memory_gib": memory / GIB, "reserve_gib": reserve / GIB,
+            "conversations": self.conversations(memory, reserve),
+        }
+
+
+def plan_memory(cfg: ModelConfig, lm_dtype: torch.dtype = torch.bfloat16, *,
+                depformer_steps: int | None = None) -> MemoryPlan:
+    """The :class:`MemoryPlan` of ``cfg`` with its LM in ``lm_dtype`` (built on ``meta``: no memory used;
+    a few seconds for the 7B shapes, so each plan is kept)."""
+    key = (repr(cfg), lm_dtype, depformer_steps)
+    if key not in _PLANS:
+        _PLANS[key] = _plan_memory(cfg, lm_dtype, depformer_steps)
+    return _PLANS[key]
+
+
+_PLANS: dict[tuple[str, torch.dtype, int | None], MemoryPlan] = {}
+
+
+def _plan_memory(cfg: ModelConfig, lm_dtype: torch.dtype, depformer_steps: int | None) -> MemoryPlan:
+    with torch.device("meta"):
+        lm = LMModel(cfg.lm).to(lm_dtype)
+        mimi = Mimi(cfg.mimi)
+    model = LoadedModel(config=cfg, lm=lm, mimi=mimi, tokenizer=None,  # type: ignore[arg-type]  # unused here
+                        voices=VoiceLibrary(None), device=torch.device("meta"))
+    weights = sum(_bytes(t) for module in (lm, mimi) for t in [*module.parameters(), *module.buffers()])
+    one, two = (_tick_bytes(model, rows, depformer_steps) for rows in (1, 2))
+    parts = {name: two[name] - one[name] for name in one}
+    per_conversation = sum(parts.values())
+    return MemoryPlan(model=cfg.name, dtype=str(lm_dtype).removeprefix("torch."), weights=weights,
+                      fixed=sum(one.values()) - per_conversation, per_conversation=per_conversation, parts=parts)
+
+
+def free_device_memory(device: torch.device) -> int | None:
+    """Bytes free on ``device`` now; None where there is no device memory to size by (off CUDA)."""
+    if device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    return free
+
+
+def auto_slots(model: LoadedModel, reserve: int, *, depformer_steps: int | None = None) -> int:
+    """``--slots auto``: the conversations that fit the device's free memory now, the weights loaded.
+
+    Logs the figures.  Error handling: :class:`NotEnoughMemory` when not even one fits.
+    """
+    free = free_device_memory(model.device)
+    if free is None:
+        logger.info("--slots auto: %d conversations (%s: no GPU memory to size them by)", OFF_GPU_SLOTS,
+                    model.device)
+        return OFF_GPU_SLOTS
+    plan = plan_memory(model.config, model.lm.dtype, depformer_steps=depformer_steps)
+    count = plan.conversations_after_load(free, reserve)
+    figures = (f"{free / GIB:.1f} GiB free on {model.device} with the weights loaded, {plan.fixed / GIB:.2f} GiB "
+               f"fixed, {plan.per_conversation / GIB:.3f} GiB per conversation, {reserve / GIB:.1f} GiB reserve")
+    if count < 1:
+        raise NotEnoughMemory(f"no conversation fits: {figures}; free some GPU memory, lower "
+                              "--gpu-memory-reserve, or use a GPU with more memory")
+    logger.info("--slots auto: %d conversations fit (%s)", count, figures)
+    return count
+
+
+def out_of_memory_message(doing: str, cfg: ModelConfig, lm_dtype: torch.dtype, device: torch.device,
+                          slots: int | None) -> str:
+    """One line for an out-of-memory error: the figures, and what to do."""
+    plan = plan_memory(cfg, lm_dtype)
+    where = str(device)
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        where += f" ({total / GIB:.1f} GiB in all, {free / GIB:.1f} GiB free now)"
+        fit = plan.conversations(total, 0)
+    else:
+        fit = None
+    need = (f"{cfg.name} needs {plan.weights / GIB:.1f} GiB of weights ({plan.dtype}) and "
+            f"{plan.per_conversation / GIB:.2f} GiB per conversation")
+    if fit is None or fit < 1:
+        advice = "use a device with more memory"
+    else:
+        advice = (f"at most {fit} conversations fit this GPU with nothing else on it (`pplex-trio fit`): pass "
+                  f"--slots auto or a smaller --slots, or use a GPU with more memory")
+    asked = f" for {slots} conversations" if slots else ""
+    return f"out of memory while {doing}{asked} on {where}: {need}; {advice}"
+
+
+def engine_state_bytes(tick: DeviceTick) -> dict[str, int]:
+    """Bytes of the device tensors a tick owns, by part (each storage counted once)."""
+    groups = {
+        "lm_kv_ring": [tick.gen.state],
+        "depformer": [tick.gen.depformer_cache],
+        "mimi": [tick.encoder, tick.decoder],
+        "voice_prompt": [tick.voice_embeddings, tick.voice_cache],
+        "sampling": [tick.sampling, tick.noise],
+        "buffers": [tick.gen.cache, tick.control, tick.pcm, tick.packed, tick.rows],
+    }
+    seen: set[int] = set()
+    out = {}
+    for name, objects in groups.items():
+        out[name] = sum(t.untyped_storage().nbytes() for obj in objects for t in _tensors(obj)
+                        if t.device == tick.device and _claim(t, seen))
+    return out
+
+
+def _tick_bytes(model: LoadedModel, rows: int, depformer_steps: int | None) -> dict[str, int]:
+    tick = DeviceTick(model, rows, depformer_steps=depformer_steps)
+    state = engine_state_bytes(tick)
+    state["tick_temporaries"] = peak_bytes(tick.run, tick.device)
+    return state
+
+
+def peak_bytes(fn: Callable[[], Any], device: torch.device) -> int:
+    """The peak of the bytes that ``fn`` allocates on ``device`` and holds at once (views and in-place
+    results are not new memory).  Works on ``meta``: it follows tensors, not an allocator.
+
+    Attention is counted as the CUDA engine runs it (the memory-efficient kernel: a float bias from the
+    mask, the output), not as the math kernel that ``meta`` would decompose it into, which makes float32
+    copies of the keys and values.
+    """
+    with _EfficientAttention(), _LiveBytes(device) as live:
+        fn()
+    return live.peak
+
+
+class _EfficientAttention(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        q, k, v, *rest = args
+        mask = rest[0] if rest else kwargs.get("attn_mask")
+        bias = None
+        if mask is not None:
+            bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
+            bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, False)[0]
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Follows every storage an op creates until its last tensor is gone."""
+
+    def __init__(self, device: torch.device):
+        super().__init__()
+        self.device = device
+        self.refs: dict[int, int] = {}
+        self.now = 0
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        aliases = any(r.alias_info is not None for r in func._schema.returns)
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor) or t.device != self.device:
+                continue
+            storage = t.untyped_storage()
+            key = storage._cdata
+            if key not in self.refs:
+                if aliases:
+                    continue  # a view of, or an in-place op on, memory from before
+                self.refs[key] = 0
+                self.now += storage.nbytes()
+                self.peak = max(self.peak, self.now)
+            self.refs[key] += 1
+            weakref.finalize(t, self._release, key, storage.nbytes())
+        return out
+
+    def _release(self, key: int, size: int) -> None:
+        self.refs[key] -= 1
+        if self.refs[key] == 0:
+            del self.refs[key]
+            self.now -= size
+
+
+def _bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _claim(t: torch.Tensor, seen: set[int]) -> bool:
+    key = t.untyped_storage()._cdata
+    if key in seen:
+        return False
+    seen.add(key)
+    return True
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for item in obj for t in _tensors(item)]
+    if hasattr(obj, "__dict__"):
+        return [t for value in vars(obj).values() for t in _tensors(value)]
+    return []

@@ -1,0 +1,131 @@
+"""Memory that sizes itself: `pplex-trio fit`, `serve --slots auto`, and one line when memory runs out."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from pplex_trio._cli import main
+from pplex_trio._cli._engines import create_engine
+from pplex_trio.engine._fit import GIB, peak_bytes, plan_memory
+from pplex_trio.engine._personaplex import PersonaPlexEngine
+from pplex_trio.model import CONFIGS
+from pplex_trio.server import ServerSettings
+from tests.model.test_engine_tick import tick_tensors
+
+
+def _distinct_bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        if t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def _engine_state_bytes(engine: PersonaPlexEngine) -> int:
+    """Every tensor the engine's tick holds, found by walking it (host staging buffers aside)."""
+    return _distinct_bytes(t for name, t in tick_tensors(engine._tick).items() if not name.startswith("tick.host_"))
+
+
+def test_the_plan_matches_what_the_engine_allocates(tiny_model):
+    plan = plan_memory(CONFIGS["tiny"], torch.float32)
+    real_weights = _distinct_bytes([*tiny_model.lm.parameters(), *tiny_model.lm.buffers(),
+                                    *tiny_model.mimi.parameters(), *tiny_model.mimi.buffers()])
+    assert plan.weights == real_weights
+    state_per_row = plan.per_conversation - plan.parts["tick_temporaries"]
+    three, five = (_engine_state_bytes(PersonaPlexEngine(tiny_model, n)) for n in (3, 5))
+    assert five - three == 2 * state_per_row
+    # layers x (K, V) x context x dim x float32, and the row's position
+    assert plan.parts["lm_kv_ring"] == 2 * 2 * 3000 * 64 * 4 + 8
+
+
+def test_the_7b_plan_is_what_the_model_card_says():
+    plan = plan_memory(CONFIGS["personaplex-7b-v1"], torch.bfloat16)
+    assert plan.parts["lm_kv_ring"] == 32 * 2 * 3000 * 4096 * 2 + 8  # 1.465 GiB
+    assert 15.5 * GIB < plan.weights < 16.5 * GIB  # 8.37 B parameters in bf16, Mimi in float32
+    assert 1.46 * GIB < plan.per_conversation < 1.5 * GIB
+    assert plan.conversations(141 * GIB, 2 * GIB) == int((139 * GIB - plan.weights - plan.fixed) // plan.per_conversation)
+    assert plan.conversations(16 * GIB) == 0
+
+
+def test_peak_bytes_follows_allocations_not_views_or_in_place_ops():
+    base = torch.zeros(1000)  # before: not counted
+
+    def work() -> None:
+        a = torch.ones(1000)  # 4000
+        b = a * 2  # 8000 live
+        base.add_(b)  # in place: nothing new
+        view = b.view(10, 100)  # a view: nothing new
+        del a, b
+        c = view + 1  # 8000 live again
+        del view, c
+        d = torch.empty(500, dtype=torch.float64)  # 4000
+        del d
+
+    assert peak_bytes(work, torch.device("cpu")) == 8000
+
+
+@pytest.mark.parametrize("memory", ["141GiB", "80GiB", "48GiB", "24GiB", "16GiB"])
+def test_fit_prints_the_figures(memory, capsys):
+    assert main(["fit", "--model", "personaplex-7b-v1", "--gpu-memory", memory]) == 0
+    text = capsys.readouterr().out
+    plan = plan_memory(CONFIGS["personaplex-7b-v1"], torch.bfloat16)
+    count = plan.conversations(int(float(memory.removesuffix("GiB")) * GIB), 2 * GIB)
+    assert f"conversations that fit: {count}" in text
+    assert "per conversation           1.484 GiB" in text and "lm_kv_ring" in text
+    assert main(["fit", "--model", "personaplex-7b-v1", "--gpu-memory", memory, "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["conversations"] == count and figures["gpu_memory_gib"] == float(memory.removesuffix("GiB"))
+    assert {"weights_gib", "fixed_gib", "per_conversation_gib", "gpu_memory_gib", "conversations"} <= set(figures)
+
+
+def test_fit_without_a_gpu_asks_for_the_memory(caplog):
+    assert main(["fit", "--model", "tiny"]) == 2
+    assert "pass --gpu-memory" in caplog.text
+    assert main(["fit", "--model", "no-such-model"]) == 2
+
+
+def test_serve_slots_auto_takes_the_count_fit_gives(tiny_model, monkeypatch, capsys, caplog):
+    """A fake device with known memory: the slots `serve` picks are the conversations `fit` prints."""
+    total = 0.25 * GIB
+    plan = plan_memory(CONFIGS["tiny"], torch.float32)
+    monkeypatch.setattr("pplex_trio.engine._fit.free_device_memory", lambda device: int(total) - plan.weights)
+    assert main(["fit", "--model", "tiny", "--dtype", "float32", "--gpu-memory", "0.25GiB",
+                 "--gpu-memory-reserve", "0.1GiB", "--json"]) == 0
+    expected = json.loads(capsys.readouterr().out)["conversations"]
+    assert 10 < expected < 100
+    with caplog.at_level(logging.INFO):
+        engine = create_engine(ServerSettings(model="tiny", slots="auto", gpu_memory_reserve_gib=0.1))
+    assert engine.num_slots == expected
+    assert f"--slots auto: {expected} conversations fit" in caplog.text
+
+
+def test_out_of_memory_at_start_is_one_clear_line(tiny_model, monkeypatch, caplog):
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.46 GiB")
+
+    monkeypatch.setattr(PersonaPlexEngine, "__init__", out_of_memory)
+    assert main(["serve", "--model", "tiny", "--slots", "500", "--port", "0"]) == 2
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is None
+    message = errors[0].getMessage()
+    assert message.startswith("--model tiny: out of memory while building the engine for 500 conversations on cpu")
+    assert "tiny needs 0.0 GiB of weights (float32)" in message and "use a device with more memory" in message
+    assert "Traceback" not in caplog.text
+
+
+def test_slots_flag_takes_auto_or_a_number(capsys):
+    assert ServerSettings(slots="auto").slots is None and ServerSettings(slots="7").slots == 7
+    assert ServerSettings().slots is None and ServerSettings().gpu_memory_reserve == 2 * GIB
+    with pytest.raises(SystemExit):
+        main(["serve", "--slots", "many"])
+    assert "'many' is neither a whole number nor auto" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["serve", "--gpu-memory-reserve", "lots"])
+    assert "is not a memory size" in capsys.readouterr().err
+    np.testing.assert_allclose(ServerSettings(gpu_memory_reserve_gib=1.5).gpu_memory_reserve, 1.5 * GIB)
