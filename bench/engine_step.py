@@ -18,7 +18,9 @@ Commands, from the repository root::
     python bench/engine_step.py --config personaplex-7b-v1 --random-weights --device cuda
         the real PersonaPlex-7B shapes with random weights on a GPU (LM in
         bfloat16), ours only, B = 1, 8, 16, 32, 64, with peak GPU memory, eager
-        and with the engine's CUDA graph (``--cuda-graph off|on|both``).
+        and with the engine's CUDA graph (``--cuda-graph off|on|both``).  The
+        GPU machine's whole first run (equality, sweep, profile, the server
+        under load) is ``bench/gpu/run``; this is the quick table.
 
 It prints a table (one row per B): p50 and p99 milliseconds per tick, and on
 CPU moshi's figures and the ratio ours/moshi (below 1: we are faster).
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import gc
 import inspect
 import logging
 import os
@@ -54,7 +57,7 @@ import torch  # noqa: E402
 import _tiny_moshi as tiny  # noqa: E402
 from pplex_trio.engine._interface import Conversation, Sampling, SlotMode  # noqa: E402
 from pplex_trio.engine._personaplex import PersonaPlexEngine  # noqa: E402
-from pplex_trio.model import CONFIGS, LMModel, LoadedModel, Mimi, ModelConfig, TextTokenizer, VoiceLibrary, load_model  # noqa: E402
+from pplex_trio.model import CONFIGS, LoadedModel, load_model, random_model  # noqa: E402
 
 logger = logging.getLogger("bench.engine_step")
 
@@ -126,37 +129,6 @@ def frames_for(pcm: np.ndarray, batch: int, count: int) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- ours
-
-
-def random_model(cfg: ModelConfig, device: torch.device, lm_dtype: torch.dtype) -> LoadedModel:
-    """A model of config ``cfg`` with random weights, allocated straight on ``device``.
-
-    Values only need to be finite: N(0, 1/fan_in) weights, unit norms, random
-    codebooks.  The tokenizer is a small SentencePiece model; ids it does not
-    know are treated as non-text.
-    """
-    with torch.device("meta"):
-        lm, mimi = LMModel(cfg.lm), Mimi(cfg.mimi)
-    lm = lm.to(dtype=lm_dtype).to_empty(device=device)
-    mimi = mimi.to_empty(device=device)
-    gen = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for module in (lm, mimi):
-            for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
-                leaf = name.rsplit(".", 1)[-1]
-                is_norm = leaf == "alpha" or (leaf in ("scale", "weight") and tensor.dim() <= 1)
-                if is_norm or leaf in ("_initialized", "cluster_usage"):
-                    tensor.fill_(1.0)
-                elif leaf == "bias":
-                    tensor.zero_()
-                else:
-                    fan_in = int(np.prod(tensor.shape[1:])) if tensor.dim() > 1 else 1
-                    tensor.normal_(0.0, 1.0 / max(1, fan_in) ** 0.5, generator=gen)
-    mimi.refresh()
-    vocab = min(cfg.lm.text_card, tiny.TEXT_CARD)
-    tokenizer = TextTokenizer(tiny.tokenizer_model(vocab), text_card=vocab)
-    return LoadedModel(config=cfg, lm=lm.eval(), mimi=mimi.eval(), tokenizer=tokenizer, voices=VoiceLibrary(None),
-                       device=device)
 
 
 def engine_supports_cuda_graph() -> bool:
@@ -308,11 +280,16 @@ def main(argv: list[str] | None = None) -> int:
                             torch.cuda.reset_peak_memory_stats(device)
                         times = time_interleaved(ticks, warmup, iters, device)
                         peak = torch.cuda.max_memory_allocated(device) if cuda else None
-                except torch.cuda.OutOfMemoryError:
-                    torch.cuda.empty_cache()
-                    row += ["OOM"] * (len(header) - len(row))
+                except Exception as exc:  # noqa: BLE001 - a failing cell is reported, the sweep goes on
+                    logger.warning("B=%d: %s: %s", batch, type(exc).__name__, exc)
+                    row += ["OOM" if isinstance(exc, torch.OutOfMemoryError) else "error"] * (len(header) - len(row))
                     print("  ".join(f"{c:>12}" for c in row), flush=True)
                     continue
+                finally:
+                    ticks = []  # the cell's engine goes before the next is built
+                    gc.collect()
+                    if cuda:
+                        torch.cuda.empty_cache()
                 ours = Timing.of(times[0], peak)
                 row += [f"{ours.p50:.2f}", f"{ours.p99:.2f}"]
                 row += [f"{ours.peak_gib:.2f}"] if cuda else []

@@ -81,11 +81,11 @@ RESULTS = REPO / "bench" / "results"
 # --- the load ----------------------------------------------------------------------
 
 
-def speech(seconds: float) -> np.ndarray:
-    """Real speech, repeated to ``seconds`` (whole frames)."""
-    recordings = [sphn.read(str(p), sample_rate=SR)[0][0] for p in sorted(DATA.glob("speech_*.wav"))]
+def speech(seconds: float, folder: pathlib.Path = DATA) -> np.ndarray:
+    """Real speech (``folder``'s ``speech_*.wav``), repeated to ``seconds`` (whole frames)."""
+    recordings = [sphn.read(str(p), sample_rate=SR)[0][0] for p in sorted(folder.glob("speech_*.wav"))]
     if not recordings:
-        raise SystemExit(f"no speech recordings (speech_*.wav) in {DATA}: bench/load streams real speech from "
+        raise SystemExit(f"no speech recordings (speech_*.wav) in {folder}: bench/load streams real speech from "
                          "the shared data folder next to the repository")
     pcm = np.concatenate(recordings)
     repeats = math.ceil(seconds * SR / pcm.size)
@@ -102,9 +102,9 @@ def encode_appends(seconds: float, page_ms: int) -> list[str]:
             for c in chunks]
 
 
-def encode_pages(seconds: float, page_ms: int) -> list[bytes]:
+def encode_pages(seconds: float, page_ms: int, folder: pathlib.Path = DATA) -> list[bytes]:
     """Real speech as the Ogg pages of one continuous stream (headers first)."""
-    pcm = speech(seconds)
+    pcm = speech(seconds, folder)
     writer = sphn.OpusStreamWriter(SR)
     pages: list[bytes] = []
     for i in range(0, pcm.size, FRAME):
@@ -254,8 +254,12 @@ def spread(index: int, share: float) -> bool:
 
 async def load_run(http_url: str, clients: int, duration: float, page_ms: int, pages: list[Any], *,
                    label: str, server: ServerProcess | None, warmup: float, decode_every: int,
-                   random_phase_share: float = 1.0, protocol: str = "moshi") -> RunResult:
+                   random_phase_share: float = 1.0, protocol: str = "moshi", query: str = "") -> RunResult:
+    """``query`` (Moshi only, such as ``text_prompt=...&voice_prompt=NATF2.pt``) starts each conversation
+    with that system prompt; without it the server's defaults apply."""
     ws_url = http_url.replace("http://", "ws://") + ("/v1/realtime" if protocol == "realtime" else "/api/chat")
+    if query and protocol == "moshi":
+        ws_url += "?" + query
     stats = [ClientStats(i) for i in range(clients)]
     live, stop = trio.Semaphore(0), trio.Event()
     started_at = trio.current_time()

@@ -1,0 +1,342 @@
+"""bench/gpu/run's engine steps in one process: the model is built once, then equality, sweep and profile.
+
+Run by bench/gpu/run (not meant to be run by hand); it writes its results to
+``--out`` (JSON) after every piece, so whatever finished survives a kill.
+Each step has a time box (``--boxes``, seconds): the sweep skips the cells
+its box has no time left for and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import pathlib
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+import torch
+
+from pplex_trio.engine._fit import GIB, plan_memory
+from pplex_trio.engine._interface import Conversation, Sampling, SlotMode
+from pplex_trio.engine._personaplex import PersonaPlexEngine
+from pplex_trio.model import CONFIGS, random_model
+
+logger = logging.getLogger("bench.gpu.engine")
+PERSONA = "You enjoy having a good conversation. Have a deep conversation about technology. Your name is Jane."
+ATTENTION_KERNELS = ("fmha", "flash", "attention", "efficient", "cudnn", "sdpa")
+
+
+class Results:
+    """A JSON object on disk, rewritten (atomically) after every update."""
+
+    def __init__(self, path: pathlib.Path):
+        self.path = path
+        self.data: dict[str, Any] = {}
+
+    def put(self, key: str, value: Any) -> None:
+        self.data[key] = value
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=str))
+        os.replace(tmp, self.path)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def memory(device: torch.device) -> dict[str, float]:
+    if device.type != "cuda":
+        return {}
+    free, total = torch.cuda.mem_get_info(device)
+    return {"allocated_gib": torch.cuda.memory_allocated(device) / GIB,
+            "reserved_gib": torch.cuda.memory_reserved(device) / GIB,
+            "max_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
+            "driver_free_gib": free / GIB, "driver_total_gib": total / GIB}
+
+
+def release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def speech_frames(folder: pathlib.Path | None, count: int = 64) -> np.ndarray:
+    """``[count, 1920]`` frames of real speech (the wheelhouse's copies), or of a voice-like synthetic."""
+    wavs = sorted(folder.glob("speech_*.wav")) if folder and folder.is_dir() else []
+    if wavs:
+        import sphn
+
+        pcm = sphn.read(str(wavs[0]), sample_rate=24_000)[0][0]
+    else:
+        t = np.arange(count * 1920) / 24_000
+        pcm = 0.2 * np.sin(2 * np.pi * (140 + 40 * np.sin(2 * np.pi * 0.7 * t)) * t)
+    pcm = np.resize(pcm.astype(np.float32), count * 1920)
+    return pcm.reshape(count, 1920)
+
+
+class Driver:
+    """Drives one engine like the actor does: starts, PREFILL until each prompt is done, LIVE after."""
+
+    def __init__(self, engine: PersonaPlexEngine, frames: np.ndarray):
+        self.engine = engine
+        self.frames = frames
+        self.left: list[int | None] = [None] * engine.num_slots  # prompt steps left; None: idle
+        self.ticks = 0
+
+    def start(self, row: int, conversation: Conversation) -> None:
+        self.left[row] = self.engine.start(row, conversation)
+
+    def reset(self, row: int) -> None:
+        self.engine.reset(row)
+        self.left[row] = None
+
+    def modes(self) -> list[SlotMode]:
+        return [SlotMode.IDLE if n is None else SlotMode.PREFILL if n > 0 else SlotMode.LIVE for n in self.left]
+
+    def step(self) -> tuple[list[SlotMode], Any]:
+        modes = self.modes()
+        b = self.engine.num_slots
+        pcm = np.stack([self.frames[(self.ticks + 7 * r) % len(self.frames)] for r in range(b)])
+        out = self.engine.step(modes, pcm)
+        self.left = [None if n is None else max(n - 1, 0) for n in self.left]
+        self.ticks += 1
+        return modes, out
+
+    def live(self) -> bool:
+        return all(n == 0 for n in self.left if n is not None)
+
+
+# --- (b) eager against the CUDA graph ------------------------------------------------
+
+
+def equality(model, device: torch.device, frames: np.ndarray, quick: bool) -> dict[str, Any]:
+    """The same script on an eager engine and on a graph engine (on CPU: eager with every part on)."""
+    cuda = device.type == "cuda"
+    eager = PersonaPlexEngine(model, 4)
+    if cuda:
+        other = PersonaPlexEngine(model, 4, cuda_graph=True)
+        label = "cuda_graph"
+    else:
+        other = PersonaPlexEngine(model, 4)
+        other._shortcuts = False  # what the graph records: every part, every tick
+        label = "eager, every part on (no CUDA here)"
+    drivers = [Driver(eager, frames), Driver(other, frames)]
+    greedy, sampled = Sampling(greedy=True), Sampling(text_seed=1, audio_seed=2)
+    voices = model.voices.names()
+    script = {0: [("start", 0, voices[0], greedy), ("start", 1, voices[1 % len(voices)], sampled)]}
+    live_at = None
+    mismatch, worst_pcm, compared, all_live = None, 0.0, 0, 0
+    for tick in range(3000):
+        if live_at is None and all(d.left[0] == 0 and d.left[1] == 0 for d in drivers):
+            live_at = tick
+            script[tick + 3] = [("start", 2, voices[2 % len(voices)], Sampling(text_seed=3, audio_seed=4))]
+            script[tick + 8] = [("reset", 0), ("start", 0, voices[0], greedy)]
+            script[tick + 9] = [("start", 3, voices[-1], Sampling(text_seed=5, audio_seed=6))]
+        for event in script.get(tick, []):
+            for d in drivers:
+                if event[0] == "reset":
+                    d.reset(event[1])
+                else:
+                    d.start(event[1], Conversation(persona=PERSONA, voice=event[2], sampling=event[3]))
+        results = [d.step() for d in drivers]
+        modes = results[0][0]
+        tokens = [d.engine.last_tokens.copy() for d in drivers]
+        for row, mode in enumerate(modes):
+            if mode is SlotMode.LIVE:
+                compared += 1
+                if mismatch is None and not np.array_equal(tokens[0][row], tokens[1][row]):
+                    mismatch = {"tick": tick, "row": row, "eager": tokens[0][row].tolist(),
+                                label: tokens[1][row].tolist()}
+                diff = float(np.abs(results[0][1].pcm[row] - results[1][1].pcm[row]).max())
+                worst_pcm = max(worst_pcm, diff)
+        if live_at is not None and tick > live_at + 9 and all(d.live() for d in drivers):
+            all_live += 1
+            if all_live == (10 if quick else 30):  # ticks with every row live, after the last start
+                break
+    return {"compared": label, "tick_path": other.tick_path, "ticks": drivers[0].ticks, "live_frames_compared":
+            compared, "tokens_equal": mismatch is None, "first_mismatch": mismatch, "pcm_max_abs_diff": worst_pcm}
+
+
+# --- (c) the sweep -------------------------------------------------------------------
+
+
+def cell(model, batch: int, graph: bool, frames: np.ndarray, timed: int, warmup: int) -> dict[str, Any]:
+    device = model.device
+    release(device)
+    began = time.perf_counter()
+    engine = PersonaPlexEngine(model, batch, cuda_graph=graph, default_voice="")
+    sync(device)
+    out: dict[str, Any] = {"B": batch, "mode": "graph" if graph else "eager", "tick_path": engine.tick_path,
+                           "build_and_capture_s": time.perf_counter() - began}
+    driver = Driver(engine, frames)
+    for row in range(batch):
+        driver.start(row, Conversation(persona="Hello.", sampling=Sampling(text_seed=row, audio_seed=row)))
+    while not driver.live():
+        driver.step()
+    sync(device)
+    began = time.perf_counter()
+    driver.step()
+    sync(device)
+    out["first_live_tick_ms"] = 1000 * (time.perf_counter() - began)
+    for _ in range(warmup):
+        driver.step()
+    ms = []
+    for _ in range(timed):
+        sync(device)
+        began = time.perf_counter()
+        driver.step()  # engine.step ends with the read-back, its one sync
+        ms.append(1000 * (time.perf_counter() - began))
+    out.update(ticks=timed, p50_ms=float(np.percentile(ms, 50)), p99_ms=float(np.percentile(ms, 99)),
+               max_ms=float(np.max(ms)), **memory(device))
+    del driver, engine
+    release(device)
+    return out
+
+
+def sweep(model, frames: np.ndarray, batches: list[int], modes: list[bool], timed: int, warmup: int,
+          deadline: float, results: Results) -> None:
+    cells: list[dict[str, Any]] = []
+    longest = 0.0
+    for batch in batches:
+        for graph in modes:
+            name = {"B": batch, "mode": "graph" if graph else "eager"}
+            left = deadline - time.monotonic()
+            if left < 1.5 * longest:
+                cells.append(name | {"skipped": f"time box: {left:.0f} s left, the slowest cell took {longest:.0f} s"})
+                results.put("sweep", cells)
+                continue
+            began = time.monotonic()
+            try:
+                cells.append(cell(model, batch, graph, frames, timed, warmup))
+            except Exception as exc:  # noqa: BLE001 - a failing cell is recorded, the sweep goes on
+                logger.warning("B=%d %s: %s", batch, name["mode"], exc)
+                cells.append(name | {"error": f"{type(exc).__name__}: {str(exc)[:300]}",
+                                     "out_of_memory": isinstance(exc, torch.OutOfMemoryError)})
+                release(model.device)
+            longest = max(longest, time.monotonic() - began)
+            logger.info("sweep: %s", json.dumps(cells[-1], default=str))
+            results.put("sweep", cells)
+
+
+# --- (d) one profiled tick ---------------------------------------------------------------
+
+
+def profile(model, batch: int, frames: np.ndarray) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    device = model.device
+    cuda = device.type == "cuda"
+    engine = PersonaPlexEngine(model, batch, default_voice="")
+    driver = Driver(engine, frames)
+    for row in range(batch):
+        driver.start(row, Conversation(persona="Hello.", sampling=Sampling(text_seed=row, audio_seed=row)))
+    while not driver.live():
+        driver.step()
+    for _ in range(3):
+        driver.step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch_profile(activities=activities) as prof:
+        driver.step()
+    events = prof.key_averages()
+    if cuda:
+        kernels = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+        timed = lambda e: e.device_time_total  # noqa: E731
+    else:
+        kernels = [e for e in events if e.key.startswith("aten::")]
+        timed = lambda e: e.self_cpu_time_total  # noqa: E731
+    top = sorted(kernels, key=timed, reverse=True)[:12]
+    total = sum(timed(e) for e in kernels)
+    attention = sorted({e.key for e in kernels if any(word in e.key.lower() for word in ATTENTION_KERNELS)})
+    del driver, engine
+    release(device)
+    return {"B": batch, "what": "CUDA kernels" if cuda else "CPU aten ops (no CUDA here)",
+            "launches": int(sum(e.count for e in kernels)), "distinct": len(kernels), "total_ms": total / 1000,
+            "top": [{"name": e.key[:120], "count": e.count, "ms": timed(e) / 1000} for e in top],
+            "attention_kernels": attention, "math_attention": any("math" in k.lower() for k in attention)}
+
+
+# --- main --------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--config", default="personaplex-7b-v1")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", type=pathlib.Path, required=True)
+    p.add_argument("--speech", type=pathlib.Path)
+    p.add_argument("--boxes", type=json.loads, required=True, help="seconds per step: build, equality, sweep, profile")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    results = Results(args.out)
+    frames = speech_frames(args.speech)
+
+    def step(name: str, fn, *fn_args) -> Any:
+        began = time.monotonic()
+        try:
+            value = fn(*fn_args)
+        except Exception as exc:  # noqa: BLE001 - recorded; the next step still runs
+            logger.error("%s failed:\n%s", name, traceback.format_exc())
+            value = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+        if isinstance(value, dict):
+            value["seconds"] = time.monotonic() - began
+            results.put(name, value)
+        return value
+
+    # (a) the model, once, straight on the device
+    voices = pathlib.Path(tempfile.mkdtemp(prefix="gpu-run-voices-"))
+
+    def build() -> dict[str, Any]:
+        began = time.perf_counter()
+        model = random_model(CONFIGS[args.config], device, voice_dir=voices)
+        sync(device)
+        built["model"] = model
+        plan = plan_memory(model.config, model.lm.dtype)
+        free = torch.cuda.mem_get_info(device)[0] if cuda else None
+        built["fit"] = plan.conversations_after_load(free, 2 * GIB) if free is not None else None
+        return {"config": args.config, "seconds_to_build": time.perf_counter() - began,
+                "lm_dtype": str(model.lm.dtype), "parameters": sum(t.numel() for t in model.lm.parameters()),
+                "plan": plan.as_dict(int(free + plan.weights) if free else 0, 2 * GIB), "fit_max": built["fit"],
+                **memory(device)}
+
+    built: dict[str, Any] = {}
+    step("build", build)
+    model = built.get("model")
+    if model is None:
+        return 1
+    step("equality", equality, model, device, frames, args.quick)
+
+    if args.quick:
+        batches = [1, 4]
+        timed, warmup = 20, 3
+    else:
+        batches = sorted({1, 8, 16, 32, 48, 64, 80, *([built["fit"]] if built.get("fit") else [])})
+        timed, warmup = 200, 20
+    modes = [False, True] if cuda else [False]
+    if not cuda:
+        results.put("sweep_note", "no CUDA here: the graph cells need a GPU")
+    deadline = time.monotonic() + args.boxes["sweep"]
+    began = time.monotonic()
+    try:
+        sweep(model, frames, batches, modes, timed, warmup, deadline, results)
+    except Exception:  # noqa: BLE001
+        logger.error("sweep failed:\n%s", traceback.format_exc())
+    results.put("sweep_seconds", time.monotonic() - began)
+    profile_batch = min(64, built.get("fit") or 64) if not args.quick else 4
+    step("profile", profile, model, profile_batch, frames)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""The GPU device kit starts on a device-like image: a clean venv, a wheelhouse, no package index.
+
+The venv holds only torch and the packages the GPU image lists that the kit
+relies on (the wheelhouse's MANIFEST names them); the kit is installed from
+a wheelhouse built for that venv's Python, with ``--no-index``, and
+``bench/gpu/run --device cpu --config tiny --quick`` runs every step end to
+end.  What is checked is that it starts and reports, not how fast anything is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent.parent
+KIT = REPO / "bench" / "gpu"
+
+
+@pytest.mark.timeout(900)
+def test_the_kit_runs_end_to_end_in_a_clean_venv(tmp_path):
+    wheels = tmp_path / "wheels"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    subprocess.run([sys.executable, str(KIT / "wheelhouse"), "--python-version", version, "--dest", str(wheels)],
+                   check=True, timeout=300, capture_output=True)
+    manifest = json.loads((wheels / "MANIFEST.json").read_text())
+    assert manifest["mib"] < 48 and any(w.startswith("pplex_trio-") for w in manifest["wheels"])
+    assert {"torch", "numpy"} <= set(manifest["provided_by_the_image"])
+    assert not any(w.startswith(("torch-", "numpy-")) for w in manifest["wheels"])
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    image = ["torch==2.13.0" if name == "torch" else name for name in manifest["provided_by_the_image"]]
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *image],
+                   check=True, timeout=600, capture_output=True)
+    clean = subprocess.run([str(python), "-c", "import trio"], capture_output=True, timeout=60)
+    assert clean.returncode != 0  # the venv really lacks what the kit must bring
+
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PIP_NO_INDEX"] = "1"  # no package index, as on the GPU machine
+    done = subprocess.run([str(python), str(KIT / "run"), "--device", "cpu", "--config", "tiny", "--quick",
+                           "--wheels", str(wheels), "--out", str(out)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["result.json", "run.log", "server.log"]
+    result = json.loads((out / "result.json").read_text())
+    assert {"environment", "equality", "sweep", "profile", "server"} <= set(result)
+    env_ = result["environment"]
+    assert env_["packages"]["trio"] and env_["packages"]["pplex-trio"] and env_["torch"].startswith("2.13")
+    equality = result["equality"]
+    assert equality["tokens_equal"] and equality["pcm_max_abs_diff"] == 0 and equality["live_frames_compared"] > 50
+    assert [(c["B"], c["mode"]) for c in result["sweep"]] == [(1, "eager"), (4, "eager")]
+    assert all(0 < c["p50_ms"] <= c["p99_ms"] for c in result["sweep"])
+    assert result["profile"]["launches"] > 100 and result["profile"]["attention_kernels"]
+    server = result["server"]
+    assert server["sessions_ok"] == server["clients"] == 4 and server["server_exit_code"] == 0, server
+    assert server["errors"] == []
+    assert "installed the wheelhouse" in (out / "run.log").read_text()
