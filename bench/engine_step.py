@@ -144,10 +144,7 @@ def ours_ticks(model: LoadedModel, batch: int, frames: np.ndarray, depformer_ste
         kwargs["cuda_graph"] = cuda_graph
     engine = PersonaPlexEngine(model, batch, **kwargs)
     conversation = Conversation(sampling=Sampling(greedy=True))
-    prefill = max(engine.start(slot, conversation) for slot in range(batch))
-    silence = np.zeros((batch, tiny.FRAME_SIZE), dtype=np.float32)
-    for _ in range(prefill):
-        engine.step([SlotMode.PREFILL] * batch, silence)
+    engine.prefill({slot: engine.start(slot, conversation) for slot in range(batch)})
     live = [SlotMode.LIVE] * batch
 
     def tick(i: int) -> None:

@@ -47,8 +47,6 @@ def peak_rss_gb() -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--live-ticks", type=int, default=4)
-    parser.add_argument("--max-prefill-steps", type=int, default=None,
-                        help="stop the system prompt after this many steps (default: all of it)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--name", default="real-size-cpu")
     args = parser.parse_args(argv)
@@ -67,16 +65,11 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = PersonaPlexEngine(model, 1)
     steps = engine.start(0, Conversation(persona=PERSONA, sampling=Sampling(greedy=True)))
-    if args.max_prefill_steps is not None:
-        steps = min(steps, args.max_prefill_steps)
-    silence = np.zeros((1, FRAME_SIZE), dtype=np.float32)
-    prefill: list[float] = []
     with torch.inference_mode():
-        for _ in range(steps):
-            t = time.perf_counter()
-            engine.step([SlotMode.PREFILL], silence)
-            prefill.append(time.perf_counter() - t)
-        print(f"system prompt: {len(prefill)} steps, {np.median(prefill):.2f} s each (median)", flush=True)
+        t = time.perf_counter()
+        engine.prefill({0: steps})
+        prefill = [(time.perf_counter() - t) / max(steps, 1)] * steps
+        print(f"system prompt: {steps} positions in one prefill, {time.perf_counter() - t:.1f} s", flush=True)
         pcm = source_pcm()
         live: list[float] = []
         texts = []

@@ -54,6 +54,15 @@ class Metrics:
             "pplex_tick_early_seconds",
             "How long before its deadline a tick started because every streaming conversation's frame was in",
             buckets=_LATENESS_BUCKETS, registry=r)
+        self.prompt_call = Histogram(
+            "pplex_prompt_call_seconds",
+            "One engine call between ticks that runs system prompts (chunked prefill), starts and resets",
+            buckets=_TICK_BUCKETS, registry=r)
+        self.prompt_positions = Counter(
+            "pplex_prompt_positions_total", "System-prompt positions run (voice, silence, persona)", registry=r)
+        self.time_to_live = Histogram(
+            "pplex_time_to_live_seconds", "From a slot given to a conversation to its going live (its prompt run)",
+            buckets=_TICK_BUCKETS + (2.0, 5.0, 10.0, 30.0, 60.0), registry=r)
         self.ticks_skipped = Counter(
             "pplex_ticks_skipped_total", "Ticks skipped because the actor fell a whole tick or more behind",
             registry=r)

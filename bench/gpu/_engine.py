@@ -84,12 +84,14 @@ def speech_frames(folder: pathlib.Path | None, count: int = 64) -> np.ndarray:
 
 
 class Driver:
-    """Drives one engine like the actor does: starts, PREFILL until each prompt is done, LIVE after."""
+    """Drives one engine like the actor does: starts, prompts between ticks (``prompt_chunk`` positions a row
+    per gap), LIVE once a prompt is done."""
 
-    def __init__(self, engine: PersonaPlexEngine, frames: np.ndarray):
+    def __init__(self, engine: PersonaPlexEngine, frames: np.ndarray, prompt_chunk: int = 1 << 30):
         self.engine = engine
         self.frames = frames
-        self.left: list[int | None] = [None] * engine.num_slots  # prompt steps left; None: idle
+        self.prompt_chunk = prompt_chunk
+        self.left: list[int | None] = [None] * engine.num_slots  # prompt positions left; None: idle
         self.ticks = 0
 
     def start(self, row: int, conversation: Conversation) -> None:
@@ -100,14 +102,19 @@ class Driver:
         self.left[row] = None
 
     def modes(self) -> list[SlotMode]:
-        return [SlotMode.IDLE if n is None else SlotMode.PREFILL if n > 0 else SlotMode.LIVE for n in self.left]
+        return [SlotMode.LIVE if n == 0 else SlotMode.IDLE for n in self.left]
+
+    def prompts(self) -> None:
+        work = {row: self.prompt_chunk for row, n in enumerate(self.left) if n}
+        for row, done in (self.engine.prefill(work) if work else {}).items():
+            self.left[row] -= done  # type: ignore[operator]
 
     def step(self) -> tuple[list[SlotMode], Any]:
+        self.prompts()
         modes = self.modes()
         b = self.engine.num_slots
         pcm = np.stack([self.frames[(self.ticks + 7 * r) % len(self.frames)] for r in range(b)])
         out = self.engine.step(modes, pcm)
-        self.left = [None if n is None else max(n - 1, 0) for n in self.left]
         self.ticks += 1
         return modes, out
 
@@ -129,7 +136,7 @@ def equality(model, device: torch.device, frames: np.ndarray, quick: bool) -> di
         other = PersonaPlexEngine(model, 4)
         other._shortcuts = False  # what the graph records: every part, every tick
         label = "eager, every part on (no CUDA here)"
-    drivers = [Driver(eager, frames), Driver(other, frames)]
+    drivers = [Driver(eager, frames, prompt_chunk=16), Driver(other, frames, prompt_chunk=16)]
     greedy, sampled = Sampling(greedy=True), Sampling(text_seed=1, audio_seed=2)
     voices = model.voices.names()
     script = {0: [("start", 0, voices[0], greedy), ("start", 1, voices[1 % len(voices)], sampled)]}
@@ -180,9 +187,10 @@ def cell(model, batch: int, graph: bool, frames: np.ndarray, timed: int, warmup:
     driver = Driver(engine, frames)
     for row in range(batch):
         driver.start(row, Conversation(persona="Hello.", sampling=Sampling(text_seed=row, audio_seed=row)))
-    while not driver.live():
-        driver.step()
+    began = time.perf_counter()
+    driver.prompts()
     sync(device)
+    out["prompts_ms"] = 1000 * (time.perf_counter() - began)  # every row's prompt, one prefill call
     began = time.perf_counter()
     driver.step()
     sync(device)
@@ -227,6 +235,59 @@ def sweep(model, frames: np.ndarray, batches: list[int], modes: list[bool], time
             results.put("sweep", cells)
 
 
+# --- (c') system prompts: chunked prefill -----------------------------------------------
+
+
+def persona_of(engine: PersonaPlexEngine, positions: int, voice: str | None) -> tuple[str, int]:
+    """A persona whose prompt (with ``voice``) is about ``positions`` long; returns it and its length."""
+    words = "You enjoy having a good conversation about technology and science and the weather today".split()
+    text, steps = "", 0
+    while steps < positions:
+        text += " " + words[len(text) % len(words)]
+        steps = engine.start(0, Conversation(persona=text.strip(), voice=voice))
+    return text.strip(), steps
+
+
+def prefill(model, frames: np.ndarray, quick: bool, fit: int | None) -> dict[str, Any]:
+    """ms to run one prompt of ~100 and ~300 positions: alone (B=1), and beside B-1 live rows."""
+    device = model.device
+    voice = model.voices.names()[0] if model.voices.names() else None
+    beside = 3 if quick else min(63, max(1, (fit or 64) - 1))
+    out: dict[str, Any] = {"voice_steps": model.voices.get(voice).num_steps if voice else 0, "cells": []}
+    for batch in (1, beside + 1):
+        release(device)
+        engine = PersonaPlexEngine(model, batch)
+        driver = Driver(engine, frames)
+        for row in range(1, batch):  # the live ones, already talking
+            driver.start(row, Conversation(persona="Hello.", voice=voice))
+        for _ in range(3):
+            driver.step()
+        for target in (100, 300):
+            persona, steps = persona_of(engine, target, voice)
+            times = []
+            for _ in range(3):
+                engine.start(0, Conversation(persona=persona, voice=voice))
+                sync(device)
+                began = time.perf_counter()
+                engine.prefill({0: steps})
+                sync(device)
+                times.append(1000 * (time.perf_counter() - began))
+                driver.step()  # a live tick between, as the actor does
+            tick = []
+            for _ in range(5):
+                sync(device)
+                began = time.perf_counter()
+                driver.step()
+                tick.append(1000 * (time.perf_counter() - began))
+            out["cells"].append({"B": batch, "live_beside": batch - 1, "positions": steps,
+                                 "prompt_ms_median": float(np.median(times)), "prompt_ms_all": times,
+                                 "live_tick_ms_median": float(np.median(tick))})
+            logger.info("prefill: %s", out["cells"][-1])
+        del driver, engine
+    release(device)
+    return out
+
+
 # --- (d) one profiled tick ---------------------------------------------------------------
 
 
@@ -239,8 +300,6 @@ def profile(model, batch: int, frames: np.ndarray) -> dict[str, Any]:
     driver = Driver(engine, frames)
     for row in range(batch):
         driver.start(row, Conversation(persona="Hello.", sampling=Sampling(text_seed=row, audio_seed=row)))
-    while not driver.live():
-        driver.step()
     for _ in range(3):
         driver.step()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -274,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", type=pathlib.Path, required=True)
     p.add_argument("--speech", type=pathlib.Path)
-    p.add_argument("--boxes", type=json.loads, required=True, help="seconds per step: build, equality, sweep, profile")
+    p.add_argument("--boxes", type=json.loads, required=True,
+                   help="seconds per step: build, equality, sweep, prefill, profile")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     device = torch.device(args.device)
@@ -333,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:  # noqa: BLE001
         logger.error("sweep failed:\n%s", traceback.format_exc())
     results.put("sweep_seconds", time.monotonic() - began)
+    step("prefill", prefill, model, frames, args.quick, built.get("fit"))
     profile_batch = min(64, built.get("fit") or 64) if not args.quick else 4
     step("profile", profile, model, profile_batch, frames)
     return 0

@@ -77,10 +77,9 @@ def run(args: argparse.Namespace) -> int:
     padded = np.zeros(frames * frame, dtype=np.float32)
     padded[: audio.shape[0]] = audio
 
-    logger.info("system prompt: %d steps", steps)
-    silence = np.zeros((1, frame), dtype=np.float32)
-    for _ in range(steps):
-        engine.step([SlotMode.PREFILL], silence)
+    began = time.perf_counter()
+    engine.prefill({0: steps})
+    logger.info("system prompt: %d steps in %.2f s", steps, time.perf_counter() - began)
     tokenizer = engine.model.tokenizer
     out_frames, texts = [], []
     start = time.perf_counter()

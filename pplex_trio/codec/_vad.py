@@ -21,8 +21,17 @@ class SpeechEvent:
     at_ms: int  # where in the caller's audio, from its first sample
 
 
+SPEECH_THRESHOLD_DB = -42.0
+"""RMS (dB full scale) above which audio counts as speech."""
+
+
+def is_silent(pcm: np.ndarray, threshold_db: float = SPEECH_THRESHOLD_DB) -> bool:
+    """Whether ``pcm`` stays below the speech threshold (RMS over all of it)."""
+    return float(np.sqrt(np.mean(np.asarray(pcm, dtype=np.float64) ** 2))) < 10 ** (threshold_db / 20)
+
+
 class EnergyVAD:
-    def __init__(self, sample_rate: int, *, threshold_db: float = -42.0, start_ms: int = 100,
+    def __init__(self, sample_rate: int, *, threshold_db: float = SPEECH_THRESHOLD_DB, start_ms: int = 100,
                  stop_ms: int = 480, window_ms: int = 20):
         self.sample_rate = sample_rate
         self.threshold = 10 ** (threshold_db / 20)

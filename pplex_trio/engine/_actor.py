@@ -1,20 +1,20 @@
 """EngineActor: the one task that owns the engine and drives the lockstep.
 
-Every 80 ms (Trio clock) it runs **one** batched step over all slots on a
-worker thread, with a capacity limiter of one: the engine is not thread-safe
-and a GPU step must never run twice at once.  Sessions never call the engine;
-they hold a :class:`~pplex_trio.engine.Lease` and exchange frames through it.
+While a conversation is live it runs **one** batched step over all slots
+every 80 ms (Trio clock), and between those ticks it runs the joining
+conversations' system prompts, in chunks sized to the time left before the
+next tick; with nobody live it runs prompts back to back.  Every engine
+call goes to a worker thread, with a capacity limiter of one: the engine is
+not thread-safe and a GPU call must never run twice at once.  Sessions
+never call the engine; they hold a :class:`~pplex_trio.engine.Lease` and
+exchange frames through it.
 
-Scheduling: ticks are due every ``tick_seconds``.  A tick that overruns makes
-the next one start at once; when the actor is a whole tick or more behind, it
-skips the missed ticks (counting them) instead of bursting to catch up.  The
-grid itself drifts by a few milliseconds at most per tick towards the moment
-the conversations' audio arrives (``_phase``), and a tick may wait a few
-milliseconds for a page that is due (``_grace``), or start up to
-``early_start_ms`` before it is due once every frame is in (``_early_start``).
-What one tick does is in ``_tick_plan``.
+When a tick starts, what waits for it and how much time is free for
+prompts is the :class:`~pplex_trio.engine._schedule.TickSchedule`'s to say
+(the grid, its steering, the input grace, the early start, the handshake's
+lead, the prompts' cost).  What one engine call does is in ``_tick_plan``.
 
-**Faults.**  An engine call that raises ends the conversations of its tick
+**Faults.**  An engine call that raises ends the conversations it involved
 (1011) and the engine is reset.  One that hangs past ``engine_timeout`` ends
 them as well and marks the actor *stalled* (``/health`` says so and new
 conversations are refused), but is still waited for: the engine is not
@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -36,16 +35,12 @@ import trio
 
 from .._conversation import Conversation
 from .._metrics import Metrics
-from ._early_start import EarlyStart
-from ._frame_watch import FrameWatch
 from ._framing import InputFramer
-from ._grace import InputGrace
 from ._interface import Engine
-from ._late_pages import LatePages
-from ._phase import PhaseSteering
+from ._schedule import TickSchedule
 from ._settings import ActorSettings
-from ._slots import Lease, SlotPhase, SlotTable
-from ._tick_plan import TickPlan, TickResult, apply_result, execute, fail_plan, plan_tick
+from ._slots import Lease, LeaseState, SlotPhase, SlotTable
+from ._tick_plan import CallResult, EngineCall, apply_result, execute, fail_call, plan_call, plan_tick
 
 logger = logging.getLogger(__name__)
 
@@ -83,32 +78,28 @@ class EngineActor:
         self.metrics = metrics or Metrics()
         self.table = SlotTable(engine.num_slots, queue_size=settings.queue_size)
         self.tick_seconds = settings.tick_seconds
+        self.schedule = TickSchedule(self.table, settings.tick_seconds, input_grace=settings.input_grace_ms / 1000,
+                                     early_start=settings.early_start_ms / 1000)
         self._limiter = trio.CapacityLimiter(1)
         self._run_sync = run_sync or self._in_worker_thread
         self._wakeup = trio.Event()
         self._pcm = np.zeros((engine.num_slots, engine.frame_size), dtype=np.float32)
-        self.ticks = 0
-        self.ticks_skipped = 0
+        self._starting: dict[Lease, float] = {}  # conversations started, not yet live: since when
         self.engine_busy = False  # an engine call is in flight
         self.stalled = False  # that call has run past engine_timeout (and not returned yet)
-        self.phase = PhaseSteering()
-        self._late_pages = LatePages(settings.tick_seconds)
-        self._frames = FrameWatch(self.table.has_input_frame)
-        self.grace = InputGrace(settings.input_grace_ms / 1000, self._frames)
-        self.early = EarlyStart(settings.early_start_ms / 1000, self.table, settings.tick_seconds, self._frames)
-        self._phase_step = 0.0
-        self._deadline: float | None = None  # when the next tick is due (None while idle)
         self._update_gauges()
 
     # -- sessions ------------------------------------------------------------
 
     @contextlib.contextmanager
-    def lease(self, conversation: Conversation, *, align: bool = False) -> Iterator[Lease]:
+    def lease(self, conversation: Conversation, *, align: bool = False, early_audio: bool = False) -> Iterator[Lease]:
         """Claim a slot (or a place in the queue) for the duration of the block.
 
         ``align`` asks for phase-aligned framing of this conversation's input
         (lower latency; may skip a few ms of audio once to catch up, see
-        :class:`InputFramer`).  Raises :class:`QueueFull` at once if there is
+        :class:`InputFramer`); ``early_audio`` keeps what the client says
+        before the conversation is live for the model (see
+        :meth:`Lease.push_input`).  Raises :class:`QueueFull` at once if there is
         neither a slot nor a place in the queue.  On exit the slot drains: it
         is freed only between engine calls.
         """
@@ -118,8 +109,9 @@ class EngineActor:
             framer=InputFramer(self.engine.frame_size, s.input_backlog_frames, align=align),
             output_capacity=s.output_backlog_frames,
             on_drop=self.metrics.drop,
-            on_input=self._frames.input_arrived,
+            on_input=self.schedule.input_arrived,
             on_end=self._release,
+            early_audio=early_audio,
         )
         self.table.request(lease)
         self._changed()
@@ -130,7 +122,16 @@ class EngineActor:
 
     def _release(self, lease: Lease) -> None:
         self.table.release(lease)
+        self._starting.pop(lease, None)
         self._changed()
+
+    @property
+    def ticks(self) -> int:
+        return self.schedule.ticks
+
+    @property
+    def ticks_skipped(self) -> int:
+        return self.schedule.ticks_skipped
 
     def statistics(self) -> ActorStatistics:
         table = self.table
@@ -143,116 +144,128 @@ class EngineActor:
             ticks_skipped=self.ticks_skipped,
         )
 
-    async def sleep_until_before_tick(self, lead: float) -> None:
-        """Sleep until ``lead`` seconds before one of the next ticks (at most one tick period).
-
-        A client that starts streaming when it gets the handshake (the
-        official one does) sends its pages at the phase of that moment, for
-        good.  Sending the handshake ``lead`` before a tick puts those pages
-        just ahead of the ticks that take them, so its frames barely wait,
-        whatever the phase of the conversations that came before.
-        """
-        deadline = self._deadline
-        if deadline is None:
-            return
-        now = trio.current_time()
-        target = deadline - lead
-        target += math.ceil((now - target) / self.tick_seconds) * self.tick_seconds
-        await trio.sleep_until(target)
-
     # -- the loop ------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Tick forever (until cancelled).  Idle while no slot is in use."""
+        """Tick while a conversation is live, run prompts between ticks; idle while no slot is in use."""
         task_status.started()
-        deadline: float | None = None
+        schedule = self.schedule
         while True:
-            while not self.table.busy():
-                self._deadline = None
+            if self.table.count(SlotPhase.LIVE):
+                self._start_grid()
+                await self._tick()
+            elif schedule.running:
+                schedule.stop()
+            await self._between_ticks()
+            if not self.table.busy():
                 self._wakeup = trio.Event()
-                await self._wakeup.wait()
-                deadline = None
+                await self._wakeup.wait()  # nothing to run until a conversation comes
+            await trio.lowlevel.checkpoint()
+
+    async def _tick(self) -> None:
+        schedule, metrics = self.schedule, self.metrics
+        start = await schedule.wait_for_tick()
+        metrics.tick_lateness.observe(start.late)
+        if start.early:
+            metrics.tick_early.observe(start.early)
+        if start.held is not None:
+            metrics.tick_input_wait.observe(start.held)
+        began = trio.current_time()
+        assert schedule.deadline is not None
+        call = plan_call(self.table, began)
+        plan_tick(self.table, call, schedule.ticks, self._pcm, began, schedule.deadline, self.tick_seconds, metrics)
+        assert call.tick is not None
+        await self._run_call(call)
+        metrics.tick_duration.observe(trio.current_time() - began)
+        skipped = schedule.tick_done(call.tick.slacks, call.tick.missed, began)
+        if skipped:
+            metrics.ticks_skipped.inc(skipped)
+            logger.warning("engine actor fell %d tick(s) behind; skipping ahead", skipped)
+        self._update_gauges()
+
+    async def _between_ticks(self) -> None:
+        """Resets, starts and system prompts, until the time before the next tick runs out."""
+        while not self.stalled and self.schedule.may_run_prompts():
             now = trio.current_time()
-            if deadline is None:
-                deadline = now  # a fresh schedule after idling
-                self.phase.forget()
-                self._late_pages.forget()
-            self.metrics.tick_lateness.observe(max(0.0, now - deadline))
-            await self._hold_for_due_pages(now, deadline)
-            started = trio.current_time()
-            await self._tick(deadline)
-            self.metrics.tick_duration.observe(trio.current_time() - started)
-            deadline += self.tick_seconds + self._phase_step
-            behind = trio.current_time() - deadline
-            if behind >= self.tick_seconds:
-                skipped = int(behind // self.tick_seconds)
-                deadline += skipped * self.tick_seconds
-                self.ticks_skipped += skipped
-                self.metrics.ticks_skipped.inc(skipped)
-                logger.warning("engine actor fell %d tick(s) behind; skipping ahead", skipped)
-            self._deadline = deadline
-            if await self.early.sleep_until(deadline):
-                self.metrics.tick_early.observe(deadline - trio.current_time())
+            call = plan_call(self.table, now)
+            call.prefill = self.schedule.prompt_work(self.table.prompts_left())
+            if not (call.resets or call.starts or call.prefill):
+                break
+            for i, _ in call.starts:
+                lease = call.leases[i]
+                if lease is not None:
+                    self._starting.setdefault(lease, now)
+            result = await self._run_call(call)
+            seconds = trio.current_time() - now
+            self.metrics.prompt_call.observe(seconds)
+            if result is not None:
+                self.schedule.prompt_done(sum(result.prefilled.values()), seconds)
+            self._went_live()
+            self._update_gauges()
+            if not self.schedule.running and self.table.count(SlotPhase.LIVE):
+                self._start_grid()  # before anything else runs: its session's handshake waits for this grid
+                break
 
-    async def _hold_for_due_pages(self, now: float, deadline: float) -> None:
-        if not self.grace.allowed(self.ticks, now, deadline):
-            return
-        awaited = [slot.lease for slot in self.table.slots
-                   if slot.lease is not None and self.table.has_due_page(slot, now, self.tick_seconds)]
-        if awaited:
-            await self.grace.hold(self.ticks, awaited, deadline)
-            self.metrics.tick_input_wait.observe(trio.current_time() - now)
+    def _start_grid(self) -> None:
+        """A fresh grid for the first live conversation, its first tick a period away: the handshake goes out
+        just before it, and the client's first frame makes that tick."""
+        if not self.schedule.running:
+            self.schedule.start(trio.current_time() + self.tick_seconds)
 
-    async def _tick(self, deadline: float) -> None:
+    def _went_live(self) -> None:
+        now = trio.current_time()
+        for lease in [lease for lease in self._starting if lease.state is not LeaseState.PREFILL]:
+            if lease.state is LeaseState.LIVE:
+                self.metrics.time_to_live.observe(now - self._starting[lease])
+            del self._starting[lease]
+
+    async def _run_call(self, call: EngineCall) -> CallResult | None:
+        """One engine call, watched; its result applied (None when it failed or stalled)."""
         table = self.table
-        freed = table.free_drained()
-        table.admit_waiting()
-        plan = plan_tick(table, self.ticks, freed, self._pcm, trio.current_time(), deadline, self.tick_seconds,
-                         self.metrics)
-        self._phase_step = self.phase.adjust(plan.slacks, self._late_pages.confirm(plan.missed, plan.started))
         self.engine_busy = True
         started_at = trio.current_time()
         try:
-            outcome = await self._call_engine(plan)
+            outcome = await self._call_engine(call)
             if self.stalled:
                 await self._recover_from_stall(trio.current_time() - started_at)
-            elif isinstance(outcome, Exception):
-                logger.error("engine step failed; ending the conversations in it and resetting the engine",
+                return None
+            if isinstance(outcome, Exception):
+                logger.error("engine call failed; ending the conversations in it and resetting the engine",
                              exc_info=outcome)
                 self.metrics.errors.labels("engine").inc()
-                fail_plan(table, plan, "internal error in the model engine; please reconnect")
+                fail_call(table, call, "internal error in the model engine; please reconnect")
                 await self._reset_engine()
-            else:
-                apply_result(table, plan, outcome, trio.current_time(), self.metrics)
+                return None
+            apply_result(table, call, outcome, trio.current_time(), self.metrics)
+            return outcome
         finally:
             self.engine_busy = False
-            self.metrics.tick_engine.observe(trio.current_time() - started_at)
-            self.ticks += 1
-            self._update_gauges()
+            if call.tick is not None:
+                self.metrics.tick_engine.observe(trio.current_time() - started_at)
 
-    async def _call_engine(self, plan: TickPlan) -> TickResult | Exception:
-        """The tick's engine call, watched: past ``engine_timeout`` its conversations end, and it is waited for."""
+    async def _call_engine(self, call: EngineCall) -> CallResult | Exception:
+        """The engine call, watched: past ``engine_timeout`` its conversations end, and it is waited for."""
         async with trio.open_nursery() as watchdog:
-            watchdog.start_soon(self._stall_after, self.settings.engine_timeout, plan)
+            watchdog.start_soon(self._stall_after, self.settings.engine_timeout, call)
             try:
-                return await self._run_sync(execute, self.engine, plan)
+                return await self._run_sync(execute, self.engine, call)
             except Exception as exc:  # the caller decides; nothing of it may escape the actor
                 return exc
             finally:
                 watchdog.cancel_scope.cancel()
 
-    async def _stall_after(self, seconds: float, plan: TickPlan) -> None:
+    async def _stall_after(self, seconds: float, call: EngineCall) -> None:
         await trio.sleep(seconds)
         self.stalled = True
         self.metrics.errors.labels("engine_stalled").inc()
         self.metrics.engine_stalled.set(1)
-        logger.error("engine step has not returned for %g s: ending its conversations and refusing new ones "
+        logger.error("engine call has not returned for %g s: ending its conversations and refusing new ones "
                      "until it does", seconds)
-        fail_plan(self.table, plan, "the model engine stalled; please reconnect")
+        fail_call(self.table, call, "the model engine stalled; please reconnect")
         self._changed()
 
     async def _recover_from_stall(self, seconds: float) -> None:
-        logger.warning("the stalled engine step returned after %.1f s; resetting the engine", seconds)
+        logger.warning("the stalled engine call returned after %.1f s; resetting the engine", seconds)
         await self._reset_engine()
         self.stalled = False
         self.metrics.engine_stalled.set(0)
@@ -275,7 +288,9 @@ class EngineActor:
         self._update_gauges()
 
     def _update_gauges(self) -> None:
-        self.metrics.tick_margin.set(self.phase.margin)
+        state = self.schedule.state()
+        self.metrics.tick_margin.set(state.margin)
+        self.metrics.client_reaction.set(state.reaction)
         for phase in SlotPhase:
             self.metrics.slots.labels(phase.value).set(self.table.count(phase))
         self.metrics.queued.set(self.table.queued)

@@ -9,7 +9,7 @@ step to stand in for GPU compute time.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -26,7 +26,8 @@ voices_in_directory = voice_files
 class EchoEngine(Engine):
     """Echo each LIVE row's input back ``delay_frames`` frames later.
 
-    - ``prefill_steps``: PREFILL steps a conversation takes before it is LIVE.
+    - ``prefill_steps``: system-prompt positions a conversation runs (:meth:`prefill`) before it is LIVE;
+      ``prefill_seconds`` stands in for their compute time, per position.
     - ``step_seconds``: time each step sleeps, standing in for GPU compute.
     - Text: every LIVE step emits ``" <n>"`` where ``n`` counts the row's
       LIVE frames from 0, so ordering and loss are visible at the client.
@@ -42,6 +43,7 @@ class EchoEngine(Engine):
         delay_frames: int = 1,
         prefill_steps: int = 12,
         step_seconds: float = 0.0,
+        prefill_seconds: float = 0.0,
         voices: Sequence[str] = OFFICIAL_VOICES,
         fail_at_step: int | None = None,
         hang_at_step: int | None = None,
@@ -59,6 +61,8 @@ class EchoEngine(Engine):
         self.delay_frames = delay_frames
         self.prefill_steps = prefill_steps
         self.step_seconds = step_seconds
+        self.prefill_seconds = prefill_seconds
+        self._prompt_left = [0] * num_slots
         self._voices = list(voices)
         # Ring of the last `delay_frames + 1` input frames per row.
         self._history = np.zeros((num_slots, delay_frames + 1, FRAME_SIZE), dtype=np.float32)
@@ -79,11 +83,21 @@ class EchoEngine(Engine):
     def start(self, slot: int, conversation: Conversation) -> int:
         self.reset(slot)
         self.started.append((slot, conversation))
+        self._prompt_left[slot] = self.prefill_steps
         return self.prefill_steps
+
+    def prefill(self, work: Mapping[int, int]) -> dict[int, int]:
+        done = {slot: min(n, self._prompt_left[slot]) for slot, n in work.items()}
+        for slot, n in done.items():
+            self._prompt_left[slot] -= n
+        if self.prefill_seconds:
+            time.sleep(self.prefill_seconds * sum(done.values()))
+        return done
 
     def reset(self, slot: int) -> None:
         self._history[slot] = 0.0
         self._frames[slot] = 0
+        self._prompt_left[slot] = 0
 
     def step(self, modes: Sequence[SlotMode], pcm: np.ndarray) -> StepOutput:
         step, self.steps_taken = self.steps_taken, self.steps_taken + 1

@@ -12,7 +12,8 @@ are the bytes of exactly the tensors the engine allocates, for any config.
   allocates for one more row (measured by running a tick on ``meta`` and
   following every tensor it creates);
 * **fixed**: what the engine needs whatever the number of rows (the same
-  measurement at one row, less one row's share).
+  measurement at one row, less one row's share), and the temporaries of the
+  largest pass of system prompts the engine makes between ticks.
 
 A GPU also holds the CUDA context, cuBLAS workspaces and the allocator's
 slack, which no config describes: that is the *reserve* the caller leaves
@@ -35,7 +36,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..model import LMModel, LoadedModel, Mimi, ModelConfig, VoiceLibrary
 from ._settings import OFF_GPU_SLOTS
-from ._tick import DeviceTick
+from ._tick import PASS_POSITIONS, DeviceTick
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,8 @@ def _plan_memory(cfg: ModelConfig, lm_dtype: torch.dtype, depformer_steps: int |
     parts = {name: two[name] - one[name] for name in one}
     per_conversation = sum(parts.values())
     return MemoryPlan(model=cfg.name, dtype=str(lm_dtype).removeprefix("torch."), weights=weights,
-                      fixed=sum(one.values()) - per_conversation, per_conversation=per_conversation, parts=parts)
+                      fixed=sum(one.values()) - per_conversation + _prompt_pass_bytes(model),
+                      per_conversation=per_conversation, parts=parts)
 
 
 def free_device_memory(device: torch.device) -> int | None:
@@ -159,9 +161,8 @@ def engine_state_bytes(tick: DeviceTick) -> dict[str, int]:
         "lm_kv_ring": [tick.gen.state],
         "depformer": [tick.gen.depformer_cache],
         "mimi": [tick.encoder, tick.decoder],
-        "voice_prompt": [tick.voice_embeddings, tick.voice_cache],
         "sampling": [tick.sampling, tick.noise],
-        "buffers": [tick.gen.cache, tick.control, tick.pcm, tick.packed, tick.rows],
+        "buffers": [tick.gen.cache, tick.live, tick.pcm, tick.packed, tick.free_tokens],
     }
     seen: set[int] = set()
     out = {}
@@ -176,6 +177,14 @@ def _tick_bytes(model: LoadedModel, rows: int, depformer_steps: int | None) -> d
     state = engine_state_bytes(tick)
     state["tick_temporaries"] = peak_bytes(tick.run, tick.device)
     return state
+
+
+def _prompt_pass_bytes(model: LoadedModel) -> int:
+    """The temporaries of the largest system-prompt pass the engine makes (``PASS_POSITIONS`` positions)."""
+    positions = min(PASS_POSITIONS, model.config.lm.context)
+    tick = DeviceTick(model, 1)
+    inputs = torch.zeros(1, positions, model.config.lm.num_streams, dtype=torch.long, device=model.device)
+    return peak_bytes(lambda: tick.gen.prefill([0], [0], [positions], inputs), model.device)
 
 
 def peak_bytes(fn: Callable[[], Any], device: torch.device) -> int:

@@ -17,13 +17,24 @@ held off for a while and the framer keeps a *margin* of audio from then on,
 which grows with each underrun and shrinks slowly while all is calm.  So a
 jittery client settles at the latency its jitter needs instead of paying a
 late frame and a skip every few seconds.
+
+**Catching up.**  Audio a client sent before its conversation was live (the
+Realtime and raw protocols let it talk at once) is not thrown away: it is
+queued ahead of the live audio (:meth:`InputFramer.catch_up`), so the model
+hears it, a little late.  While more than the usual backlog waits, frames
+of silence at the head are skipped, so the conversation gets back to real
+time over the caller's next pauses instead of staying behind for good;
+phase alignment waits until it has.
 """
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Sequence
 
 import numpy as np
+
+from ..codec._vad import is_silent
 
 
 class InputFramer:
@@ -54,7 +65,10 @@ class InputFramer:
         self.min_skip = frame_size // 8 if min_skip is None else min_skip  # 10 ms at 24 kHz
         self.hold_after_underrun = hold_after_underrun
         # One extra frame of room holds a partial frame beside max_frames whole ones.
-        self._buf = np.zeros((max_frames + 1) * frame_size, dtype=np.float32)
+        self._capacity = (max_frames + 1) * frame_size
+        self._buf = np.zeros(self._capacity, dtype=np.float32)
+        self._catching_up = False
+        self.caught_up_samples = 0  # silence skipped to get back to real time
         self._len = 0
         self._start = 0  # stream position of _buf[0]
         self._arrivals: collections.deque[tuple[int, float]] = collections.deque()  # (end position, time)
@@ -95,7 +109,7 @@ class InputFramer:
         if not pcm.size:
             return 0
         self._last_push = pcm.size
-        overflow = self._len + pcm.size - self._buf.size
+        overflow = self._len + pcm.size - self._capacity
         dropped = 0
         if overflow > 0:
             # Drop whole frames from the front of (buffer + pcm), so the
@@ -118,6 +132,8 @@ class InputFramer:
 
         Returns ``None`` (and leaves ``out`` alone) when no whole frame is waiting.
         """
+        if self._catching_up:
+            self._skip_silence()
         surplus = self._len - self.frame_size
         if surplus < 0:
             if self.align and self._popped:  # before the first frame, nothing is late yet
@@ -126,7 +142,7 @@ class InputFramer:
                 self._surplus.clear()
                 self.margin = min(self.margin + self.frame_size // 4, self.frame_size)
             return None
-        if self.align:
+        if self.align and not self._catching_up:
             self._align(surplus)
         out[:] = self._buf[: self.frame_size]
         end = self._start + self.frame_size
@@ -140,12 +156,37 @@ class InputFramer:
         frame = np.empty(self.frame_size, dtype=np.float32)
         return frame if self.pop_frame_into(frame) is not None else None
 
+    def catch_up(self, early: Sequence[tuple[np.ndarray, float]]) -> None:
+        """Queue audio that came before the conversation was live, ahead of anything pushed since.
+
+        ``early``: ``(pcm, arrival)`` chunks, oldest first; the framer must be
+        empty.  Until at most the usual backlog waits again, silent frames at
+        the head are skipped (see the module docstring).
+        """
+        total = sum(np.asarray(pcm).size for pcm, _ in early)
+        if not total or self._len:
+            return
+        self._capacity = (self.max_frames + 1) * self.frame_size + total
+        if self._buf.size < self._capacity:
+            self._buf = np.zeros(self._capacity, dtype=np.float32)
+        self._catching_up = True
+        for pcm, arrived in early:
+            self.push(pcm, arrived)
+
+    def _skip_silence(self) -> None:
+        while self.pending_frames > self.max_frames and is_silent(self._buf[: self.frame_size]):
+            self._discard(self.frame_size)
+            self.caught_up_samples += self.frame_size
+        if self.pending_frames <= self.max_frames:
+            self._catching_up = False
+            self._capacity = (self.max_frames + 1) * self.frame_size
+
     def pad_to_frame(self) -> None:
         """Complete a trailing partial frame with silence (used on flush)."""
         partial = self._len % self.frame_size
         if partial:
             fill = self.frame_size - partial
-            if self._len + fill > self._buf.size:
+            if self._len + fill > self._capacity:
                 self._discard(self.frame_size)
             last = self._arrivals[-1][1] if self._arrivals else 0.0
             self.push(np.zeros(fill, dtype=np.float32), last)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -35,9 +35,8 @@ class ConversationRejected(ValueError):
 class SlotMode(enum.IntEnum):
     """What a row does during one :meth:`Engine.step`."""
 
-    IDLE = 0  # free or draining: input ignored, output ignored
-    PREFILL = 1  # runs its next system-prompt step; input ignored
-    LIVE = 2  # consumes one input frame, produces one output frame
+    IDLE = 0  # free, draining or running its system prompt (:meth:`Engine.prefill`): input and output ignored
+    LIVE = 1  # consumes one input frame, produces one output frame
 
 
 @dataclasses.dataclass
@@ -76,9 +75,19 @@ class Engine(abc.ABC):
     def start(self, slot: int, conversation: Conversation) -> int:
         """Reset row ``slot`` and prepare its system prompt.
 
-        Returns how many PREFILL steps the row needs before it can go LIVE
-        (0 is allowed).  Other rows are not touched: they stay bit-identical to
-        a run in which this call never happened.
+        Returns how many prompt positions :meth:`prefill` must run before the
+        row can go LIVE (0 is allowed).  Other rows are not touched: they stay
+        bit-identical to a run in which this call never happened.
+        """
+
+    @abc.abstractmethod
+    def prefill(self, work: Mapping[int, int]) -> dict[int, int]:
+        """Run up to ``work[slot]`` positions of each started slot's system prompt, between steps.
+
+        Returns how many positions each slot ran (never more than it had
+        left).  The rows of other slots are not touched.  The time it takes
+        grows with the positions: the actor sizes ``work`` to the time free
+        before the next step.
         """
 
     @abc.abstractmethod

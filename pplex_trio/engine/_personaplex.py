@@ -1,44 +1,58 @@
 """The real engine: PersonaPlex / Moshi on our own torch implementation.
 
-All slots advance together, one 80 ms frame per :meth:`PersonaPlexEngine.step`:
-one batched Mimi encode of the LIVE rows, one batched LM step (PREFILL rows
-take their next forced system-prompt step, LIVE rows feed their user codes
-and sample), one batched Mimi decode of the LIVE rows' agent codes, and one
-read of the results to the host.  IDLE rows are carried along in the
-tensors but their state never moves, so they disturb nobody (themselves
-included).
+All LIVE slots advance together, one 80 ms frame per :meth:`PersonaPlexEngine.step`:
+one batched Mimi encode, one batched LM step (the rows feed their user codes
+and sample), one batched Mimi decode of the agent codes, and one read of the
+results to the host.  IDLE rows are carried along in the tensors but their
+state never moves, so they disturb nobody (themselves included).
 
-:meth:`~PersonaPlexEngine.start` resets one row and queues its system
-prompt; the other rows are untouched (bit for bit).  Everything per row
-that lives on the host (persona, prompt cursor, text detokenizer) is in
-this object; every tensor, and the tick's device work, is in
-:class:`~pplex_trio.engine._tick.DeviceTick`.
+A conversation's system prompt (voice, silence, persona, silence) is not
+stepped frame by frame: every token of it is given, so
+:meth:`~PersonaPlexEngine.prefill` runs it between ticks as chunks of many
+positions of the temporal transformer, straight into the row's KV ring
+(the model's ``prefill``); the row's token cache is set to where the prompt
+leaves it when the conversation starts.  A prompt of a few hundred
+positions takes a chunk or two, not one tick per position.
+
+:meth:`~PersonaPlexEngine.start` resets one row and plans its system
+prompt; the other rows are untouched (bit for bit), by ``start`` and by
+``prefill``.  Everything per row that lives on the host (the prompt plan,
+its cursor, the text detokenizer) is in this object; the tick's tensors and
+device work are in :class:`~pplex_trio.engine._tick.DeviceTick`.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 
-from ..model import (FREE, LoadedModel, PromptPlan, StreamDecoder, VoiceNotFoundError, build_prompt_plan, lm_dtype_for,
-                     load_config, load_model)
+from ..model import (LoadedModel, PromptPlan, StreamDecoder, VoiceNotFoundError, VoicePrompt, build_prompt_plan,
+                     lm_dtype_for, load_config, load_model)
 from ._fit import GIB, NotEnoughMemory, auto_slots, out_of_memory_message
 from ._interface import Conversation, ConversationRejected, Engine, SlotMode, StepOutput
-from ._tick import EMBED, EXEC, LIVE, RESTORE, VOICE_STEP, CudaGraphs, DeviceTick, GraphRecorder
+from ._tick import PASS_POSITIONS, CudaGraphs, DeviceTick, GraphRecorder
 
 logger = logging.getLogger(__name__)
+
+PLANS_KEPT = 64  # prompt plans kept by (voice, persona): most callers share a few
 
 
 @dataclasses.dataclass
 class _Row:
     plan: PromptPlan | None = None
-    cursor: int = 0  # next prompt step
+    inputs: torch.Tensor | None = None  # [steps, K] on the device: each prompt step's input frame
+    cursor: int = 0  # prompt steps done
     decoder: StreamDecoder | None = None
     greedy: bool = True
+
+    @property
+    def prompt_left(self) -> int:
+        return 0 if self.plan is None else self.plan.num_steps - self.cursor
 
 
 class PersonaPlexEngine(Engine):
@@ -61,14 +75,12 @@ class PersonaPlexEngine(Engine):
     ``cuda_graph=True`` (CUDA only, off by default), recorded as a CUDA
     graph that every tick replays (see
     :class:`~pplex_trio.engine._tick.DeviceTick`): one graph for every mix
-    of IDLE, PREFILL and LIVE rows, since rows that do not execute are
-    masked, not skipped.  It therefore always runs Mimi, the depformer and
-    the sampling code, which the eager path skips on ticks that do not
-    need them (e.g. prompt-only ticks); the results are the same.  A capture
-    that fails leaves the engine eager (:attr:`tick_path` says so).
-    ``graphs`` replaces the CUDA graph recorder (tests).  The voice buffer
-    holds the longest voice of the library (at least 20 s), so no voice
-    ever changes what the graph reads.
+    of IDLE and LIVE rows, since rows that do not execute are masked, not
+    skipped.  It therefore always runs the sampling code, which the eager
+    path skips when every LIVE row is greedy; the results are the same.  A
+    capture that fails leaves the engine eager (:attr:`tick_path` says so).
+    ``graphs`` replaces the CUDA graph recorder (tests).  Prompts run eagerly
+    (:meth:`prefill`), outside the graph.
 
     Error handling: ``ValueError`` for ``cuda_graph=True`` on a model that
     is not on a CUDA device.
@@ -94,8 +106,9 @@ class PersonaPlexEngine(Engine):
         self._shortcuts = True  # eager ticks skip the parts they do not need (tests turn this off)
         self._rows = [_Row() for _ in range(num_slots)]
         self.last_tokens = np.full((num_slots, cfg.lm.num_streams), -2, dtype=np.int64)
-        longest_voice = max((model.voices.get(name).num_steps for name in names), default=0)
-        self._tick = DeviceTick(model, num_slots, depformer_steps=depformer_steps, voice_steps=longest_voice)
+        self._plans: collections.OrderedDict[tuple[str | None, str], PromptPlan] = collections.OrderedDict()
+        self._voice_embeddings: dict[str, torch.Tensor] = {}  # on the device, in the LM's dtype
+        self._tick = DeviceTick(model, num_slots, depformer_steps=depformer_steps)
         self._tick.prepare(graphs if cuda_graph else None)
 
     @classmethod
@@ -146,7 +159,7 @@ class PersonaPlexEngine(Engine):
         return self.model.voices.names()
 
     def start(self, slot: int, conversation: Conversation) -> int:
-        """Reset row ``slot`` and queue its system prompt; returns the PREFILL steps it needs.
+        """Reset row ``slot`` and plan its system prompt; returns the prompt positions :meth:`prefill` must run.
 
         Error handling: an unknown or invalid voice (or one made for another
         model) raises :class:`ConversationRejected` with a message for the
@@ -159,23 +172,51 @@ class PersonaPlexEngine(Engine):
                 logger.info("%s has no system prompt: persona and voice are ignored", self.name)
             voice_name = None
         try:
-            voice = self.model.voices.get(voice_name) if voice_name is not None else None
-            plan = build_prompt_plan(self._cfg, self.model.tokenizer, conversation.persona, voice)
-            if voice is not None and voice.num_steps > self._tick.voice_capacity:
-                raise ValueError(f"voice {voice.name} is {voice.num_steps} frames long; this server takes voices "
-                                 f"of up to {self._tick.voice_capacity} frames")
+            plan = self._plan(voice_name, conversation.persona)
         except (VoiceNotFoundError, ValueError) as exc:
             raise ConversationRejected(str(exc)) from exc
-        with self._tick.on_device():
+        s = conversation.sampling
+        tick = self._tick
+        with tick.on_device():
             self._reset_row(slot)
-            if voice is not None:
-                self._tick.store_voice(slot, voice)
-            s = conversation.sampling
-            self._tick.sampling.set_row(slot, s)
-            self._tick.noise.seed(slot, s.text_seed, s.audio_seed)
-        self._rows[slot] = _Row(plan=plan, decoder=self.model.tokenizer.decoder(),
+            tick.gen.set_cache(slot, torch.from_numpy(plan.cache_tokens).to(self.device),
+                               torch.from_numpy(plan.cache_provided).to(self.device), plan.offset)
+            tick.sampling.set_row(slot, s)
+            tick.noise.seed(slot, s.text_seed, s.audio_seed)
+            inputs = torch.from_numpy(plan.inputs).to(self.device)
+            if plan.voice is not None:
+                self._device_voice(plan.voice)
+        self._rows[slot] = _Row(plan=plan, inputs=inputs, decoder=self.model.tokenizer.decoder(),
                                 greedy=s.greedy or (s.text_temperature <= 0 and s.audio_temperature <= 0))
         return plan.num_steps
+
+    def prefill(self, work: Mapping[int, int]) -> dict[int, int]:
+        """Run up to ``work[slot]`` positions of each slot's system prompt; returns how many each ran.
+
+        The rows go together, a chunk of each per pass (at most
+        :data:`PASS_POSITIONS` positions in a pass, fewer where the ring would
+        wrap inside a chunk); no other row is touched.  A row whose prompt is
+        done may go LIVE.
+        """
+        done = {slot: 0 for slot in work}
+        left = {slot: min(n, self._rows[slot].prompt_left) for slot, n in work.items()}
+        with self._tick.on_device(), torch.no_grad():
+            while any(left.values()):
+                rows = [slot for slot, n in left.items() if n > 0][:PASS_POSITIONS]
+                width = max(1, PASS_POSITIONS // len(rows))
+                starts = [self._rows[slot].cursor for slot in rows]
+                counts = [self._tick.gen.prefill_limit(start, min(left[slot], width))
+                          for slot, start in zip(rows, starts, strict=True)]
+                self._prefill_chunk(rows, starts, counts)
+                for slot, count in zip(rows, counts, strict=True):
+                    self._rows[slot].cursor += count
+                    left[slot] -= count
+                    done[slot] += count
+        return done
+
+    def prompt_left(self, slot: int) -> int:
+        """Prompt positions row ``slot`` still has to run before it can go LIVE."""
+        return self._rows[slot].prompt_left
 
     def reset(self, slot: int) -> None:
         self._check_slot(slot)
@@ -192,67 +233,87 @@ class PersonaPlexEngine(Engine):
     def step(self, modes: Sequence[SlotMode], pcm: np.ndarray) -> StepOutput:
         if len(modes) != self.num_slots:
             raise ValueError(f"expected {self.num_slots} modes, got {len(modes)}")
-        with self._tick.on_device():
-            return self._step(modes, pcm)
-
-    def _step(self, modes: Sequence[SlotMode], pcm: np.ndarray) -> StepOutput:
-        b, cfg, tick = self.num_slots, self._cfg.lm, self._tick
         live_rows = [i for i, m in enumerate(modes) if m == SlotMode.LIVE]
-        prefill_rows = [i for i, m in enumerate(modes) if m == SlotMode.PREFILL]
-        # What the device needs from the host this tick: forced tokens, voice step, row flags (one
-        # int64 buffer) and the input audio.  Both go over before any kernel is queued.
-        k = cfg.num_streams
-        control = tick.host_control.numpy()
-        control[:] = 0
-        control[:, :k] = FREE
-        voice_rows = []
-        for i in prefill_rows:
-            row = self._rows[i]
-            if row.plan is None or row.cursor >= row.plan.num_steps:
-                raise RuntimeError(f"slot {i} is PREFILL but has no prompt step left: call start() first")
-            control[i, :k] = row.plan.tokens[row.cursor]
-            if row.cursor < row.plan.voice_steps:
-                voice_rows.append(i)
-                control[i, k + VOICE_STEP] = row.cursor
-                control[i, k + EMBED] = 1
-                control[i, k + RESTORE] = row.cursor == row.plan.voice_steps - 1
-        control[live_rows, k + LIVE] = 1
-        control[live_rows + prefill_rows, k + EXEC] = 1
-        if live_rows:
-            np.copyto(tick.host_pcm.numpy(), pcm, casting="same_kind")
-        tick.upload(with_pcm=bool(live_rows))
-        sampled_rows = [i for i in live_rows if not self._rows[i].greedy]
-        if tick.replay():
-            pass  # the recorded graph: every part, every row
-        elif self._shortcuts:
-            tick.run(mimi=bool(live_rows), voice=bool(voice_rows), depformer=bool(live_rows),
-                     sample=bool(sampled_rows))
-        else:
-            tick.run()
-        tokens, valid, pcm_out = tick.unpack(tick.download())  # the tick's one read back to the host
-
+        for i in live_rows:
+            if self._rows[i].prompt_left:
+                raise RuntimeError(f"slot {i} is LIVE with {self._rows[i].prompt_left} prompt steps to run: "
+                                   "call start(), then prefill() until none is left")
+        b = self.num_slots
+        if not live_rows:
+            self.last_tokens = np.full_like(self.last_tokens, -2)
+            return StepOutput(pcm=np.zeros((b, self.frame_size), dtype=np.float32), text=[None] * b)
+        with self._tick.on_device():
+            tokens, valid, pcm_out = self._step(live_rows, pcm)
         self.last_tokens = tokens
         text: list[str | None] = [None] * b
-        for i in prefill_rows:
-            self._rows[i].cursor += 1
         for i in live_rows:
             row = self._rows[i]
-            if row.plan is not None:
-                row.cursor = row.plan.num_steps
             if valid[i] and row.decoder is not None:
                 text[i] = row.decoder.push(int(tokens[i, 0]))
         return StepOutput(pcm=pcm_out, text=text)
 
+    def _step(self, live_rows: list[int], pcm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        tick = self._tick
+        # What the device needs from the host this tick: the LIVE flags and the input audio, both
+        # copied over before any kernel is queued.
+        live = tick.host_live.numpy()
+        live[:] = 0
+        live[live_rows] = 1
+        np.copyto(tick.host_pcm.numpy(), pcm, casting="same_kind")
+        tick.upload()
+        if not tick.replay():  # else the recorded graph ran: every part, every row
+            tick.run(sample=not self._shortcuts or any(not self._rows[i].greedy for i in live_rows))
+        return tick.unpack(tick.download())  # the tick's one read back to the host
+
     # --- helpers ------------------------------------------------------------------
+
+    def _plan(self, voice_name: str | None, persona: str) -> PromptPlan:
+        key = (voice_name, persona)
+        plan = self._plans.get(key)
+        if plan is None:
+            voice = self.model.voices.get(voice_name) if voice_name is not None else None
+            plan = self._plans[key] = build_prompt_plan(self._cfg, self.model.tokenizer, persona, voice)
+            if len(self._plans) > PLANS_KEPT:
+                self._plans.popitem(last=False)
+        self._plans.move_to_end(key)
+        return plan
+
+    def _device_voice(self, voice: VoicePrompt) -> torch.Tensor:
+        cached = self._voice_embeddings.get(voice.name)
+        if cached is None or cached.shape[0] != voice.num_steps:
+            cached = self._voice_embeddings[voice.name] = voice.embeddings.to(self.device, self.model.lm.dtype)
+        return cached
+
+    def _prefill_chunk(self, rows: list[int], starts: list[int], counts: list[int]) -> None:
+        """One pass: row ``rows[j]`` runs prompt steps ``starts[j] .. + counts[j]`` (padded to the longest)."""
+        width = max(counts)
+        steps = torch.arange(width, device=self.device)
+        inputs, voices, masks = [], [], []
+        for slot, start in zip(rows, starts, strict=True):
+            row = self._rows[slot]
+            assert row.plan is not None and row.inputs is not None
+            index = (start + steps).clamp(max=row.plan.num_steps - 1)
+            inputs.append(row.inputs[index])
+            voice_steps = row.plan.voice_steps
+            if voice_steps and start < voice_steps:
+                assert row.plan.voice is not None
+                voices.append(self._device_voice(row.plan.voice)[index.clamp(max=voice_steps - 1)])
+                masks.append(start + steps < voice_steps)
+            else:
+                voices.append(None)
+                masks.append(torch.zeros(width, dtype=torch.bool, device=self.device))
+        voice = mask = None
+        if any(v is not None for v in voices):
+            zeros = torch.zeros(width, self._cfg.lm.dim, device=self.device, dtype=self.model.lm.dtype)
+            voice = torch.stack([zeros if v is None else v for v in voices])
+            mask = torch.stack(masks)
+        self._tick.gen.prefill(rows, starts, counts, torch.stack(inputs), voice, mask)
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.num_slots:
             raise IndexError(f"slot {slot} out of range 0..{self.num_slots - 1}")
 
-    def _mask(self, rows: list[int]) -> torch.Tensor:
-        mask = torch.zeros(self.num_slots, dtype=torch.bool)
-        mask[rows] = True
-        return mask.to(self.device)
-
     def _reset_row(self, slot: int) -> None:
-        self._tick.reset_rows(self._mask([slot]))
+        mask = torch.zeros(self.num_slots, dtype=torch.bool)
+        mask[slot] = True
+        self._tick.reset_rows(mask.to(self.device))

@@ -25,8 +25,11 @@ import numpy as np
 import trio
 
 from .._channel import DropOldestChannel
-from .._conversation import CloseCode, Conversation
+from .._conversation import SAMPLE_RATE, CloseCode, Conversation
 from ._framing import InputFramer
+
+EARLY_AUDIO_SECONDS = 4.0
+"""Audio a client may send before its conversation is live and still be heard (``early_audio`` leases)."""
 
 
 class SlotPhase(enum.Enum):
@@ -117,9 +120,13 @@ class Lease:
         on_drop: Callable[[str, int], None],
         on_input: Callable[[Lease], None],
         on_end: Callable[[Lease], None],
+        early_audio: bool = False,
     ):
         self.conversation = conversation
         self._framer = framer
+        # Audio pushed before LIVE, kept for the model (``early_audio``), oldest first: (pcm, arrival).
+        self._early: collections.deque[tuple[np.ndarray, float]] | None = collections.deque() if early_audio else None
+        self._early_samples = 0
         self._outbox: DropOldestChannel[OutputEvent] = DropOldestChannel(
             output_capacity, name="output_backlog", on_drop=on_drop, salvage=_carry_text)
         self._on_drop = on_drop
@@ -191,13 +198,19 @@ class Lease:
     # -- what the session does -----------------------------------------------
 
     def push_input(self, pcm: np.ndarray, arrived_at: float) -> bool:
-        """Queue input PCM that reached the server at ``arrived_at``; False if not LIVE (then it is dropped).
+        """Queue input PCM that reached the server at ``arrived_at``; False when it is dropped.
 
-        Input before LIVE is audio the model was never going to hear (the
-        client should wait for the handshake); on overflow the oldest frames go.
+        Before LIVE, a lease made with ``early_audio`` keeps the last
+        :data:`EARLY_AUDIO_SECONDS` of it for the model (queued ahead of the
+        live audio when the conversation goes live; see ``InputFramer.catch_up``);
+        otherwise input before LIVE is audio the model was never going to
+        hear (the client should wait for the handshake).  On overflow the
+        oldest frames go.
         """
-        if self._state is not LeaseState.LIVE or self._flushing:
+        if self._flushing or self._state is LeaseState.ENDED:
             return False
+        if self._state is not LeaseState.LIVE:
+            return self._keep_early(pcm, arrived_at)
         self._on_drop("input_backlog", self._framer.push(pcm, arrived_at))
         self._on_input(self)
         return True
@@ -207,8 +220,14 @@ class Lease:
         if self._flushing:
             return
         self._flushing = True
-        self._framer.pad_to_frame()
-        self._end_output_if_flushed()
+        if self._state is LeaseState.LIVE:
+            self._framer.pad_to_frame()
+            self._end_output_if_flushed()
+
+    @property
+    def early_audio_kept(self) -> bool:
+        """Whether audio pushed before LIVE waits for the model (see :meth:`push_input`)."""
+        return bool(self._early)
 
     def frames(self) -> _OutputBatches:
         """Output events, in batches of everything waiting (at least one); ends when the lease does."""
@@ -220,6 +239,32 @@ class Lease:
             self._on_end(self)
 
     # -- the engine's side, called only by the SlotTable ----------------------
+
+    def _keep_early(self, pcm: np.ndarray, arrived_at: float) -> bool:
+        if self._early is None:
+            return False
+        pcm = np.array(pcm, dtype=np.float32).reshape(-1)
+        self._early.append((pcm, arrived_at))
+        self._early_samples += pcm.size
+        limit = int(EARLY_AUDIO_SECONDS * SAMPLE_RATE)
+        dropped = 0
+        while self._early_samples > limit:
+            old, _ = self._early.popleft()
+            self._early_samples -= old.size
+            dropped += old.size
+        self._on_drop("input_backlog", -(-dropped // self._framer.frame_size))
+        return True
+
+    def _go_live(self) -> None:
+        if self._early:
+            self._framer.catch_up(list(self._early))
+            self._on_input(self)
+        self._early = None
+        self._early_samples = 0
+        self._set(LeaseState.LIVE)
+        if self._flushing:
+            self._framer.pad_to_frame()
+            self._end_output_if_flushed()
 
     def _changed(self) -> None:
         self._lot.unpark_all()
@@ -363,19 +408,25 @@ class SlotTable:
         lease = slot.lease
         return lease is not None and bool(lease.frames_consumed) and now - lease.last_input_arrival < 2 * tick_seconds
 
-    def started(self, slot: Slot, steps: int) -> None:
-        """``engine.start`` ran: ``steps`` PREFILL steps to go (0: live at once)."""
+    def started(self, slot: Slot, positions: int) -> None:
+        """``engine.start`` ran: ``positions`` of system prompt to run (0: live at once)."""
         assert slot.lease is not None
         slot.started = True
-        slot.prefill_left = steps
-        slot.lease._prefill_total = steps
-        if steps == 0:
+        slot.prefill_left = positions
+        slot.lease._prefill_total = positions
+        if positions == 0:
             self._go_live(slot)
 
-    def prefill_stepped(self, slot: Slot) -> None:
-        slot.prefill_left -= 1
-        if slot.prefill_left <= 0:
+    def prefilled(self, slot: Slot, positions: int) -> None:
+        """``engine.prefill`` ran ``positions`` of the slot's prompt; at its end the conversation is live."""
+        slot.prefill_left -= positions
+        if slot.prefill_left <= 0 and slot.phase is SlotPhase.PREFILL:
             self._go_live(slot)
+
+    def prompts_left(self) -> dict[int, int]:
+        """Started slots whose prompt is not done: slot -> positions left."""
+        return {slot.index: slot.prefill_left for slot in self.slots
+                if slot.phase is SlotPhase.PREFILL and slot.started and slot.prefill_left > 0}
 
     def deliver(self, slot: Slot, frame: OutputFrame) -> None:
         lease = slot.lease
@@ -424,7 +475,7 @@ class SlotTable:
     def _go_live(self, slot: Slot) -> None:
         assert slot.lease is not None
         slot.phase = SlotPhase.LIVE
-        slot.lease._set(LeaseState.LIVE)
+        slot.lease._go_live()
 
     def _renumber(self) -> None:
         for position, lease in enumerate(self._queue, start=1):

@@ -3,9 +3,11 @@
 :meth:`DeviceTick.run` is all the device work of a tick: Mimi encode of the
 LIVE rows, one LM step (temporal transformer, sampling noise, text
 sampling, depformer), Mimi decode of the frames that exist.  It reads only
-preallocated buffers (the control and PCM inputs, the sampling settings and
-seeds, the voice prompts) and the streaming states, and it writes only the
-states (in place) and one preallocated output buffer.  No host sync, no
+preallocated buffers (the rows' LIVE flags and PCM inputs, the sampling
+settings and seeds) and the streaming states, and it writes only the
+states (in place) and one preallocated output buffer.  System prompts are
+not part of a tick: the engine runs them between ticks, in chunks
+(``PersonaPlexEngine.prefill``).  No host sync, no
 Python branch on a device value, no tensor that outlives the call is
 allocated.  That is what lets a CUDA graph record it once, **at load**
 (:meth:`DeviceTick.prepare`), and replay it every tick.
@@ -13,17 +15,16 @@ allocated.  That is what lets a CUDA graph record it once, **at load**
 Host <-> device traffic per tick:
 
 * before any kernel, two host->device copies from staging buffers (pinned
-  on CUDA): ``control`` (int64 ``[B, K + 5]``: the forced tokens, then the
-  voice-prompt step and four row flags, see :data:`VOICE_STEP` ...) and,
-  when a row is LIVE, ``pcm`` (float32 ``[B, frame]``);
+  on CUDA): ``live`` (int64 ``[B]``, 1 for a LIVE row) and ``pcm``
+  (float32 ``[B, frame]``);
 * after the work, **one** device->host copy of ``packed`` (float32
   ``[B, K + 1 + frame]``: the de-delayed tokens, exact in float32 as every
   id is below 2**24, the valid flag, the output PCM), which on CUDA is the
   tick's only sync.
 
 Rows that do not execute keep their state bit for bit (the model package's
-rule), so the graph serves every mix of IDLE, PREFILL and LIVE rows, and a
-warm-up tick with every row masked out disturbs no conversation.
+rule), so the graph serves every mix of IDLE and LIVE rows, and a warm-up
+tick with every row masked out disturbs no conversation.
 
 On CUDA every call runs under :meth:`DeviceTick.on_device`: the engine's own
 device (whatever the calling worker thread's current device is) and its own
@@ -43,19 +44,15 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ..model import LMGen, LoadedModel, RowNoise, RowSampling, StepInputs, VoicePrompt
+from ..model import FREE, LMGen, LoadedModel, RowNoise, RowSampling, StepInputs
 
 logger = logging.getLogger(__name__)
-
-# Columns of ``control`` after the K forced tokens.
-VOICE_STEP, LIVE, EXEC, EMBED, RESTORE = range(5)
-CONTROL_EXTRA = 5
 
 FLOAT32_EXACT = 2**24
 """Integers below this are exact in float32: every token id must be (checked at construction)."""
 
-VOICE_CAPACITY_STEPS = 250
-"""Voice-prompt steps every row can hold (20 s), at least: the buffer is sized once, at load."""
+PASS_POSITIONS = 1024
+"""System-prompt positions in one prefill pass, all rows together: bounds the pass's temporary memory."""
 
 
 class TickPath(enum.StrEnum):
@@ -102,17 +99,15 @@ class DeviceTick:
 
     Owns every tensor a tick touches, allocated once for ``batch_size``
     rows: the LM and Mimi streaming states, per-row sampling settings and
-    seeds, the voice prompts of the rows (``voice_steps`` steps each, at
-    least :data:`VOICE_CAPACITY_STEPS`), the input/output buffers and their
-    host staging copies.  The engine fills ``host_control`` / ``host_pcm``,
-    calls :meth:`upload`, :meth:`run` or :meth:`replay`, then :meth:`download`.
+    seeds, the input/output buffers and their host staging copies.  The
+    engine fills ``host_live`` / ``host_pcm``, calls :meth:`upload`,
+    :meth:`run` or :meth:`replay`, then :meth:`download`.
 
     Call :meth:`prepare` once before the first tick: it warms up and, given
     a :class:`GraphRecorder`, records the tick (``path`` says what runs).
     """
 
-    def __init__(self, model: LoadedModel, batch_size: int, *, depformer_steps: int | None = None,
-                 voice_steps: int = 0):
+    def __init__(self, model: LoadedModel, batch_size: int, *, depformer_steps: int | None = None):
         cfg = model.config.lm
         if max(cfg.text_card, cfg.card) + 1 >= FLOAT32_EXACT:
             raise ValueError(f"vocabularies of {cfg.text_card} / {cfg.card} tokens do not fit the float32 read-back")
@@ -129,25 +124,18 @@ class DeviceTick:
         self.decoder = model.mimi.init_decoder_state(b)
         self.sampling = RowSampling.greedy_rows(b, dev)
         self.noise = RowNoise(b, cfg.text_card, self.gen.depformer_steps, cfg.card, dev)
-        self.voice_embeddings = torch.zeros(b, max(voice_steps, VOICE_CAPACITY_STEPS), cfg.dim, device=dev,
-                                            dtype=model.lm.dtype)
-        self.voice_cache = self.gen.cache.tokens.clone()
-        self.rows = torch.arange(b, device=dev)
+        self.free_tokens = torch.full((b, self.first_user), FREE, dtype=torch.long, device=dev)
 
-        self.control = torch.zeros(b, k + CONTROL_EXTRA, dtype=torch.long, device=dev)
+        self.live = torch.zeros(b, dtype=torch.long, device=dev)
         self.pcm = torch.zeros(b, frame, dtype=torch.float32, device=dev)
         self.packed = torch.zeros(b, k + 1 + frame, dtype=torch.float32, device=dev)
         pin = dev.type == "cuda"
-        self.host_control = torch.zeros(self.control.shape, dtype=torch.long, pin_memory=pin)
+        self.host_live = torch.zeros(self.live.shape, dtype=torch.long, pin_memory=pin)
         self.host_pcm = torch.zeros(self.pcm.shape, dtype=torch.float32, pin_memory=pin)
         self.host_packed = torch.zeros(self.packed.shape, dtype=torch.float32, pin_memory=pin)
         self.stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
         self.path = TickPath.EAGER
         self._replay: Callable[[], None] | None = None
-
-    @property
-    def voice_capacity(self) -> int:
-        return self.voice_embeddings.shape[1]
 
     @contextlib.contextmanager
     def on_device(self) -> Iterator[None]:
@@ -168,7 +156,7 @@ class DeviceTick:
         """
         began = time.perf_counter()
         with self.on_device():
-            self.control.zero_()
+            self.live.zero_()
             for _ in range(2):
                 self.run()
             if recorder is not None:
@@ -202,64 +190,38 @@ class DeviceTick:
         self.reset_rows(torch.ones(self.batch_size, dtype=torch.bool, device=self.device))
         self.sampling.set_greedy()
         self.noise.reset()
-        self.voice_embeddings.zero_()
-        self.control.zero_()
-
-    def store_voice(self, row: int, voice: VoicePrompt) -> None:
-        """Keep ``voice`` for ``row``'s prompt replay (``ValueError`` if it is longer than the buffer)."""
-        steps = voice.num_steps
-        if steps > self.voice_capacity:
-            raise ValueError(f"voice {voice.name} is {steps} steps long; this engine holds voices of up to "
-                             f"{self.voice_capacity} steps ({self.voice_capacity * 0.08:.0f} s)")
-        self.voice_embeddings[row, :steps] = voice.embeddings.to(self.device, self.voice_embeddings.dtype)
-        self.voice_cache[row] = voice.cache[0].to(self.device)
+        self.live.zero_()
 
     # --- one tick -------------------------------------------------------------------
 
-    def upload(self, with_pcm: bool) -> None:
+    def upload(self) -> None:
         """Copy the host staging buffers to the device (before any kernel of the tick)."""
-        self.control.copy_(self.host_control, non_blocking=True)
-        if with_pcm:
-            self.pcm.copy_(self.host_pcm, non_blocking=True)
+        self.live.copy_(self.host_live, non_blocking=True)
+        self.pcm.copy_(self.host_pcm, non_blocking=True)
 
     @torch.no_grad()
-    def run(self, *, mimi: bool = True, voice: bool = True, depformer: bool = True, sample: bool = True) -> None:
-        """The tick's device work, from ``control`` / ``pcm`` (and the states) into ``packed``.
+    def run(self, *, sample: bool = True) -> None:
+        """The tick's device work, from ``live`` / ``pcm`` (and the states) into ``packed``.
 
-        With every part on this is what the CUDA graph records.  The eager
-        engine switches off the parts a tick does not need (``mimi`` and
-        ``depformer`` without LIVE rows, ``voice`` without a row in its
-        voice prompt, ``sample`` when every LIVE row is greedy); the result
-        is the same, as the parts only matter for those rows.
+        With ``sample`` on this is what the CUDA graph records; the eager
+        engine switches it off when every LIVE row is greedy (the result is
+        the same: the noise matters only to sampled rows).
         """
-        k, card = self.num_streams, self.cfg.card
-        control = self.control
-        tokens = control[:, :k]
-        live, exec_mask, embed_mask, restore_mask = (control[:, k + col].bool() for col in (LIVE, EXEC, EMBED, RESTORE))
-        if mimi:
-            codes = self.model.mimi.encode_frame(self.pcm, self.encoder, live)
-            user = torch.where(live[:, None], codes, tokens[:, self.first_user:])
-            tokens = torch.cat([tokens[:, : self.first_user], user], dim=1)
-        inputs = StepInputs(tokens=tokens, exec_mask=exec_mask)
-        if voice:
-            inputs.embeddings = self.voice_embeddings[self.rows, control[:, k + VOICE_STEP]]
-            inputs.embed_mask = embed_mask
-            inputs.restore_cache = self.voice_cache
-            inputs.restore_mask = restore_mask
-        noise = self.noise.draw(live & exec_mask) if sample else None
-        result = self.gen.step(inputs, self.sampling, noise, run_depformer=depformer)
+        card = self.cfg.card
+        live = self.live.bool()
+        codes = self.model.mimi.encode_frame(self.pcm, self.encoder, live)
+        inputs = StepInputs(tokens=torch.cat([self.free_tokens, codes], dim=1), exec_mask=live)
+        noise = self.noise.draw(live) if sample else None
+        result = self.gen.step(inputs, self.sampling, noise)
 
+        k = self.num_streams
         self.packed[:, :k].copy_(result.tokens)
         self.packed[:, k].copy_(result.valid)
-        out_pcm = self.packed[:, k + 1:]
-        if mimi:
-            # Only frames that exist are decoded: a row without one yet stays silent and its decoder still.
-            agent = result.tokens[:, 1: self.first_user]
-            speak = live & ((agent >= 0) & (agent < card)).all(dim=1)
-            pcm = self.model.mimi.decode_frame(agent.clamp(0, card - 1), self.decoder, speak)
-            out_pcm.copy_(torch.where(speak[:, None], pcm, 0.0))
-        else:
-            out_pcm.zero_()
+        # Only frames that exist are decoded: a row without one yet stays silent and its decoder still.
+        agent = result.tokens[:, 1: self.first_user]
+        speak = live & ((agent >= 0) & (agent < card)).all(dim=1)
+        pcm = self.model.mimi.decode_frame(agent.clamp(0, card - 1), self.decoder, speak)
+        self.packed[:, k + 1:].copy_(torch.where(speak[:, None], pcm, 0.0))
 
     def replay(self) -> bool:
         """Run the tick as the recorded graph; False (nothing run) when there is none."""

@@ -1,4 +1,10 @@
-"""One tick's work, in three parts: plan (Trio thread), execute (worker thread), apply (Trio thread).
+"""One engine call's work, in three parts: plan (Trio thread), execute (worker thread), apply (Trio thread).
+
+An engine call is either a **tick** (every LIVE conversation's next frame,
+one batched step) or a **prompt call** between ticks (system prompts run in
+chunks, sized by the schedule to the time left before the next tick).
+Either may first reset the rows freed since the last call and start the
+conversations given a slot since.
 
 The plan fixes, before the engine call, which rows reset, start, prefill or
 run live, and cuts each live conversation's input frame into the batch.  The
@@ -27,31 +33,57 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class TickPlan:
-    """What one tick asks of the engine, fixed before the engine call."""
+    """What one tick asks of the engine: a mode and a frame per row."""
 
     tick: int
-    resets: list[int]
-    starts: list[tuple[int, Conversation]]
     modes: list[SlotMode]
-    leases: list[Lease | None]
     pcm: np.ndarray
     arrivals: list[float | None]  # when each LIVE row's input frame was complete
-    started: float  # Trio time at which the tick began
     slacks: list[float]  # the tick's deadline minus input arrival, per row that got a frame
-    missed: list[Lease]  # streaming rows that got no frame this tick (late pages, or stopped: see _late_pages)
+    missed: list[Lease]  # streaming rows that got no frame this tick (late pages, or stopped: see LatePages)
 
 
 @dataclasses.dataclass
-class TickResult:
-    started: dict[int, int]
+class EngineCall:
+    """One engine call, fixed before it runs."""
+
+    leases: list[Lease | None]  # each row's lease when planned
+    started_at: float  # Trio time at which the call began
+    resets: list[int] = dataclasses.field(default_factory=list)
+    starts: list[tuple[int, Conversation]] = dataclasses.field(default_factory=list)
+    prefill: dict[int, int] = dataclasses.field(default_factory=dict)  # prompt positions per slot
+    tick: TickPlan | None = None
+
+    @property
+    def involved(self) -> set[int]:
+        """The rows whose conversations this call touches (those a failure of it ends)."""
+        rows = {i for i, _ in self.starts} | set(self.prefill)
+        if self.tick is not None:
+            rows |= {i for i, mode in enumerate(self.tick.modes) if mode is not SlotMode.IDLE}
+        return rows
+
+
+@dataclasses.dataclass
+class CallResult:
+    started: dict[int, int]  # slot -> prompt positions it needs
     rejected: dict[int, tuple[CloseCode, str]]
+    prefilled: dict[int, int]  # slot -> prompt positions run
     output: StepOutput | None
     step_seconds: float  # time inside engine.step (the compute the latency metric excludes)
 
 
-def plan_tick(table: SlotTable, tick: int, resets: list[int], pcm: np.ndarray, now: float, deadline: float,
-              tick_seconds: float, metrics: Metrics) -> TickPlan:
-    """Cut every LIVE conversation's next input frame into ``pcm`` (silence where none is ready).
+def plan_call(table: SlotTable, now: float) -> EngineCall:
+    """A call with the rows to reset and the conversations to start (free drained slots, admit the waiting)."""
+    resets = table.free_drained()
+    table.admit_waiting()
+    starts = [(slot.index, slot.lease.conversation) for slot in table.slots
+              if slot.phase is SlotPhase.PREFILL and slot.lease is not None and not slot.started]
+    return EngineCall(leases=[slot.lease for slot in table.slots], started_at=now, resets=resets, starts=starts)
+
+
+def plan_tick(table: SlotTable, call: EngineCall, tick: int, pcm: np.ndarray, now: float, deadline: float,
+              tick_seconds: float, metrics: Metrics) -> None:
+    """Make ``call`` a tick: cut every LIVE conversation's next input frame into ``pcm`` (silence where none).
 
     Slacks are measured from the tick's ``deadline``, not from ``now``: the
     steering moves the grid of deadlines, and a tick may start before its
@@ -59,103 +91,94 @@ def plan_tick(table: SlotTable, tick: int, resets: list[int], pcm: np.ndarray, n
     """
     n = len(table.slots)
     modes = [SlotMode.IDLE] * n
-    leases: list[Lease | None] = [None] * n
     arrivals: list[float | None] = [None] * n
-    starts = []
     slacks: list[float] = []
     missed: list[Lease] = []
     for slot in table.slots:
         i = slot.index
-        lease = leases[i] = slot.lease
-        if slot.phase is SlotPhase.PREFILL and lease is not None:
-            if slot.started:
-                modes[i] = SlotMode.PREFILL
-            else:
-                starts.append((i, lease.conversation))  # its mode is known once started
-        elif slot.phase is SlotPhase.LIVE and lease is not None:
-            try:
-                arrivals[i], skipped = table.take_input(slot, pcm[i], tick)
-            except Exception:  # one conversation's trouble is that conversation's, never the actor's
-                _fail_row(table, i, metrics, "cutting its input frame")
-                pcm[i] = 0.0
-                continue
-            modes[i] = SlotMode.LIVE
-            if skipped:
-                metrics.samples_skipped.inc(skipped)
-            if arrivals[i] is not None:
-                metrics.frames_in.inc()
-                slacks.append(deadline - arrivals[i])
-                continue
-            metrics.frames_silence.inc()
-            if table.still_streaming(slot, now, tick_seconds):
-                missed.append(lease)  # still streaming, but this tick came before its frame
         pcm[i] = 0.0
-    return TickPlan(tick, resets, starts, modes, leases, pcm, arrivals, now, slacks, missed)
+        if slot.phase is not SlotPhase.LIVE or slot.lease is None:
+            continue
+        try:
+            arrivals[i], skipped = table.take_input(slot, pcm[i], tick)
+        except Exception:  # one conversation's trouble is that conversation's, never the actor's
+            _fail_row(table, i, metrics, "cutting its input frame")
+            pcm[i] = 0.0
+            continue
+        modes[i] = SlotMode.LIVE
+        if skipped:
+            metrics.samples_skipped.inc(skipped)
+        if arrivals[i] is not None:
+            metrics.frames_in.inc()
+            slacks.append(deadline - arrivals[i])
+            continue
+        metrics.frames_silence.inc()
+        if table.still_streaming(slot, now, tick_seconds):
+            missed.append(slot.lease)  # still streaming, but this tick came before its frame
+    call.tick = TickPlan(tick, modes, pcm, arrivals, slacks, missed)
 
 
-def execute(engine: Engine, plan: TickPlan) -> TickResult:
-    """The engine calls of one tick, on the worker thread."""
-    for slot in plan.resets:
+def execute(engine: Engine, call: EngineCall) -> CallResult:
+    """The engine calls of one call, on the worker thread."""
+    for slot in call.resets:
         engine.reset(slot)
     started: dict[int, int] = {}
     rejected: dict[int, tuple[CloseCode, str]] = {}
-    for slot, conversation in plan.starts:
+    for slot, conversation in call.starts:
         try:
-            steps = engine.start(slot, conversation)
+            started[slot] = engine.start(slot, conversation)
         except ConversationRejected as exc:
             rejected[slot] = (CloseCode.POLICY, str(exc))
         except Exception:
             logger.exception("engine.start failed for slot %d", slot)
             rejected[slot] = (CloseCode.INTERNAL_ERROR, "the engine could not start this conversation; try again")
-        else:
-            started[slot] = steps
-            plan.modes[slot] = SlotMode.PREFILL if steps > 0 else SlotMode.IDLE
+    prefilled = engine.prefill(call.prefill) if call.prefill else {}
     output = None
     began = time.perf_counter()
-    if any(mode is not SlotMode.IDLE for mode in plan.modes):
-        output = engine.step(plan.modes, plan.pcm)
-    return TickResult(started, rejected, output, time.perf_counter() - began)
+    if call.tick is not None and SlotMode.LIVE in call.tick.modes:
+        output = engine.step(call.tick.modes, call.tick.pcm)
+    return CallResult(started, rejected, prefilled, output, time.perf_counter() - began)
 
 
-def apply_result(table: SlotTable, plan: TickPlan, result: TickResult, now: float, metrics: Metrics) -> None:
+def apply_result(table: SlotTable, call: EngineCall, result: CallResult, now: float, metrics: Metrics) -> None:
     """Hand each row's outcome to the lease it was planned for, if it still holds the slot."""
     slots = table.slots
 
     def still_held(i: int) -> bool:
-        return plan.leases[i] is not None and slots[i].lease is plan.leases[i]
+        return call.leases[i] is not None and slots[i].lease is call.leases[i]
 
     for i, (code, message) in result.rejected.items():
         if still_held(i):
             metrics.errors.labels("start_rejected" if code == CloseCode.POLICY else "engine_start").inc()
             table.fail_slot(slots[i], code, message)
-    for i, steps in result.started.items():
+    for i, positions in result.started.items():
         if still_held(i):
-            table.started(slots[i], steps)
-    for i, mode in enumerate(plan.modes):
-        if not still_held(i):
+            table.started(slots[i], positions)
+    for i, positions in result.prefilled.items():
+        metrics.prompt_positions.inc(positions)
+        if still_held(i):
+            table.prefilled(slots[i], positions)
+    tick = call.tick
+    if tick is None or result.output is None:
+        return
+    for i, mode in enumerate(tick.modes):
+        if mode is not SlotMode.LIVE or not still_held(i):
             continue  # released (or failed) while the engine ran: its output is dropped
         try:
-            if mode is SlotMode.PREFILL:
-                table.prefill_stepped(slots[i])
-            elif mode is SlotMode.LIVE:
-                assert result.output is not None
-                table.deliver(slots[i], OutputFrame(
-                    result.output.pcm[i].copy(), result.output.text[i], plan.tick,
-                    input_arrival=plan.arrivals[i], step_seconds=result.step_seconds,
-                    tick_started=plan.started, delivered=now,
-                ))
-                metrics.frames_out.inc()
+            table.deliver(slots[i], OutputFrame(
+                result.output.pcm[i].copy(), result.output.text[i], tick.tick, input_arrival=tick.arrivals[i],
+                step_seconds=result.step_seconds, tick_started=call.started_at, delivered=now,
+            ))
+            metrics.frames_out.inc()
         except Exception:  # one conversation's trouble is that conversation's, never the actor's
             _fail_row(table, i, metrics, "delivering its output")
 
 
-def fail_plan(table: SlotTable, plan: TickPlan, message: str) -> None:
+def fail_call(table: SlotTable, call: EngineCall, message: str) -> None:
     """The engine call failed or stalled: end every conversation it involved (1011, ``message``)."""
-    involved = {i for i, mode in enumerate(plan.modes) if mode is not SlotMode.IDLE}
-    involved.update(i for i, _ in plan.starts)
-    for i in sorted(involved):
+    for i in sorted(call.involved):
         slot = table.slots[i]
-        if slot.lease is plan.leases[i] and slot.lease is not None:
+        if slot.lease is call.leases[i] and slot.lease is not None:
             table.fail_slot(slot, CloseCode.INTERNAL_ERROR, message)
 
 

@@ -47,6 +47,7 @@ import dataclasses
 
 import torch
 
+from ._config import LMConfig
 from ._lm import LMModel
 from ._sampling import RowSampling, sample
 from ._streaming import reset_rows_, where_rows
@@ -112,6 +113,91 @@ def _scatter(t: torch.Tensor, pos: torch.Tensor, value: torch.Tensor, mask: torc
     t.scatter_(2, pos.unsqueeze(-1), torch.where(mask, value, old).unsqueeze(-1))
 
 
+@dataclasses.dataclass
+class CacheFrame:
+    """Where one step reads and writes in the token cache: the input frame ``o - 1``, the target ``o``."""
+
+    prev: torch.Tensor  # [B, K] slot of frame o - 1
+    cur: torch.Tensor  # [B, K] slot of frame o
+    model_input: torch.Tensor  # [B, K] tokens of frame o - 1: what the model reads
+    target: torch.Tensor  # [B, K] tokens already at frame o
+    provided: torch.Tensor  # [B, K] bool: which of those were forced (teacher forcing)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheRules:
+    """How tokens move through the token cache, the same for every row (steps 1, 4 and 5 of the
+    module docstring).  :class:`LMGen` applies them on the model's device; the system prompt's
+    planning applies them on the host (:func:`~pplex_trio.model._prompt.build_prompt_plan`)."""
+
+    delays: torch.Tensor  # [K]
+    write_shift: torch.Tensor  # [K] where forced tokens land, relative to the target frame
+    initial: torch.Tensor  # [K]
+    generated: torch.Tensor  # [K] bool: the streams a step samples (text + the depformer's)
+    slots: int
+    max_delay: int
+
+    @classmethod
+    def of(cls, cfg: LMConfig, depformer_steps: int, device: torch.device | str) -> "CacheRules":
+        k = cfg.num_streams
+        delays = torch.tensor(cfg.delays, device=device)
+        # Each stream's delay, one frame less for the user's streams under Kyutai's timing.
+        user_lag = 1 if cfg.reference == "kyutai" else 0
+        is_user = torch.arange(k, device=device) > cfg.num_agent_codebooks
+        initial = torch.full((k,), cfg.card, dtype=torch.long, device=device)
+        initial[0] = cfg.text_card
+        generated = torch.zeros(k, dtype=torch.bool, device=device)
+        generated[: 1 + depformer_steps] = True
+        return cls(delays=delays, write_shift=delays - user_lag * is_user.long(), initial=initial,
+                   generated=generated, slots=cfg.max_delay + 3, max_delay=cfg.max_delay)
+
+    def fresh_cache(self, batch_size: int) -> TokenCache:
+        k, device = self.delays.shape[0], self.delays.device
+        return TokenCache(
+            tokens=self.initial[None, :, None].expand(batch_size, k, self.slots).clone(),
+            provided=torch.zeros(batch_size, k, self.slots, dtype=torch.bool, device=device),
+            offset=torch.ones(batch_size, dtype=torch.long, device=device),
+            initial=self.initial,
+        )
+
+    def begin(self, cache: TokenCache, tokens: torch.Tensor, exec_mask: torch.Tensor) -> CacheFrame:
+        """Step 1: forced tokens go to ``o + write_shift``, never into a stream's initial frames (those up
+        to its delay), which get the initial token; then the step's input and target frames."""
+        b, k = tokens.shape
+        o = cache.offset
+        write_at = o[:, None] + self.write_shift
+        write_pos = write_at % self.slots
+        forced = (tokens >= 0) & exec_mask[:, None] & (write_at > self.delays)
+        _scatter(cache.tokens, write_pos, tokens, forced)
+        _scatter(cache.provided, write_pos, torch.ones_like(forced), forced)
+        cur = (o % self.slots)[:, None].expand(b, k)
+        warmup = (o[:, None] <= self.delays) & exec_mask[:, None]
+        _scatter(cache.tokens, cur, cache.initial.expand(b, -1), warmup)
+        _scatter(cache.provided, cur, torch.ones_like(warmup), warmup)
+        prev = ((o - 1) % self.slots)[:, None].expand_as(cur)
+        return CacheFrame(prev=prev, cur=cur, model_input=_gather(cache.tokens, prev),
+                          target=_gather(cache.tokens, cur), provided=_gather(cache.provided, cur))
+
+    def end(self, cache: TokenCache, frame: CacheFrame, exec_mask: torch.Tensor, chosen: torch.Tensor,
+            restore: torch.Tensor | None = None, restore_mask: torch.Tensor | None = None,
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Steps 4 and 5: ``chosen`` ``[B, K]`` lands where nothing was provided, the input frame's flags
+        are spent, the offset moves on, the ``restore_mask`` rows take ``restore``; returns the
+        de-delayed output frame and whether it is valid."""
+        o = cache.offset
+        _scatter(cache.provided, frame.prev, torch.zeros_like(frame.provided),
+                 exec_mask[:, None].expand_as(frame.provided))
+        _scatter(cache.tokens, frame.cur, chosen, exec_mask[:, None] & ~frame.provided & self.generated)
+        out = _gather(cache.tokens, (o[:, None] - self.max_delay + self.delays) % self.slots)
+        valid = o > self.max_delay
+        out = torch.where(valid[:, None], out, torch.full_like(out, UNGENERATED))
+        cache.offset.copy_(torch.where(exec_mask, o + 1, o))
+        if restore is not None and restore_mask is not None:
+            restore_mask = restore_mask & exec_mask
+            cache.tokens.copy_(where_rows(restore_mask, restore.expand_as(cache.tokens), cache.tokens))
+        return out, valid
+
+
 class LMGen:
     """Streaming generation for a batch of rows: token cache + LM state + sampling.
 
@@ -127,32 +213,38 @@ class LMGen:
         self.depformer_steps = depformer_steps or min(cfg.dep_q, cfg.num_agent_codebooks)
         if not 0 < self.depformer_steps <= cfg.dep_q:
             raise ValueError(f"depformer_steps must be in 1..{cfg.dep_q}")
-        device = lm.device
-        self.delays = torch.tensor(cfg.delays, device=device)
-        self.max_delay = cfg.max_delay
-        self.slots = cfg.max_delay + 3
-        k = cfg.num_streams
+        self.rules = CacheRules.of(cfg, self.depformer_steps, lm.device)
         self.state = lm.init_state(batch_size)
         self.depformer_cache = lm.init_depformer_cache(batch_size)
-        initial = lm.initial_tokens()
-        self.cache = TokenCache(
-            tokens=initial[None, :, None].expand(batch_size, k, self.slots).clone(),
-            provided=torch.zeros(batch_size, k, self.slots, dtype=torch.bool, device=device),
-            offset=torch.ones(batch_size, dtype=torch.long, device=device),
-            initial=initial,
-        )
-        self._generated = torch.zeros(k, dtype=torch.bool, device=device)
-        self._generated[: 1 + self.depformer_steps] = True
-        # Where forced tokens land, relative to the target frame: each stream's delay, one frame
-        # less for the user's streams under Kyutai's timing (see the module docstring).
-        user_lag = 1 if cfg.reference == "kyutai" else 0
-        is_user = torch.arange(k, device=device) > cfg.num_agent_codebooks
-        self.write_shift = self.delays - user_lag * is_user.long()
+        self.cache = self.rules.fresh_cache(batch_size)
 
     def reset(self, mask: torch.Tensor) -> None:
         """Rows in ``mask`` start a fresh conversation; other rows are untouched."""
         self.state.reset(mask)
         self.cache.reset(mask)
+
+    @torch.no_grad()
+    def prefill(self, rows: list[int], starts: list[int], counts: list[int], inputs: torch.Tensor,
+                voice: torch.Tensor | None = None, voice_mask: torch.Tensor | None = None) -> None:
+        """A chunk of teacher-forced steps for ``rows``: their input frames ``inputs`` ``[R, T, K]``
+        (a ``voice_mask`` ``[R, T]`` position reads ``voice`` ``[R, T, dim]`` instead), at LM positions
+        ``starts[r] ..`` (``counts[r]`` of them), into the rows' KV rings.  The token cache is not
+        touched: a prompt's whole run is known beforehand (:meth:`set_cache`).  Other rows: untouched."""
+        r, t, k = inputs.shape
+        x = self.lm.embed(inputs.reshape(r * t, k)).view(r, t, -1)
+        if voice is not None and voice_mask is not None:
+            x = torch.where(voice_mask[..., None], voice.to(x.dtype), x)
+        self.lm.transformer.prefill(x, self.state, rows, starts, counts)
+
+    def prefill_limit(self, start: int, wanted: int) -> int:
+        """How many steps from LM position ``start`` one :meth:`prefill` may take (at most ``wanted``)."""
+        return self.lm.transformer.prefill_limit(start, wanted)
+
+    def set_cache(self, row: int, tokens: torch.Tensor, provided: torch.Tensor, offset: int) -> None:
+        """Row ``row``'s token cache becomes ``tokens`` / ``provided`` ``[K, slots]`` at ``offset``."""
+        self.cache.tokens[row] = tokens
+        self.cache.provided[row] = provided
+        self.cache.offset[row] = offset
 
     @torch.no_grad()
     def step(self, inputs: StepInputs, sampling: RowSampling | None = None,
@@ -168,26 +260,11 @@ class LMGen:
         output would be overwritten anyway.
         """
         lm, cache, exec_mask = self.lm, self.cache, inputs.exec_mask
-        b = inputs.tokens.shape[0]
-        o = cache.offset
-        # 1. Forced tokens go to o + write_shift, never into a stream's initial frames (those up to its
-        #    delay), which get the initial token.
-        write_at = o[:, None] + self.write_shift
-        write_pos = write_at % self.slots
-        forced = (inputs.tokens >= 0) & exec_mask[:, None] & (write_at > self.delays)
-        _scatter(cache.tokens, write_pos, inputs.tokens, forced)
-        _scatter(cache.provided, write_pos, torch.ones_like(forced), forced)
-        cur = (o % self.slots)[:, None].expand(b, self.delays.shape[0])
-        warmup = (o[:, None] <= self.delays) & exec_mask[:, None]
-        _scatter(cache.tokens, cur, cache.initial.expand(b, -1), warmup)
-        _scatter(cache.provided, cur, torch.ones_like(warmup), warmup)
-        prev = ((o - 1) % self.slots)[:, None].expand_as(cur)
-        model_input = _gather(cache.tokens, prev)
-        target = _gather(cache.tokens, cur)
-        provided = _gather(cache.provided, cur)
+        frame = self.rules.begin(cache, inputs.tokens, exec_mask)
+        target, provided = frame.target, frame.provided
 
         # 2. Temporal transformer and text.
-        x = lm.embed(model_input)
+        x = lm.embed(frame.model_input)
         if inputs.embeddings is not None:
             x = where_rows(inputs.embed_mask, inputs.embeddings.to(x.dtype), x)
         hidden, text_logits = lm.temporal(x, self.state, exec_mask)
@@ -213,21 +290,11 @@ class LMGen:
                 previous = torch.where(provided[:, 1 + step], target[:, 1 + step], token)
             audio = torch.stack(chosen, dim=1)
 
-        # 4. Sampled tokens land where nothing was provided; the input frame's flags are spent.
-        _scatter(cache.provided, prev, torch.zeros_like(provided), exec_mask[:, None].expand_as(provided))
+        # 4-5. Sampled tokens land where nothing was provided; the de-delayed output frame.
         sampled = target.clone()
         sampled[:, 0] = text
         sampled[:, 1: 1 + self.depformer_steps] = audio
-        _scatter(cache.tokens, cur, sampled, exec_mask[:, None] & ~provided & self._generated)
-
-        # 5. The de-delayed output frame.
-        out = _gather(cache.tokens, (o[:, None] - self.max_delay + self.delays) % self.slots)
-        valid = o > self.max_delay
-        out = torch.where(valid[:, None], out, torch.full_like(out, UNGENERATED))
-        cache.offset.copy_(torch.where(exec_mask, o + 1, o))
-        if inputs.restore_cache is not None:
-            restore = inputs.restore_mask & exec_mask
-            cache.tokens.copy_(where_rows(restore, inputs.restore_cache.expand_as(cache.tokens), cache.tokens))
+        out, valid = self.rules.end(cache, frame, exec_mask, sampled, inputs.restore_cache, inputs.restore_mask)
         return StepResult(
             tokens=out, valid=valid, hidden=hidden,
             text_logits=text_logits if return_logits else None,

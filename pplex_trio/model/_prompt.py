@@ -15,6 +15,13 @@ Without a voice prompt the reference's very first call (a silence step)
 only initialises its cache and its tokens are lost; our rows start after
 that call, so the plan drops that step to stay identical.
 
+Every token of the prompt is given, so what the model reads at each step
+does not depend on the model: the plan runs the token cache's rules once,
+on the host (:class:`~pplex_trio.model._lockstep.CacheRules`), and keeps
+each step's input frame and the cache after the last step.  That is what
+lets the engine run a prompt as a few chunks of many positions (the
+transformer's ``prefill``) instead of one LM step per position.
+
 Models without system prompts (Kyutai's Moshi, ``PromptConfig.enabled``
 False) get an empty plan: the conversation starts at once.
 """
@@ -24,19 +31,31 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import torch
 
-from ._config import ModelConfig
+from ._config import LMConfig, ModelConfig
+from ._lockstep import CacheRules
 from ._text import TextTokenizer, persona_tokens
 from ._voices import VoicePrompt
 
 
 @dataclasses.dataclass(frozen=True)
 class PromptPlan:
-    """Forced tokens ``[steps, K]`` of every prompt step; the first ``voice_steps`` use the voice."""
+    """Forced tokens ``[steps, K]`` of every prompt step; the first ``voice_steps`` use the voice.
+
+    ``inputs`` ``[steps, K]``: the frame each step's model reads (a voice
+    step reads the voice's embedding instead); ``cache_tokens`` /
+    ``cache_provided`` ``[K, slots]`` and ``offset``: the row's token cache
+    after the last step.
+    """
 
     tokens: np.ndarray
     voice: VoicePrompt | None
     persona_tokens: tuple[int, ...]
+    inputs: np.ndarray
+    cache_tokens: np.ndarray
+    cache_provided: np.ndarray
+    offset: int
 
     @property
     def num_steps(self) -> int:
@@ -51,7 +70,7 @@ def build_prompt_plan(cfg: ModelConfig, tokenizer: TextTokenizer, persona: str,
                       voice: VoicePrompt | None) -> PromptPlan:
     lm, p = cfg.lm, cfg.prompt
     if not p.enabled:
-        return PromptPlan(tokens=np.zeros((0, lm.num_streams), dtype=np.int64), voice=None, persona_tokens=())
+        return _with_cache_run(lm, np.zeros((0, lm.num_streams), dtype=np.int64), None, ())
     n_agent = lm.num_agent_codebooks
     if len(p.silence_tokens) != n_agent or len(p.sine_tokens) != lm.n_q - n_agent:
         raise ValueError("the prompt's silence/sine tokens do not match the model's codebooks")
@@ -68,4 +87,23 @@ def build_prompt_plan(cfg: ModelConfig, tokenizer: TextTokenizer, persona: str,
     if voice is None and rows:
         rows = rows[1:]
     tokens = np.array(rows, dtype=np.int64).reshape(-1, lm.num_streams)
-    return PromptPlan(tokens=tokens, voice=voice, persona_tokens=tuple(persona))
+    return _with_cache_run(lm, tokens, voice, tuple(persona))
+
+
+@torch.no_grad()
+def _with_cache_run(lm: LMConfig, tokens: np.ndarray, voice: VoicePrompt | None,
+                    persona: tuple[int, ...]) -> PromptPlan:
+    """The plan with what its steps read, from the token cache's own rules run on the host (one row)."""
+    rules = CacheRules.of(lm, lm.dep_q, "cpu")
+    cache = rules.fresh_cache(1)
+    one = torch.ones(1, dtype=torch.bool)
+    voice_steps = voice.num_steps if voice is not None else 0
+    inputs = np.zeros_like(tokens)
+    for i, row in enumerate(torch.from_numpy(tokens)):
+        frame = rules.begin(cache, row[None], one)
+        inputs[i] = frame.model_input[0].numpy()
+        restore = voice.cache if voice is not None and i == voice_steps - 1 else None
+        rules.end(cache, frame, one, frame.target, restore, one)
+    return PromptPlan(tokens=tokens, voice=voice, persona_tokens=persona, inputs=inputs,
+                      cache_tokens=cache.tokens[0].numpy(), cache_provided=cache.provided[0].numpy(),
+                      offset=int(cache.offset[0]))

@@ -62,6 +62,28 @@ def ring_attention_mask(end: torch.Tensor, num_new: int, capacity: int, referenc
     return ok.unsqueeze(1)
 
 
+def prefill_attention_mask(start: torch.Tensor, count: torch.Tensor, num_new: int, capacity: int,
+                           reference: str) -> torch.Tensor:
+    """The ring slots each query of a prefill chunk may see: bool ``[R, 1, num_new, capacity]``.
+
+    Row ``r`` writes positions ``start[r] .. start[r] + count[r] - 1`` into
+    its ring, then query ``q`` (position ``start[r] + t``) sees the keys of
+    positions ``[max(0, q + 1 - window), q]``: exactly what its own step
+    would have seen, one query per chunk (see :func:`ring_attention_mask`,
+    whose chunks of Mimi's two steps share the window of their last query).
+    Queries past ``count[r]`` are padding.
+    """
+    if reference not in ("personaplex", "kyutai"):
+        raise ValueError(f"unknown reference {reference!r}")
+    window = capacity - 1 if reference == "personaplex" else capacity
+    slots = torch.arange(capacity, device=start.device)
+    last = (start + count).view(-1, 1) - 1
+    pos = (slots + capacity * torch.div(last - slots, capacity, rounding_mode="floor")).view(-1, 1, capacity)
+    queries = (start.view(-1, 1) + torch.arange(num_new, device=start.device)).unsqueeze(-1)
+    ok = (pos >= 0) & (pos >= queries + 1 - window) & (pos <= queries)
+    return ok.unsqueeze(1)
+
+
 def rope_rotation(positions: torch.Tensor, dim: int, max_period: float) -> torch.Tensor:
     """Complex rotations ``[B, 1, T, dim/2]`` for RoPE at ``positions`` ``[B, T]`` (shared by all layers)."""
     ds = torch.arange(dim // 2, device=positions.device, dtype=torch.float32)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._config import TransformerConfig, gated_hidden
-from ._streaming import apply_rope, reset_rows_, ring_attention_mask, rope_rotation
+from ._streaming import apply_rope, prefill_attention_mask, reset_rows_, ring_attention_mask, rope_rotation
 
 
 class RMSNorm(nn.Module):
@@ -192,3 +192,62 @@ class StreamingTransformer(nn.Module):
         else:
             state.end.copy_(torch.where(exec_mask, new_end, state.end))
         return x
+
+    def prefill_limit(self, start: int, wanted: int) -> int:
+        """How many positions from ``start`` one :meth:`prefill` call may take, at most ``wanted``.
+
+        A chunk writes all its keys before it attends, so a position written
+        at ``p >= context`` overwrites ``p - context``, which an earlier query
+        of the same chunk may still see (two queries back under
+        ``"personaplex"``'s window of ``context - 1``, one back under
+        ``"kyutai"``'s).  So chunks stop at the first wrap of the ring, and
+        after it take one or two positions: a prompt shorter than the context
+        (every real one) never meets this.
+        """
+        gap = 2 if self.cfg.reference == "personaplex" else 1
+        room = self.cfg.context - start
+        return max(1, min(wanted, room if room > gap else gap))
+
+    def prefill(self, x: torch.Tensor, state: TransformerState, rows: list[int], starts: list[int],
+                counts: list[int]) -> None:
+        """Teacher-forced positions of ``rows``: ``x`` ``[R, T, D]`` at positions ``starts[r] + t``.
+
+        Row ``r`` takes its first ``counts[r]`` positions (the rest of its
+        ``T`` are padding: computed, never written); each query sees exactly
+        the keys its own step would have seen (the reference's window per
+        position), read from the row's ring in place.  Nothing is returned:
+        a prompt's outputs are discarded, only its keys and values stay.
+        Every other row is untouched.  ``counts[r]`` must not exceed
+        :meth:`prefill_limit` of ``starts[r]``; ``state.end`` of the rows
+        must equal ``starts``.
+        """
+        r_count, t, _ = x.shape
+        capacity = self.cfg.context
+        device = x.device
+        start = torch.tensor(starts, device=device)
+        count = torch.tensor(counts, device=device)
+        positions = start[:, None] + torch.arange(t, device=device)  # [R, T]
+        mask = prefill_attention_mask(start, count, t, capacity, self.cfg.reference)  # [R, 1, T, C]
+        slots = [torch.arange(s, s + n, device=device) % capacity for s, n in zip(starts, counts, strict=True)]
+        rope = self.cfg.positional_embedding == "rope"
+        if rope:
+            rotation = rope_rotation(positions, self.cfg.d_model // self.cfg.num_heads, self.cfg.max_period)
+        for i, layer in enumerate(self.layers):
+            h = layer.norm1(x)
+            q, k, v = layer.self_attn.qkv(h)
+            if rope:
+                q, k = apply_rope(q, rotation), apply_rope(k, rotation)
+            k, v = k.to(state.keys.dtype), v.to(state.values.dtype)
+            outputs = []
+            for j, row in enumerate(rows):
+                keys, values = state.keys[i, row], state.values[i, row]  # [H, C, Dh]: views, not copies
+                keys.index_copy_(1, slots[j], k[j, :, : counts[j]])
+                values.index_copy_(1, slots[j], v[j, :, : counts[j]])
+                outputs.append(F.scaled_dot_product_attention(
+                    q[j: j + 1], keys[None].to(q.dtype), values[None].to(q.dtype), mask[j: j + 1]))
+            att = torch.cat(outputs).transpose(1, 2).reshape(r_count, t, -1)
+            att = layer.self_attn.out_proj(att)
+            x = x + (layer.layer_scale_1(att) if layer._scaled else att)
+            f = layer.ffn(layer.norm2(x))
+            x = x + (layer.layer_scale_2(f) if layer._scaled else f)
+        state.end[torch.tensor(rows, device=device)] = start + count

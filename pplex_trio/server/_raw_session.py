@@ -16,6 +16,7 @@ from ._wire import EndOfInput, InputAudio, InputEvent, Message, WireProtocol
 class RawProtocol(WireProtocol):
     name = "raw"
     opens_with_message = True
+    early_audio = True
     opening_hint = 'send {"type": "open", ...} first'
 
     def __init__(self, *, max_message_bytes: int, max_prompt_chars: int):

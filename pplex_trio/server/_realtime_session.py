@@ -80,6 +80,7 @@ class _AudioOut:
 class RealtimeProtocol(WireProtocol):
     name = "realtime"
     opens_with_message = True
+    early_audio = True
     opening_hint = "send input_audio_buffer.append (or response.create) to start the conversation"
 
     def __init__(self, dialect: Dialect, *, model: str, voices: Callable[[], Sequence[str]],
@@ -99,6 +100,7 @@ class RealtimeProtocol(WireProtocol):
         self._speech_item: str | None = None  # the caller's speech in progress, as an input item
         self._last_item: str | None = None  # the last committed input item
         self._pending: list[Message] = []  # go out before the next frame's deltas
+        self._opening_audio: InputAudio | None = None
         self._response: str | None = None  # the open response and its one item
         self._item: str | None = None
         self._transcript: list[str] = []
@@ -117,8 +119,14 @@ class RealtimeProtocol(WireProtocol):
             return event
         if isinstance(event, AudioAppend) or event.type == "response.create":
             self._start()
-            return self.config.conversation()  # audio sent before the conversation is live is not heard
+            if isinstance(event, AudioAppend) and event.audio:
+                self._opening_audio = InputAudio(event.audio)  # heard too: see WireProtocol.opening_audio
+            return self.config.conversation()
         return self._answer(event)
+
+    def opening_audio(self) -> InputAudio | None:
+        audio, self._opening_audio = self._opening_audio, None
+        return audio
 
     def _start(self) -> None:
         self._started = True

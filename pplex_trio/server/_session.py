@@ -44,7 +44,6 @@ from .._conversation import CloseCode, Conversation
 from .._metrics import Metrics
 from ..engine import EngineActor, Lease, LeaseState, OutputFrame, QueueFull
 from ..protocol import ProtocolError
-from ._reaction import ClientReaction
 from ._settings import ServerSettings
 from ._wire import EndOfInput, InputAudio, Message, Replies, WireProtocol
 
@@ -80,7 +79,6 @@ class SessionHost(Protocol):
     settings: ServerSettings
     actor: EngineActor
     metrics: Metrics
-    client_reaction: ClientReaction
     sessions: set[Session]
     shutting_down: bool
     draining: bool
@@ -141,6 +139,7 @@ class Session:
         self._scope = trio.CancelScope()
         self._ready_sent: float | None = None  # aligned input: when "ready" went out, until the first page
         self._samples_pushed = 0
+        self._opened_at = 0.0  # when the opening message that gave the conversation arrived
 
     @property
     def protocol(self) -> str:
@@ -201,7 +200,8 @@ class Session:
             self.end(CloseCode.TRY_AGAIN_LATER, UNREADY_MESSAGES["engine_stalled"], "engine_stalled")
             return
         try:
-            with self.host.actor.lease(conversation, align=self.wire.align_input) as lease:
+            with self.host.actor.lease(conversation, align=self.wire.align_input,
+                                       early_audio=self.wire.early_audio) as lease:
                 self.lease = lease
                 await self._run_conversation(lease)
         except QueueFull as exc:
@@ -240,6 +240,7 @@ class Session:
             self.stats.messages_received += 1
             step = self.wire.opening(self.ws.query_string, message)
             if isinstance(step, Conversation):
+                self._opened_at = trio.current_time()
                 return step
             for reply in step.messages:
                 await self._send_control(reply)
@@ -248,6 +249,9 @@ class Session:
         s = self.settings
         inbound: DropOldestChannel[tuple[float, Any]] = DropOldestChannel(
             s.input_backlog_frames * 2, name="inbound", on_drop=self.host.metrics.drop)
+        audio = self.wire.opening_audio()
+        if audio is not None:  # the first words may be in the message that opened the conversation
+            inbound.send_nowait((self._opened_at, audio.payload))
         self._enter(SessionState.QUEUED if lease.state is LeaseState.QUEUED else SessionState.PREPARING)
         async with trio.open_nursery() as nursery:
             # The client is read from the start, so a protocol error or a
@@ -260,9 +264,8 @@ class Session:
                 return
             if self.wire.align_input:
                 # Pages of a client that starts streaming at the handshake land
-                # just ahead of the ticks (see EngineActor.sleep_until_before_tick).
-                actor = self.host.actor
-                await actor.sleep_until_before_tick(actor.phase.margin + self.host.client_reaction.estimate)
+                # just ahead of the ticks (see TickSchedule.sleep_until_handshake).
+                await self.host.actor.schedule.sleep_until_handshake()
                 self._ready_sent = trio.current_time()
             for message in self.wire.ready():
                 await self._send_control(message)
@@ -348,17 +351,17 @@ class Session:
                     self._first_page(arrived, pcm)
                     self._samples_pushed += pcm.size
             self.stats.frames_decoded = self._samples_pushed // frame_size
-        if lease.state is not LeaseState.LIVE:
+        if lease.state is not LeaseState.LIVE and not lease.early_audio_kept:
             self.end(CloseCode.NORMAL, None, "completed")  # the input ended before the conversation began
             return
-        lease.flush()
+        lease.flush()  # (audio kept from before "live" is answered once the conversation is)
 
     def _first_page(self, arrived: float, pcm: np.ndarray) -> None:
         """The first page after an aligned "ready" tells how long clients take to react."""
         if self._ready_sent is not None and arrived >= self._ready_sent:
-            reaction = self.host.client_reaction
-            reaction.observe(self._ready_sent, arrived, pcm.size / self.host.actor.engine.sample_rate)
-            self.host.metrics.client_reaction.set(reaction.estimate)
+            schedule = self.host.actor.schedule
+            schedule.observe_reaction(self._ready_sent, arrived, pcm.size / self.host.actor.engine.sample_rate)
+            self.host.metrics.client_reaction.set(schedule.reaction)
             self._ready_sent = None
 
     async def _send_loop(self, lease: Lease) -> None:

@@ -11,7 +11,6 @@ from .._conversation import CloseCode
 from .._metrics import Metrics
 from ..engine import Engine, EngineActor
 from ._encoders import Encoders, make_encoders
-from ._reaction import DEFAULT_REACTION, ClientReaction
 from ._session import UNREADY_MESSAGES, Session
 from ._settings import ServerSettings
 
@@ -27,13 +26,11 @@ class ServerState:
     shutting_down: bool = False
     draining: bool = False
     _drain_scope: trio.CancelScope | None = dataclasses.field(default=None, repr=False)
-    client_reaction: ClientReaction = dataclasses.field(default_factory=ClientReaction)
 
     @classmethod
     def create(cls, settings: ServerSettings, engine: Engine, *, encoders: Encoders | None = None) -> ServerState:
         """The state of a new server; ``encoders`` replaces the ``--opus-encoder`` choice (benchmarks)."""
         metrics = Metrics()
-        metrics.client_reaction.set(DEFAULT_REACTION)
         actor = EngineActor(engine, settings, metrics=metrics)
         if encoders is None:
             encoders = make_encoders(settings.opus_encoder, settings.inline_encoders)

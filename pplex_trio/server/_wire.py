@@ -52,8 +52,13 @@ class WireProtocol(abc.ABC):
     opens_with_message: ClassVar[bool] = False  # the settings come in a first message, not the query
     opening_hint: ClassVar[str] = ""  # what that message should be, for the timeout's error
     align_input: bool = False  # phase-aligned framing of the input (see InputFramer)
+    early_audio: ClassVar[bool] = False  # the client may talk before "ready": keep that audio for the model
 
     subprotocol: str | None = None  # the WebSocket subprotocol to accept, if any
+
+    def opening_audio(self) -> InputAudio | None:
+        """Audio carried by the message that completed the opening (``early_audio`` protocols), once."""
+        return None
 
     def greeting(self) -> list[Message]:
         """What to send as soon as the connection is accepted."""

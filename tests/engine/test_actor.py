@@ -5,6 +5,7 @@ engine compute time simulated by ``trio.sleep`` in the runner, so timings are
 exact and deterministic.  The drain test uses a real worker thread.
 """
 
+import contextlib
 import threading
 
 import numpy as np
@@ -23,7 +24,7 @@ from pplex_trio.engine import (
     SlotPhase,
 )
 
-from pplex_trio.engine._grace import GRACE_PER_WINDOW, GRACE_WINDOW
+from pplex_trio.engine._schedule import GRACE_PER_WINDOW, GRACE_WINDOW
 
 INPUT_GRACE = ActorSettings().input_grace_ms / 1000
 EARLY_START = ActorSettings().early_start_ms / 1000
@@ -49,10 +50,27 @@ class RecordingEcho(EchoEngine):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.steps = []  # (modes, copy of pcm)
+        self.prefills = []  # (work asked, positions run)
+        self.events = []  # ("start" | "reset", slot) and ("prefill", positions run), in order
 
     def step(self, modes, pcm):
         self.steps.append((list(modes), pcm.copy()))
         return super().step(modes, pcm)
+
+    def prefill(self, work):
+        done = super().prefill(work)
+        self.prefills.append((dict(work), done))
+        self.events.append(("prefill", done))
+        return done
+
+    def start(self, slot, conversation):
+        self.events.append(("start", slot))
+        return super().start(slot, conversation)
+
+    def reset(self, slot):
+        if hasattr(self, "events"):
+            self.events.append(("reset", slot))
+        super().reset(slot)
 
 
 async def _record_waits(lease, waits):
@@ -69,12 +87,18 @@ async def next_frame(lease):
     return frame
 
 
+async def sleep_until_before_tick(actor, lead):
+    """The handshake's wait, with the clients' reaction set so that its lead is ``lead``."""
+    actor.schedule.reaction = lead - actor.schedule.steering.margin
+    await actor.schedule.sleep_until_handshake()
+
+
 async def wait_state(lease, state):
     while lease.state is not state:
         await lease.wait_changed()
 
 
-async def test_prefill_then_live_in_lockstep(nursery, autojump_clock):
+async def test_prompt_at_once_then_live_in_lockstep(nursery, autojump_clock):
     engine = RecordingEcho(2, prefill_steps=3, delay_frames=0)
     actor = EngineActor(engine, run_sync=inline_runner())
     await nursery.start(actor.run)
@@ -83,8 +107,9 @@ async def test_prefill_then_live_in_lockstep(nursery, autojump_clock):
         assert lease.state is LeaseState.PREFILL and lease.slot == 0
         t0 = trio.current_time()
         await wait_state(lease, LeaseState.LIVE)
-        assert trio.current_time() - t0 == pytest.approx(2 * TICK)  # 3 prefill steps: t=0, 80, 160 ms
-        assert [m[0] for m, _ in engine.steps] == [SlotMode.PREFILL] * 3
+        # Nobody else live: the start, then the whole prompt in one call at once, no tick before it is live.
+        assert trio.current_time() == t0 and engine.steps == []
+        assert engine.prefills == [({0: 3}, {0: 3})]
         lease.push_input(frame, trio.current_time())
         out = await next_frame(lease)
         np.testing.assert_array_equal(out.pcm, frame)
@@ -142,7 +167,8 @@ async def test_overrun_starts_next_tick_at_once_and_far_behind_skips(nursery, au
     compute = [0.030]
 
     async def runner(fn, *args):
-        log.append(trio.current_time())
+        if args[1].tick is not None:  # the ticks (not the start before them)
+            log.append(trio.current_time())
         await trio.sleep(compute[0])
         return fn(*args)
 
@@ -155,7 +181,7 @@ async def test_overrun_starts_next_tick_at_once_and_far_behind_skips(nursery, au
         # A 100 ms step overruns the 80 ms budget by 20 ms: the next tick starts at once.
         log.clear()
         compute[0] = 0.100
-        await trio.sleep(0.45)
+        await trio.sleep(0.35)
         gaps = np.diff(log)
         assert gaps == pytest.approx([0.100] * len(gaps))
         assert actor.ticks_skipped == 0
@@ -346,7 +372,7 @@ async def test_a_client_that_starts_at_the_handshake_lands_just_ahead_of_the_tic
     with actor.lease(Conversation()) as lease:
         await wait_state(lease, LeaseState.LIVE)
         await trio.sleep(0.023)  # the prefill's last tick was a while ago: an arbitrary phase
-        await actor.sleep_until_before_tick(0.010)
+        await sleep_until_before_tick(actor, 0.010)
         handshake = trio.current_time()
         waits = []
         nursery.start_soon(_record_waits, lease, waits)
@@ -355,7 +381,7 @@ async def test_a_client_that_starts_at_the_handshake_lands_just_ahead_of_the_tic
             lease.push_input(np.full(1920, 0.5, np.float32), trio.current_time())
         await trio.sleep(TICK)
     assert waits[0] == pytest.approx(0.010, abs=1e-6)  # no settling needed
-    assert all(actor.phase.margin - 1e-6 < w <= 0.010 + 1e-6 for w in waits)  # then steering trims it towards its margin
+    assert all(actor.schedule.steering.margin - 1e-6 < w <= 0.010 + 1e-6 for w in waits)  # then steering trims it towards its margin
     assert len(waits) == 39 and lease.input_stats().underruns == 0  # every frame taken, none late
 
 
@@ -445,10 +471,10 @@ async def test_the_grid_starts_afresh_after_idling(nursery, autojump_clock):
     assert second[0] > 0.035 and second[1] < second[0] - 0.004 and max(second[10:]) < 0.010
 
 
-async def test_sleep_until_before_tick_returns_at_once_while_idle(autojump_clock):
+async def test_the_handshake_goes_at_once_while_idle(autojump_clock):
     actor = EngineActor(EchoEngine(1), run_sync=inline_runner())
     before = trio.current_time()
-    await actor.sleep_until_before_tick(0.010)
+    await actor.schedule.sleep_until_handshake()
     assert trio.current_time() == before
 
 
@@ -466,7 +492,7 @@ async def _stream_pages(actor, lease, handshake, pages, delay):
 async def _aligned_client(actor, nursery, pages, delay):
     with actor.lease(Conversation(), align=True) as lease:
         await wait_state(lease, LeaseState.LIVE)
-        await actor.sleep_until_before_tick(actor.phase.margin)
+        await sleep_until_before_tick(actor, actor.schedule.steering.margin)
         waits = []
         nursery.start_soon(_record_waits, lease, waits)
         await _stream_pages(actor, lease, trio.current_time(), pages, delay)
@@ -589,10 +615,10 @@ async def test_a_client_that_stops_sending_is_no_late_page(nursery, autojump_clo
             nursery.start_soon(_record_waits, lease, [])
             await _steady_client(lease, trio.current_time() + 0.030, 40)
             await trio.sleep(5 * TICK)  # no more audio, still connected (a client draining before it closes)
-        margins.append(actor.phase.margin)
+        margins.append(actor.schedule.steering.margin)
         await trio.sleep(1.0)
     assert actor.metrics.frames_silence._value.get() >= 3 * 4  # the ticks after each end had no frame
-    assert margins == [actor.phase.min_margin] * 3
+    assert margins == [actor.schedule.steering.min_margin] * 3
 
 
 async def test_a_page_that_comes_after_its_tick_widens_the_margin(nursery, autojump_clock):
@@ -604,8 +630,120 @@ async def test_a_page_that_comes_after_its_tick_widens_the_margin(nursery, autoj
         nursery.start_soon(_record_waits, lease, [])
         first = trio.current_time() + 0.030
         await _steady_client(lease, first, 60)
-        assert actor.phase.margin == actor.phase.min_margin
+        assert actor.schedule.steering.margin == actor.schedule.steering.min_margin
         await trio.sleep_until(first + 60 * TICK + 0.040)  # frame 61, 40 ms late
         lease.push_input(np.full(1920, 0.5, np.float32), trio.current_time())
         await _steady_client(lease, first + 61 * TICK, 5)
-    assert actor.phase.margin == pytest.approx(actor.phase.min_margin + 0.002)
+    assert actor.schedule.steering.margin == pytest.approx(actor.schedule.steering.min_margin + 0.002)
+
+
+def costed_runner(step=0.020, fixed=0.003, per_position=0.0004, log=None):
+    """Engine calls that take virtual time like a GPU: ``step`` per tick, ``fixed + per_position * n`` per prompt call."""
+    from pplex_trio.engine._tick_plan import execute
+
+    async def run(fn, *args):
+        cost = 0.0
+        if fn is execute:
+            call = args[1]
+            cost += step if call.tick is not None else 0.0
+            positions = sum(call.prefill.values())
+            cost += fixed + per_position * positions if positions else 0.0
+            if log is not None:
+                log.append((trio.current_time(), "tick" if call.tick is not None else "prompt", positions, cost))
+        await trio.sleep(cost)
+        return fn(*args)
+
+    return run
+
+
+async def test_prompts_run_between_ticks_and_never_make_a_tick_late(nursery, autojump_clock):
+    """One conversation talks; another joins with a 400-position prompt: it runs in the gaps, sized to them."""
+    log = []
+    engine = RecordingEcho(2, prefill_steps=400)
+    actor = EngineActor(engine, run_sync=costed_runner(log=log))
+    await nursery.start(actor.run)
+    with actor.lease(Conversation()) as talker:
+        await wait_state(talker, LeaseState.LIVE)
+        nursery.start_soon(_record_waits, talker, [])
+        nursery.start_soon(_steady_client, talker, trio.current_time() + 0.030, 60)
+        await trio.sleep(1.0)
+        lateness = actor.metrics.tick_lateness
+        before = _histogram(lateness, "_count"), _histogram(lateness, "_sum")
+        joined = trio.current_time()
+        with actor.lease(Conversation()) as joiner:
+            await wait_state(joiner, LeaseState.LIVE)
+            ready = trio.current_time() - joined
+            await trio.sleep(0.5)
+        count = _histogram(lateness, "_count") - before[0]
+        late = _histogram(lateness, "_sum") - before[1]
+    prompts = [entry for entry in log if entry[1] == "prompt" and entry[0] > joined]
+    assert sum(n for _, _, n, _ in prompts) == 400 and len(prompts) >= 2  # in pieces, not all at once
+    assert late == 0 and count >= 8  # not one tick started late for them
+    # Each prompt call ended before the next tick could start (its deadline less the early start window).
+    ticks = [t for t, kind, _, _ in log if kind == "tick"]
+    for start, _, _, cost in prompts:
+        next_tick = min(t for t in ticks if t > start)
+        assert start + cost <= next_tick + 1e-9
+    # 400 positions at 0.4 ms, ~50 ms of room per 80 ms: ready within a few ticks, not 400 of them.
+    assert ready < 8 * TICK
+    assert actor.metrics.time_to_live._sum.get() > 0
+
+
+async def test_a_prompt_alone_runs_back_to_back(nursery, autojump_clock):
+    log = []
+    engine = RecordingEcho(1, prefill_steps=1000)
+    actor = EngineActor(engine, run_sync=costed_runner(per_position=0.001, log=log))
+    await nursery.start(actor.run)
+    with actor.lease(Conversation()) as lease:
+        await wait_state(lease, LeaseState.LIVE)
+        ready = trio.current_time()
+    # Nobody live: calls of about a tick each (the first one measures the cost), one after the other.
+    assert ready == pytest.approx(sum(cost for *_, cost in log), abs=1e-9)
+    assert ready < 1000 * 0.001 * 1.2 + 0.1
+    assert all(kind == "prompt" for _, kind, _, _ in log)
+
+
+async def test_a_client_leaving_mid_prompt_frees_its_slot_and_leaks_nothing(nursery, autojump_clock):
+    engine = RecordingEcho(1, prefill_steps=600)
+    actor = EngineActor(engine, ActorSettings(queue_size=1), run_sync=costed_runner(per_position=0.001))
+    await nursery.start(actor.run)
+    with actor.lease(Conversation(persona="first")) as first:
+        await trio.sleep(0.2)  # a third of its prompt
+        assert first.state is LeaseState.PREFILL and 0 < engine._prompt_left[0] < 600
+        with actor.lease(Conversation(persona="second")) as second:
+            assert second.state is LeaseState.QUEUED
+            first.end()
+            await wait_state(second, LeaseState.LIVE)
+            assert second.slot == 0 and second.prefill_total == 600
+    # The second prompt ran whole, on a reset row: nothing of the first one's progress carried over.
+    assert [conversation.persona for _, conversation in engine.started] == ["first", "second"]
+    second_start = [i for i, event in enumerate(engine.events) if event == ("start", 0)][1]
+    assert ("reset", 0) in engine.events[:second_start]
+    assert sum(event[1][0] for event in engine.events[second_start:] if event[0] == "prefill") == 600
+    await trio.sleep(0.5)
+    assert actor.statistics().slots_free == 1 and actor.table.prompts_left() == {}
+
+
+async def test_a_flood_of_joins_queues_and_never_starves_the_live_rows(nursery, autojump_clock):
+    engine = RecordingEcho(4, prefill_steps=300)
+    actor = EngineActor(engine, ActorSettings(queue_size=20), run_sync=costed_runner(per_position=0.0005))
+    await nursery.start(actor.run)
+    with actor.lease(Conversation()) as talker:
+        await wait_state(talker, LeaseState.LIVE)
+        waits = []
+        nursery.start_soon(_record_waits, talker, waits)
+        nursery.start_soon(_steady_client, talker, trio.current_time() + 0.030, 80)
+        await trio.sleep(1.0)
+        lateness = actor.metrics.tick_lateness
+        late_before = _histogram(lateness, "_sum")
+        with contextlib.ExitStack() as stack:
+            joiners = [stack.enter_context(actor.lease(Conversation())) for _ in range(12)]
+            assert [j.state for j in joiners[:3]] == [LeaseState.PREFILL] * 3
+            assert [j.position for j in joiners[3:]] == list(range(1, 10))  # the queue, in order
+            await wait_state(joiners[0], LeaseState.LIVE)
+            for j in joiners[:3]:
+                j.end()  # three talk briefly and leave: the queue moves up
+            await wait_state(joiners[3], LeaseState.LIVE)
+            assert joiners[11].position == 6
+        assert _histogram(lateness, "_sum") == late_before  # the talker's ticks were never late
+    assert talker.input_stats().underruns <= 1

@@ -1,6 +1,7 @@
 """Reframing any chunking of a PCM stream into whole engine frames."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -182,3 +183,38 @@ def test_awaits_page_when_one_more_page_like_the_last_completes_the_frame():
     naive.pop_frame_into(np.zeros(8, np.float32))
     naive.push(stream(4), 2.0)
     assert not naive.awaits_page  # only aligned framing asks the actor to wait
+
+
+def _frames(values, frame=FRAME):
+    """One frame per value: a constant loud frame (value != 0) or digital silence (0)."""
+    return [np.full(frame, v, dtype=np.float32) for v in values]
+
+
+def test_early_audio_is_heard_and_silence_skipped_until_back_to_real_time():
+    framer = InputFramer(FRAME, max_frames=2)
+    early = _frames([0.5, 0.6, 0, 0, 0, 0.7, 0, 0.8])  # 8 frames said before the conversation was live
+    framer.catch_up([(pcm, float(i)) for i, pcm in enumerate(early)])
+    assert framer.pending_frames == 8  # all kept, beyond the usual backlog of 2
+    heard = []
+    for tick in range(8):
+        framer.push(np.full(FRAME, 0.1 + tick, np.float32), 100.0 + tick)  # live audio goes on, a frame a tick
+        heard.append(float(framer.pop_frame()[0]))
+    # Speech is never skipped; the silences at the head are, while over the backlog.
+    assert heard[:4] == pytest.approx([0.5, 0.6, 0.7, 0.8])
+    assert heard[4:] == pytest.approx([0.1, 1.1, 2.1, 3.1])  # then live, in order, nothing lost
+    assert framer.caught_up_samples == 4 * FRAME and framer.pending_frames == 4  # still 2 frames behind
+    for tick in range(8, 12):  # the caller pauses: the live silence is what gets skipped now
+        framer.push(np.zeros(FRAME, np.float32), 100.0 + tick)
+        assert float(framer.pop_frame()[0]) == pytest.approx(tick - 3.9)  # the speech before it, in order
+    framer.push(np.zeros(FRAME, np.float32), 112.0)
+    assert framer.pop_frame()[0] == 0.0 and framer.pending_frames <= 2  # the pause skipped: back to real time ...
+    assert framer.push(np.ones(5 * FRAME, np.float32), 200.0) > 0 and framer.pending_frames <= 3  # ... its limits
+
+
+def test_catching_up_holds_phase_alignment_off():
+    framer = InputFramer(FRAME, max_frames=2, align=True, window=3)
+    framer.catch_up([(pcm, 0.0) for pcm in _frames([0.5] * 6)])
+    for tick in range(6):
+        framer.push(np.full(FRAME, 0.9, np.float32), 1.0 + tick)
+        assert float(framer.pop_frame()[0]) == 0.5  # the early speech, whole, before any skipping
+    assert framer.skipped_samples == 0

@@ -53,8 +53,9 @@ def test_bad_voice_is_refused_and_leaves_the_slot_alone(engine, voice):
 
 def test_errors_are_clear(engine):
     silence = np.zeros((2, 1920), np.float32)
-    with pytest.raises(RuntimeError, match="call start"):
-        engine.step([SlotMode.PREFILL, SlotMode.IDLE], silence)
+    engine.start(0, Conversation())
+    with pytest.raises(RuntimeError, match="prompt steps to run: call start"):
+        engine.step([SlotMode.LIVE, SlotMode.IDLE], silence)
     with pytest.raises(IndexError):
         engine.start(2, Conversation())
     with pytest.raises(ValueError, match="expected 2 modes"):
@@ -64,9 +65,10 @@ def test_errors_are_clear(engine):
 def test_conversation_runs_and_can_be_reset(engine):
     steps = engine.start(0, Conversation(persona="Hello.", sampling=Sampling(text_seed=1, audio_seed=1)))
     silence = np.zeros((2, 1920), np.float32)
-    for _ in range(steps):
-        out = engine.step([SlotMode.PREFILL, SlotMode.IDLE], silence)
-        assert (out.pcm == 0).all() and out.text == [None, None]  # nothing comes out of a prompt step
+    assert engine.prefill({0: steps - 3}) == {0: steps - 3} and engine.prompt_left(0) == 3
+    assert engine.prefill({0: 100}) == {0: 3} and engine.prompt_left(0) == 0  # never more than it had left
+    out = engine.step([SlotMode.IDLE, SlotMode.IDLE], silence)
+    assert (out.pcm == 0).all() and out.text == [None, None]  # nothing comes out of idle rows
     noise = (0.1 * np.random.RandomState(0).randn(2, 1920)).astype(np.float32)
     outs = [engine.step([SlotMode.LIVE, SlotMode.IDLE], noise) for _ in range(20)]
     assert all(o.pcm.dtype == np.float32 and o.pcm.shape == (2, 1920) for o in outs)
@@ -74,8 +76,9 @@ def test_conversation_runs_and_can_be_reset(engine):
     assert any(o.text[0] for o in outs)  # the random tiny model does say something
     engine.reset(0)
     engine.reset_all()
+    engine.start(1, Conversation())
     with pytest.raises(RuntimeError):
-        engine.step([SlotMode.PREFILL, SlotMode.IDLE], silence)
+        engine.step([SlotMode.IDLE, SlotMode.LIVE], silence)
 
 
 EXPORTS = {

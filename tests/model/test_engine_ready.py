@@ -22,7 +22,7 @@ from pplex_trio.engine._personaplex import PersonaPlexEngine
 from pplex_trio.engine._tick import DeviceTick, TickPath
 from pplex_trio.model import CONFIGS, LMModel, LoadedModel, Mimi, VoiceLibrary, VoicePrompt, load_model
 
-IDLE, PREFILL, LIVE = SlotMode.IDLE, SlotMode.PREFILL, SlotMode.LIVE
+IDLE, LIVE = SlotMode.IDLE, SlotMode.LIVE
 
 
 class FakeGraphs:
@@ -57,15 +57,13 @@ def _meta_model(cfg) -> LoadedModel:
 def _drive(engine: PersonaPlexEngine, frames: int = 12, seed: int = 0) -> list[np.ndarray]:
     """Two conversations (one sampled, one greedy) through their prompts and ``frames`` live frames."""
     audio = (0.1 * np.random.RandomState(seed).randn(frames, engine.num_slots, 1920)).astype(np.float32)
-    left = [engine.start(0, Conversation(persona="Hi.", voice="NATF1.pt", sampling=Sampling(text_seed=1, audio_seed=2))),
-            engine.start(1, Conversation(persona="Other.", voice="NATM0.pt", sampling=Sampling(greedy=True)))]
+    engine.prefill({0: engine.start(0, Conversation(persona="Hi.", voice="NATF1.pt",
+                                                    sampling=Sampling(text_seed=1, audio_seed=2))),
+                    1: engine.start(1, Conversation(persona="Other.", voice="NATM0.pt", sampling=Sampling(greedy=True)))})
     outputs = []
-    while any(n > 0 for n in left) or len(outputs) < frames:
-        modes = [PREFILL if n > 0 else LIVE for n in left] + [IDLE] * (engine.num_slots - 2)
-        out = engine.step(modes, audio[min(len(outputs), frames - 1)])
-        if all(m is LIVE for m in modes[:2]):
-            outputs.append(np.concatenate([engine.last_tokens.ravel().astype(np.float32), out.pcm.ravel()]))
-        left = [max(n - 1, 0) for n in left]
+    for frame in audio:
+        out = engine.step([LIVE, LIVE] + [IDLE] * (engine.num_slots - 2), frame)
+        outputs.append(np.concatenate([engine.last_tokens.ravel().astype(np.float32), out.pcm.ravel()]))
     return outputs
 
 
@@ -77,7 +75,7 @@ def test_capture_happens_at_load_and_every_tick_replays_it(tiny_model, caplog):
     assert engine.tick_path == "cuda_graph"
     assert any("engine tick ready (3 rows, cuda_graph)" in r.message for r in caplog.records)
     got = _drive(engine)
-    assert graphs.replays > len(got) and graphs.recorded == 1
+    assert graphs.replays == len(got) and graphs.recorded == 1  # one replay per tick (prompts run outside)
     want = _drive(PersonaPlexEngine(tiny_model, 3))  # eager, with its shortcuts
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
@@ -104,29 +102,12 @@ def test_new_voices_and_resets_never_recapture(tiny_model, tmp_path):
     buffers = {name: t.data_ptr() for name, t in vars(engine._tick).items() if isinstance(t, torch.Tensor)}
     silence = np.zeros((2, 1920), np.float32)
     for voice in engine.voices():
-        steps = engine.start(0, Conversation(voice=voice))
-        for _ in range(min(steps, 3)):
-            engine.step([PREFILL, IDLE], silence)
+        engine.prefill({0: engine.start(0, Conversation(voice=voice))})
+        engine.step([LIVE, IDLE], silence)
     engine.reset(0)
     engine.reset_all()
     assert graphs.recorded == 1
     assert {name: t.data_ptr() for name, t in vars(engine._tick).items() if isinstance(t, torch.Tensor)} == buffers
-
-
-def test_a_voice_longer_than_the_buffer_is_refused_not_reallocated(tiny_model, tmp_path):
-    folder = tmp_path / "voices"
-    shutil.copytree(tiny_model.voices.folder, folder)
-    model = dataclasses.replace(tiny_model, voices=VoiceLibrary(folder))
-    engine = PersonaPlexEngine(model, 1)
-    capacity = engine._tick.voice_capacity
-    assert capacity >= 250
-    long = VoicePrompt("LONG.pt", torch.zeros(capacity + 1, model.config.lm.dim), model.voices.get("NATF0.pt").cache)
-    long.save(folder / "LONG.pt")  # a voice added while the server runs
-    with pytest.raises(ConversationRejected, match=f"LONG.pt is {capacity + 1} frames long.*up to {capacity}"):
-        engine.start(0, Conversation(voice="LONG.pt"))
-    assert engine._tick.voice_capacity == capacity
-    # ...while a server started with it holds it.
-    assert PersonaPlexEngine(model, 1)._tick.voice_capacity == capacity + 1
 
 
 def test_reset_all_is_in_place_and_leaves_fresh_rows(tiny_model):
@@ -139,7 +120,7 @@ def test_reset_all_is_in_place_and_leaves_fresh_rows(tiny_model):
         np.testing.assert_array_equal(a, b)
 
 
-SCRATCH = ("tick.host_", "tick.control", "tick.pcm", "tick.packed", "tick.gen.depformer_cache")
+SCRATCH = ("tick.host_", "tick.live", "tick.pcm", "tick.packed", "tick.gen.depformer_cache")
 """Written by every tick before anything reads them: inputs, outputs, the depformer's keys of one frame."""
 
 
@@ -150,26 +131,29 @@ def _state(tick: DeviceTick) -> dict[str, torch.Tensor]:
 
 
 def test_warm_up_ticks_mid_conversation_leave_every_row_bit_identical(golden_model):
-    """The golden model's ring (64 positions) wraps inside its prompt: warm-ups before and after the wrap."""
+    """The golden model's ring (64 positions) wraps inside its prompt: warm-ups before and after the wrap,
+    in the middle of a prompt and between live ticks."""
     plain, warmed = PersonaPlexEngine(golden_model, 3), PersonaPlexEngine(golden_model, 3)
     audio = (0.1 * np.random.RandomState(3).randn(3, 1920)).astype(np.float32)
-    left = [e.start(0, Conversation(persona="A teacher.", voice="TINY0.pt", sampling=Sampling(text_seed=7, audio_seed=8)))
-            for e in (plain, warmed)][0]
     for e in (plain, warmed):
+        e.start(0, Conversation(persona="A teacher.", voice="TINY0.pt", sampling=Sampling(text_seed=7, audio_seed=8)))
         e.start(2, Conversation(persona="A teacher.", voice="TINY0.pt", sampling=Sampling(text_seed=4, audio_seed=5)))
     wraps = golden_model.config.lm.context
-    for tick in range(left + 30):
-        modes = [PREFILL if tick < left else LIVE, IDLE, PREFILL if tick < left else LIVE]
+    for tick in range(wraps + 40):
+        live = [plain.prompt_left(i) == 0 and i != 1 for i in range(3)]
+        modes = [LIVE if is_live else IDLE for is_live in live]
+        for e in (plain, warmed):
+            e.prefill({i: 1 for i in (0, 2) if e.prompt_left(i)})
         outs = [e.step(modes, audio) for e in (plain, warmed)]
         np.testing.assert_array_equal(outs[0].pcm, outs[1].pcm)
         np.testing.assert_array_equal(plain.last_tokens, warmed.last_tokens)
-        if tick in (3, wraps + 2, left + 5):  # mid-voice, after the ring wrapped, live
+        if tick in (3, wraps + 2, wraps + 30):  # mid-voice, after the ring wrapped, live
             warmed._tick.prepare()
             a, b = _state(plain._tick), _state(warmed._tick)
             assert a.keys() == b.keys()
             for name in a:
                 assert torch.equal(a[name], b[name]), (tick, name)
-    assert plain._tick.gen.state.end[0] > wraps
+    assert plain._tick.gen.state.end[0] > wraps and live == [True, False, True]
 
 
 def test_tick_traces_as_one_graph_at_real_widths():

@@ -22,7 +22,7 @@ from pplex_trio.engine._interface import Conversation, Sampling, SlotMode
 from pplex_trio.engine._personaplex import PersonaPlexEngine
 from pplex_trio.engine._tick import DeviceTick
 
-IDLE, PREFILL, LIVE = SlotMode.IDLE, SlotMode.PREFILL, SlotMode.LIVE
+IDLE, LIVE = SlotMode.IDLE, SlotMode.LIVE
 
 
 def tick_tensors(obj, path: str = "tick", seen: set[int] | None = None) -> dict[str, torch.Tensor]:
@@ -50,15 +50,17 @@ def layout(tensors: dict[str, torch.Tensor]) -> dict[str, tuple]:
 
 @pytest.fixture
 def busy_engine(tiny_model) -> PersonaPlexEngine:
-    """Three rows mid-way: 0 LIVE and sampling, 1 PREFILL inside its voice prompt, 2 IDLE."""
+    """Three rows mid-way: 0 LIVE and sampling, 1 inside its voice prompt (IDLE in ticks), 2 IDLE."""
     engine = PersonaPlexEngine(tiny_model, 3)
     steps = engine.start(0, Conversation(persona="Hi.", voice="NATF1.pt", sampling=Sampling(text_seed=1, audio_seed=2)))
     audio = (0.1 * np.random.RandomState(0).randn(3, 1920)).astype(np.float32)
-    for _ in range(steps):
-        engine.step([PREFILL, IDLE, IDLE], audio)
+    engine.prefill({0: steps})
     engine.start(1, Conversation(persona="Other.", voice="NATM0.pt", sampling=Sampling(greedy=True)))
     for _ in range(3):
-        engine.step([LIVE, PREFILL, IDLE], audio)
+        engine.prefill({1: 2})
+        engine.step([LIVE, IDLE, IDLE], audio)
+    engine._tick.host_live[:] = torch.tensor([1, 0, 0])
+    engine._tick.upload()
     return engine
 
 
@@ -79,11 +81,13 @@ def test_no_tensor_is_reallocated_between_ticks(tiny_model):
         if tick == 30:  # a row (re)starts mid-way: reset and a new voice, in place
             left[2] = engine.start(2, Conversation(voice="NATM0.pt", sampling=Sampling(text_seed=5, audio_seed=6)))
         engine._shortcuts = tick % 2 == 0  # eager ticks with and without the parts they skip
-        modes = [IDLE if n is None else PREFILL if n > 0 else LIVE for n in left]
+        work = {i: 2 for i, n in enumerate(left) if n}
+        for i, done in (engine.prefill(work) if work else {}).items():
+            left[i] -= done
+        modes = [LIVE if n == 0 else IDLE for n in left]
         engine.step(modes, audio)
-        left = [None if n is None else max(n - 1, 0) for n in left]
         assert layout(tick_tensors(engine._tick)) == before, f"tick {tick}"
-    assert modes == [LIVE, LIVE, PREFILL]
+    assert modes == [LIVE, LIVE, LIVE]  # the third went live mid-way
 
 
 def test_tick_is_a_function_of_its_buffers(busy_engine):
@@ -126,7 +130,7 @@ class HostTraffic(TorchFunctionMode):
 
 
 def staging_of(tick: DeviceTick) -> dict[str, torch.Tensor]:
-    return {"host_control": tick.host_control, "host_pcm": tick.host_pcm, "host_packed": tick.host_packed}
+    return {"host_live": tick.host_live, "host_pcm": tick.host_pcm, "host_packed": tick.host_packed}
 
 
 def test_tick_reads_nothing_back(busy_engine):
@@ -143,11 +147,11 @@ def test_step_uploads_first_and_reads_back_once(busy_engine):
     tick = busy_engine._tick
     audio = (0.1 * np.random.RandomState(2).randn(3, 1920)).astype(np.float32)
     with HostTraffic(staging_of(tick)) as traffic:
-        busy_engine.step([LIVE, PREFILL, IDLE], audio)
+        busy_engine.step([LIVE, IDLE, IDLE], audio)
     events = traffic.events
     uploads = [i for i, (name, bufs) in enumerate(events) if name == "copy_" and bufs[0] == "" and bufs[1]]
     downloads = [i for i, (name, bufs) in enumerate(events) if name == "copy_" and bufs[0] and not bufs[1]]
-    assert [events[i][1][1] for i in uploads] == ["host_control", "host_pcm"]
+    assert [events[i][1][1] for i in uploads] == ["host_live", "host_pcm"]
     assert [events[i][1][0] for i in downloads] == ["host_packed"]
     # Before the uploads only the staging buffers are touched (filled through numpy views)...
     assert all(bufs and all(bufs) for _, bufs in events[: uploads[0]])

@@ -77,7 +77,7 @@ def test_fit_prints_the_figures(memory, capsys):
     plan = plan_memory(CONFIGS["personaplex-7b-v1"], torch.bfloat16)
     count = plan.conversations(int(float(memory.removesuffix("GiB")) * GIB), 2 * GIB)
     assert f"conversations that fit: {count}" in text
-    assert "per conversation           1.484 GiB" in text and "lm_kv_ring" in text
+    assert "per conversation           1.482 GiB" in text and "lm_kv_ring" in text
     assert main(["fit", "--model", "personaplex-7b-v1", "--gpu-memory", memory, "--json"]) == 0
     figures = json.loads(capsys.readouterr().out)
     assert figures["conversations"] == count and figures["gpu_memory_gib"] == float(memory.removesuffix("GiB"))

@@ -93,61 +93,72 @@ def test_skipping_teacher_forced_depformer_steps_changes_nothing(golden_model, g
 
 
 def run_engine(model, golden, num_slots: int, golden_row: int, other_joins_at: int | None = None,
-               shortcuts: bool = True):
+               shortcuts: bool = True, chunk: int = 1000):
     """The golden conversation in ``golden_row``; optionally another one joins the other row.
 
-    ``shortcuts=False`` runs every tick with every part on (Mimi, voice
-    input, depformer, sampling), as the CUDA graph records it.
+    Prompts run through ``engine.prefill`` in calls of at most ``chunk``
+    positions per row.  ``other_joins_at``: -1 starts the other conversation
+    with the golden one (their prompts run side by side), ``n >= 0`` after
+    the golden one's ``n``-th live frame (its prompt then runs between the
+    ticks, 5 positions at a time).  ``shortcuts=False`` runs every tick with
+    every part on, as the CUDA graph records it.
     """
     engine = PersonaPlexEngine(model, num_slots)
     engine._shortcuts = shortcuts
     frames = len(golden.input_codes)
-    prefill = engine.start(golden_row, Conversation(persona=golden.persona, voice=golden.voice, sampling=GREEDY))
     other = 1 - golden_row
-    other_left = 0
     rng = np.random.RandomState(7)
+
+    def start_other() -> int:
+        return engine.start(other, Conversation(persona="You run a small bakery.", voice=golden.voice,
+                                                sampling=Sampling(text_seed=1, audio_seed=2)))
+
+    prefill = engine.start(golden_row, Conversation(persona=golden.persona, voice=golden.voice, sampling=GREEDY))
+    left = {golden_row: prefill} | ({other: start_other()} if other_joins_at == -1 else {})
+    while left[golden_row]:
+        done = engine.prefill({slot: chunk for slot, n in left.items() if n})
+        left = {slot: n - done.get(slot, 0) for slot, n in left.items()}
     pcm_out, tokens, texts = [], [], []
-    tick = 0
-    while len(pcm_out) < frames:
+    for i in range(frames):
+        if i == other_joins_at:
+            left[other] = start_other()
+        if left.get(other):
+            left[other] -= engine.prefill({other: 5})[other]
         modes = [SlotMode.IDLE] * num_slots
+        modes[golden_row] = SlotMode.LIVE
         pcm = np.zeros((num_slots, 1920), np.float32)
-        modes[golden_row] = SlotMode.PREFILL if tick < prefill else SlotMode.LIVE
-        if tick >= prefill:
-            pcm[golden_row] = golden.frame(tick - prefill)
-        if other_joins_at is not None and tick == other_joins_at:
-            other_left = engine.start(other, Conversation(
-                persona="You run a small bakery.", voice=golden.voice,
-                sampling=Sampling(text_seed=1, audio_seed=2)))
-        if other_joins_at is not None and tick >= other_joins_at:
-            modes[other] = SlotMode.PREFILL if other_left > 0 else SlotMode.LIVE
-            other_left -= 1
+        pcm[golden_row] = golden.frame(i)
+        if other in left and left[other] == 0:
+            modes[other] = SlotMode.LIVE
             pcm[other] = (0.1 * rng.randn(1920)).astype(np.float32)
         out = engine.step(modes, pcm)
-        if modes[golden_row] == SlotMode.LIVE:
-            pcm_out.append(out.pcm[golden_row])
-            tokens.append(engine.last_tokens[golden_row].copy())
-            texts.append(model.tokenizer.offline_piece(int(engine.last_tokens[golden_row, 0])))
-        tick += 1
+        pcm_out.append(out.pcm[golden_row])
+        tokens.append(engine.last_tokens[golden_row].copy())
+        texts.append(model.tokenizer.offline_piece(int(engine.last_tokens[golden_row, 0])))
     return np.concatenate(pcm_out), np.stack(tokens), texts, prefill
 
 
-def test_engine_reproduces_golden_single_slot(golden_model, golden):
-    pcm, tokens, texts, prefill = run_engine(golden_model, golden, 1, 0)
+@pytest.mark.parametrize("chunk", [1, 7, 1000])
+def test_engine_reproduces_golden_single_slot(golden_model, golden, chunk):
+    """The prompt one position per call (as one step per tick did), in chunks of 7, in as few as the ring
+    allows (its 64 positions wrap inside the 106-position prompt)."""
+    pcm, tokens, texts, prefill = run_engine(golden_model, golden, 1, 0, chunk=chunk)
     assert prefill == 24 + 6 + 70 + 6
     np.testing.assert_array_equal(tokens, golden.output_tokens)
     assert np.abs(pcm - golden.output_pcm).max() <= 1e-4
     assert texts == golden.output_text
 
 
-@pytest.mark.parametrize("golden_row,shortcuts", [(0, True), (1, False)])
-def test_engine_reproduces_golden_beside_another_conversation(golden_model, golden, golden_row, shortcuts):
-    """The other conversation joins while the golden one is in its prompt, and goes live mid-way.
+@pytest.mark.parametrize("golden_row,joins,shortcuts", [(0, 20, True), (1, -1, False), (1, 60, True)])
+def test_engine_reproduces_golden_beside_another_conversation(golden_model, golden, golden_row, joins, shortcuts):
+    """Another conversation prefills beside the golden one (its prompt side by side, or between the golden
+    one's live ticks) and then talks beside it: the golden row stays exact.
 
-    With ``shortcuts=False`` every tick (prompt-only, mixed, with an IDLE
-    row) runs with every part on: the function ``cuda_graph=True`` records,
+    With ``shortcuts=False`` every tick runs with every part on: the function ``cuda_graph=True`` records,
     checked here on CPU.
     """
-    pcm, tokens, texts, _ = run_engine(golden_model, golden, 2, golden_row, other_joins_at=60, shortcuts=shortcuts)
+    pcm, tokens, texts, _ = run_engine(golden_model, golden, 2, golden_row, other_joins_at=joins,
+                                       shortcuts=shortcuts, chunk=9)
     np.testing.assert_array_equal(tokens, golden.output_tokens)
     assert np.abs(pcm - golden.output_pcm).max() <= 1e-4
     assert texts == golden.output_text

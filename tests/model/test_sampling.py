@@ -23,8 +23,7 @@ def _conversation_tokens(model, samplings: list[Sampling], frames: int = 25) -> 
     assert len(set(steps)) == 1
     rng = np.random.RandomState(5)
     pcm = np.repeat((0.1 * rng.randn(1, frames * 1920)).astype(np.float32), len(samplings), axis=0)
-    for _ in range(steps[0]):
-        engine.step([SlotMode.PREFILL] * len(samplings), np.zeros_like(pcm[:, :1920]))
+    engine.prefill({i: n for i, n in enumerate(steps)})
     tokens = []
     for f in range(frames):
         engine.step([SlotMode.LIVE] * len(samplings), pcm[:, f * 1920:(f + 1) * 1920])

@@ -122,14 +122,17 @@ def _engine_run(model, start_other_at: int | None, ticks: int = 62):
                                            sampling=Sampling(text_seed=3, audio_seed=4)))
     rng = np.random.RandomState(0)
     pcm_out, text_out, other_left = [], [], 0
-    for tick in range(prefill + ticks):
-        modes = [SlotMode.PREFILL if tick < prefill else SlotMode.LIVE, SlotMode.IDLE]
+    engine.prefill({0: prefill})
+    for tick in range(ticks):
+        modes = [SlotMode.LIVE, SlotMode.IDLE]
         pcm = (0.1 * rng.randn(2, 1920)).astype(np.float32)
-        if start_other_at is not None and tick == prefill + start_other_at:
+        if start_other_at is not None and tick == start_other_at:
             other_left = engine.start(1, Conversation(persona="Another one.", voice="NATM0.pt"))
-        if start_other_at is not None and tick >= prefill + start_other_at:
-            modes[1] = SlotMode.PREFILL if other_left > 0 else SlotMode.LIVE
-            other_left -= 1
+        if start_other_at is not None and tick >= start_other_at:
+            if other_left > 0:
+                other_left -= engine.prefill({1: 3})[1]
+            else:
+                modes[1] = SlotMode.LIVE
         out = engine.step(modes, pcm)
         pcm_out.append(out.pcm.copy())
         text_out.append(out.text)

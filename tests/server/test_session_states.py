@@ -41,6 +41,11 @@ def ramp(frames, start=0):
     return [np.full(FRAME, (start + k + 1) / 1000, dtype="<f4") for k in range(frames)]
 
 
+def loud(frames, start=0):
+    """Like :func:`ramp`, but speech-loud (-26 dBFS and up): a catching-up framer skips only silence."""
+    return [np.full(FRAME, (start + k + 1) / 20, dtype="<f4") for k in range(frames)]
+
+
 async def wait_state(session, state):
     with trio.fail_after(30):
         while session.state is not state:
@@ -205,9 +210,9 @@ def moshi_pages(pcm):
 
 
 async def test_moshi_session_pings_while_preparing_then_handshakes_and_echoes(nursery, autojump_clock):
-    host = await running_host(nursery, echo_prefill_steps=20, keepalive_interval=0.5)
+    host = await running_host(nursery, echo_prefill_steps=20, keepalive_interval=0.5, prompt_position_seconds=0.08)
     run = await start_session(nursery, host, "moshi", b"text_prompt=hello&voice_prompt=NATF0.pt")
-    await run.ws.wait_for(lambda sent: sent.count(b"\x06") >= 2)  # pings while the prompt runs (1.6 s)
+    await run.ws.wait_for(lambda sent: sent.count(b"\x06") >= 2)  # pings while the prompt runs (a slow 1.6 s)
     assert run.session.state is SessionState.PREPARING
     await run.ws.wait_for(lambda sent: b"\x00" in sent)
     assert run.session.state is SessionState.LIVE
@@ -315,3 +320,45 @@ def test_a_session_refuses_a_transition_its_state_machine_does_not_have():
     session._enter(SessionState.CLOSING)
     with pytest.raises(RuntimeError, match="no transition from closing to preparing"):
         session._enter(SessionState.PREPARING)
+
+
+async def test_raw_audio_sent_before_ready_is_heard(nursery, autojump_clock):
+    """A client that talks at once: what it says while the prompt runs (0.8 s here) reaches the model."""
+    host = await running_host(nursery, echo_delay_frames=0, echo_prefill_steps=20, prompt_position_seconds=0.04)
+    run = await start_session(nursery, host, "raw")
+    run.ws.client_send(OPEN)
+    for frame in loud(6):  # said before "ready"
+        run.ws.client_send(frame.tobytes())
+        await trio.sleep(0.080)
+    assert run.session.state is SessionState.PREPARING and not of_type("ready")(run.ws.sent)
+    await run.ws.wait_for(of_type("ready"))
+    for frame in loud(4, start=6):  # and after it
+        run.ws.client_send(frame.tobytes())
+    run.ws.client_send(CLOSE)
+    assert await run.ws.wait_closed() == (1000, "")
+    heard = [f[0] for f in pcm_frames(run.ws.sent) if f.any()]
+    assert heard == pytest.approx([f[0] for f in loud(10)])  # every frame, in order: nothing lost
+
+
+async def test_raw_audio_then_close_before_ready_is_still_answered(nursery, autojump_clock):
+    host = await running_host(nursery, echo_delay_frames=0, echo_prefill_steps=20, prompt_position_seconds=0.04)
+    run = await start_session(nursery, host, "raw")
+    run.ws.client_send(OPEN)
+    for frame in loud(3):
+        run.ws.client_send(frame.tobytes())
+    run.ws.client_send(CLOSE)
+    assert await run.ws.wait_closed() == (1000, "")
+    assert of_type("ready")(run.ws.sent) and of_type("done")(run.ws.sent)
+    assert [f[0] for f in pcm_frames(run.ws.sent) if f.any()] == pytest.approx([f[0] for f in loud(3)])
+
+
+async def test_moshi_audio_before_the_handshake_is_not_heard(nursery, autojump_clock):
+    """The Moshi protocol keeps its semantics: the client waits for 0x00 (audio before it is dropped)."""
+    host = await running_host(nursery, echo_delay_frames=0, echo_prefill_steps=20, prompt_position_seconds=0.04)
+    run = await start_session(nursery, host, "moshi", b"text_prompt=hello&voice_prompt=NATF0.pt")
+    tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(FRAME * 6) / 24000)).astype(np.float32)
+    for page in moshi_pages(tone):
+        run.ws.client_send(b"\x01" + page)
+    await run.ws.wait_for(lambda sent: b"\x00" in sent)
+    await trio.sleep(1.0)
+    assert host.actor.table.slots[0].lease.frames_consumed == 0  # the early pages were decoded, then dropped

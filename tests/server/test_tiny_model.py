@@ -76,10 +76,7 @@ def direct_run(engine, conversation, frames, lead_silence):
     """The same conversation driven straight through the engine, slot 0 alone."""
     engine.reset_all()
     steps = engine.start(0, conversation)
-    modes = [SlotMode.PREFILL, SlotMode.IDLE]
-    silence = np.zeros((2, FRAME), np.float32)
-    for _ in range(steps):
-        engine.step(modes, silence)
+    engine.prefill({0: steps})
     out = []
     inputs = [np.zeros(FRAME, np.float32)] * lead_silence + list(frames)
     for frame in inputs:
