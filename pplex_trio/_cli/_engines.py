@@ -52,6 +52,7 @@ def create_engine(settings: ServerSettings) -> Engine:
             delay_frames=settings.echo_delay_frames,
             prefill_steps=settings.echo_prefill_steps,
             step_seconds=settings.echo_step_ms / 1000,
+            prefill_seconds=settings.echo_step_ms / 1000 / 50,  # a 100-position prompt: two ticks' compute
             fail_at_step=settings.echo_fail_at_step,
             hang_at_step=settings.echo_hang_at_step,
             hang_seconds=settings.echo_hang_seconds,

@@ -127,9 +127,10 @@ class ServerSettings(ActorSettings):
         0.0, "a conversation is told why and closed (1000) once it has been live this long (0: no limit)",
         low=0, group="security")
     echo_delay_frames: int = setting(1, "output delay in 80 ms frames", low=0, group="echo test engine")
-    echo_prefill_steps: int = setting(12, "system-prompt ticks", low=0, group="echo test engine")
-    echo_step_ms: float = setting(0.0, "sleep per step, standing in for GPU time", low=0,
-                                  group="echo test engine")
+    echo_prefill_steps: int = setting(12, "system-prompt positions (run between ticks, instantly)", low=0,
+                                      group="echo test engine")
+    echo_step_ms: float = setting(0.0, "sleep per step, standing in for GPU time (and a fiftieth of it per "
+                                  "system-prompt position)", low=0, group="echo test engine")
     echo_text_share: float = setting(1.0, "the share of frames with a text piece (the frame number); a speaking "
                                      "model gives about 0.3", low=0, high=1, group="echo test engine")
     echo_fail_at_step: int | None = setting(None, "raise an error in this step (counted from 0), for fault tests",
