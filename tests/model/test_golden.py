@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import sphn
 import torch
+import trio
 
 from pplex_trio.engine._interface import Conversation, Sampling, SlotMode
 from pplex_trio.engine._personaplex import PersonaPlexEngine
@@ -184,3 +185,44 @@ def test_offline_command_reproduces_golden(golden_dir, golden, tmp_path):
     assert rate == 24_000 and ours.shape == ref.shape == (1, 192_000)
     assert np.abs(ours - ref).max() * 32768 <= 1.0  # one LSB: float differences of ~1e-7 may cross a step
     assert np.abs(ours[0] - golden.output_pcm).max() <= 1e-4 + 1 / 32767
+
+
+async def test_the_golden_conversation_through_a_server_session(nursery, autojump_clock, golden_model, golden):
+    """The whole server path (a raw session, the actor's schedule, the prompt as chunked prefill between
+    calls, the ticks) on the golden checkpoint: the reference's audio, frame for frame."""
+    import json as _json
+
+    from _helpers.fake_ws import running_host, start_session
+
+    engine = PersonaPlexEngine(golden_model, 2)
+    host = await running_host(nursery, engine=engine, slots=2, prompt_position_seconds=0.001)
+    run = await start_session(nursery, host, "raw")
+    run.ws.client_send(_json.dumps({"type": "open", "text_prompt": golden.persona, "voice_prompt": golden.voice,
+                                    "text_temperature": 0, "audio_temperature": 0}))
+    await run.ws.wait_for(lambda sent: any(isinstance(m, str) and '"ready"' in m for m in sent))
+    frames = len(golden.input_codes)
+
+    def outputs() -> list[np.ndarray]:
+        return [np.frombuffer(m, dtype="<f4") for m in run.ws.sent if isinstance(m, bytes)]
+
+    # Lock-step with the server: two frames ahead, then one per answer, so no tick ever lacks one.
+    sent = 0
+    while len(outputs()) < frames:
+        while sent < min(frames, len(outputs()) + 2):
+            run.ws.client_send(golden.frame(sent).tobytes())
+            sent += 1
+        count = len(outputs())
+        await run.ws.wait_for(lambda _: len(outputs()) > count or None)
+    pcm = np.concatenate(outputs()[:frames])
+    assert np.abs(pcm - golden.output_pcm).max() <= 1e-4
+    await trio.sleep(0.2)  # the last frame's text goes out after its audio
+    text, seen = "", 0
+    for message in run.ws.sent:  # a frame's text follows its audio; the frames after the input's are not ours
+        if isinstance(message, bytes):
+            seen += 1
+            if seen > frames:
+                break
+        elif '"text"' in message:
+            text += _json.loads(message)["text"]
+    pieces = [p for p in golden.output_text if p not in ("EPAD", "PAD", "<s>", "</s>")]  # (control pieces: no text)
+    assert text == "".join(pieces)
