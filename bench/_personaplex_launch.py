@@ -1,8 +1,8 @@
 """Run NVIDIA PersonaPlex's own server on a tiny PersonaPlex-layout checkpoint, on the CPU.
 
-``bench/ready.py`` starts this file with the reference venv's python
-(``bench/_reference_env.py``: Kyutai's moshi 0.2.13 and its pins, sphn 0.1,
-aiohttp) and ``PYTHONPATH=<checkout>/moshi``, so ``import moshi`` is
+``bench/ready.py`` starts this file with the python of a venv holding the
+fork's own pins (``bench/.venv-personaplex``: sphn 0.1, numpy < 2.2, aiohttp
+..., torch held at ours) and ``PYTHONPATH=<checkout>/moshi``, so ``import moshi`` is
 NVIDIA's fork from a checkout of github.com/NVIDIA/personaplex that the user
 points the benchmark at; nothing of it is copied into this repository.
 
@@ -12,12 +12,16 @@ runtime patches (no source file is edited; the same ones the golden data of
 serve the checkpoint folder given as ``--checkpoint``:
 
 * ``loaders._seanet_kwargs`` / ``_quantizer_kwargs`` / ``_transformer_kwargs``
-  / ``_lm_kwargs`` become the checkpoint's ``config.json`` values;
+  and ``_lm_kwargs`` take the checkpoint's ``config.json`` values for the
+  keys the fork passes (its own defaults for the others);
 * ``loaders.get_moshi_lm`` loads float32 (its default is bfloat16; ours runs
   float32 on the CPU, so both compute in the same precision);
 * ``moshi.models.lm.SILENCE_TOKENS`` / ``SINE_TOKENS`` become the
   checkpoint's ``personaplex`` constants (the real codes index past a tiny
   codebook);
+* its sampling's top-k (250 audio, 25 text) is cut to the checkpoint's
+  vocabularies, which are smaller (a top-k over more entries than there are
+  means all of them; ``torch.topk`` refuses it);
 * ``huggingface_hub.hf_hub_download`` returns the checkpoint's own files
   (the server fetches ``config.json`` "to increment the download counter");
 * ``torch.cuda.synchronize`` is a no-op without CUDA (its warm-up calls it);
@@ -40,8 +44,6 @@ import pathlib
 import sys
 
 logger = logging.getLogger("bench.personaplex.launch")
-NOT_LM_KWARGS = {"model_type", "moshi_name", "mimi_name", "tokenizer_name", "lm_gen_config", "mimi", "personaplex",
-                 "notes", "golden", "reference"}
 
 
 def main() -> None:
@@ -68,12 +70,20 @@ def main() -> None:
 
     from moshi.models import lm, loaders
 
-    loaders._seanet_kwargs = config["mimi"]["seanet"]
-    loaders._quantizer_kwargs = config["mimi"]["quantizer"]
-    loaders._transformer_kwargs = config["mimi"]["transformer"]
-    loaders._lm_kwargs = {key: value for key, value in config.items() if key not in NOT_LM_KWARGS}
+    for name, part in (("_seanet_kwargs", "seanet"), ("_quantizer_kwargs", "quantizer"),
+                       ("_transformer_kwargs", "transformer")):  # the fork's own keys, the checkpoint's values
+        setattr(loaders, name, {key: config["mimi"][part].get(key, value) for key, value in getattr(loaders, name).items()})
+    loaders._lm_kwargs = {key: config.get(key, value) for key, value in loaders._lm_kwargs.items()}
     loaders.get_moshi_lm = functools.partial(loaders.get_moshi_lm, dtype=torch.float32)
     lm.SILENCE_TOKENS = np.array(config["personaplex"]["silence_tokens"], dtype=np.int64)
+    make_gen = lm.LMGen.__init__
+
+    def small_top_k(self, *a, **k):  # top-k over a vocabulary smaller than k is the whole vocabulary
+        k.setdefault("top_k", min(250, config["card"]))
+        k.setdefault("top_k_text", min(25, config["text_card"]))
+        make_gen(self, *a, **k)
+
+    lm.LMGen.__init__ = small_top_k
     lm.SINE_TOKENS = np.array(config["personaplex"]["sine_tokens"], dtype=np.int64)
     logger.info("NVIDIA PersonaPlex server from %s on %s (float32, %d CPU thread(s))",
                 pathlib.Path(lm.__file__).resolve().parent.parent, folder, torch.get_num_threads())

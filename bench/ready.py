@@ -11,21 +11,26 @@ listen.  Three measurements:
   one at a time.  Ours serves the checkpoint with ``pplex-trio serve``; with
   ``--personaplex DIR`` (a checkout of github.com/NVIDIA/personaplex, never
   copied here) NVIDIA's own server serves the same checkpoint
-  (``bench/_personaplex_launch.py``, in the reference venv of
-  ``bench/_reference_env.py``), the two taking turns.
+  (``bench/_personaplex_launch.py``, in a venv of its own pins made on
+  first use, ``bench/.venv-personaplex``), the two taking turns.
 * **joins under load** (``--load``, ours only: NVIDIA's server serves one
   conversation at a time): ``--live`` conversations talk (real speech, official
-  traffic), then ``--joiners`` more join at once; the joiners' connect ->
-  handshake p50/p99, and the live ones' tick lateness p99 in a window before
-  the joins and in one while they join, from the server's own histograms.
+  traffic), and ``--rounds`` times ``--joiners`` more join at once (each waits
+  for its handshake and leaves); the joiners' connect -> handshake p50/p99,
+  and the live ones' tick lateness p99 over the joining intervals (while the
+  prompts run) and over as many ticks alone just after each, from the
+  server's own histograms.
   The echo engine with ``--echo-step-ms`` stands in for the GPU (a prompt
-  position costs a fiftieth of a tick there).
+  of ``--prompt-positions`` positions, each costing a fiftieth of a tick
+  there).  The same joins are run again with prompts of no positions (the
+  control): what the joiners' own traffic costs the live ones, beside what
+  their prompts cost.
 * **first words** (``--first-words``): a Realtime client made with the
   official OpenAI SDK (as ``examples/openai_sdk.py``) that talks at once, as
   LiveKit's and Pipecat's do: ``session.update``, then 3 s of real speech from
   its first append, without waiting for ``response.created``; against the
   echo engine, how much of those 3 s comes back (each 80 ms frame of speech
-  whose best match in the answer correlates above 0.95).
+  whose best match in the answer correlates above 0.995).
   ``--server-checkout DIR`` runs the server from another checkout (an older
   commit, for a before/after figure).
 * the checkpoint defaults to ``../shared/golden/tiny-public`` (PersonaPlex
@@ -73,6 +78,7 @@ GOLDEN = REPO.parent / "shared" / "golden" / "tiny-public"
 RESULTS = REPO / "bench" / "results"
 LAUNCHER = REPO / "bench" / "_personaplex_launch.py"
 PERSONA_LENGTHS = (40, 100, 400, 1000)
+MATCH = 0.995  # the echo returns a frame whole (16-bit rounding aside); other speech rarely matches this well
 TEXT = ("You are a wise and friendly teacher. Answer questions or provide advice in a clear and engaging way. "
         "You enjoy having a good conversation. Have a deep conversation about technology. Your name is Jane. "
         "You work for a small bakery in the old town. Take orders, answer questions about bread and cakes. ")
@@ -86,24 +92,38 @@ def persona(chars: int) -> str:
 
 def start_ours(checkpoint: pathlib.Path, *flags: str, source: pathlib.Path = REPO) -> ServerProcess:
     return ServerProcess(["-m", "pplex_trio", "serve", "--model", str(checkpoint), "--device", "cpu", "--port", "0",
-                          *flags], startup_timeout=300, env={"PYTHONPATH": str(source)})
+                          *flags], startup_timeout=300, env={"PYTHONPATH": str(source)}, cwd=str(source))
 
 
 def start_personaplex(checkout: pathlib.Path, checkpoint: pathlib.Path, venv: pathlib.Path) -> ServerProcess:
-    port = free_port()
-    return ServerProcess([str(LAUNCHER), "--checkpoint", str(checkpoint), "--port", str(port)],
+    return ServerProcess([str(LAUNCHER), "--checkpoint", str(checkpoint), "--port", str(free_port())],
                          python=str(refenv.python(venv)), startup_timeout=300,
-                         env={"PYTHONPATH": str(checkout / "moshi")},
-                         ready_pattern=rf"Running on (?:http://)?[\d.]+:({port})")
+                         env={"PYTHONPATH": str(checkout / "moshi")})
 
 
-def ensure_personaplex_venv(venv: pathlib.Path) -> str:
-    """The reference venv, plus what NVIDIA's fork imports beyond Kyutai's moshi (tqdm)."""
-    versions = refenv.ensure(venv)
+PERSONAPLEX_VENV = REPO / "bench" / ".venv-personaplex"
+
+
+def ensure_personaplex_venv(checkout: pathlib.Path, venv: pathlib.Path = PERSONAPLEX_VENV) -> str:
+    """A venv for NVIDIA's fork (made once): its own pins from the checkout's ``moshi/pyproject.toml`` (sphn 0.1,
+    numpy < 2.2 ...), torch held at ours as for Kyutai's reference (``bench/_reference_env.py``), and tqdm,
+    which its ``lm.py`` imports.  Returns its versions."""
+    import tomllib
+
     python = str(refenv.python(venv))
-    if subprocess.run([python, "-c", "import tqdm"], capture_output=True).returncode:
-        subprocess.run([python, "-m", "pip", "install", "--quiet", "tqdm"], check=True)
-    return versions
+    probe = [python, "-c", "import importlib.metadata as m, aiohttp, sphn, torch, tqdm, einops; "
+             "print(torch.__version__, m.version('sphn'), m.version('numpy'), m.version('aiohttp'))"]
+    found = subprocess.run(probe, capture_output=True, text=True) if pathlib.Path(python).exists() else None
+    if found is None or found.returncode:
+        requires = tomllib.loads((checkout / "moshi" / "pyproject.toml").read_text())["project"]["dependencies"]
+        keep, left = refenv.runtime_requirements(requires)
+        logger.info("creating %s for NVIDIA's fork: %s (left out: %s)", venv, keep, left)
+        refenv._check(refenv._run([sys.executable, "-m", "venv", "--clear", str(venv)]))
+        pip = [python, "-m", "pip", "install", "--quiet"]
+        refenv._check(refenv._run([*pip, refenv.TORCH]))
+        refenv._check(refenv._run([*pip, *keep, "tqdm", refenv.TORCH]))
+        found = subprocess.run(probe, capture_output=True, text=True, check=True)
+    return found.stdout.strip()
 
 
 async def one_conversation(url: str, text: str, voice: str, pages: list[bytes]) -> client.Trace:
@@ -141,14 +161,21 @@ def median(values: list[float]) -> float:
     return finite[len(finite) // 2] if finite else math.nan
 
 
-async def joins_under_load(url: str, live: int, joiners: int, window: float, pages: list[bytes],
+async def joins_under_load(url: str, live: int, joiners: int, rounds: int, pages: list[bytes],
                            text: str, voice: str) -> dict:
-    """``live`` talk; a window; then ``joiners`` join at once while they talk on; another window."""
+    """``live`` talk; ``rounds`` times ``joiners`` join at once (each waits for its handshake, then leaves).
+
+    The live ones' tick lateness is read over the joining intervals (from the joins to the last handshake,
+    when the prompts run) and over as many ticks just before each, the same run.
+    """
     stats = [load.ClientStats(i) for i in range(live)]
     ready, stop = trio.Semaphore(0), trio.Event()
     query = f"text_prompt={text.replace(' ', '%20')}&voice_prompt={voice}"
     ws_url = url.replace("http://", "ws://") + "/api/chat?" + query
     lateness = "pplex_tick_lateness_seconds"
+    before, during = Histogram([], []), Histogram([], [])
+    handshakes: list[float] = []
+    errors: list[str] = []
     async with trio.open_nursery() as nursery:
         for s in stats:
             nursery.start_soon(lambda s=s: load.run_client(
@@ -158,46 +185,64 @@ async def joins_under_load(url: str, live: int, joiners: int, window: float, pag
             for _ in range(live):
                 await ready.acquire()
         await trio.sleep(2.0)
-        before0 = parse(await fetch_text(url))
-        await trio.sleep(window)
-        before1 = parse(await fetch_text(url))
-        traces = [client.Trace(i) for i in range(joiners)]
-        t0 = trio.current_time()
-        async with trio.open_nursery() as joining:
-            for trace in traces:
-                joining.start_soon(lambda t=trace: client.converse(
-                    client.chat_url(url, text_prompt=text, voice_prompt=voice), pages, t,
-                    clock=lambda: trio.current_time() - t0, stream_pages=round(window / client.PAGE_S),
-                    wait_timeout=60, drain=0.3))
-            await trio.sleep(window)
-            during = parse(await fetch_text(url))
+        for _ in range(rounds):
+            mark = parse(await fetch_text(url))
+            t0 = trio.current_time()
+            traces = [client.Trace(i) for i in range(joiners)]
+            async with trio.open_nursery() as joining:
+                for trace in traces:
+                    joining.start_soon(lambda t=trace: client.converse(
+                        client.chat_url(url, text_prompt=text, voice_prompt=voice), pages, t,
+                        clock=lambda: trio.current_time() - t0, stream_pages=0, wait_timeout=60, drain=0.0))
+            joined = parse(await fetch_text(url))
+            interval = trio.current_time() - t0
+            handshakes += [t.handshake_at - t.connect_at for t in traces if not math.isnan(t.handshake_at)]
+            errors += [t.error for t in traces if t.error]
+            during = _add(during, Histogram.between(mark, joined, lateness))
+            await trio.sleep(1.0)  # the joiners' slots drain
+            quiet = parse(await fetch_text(url))
+            await trio.sleep(interval)
+            before = _add(before, Histogram.between(quiet, parse(await fetch_text(url)), lateness))
         stop.set()
-    handshakes = sorted(t.handshake_at - t.connect_at for t in traces if not math.isnan(t.handshake_at))
+    handshakes.sort()
     return {
-        "live": live, "joiners": joiners, "window_s": window,
+        "live": live, "joiners": joiners, "rounds": rounds,
         "joiners_handshake_p50_s": client.quantile(handshakes, 0.5) if handshakes else math.nan,
         "joiners_handshake_p99_s": client.quantile(handshakes, 0.99) if handshakes else math.nan,
-        "joiners_ok": len(handshakes), "joiner_errors": [t.error for t in traces if t.error],
-        "live_lateness_p99_ms_before": 1000 * Histogram.between(before0, before1, lateness).quantile(0.99),
-        "live_lateness_p99_ms_during": 1000 * Histogram.between(before1, during, lateness).quantile(0.99),
+        "joiners_ok": len(handshakes), "joiner_errors": errors[:5],
+        "live_ticks_measured": [before.count, during.count],
+        "live_lateness_p99_ms_alone": 1000 * before.quantile(0.99),
+        "live_lateness_p99_ms_while_joining": 1000 * during.quantile(0.99),
         "live_ok": sum(not s.error for s in stats),
-        "dropped_during": during.total("pplex_frames_dropped_total") - before1.total("pplex_frames_dropped_total"),
     }
 
 
+def _add(a: Histogram, b: Histogram) -> Histogram:
+    if not a.bounds:
+        return b
+    return Histogram(b.bounds, [x + y for x, y in zip(a.counts, b.counts)])
+
+
 async def first_words(url: str, speech: np.ndarray, seconds: float = 3.0) -> dict:
-    """A Realtime SDK client that talks from its first append; how much of its first ``seconds`` the echo returns."""
+    """A Realtime SDK client that talks from its first append; how much of its first ``seconds`` the echo returns.
+
+    asyncio, as the SDK is (the rest of this benchmark runs on Trio).
+    """
+    import asyncio
     import base64
 
     from openai import AsyncOpenAI
 
     rate, chunk = 24_000, 1920
-    said = speech[: int(seconds * rate)]
+    loud = np.flatnonzero(np.abs(speech) > 10 ** (-42 / 20))
+    onset = int(loud[0]) if loud.size else 0  # the recording's leading silence is not the caller's first words
+    said = speech[onset: onset + int(seconds * rate)]
     question = np.concatenate([said, np.zeros(2 * rate, np.float32)])  # 2 s to hear the rest
     base = url.rstrip("/") + "/v1"
     sdk = AsyncOpenAI(api_key="unused", base_url=base, websocket_base_url=base.replace("http", "ws", 1))
     answer: list[bytes] = []
-    t0 = trio.current_time()
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
     live_at = math.nan
     async with sdk.realtime.connect(model="personaplex") as connection:
         await connection.session.update(session={"type": "realtime", "instructions": persona(100),
@@ -207,26 +252,27 @@ async def first_words(url: str, speech: np.ndarray, seconds: float = 3.0) -> dic
             nonlocal live_at
             async for event in connection:
                 if event.type == "response.created" and math.isnan(live_at):
-                    live_at = trio.current_time() - t0
+                    live_at = loop.time() - t0
                 elif event.type == "response.output_audio.delta":
                     answer.append(base64.b64decode(event.delta))
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(listen)
-            start = trio.current_time()
-            for i in range(0, question.size, chunk):
-                pcm16 = (np.clip(question[i:i + chunk], -1, 32767 / 32768) * 32768).astype("<i2").tobytes()
-                await connection.input_audio_buffer.append(audio=base64.b64encode(pcm16).decode())
-                await trio.sleep_until(start + (i // chunk + 1) * 0.08)
-            await trio.sleep(0.5)
-            nursery.cancel_scope.cancel()
+        listener = asyncio.create_task(listen())
+        start = loop.time()
+        for i in range(0, question.size, chunk):  # from the first append on, as LiveKit and Pipecat do
+            pcm16 = (np.clip(question[i:i + chunk], -1, 32767 / 32768) * 32768).astype("<i2").tobytes()
+            await connection.input_audio_buffer.append(audio=base64.b64encode(pcm16).decode())
+            await asyncio.sleep(max(0.0, start + (i // chunk + 1) * 0.08 - loop.time()))
+        await asyncio.sleep(0.5)
+        listener.cancel()
     await sdk.close()
     heard = np.frombuffer(b"".join(answer), "<i2").astype(np.float32) / 32768
     frames = [said[i:i + chunk] for i in range(0, said.size - chunk + 1, chunk)]
     speech_frames = [f for f in frames if np.sqrt(np.mean(f.astype(np.float64) ** 2)) > 10 ** (-42 / 20)]
-    found = sum(best_match(f, heard) > 0.95 for f in speech_frames)
+    matches = [best_match(f, heard) for f in speech_frames]
+    found = sum(m > MATCH for m in matches)
     return {"seconds_said": seconds, "live_after_s": live_at, "speech_frames": len(speech_frames),
-            "heard_frames": int(found), "heard_share": found / max(1, len(speech_frames))}
+            "heard_frames": int(found), "heard_share": found / max(1, len(speech_frames)),
+            "best_matches": [round(m, 4) for m in matches]}
 
 
 def best_match(frame: np.ndarray, audio: np.ndarray) -> float:
@@ -236,8 +282,11 @@ def best_match(frame: np.ndarray, audio: np.ndarray) -> float:
     n = 1 << int(np.ceil(np.log2(audio.size + frame.size)))
     xcorr = np.fft.irfft(np.fft.rfft(audio, n) * np.conj(np.fft.rfft(frame, n)), n)[: audio.size - frame.size + 1]
     energy = np.convolve(audio.astype(np.float64) ** 2, np.ones(frame.size), "valid")
-    norm = np.sqrt(energy * float(np.sum(frame.astype(np.float64) ** 2))) + 1e-12
-    return float(np.max(xcorr / norm))
+    own = float(np.sum(frame.astype(np.float64) ** 2))
+    comparable = energy > 0.25 * own  # an echo has the frame's energy; near-silence would divide by ~0
+    if not comparable.any():
+        return 0.0
+    return float(np.max(xcorr[comparable] / np.sqrt(energy[comparable] * own)))
 
 
 def table(result: dict) -> str:
@@ -262,13 +311,15 @@ def main(argv: list[str] | None = None) -> int:
                    "(default ../shared/golden/tiny-public)")
     p.add_argument("--voice", default="TINY0.pt", help="the voice prompt (default TINY0.pt, the golden checkpoint's)")
     p.add_argument("--personaplex", type=pathlib.Path, help="a checkout of NVIDIA/personaplex: also measure its server")
-    p.add_argument("--reference-venv", type=pathlib.Path, default=refenv.VENV)
+    p.add_argument("--personaplex-venv", type=pathlib.Path, default=PERSONAPLEX_VENV,
+                   help="the venv NVIDIA's server runs in (made on first use)")
     p.add_argument("--repeats", type=int, default=3, help="conversations per persona length and server (default 3)")
     p.add_argument("--load", action="store_true", help="measure joins under load instead (ours, the echo engine)")
     p.add_argument("--live", type=int, default=32)
     p.add_argument("--joiners", type=int, default=8)
     p.add_argument("--echo-step-ms", type=float, default=20.0, help="with --load: the echo engine's tick compute")
-    p.add_argument("--window", type=float, default=6.0, help="with --load: seconds measured before and during")
+    p.add_argument("--rounds", type=int, default=8, help="with --load: how many times the joiners join")
+    p.add_argument("--prompt-positions", type=int, default=100, help="with --load: each joiner's prompt (default 100)")
     p.add_argument("--first-words", action="store_true", help="measure how much of a Realtime client's first 3 s "
                    "is heard instead (the echo engine)")
     p.add_argument("--server-checkout", type=pathlib.Path, default=REPO, help="with --first-words: run the server "
@@ -279,35 +330,40 @@ def main(argv: list[str] | None = None) -> int:
     pages = load.encode_pages(40.0, 40)
     result: dict = {"command": " ".join(["python", "bench/ready.py", *(argv if argv is not None else sys.argv[1:])]),
                     "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count()}
-    if args.first_words:
+    if args.load:
+        result["load"] = {}
+        for label, positions in (("prompts", args.prompt_positions), ("control, no prompt", 0)):
+            server = start_ours(pathlib.Path("echo"), "--slots", str(args.live + args.joiners), "--queue-size", "0",
+                                "--echo-step-ms", str(args.echo_step_ms), "--echo-text-share", "0.3",
+                                "--echo-prefill-steps", str(positions))
+            try:
+                result["load"][label] = trio.run(joins_under_load, "http://" + server.address, args.live,
+                                                 args.joiners, args.rounds, pages, persona(100), "NATF0.pt")
+            finally:
+                server.stop()
+            print(label, json.dumps(result["load"][label], indent=1), flush=True)
+    elif args.first_words:
         commit = subprocess.run(["git", "-C", str(args.server_checkout), "rev-parse", "--short", "HEAD"],
                                 capture_output=True, text=True).stdout.strip()
         server = start_ours(pathlib.Path("echo"), "--slots", "1", "--echo-step-ms", "10",
                             source=args.server_checkout)
         try:
-            speech = load.speech(3.0)
-            result["first_words"] = trio.run(first_words, "http://" + server.address, speech) | {"commit": commit}
+            speech = load.speech(10.0)
+            import asyncio
+
+            result["first_words"] = asyncio.run(first_words("http://" + server.address, speech)) | {"commit": commit}
         finally:
             server.stop()
         print(json.dumps(result["first_words"], indent=1))
-    elif args.load:
-        server = start_ours(pathlib.Path("echo"), "--slots", str(args.live + args.joiners), "--queue-size", "0",
-                            "--echo-step-ms", str(args.echo_step_ms), "--echo-text-share", "0.3")
-        try:
-            result["load"] = trio.run(joins_under_load, "http://" + server.address, args.live, args.joiners,
-                                      args.window, pages, persona(100), "NATF0.pt")
-        finally:
-            server.stop()
-        print(json.dumps(result["load"], indent=1))
     else:
         servers = {"ours": start_ours(args.checkpoint, "--slots", "2")}
         try:
             if args.personaplex:
-                result["reference_venv"] = ensure_personaplex_venv(args.reference_venv)
+                result["personaplex_venv"] = ensure_personaplex_venv(args.personaplex, args.personaplex_venv)
                 result["personaplex_commit"] = subprocess.run(
                     ["git", "-C", str(args.personaplex), "rev-parse", "HEAD"], capture_output=True, text=True
                 ).stdout.strip()
-                servers["nvidia"] = start_personaplex(args.personaplex, args.checkpoint, args.reference_venv)
+                servers["nvidia"] = start_personaplex(args.personaplex, args.checkpoint, args.personaplex_venv)
             urls = {side: "http://" + proc.address for side, proc in servers.items()}
             result["personas"] = personas(urls, args.voice, args.repeats, pages)
         finally:

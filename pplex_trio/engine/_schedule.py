@@ -259,6 +259,8 @@ class TickSchedule:
         return self._starved_since is not None and self.ticks - self._starved_since >= PROMPT_STARVED_TICKS
 
     def prompt_done(self, positions: int, seconds: float) -> None:
+        """A prompt call ran ``positions`` in ``seconds`` (its starts, its resets and the trip to the worker
+        thread and back included)."""
         self.prompt_cost.observe(positions, seconds)
 
     def state(self) -> ScheduleState:
@@ -288,9 +290,13 @@ def share(left: Mapping[int, int], total: int) -> dict[int, int]:
 class PromptCost:
     """What a prompt call costs: ``fixed + per_position * positions``, fitted to the recent calls.
 
-    Until it has seen calls of two sizes it takes the one it saw as all
-    per-position (which overestimates small calls: safe).  Its estimate is
-    padded by ``SAFETY`` so that one mis-estimate does not make a tick late.
+    A least-squares slope over the recent calls, and the typical (median)
+    rest as the fixed part.  Until it has seen calls of two sizes it takes
+    the one it saw as all per-position (which overestimates small calls:
+    safe).  Its estimate is padded by ``SAFETY`` so that one mis-estimate
+    does not make a tick late; a median, not a maximum, so that one slow call
+    (a collection, a busy event loop) does not starve the prompts for the
+    next dozens.
     """
 
     SAFETY = 1.25
@@ -314,13 +320,13 @@ class PromptCost:
         self._seen.append((positions, seconds))
         sizes = [n for n, _ in self._seen]
         if len(set(sizes)) < 2:
-            self.fixed, self.per_position = 0.0, max(s for _, s in self._seen) / sizes[0]
-            return
-        mean_n, mean_s = statistics.fmean(sizes), statistics.fmean(s for _, s in self._seen)
-        var = statistics.fmean((n - mean_n) ** 2 for n in sizes)
-        slope = statistics.fmean((n - mean_n) * (s - mean_s) for n, s in self._seen) / var
-        self.per_position = max(slope, 0.0)
-        self.fixed = max(0.0, max(s - self.per_position * n for n, s in self._seen))
+            slope = statistics.median(s for _, s in self._seen) / sizes[0]
+        else:
+            mean_n, mean_s = statistics.fmean(sizes), statistics.fmean(s for _, s in self._seen)
+            var = statistics.fmean((n - mean_n) ** 2 for n in sizes)
+            slope = max(0.0, statistics.fmean((n - mean_n) * (s - mean_s) for n, s in self._seen) / var)
+        self.per_position = slope
+        self.fixed = max(0.0, statistics.median(s - slope * n for n, s in self._seen))
 
     def positions_within(self, seconds: float) -> int:
         """How many positions a call may take to last at most ``seconds`` (estimated, padded)."""

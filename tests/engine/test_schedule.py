@@ -142,3 +142,11 @@ def test_prompt_time_leaves_the_margin_before_the_earliest_start():
     assert schedule.prompt_time() == pytest.approx(0.080 - 0.010 - 0.004)
     now[0] = 10.070
     assert schedule.prompt_time() == 0.0
+
+
+def test_one_slow_call_does_not_starve_the_prompts():
+    cost = PromptCost()
+    for n in (10, 20, 40, 10, 20):
+        cost.observe(n, 0.002 + 0.001 * n)
+    cost.observe(20, 0.200)  # one call held up (a collection, a busy event loop)
+    assert cost.positions_within(0.050) > 20
