@@ -213,8 +213,14 @@ async def joins_under_load(url: str, live: int, joiners: int, rounds: int, pages
         "live_ticks_measured": [before.count, during.count],
         "live_lateness_p99_ms_alone": 1000 * before.quantile(0.99),
         "live_lateness_p99_ms_while_joining": 1000 * during.quantile(0.99),
+        "live_ticks_over_5ms_alone": _over(before, 0.005), "live_ticks_over_5ms_while_joining": _over(during, 0.005),
         "live_ok": sum(not s.error for s in stats),
     }
+
+
+def _over(h: Histogram, bound: float) -> float:
+    """The ticks later than ``bound`` (a bucket bound of the histogram)."""
+    return h.count - dict(zip(h.bounds, h.counts)).get(bound, h.count)
 
 
 def _add(a: Histogram, b: Histogram) -> Histogram:

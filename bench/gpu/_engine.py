@@ -262,10 +262,10 @@ def prefill(model, frames: np.ndarray, quick: bool, fit: int | None) -> dict[str
             driver.start(row, Conversation(persona="Hello.", voice=voice))
         for _ in range(3):
             driver.step()
-        for target in (100, 300):
+        for target in (100,) if quick else (100, 300):
             persona, steps = persona_of(engine, target, voice)
             times = []
-            for _ in range(3):
+            for _ in range(2 if quick else 3):
                 engine.start(0, Conversation(persona=persona, voice=voice))
                 sync(device)
                 began = time.perf_counter()

@@ -7,7 +7,7 @@ are the bytes of exactly the tensors the engine allocates, for any config.
 * **weights**: every parameter and buffer of the LM (in its dtype) and of
   Mimi (float32);
 * **per conversation**: the engine state one more row adds (the LM's KV
-  ring, Mimi's and the depformer's states, the voice buffer, the sampling
+  ring, Mimi's and the depformer's states, the sampling
   settings, the I/O buffers), plus the peak of the temporaries one tick
   allocates for one more row (measured by running a tick on ``meta`` and
   following every tensor it creates);

@@ -19,8 +19,10 @@ jittery client settles at the latency its jitter needs instead of paying a
 late frame and a skip every few seconds.
 
 **Catching up.**  Audio a client sent before its conversation was live (the
-Realtime and raw protocols let it talk at once) is not thrown away: it is
-queued ahead of the live audio (:meth:`InputFramer.catch_up`), so the model
+Realtime and raw protocols let it talk at once) is not thrown away: the
+framer keeps the last :data:`EARLY_AUDIO_SECONDS` of it
+(:meth:`InputFramer.keep_early`) and queues it ahead of the live audio when
+the conversation goes live (:meth:`InputFramer.catch_up`), so the model
 hears it, a little late.  While more than the usual backlog waits, frames
 of silence at the head are skipped, so the conversation gets back to real
 time over the caller's next pauses instead of staying behind for good;
@@ -30,11 +32,14 @@ phase alignment waits until it has.
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
 
 import numpy as np
 
+from .._conversation import SAMPLE_RATE
 from ..codec._vad import is_silent
+
+EARLY_AUDIO_SECONDS = 4.0
+"""Audio a client may send before its conversation is live and still be heard."""
 
 
 class InputFramer:
@@ -68,6 +73,8 @@ class InputFramer:
         self._capacity = (max_frames + 1) * frame_size
         self._buf = np.zeros(self._capacity, dtype=np.float32)
         self._catching_up = False
+        self._early: collections.deque[tuple[np.ndarray, float]] = collections.deque()  # (pcm, arrival)
+        self.early_samples = 0
         self.caught_up_samples = 0  # silence skipped to get back to real time
         self._len = 0
         self._start = 0  # stream position of _buf[0]
@@ -156,22 +163,36 @@ class InputFramer:
         frame = np.empty(self.frame_size, dtype=np.float32)
         return frame if self.pop_frame_into(frame) is not None else None
 
-    def catch_up(self, early: Sequence[tuple[np.ndarray, float]]) -> None:
-        """Queue audio that came before the conversation was live, ahead of anything pushed since.
+    def keep_early(self, pcm: np.ndarray, arrived_at: float) -> int:
+        """Keep audio that came before the conversation is live (the last :data:`EARLY_AUDIO_SECONDS`);
+        returns the frames that dropped out of that window."""
+        pcm = np.array(pcm, dtype=np.float32).reshape(-1)
+        self._early.append((pcm, arrived_at))
+        self.early_samples += pcm.size
+        dropped = 0
+        while self.early_samples > EARLY_AUDIO_SECONDS * SAMPLE_RATE:
+            old, _ = self._early.popleft()
+            self.early_samples -= old.size
+            dropped += old.size
+        return -(-dropped // self.frame_size)
 
-        ``early``: ``(pcm, arrival)`` chunks, oldest first; the framer must be
-        empty.  Until at most the usual backlog waits again, silent frames at
-        the head are skipped (see the module docstring).
+    def catch_up(self) -> bool:
+        """The conversation is live: queue what :meth:`keep_early` kept ahead of anything pushed since.
+
+        Until at most the usual backlog waits again, silent frames at the
+        head are skipped (see the module docstring).  False when nothing was kept.
         """
-        total = sum(np.asarray(pcm).size for pcm, _ in early)
+        early, self._early = list(self._early), collections.deque()
+        total, self.early_samples = self.early_samples, 0
         if not total or self._len:
-            return
+            return False
         self._capacity = (self.max_frames + 1) * self.frame_size + total
         if self._buf.size < self._capacity:
             self._buf = np.zeros(self._capacity, dtype=np.float32)
         self._catching_up = True
         for pcm, arrived in early:
             self.push(pcm, arrived)
+        return True
 
     def _skip_silence(self) -> None:
         while self.pending_frames > self.max_frames and is_silent(self._buf[: self.frame_size]):

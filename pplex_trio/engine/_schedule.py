@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping
 import trio
 
 from ._slots import Lease, SlotPhase, SlotTable
+from ._steering import LatePages, PhaseSteering
 
 GRACE_WINDOW = 25  # ticks (2 s) ...
 GRACE_PER_WINDOW = 3  # ... in which at most this many may be held
@@ -228,8 +229,9 @@ class TickSchedule:
         return max(0.0, self.deadline - self.early_start - PROMPT_MARGIN - self._clock())
 
     def may_run_prompts(self) -> bool:
-        """Whether an engine call between ticks may start now: there is time, or prompts have starved."""
-        return self.prompt_time() > 0 or self._starved()
+        """Whether an engine call between ticks may start now: there is time for one (its fixed cost: the trip
+        to the worker thread, starts, resets), or prompts have starved."""
+        return self.prompt_time() > self.prompt_cost.fixed * PromptCost.SAFETY or self._starved()
 
     def prompt_work(self, left: Mapping[int, int]) -> dict[int, int]:
         """Positions for each prompting slot (``left``: what each still has) that fit :meth:`prompt_time`.
@@ -310,17 +312,17 @@ class PromptCost:
 
     @property
     def known(self) -> bool:
-        return bool(self._seen)
+        """Whether a call that ran positions has been seen (calls of starts and resets alone tell the fixed
+        cost, not the cost per position)."""
+        return self.per_position > 0 or any(n for n, _ in self._seen)
 
     def observe(self, positions: int, seconds: float) -> None:
-        if positions <= 0:
-            return
         self.calls += 1
         self.positions += positions
         self._seen.append((positions, seconds))
         sizes = [n for n, _ in self._seen]
         if len(set(sizes)) < 2:
-            slope = statistics.median(s for _, s in self._seen) / sizes[0]
+            slope = statistics.median(s for _, s in self._seen) / sizes[0] if sizes[0] else self.per_position
         else:
             mean_n, mean_s = statistics.fmean(sizes), statistics.fmean(s for _, s in self._seen)
             var = statistics.fmean((n - mean_n) ** 2 for n in sizes)
@@ -330,84 +332,9 @@ class PromptCost:
 
     def positions_within(self, seconds: float) -> int:
         """How many positions a call may take to last at most ``seconds`` (estimated, padded)."""
-        if not self._seen:
+        if not self.known:
             return 1 << 30 if seconds > 0 else 0
         room = seconds / self.SAFETY - self.fixed
         if room <= 0:
             return 0
         return int(room / self.per_position) if self.per_position > 0 else 1 << 30
-
-
-class PhaseSteering:
-    """Per tick: slacks in, how far to move the next deadline (negative = earlier).
-
-    Moving a tick earlier by ``d`` keeps every frame complete as long as
-    ``d`` is less than every live conversation's *slack* (tick time minus
-    the arrival of the last sample of the frame it takes).  So the grid moves
-    earlier by a fraction of the smallest slack of the last ``window`` ticks
-    (as it would be on today's grid) beyond a safety *margin*, and later
-    whenever a streaming conversation finds no frame.  Each such miss widens
-    the margin; calm stretches narrow it again, slowly.  With clients at
-    random phases the smallest slack is near zero and the grid stays put.
-    """
-
-    def __init__(self, *, margin: float = 0.003, window: int = 25, max_margin: float = 0.030,
-                 gain: float = 0.25, max_step: float = 0.005, late_step: float = 0.004, calm_ticks: int = 75):
-        self.min_margin = self.margin = margin
-        self.max_margin = max_margin
-        self.gain = gain
-        self.max_step = max_step
-        self.late_step = late_step
-        self.calm_ticks = calm_ticks
-        self._calm = 0
-        self.moved = 0.0
-        # Each recent tick's smallest slack, as ``slack - moved``: adding today's ``moved`` gives it on today's grid.
-        self._recent: collections.deque[float] = collections.deque(maxlen=window)
-
-    def forget(self) -> None:
-        """The grid restarts: slacks measured on the old one mean nothing now."""
-        self._recent.clear()
-        self._calm = 0
-
-    def adjust(self, slacks: list[float], late: int) -> float:
-        """``slacks`` of the conversations that got a frame, ``late`` how many streaming ones got none."""
-        if late:
-            self.margin = min(self.max_margin, self.margin + 0.002)
-            self._calm = 0
-            self._recent.clear()
-            step = self.late_step
-        else:
-            self._calm += 1
-            if self._calm >= self.calm_ticks:  # 6 s without a miss: trust the timing a little more
-                self.margin = max(self.min_margin, self.margin - 0.001)
-                self._calm = 0
-            if slacks:
-                self._recent.append(min(slacks) - self.moved)
-            spare = min(self._recent) + self.moved - self.margin if self._recent else 0.0
-            step = -min(self.max_step, self.gain * spare) if spare > 0 else 0.0
-        self.moved += step
-        return step
-
-
-class LatePages:
-    """Which of the previous tick's misses were late pages (not clients that stopped sending).
-
-    A miss counts once the conversation's next audio arrived after the tick
-    that missed it, and within a tick of it; the steering reacts one tick
-    later than it would have (it moves a few milliseconds a tick anyway).
-    """
-
-    def __init__(self, tick_seconds: float):
-        self._tick_seconds = tick_seconds
-        self._missed: list[Lease] = []
-        self._missed_at = 0.0
-
-    def confirm(self, missed: list[Lease], now: float) -> int:
-        """How many of the previous tick's misses were late pages; remember this tick's (``missed``, at ``now``)."""
-        late = sum(self._missed_at < lease.last_input_arrival <= self._missed_at + self._tick_seconds
-                   for lease in self._missed)
-        self._missed, self._missed_at = missed, now
-        return late
-
-    def forget(self) -> None:
-        self._missed = []

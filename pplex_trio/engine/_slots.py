@@ -25,11 +25,9 @@ import numpy as np
 import trio
 
 from .._channel import DropOldestChannel
-from .._conversation import SAMPLE_RATE, CloseCode, Conversation
+from .._conversation import CloseCode, Conversation
 from ._framing import InputFramer
 
-EARLY_AUDIO_SECONDS = 4.0
-"""Audio a client may send before its conversation is live and still be heard (``early_audio`` leases)."""
 
 
 class SlotPhase(enum.Enum):
@@ -124,9 +122,7 @@ class Lease:
     ):
         self.conversation = conversation
         self._framer = framer
-        # Audio pushed before LIVE, kept for the model (``early_audio``), oldest first: (pcm, arrival).
-        self._early: collections.deque[tuple[np.ndarray, float]] | None = collections.deque() if early_audio else None
-        self._early_samples = 0
+        self._early_audio = early_audio
         self._outbox: DropOldestChannel[OutputEvent] = DropOldestChannel(
             output_capacity, name="output_backlog", on_drop=on_drop, salvage=_carry_text)
         self._on_drop = on_drop
@@ -200,9 +196,9 @@ class Lease:
     def push_input(self, pcm: np.ndarray, arrived_at: float) -> bool:
         """Queue input PCM that reached the server at ``arrived_at``; False when it is dropped.
 
-        Before LIVE, a lease made with ``early_audio`` keeps the last
-        :data:`EARLY_AUDIO_SECONDS` of it for the model (queued ahead of the
-        live audio when the conversation goes live; see ``InputFramer.catch_up``);
+        Before LIVE, a lease made with ``early_audio`` keeps the last few
+        seconds of it for the model (queued ahead of the live audio when the
+        conversation goes live; see ``InputFramer.keep_early``);
         otherwise input before LIVE is audio the model was never going to
         hear (the client should wait for the handshake).  On overflow the
         oldest frames go.
@@ -210,7 +206,10 @@ class Lease:
         if self._flushing or self._state is LeaseState.ENDED:
             return False
         if self._state is not LeaseState.LIVE:
-            return self._keep_early(pcm, arrived_at)
+            if not self._early_audio:
+                return False
+            self._on_drop("input_backlog", self._framer.keep_early(pcm, arrived_at))
+            return True
         self._on_drop("input_backlog", self._framer.push(pcm, arrived_at))
         self._on_input(self)
         return True
@@ -227,7 +226,7 @@ class Lease:
     @property
     def early_audio_kept(self) -> bool:
         """Whether audio pushed before LIVE waits for the model (see :meth:`push_input`)."""
-        return bool(self._early)
+        return self._framer.early_samples > 0
 
     def frames(self) -> _OutputBatches:
         """Output events, in batches of everything waiting (at least one); ends when the lease does."""
@@ -240,27 +239,9 @@ class Lease:
 
     # -- the engine's side, called only by the SlotTable ----------------------
 
-    def _keep_early(self, pcm: np.ndarray, arrived_at: float) -> bool:
-        if self._early is None:
-            return False
-        pcm = np.array(pcm, dtype=np.float32).reshape(-1)
-        self._early.append((pcm, arrived_at))
-        self._early_samples += pcm.size
-        limit = int(EARLY_AUDIO_SECONDS * SAMPLE_RATE)
-        dropped = 0
-        while self._early_samples > limit:
-            old, _ = self._early.popleft()
-            self._early_samples -= old.size
-            dropped += old.size
-        self._on_drop("input_backlog", -(-dropped // self._framer.frame_size))
-        return True
-
     def _go_live(self) -> None:
-        if self._early:
-            self._framer.catch_up(list(self._early))
+        if self._framer.catch_up():
             self._on_input(self)
-        self._early = None
-        self._early_samples = 0
         self._set(LeaseState.LIVE)
         if self._flushing:
             self._framer.pad_to_frame()

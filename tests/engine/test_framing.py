@@ -192,8 +192,9 @@ def _frames(values, frame=FRAME):
 
 def test_early_audio_is_heard_and_silence_skipped_until_back_to_real_time():
     framer = InputFramer(FRAME, max_frames=2)
-    early = _frames([0.5, 0.6, 0, 0, 0, 0.7, 0, 0.8])  # 8 frames said before the conversation was live
-    framer.catch_up([(pcm, float(i)) for i, pcm in enumerate(early)])
+    for i, pcm in enumerate(_frames([0.5, 0.6, 0, 0, 0, 0.7, 0, 0.8])):  # said before the conversation was live
+        assert framer.keep_early(pcm, float(i)) == 0
+    assert framer.pending_frames == 0 and framer.catch_up()
     assert framer.pending_frames == 8  # all kept, beyond the usual backlog of 2
     heard = []
     for tick in range(8):
@@ -213,8 +214,18 @@ def test_early_audio_is_heard_and_silence_skipped_until_back_to_real_time():
 
 def test_catching_up_holds_phase_alignment_off():
     framer = InputFramer(FRAME, max_frames=2, align=True, window=3)
-    framer.catch_up([(pcm, 0.0) for pcm in _frames([0.5] * 6)])
+    for pcm in _frames([0.5] * 6):
+        framer.keep_early(pcm, 0.0)
+    framer.catch_up()
     for tick in range(6):
         framer.push(np.full(FRAME, 0.9, np.float32), 1.0 + tick)
         assert float(framer.pop_frame()[0]) == 0.5  # the early speech, whole, before any skipping
     assert framer.skipped_samples == 0
+
+
+def test_early_audio_keeps_the_last_seconds_only():
+    framer = InputFramer(1920, max_frames=6)
+    second = np.full(24_000, 0.5, np.float32)
+    dropped = sum(framer.keep_early(second, float(t)) for t in range(6))  # six seconds before "live"
+    assert dropped == 2 * 13 and framer.early_samples == 4 * 24_000  # the oldest two seconds went (12.5 frames each)
+    assert framer.catch_up() and framer.pending_samples == 4 * 24_000 and not framer.catch_up()

@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from pplex_trio.engine._schedule import (DEFAULT_REACTION, MAX_REACTION, LatePages, PhaseSteering, PromptCost,
-                                         TickSchedule, share)
+from pplex_trio.engine._schedule import DEFAULT_REACTION, MAX_REACTION, PromptCost, TickSchedule, share
+from pplex_trio.engine._steering import LatePages, PhaseSteering
 from pplex_trio.engine._slots import SlotTable
 
 TICK = 0.080
@@ -150,3 +150,18 @@ def test_one_slow_call_does_not_starve_the_prompts():
         cost.observe(n, 0.002 + 0.001 * n)
     cost.observe(20, 0.200)  # one call held up (a collection, a busy event loop)
     assert cost.positions_within(0.050) > 20
+
+
+def test_a_call_is_not_started_without_time_for_its_fixed_cost():
+    """Calls of starts and resets alone (no prompt position) teach the fixed cost of a call too."""
+    now = [10.0]
+    schedule = TickSchedule(SlotTable(2, queue_size=0), TICK, input_grace=0.004, early_start=0.010,
+                            clock=lambda: now[0])
+    schedule.start(10.080)
+    for _ in range(3):
+        schedule.prompt_done(0, 0.020)  # the trip to the worker thread and a start: 20 ms each
+    assert not schedule.prompt_cost.known  # (nothing yet of the cost per position)
+    now[0] = 10.045  # 80 - 10 - 4 - 45 = 21 ms left: less than 20 ms padded
+    assert not schedule.may_run_prompts()
+    now[0] = 10.030  # 36 ms left
+    assert schedule.may_run_prompts()

@@ -1,0 +1,91 @@
+"""Steering the tick grid towards the moment the conversations' audio arrives.
+
+The framer (``_framing``) cuts each conversation's stream so that a frame
+ends at its newest audio; what is left is the wait between that audio's
+arrival and the tick.  Clients that start streaming when they get the
+handshake all send at nearly the same phase, so the whole grid can move so
+that ticks fall just after their pages arrive.  :class:`PhaseSteering`
+decides how far, tick by tick; :class:`LatePages` tells it which misses were
+jitter.  The :class:`~pplex_trio.engine._schedule.TickSchedule` owns both.
+"""
+
+from __future__ import annotations
+
+import collections
+
+from ._slots import Lease
+
+
+class PhaseSteering:
+    """Per tick: slacks in, how far to move the next deadline (negative = earlier).
+
+    Moving a tick earlier by ``d`` keeps every frame complete as long as
+    ``d`` is less than every live conversation's *slack* (tick time minus
+    the arrival of the last sample of the frame it takes).  So the grid moves
+    earlier by a fraction of the smallest slack of the last ``window`` ticks
+    (as it would be on today's grid) beyond a safety *margin*, and later
+    whenever a streaming conversation finds no frame.  Each such miss widens
+    the margin; calm stretches narrow it again, slowly.  With clients at
+    random phases the smallest slack is near zero and the grid stays put.
+    """
+
+    def __init__(self, *, margin: float = 0.003, window: int = 25, max_margin: float = 0.030,
+                 gain: float = 0.25, max_step: float = 0.005, late_step: float = 0.004, calm_ticks: int = 75):
+        self.min_margin = self.margin = margin
+        self.max_margin = max_margin
+        self.gain = gain
+        self.max_step = max_step
+        self.late_step = late_step
+        self.calm_ticks = calm_ticks
+        self._calm = 0
+        self.moved = 0.0
+        # Each recent tick's smallest slack, as ``slack - moved``: adding today's ``moved`` gives it on today's grid.
+        self._recent: collections.deque[float] = collections.deque(maxlen=window)
+
+    def forget(self) -> None:
+        """The grid restarts: slacks measured on the old one mean nothing now."""
+        self._recent.clear()
+        self._calm = 0
+
+    def adjust(self, slacks: list[float], late: int) -> float:
+        """``slacks`` of the conversations that got a frame, ``late`` how many streaming ones got none."""
+        if late:
+            self.margin = min(self.max_margin, self.margin + 0.002)
+            self._calm = 0
+            self._recent.clear()
+            step = self.late_step
+        else:
+            self._calm += 1
+            if self._calm >= self.calm_ticks:  # 6 s without a miss: trust the timing a little more
+                self.margin = max(self.min_margin, self.margin - 0.001)
+                self._calm = 0
+            if slacks:
+                self._recent.append(min(slacks) - self.moved)
+            spare = min(self._recent) + self.moved - self.margin if self._recent else 0.0
+            step = -min(self.max_step, self.gain * spare) if spare > 0 else 0.0
+        self.moved += step
+        return step
+
+
+class LatePages:
+    """Which of the previous tick's misses were late pages (not clients that stopped sending).
+
+    A miss counts once the conversation's next audio arrived after the tick
+    that missed it, and within a tick of it; the steering reacts one tick
+    later than it would have (it moves a few milliseconds a tick anyway).
+    """
+
+    def __init__(self, tick_seconds: float):
+        self._tick_seconds = tick_seconds
+        self._missed: list[Lease] = []
+        self._missed_at = 0.0
+
+    def confirm(self, missed: list[Lease], now: float) -> int:
+        """How many of the previous tick's misses were late pages; remember this tick's (``missed``, at ``now``)."""
+        late = sum(self._missed_at < lease.last_input_arrival <= self._missed_at + self._tick_seconds
+                   for lease in self._missed)
+        self._missed, self._missed_at = missed, now
+        return late
+
+    def forget(self) -> None:
+        self._missed = []
