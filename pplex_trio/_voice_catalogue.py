@@ -5,9 +5,11 @@ One set of rules for everyone who names voices: the protocol (a client's
 tiny demo model.  A leaf module (no torch, no Trio, nothing from
 pplex_trio) so that each of them can use it without importing the others.
 
-A voice is a bare ``NAME.pt`` file name, resolved only inside one voice
-folder: anything with a path separator or ``..`` is refused, so a client
-cannot make the server read other files.
+A voice is a bare file name resolved only inside one voice folder:
+``NAME.pt`` (the stored voice prompt NVIDIA's voices come as) or a recording,
+``NAME.wav`` / ``.flac`` / ``.mp3`` / ``.ogg`` (made into a voice prompt by
+the model, as NVIDIA's server does).  Anything with a path separator or
+``..`` is refused, so a client cannot make the server read other files.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import os
 from pathlib import Path
 
 MAX_VOICE_NAME = 255
+AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
+"""Recordings a voice may be made from (whatever sphn reads)."""
 
 # The voices the official web client offers (and PersonaPlex's voices.tgz holds), in the client's order.
 OFFICIAL_VOICES: tuple[str, ...] = tuple(
@@ -28,11 +32,11 @@ class VoiceNotFoundError(LookupError):
 
 
 def is_bare_voice_name(name: str) -> bool:
-    """A bare ``NAME.pt`` file name: no path, no ``..``, not hidden, no NUL."""
+    """A bare ``NAME.pt`` (or recording) file name: no path, no ``..``, not hidden, no NUL."""
     return bool(
         name
         and len(name) <= MAX_VOICE_NAME
-        and name.endswith(".pt")
+        and name.lower().endswith((".pt", *AUDIO_SUFFIXES))
         and not name.startswith(".")
         and ".." not in name
         and not any(c in name for c in ("/", "\\", "\x00"))
@@ -46,12 +50,13 @@ def check_voice_name(name: str) -> str:
     allowed) for anything but a bare ``NAME.pt``.
     """
     if not is_bare_voice_name(name):
-        raise VoiceNotFoundError(f"invalid voice name {name!r}: use a bare file name ending in .pt, like NATF0.pt")
+        raise VoiceNotFoundError(f"invalid voice name {name!r}: use a bare file name ending in .pt (like NATF0.pt) "
+                                 f"or in {', '.join(AUDIO_SUFFIXES)} (a recording)")
     return name
 
 
 def voice_files(folder: str | os.PathLike[str]) -> list[str]:
-    """The voices of a folder: sorted names of its regular ``*.pt`` files that are bare names.
+    """The voices of a folder: sorted names of its regular ``*.pt`` and recording files that are bare names.
 
     Only names :func:`voice_path` would accept are listed, so every listed
     voice can be asked for.  Error handling: ``FileNotFoundError`` (telling
@@ -59,7 +64,8 @@ def voice_files(folder: str | os.PathLike[str]) -> list[str]:
     """
     path = Path(folder)
     if not path.is_dir():
-        raise FileNotFoundError(f"voice directory {path} does not exist: pass --voice-dir with a folder of .pt files")
+        raise FileNotFoundError(f"voice directory {path} does not exist: pass --voice-dir with a folder of .pt files "
+                                "or recordings")
     return sorted(p.name for p in path.iterdir() if is_bare_voice_name(p.name) and p.is_file())
 
 

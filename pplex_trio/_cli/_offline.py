@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 import sphn
@@ -35,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-text", required=True, help="where to write the per-frame text (JSON list)")
     parser.add_argument("--text-prompt", default=DEFAULT_PERSONA, help="the persona (system prompt)")
     parser.add_argument("--voice-prompt", default=None,
-                        help="voice file name in the model's voice library, e.g. NATF2.pt (default: the first)")
+                        help="a voice of the model's library (NATF2.pt; default: the first), or a file: a .pt voice "
+                        "prompt or a recording (.wav, .flac, .mp3, .ogg), found from here or in the model's folder")
     parser.add_argument("--voice-prompt-dir", default=None, help="use this folder as the voice library")
     parser.add_argument("--greedy", action="store_true", help="argmax everywhere instead of sampling")
     parser.add_argument("--seed", type=int, default=-1, help="sampling seed (-1: random)")
@@ -54,13 +57,14 @@ def run(args: argparse.Namespace) -> int:
     from ._engines import resolve_device
 
     try:
+        voice_dir, voice = _voice_location(args.model, args.voice_prompt, args.voice_prompt_dir)
         engine = PersonaPlexEngine.load(args.model, 1, device=resolve_device(args.device or "auto"),
-                                        voice_dir=args.voice_prompt_dir)
+                                        voice_dir=voice_dir)
         seed = None if args.seed < 0 else args.seed
         sampling = Sampling(text_temperature=args.temp_text, text_topk=args.topk_text,
                             audio_temperature=args.temp_audio, audio_topk=args.topk_audio,
                             text_seed=seed, audio_seed=seed, greedy=args.greedy)
-        steps = engine.start(0, Conversation(persona=args.text_prompt, voice=args.voice_prompt, sampling=sampling))
+        steps = engine.start(0, Conversation(persona=args.text_prompt, voice=voice, sampling=sampling))
     except (ModelAccessError, VoiceNotFoundError, ValueError) as exc:
         logger.error("%s", exc)
         return 1
@@ -99,3 +103,17 @@ def run(args: argparse.Namespace) -> int:
     logger.info("wrote %s and %s", args.output_wav, args.output_text)
     return 0
 
+
+
+def _voice_location(model: str, voice: str | None, voice_dir: str | None) -> tuple[str | None, str | None]:
+    """(voice folder, voice name) for ``--voice-prompt``: a bare name is looked up in the library; a path
+    (as the reference's tool takes) makes its folder the library, found from here or in a local model's folder.
+
+    Error handling: ``ValueError`` for a path that is in neither place.
+    """
+    if voice is None or (os.sep not in voice and "/" not in voice):
+        return voice_dir, voice
+    for path in (Path(voice), Path(model) / voice):
+        if path.is_file():
+            return str(path.parent), path.name
+    raise ValueError(f"voice prompt {voice} not found (looked here and in {model})")

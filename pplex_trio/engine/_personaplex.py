@@ -97,6 +97,7 @@ class PersonaPlexEngine(Engine):
         self.device = model.device
         cfg = model.config
         self._cfg = cfg
+        model.voices.make_recordings()  # voices given as audio are made now, not at a conversation's start
         names = model.voices.names()
         if default_voice is None:
             default_voice = names[0] if names else ""
@@ -107,7 +108,7 @@ class PersonaPlexEngine(Engine):
         self._rows = [_Row() for _ in range(num_slots)]
         self.last_tokens = np.full((num_slots, cfg.lm.num_streams), -2, dtype=np.int64)
         self._plans: collections.OrderedDict[tuple[str | None, str], PromptPlan] = collections.OrderedDict()
-        self._voice_embeddings: dict[str, torch.Tensor] = {}  # on the device, in the LM's dtype
+        self._voice_embeddings: dict[str, tuple[VoicePrompt, torch.Tensor]] = {}  # on the device, LM's dtype
         self._tick = DeviceTick(model, num_slots, depformer_steps=depformer_steps)
         self._tick.prepare(graphs if cuda_graph else None)
 
@@ -280,9 +281,9 @@ class PersonaPlexEngine(Engine):
 
     def _device_voice(self, voice: VoicePrompt) -> torch.Tensor:
         cached = self._voice_embeddings.get(voice.name)
-        if cached is None or cached.shape[0] != voice.num_steps:
-            cached = self._voice_embeddings[voice.name] = voice.embeddings.to(self.device, self.model.lm.dtype)
-        return cached
+        if cached is None or cached[0] is not voice:  # a voice replaced under its name is copied again
+            cached = self._voice_embeddings[voice.name] = (voice, voice.embeddings.to(self.device, self.model.lm.dtype))
+        return cached[1]
 
     def _prefill_chunk(self, rows: list[int], starts: list[int], counts: list[int]) -> None:
         """One pass: row ``rows[j]`` runs prompt steps ``starts[j] .. + counts[j]`` (padded to the longest)."""

@@ -29,7 +29,7 @@ from ._kyutai_config import config_from_kyutai_dict, lm_config_from_kwargs, mimi
 from ._lm import LMModel
 from ._mimi import Mimi
 from ._text import TextTokenizer
-from ._voices import VoiceLibrary, extract_voices
+from ._voices import VoiceLibrary, extract_voices, voice_from_recording
 
 logger = logging.getLogger(__name__)
 
@@ -235,4 +235,9 @@ def load_model(source: str = DEFAULT_REPO, device: str | torch.device = "cpu",
         voices = None
     tokenizer = TextTokenizer(files.tokenizer, text_card=cfg.lm.text_card,
                               pad_ids=(cfg.lm.end_of_text_padding_id, cfg.lm.existing_text_padding_id))
-    return LoadedModel(config=cfg, lm=lm, mimi=mimi, tokenizer=tokenizer, voices=VoiceLibrary(voices), device=device)
+
+    def make_voice(recording: Path):
+        return voice_from_recording(lm, mimi, recording, cfg.prompt.sine_tokens, cfg.prompt.zero_text_code)[0]
+
+    return LoadedModel(config=cfg, lm=lm, mimi=mimi, tokenizer=tokenizer, voices=VoiceLibrary(voices, make_voice),
+                       device=device)

@@ -34,7 +34,7 @@ def test_golden_config_is_read_from_the_checkpoint(golden_model):
     assert cfg.mimi.transformer.context == 50 and cfg.mimi.quantizer.n_q == 16 and cfg.mimi.num_codebooks == 8
     assert cfg.prompt.silence_tokens == (52, 51, 26, 34, 8, 6, 58, 24)
     assert cfg.prompt.sine_tokens == (46, 52, 61, 11, 7, 23, 56, 24)
-    assert golden_model.voices.names() == ["TINY0.pt"]
+    assert golden_model.voices.names() == ["TINY0.pt", "TINY0.wav"]
 
 
 def test_persona_tokens_match(golden_model, golden):
@@ -187,9 +187,11 @@ def test_offline_command_reproduces_golden(golden_dir, golden, tmp_path):
     assert np.abs(ours[0] - golden.output_pcm).max() <= 1e-4 + 1 / 32767
 
 
-async def test_the_golden_conversation_through_a_server_session(nursery, autojump_clock, golden_model, golden):
+@pytest.mark.parametrize("voice", ["TINY0.pt", "TINY0.wav"])
+async def test_the_golden_conversation_through_a_server_session(voice, nursery, autojump_clock, golden_model, golden):
     """The whole server path (a raw session, the actor's schedule, the prompt as chunked prefill between
-    calls, the ticks) on the golden checkpoint: the reference's audio, frame for frame."""
+    calls, the ticks) on the golden checkpoint: the reference's audio, frame for frame, with the voice as
+    its ``.pt`` or as the recording it was made from (``expected_voicegen/``: the same run)."""
     import json as _json
 
     from _helpers.fake_ws import running_host, start_session
@@ -197,7 +199,7 @@ async def test_the_golden_conversation_through_a_server_session(nursery, autojum
     engine = PersonaPlexEngine(golden_model, 2)
     host = await running_host(nursery, engine=engine, slots=2, prompt_position_seconds=0.001)
     run = await start_session(nursery, host, "raw")
-    run.ws.client_send(_json.dumps({"type": "open", "text_prompt": golden.persona, "voice_prompt": golden.voice,
+    run.ws.client_send(_json.dumps({"type": "open", "text_prompt": golden.persona, "voice_prompt": voice,
                                     "text_temperature": 0, "audio_temperature": 0}))
     await run.ws.wait_for(lambda sent: any(isinstance(m, str) and '"ready"' in m for m in sent))
     frames = len(golden.input_codes)
