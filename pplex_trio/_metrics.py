@@ -103,6 +103,9 @@ class Metrics:
             "pplex_refused_total", "Requests and WebSocket upgrades refused at the door (401, 403, 429), by reason",
             ["reason"], registry=r)
         self.errors = Counter("pplex_errors_total", "Errors, by kind", ["kind"], registry=r)
+        self.voice_uploads = Counter(
+            "pplex_voice_uploads_total", "Voice uploads by outcome (added, deleted, client_gone, or the HTTP status "
+            "of the refusal)", ["outcome"], registry=r)
         self.trio_tasks = Gauge("pplex_trio_tasks", "Trio tasks alive in the server (counted when /metrics is read)",
                                 registry=r)
 

@@ -3,7 +3,8 @@
 While a conversation is live it runs **one** batched step over all slots
 every 80 ms (Trio clock), and between those ticks it runs the joining
 conversations' system prompts, in chunks sized to the time left before the
-next tick; with nobody live it runs prompts back to back.  Every engine
+next tick (then, in the time they leave, voices being made from
+recordings); with nobody live it runs them back to back.  Every engine
 call goes to a worker thread, with a capacity limiter of one: the engine is
 not thread-safe and a GPU call must never run twice at once.  Sessions
 never call the engine; they hold a :class:`~pplex_trio.engine.Lease` and
@@ -36,7 +37,7 @@ import trio
 from .._conversation import Conversation
 from .._metrics import Metrics
 from ._framing import InputFramer
-from ._interface import Engine
+from ._interface import Engine, VoiceJob
 from ._schedule import TickSchedule
 from ._settings import ActorSettings
 from ._slots import Lease, LeaseState, SlotPhase, SlotTable
@@ -85,6 +86,7 @@ class EngineActor:
         self._wakeup = trio.Event()
         self._pcm = np.zeros((engine.num_slots, engine.frame_size), dtype=np.float32)
         self._starting: dict[Lease, float] = {}  # conversations started, not yet live: since when
+        self._voices: list[_PendingVoice] = []  # voices to make, first come first made
         self.engine_busy = False  # an engine call is in flight
         self.stalled = False  # that call has run past engine_timeout (and not returned yet)
         self._update_gauges()
@@ -144,6 +146,57 @@ class EngineActor:
             ticks_skipped=self.ticks_skipped,
         )
 
+    # -- voices made from recordings ----------------------------------------------
+
+    async def make_voice(self, pcm: np.ndarray) -> bytes:
+        """Make a voice from ``pcm`` (mono float32 at the engine's rate, at -24 LUFS; see
+        :meth:`Engine.make_voice`) between ticks, after the joining conversations' prompts: a live
+        conversation's tick never waits for it.  One voice at a time, in the order asked.
+
+        Error handling: ``NotImplementedError`` from an engine without voices,
+        the job's own exception when making it fails; cancelling the caller
+        drops the job (a call already running finishes its frames).
+        """
+        job = _PendingVoice(self.engine.make_voice(pcm))
+        self._voices.append(job)
+        self._changed()
+        try:
+            await job.done.wait()
+        finally:
+            if job in self._voices:
+                self._voices.remove(job)
+        if isinstance(job.outcome, Exception):
+            raise job.outcome
+        assert job.outcome is not None
+        return job.outcome
+
+    @property
+    def voices_waiting(self) -> int:
+        """Voices asked for and not made yet (the one being made included)."""
+        return len(self._voices)
+
+    def _plan_voice(self, call: EngineCall) -> None:
+        """With nothing else to do between ticks, frames of the first voice waiting (if they fit)."""
+        if self._voices and not (call.resets or call.starts or call.prefill):
+            job = self._voices[0].job
+            frames = self.schedule.voice_work(job.frames_left)
+            if frames:
+                call.voice = (job, frames)
+
+    def _voice_done(self, call: EngineCall, result: CallResult | None, seconds: float) -> None:
+        assert call.voice is not None
+        job, frames = call.voice
+        self.schedule.voice_done(frames, seconds)
+        pending = next((p for p in self._voices if p.job is job), None)
+        if pending is None:
+            return  # its caller has gone
+        if result is None:
+            pending.finish(RuntimeError("the model engine failed while making this voice; try again"))
+        elif result.voice is not None:
+            if isinstance(result.voice, Exception) and not isinstance(result.voice, ValueError):
+                logger.error("making a voice failed", exc_info=result.voice)
+            pending.finish(result.voice)
+
     # -- the loop ------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -157,7 +210,7 @@ class EngineActor:
             elif schedule.running:
                 schedule.stop()
             await self._between_ticks()
-            if not self.table.busy():
+            if not self.table.busy() and not self._voices:
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()  # nothing to run until a conversation comes
             await trio.lowlevel.checkpoint()
@@ -189,7 +242,8 @@ class EngineActor:
             now = trio.current_time()
             call = plan_call(self.table, now)
             call.prefill = self.schedule.prompt_work(self.table.prompts_left())
-            if not (call.resets or call.starts or call.prefill):
+            self._plan_voice(call)
+            if not (call.resets or call.starts or call.prefill or call.voice):
                 break
             for i, _ in call.starts:
                 lease = call.leases[i]
@@ -197,6 +251,9 @@ class EngineActor:
                     self._starting.setdefault(lease, now)
             result = await self._run_call(call)
             seconds = trio.current_time() - now
+            if call.voice is not None:
+                self._voice_done(call, result, seconds)
+                continue
             self.metrics.prompt_call.observe(seconds)
             if result is not None:
                 self.schedule.prompt_done(sum(result.prefilled.values()), seconds)
@@ -294,3 +351,16 @@ class EngineActor:
         for phase in SlotPhase:
             self.metrics.slots.labels(phase.value).set(self.table.count(phase))
         self.metrics.queued.set(self.table.queued)
+
+
+class _PendingVoice:
+    """A voice asked of the actor, and what came of it."""
+
+    def __init__(self, job: VoiceJob):
+        self.job = job
+        self.done = trio.Event()
+        self.outcome: bytes | Exception | None = None
+
+    def finish(self, outcome: bytes | Exception) -> None:
+        self.outcome = outcome
+        self.done.set()

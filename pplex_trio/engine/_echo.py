@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from .._voice_catalogue import OFFICIAL_VOICES, voice_files
-from ._interface import FRAME_SIZE, Conversation, Engine, SlotMode, StepOutput
+from ._interface import FRAME_SIZE, Conversation, Engine, SlotMode, StepOutput, VoiceJob
 
 __all__ = ["OFFICIAL_VOICES", "EchoEngine", "voices_in_directory"]
 
@@ -80,6 +80,11 @@ class EchoEngine(Engine):
     def voices(self) -> Sequence[str]:
         return self._voices
 
+    def make_voice(self, pcm: np.ndarray) -> VoiceJob:
+        """A stand-in voice: one "frame" per 80 ms of ``pcm``, each costing ``prefill_seconds``; the file
+        says how long the clip was (echo never reads it)."""
+        return _EchoVoice(-(-len(pcm) // FRAME_SIZE), self.prefill_seconds)
+
     def start(self, slot: int, conversation: Conversation) -> int:
         self.reset(slot)
         self.started.append((slot, conversation))
@@ -120,3 +125,17 @@ class EchoEngine(Engine):
                 text[row] = f" {n}"
             self._frames[row] = n + 1
         return StepOutput(pcm=out, text=text)
+
+
+class _EchoVoice:
+    def __init__(self, frames: int, seconds_per_frame: float):
+        self.frames_total, self.frames_left, self._seconds = frames, frames, seconds_per_frame
+
+    def advance(self, frames: int) -> None:
+        frames = min(frames, self.frames_left)
+        self.frames_left -= frames
+        if self._seconds:
+            time.sleep(self._seconds * frames)
+
+    def result(self) -> bytes:
+        return f"echo test engine voice: {self.frames_total} frames\n".encode()

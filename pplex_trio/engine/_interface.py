@@ -11,6 +11,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
+import pathlib
+import typing
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -19,7 +21,7 @@ from .._conversation import FRAME_SIZE, SAMPLE_RATE, Conversation, Sampling
 
 __all__ = [
     "FRAME_SIZE", "SAMPLE_RATE", "Conversation", "ConversationRejected", "Engine", "Sampling", "SlotMode",
-    "StepOutput",
+    "StepOutput", "VoiceJob",
 ]
 
 
@@ -50,6 +52,20 @@ class StepOutput:
 
     pcm: np.ndarray
     text: list[str | None]
+
+
+class VoiceJob(typing.Protocol):
+    """A voice being made from a recording (:meth:`Engine.make_voice`): the actor runs it a few frames at a
+    time between ticks, on the engine's thread, like system prompts."""
+
+    @property
+    def frames_left(self) -> int: ...
+
+    def advance(self, frames: int) -> None:
+        """Make the next ``frames`` 80 ms frames (at most those left)."""
+
+    def result(self) -> bytes:
+        """The finished voice: a voice prompt file the engine loads by name from its voice store."""
 
 
 class Engine(abc.ABC):
@@ -101,6 +117,18 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def reset(self, slot: int) -> None:
         """Forget row ``slot``'s conversation (called when its slot is freed)."""
+
+    def make_voice(self, pcm: np.ndarray) -> VoiceJob:
+        """A job that makes a voice from ``pcm`` (mono float32 at :attr:`sample_rate`, at -24 LUFS); cheap
+        to create (no device work until its first :meth:`VoiceJob.advance`).
+
+        Error handling: ``NotImplementedError`` for an engine that has no voices to make.
+        """
+        raise NotImplementedError(f"{self.name} cannot make voices")
+
+    def use_voice_store(self, folder: pathlib.Path) -> None:
+        """Voices added while the server runs are kept in ``folder`` (``NAME.pt``, written by the server):
+        a conversation may name them like the engine's own.  Called once, before the first conversation."""
 
     def reset_all(self) -> None:
         """Bring the engine back to a clean state after a failed step."""

@@ -26,15 +26,16 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import pathlib
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 
-from ..model import (LoadedModel, PromptPlan, StreamDecoder, VoiceNotFoundError, VoicePrompt, build_prompt_plan,
-                     lm_dtype_for, load_config, load_model)
+from ..model import (LoadedModel, PromptPlan, StreamDecoder, VoiceMaking, VoiceNotFoundError, VoicePrompt,
+                     build_prompt_plan, lm_dtype_for, load_config, load_model)
 from ._fit import GIB, NotEnoughMemory, auto_slots, out_of_memory_message
-from ._interface import Conversation, ConversationRejected, Engine, SlotMode, StepOutput
+from ._interface import Conversation, ConversationRejected, Engine, SlotMode, StepOutput, VoiceJob
 from ._tick import PASS_POSITIONS, CudaGraphs, DeviceTick, GraphRecorder
 
 logger = logging.getLogger(__name__)
@@ -159,6 +160,14 @@ class PersonaPlexEngine(Engine):
     def voices(self) -> Sequence[str]:
         return self.model.voices.names()
 
+    def make_voice(self, pcm: np.ndarray) -> VoiceJob:
+        p = self._cfg.prompt
+        return _DeviceJob(VoiceMaking(self.model.lm, self.model.mimi, pcm, p.sine_tokens, p.zero_text_code),
+                          self._tick)
+
+    def use_voice_store(self, folder: pathlib.Path) -> None:
+        self.model.voices.added = folder
+
     def start(self, slot: int, conversation: Conversation) -> int:
         """Reset row ``slot`` and plan its system prompt; returns the prompt positions :meth:`prefill` must run.
 
@@ -270,9 +279,9 @@ class PersonaPlexEngine(Engine):
 
     def _plan(self, voice_name: str | None, persona: str) -> PromptPlan:
         key = (voice_name, persona)
+        voice = self.model.voices.get(voice_name) if voice_name is not None else None
         plan = self._plans.get(key)
-        if plan is None:
-            voice = self.model.voices.get(voice_name) if voice_name is not None else None
+        if plan is None or plan.voice is not voice:  # (a voice deleted and added again is another voice)
             plan = self._plans[key] = build_prompt_plan(self._cfg, self.model.tokenizer, persona, voice)
             if len(self._plans) > PLANS_KEPT:
                 self._plans.popitem(last=False)
@@ -318,3 +327,21 @@ class PersonaPlexEngine(Engine):
         mask = torch.zeros(self.num_slots, dtype=torch.bool)
         mask[slot] = True
         self._tick.reset_rows(mask.to(self.device))
+
+
+class _DeviceJob:
+    """A voice being made, its frames run on the engine's device and stream, like every engine call."""
+
+    def __init__(self, making: VoiceMaking, tick: DeviceTick):
+        self._making, self._tick = making, tick
+
+    @property
+    def frames_left(self) -> int:
+        return self._making.frames_left
+
+    def advance(self, frames: int) -> None:
+        with self._tick.on_device():
+            self._making.advance(frames)
+
+    def result(self) -> bytes:
+        return self._making.result()

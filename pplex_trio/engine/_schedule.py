@@ -20,7 +20,8 @@ One :class:`TickSchedule` per engine actor owns every timing decision:
   the handshake lands its pages just ahead of the ticks;
 * **prompt time**: system prompts run between ticks, never at their cost:
   a prompt call is sized (:class:`PromptCost`, from the calls measured so
-  far) to end ``PROMPT_MARGIN`` before the next tick may start.
+  far) to end ``PROMPT_MARGIN`` before the next tick may start; voices being
+  made from recordings take the time the prompts leave, sized the same way.
 
 :meth:`TickSchedule.state` is the one record of all this that ``/metrics``
 and the tests read.
@@ -88,6 +89,7 @@ class TickSchedule:
         self.steering = PhaseSteering()
         self.late_pages = LatePages(tick_seconds)
         self.prompt_cost = PromptCost()
+        self.voice_cost = PromptCost()  # frames of voices made from recordings (:meth:`voice_work`)
         self.deadline: float | None = None
         self.ticks = 0
         self.ticks_skipped = 0
@@ -256,6 +258,26 @@ class TickSchedule:
         else:
             self._starved_since = None
         return work
+
+    def voice_work(self, left: int) -> int:
+        """Frames of a voice being made (``left``: what it still has) that fit :meth:`prompt_time`.
+
+        Voices come after the system prompts and never at a tick's cost: with
+        a grid and no time, none (the upload waits; it never starves a live
+        conversation).  Without a grid, up to a tick of work, at least a frame;
+        while the cost is not known, a small first call measures it.
+        """
+        cost = self.voice_cost
+        frames = cost.positions_within(self.prompt_time())
+        if self.deadline is None:
+            frames = max(frames, 1)
+        if not cost.known:
+            frames = min(frames, PROMPT_FIRST_POSITIONS)
+        return min(left, frames)
+
+    def voice_done(self, frames: int, seconds: float) -> None:
+        """A call made ``frames`` frames of a voice in ``seconds`` (the trip to the worker thread included)."""
+        self.voice_cost.observe(frames, seconds)
 
     def _starved(self) -> bool:
         return self._starved_since is not None and self.ticks - self._starved_since >= PROMPT_STARVED_TICKS

@@ -2,7 +2,8 @@
 
 An engine call is either a **tick** (every LIVE conversation's next frame,
 one batched step) or a **prompt call** between ticks (system prompts run in
-chunks, sized by the schedule to the time left before the next tick).
+chunks, sized by the schedule to the time left before the next tick; with
+no prompt waiting, frames of a voice being made from a recording instead).
 Either may first reset the rows freed since the last call and start the
 conversations given a slot since.
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from .._conversation import CloseCode, Conversation
 from .._metrics import Metrics
-from ._interface import ConversationRejected, Engine, SlotMode, StepOutput
+from ._interface import ConversationRejected, Engine, SlotMode, StepOutput, VoiceJob
 from ._slots import Lease, OutputFrame, SlotPhase, SlotTable
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class EngineCall:
     resets: list[int] = dataclasses.field(default_factory=list)
     starts: list[tuple[int, Conversation]] = dataclasses.field(default_factory=list)
     prefill: dict[int, int] = dataclasses.field(default_factory=dict)  # prompt positions per slot
+    voice: tuple[VoiceJob, int] | None = None  # a voice being made, and its frames to make in this call
     tick: TickPlan | None = None
 
     @property
@@ -70,6 +72,7 @@ class CallResult:
     prefilled: dict[int, int]  # slot -> prompt positions run
     output: StepOutput | None
     step_seconds: float  # time inside engine.step (the compute the latency metric excludes)
+    voice: bytes | Exception | None = None  # the voice, when this call finished it (or why it failed)
 
 
 def plan_call(table: SlotTable, now: float) -> EngineCall:
@@ -133,11 +136,19 @@ def execute(engine: Engine, call: EngineCall) -> CallResult:
             logger.exception("engine.start failed for slot %d", slot)
             rejected[slot] = (CloseCode.INTERNAL_ERROR, "the engine could not start this conversation; try again")
     prefilled = engine.prefill(call.prefill) if call.prefill else {}
+    voice: bytes | Exception | None = None
+    if call.voice is not None:
+        job, frames = call.voice
+        try:  # a voice that fails is that upload's trouble, not the conversations'
+            job.advance(frames)
+            voice = job.result() if job.frames_left == 0 else None
+        except Exception as exc:
+            voice = exc
     output = None
     began = time.perf_counter()
     if call.tick is not None and SlotMode.LIVE in call.tick.modes:
         output = engine.step(call.tick.modes, call.tick.pcm)
-    return CallResult(started, rejected, prefilled, output, time.perf_counter() - began)
+    return CallResult(started, rejected, prefilled, output, time.perf_counter() - began, voice)
 
 
 def apply_result(table: SlotTable, call: EngineCall, result: CallResult, now: float, metrics: Metrics) -> None:

@@ -73,7 +73,7 @@ differ from it.  Only the agent's depformer steps run by default.
 
 Engine-level pieces: ``build_prompt_plan`` (system prompt as forced steps),
 ``RowSampling`` / ``RowNoise`` / ``sample`` (per-row seeded sampling),
-``StreamDecoder`` (incremental detokenization), ``make_voice_prompt``
+``StreamDecoder`` (incremental detokenization), ``VoiceMaking`` / ``make_voice_prompt``
 (voice ``.pt`` from audio), ``random_model`` (any config with random
 weights, on its device: benchmarks of shapes whose weights are not here).  The ``pplex-trio offline`` command is not
 here but in ``pplex_trio._cli`` (it drives the engine, which this package
@@ -136,4 +136,5 @@ from ._voices import VoiceLibrary as VoiceLibrary
 from ._voices import VoiceNotFoundError as VoiceNotFoundError
 from ._voices import VoicePrompt as VoicePrompt
 from ._voices import check_voice_name as check_voice_name
+from ._voices import VoiceMaking as VoiceMaking
 from ._voices import make_voice_prompt as make_voice_prompt

@@ -14,7 +14,9 @@ only inside the library folder.
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
+import typing
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,9 +24,10 @@ import numpy as np
 import torch
 
 from .._cache import extract_once
-from .._voice_catalogue import AUDIO_SUFFIXES, VoiceNotFoundError, check_voice_name, voice_files, voice_path
+from .._voice_catalogue import AUDIO_SUFFIXES, VoiceNotFoundError, check_voice_name, voice_files
+from ..codec._voice_audio import voice_audio
 from ._lm import LMModel
-from ._lockstep import LMGen, StepInputs
+from ._lockstep import CacheRules
 from ._mimi import Mimi
 
 logger = logging.getLogger(__name__)
@@ -49,23 +52,31 @@ class VoicePrompt:
             raise ValueError(f"{path} is not a voice prompt (a dict with 'embeddings' and 'cache')") from None
         return cls(name=path.name, embeddings=emb.reshape(emb.shape[0], emb.shape[-1]), cache=cache.long())
 
-    def save(self, path: Path) -> None:
+    def save(self, path: Path | typing.BinaryIO) -> None:
         emb = self.embeddings.reshape(self.num_steps, 1, 1, -1).cpu()
         torch.save({"embeddings": emb, "cache": self.cache.cpu()}, path)
 
 
 class VoiceLibrary:
     """The voices of one folder, loaded on demand and cached: ``*.pt`` voice prompts, and recordings that
-    ``make`` (given by the model that owns the library) turns into voice prompts."""
+    ``make`` (given by the model that owns the library) turns into voice prompts.
 
-    def __init__(self, folder: Path | None, make: Callable[[Path], VoicePrompt] | None = None):
+    ``added`` is a second folder, of voices added while a server runs (its
+    ``--voice-store``): they are found by name like the folder's own, but are
+    not among :meth:`names` (the server lists them as added).  A voice whose
+    file changed since it was loaded (deleted and added again) is loaded again.
+    """
+
+    def __init__(self, folder: Path | None, make: Callable[[Path], VoicePrompt] | None = None,
+                 added: Path | None = None):
         self.folder = Path(folder) if folder is not None else None
+        self.added = added
         self._make = make
-        self._cache: dict[str, VoicePrompt] = {}
+        self._cache: dict[str, tuple[tuple[int, int, int], VoicePrompt]] = {}  # name: (file identity, prompt)
         self._unusable: dict[str, str] = {}  # recordings that could not be made into a voice: why
 
     def names(self) -> list[str]:
-        """The library's usable voices (none without a folder: a model may come without voices)."""
+        """The library's own usable voices (none without a folder: a model may come without voices)."""
         if self.folder is None or not self.folder.is_dir():
             return []
         return [name for name in voice_files(self.folder) if name not in self._unusable]
@@ -79,21 +90,32 @@ class VoiceLibrary:
         check_voice_name(name)
         if name in self._unusable:
             raise VoiceNotFoundError(f"voice {name!r} cannot be used: {self._unusable[name]}")
-        if name not in self._cache:
-            if self.folder is None:
-                raise VoiceNotFoundError(f"unknown voice {name!r}; available: none (this model has no voices)")
-            path = voice_path(self.folder, name)
-            if not name.lower().endswith(AUDIO_SUFFIXES):
-                self._cache[name] = VoicePrompt.from_file(path)
-            elif self._make is None:
-                raise VoiceNotFoundError(f"voice {name!r} is a recording, and this library cannot make voices")
-            else:
-                try:
-                    self._cache[name] = self._make(path)
-                except ValueError as exc:
-                    self._unusable[name] = str(exc)
-                    raise VoiceNotFoundError(f"voice {name!r} cannot be used: {exc}") from None
-        return self._cache[name]
+        path = self._path(name)
+        info = path.stat()
+        identity = (info.st_ino, info.st_mtime_ns, info.st_size)
+        cached = self._cache.get(name)
+        if cached is not None and cached[0] == identity:
+            return cached[1]
+        if not name.lower().endswith(AUDIO_SUFFIXES):
+            prompt = VoicePrompt.from_file(path)
+        elif self._make is None:
+            raise VoiceNotFoundError(f"voice {name!r} is a recording, and this library cannot make voices")
+        else:
+            try:
+                prompt = self._make(path)
+            except ValueError as exc:
+                self._unusable[name] = str(exc)
+                raise VoiceNotFoundError(f"voice {name!r} cannot be used: {exc}") from None
+        self._cache[name] = (identity, prompt)
+        return prompt
+
+    def _path(self, name: str) -> Path:
+        for folder in (self.folder, self.added):
+            if folder is not None and (folder / name).is_file():
+                return folder / name
+        if self.folder is None and self.added is None:
+            raise VoiceNotFoundError(f"unknown voice {name!r}; available: none (this model has no voices)")
+        raise VoiceNotFoundError(f"unknown voice {name!r}; available: {', '.join(self.names()) or 'none'}")
 
     def make_recordings(self) -> None:
         """Make every recording of the folder into a voice prompt now (an engine does this when it is built,
@@ -114,84 +136,97 @@ def extract_voices(archive: Path, cache_root: Path) -> Path:
     return folder
 
 
-@torch.no_grad()
+class VoiceMaking:
+    """A voice prompt being made from a recording, a few frames per :meth:`advance` (an engine runs it
+    between its ticks), as the reference's voice generation does.
+
+    ``pcm`` is mono float audio at Mimi's rate, already at -24 LUFS
+    (:func:`~pplex_trio.codec._voice_audio.voice_audio`).  Each 1920-sample
+    frame (the last zero-padded) is encoded by a fresh Mimi stream and forced
+    on the agent's audio streams, with PAD text and the sine on the user's;
+    the reference's first call only initialises its cache, so the first
+    frame's codes never reach the LM.  Every stream being forced, what the
+    reference saves (each step's input embedding and the token cache after)
+    does not depend on the transformer, which therefore does not run: a
+    frame costs a Mimi encoding and an embedding lookup.
+    """
+
+    def __init__(self, lm: LMModel, mimi: Mimi, pcm: np.ndarray, sine_tokens: tuple[int, ...],
+                 zero_text_code: int = 3, name: str = "custom.pt"):
+        frame = mimi.frame_size
+        pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
+        frames = max(1, -(-pcm.shape[0] // frame))
+        self._pcm = np.zeros(frames * frame, dtype=np.float32)
+        self._pcm[: pcm.shape[0]] = pcm
+        self._lm, self._mimi, self.name = lm, mimi, name
+        self._fixed = (zero_text_code, tuple(sine_tokens))
+        self.frames_total = frames
+        self._done = 0
+        self._codes: list[torch.Tensor] = []
+        self._embeddings: list[torch.Tensor] = []
+        self._encoder = None
+        self._rules = self._cache = None
+
+    @property
+    def frames_left(self) -> int:
+        return self.frames_total - self._done
+
+    @torch.no_grad()
+    def advance(self, frames: int) -> None:
+        """Make the next ``frames`` frames (at most those left)."""
+        lm, mimi = self._lm, self._mimi
+        device = lm.device
+        if self._encoder is None:
+            self._encoder = mimi.init_encoder_state(1)
+            self._rules = CacheRules.of(lm.cfg, min(lm.cfg.dep_q, lm.cfg.num_agent_codebooks), device)
+            self._cache = self._rules.fresh_cache(1)
+        rules, cache = self._rules, self._cache
+        zero_text, sine = self._fixed
+        ones = torch.ones(1, dtype=torch.bool, device=device)
+        size = mimi.frame_size
+        for i in range(self._done, min(self.frames_total, self._done + frames)):
+            codes = mimi.encode_frame(torch.from_numpy(self._pcm[i * size:(i + 1) * size]).to(device)[None],
+                                      self._encoder)
+            self._codes.append(codes.cpu())
+            if i > 0:
+                tokens = torch.cat([torch.tensor([zero_text], device=device), codes[0],
+                                    torch.tensor(sine, device=device)])[None]
+                step = rules.begin(cache, tokens, ones)
+                self._embeddings.append(lm.embed(step.model_input)[0].cpu())
+                rules.end(cache, step, ones, step.target)  # nothing to choose: every stream is forced
+            self._done = i + 1
+
+    def prompt(self) -> VoicePrompt:
+        """The voice prompt (once every frame is made)."""
+        assert self.frames_left == 0, "the voice is not made yet"
+        dim = self._lm.cfg.dim
+        embeddings = torch.stack(self._embeddings) if self._embeddings else torch.zeros(0, dim)
+        return VoicePrompt(name=self.name, embeddings=embeddings, cache=self._cache.tokens.clone().cpu())
+
+    @property
+    def codes(self) -> np.ndarray:
+        """The Mimi codes of the frames made so far, ``[frames, 8]``."""
+        return torch.cat(self._codes).numpy() if self._codes else np.zeros((0, 8), dtype=np.int64)
+
+    def result(self) -> bytes:
+        """The voice prompt as a ``.pt`` file in the reference's format."""
+        buffer = io.BytesIO()
+        self.prompt().save(buffer)
+        return buffer.getvalue()
+
+
 def make_voice_prompt(lm: LMModel, mimi: Mimi, pcm: np.ndarray, sine_tokens: tuple[int, ...],
                       zero_text_code: int = 3, name: str = "custom.pt") -> tuple[VoicePrompt, np.ndarray]:
-    """Make a voice prompt from a recording, as the reference's voice generation does.
-
-    ``pcm`` is mono float audio at Mimi's sample rate (the reference first
-    normalises it to -24 LUFS; do that beforehand if you need the same
-    result).  Each 1920-sample frame (the last one zero-padded) is encoded
-    by a fresh Mimi stream and forced on the agent's audio streams, with
-    PAD text and the sine on the user's.  The reference's first call only
-    initialises its cache, so the first frame's tokens never reach the LM.
-    Returns the prompt and the Mimi codes ``[frames, 8]``.
-    """
-    frame = mimi.frame_size
-    pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
-    frames = -(-pcm.shape[0] // frame)
-    pcm = np.concatenate([pcm, np.zeros(frames * frame - pcm.shape[0], dtype=np.float32)])
-    device = lm.device
-    state = mimi.init_encoder_state(1)
-    codes = [mimi.encode_frame(torch.from_numpy(pcm[i * frame:(i + 1) * frame]).to(device)[None], state)
-             for i in range(frames)]
-    gen = LMGen(lm, 1)
-    ones = torch.ones(1, dtype=torch.bool, device=device)
-    sine = torch.tensor(sine_tokens, device=device)
-    embeddings = []
-    for c in codes[1:]:
-        tokens = torch.cat([torch.tensor([zero_text_code], device=device), c[0], sine])[None]
-        result = gen.step(StepInputs(tokens=tokens, exec_mask=ones), run_depformer=False, return_embeddings=True)
-        embeddings.append(result.embeddings[0])
-    prompt = VoicePrompt(name=name, embeddings=torch.stack(embeddings).cpu(), cache=gen.cache.tokens.clone().cpu())
-    return prompt, torch.cat(codes).cpu().numpy()
-
-
-TARGET_LOUDNESS = -24.0  # LUFS, as the reference's voice generation
-VOICE_RATES = (8_000, 48_000)  # the sample rates a recording may come at
-
-
-def read_voice_recording(path: Path, sample_rate: int) -> np.ndarray:
-    """A recording as mono float32 at ``sample_rate`` (any format sphn reads, stereo downmixed).
-
-    Error handling: ``ValueError`` for a file sphn cannot read, a sample rate
-    outside :data:`VOICE_RATES` or no audio.
-    """
-    import sphn
-
-    try:
-        pcm, rate = sphn.read(str(path))
-    except Exception as exc:  # sphn raises plain exceptions for unreadable files
-        raise ValueError(f"{path.name} is not a recording this server can read ({exc})") from None
-    if not VOICE_RATES[0] <= rate <= VOICE_RATES[1]:
-        raise ValueError(f"{path.name} is sampled at {rate} Hz: give a recording at 8 to 48 kHz")
-    if pcm.ndim != 2 or pcm.shape[1] == 0:
-        raise ValueError(f"{path.name} holds no audio")
-    mono = pcm.mean(axis=0, keepdims=True, dtype=np.float32) if pcm.shape[0] > 1 else pcm[:1]
-    if rate != sample_rate:
-        mono = sphn.resample(mono, src_sample_rate=rate, dst_sample_rate=sample_rate)
-    return np.asarray(mono[0], dtype=np.float32)
-
-
-def normalize_loudness(pcm: np.ndarray, sample_rate: int, target: float = TARGET_LOUDNESS) -> np.ndarray:
-    """``pcm`` brought to ``target`` LUFS (ITU-R BS.1770 through pyloudnorm, as the reference does).
-
-    Error handling: ``ValueError`` for a recording with no measurable
-    loudness (silent, or shorter than the meter's 0.4 s block): the gain
-    would be infinite, and NaN would reach the model.
-    """
-    import pyloudnorm
-
-    loudness = pyloudnorm.Meter(sample_rate).integrated_loudness(pcm) if pcm.size >= 0.4 * sample_rate else -np.inf
-    if not np.isfinite(loudness):
-        raise ValueError(f"the recording is silent or shorter than 0.4 s ({pcm.size / sample_rate:.2f} s): it has no "
-                         "loudness to bring to -24 LUFS; record a few seconds of the voice")
-    return pyloudnorm.normalize.loudness(pcm, loudness, target)
+    """Make a voice prompt from a recording at once (:class:`VoiceMaking`); returns it and its Mimi codes
+    ``[frames, 8]``."""
+    making = VoiceMaking(lm, mimi, pcm, sine_tokens, zero_text_code, name)
+    making.advance(making.frames_total)
+    return making.prompt(), making.codes
 
 
 def voice_from_recording(lm: LMModel, mimi: Mimi, path: Path, sine_tokens: tuple[int, ...],
                          zero_text_code: int = 3) -> tuple[VoicePrompt, np.ndarray]:
-    """The reference's voice generation from a recording file: read, downmix, resample to Mimi's rate,
-    normalise to -24 LUFS, then :func:`make_voice_prompt`.  Returns the prompt and its Mimi codes."""
-    pcm = normalize_loudness(read_voice_recording(path, mimi.cfg.sample_rate), mimi.cfg.sample_rate)
-    return make_voice_prompt(lm, mimi, pcm.astype(np.float32), sine_tokens, zero_text_code, name=path.name)
+    """The reference's voice generation from a recording file (read, downmix, resample to Mimi's rate,
+    -24 LUFS, then :func:`make_voice_prompt`).  Error handling: ``ValueError`` (why it cannot be a voice)."""
+    pcm = voice_audio(path, mimi.cfg.sample_rate)
+    return make_voice_prompt(lm, mimi, pcm, sine_tokens, zero_text_code, name=path.name)

@@ -14,8 +14,9 @@ gigabytes.  This guard sits below it and follows the bytes the client sends:
   the moment its header arrives, before its payload is read.
 
 Bytes in, bytes (or a refusal) out; no sockets.  Request bodies are skipped by
-``Content-Length``; a chunked body is refused (411): no route of this server
-takes a body, and following chunks would leave a way around the guard.
+``Content-Length``; a chunked body is refused (411): the one route that takes a
+body (a voice upload) needs its length, and following chunks would leave a way
+around the guard.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ class InboundGuard:
                     return Refusal("bad Content-Length", http_status=400)
                 length = int(value)
             elif name == b"transfer-encoding":
-                return Refusal("a chunked request body (no route here takes a body)", http_status=411)
+                return Refusal("a chunked request body (send its Content-Length)", http_status=411)
             kept.append(line)
         out += b"\r\n".join(kept)
         if upgrade:

@@ -1,7 +1,7 @@
 """The application: Quart-Trio's HTTP routes, and the conversation WebSockets beside it.
 
-The three conversation routes are served on ASGI directly (``_asgi_websocket.py``);
-every other route is Quart's.  Routes only: the work lives elsewhere.
+The three conversation routes and the voice upload are served on ASGI directly
+(``_asgi_websocket.py``, ``_voice_routes.py``); every other route is Quart's.  Routes only: the work lives elsewhere.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from ._realtime_session import SUBPROTOCOL, RealtimeProtocol, dialect_of
 from ._session import UNREADY_MESSAGES, Session
 from ._settings import Framing
 from ._state import ServerState
+from ._voice_routes import VoiceUpload, add_voice_routes
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def create_app(state: ServerState) -> ConversationRouter:
 
     routes = {"/api/chat": chat, "/v1/audio/duplex": duplex, "/v1/realtime": realtime}
     assert frozenset(routes) == CONVERSATION_PATHS
-    return ConversationRouter(create_http_app(state), routes)
+    return ConversationRouter(create_http_app(state), routes, uploads={"/api/voices": VoiceUpload(state)})
 
 
 def _model_id(state: ServerState) -> str:
@@ -139,9 +140,7 @@ def create_http_app(state: ServerState) -> QuartTrio:
             official_client="/official/" if official_dir is not None else None,
         )
 
-    @app.get("/api/voices")
-    async def voices() -> Response:
-        return jsonify(voices=list(state.voices()))
+    add_voice_routes(app, state)
 
     @app.get("/api/sessions")
     async def sessions() -> Response:

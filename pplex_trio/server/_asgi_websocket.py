@@ -77,17 +77,22 @@ Handler = Callable[[AsgiWebSocket], Awaitable[None]]
 
 
 class ConversationRouter:
-    """ASGI: WebSocket upgrades to ``routes`` go to their handlers; everything else to ``app``."""
+    """ASGI: WebSocket upgrades to ``routes`` go to their handlers, POSTs to ``uploads`` to theirs (plain ASGI
+    apps that read the body under their own limits); everything else to ``app``."""
 
-    def __init__(self, app: Any, routes: Mapping[str, Handler]):
+    def __init__(self, app: Any, routes: Mapping[str, Handler], uploads: Mapping[str, Any] | None = None):
         self.app = app
         self.routes = dict(routes)
+        self.uploads = dict(uploads or {})
 
     @property
     def websocket_paths(self) -> frozenset[str]:
         return frozenset(self.routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("method") == "POST" and scope["path"] in self.uploads:
+            await self.uploads[scope["path"]](scope, receive, send)
+            return
         handler = self.routes.get(scope["path"]) if scope["type"] == "websocket" else None
         if handler is None:
             await self.app(scope, receive, send)

@@ -36,6 +36,7 @@ from ._gate import AccessGate
 from ._settings import ServerSettings
 from ._session import UNREADY_MESSAGES
 from ._state import ServerState
+from ._voice_store import VoiceLimits
 from ._tls import Certificate, prepare_certificate
 from ._transport import serve_http
 
@@ -142,17 +143,19 @@ async def serve(
     encoders: Encoders | None = None,
     sockets: list[socket.socket] | None = None,
     certificate: Certificate | None = None,
+    voice_limits: VoiceLimits | None = None,
     task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until shut down (by a signal if ``handle_signals``, or the handle).
 
     ``encoders`` replaces the ``--opus-encoder`` choice (for benchmarks);
+    ``voice_limits`` the limits of the voice store (tests);
     ``sockets`` are listening sockets from :func:`bind_sockets` (default: bound here);
     ``certificate`` is the one :func:`prepare_certificate` gave (default: prepared here).
     """
     if certificate is None:
         certificate = tls_certificate(settings)
-    state = ServerState.create(settings, engine, encoders=encoders)
+    state = ServerState.create(settings, engine, encoders=encoders, voice_limits=voice_limits)
     policy = AccessPolicy(token=settings.auth_token, allowed_origins=settings.origins,
                           max_connections_per_address=settings.max_connections_per_ip,
                           open_paths=OPEN_PATHS, secure=certificate is not None)

@@ -45,6 +45,17 @@ class OpusEncoderPlacement(enum.StrEnum):
     SPHN = "sphn"  # sphn on the event loop (holds the GIL: the fallback without libopus)
 
 
+class VoiceUploads(enum.StrEnum):
+    """``--voice-uploads``: whether clients may add (and delete) voices over HTTP."""
+
+    AUTO = "auto"  # on while the server listens on loopback only
+    ON = "on"
+    OFF = "off"
+
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
 @dataclasses.dataclass
 class ServerSettings(ActorSettings):
     host: str = setting("127.0.0.1", "address to listen on (0.0.0.0 for all)", group="listening")
@@ -62,7 +73,8 @@ class ServerSettings(ActorSettings):
     cuda_graph: bool = setting(
         False, "capture each tick's GPU work as a CUDA graph and replay it (CUDA only; untested on hardware "
         "so far)", group="model")
-    voice_dir: pathlib.Path | None = setting(None, "folder of voice prompt .pt files", group="model")
+    voice_dir: pathlib.Path | None = setting(None, "folder of voices: .pt voice prompts and recordings (.wav, .flac, "
+                                             ".mp3, .ogg)", group="model")
     gpu_memory_reserve_gib: float = setting(
         2.0, "GPU memory that --slots auto leaves free for CUDA's workspaces and the allocator's slack: "
         "2, 2GiB, 1536MiB", low=0, flag="--gpu-memory-reserve", group="model", parse=parse_gib)
@@ -126,6 +138,13 @@ class ServerSettings(ActorSettings):
     max_session_seconds: float = setting(
         0.0, "a conversation is told why and closed (1000) once it has been live this long (0: no limit)",
         low=0, group="security")
+    voice_uploads: VoiceUploads = setting(
+        VoiceUploads.AUTO, "whether clients may add voices made from their own clips (POST /api/voices) and delete "
+        "them: on, off, or auto (on while the server listens on loopback only); with --auth-token only holders "
+        "of the token may", group="voices")
+    voice_store: pathlib.Path | None = setting(
+        None, "folder that keeps the added voices across restarts (default: one per model under the cache)",
+        group="voices")
     echo_delay_frames: int = setting(1, "output delay in 80 ms frames", low=0, group="echo test engine")
     echo_prefill_steps: int = setting(12, "system-prompt positions (run between ticks, instantly)", low=0,
                                       group="echo test engine")
@@ -145,7 +164,8 @@ class ServerSettings(ActorSettings):
             self.slots = parse_slots(self.slots)
         self.framing = Framing(self.framing)
         self.opus_encoder = OpusEncoderPlacement(self.opus_encoder)
-        for name in ("voice_dir", "static_dir", "ssl_dir", "certfile", "keyfile"):
+        self.voice_uploads = VoiceUploads(self.voice_uploads)
+        for name in ("voice_dir", "voice_store", "static_dir", "ssl_dir", "certfile", "keyfile"):
             if isinstance(getattr(self, name), str):
                 setattr(self, name, pathlib.Path(getattr(self, name)))
         check_settings(self)
@@ -162,6 +182,13 @@ class ServerSettings(ActorSettings):
     def gpu_memory_reserve(self) -> int:
         """``--gpu-memory-reserve`` in bytes."""
         return int(self.gpu_memory_reserve_gib * 2**30)
+
+    @property
+    def voice_uploads_allowed(self) -> bool:
+        """``--voice-uploads``, with ``auto`` resolved: on for a server that only loopback clients reach."""
+        if self.voice_uploads is VoiceUploads.AUTO:
+            return self.host in LOOPBACK_HOSTS
+        return self.voice_uploads is VoiceUploads.ON
 
     @property
     def tls(self) -> bool:

@@ -13,6 +13,7 @@ from ..engine import Engine, EngineActor
 from ._encoders import Encoders, make_encoders
 from ._session import UNREADY_MESSAGES, Session
 from ._settings import ServerSettings
+from ._voice_store import VoiceLimits, VoiceStore, default_folder
 
 
 @dataclasses.dataclass(eq=False)
@@ -22,22 +23,33 @@ class ServerState:
     actor: EngineActor
     metrics: Metrics
     encoders: Encoders
+    voice_store: VoiceStore | None = None  # voices added over HTTP (None: this server keeps none)
     sessions: set[Session] = dataclasses.field(default_factory=set)
     shutting_down: bool = False
     draining: bool = False
     _drain_scope: trio.CancelScope | None = dataclasses.field(default=None, repr=False)
 
     @classmethod
-    def create(cls, settings: ServerSettings, engine: Engine, *, encoders: Encoders | None = None) -> ServerState:
-        """The state of a new server; ``encoders`` replaces the ``--opus-encoder`` choice (benchmarks)."""
+    def create(cls, settings: ServerSettings, engine: Engine, *, encoders: Encoders | None = None,
+               voice_limits: VoiceLimits | None = None) -> ServerState:
+        """The state of a new server; ``encoders`` replaces the ``--opus-encoder`` choice (benchmarks),
+        ``voice_limits`` the voice store's defaults (tests)."""
         metrics = Metrics()
         actor = EngineActor(engine, settings, metrics=metrics)
         if encoders is None:
             encoders = make_encoders(settings.opus_encoder, settings.inline_encoders)
-        return cls(settings=settings, engine=engine, actor=actor, metrics=metrics, encoders=encoders)
+        store = VoiceStore(settings.voice_store or default_folder(engine.name), voice_limits)
+        engine.use_voice_store(store.folder)
+        return cls(settings=settings, engine=engine, actor=actor, metrics=metrics, encoders=encoders,
+                   voice_store=store)
 
     def voices(self) -> Sequence[str]:
-        return self.engine.voices()
+        """The voices a conversation may name: the model's own, then those added over HTTP."""
+        own = list(self.engine.voices())
+        return own + [name for name in self.added_voices() if name not in own]
+
+    def added_voices(self) -> list[str]:
+        return self.voice_store.names() if self.voice_store is not None else []
 
     def unready_reason(self) -> str | None:
         """Why the server cannot take a conversation now (None: it can); what ``/ready`` says."""

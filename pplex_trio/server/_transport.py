@@ -115,7 +115,10 @@ class GuardedStream(trio.abc.HalfCloseableStream):
         await self._stream.wait_send_all_might_not_block()
 
     async def send_eof(self) -> None:
-        await self._stream.send_eof()
+        # hypercorn closes outside its send lock: a close that comes while an answer is being written
+        # (a client that stopped sending its body) waits for the write instead of colliding with it.
+        async with self._lock:
+            await self._stream.send_eof()
 
     async def aclose(self) -> None:
         await self._stream.aclose()

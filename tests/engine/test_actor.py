@@ -6,6 +6,7 @@ exact and deterministic.  The drain test uses a real worker thread.
 """
 
 import contextlib
+import math
 import threading
 
 import numpy as np
@@ -637,8 +638,9 @@ async def test_a_page_that_comes_after_its_tick_widens_the_margin(nursery, autoj
     assert actor.schedule.steering.margin == pytest.approx(actor.schedule.steering.min_margin + 0.002)
 
 
-def costed_runner(step=0.020, fixed=0.003, per_position=0.0004, log=None):
-    """Engine calls that take virtual time like a GPU: ``step`` per tick, ``fixed + per_position * n`` per prompt call."""
+def costed_runner(step=0.020, fixed=0.003, per_position=0.0004, per_voice_frame=0.002, log=None):
+    """Engine calls that take virtual time like a GPU: ``step`` per tick, ``fixed + per_position * n`` per prompt
+    call, ``fixed + per_voice_frame * n`` per call that makes frames of a voice."""
     from pplex_trio.engine._tick_plan import execute
 
     async def run(fn, *args):
@@ -648,8 +650,11 @@ def costed_runner(step=0.020, fixed=0.003, per_position=0.0004, log=None):
             cost += step if call.tick is not None else 0.0
             positions = sum(call.prefill.values())
             cost += fixed + per_position * positions if positions else 0.0
+            frames = call.voice[1] if call.voice is not None else 0
+            cost += fixed + per_voice_frame * frames if frames else 0.0
+            kind = "tick" if call.tick is not None else "voice" if frames else "prompt"
             if log is not None:
-                log.append((trio.current_time(), "tick" if call.tick is not None else "prompt", positions, cost))
+                log.append((trio.current_time(), kind, positions or frames, cost))
         await trio.sleep(cost)
         return fn(*args)
 
@@ -747,3 +752,111 @@ async def test_a_flood_of_joins_queues_and_never_starves_the_live_rows(nursery, 
             assert joiners[11].position == 6
         assert _histogram(lateness, "_sum") == late_before  # the talker's ticks were never late
     assert talker.input_stats().underruns <= 1
+
+
+# --- voices made from recordings, between ticks ---------------------------------------------------
+
+def _clip(seconds: float) -> np.ndarray:
+    return np.full(int(seconds * 24_000), 0.1, dtype=np.float32)
+
+
+async def test_voices_are_made_between_ticks_and_never_make_a_tick_late(nursery, autojump_clock):
+    """Ten 4 s voices asked at once beside a live conversation: made one after another in the gaps."""
+    log = []
+    actor = EngineActor(RecordingEcho(2), run_sync=costed_runner(log=log))
+    await nursery.start(actor.run)
+    made = []
+
+    async def add_voice(i):
+        made.append((i, await actor.make_voice(_clip(4.0))))
+
+    with actor.lease(Conversation()) as talker:
+        await wait_state(talker, LeaseState.LIVE)
+        nursery.start_soon(_record_waits, talker, [])
+        nursery.start_soon(_steady_client, talker, trio.current_time() + 0.030, 200)
+        await trio.sleep(1.0)
+        lateness = actor.metrics.tick_lateness
+        before = _histogram(lateness, "_count"), _histogram(lateness, "_sum")
+        asked = trio.current_time()
+        async with trio.open_nursery() as uploads:
+            for i in range(10):
+                uploads.start_soon(add_voice, i)
+        took = trio.current_time() - asked
+        count = _histogram(lateness, "_count") - before[0]
+        assert _histogram(lateness, "_sum") == before[1] and count > 20  # not one tick late
+    assert sorted(i for i, _ in made) == list(range(10))
+    assert all(data == b"echo test engine voice: 50 frames\n" for _, data in made)
+    voices = [entry for entry in log if entry[1] == "voice"]
+    assert sum(n for _, _, n, _ in voices) == 500
+    ticks = [t for t, kind, _, _ in log if kind == "tick"]
+    for start, _, _, cost in voices:  # each call ended before the next tick could start
+        next_tick = min((t for t in ticks if t > start), default=math.inf)
+        assert start + cost <= next_tick + 1e-9
+    # 500 frames at 2 ms in the ~50 ms a tick leaves: a few seconds, not a frame per tick (40 s).
+    assert took < 6.0 and actor.voices_waiting == 0
+
+
+async def test_a_voice_waits_for_a_joining_conversations_prompt(nursery, autojump_clock):
+    log = []
+    actor = EngineActor(RecordingEcho(2, prefill_steps=400), run_sync=costed_runner(log=log))
+    await nursery.start(actor.run)
+    with actor.lease(Conversation()) as talker:
+        await wait_state(talker, LeaseState.LIVE)
+        nursery.start_soon(_steady_client, talker, trio.current_time() + 0.030, 100)
+        await trio.sleep(0.5)
+        nursery.start_soon(actor.make_voice, _clip(20.0))
+        await trio.sleep(0.3)  # the voice is being made
+        assert 0 < actor.voices_waiting
+        with actor.lease(Conversation()) as joiner:
+            joined = trio.current_time()
+            await wait_state(joiner, LeaseState.LIVE)
+            live = trio.current_time()
+    between = [kind for t, kind, _, _ in log if joined <= t < live and kind != "tick"]
+    assert between and set(between) == {"prompt"}  # no voice frame ran until the prompt was done
+    assert "voice" in [kind for t, kind, _, _ in log if t >= live]  # then the voice went on
+
+
+async def test_a_voice_that_fails_is_its_callers_error_alone(nursery, autojump_clock):
+    class BadVoiceEcho(RecordingEcho):
+        def make_voice(self, pcm):
+            job = super().make_voice(pcm)
+            if len(pcm) < 24_000:
+                def advance(frames):
+                    raise ValueError("this clip is no voice")
+                job.advance = advance
+            return job
+
+    actor = EngineActor(BadVoiceEcho(1), run_sync=costed_runner())
+    await nursery.start(actor.run)
+    with actor.lease(Conversation()) as talker:
+        await wait_state(talker, LeaseState.LIVE)
+        nursery.start_soon(_steady_client, talker, trio.current_time() + 0.030, 50)
+        with pytest.raises(ValueError, match="no voice"):
+            await actor.make_voice(_clip(0.5))
+        assert await actor.make_voice(_clip(2.0)) == b"echo test engine voice: 25 frames\n"
+        assert talker.state is LeaseState.LIVE
+    assert actor.metrics.errors.labels("engine")._value.get() == 0
+
+
+async def test_a_caller_that_goes_away_leaves_nothing_behind(nursery, autojump_clock):
+    log = []
+    actor = EngineActor(RecordingEcho(1), run_sync=costed_runner(log=log))
+    await nursery.start(actor.run)
+    with trio.move_on_after(0.1):
+        await actor.make_voice(_clip(30.0))  # 375 frames: ~0.8 s alone
+    assert actor.voices_waiting == 0
+    frames = sum(n for _, kind, n, _ in log if kind == "voice")
+    await trio.sleep(2.0)
+    assert 0 < frames < 375 and sum(n for _, kind, n, _ in log if kind == "voice") == frames
+
+
+async def test_an_engine_without_voices_says_so(nursery, autojump_clock):
+    from pplex_trio.engine import Engine
+
+    class NoVoices(RecordingEcho):
+        make_voice = Engine.make_voice
+
+    actor = EngineActor(NoVoices(1), run_sync=costed_runner())
+    await nursery.start(actor.run)
+    with pytest.raises(NotImplementedError, match="cannot make voices"):
+        await actor.make_voice(_clip(1.0))

@@ -21,7 +21,8 @@ import torch
 from pplex_trio.engine._interface import Conversation, Sampling, SlotMode
 from pplex_trio.engine._personaplex import PersonaPlexEngine
 from pplex_trio.model import VoiceLibrary, VoiceNotFoundError, VoicePrompt
-from pplex_trio.model._voices import normalize_loudness, read_voice_recording, voice_from_recording
+from pplex_trio.codec._voice_audio import normalize_loudness, read_voice_recording
+from pplex_trio.model._voices import voice_from_recording
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +120,8 @@ def test_any_rate_from_8_to_48_khz_and_stereo_are_taken(golden_model, tmp_path):
 @pytest.mark.parametrize("case, message", [
     ("silent", "silent or shorter than 0.4 s"),
     ("short", "silent or shorter than 0.4 s"),
-    ("rate", "96000 Hz: give a recording at 8 to 48 kHz"),
-    ("garbage", "is not a recording this server can read"),
+    ("rate", "96000 Hz: give one at 8 to 48 kHz"),
+    ("garbage", "not a recording this server can read"),
     ("truncated", "not a recording this server can read|silent or shorter"),
     ("empty", "not a recording this server can read|holds no audio"),
 ])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from pplex_trio.engine import EchoEngine
@@ -9,17 +11,19 @@ from pplex_trio.server import ServerSettings, serve
 
 
 @pytest.fixture
-def start_server(nursery):
-    """``await start_server(engine=None, **settings)`` → a ServerHandle on a free port."""
+def start_server(nursery, tmp_path):
+    """``await start_server(engine=None, voice_limits=None, **settings)`` → a ServerHandle on a free port (its voice
+    store in the test's own folder)."""
 
-    async def start(engine=None, **overrides):
-        defaults = dict(host="127.0.0.1", port=0, slots=2, echo_prefill_steps=2, echo_delay_frames=1)
+    async def start(engine=None, voice_limits=None, **overrides):
+        defaults = dict(host="127.0.0.1", port=0, slots=2, echo_prefill_steps=2, echo_delay_frames=1,
+                        voice_store=tmp_path / "voice-store")
         defaults.update(overrides)
         settings = ServerSettings(**defaults)
         if engine is None:
             engine = EchoEngine(
                 settings.slots, delay_frames=settings.echo_delay_frames, prefill_steps=settings.echo_prefill_steps
             )
-        return await nursery.start(serve, settings, engine)
+        return await nursery.start(functools.partial(serve, settings, engine, voice_limits=voice_limits))
 
     return start
