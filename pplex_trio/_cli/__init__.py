@@ -1,4 +1,4 @@
-"""``pplex-trio``: serve, client, offline, fit (the top layer: it may import every other)."""
+"""``pplex-trio``: serve, client, offline, fit, voice (the top layer: it may import every other)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from .._version import __version__
 from ._fit import add_arguments as add_fit_arguments
 from ._offline import add_arguments as add_offline_arguments
 from ._settings_cli import add_settings_arguments, settings_from_args
+from ._voice import add_arguments as add_voice_arguments
 
 logger = logging.getLogger("pplex_trio")
 
@@ -61,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     fit = commands.add_parser("fit", help="how many conversations of a model fit a GPU's memory")
     add_fit_arguments(fit)
+
+    voice = commands.add_parser("voice", help="make a voice from a clip (create), or add, remove and list a running "
+                                "server's voices")
+    add_voice_arguments(voice)
     return parser
 
 
@@ -84,6 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._fit import run as run_fit
 
         return run_fit(args)
+    if args.command == "voice":
+        from ._voice import run as run_voice
+
+        return run_voice(args)
     raise AssertionError(args.command)
 
 

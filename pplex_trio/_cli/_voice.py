@@ -1,0 +1,101 @@
+"""``pplex-trio voice``: make a voice prompt from a clip, and manage a running server's voices.
+
+``voice create CLIP --model M -o NAME.pt`` runs the reference's voice
+generation here and writes the ``.pt`` that NVIDIA's server and ours load;
+``voice add`` / ``voice rm`` / ``voice list`` talk to a server's
+``/api/voices`` (with the ``client`` command's token and TLS options).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import pathlib
+import ssl
+
+from .._sources import DEFAULT_REPO
+
+logger = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="make a voice prompt (.pt) from a clip, here")
+    create.add_argument("clip", type=pathlib.Path, help="a few seconds of one person speaking (.wav, .flac, .mp3, "
+                        ".ogg; 8 to 48 kHz)")
+    create.add_argument("--model", default=DEFAULT_REPO, help=f"'tiny', a Hugging Face repo id or a local folder "
+                        f"(default {DEFAULT_REPO}): a voice prompt belongs to the model that made it")
+    create.add_argument("-o", "--output", required=True, type=pathlib.Path, help="the .pt file to write")
+    create.add_argument("--device", default=None, help="cuda, cpu … (default: cuda if available)")
+
+    add = actions.add_parser("add", help="add a voice made from a clip to a running server")
+    add.add_argument("clip", type=pathlib.Path, help="the clip (.wav, .flac, .mp3, .ogg)")
+    add.add_argument("--name", required=True, help="the voice's name: 1 to 48 letters, digits, '-' or '_'")
+    add.add_argument("url", help="server URL, e.g. http://127.0.0.1:8998")
+    remove = actions.add_parser("rm", help="delete a voice added to a running server")
+    remove.add_argument("name", help="the voice (NAME or NAME.pt)")
+    remove.add_argument("url", help="server URL")
+    listing = actions.add_parser("list", help="the voices of a running server")
+    listing.add_argument("url", help="server URL")
+    for sub in (add, remove, listing):
+        sub.add_argument("--token", help="the server's access token (default: the PPLEX_TRIO_AUTH_TOKEN environment "
+                         "variable)")
+        sub.add_argument("--cafile", type=pathlib.Path, help="with https://, trust the certificates in this PEM file")
+        sub.add_argument("--insecure", action="store_true", help="with https://, do not check the certificate")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the command; returns the process exit code."""
+    if args.action == "create":
+        return _create(args)
+    from ..client import client_ssl_context
+    from ..client._voices import VoiceApiError, add_voice, list_voices, remove_voice
+    from ..protocol._access import AUTH_TOKEN_ENV
+
+    token = args.token if args.token is not None else os.environ.get(AUTH_TOKEN_ENV)
+    try:
+        context = client_ssl_context(insecure=args.insecure, cafile=args.cafile)
+    except (OSError, ssl.SSLError) as exc:
+        logger.error("--cafile %s: %s", args.cafile, exc)
+        return 2
+    options = dict(token=token, ssl_context=context)
+    try:
+        if args.action == "add":
+            added = add_voice(args.url, args.clip, args.name, **options)
+            print(f"added {added['voice']} ({added['seconds']:g} s clip)")  # the command's output
+        elif args.action == "rm":
+            print(f"deleted {remove_voice(args.url, args.name, **options)['deleted']}")
+        else:
+            listed = list_voices(args.url, **options)
+            added = set(listed.get("added", []))
+            for name in listed["voices"]:
+                print(f"{name}\t{'added' if name in added else 'model'}")
+    except VoiceApiError as exc:
+        logger.error("server: %s", exc)
+        return 1
+    except (OSError, ValueError) as exc:
+        logger.error("%s", getattr(exc, "reason", None) or exc)
+        return 1
+    return 0
+
+
+def _create(args: argparse.Namespace) -> int:
+    from ..model import ModelAccessError, load_model
+    from ..model._voices import voice_from_recording
+    from ._engines import resolve_device
+
+    if not args.clip.is_file():
+        logger.error("%s: no such file", args.clip)
+        return 1
+    try:
+        model = load_model(args.model, device=resolve_device(args.device or "auto"))
+        p = model.config.prompt
+        prompt, _ = voice_from_recording(model.lm, model.mimi, args.clip, p.sine_tokens, p.zero_text_code)
+    except (ModelAccessError, ValueError) as exc:
+        logger.error("%s", exc)
+        return 1
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    prompt.save(args.output)
+    logger.info("wrote %s: %d voice steps for %s", args.output, prompt.num_steps, model.name)
+    return 0
