@@ -5,6 +5,7 @@ import { opusEncodingSupported } from "./opus-encoder.js";
 import { PRESETS, voiceLabel } from "./presets.js";
 import { SAMPLE_RATE } from "./audio-graph.js";
 import { Conversation } from "./session.js";
+import { setupYourVoice } from "./your-voice.js";
 
 const $ = (id) => document.getElementById(id);
 const els = {
@@ -38,6 +39,7 @@ const els = {
 };
 
 let maxPromptChars = 1000;
+let yourVoice = null; // the "Your voice" panel
 let conversation = null; // the current (or last) Conversation
 let browserProblem = null; // why this browser cannot talk, if it cannot
 
@@ -94,20 +96,26 @@ async function loadServerInfo() {
     els.persona.maxLength = maxPromptChars;
     els.officialLink.hidden = !info.official_client;
     els.serverInfo.textContent = `Model: ${info.model} · ${info.slots} conversation slot${info.slots === 1 ? "" : "s"}`;
-    els.voice.replaceChildren(
-      ...voices.voices.map((file) => {
-        const option = document.createElement("option");
-        option.value = file;
-        option.textContent = voiceLabel(file);
-        return option;
-      }),
-    );
-    if (!voices.voices.length) els.voice.replaceChildren(new Option("Default voice", ""));
+    showVoices(voices);
     updateCounter();
   } catch (e) {
     els.serverInfo.textContent = `Cannot reach the server (${e.message}). Reload the page to try again.`;
     els.serverInfo.classList.add("problem");
   }
+}
+
+function showVoices(voices, selected = els.voice.value) {
+  const added = new Set(voices.added || []);
+  els.voice.replaceChildren(
+    ...voices.voices.map((file) => new Option(added.has(file) ? `${voiceLabel(file)} (added)` : voiceLabel(file), file)),
+  );
+  if (!voices.voices.length) els.voice.replaceChildren(new Option("Default voice", ""));
+  if (voices.voices.includes(selected)) els.voice.value = selected;
+  yourVoice.enable(Boolean(voices.uploads));
+}
+
+async function voiceAdded(file) {
+  showVoices(await getJson("/api/voices"), file);
 }
 
 async function getJson(path) {
@@ -233,6 +241,7 @@ function tick() {
 
 async function main() {
   setupPresets();
+  yourVoice = setupYourVoice({ onAdded: voiceAdded });
   els.persona.addEventListener("input", updateCounter);
   els.connect.addEventListener("click", () => {
     const active = conversation && !["idle", "ended"].includes(conversation.state.phase);

@@ -58,12 +58,14 @@ def tls_context(browser: Any) -> Iterator[Any]:
 
 
 @pytest.fixture
-def start_server() -> Iterator[Any]:
-    """``start_server(engine=None, **settings)`` → a running :class:`ThreadServer` (echo engine by default)."""
+def start_server(tmp_path: pathlib.Path) -> Iterator[Any]:
+    """``start_server(engine=None, **settings)`` → a running :class:`ThreadServer` (echo engine by default; its
+    voice store in the test's own folder)."""
     servers: list[ThreadServer] = []
 
     def start(engine: Engine | None = None, **overrides: Any) -> ThreadServer:
-        options = dict(host="127.0.0.1", port=0, slots=2, echo_prefill_steps=4, echo_delay_frames=1)
+        options = dict(host="127.0.0.1", port=0, slots=2, echo_prefill_steps=4, echo_delay_frames=1,
+                       voice_store=tmp_path / "voice-store")
         options.update(overrides)
         settings = ServerSettings(**options)
         if engine is None:
