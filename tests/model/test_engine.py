@@ -86,7 +86,7 @@ EXPORTS = {
     "LoadedModel", "Mimi", "MimiConfig", "MimiDecoderState", "MimiEncoderState", "ModelAccessError", "ModelConfig",
     "PromptConfig", "PromptPlan", "QuantizerConfig", "REFERENCES", "RowNoise", "RowSampling", "SEANetConfig", "StepInputs",
     "StepResult", "StreamDecoder", "StreamingTransformer", "TextTokenizer", "TokenCache", "TransformerConfig",
-    "TransformerState", "UNGENERATED", "VoiceLibrary", "VoiceNotFoundError", "VoicePrompt", "build_lm", "build_mimi",
+    "TransformerState", "UNGENERATED", "VoiceLibrary", "VoiceMaking", "VoiceNotFoundError", "VoicePrompt", "build_lm", "build_mimi",
     "build_prompt_plan", "cache_dir", "check_voice_name", "config_from_kyutai_dict", "config_to_kyutai_dict",
     "convert_kyutai_state_dict", "ensure_tiny_checkpoint", "expand_depformer_steps", "load_config", "load_model",
     "lm_dtype_for",
