@@ -72,6 +72,13 @@ def voice_audio(path: Path, sample_rate: int, max_seconds: float | None = None) 
     return normalize_loudness(read_voice_recording(path, sample_rate, max_seconds), sample_rate)
 
 
+def load_libraries() -> None:
+    """Import sphn and pyloudnorm now: pyloudnorm brings SciPy, about 2 s of import that would hold the
+    interpreter (and stall a running server's ticks) if it came with the first clip."""
+    import pyloudnorm  # noqa: F401
+    import sphn  # noqa: F401
+
+
 def _short(exc: Exception, path: Path) -> str:
     """sphn's reason, without the file's path (a server's temporary file is nobody's business)."""
     text = " ".join(str(exc).replace(f'"{path}": ', "").replace(str(path), "the file").split())

@@ -238,7 +238,7 @@ class EngineActor:
 
     async def _between_ticks(self) -> None:
         """Resets, starts and system prompts, until the time before the next tick runs out."""
-        while not self.stalled and self.schedule.may_run_prompts():
+        while not self.stalled and self.schedule.may_run_prompts(voice_waiting=bool(self._voices)):
             now = trio.current_time()
             call = plan_call(self.table, now)
             call.prefill = self.schedule.prompt_work(self.table.prompts_left())

@@ -102,6 +102,7 @@ class TickSchedule:
         self._some_frame = False
         self._frames_in = trio.Event()
         self._starved_since: int | None = None  # the tick since which waiting prompts found no time
+        self._voice_starved_since: int | None = None  # ... and a waiting voice
 
     # -- the grid ------------------------------------------------------------
 
@@ -230,10 +231,14 @@ class TickSchedule:
             return self.tick_seconds
         return max(0.0, self.deadline - self.early_start - PROMPT_MARGIN - self._clock())
 
-    def may_run_prompts(self) -> bool:
+    def may_run_prompts(self, voice_waiting: bool = False) -> bool:
         """Whether an engine call between ticks may start now: there is time for one (its fixed cost: the trip
-        to the worker thread, starts, resets), or prompts have starved."""
-        return self.prompt_time() > self.prompt_cost.fixed * PromptCost.SAFETY or self._starved()
+        to the worker thread, starts, resets), or prompts (or the voice waiting) have starved."""
+        if not voice_waiting:
+            self._voice_starved_since = None
+        if self.prompt_time() > self.prompt_cost.fixed * PromptCost.SAFETY or self._starved():
+            return True
+        return voice_waiting and self.prompt_time() > 0 and self._voice_starved()
 
     def prompt_work(self, left: Mapping[int, int]) -> dict[int, int]:
         """Positions for each prompting slot (``left``: what each still has) that fit :meth:`prompt_time`.
@@ -263,14 +268,19 @@ class TickSchedule:
         """Frames of a voice being made (``left``: what it still has) that fit :meth:`prompt_time`.
 
         Voices come after the system prompts and never at a tick's cost: with
-        a grid and no time, none (the upload waits; it never starves a live
-        conversation).  Without a grid, up to a tick of work, at least a frame;
-        while the cost is not known, a small first call measures it.
+        no time, none (the upload waits), unless the voice has found no time
+        for :data:`PROMPT_STARVED_TICKS` ticks: then one frame, if the tick is
+        not due yet, which also measures the cost again (one slow call must
+        not stop voices for good).  Without a grid, up to a tick of work, at
+        least a frame; while the cost is not known, a small first call
+        measures it.
         """
         cost = self.voice_cost
         frames = cost.positions_within(self.prompt_time())
         if self.deadline is None:
             frames = max(frames, 1)
+        elif not frames and self.prompt_time() > 0 and self._voice_starved():
+            frames = 1
         if not cost.known:
             frames = min(frames, PROMPT_FIRST_POSITIONS)
         return min(left, frames)
@@ -278,6 +288,14 @@ class TickSchedule:
     def voice_done(self, frames: int, seconds: float) -> None:
         """A call made ``frames`` frames of a voice in ``seconds`` (the trip to the worker thread included)."""
         self.voice_cost.observe(frames, seconds)
+        self._voice_starved_since = None
+
+    def _voice_starved(self) -> bool:
+        """Whether the voice waiting has found no time for :data:`PROMPT_STARVED_TICKS` ticks (its clock starts
+        at the first question)."""
+        if self._voice_starved_since is None:
+            self._voice_starved_since = self.ticks
+        return self.ticks - self._voice_starved_since >= PROMPT_STARVED_TICKS
 
     def _starved(self) -> bool:
         return self._starved_since is not None and self.ticks - self._starved_since >= PROMPT_STARVED_TICKS

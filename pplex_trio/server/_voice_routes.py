@@ -29,7 +29,7 @@ from typing import Any
 import trio
 from quart import Response, jsonify
 
-from ..codec._voice_audio import voice_audio
+from ..codec._voice_audio import load_libraries, voice_audio
 from ._voice_store import StoreRefusal, VoiceLimits
 
 logger = logging.getLogger(__name__)
@@ -60,6 +60,8 @@ class VoiceUpload:
         self._recent: dict[str, collections.deque[float]] = {}  # per address: when it uploaded, last minute
         self._busy = 0  # uploads in progress
         self._decoders = trio.CapacityLimiter(2)
+        if state.settings.voice_uploads_allowed:
+            load_libraries()  # (at start, not at the first upload, while conversations run)
 
     @property
     def limits(self) -> VoiceLimits:
@@ -113,13 +115,17 @@ class VoiceUpload:
                           else "the Content-Length header is not a number")
         with store.making(file_name):
             body = await self._read_body(receive)
+            # The client now waits in silence for the answer, and its connection is cut after
+            # --client-timeout without a byte from it: the answer must come before that.
+            timeout = state.settings.client_timeout
+            answer_by = trio.current_time() + max(timeout - 1.0, timeout / 2)
             pcm = await self._decode(body, AUDIO_TYPES[kind])
             seconds = len(pcm) / state.engine.sample_rate
             if seconds < limits.min_seconds:
                 raise Refusal(422, f"the clip holds {seconds:.2f} s of audio: a voice needs at least "
                               f"{limits.min_seconds:g} s (a few seconds of one person speaking)")
-            data = await self._make(pcm)
-            store.add(file_name, data)
+            data = await self._make(pcm, answer_by)
+            await trio.to_thread.run_sync(store.add, file_name, data)  # (its fsyncs would stall the event loop)
         return file_name, seconds
 
     async def _read_body(self, receive: Callable[[], Any]) -> bytes:
@@ -163,9 +169,9 @@ class VoiceUpload:
         except ValueError as exc:
             raise Refusal(422, str(exc)) from None
 
-    async def _make(self, pcm) -> bytes:
+    async def _make(self, pcm, answer_by: float) -> bytes:
         try:
-            with trio.fail_after(self.limits.make_seconds):
+            with trio.fail_at(answer_by):
                 return await self.state.actor.make_voice(pcm)
         except trio.TooSlowError:
             raise Refusal(503, "the model was too busy to make the voice in time; try again later", 30) from None

@@ -41,7 +41,6 @@ class VoiceLimits:
     per_minute: int = 10  # uploads from one address (whatever their outcome)
     at_once: int = 4  # uploads being received, read or made at one time, in all
     body_seconds: float = 30.0  # to receive one body: a client that sends slower is cut off
-    make_seconds: float = 120.0  # to make one voice, waiting for the engine included
 
 
 class StoreRefusal(Exception):

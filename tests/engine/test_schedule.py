@@ -165,3 +165,35 @@ def test_a_call_is_not_started_without_time_for_its_fixed_cost():
     assert not schedule.may_run_prompts()
     now[0] = 10.030  # 36 ms left
     assert schedule.may_run_prompts()
+
+
+def test_a_voice_that_finds_no_time_gets_a_frame_after_a_while_and_its_cost_measured_again():
+    """One voice call held up (a busy machine) makes a frame look dearer than any gap: without a way out, the
+    voice would wait for ever, since no call would measure the cost again."""
+    from pplex_trio.engine._schedule import PROMPT_STARVED_TICKS
+
+    now = [10.0]
+    schedule = TickSchedule(SlotTable(2, queue_size=0), TICK, input_grace=0.004, early_start=0.010,
+                            clock=lambda: now[0])
+    schedule.start(10.080)
+    for _ in range(3):
+        schedule.prompt_done(0, 0.020)  # a call's fixed cost: 20 ms
+    for n in (4, 8, 4):
+        schedule.voice_done(n, 0.300)  # frames that looked like 75 ms each
+    now[0] = 10.040  # 26 ms before the tick is due: room for a call, not for a frame at that cost
+    assert schedule.voice_work(50) == 0
+    for _ in range(PROMPT_STARVED_TICKS - 1):
+        schedule.ticks += 1
+        assert schedule.voice_work(50) == 0
+    schedule.ticks += 1
+    now[0] = 10.066  # the tick is due: not even a starving voice runs now
+    assert not schedule.may_run_prompts(voice_waiting=True) and schedule.voice_work(50) == 0
+    now[0] = 10.060  # 6 ms left: too little for a call, but the voice has starved long enough
+    assert schedule.may_run_prompts(voice_waiting=True) and schedule.voice_work(50) == 1
+    assert not schedule.may_run_prompts()  # (with no voice waiting, no call: and its clock starts again)
+    now[0] = 10.0
+    for _ in range(30):  # the cheap frames it really costs teach the estimate again
+        schedule.voice_done(1, 0.003)
+        if schedule.voice_work(50) > 1:
+            break
+    assert schedule.voice_work(50) > 1

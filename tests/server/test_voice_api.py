@@ -285,3 +285,33 @@ async def test_the_upload_log_says_what_happened(start_server, caplog):
     await upload(handle, "Bad name!", wav_bytes(2.0))
     assert "added voice Logged.pt from 127.0.0.1: a 2.0 s clip" in caplog.text
     assert "refused a voice upload from 127.0.0.1: a voice name is 1 to 48" in caplog.text
+
+
+async def test_a_voice_the_engine_cannot_make_in_time_is_answered_before_the_connection_is_cut(start_server):
+    # Each frame of a voice costs the stand-in engine 0.1 s: a 4 s clip (50 frames) needs 5 s, more than the
+    # 3 s the client's connection may stay silent.  The client must get an answer, not a closed connection.
+    from pplex_trio.engine import EchoEngine
+
+    handle = await start_server(engine=EchoEngine(2, delay_frames=1, prefill_steps=2, prefill_seconds=0.1),
+                                client_timeout=3.0)
+    began = trio.current_time()
+    busy = await upload(handle, "Slow", wav_bytes(4.0))
+    assert busy.status_code == 503 and "too busy to make the voice in time" in busy.json()["error"]
+    assert trio.current_time() - began < 3.0 and int(busy.headers["retry-after"]) > 0
+    assert store_files(handle) == [] and (await voices(handle))["added"] == []
+    assert (await upload(handle, "Quick", wav_bytes(1.0))).status_code == 201  # 13 frames: 1.3 s
+
+
+def test_the_loudness_library_is_imported_at_start_not_at_the_first_upload():
+    """Its import (SciPy: ~2 s holding the interpreter) at the first upload stalled the live ticks."""
+    import subprocess
+    import sys
+
+    script = ("import sys, types\n"
+              "from pplex_trio.server._voice_routes import VoiceUpload\n"
+              "def state(allowed):\n"
+              "    return types.SimpleNamespace(settings=types.SimpleNamespace(voice_uploads_allowed=allowed))\n"
+              "VoiceUpload(state(False)); print('pyloudnorm' in sys.modules)\n"
+              "VoiceUpload(state(True)); print('pyloudnorm' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["False", "True"]
