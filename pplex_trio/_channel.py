@@ -88,16 +88,20 @@ class DropOldestChannel(Generic[T]):
         return item
 
     async def receive(self) -> T:
+        """The oldest item, waiting for one; a cancelled call takes none (as Trio's own channels: the
+        cancellation is checked before taking, and the yield after taking is shielded)."""
         parked = False
         while True:
+            if not parked:  # a park was a checkpoint already: one yield per wait, not two
+                await trio.lowlevel.checkpoint_if_cancelled()
             try:
                 item = self.receive_nowait()
             except trio.WouldBlock:
                 await self._lot.park()
                 parked = True
             else:
-                if not parked:  # a park was a checkpoint already: one yield per wait, not two
-                    await trio.lowlevel.checkpoint()
+                if not parked:
+                    await trio.lowlevel.cancel_shielded_checkpoint()
                 return item
 
     async def receive_batch(self) -> list[T]:

@@ -110,10 +110,30 @@ async def test_a_receive_that_waited_takes_one_scheduler_pass_to_return():
         nursery.cancel_scope.cancel()
 
 
-async def test_a_receive_with_an_item_ready_is_still_a_checkpoint():
+async def test_a_receive_with_an_item_ready_is_still_a_checkpoint_and_a_cancelled_one_takes_nothing():
     ch = DropOldestChannel(2, name="t")
     ch.send_nowait("x")
     with trio.CancelScope() as scope:
         scope.cancel()
         await ch.receive()
-    assert scope.cancelled_caught and len(ch) == 0  # taken, then the checkpoint raised
+    assert scope.cancelled_caught and len(ch) == 1  # cancelled before taking: nothing lost, nothing counted
+    assert await ch.receive() == "x" and ch.dropped == 0
+
+
+async def test_a_receive_with_an_item_ready_lets_other_tasks_run():
+    ch = DropOldestChannel(2, name="t")
+    ch.send_nowait("x")
+    ran = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: ran.append(True) or trio.lowlevel.checkpoint())
+        assert await ch.receive() == "x" and ran == [True]
+
+
+async def test_a_receive_cancelled_while_waiting_leaves_the_next_item_for_the_next_receive():
+    ch = DropOldestChannel(2, name="t")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ch.receive)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    ch.send_nowait("y")
+    assert await ch.receive() == "y"
