@@ -92,3 +92,28 @@ async def test_a_write_waits_for_a_refusal_being_written():
     assert theirs.recv(16) == b"after"
     await guarded.aclose()
     theirs.close()
+
+
+async def test_a_close_while_an_answer_is_being_written_waits_for_it():
+    """hypercorn closes (``send_eof``) outside its own send lock: a close that came while a write was blocked
+    on the client collided with it (``trio.BusyResourceError`` in the log, the answer cut).  The close now
+    waits for the write, and the client gets the whole answer, then the end of the stream."""
+    guarded, theirs = guarded_pair()
+    answer = bytes(range(256)) * 384  # 96 KiB: more than the small buffers hold, so the write blocks
+    received = bytearray()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(guarded.send_all, answer)
+        await trio.testing.wait_all_tasks_blocked()
+        assert guarded.write_started is not None  # the write is blocked on the client
+        nursery.start_soon(guarded.send_eof)
+        await trio.testing.wait_all_tasks_blocked()  # (before: BusyResourceError here)
+        for sock in (theirs, guarded.socket):  # the client reads at last, quickly
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+        peer = trio.socket.from_stdlib_socket(theirs)
+        with trio.fail_after(10):
+            while chunk := await peer.recv(65536):
+                received += chunk
+    assert bytes(received) == answer  # all of it, then EOF
+    await guarded.aclose()
+    theirs.close()
