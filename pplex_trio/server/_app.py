@@ -22,7 +22,8 @@ from ._official import ROOT_QUERY, find_official_client, official_index
 from ._queue_status import MAX_TICKET_CHARS, queue_status
 from ._raw_session import RawProtocol
 from ._realtime_session import SUBPROTOCOL, RealtimeProtocol, dialect_of
-from ._session import UNREADY_MESSAGES, Session
+from ._phase import Unready
+from ._session import Session
 from ._settings import Framing
 from ._state import ServerState
 from ._voice_routes import VoiceUpload, add_voice_routes
@@ -93,8 +94,8 @@ def create_http_app(state: ServerState) -> QuartTrio:
     @app.get("/health")
     async def health() -> tuple[Response, int]:
         stats = state.actor.statistics()
-        status = ("stalled" if state.actor.stalled else "shutting_down" if state.shutting_down
-                  else "draining" if state.draining else "ok")
+        unready = state.unready(when_full=False)
+        status = "ok" if unready is None else unready.health
         body = jsonify(
             status=status,
             slots_total=stats.slots_total,
@@ -104,22 +105,22 @@ def create_http_app(state: ServerState) -> QuartTrio:
             sessions=len(state.sessions),
             tick_path=state.engine.tick_path,
         )
-        return body, 503 if status == "stalled" else 200
+        return body, 503 if unready is Unready.ENGINE_STALLED else 200
 
     @app.get("/ready")
     async def ready() -> tuple[Response, int]:
         # For load balancers: can this replica take a conversation now? (/health: is it alive?)
         stats = state.actor.statistics()
-        reason = state.unready_reason()
+        unready = state.unready()
         body = jsonify(
-            ready=reason is None,
-            reason=reason,
-            message=UNREADY_MESSAGES.get(reason or ""),
+            ready=unready is None,
+            reason=None if unready is None else unready.value,
+            message=None if unready is None else unready.message,
             slots_free=stats.slots_free,
             queued=stats.queued,
             queue_size=settings.queue_size,
         )
-        return body, 200 if reason is None else 503
+        return body, 200 if unready is None else 503
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -33,8 +33,8 @@ from ..protocol import AccessPolicy, Refused
 from ._access_log import AccessLog
 from ._encoders import Encoders
 from ._gate import AccessGate
+from ._phase import ServerPhase
 from ._settings import ServerSettings
-from ._session import UNREADY_MESSAGES
 from ._state import ServerState
 from ._voice_store import VoiceLimits
 from ._tls import Certificate, prepare_certificate
@@ -74,22 +74,22 @@ class ServerHandle:
 
 async def _drain(state: ServerState, seconds: float) -> None:
     """Not ready, no new conversations; wait (at most ``seconds``) until the live ones have ended."""
-    if seconds <= 0 or state.draining or state.shutting_down:
+    if seconds <= 0:
         return
-    logger.info("draining: no new conversations; %d live one(s) may go on for up to %g s",
-                len(state.sessions), seconds)
     with trio.move_on_after(seconds) as drain:
-        state.begin_drain(drain)  # a second signal cancels it
+        if not state.begin_drain(drain):  # (a second signal cancels it)
+            return
+        logger.info("draining: no new conversations; %d live one(s) may go on for up to %g s",
+                    len(state.sessions), seconds)
         while state.sessions:
             await trio.sleep(0.05)
     logger.info("drain over: %d conversation(s) left", len(state.sessions))
 
 
 async def _shutdown(state: ServerState, stop: trio.Event) -> None:
-    if state.shutting_down:
+    if not state.begin_shutdown():
         return
     logger.info("shutting down: closing %d conversation(s)", len(state.sessions))
-    state.begin_shutdown()
     with trio.move_on_after(state.settings.shutdown_grace):
         while state.sessions:
             await trio.sleep(0.01)
@@ -193,8 +193,8 @@ def _busy(state: ServerState, path: str) -> Refused | None:
     """``--refuse-busy-upgrades``: a conversation this server cannot take now is refused before its upgrade."""
     if path not in CONVERSATION_PATHS:
         return None
-    reason = state.unready_reason()
-    return None if reason is None else Refused(503, reason, UNREADY_MESSAGES[reason])
+    unready = state.unready()
+    return None if unready is None else Refused(503, unready.value, unready.message)
 
 
 def tls_certificate(settings: ServerSettings) -> Certificate | None:
@@ -259,11 +259,11 @@ async def _watch_signals(state: ServerState, stop: trio.Event,
         async with trio.open_nursery() as nursery:
             async for signum in signals:
                 name = signal.Signals(signum).name
-                if state.shutting_down:
+                if state.phase is ServerPhase.STOPPING:
                     logger.warning("%s while shutting down: stopping now", name)
                     stop.set()
                     return
-                if state.draining:
+                if state.phase is ServerPhase.DRAINING:
                     logger.warning("%s while draining: ending the drain", name)
                     state.end_drain()
                     continue

@@ -44,22 +44,13 @@ from .._conversation import CloseCode, Conversation
 from .._metrics import Metrics
 from ..engine import EngineActor, Lease, LeaseState, OutputFrame, QueueFull
 from ..protocol import ProtocolError
+from ._phase import Unready
 from ._settings import ServerSettings
 from ._wire import EndOfInput, InputAudio, Message, Replies, WireProtocol
 
 logger = logging.getLogger(__name__)
 _ids = itertools.count(1)
 STAGE_SAMPLING = 4  # one frame in this many feeds the per-stage latency histograms
-
-
-# What a client is told when the server cannot take its conversation (keys: ``ServerState.unready_reason``).
-UNREADY_MESSAGES = {
-    "shutting_down": "this server is shutting down; connect again (behind a load balancer, to another replica)",
-    "draining": "this server is draining and takes no new conversations; connect again (behind a load "
-                "balancer, to another replica)",
-    "engine_stalled": "the model engine is stalled and being recovered; try again in a moment",
-    "full": "every conversation slot and queue place of this server is taken; try again shortly",
-}
 
 
 class WebSocket(Protocol):
@@ -80,8 +71,8 @@ class SessionHost(Protocol):
     actor: EngineActor
     metrics: Metrics
     sessions: set[Session]
-    shutting_down: bool
-    draining: bool
+
+    def unready(self, *, when_full: bool = True) -> Unready | None: ...
 
     def voices(self) -> Sequence[str]: ...
 
@@ -170,10 +161,11 @@ class Session:
             else:
                 await self.ws.accept()
             with self._scope:
-                if host.shutting_down:
-                    self.end(CloseCode.GOING_AWAY, "server is shutting down", "shutdown")
-                elif host.draining:
-                    self.end(CloseCode.GOING_AWAY, UNREADY_MESSAGES["draining"], "draining")
+                unready = host.unready(when_full=False)
+                if unready in (Unready.SHUTTING_DOWN, Unready.DRAINING):
+                    assert unready is not None
+                    self.end(CloseCode.GOING_AWAY, unready.message,
+                             "shutdown" if unready is Unready.SHUTTING_DOWN else "draining")
                 else:
                     try:
                         await self._converse()
@@ -196,8 +188,8 @@ class Session:
         conversation = await self._admit()
         if conversation is None:
             return
-        if self.host.actor.stalled:
-            self.end(CloseCode.TRY_AGAIN_LATER, UNREADY_MESSAGES["engine_stalled"], "engine_stalled")
+        if self.host.unready(when_full=False) is Unready.ENGINE_STALLED:
+            self.end(CloseCode.TRY_AGAIN_LATER, Unready.ENGINE_STALLED.message, "engine_stalled")
             return
         try:
             with self.host.actor.lease(conversation, align=self.wire.align_input,

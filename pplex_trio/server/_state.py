@@ -11,7 +11,8 @@ from .._conversation import CloseCode
 from .._metrics import Metrics
 from ..engine import Engine, EngineActor
 from ._encoders import Encoders, make_encoders
-from ._session import UNREADY_MESSAGES, Session
+from ._phase import ServerPhase, Unready
+from ._session import Session
 from ._settings import ServerSettings
 from ._voice_store import VoiceLimits, VoiceStore, default_folder
 
@@ -25,8 +26,7 @@ class ServerState:
     encoders: Encoders
     voice_store: VoiceStore | None = None  # voices added over HTTP (None: this server keeps none)
     sessions: set[Session] = dataclasses.field(default_factory=set)
-    shutting_down: bool = False
-    draining: bool = False
+    phase: ServerPhase = ServerPhase.SERVING
     _drain_scope: trio.CancelScope | None = dataclasses.field(default=None, repr=False)
 
     @classmethod
@@ -51,31 +51,44 @@ class ServerState:
     def added_voices(self) -> list[str]:
         return self.voice_store.names() if self.voice_store is not None else []
 
-    def unready_reason(self) -> str | None:
-        """Why the server cannot take a conversation now (None: it can); what ``/ready`` says."""
-        if self.shutting_down:
-            return "shutting_down"
-        if self.draining:
-            return "draining"
+    def unready(self, *, when_full: bool = True) -> Unready | None:
+        """Why the server cannot take a conversation now (None: it can): what ``/ready`` and ``/health`` say,
+        and why a conversation is refused (``when_full=False``: the queue answers for a full server)."""
+        if self.phase is ServerPhase.STOPPING:
+            return Unready.SHUTTING_DOWN
+        if self.phase is ServerPhase.DRAINING:
+            return Unready.DRAINING
         if self.actor.stalled:
-            return "engine_stalled"
+            return Unready.ENGINE_STALLED
         stats = self.actor.statistics()
-        if stats.slots_free == 0 and stats.queued >= self.settings.queue_size:
-            return "full"
+        if when_full and stats.slots_free == 0 and stats.queued >= self.settings.queue_size:
+            return Unready.FULL
         return None
 
-    def begin_drain(self, scope: trio.CancelScope) -> None:
-        """Take no new conversations; the live ones go on (``--drain-seconds``) until ``scope`` is cancelled."""
-        self.draining = True
+    def _enter(self, phase: ServerPhase) -> bool:
+        """Move to ``phase`` if the lifecycle allows it from here (False: it does not, nothing changes)."""
+        if not self.phase.can_become(phase):
+            return False
+        self.phase = phase
+        return True
+
+    def begin_drain(self, scope: trio.CancelScope) -> bool:
+        """Take no new conversations; the live ones go on (``--drain-seconds``) until ``scope`` is cancelled.
+        False if the server is draining or stopping already."""
+        if not self._enter(ServerPhase.DRAINING):
+            return False
         self._drain_scope = scope
+        return True
 
     def end_drain(self) -> None:
         """Cut the drain short (a second signal): the shutdown follows."""
         if self._drain_scope is not None:
             self._drain_scope.cancel()
 
-    def begin_shutdown(self) -> None:
-        """Close every conversation with 1001 (going away); refuse new ones."""
-        self.shutting_down = True
+    def begin_shutdown(self) -> bool:
+        """Close every conversation with 1001 (going away); refuse new ones.  False if stopping already."""
+        if not self._enter(ServerPhase.STOPPING):
+            return False
         for session in list(self.sessions):
-            session.end(CloseCode.GOING_AWAY, "server is shutting down", "shutdown")
+            session.end(CloseCode.GOING_AWAY, Unready.SHUTTING_DOWN.message, "shutdown")
+        return True
