@@ -8,9 +8,17 @@ __all__ = ["CloseCode", "ProtocolError"]
 
 
 class ProtocolError(Exception):
-    """Bad input from a client: tell it ``message``, then close with ``code``."""
+    """Bad input from a client: tell it ``message``, then close with ``code``.
 
-    def __init__(self, message: str, code: int = CloseCode.POLICY):
+    ``param`` names the bad setting and ``kind`` says what is wrong with it
+    (``invalid_value``, ``string_above_max_length``), for the protocols whose
+    errors carry them (OpenAI Realtime).
+    """
+
+    def __init__(self, message: str, code: int = CloseCode.POLICY, *, param: str | None = None,
+                 kind: str = "invalid_value"):
         super().__init__(message)
         self.message = message
         self.code = code
+        self.param = param
+        self.kind = kind

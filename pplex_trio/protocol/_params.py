@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from .._voice_catalogue import is_bare_voice_name
@@ -40,13 +40,15 @@ def parse_query(query: bytes | str) -> dict[str, str]:
     return dict(pairs)
 
 
-def conversation_from_params(params: Mapping[str, Any], *, max_prompt_chars: int) -> Conversation:
+def conversation_from_params(params: Mapping[str, Any], *, max_prompt_chars: int,
+                             voices: Collection[str] | None = None) -> Conversation:
     """Validate client settings into a :class:`Conversation`.
 
     Accepts the query names of the official client (``text_prompt``,
     ``voice_prompt``, ``text_temperature`` …) and, for the raw protocol, the
-    short names ``persona`` and ``voice``.  Raises :class:`ProtocolError`
-    (close code 1008) naming the bad parameter and what it should be.
+    short names ``persona`` and ``voice`` (one of ``voices``, when given).
+    Raises :class:`ProtocolError` (close code 1008) naming the bad parameter
+    and what it should be.
     """
     defaults = Sampling()
     sampling = Sampling(
@@ -62,37 +64,57 @@ def conversation_from_params(params: Mapping[str, Any], *, max_prompt_chars: int
         ),
         repetition_penalty=_float(params, "repetition_penalty", defaults.repetition_penalty, 0.01, 100.0),
     )
-    persona = _text(params, ("text_prompt", "persona"))
-    if len(persona) > max_prompt_chars:
-        raise ProtocolError(
-            f"text_prompt has {len(persona)} characters; the limit is {max_prompt_chars}: "
-            "shorten the persona"
-        )
-    if "\x00" in persona:
-        raise ProtocolError("text_prompt must not contain NUL characters")
-    voice = _text(params, ("voice_prompt", "voice")) or None
-    if voice is not None:
-        check_voice_name(voice)
+    param, value = _first(params, ("text_prompt", "persona"))
+    persona = persona_text(value, param=param, max_chars=max_prompt_chars) if value is not None else ""
+    param, value = _first(params, ("voice_prompt", "voice"))
+    voice = voice_name(value, param=param, voices=voices) if value is not None and value != "" else None
     return Conversation(persona=persona, voice=voice, sampling=sampling)
 
 
-def check_voice_name(name: str) -> None:
-    """A voice is a bare file name inside the voice directory, nothing else."""
+# -- each setting, checked once for every protocol (Realtime's session.update included) ---------
+
+
+def persona_text(value: Any, *, param: str, max_chars: int) -> str:
+    """The persona (system prompt text) a client gave as ``param``, stripped."""
+    if not isinstance(value, str):
+        raise ProtocolError(f"{param} must be a string", param=param)
+    text = value.strip()
+    if len(text) > max_chars:
+        raise ProtocolError(f"{param} has {len(text)} characters; this server's limit is {max_chars}: shorten the "
+                            "persona", param=param, kind="string_above_max_length")
+    if "\x00" in text:
+        raise ProtocolError(f"{param} must not contain NUL characters", param=param)
+    return text
+
+
+def voice_name(value: Any, *, param: str, voices: Collection[str] | None = None) -> str:
+    """A voice a client named as ``param``: a bare file name inside the voice directory, nothing else, and
+    with ``voices``, one of them."""
+    if not isinstance(value, str):
+        raise ProtocolError(f"{param} must be a string: the name of a voice (see /api/voices)", param=param)
+    name = value.strip()
     if not is_bare_voice_name(name):
-        raise ProtocolError(
-            f"voice_prompt {name[:80]!r} is not a voice name: give a bare file name such as "
-            "'NATF0.pt' (see /api/voices)"
-        )
+        raise ProtocolError(f"{param} {name[:80]!r} is not a voice name: give a bare file name such as 'NATF0.pt' "
+                            "(see /api/voices)", param=param)
+    if voices is not None and name not in voices:
+        raise ProtocolError(f"unknown {param} {name!r}: see /api/voices for the voices this server has", param=param)
+    return name
 
 
-def _text(params: Mapping[str, Any], names: tuple[str, ...]) -> str:
+def temperature(value: Any, *, param: str) -> float:
+    """A sampling temperature a client gave as ``param``."""
+    number = _float({param: value}, param, math.nan, 0.0, MAX_TEMPERATURE)
+    if math.isnan(number):  # (empty)
+        raise ProtocolError(f"{param} must be a number between 0 and {MAX_TEMPERATURE:g}", param=param)
+    return number
+
+
+def _first(params: Mapping[str, Any], names: tuple[str, ...]) -> tuple[str, Any]:
+    """The first of ``names`` that ``params`` has (not None), and its value; else the first name and None."""
     for name in names:
-        if name in params and params[name] is not None:
-            value = params[name]
-            if not isinstance(value, str):
-                raise ProtocolError(f"{name} must be a string")
-            return value.strip()
-    return ""
+        if params.get(name) is not None:
+            return name, params[name]
+    return names[0], None
 
 
 def _raw(params: Mapping[str, Any], name: str) -> Any:
@@ -113,9 +135,10 @@ def _float(params: Mapping[str, Any], name: str, default: float, low: float, hig
             raise TypeError
         number = float(value)
     except (TypeError, ValueError):
-        raise ProtocolError(f"{name} must be a number between {low:g} and {high:g}, got {value!r:.40}") from None
+        raise ProtocolError(f"{name} must be a number between {low:g} and {high:g}, got {value!r:.40}",
+                            param=name) from None
     if not math.isfinite(number) or not low <= number <= high:
-        raise ProtocolError(f"{name} must be a number between {low:g} and {high:g}, got {value!r:.40}")
+        raise ProtocolError(f"{name} must be a number between {low:g} and {high:g}, got {value!r:.40}", param=name)
     return number
 
 
@@ -125,7 +148,8 @@ def _int(params: Mapping[str, Any], name: str, default: int, low: int, high: int
         return default
     number = _as_int(value)
     if number is None or not low <= number <= high:
-        raise ProtocolError(f"{name} must be a whole number between {low} and {high}, got {value!r:.40}")
+        raise ProtocolError(f"{name} must be a whole number between {low} and {high}, got {value!r:.40}",
+                            param=name)
     return number
 
 
@@ -135,7 +159,7 @@ def _seed(params: Mapping[str, Any], name: str) -> int | None:
         return None
     number = _as_int(value)
     if number is None or not INT64_MIN <= number <= INT64_MAX:
-        raise ProtocolError(f"{name} must be a whole number (64-bit), got {value!r:.40}")
+        raise ProtocolError(f"{name} must be a whole number (64-bit), got {value!r:.40}", param=name)
     return number
 
 

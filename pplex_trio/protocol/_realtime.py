@@ -25,8 +25,7 @@ from typing import Any
 
 from .._conversation import Conversation, Sampling
 from ._errors import ProtocolError
-from .._voice_catalogue import is_bare_voice_name
-from ._params import MAX_TEMPERATURE
+from ._params import persona_text, temperature, voice_name
 
 
 class Dialect(enum.Enum):
@@ -97,28 +96,20 @@ def apply_session_update(config: SessionConfig, session: Any, *, started: bool, 
     audio_in = audio.get("input") if isinstance(audio.get("input"), Mapping) else {}
     audio_out = audio.get("output") if isinstance(audio.get("output"), Mapping) else {}
 
-    if "instructions" in session:
-        text = session["instructions"]
-        if not isinstance(text, str):
-            raise RealtimeError("instructions must be a string", param="session.instructions", event_id=event_id)
-        text = text.strip()
-        if len(text) > max_prompt_chars:
-            raise RealtimeError(f"instructions have {len(text)} characters; this server's limit is "
-                                f"{max_prompt_chars}", param="session.instructions", code="string_above_max_length",
-                                event_id=event_id)
-        if "\x00" in text:
-            raise RealtimeError("instructions must not contain NUL characters", param="session.instructions",
-                                event_id=event_id)
-        changes["instructions"] = text
     voice_param, voice = ("session.audio.output.voice", audio_out["voice"]) if "voice" in audio_out else \
         ("session.voice", session["voice"]) if "voice" in session else (None, None)
-    if voice_param is not None:
-        if isinstance(voice, Mapping):
-            voice = voice.get("id")
-        if not isinstance(voice, str) or not is_bare_voice_name(voice) or voice not in voices():
-            raise RealtimeError(f"unknown voice {str(voice)[:80]!r}: use one of the names GET /api/voices lists",
-                                param=voice_param, event_id=event_id)
-        changes["voice"] = voice
+    if isinstance(voice, Mapping):
+        voice = voice.get("id")
+    try:
+        if "instructions" in session:
+            changes["instructions"] = persona_text(session["instructions"], param="session.instructions",
+                                                   max_chars=max_prompt_chars)
+        if voice_param is not None:
+            changes["voice"] = voice_name(voice, param=voice_param, voices=voices())
+        if "temperature" in session:
+            changes["temperature"] = temperature(session["temperature"], param="session.temperature")
+    except ProtocolError as exc:
+        raise RealtimeError(exc.message, param=exc.param, code=exc.kind, event_id=event_id) from None
     for side, ga_block, beta_name in (("input", audio_in, "input_audio_format"),
                                       ("output", audio_out, "output_audio_format")):
         if "format" in ga_block:
@@ -128,12 +119,6 @@ def apply_session_update(config: SessionConfig, session: Any, *, started: bool, 
         else:
             continue
         changes[f"{side}_format"] = _audio_format(value, param, event_id)
-    if "temperature" in session:
-        value = session["temperature"]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= MAX_TEMPERATURE:
-            raise RealtimeError(f"temperature must be a number from 0 to {MAX_TEMPERATURE:g}",
-                                param="session.temperature", event_id=event_id)
-        changes["temperature"] = float(value)
     if started:
         for name in ("instructions", "voice", "temperature"):
             if name in changes and changes[name] != getattr(config, name):

@@ -49,7 +49,8 @@ def create_app(state: ServerState) -> ConversationRouter:
     """The whole ASGI application: the conversation WebSockets, then Quart (``.app``) for the rest."""
     settings = state.settings
     model_id = _model_id(state)
-    limits = dict(max_message_bytes=settings.max_message_bytes, max_prompt_chars=settings.max_prompt_chars)
+    limits = dict(max_message_bytes=settings.max_message_bytes, max_prompt_chars=settings.max_prompt_chars,
+                  voices=state.voices)
 
     async def chat(ws: AsgiWebSocket) -> None:
         wire = MoshiProtocol(state.encoders, align=settings.framing is Framing.ALIGNED, **limits)
@@ -60,7 +61,7 @@ def create_app(state: ServerState) -> ConversationRouter:
 
     async def realtime(ws: AsgiWebSocket) -> None:
         offered = ws.requested_subprotocols
-        wire = RealtimeProtocol(dialect_of(ws.headers, offered), model=model_id, voices=state.voices,
+        wire = RealtimeProtocol(dialect_of(ws.headers, offered), model=model_id,
                                 align=settings.framing is Framing.ALIGNED,
                                 subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None, **limits)
         await Session(ws, wire, state).run()

@@ -10,7 +10,7 @@ process or the event loop, ``_encoders.py``).  See ``docs/PROTOCOL.md``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import numpy as np
@@ -26,16 +26,19 @@ from ._wire import InputAudio, InputEvent, Message, WireProtocol
 class MoshiProtocol(WireProtocol):
     name = "moshi"
 
-    def __init__(self, encoders: Encoders, *, max_message_bytes: int, max_prompt_chars: int, align: bool):
+    def __init__(self, encoders: Encoders, *, max_message_bytes: int, max_prompt_chars: int, align: bool,
+                 voices: Callable[[], Collection[str]] | None = None):
         self._encoders = encoders
         self._max_bytes = max_message_bytes
         self._max_prompt_chars = max_prompt_chars
+        self._voices = voices  # the voices a conversation may name (None: not checked here)
         self.align_input = align
         self._reader = sphn.OpusStreamReader(SAMPLE_RATE)  # ~0.07 ms of CPU a page
         self._stream: Any = None  # this conversation's encoder stream, while the send task runs
 
     def conversation(self, query: bytes, opening: bytes | str | None) -> Conversation:
-        return conversation_from_params(parse_query(query), max_prompt_chars=self._max_prompt_chars)
+        return conversation_from_params(parse_query(query), max_prompt_chars=self._max_prompt_chars,
+                                        voices=None if self._voices is None else self._voices())
 
     def parse(self, message: bytes | str | None) -> InputEvent:
         event = moshi.parse_client_message(message, max_bytes=self._max_bytes)

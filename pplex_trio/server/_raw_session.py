@@ -7,6 +7,8 @@ the engine, answers ``{"type": "done"}`` and closes.  See ``docs/PROTOCOL.md``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
+
 from .._conversation import CloseCode, Conversation
 from ..engine import OutputFrame
 from ..protocol import ProtocolError, conversation_from_params, raw
@@ -19,16 +21,19 @@ class RawProtocol(WireProtocol):
     early_audio = True
     opening_hint = 'send {"type": "open", ...} first'
 
-    def __init__(self, *, max_message_bytes: int, max_prompt_chars: int):
+    def __init__(self, *, max_message_bytes: int, max_prompt_chars: int,
+                 voices: Callable[[], Collection[str]] | None = None):
         self._max_bytes = max_message_bytes
         self._max_prompt_chars = max_prompt_chars
+        self._voices = voices  # the voices a conversation may name (None: not checked here)
         self._closing = False
 
     def conversation(self, query: bytes, opening: bytes | str | None) -> Conversation:
         event = raw.parse_client_message(opening, max_bytes=self._max_bytes)
         if not isinstance(event, raw.Open):
             raise ProtocolError('the first message must be {"type": "open", ...}', CloseCode.POLICY)
-        return conversation_from_params(event.params, max_prompt_chars=self._max_prompt_chars)
+        return conversation_from_params(event.params, max_prompt_chars=self._max_prompt_chars,
+                                        voices=None if self._voices is None else self._voices())
 
     def parse(self, message: bytes | str | None) -> InputEvent:
         event = raw.parse_client_message(message, max_bytes=self._max_bytes)

@@ -33,14 +33,13 @@ import enum
 import itertools
 import logging
 import math
-from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 import trio
 
 from .._channel import DropOldestChannel
-from .._conversation import CloseCode, Conversation
+from .._conversation import CLOSE_BUDGET, CloseCode, Conversation
 from .._metrics import Metrics
 from ..engine import EngineActor, Lease, LeaseState, OutputFrame, QueueFull
 from ..protocol import ProtocolError
@@ -73,8 +72,6 @@ class SessionHost(Protocol):
     sessions: set[Session]
 
     def unready(self, *, when_full: bool = True) -> Unready | None: ...
-
-    def voices(self) -> Sequence[str]: ...
 
 
 class SessionState(enum.Enum):
@@ -216,12 +213,6 @@ class Session:
         except ProtocolError as exc:
             self.host.metrics.errors.labels("bad_request").inc()
             self.end(exc.code, exc.message, "bad_request")
-            return None
-        if conversation.voice is not None and conversation.voice not in self.host.voices():
-            self.host.metrics.errors.labels("bad_request").inc()
-            self.end(CloseCode.POLICY,
-                     f"unknown voice_prompt {conversation.voice!r}: see /api/voices for the voices this server has",
-                     "bad_request")
             return None
         return conversation
 
@@ -426,7 +417,7 @@ class Session:
     async def _close(self, ending: Ending) -> None:
         """CLOSING: tell the client why, close, and read until it answers the close."""
         # The client may be gone or stuck: never wait long on it.
-        with trio.move_on_after(1.0):
+        with trio.move_on_after(CLOSE_BUDGET):
             if ending.message is not None:
                 await self.ws.send(self.wire.error(ending.message, ending.code))
             await self.ws.close(ending.code, close_reason(ending.message))

@@ -133,10 +133,11 @@ async def start_session(nursery: trio.Nursery, host: ServerState, protocol: str,
     ws = FakeWebSocket(query)
     s = host.settings
     if protocol == "raw":
-        wire: Any = RawProtocol(max_message_bytes=s.max_message_bytes, max_prompt_chars=s.max_prompt_chars)
+        wire: Any = RawProtocol(max_message_bytes=s.max_message_bytes, max_prompt_chars=s.max_prompt_chars,
+                                voices=host.voices)
     else:
         wire = MoshiProtocol(host.encoders, max_message_bytes=s.max_message_bytes,
-                             max_prompt_chars=s.max_prompt_chars, align=s.framing == "aligned")
+                             max_prompt_chars=s.max_prompt_chars, align=s.framing == "aligned", voices=host.voices)
     session = Session(ws, wire, host)
     scope = trio.CancelScope()
     done = trio.Event()

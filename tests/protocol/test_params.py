@@ -112,3 +112,41 @@ def test_invalid_utf8_query():
         parse_query(b"text_prompt=\xff\xfe")
     with pytest.raises(ProtocolError):
         parse_query("text_prompt=%ff%fe")
+
+
+# -- one check per setting, for every protocol --------------------------------------------------
+
+
+@pytest.mark.parametrize("persona, voice, words, kind", [
+    ("x" * 51, None, "has 51 characters; this server's limit is 50", "string_above_max_length"),
+    ("a\x00b", None, "must not contain NUL characters", "invalid_value"),
+    (7, None, "must be a string", "invalid_value"),
+    (None, "../etc/passwd", "is not a voice name", "invalid_value"),
+    (None, "NOBODY.pt", "unknown", "invalid_value"),
+    (None, 3, "must be a string", "invalid_value"),
+])
+def test_a_bad_persona_or_voice_gets_the_same_answer_on_every_protocol(persona, voice, words, kind):
+    """The official client's query, the raw open message and a Realtime session.update: one check each."""
+    from pplex_trio.protocol._realtime import RealtimeError, SessionConfig, apply_session_update
+
+    voices = ["NATF0.pt", "Mine.pt"]
+    answers = []
+    for names in (("text_prompt", "voice_prompt"), ("persona", "voice")):  # /api/chat, /v1/audio/duplex
+        params = {k: v for k, v in zip(names, (persona, voice)) if v is not None}
+        with pytest.raises(ProtocolError) as info:
+            conversation_from_params(params, max_prompt_chars=50, voices=voices)
+        assert info.value.code == CloseCode.POLICY and info.value.param == names[persona is None]
+        answers.append((info.value.message.replace(info.value.param, "PARAM", 1), info.value.kind))
+    session = {"instructions": persona} if persona is not None else {"voice": voice}
+    with pytest.raises(RealtimeError) as info:
+        apply_session_update(SessionConfig(), session, started=False, max_prompt_chars=50, voices=lambda: voices)
+    param = "session.instructions" if persona is not None else "session.voice"
+    assert info.value.param == param
+    answers.append((info.value.message.replace(param, "PARAM", 1), info.value.code))
+    assert len(set(answers)) == 1 and words in answers[0][0] and answers[0][1] == kind
+
+
+def test_an_added_voice_is_a_voice_and_a_listed_one_is_taken():
+    c = conversation_from_params({"voice_prompt": " Mine.pt "}, max_prompt_chars=50, voices=["Mine.pt"])
+    assert c.voice == "Mine.pt"
+    assert conversation_from_params({"voice": "Any.pt"}, max_prompt_chars=50).voice == "Any.pt"  # (unchecked)
