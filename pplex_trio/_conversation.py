@@ -50,6 +50,9 @@ class Conversation:
     sampling: Sampling = Sampling()
 
 
+CLOSE_BUDGET = 1.0  # s: the most a close (a last message, the close frame, an abort) waits on a client
+
+
 class CloseCode(enum.IntEnum):
     """WebSocket close codes the server uses (RFC 6455, section 7.4; ``docs/PROTOCOL.md``)."""
 

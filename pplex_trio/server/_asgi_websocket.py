@@ -21,6 +21,8 @@ from typing import Any
 import trio
 from werkzeug.datastructures import Headers
 
+from .._conversation import CLOSE_BUDGET
+
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -102,5 +104,5 @@ class ConversationRouter:
             await handler(ws)
         if ws.disconnected.cancelled_caught or ws.closed:
             return
-        with trio.move_on_after(1.0):  # a handler that returned without closing: close, as Quart would
+        with trio.move_on_after(CLOSE_BUDGET):  # a handler that returned without closing: close, as Quart would
             await send({"type": "websocket.close", "code": 1000})

@@ -41,6 +41,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState, LifespanState
 from hypercorn.utils import repr_socket_addr, wrap_app
 
+from .._conversation import CLOSE_BUDGET
 from ..protocol._ws_guard import InboundGuard, Refusal
 
 logger = logging.getLogger(__name__)
@@ -145,7 +146,7 @@ class GuardedStream(trio.abc.HalfCloseableStream):
             assert refusal.close_code is not None
             reason = refusal.reason.encode()[:123]
             message = bytes([0x88, 2 + len(reason)]) + int(refusal.close_code).to_bytes(2, "big") + reason
-        with trio.move_on_after(1.0):
+        with trio.move_on_after(CLOSE_BUDGET):
             async with self._lock:
                 await self._stream.send_all(message)
         self.abort()
@@ -193,7 +194,7 @@ class GuardedTLSStream(GuardedStream):
             message = (b"HTTP/1.1 301 Moved Permanently\r\nlocation: " + location +
                        b"\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
         logger.info("connection from %s: plain HTTP on the TLS port, redirected to https://", self.peer())
-        with trio.move_on_after(1.0) as deadline:
+        with trio.move_on_after(CLOSE_BUDGET) as deadline:
             await self._first.send_all(message)
         if deadline.cancelled_caught:
             self.abort()  # else the connection closes normally, so the client reads the redirect
