@@ -16,7 +16,7 @@ import sys
 import trio
 
 from _thread_encoders import ThreadEncoders
-from pplex_trio._cli import build_parser
+from pplex_trio._cli import build_parser, log_level
 from pplex_trio._cli._engines import create_engine
 from pplex_trio._cli._settings_cli import settings_from_args
 from pplex_trio.server import ServerSettings, serve
@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
         return 2
     kind, flags = argv[0], argv[1:]
     args = build_parser().parse_args(["serve", *flags])
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=log_level(args), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from_args(ServerSettings, args)
     engine = create_engine(settings)
     trio.run(lambda: serve(settings, engine, handle_signals=True, encoders=ThreadEncoders(kind)))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import trio
 
-from pplex_trio._cli import build_parser
+from pplex_trio._cli import build_parser, log_level
 from pplex_trio._cli._engines import resolve_device
 from pplex_trio._cli._settings_cli import settings_from_args
 from pplex_trio.engine._fit import auto_slots
@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
         logging.error("usage: _server.py {%s} [serve flags]", ",".join(CONFIGS))
         return 2
     args = build_parser().parse_args(["serve", *argv[1:]])
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=log_level(args), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from_args(ServerSettings, args)
     model = random_model(CONFIGS[argv[0]], resolve_device(settings.device), voice_dir=Path(tempfile.mkdtemp()))
     slots = settings.slots or auto_slots(model, settings.gpu_memory_reserve)

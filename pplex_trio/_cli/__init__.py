@@ -8,6 +8,7 @@ import os
 import pathlib
 import ssl
 import sys
+import textwrap
 import typing
 from collections.abc import Sequence
 
@@ -16,29 +17,44 @@ import trio
 from .._version import __version__
 from ._fit import add_arguments as add_fit_arguments
 from ._offline import add_arguments as add_offline_arguments
-from ._settings_cli import add_settings_arguments, settings_from_args
+from ._settings_cli import add_settings_arguments, config_reader, settings_from_args
 from ._voice import add_arguments as add_voice_arguments
 
 logger = logging.getLogger("pplex_trio")
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's, but lines are not broken inside a flag (``--no-`` / ``cuda-graph``)."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a mistake is one line: with ~40 flags, the usage would bury it."""
+
+    def __init__(self, *args: typing.Any, **kwargs: typing.Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> typing.NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from ..server import ServerSettings
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+SERVE_DESCRIPTION = ("Run the speech server. Any option can come from a TOML file instead (--config), its key the "
+                     "option without the dashes; the command line wins.")
 
+
+def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pplex-trio", description="Real-time full-duplex PersonaPlex speech server")
     parser.add_argument("--version", action="version", version=f"pplex-trio {__version__}")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    _add_log_level(parser)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="run the server")
-    add_settings_arguments(serve, ServerSettings)
+    serve = commands.add_parser("serve", help="run the server", usage="%(prog)s [options]",
+                                description=SERVE_DESCRIPTION)
+    _add_serve_arguments(serve)
 
     client = commands.add_parser("client", help="stream a wav file through a running server")
     client.add_argument("url", help="server URL, e.g. http://127.0.0.1:8998")
@@ -66,13 +82,57 @@ def build_parser() -> argparse.ArgumentParser:
     voice = commands.add_parser("voice", help="make a voice from a clip (create), or add, remove and list a running "
                                 "server's voices")
     add_voice_arguments(voice)
+    for command in (client, offline, fit, voice):
+        _add_log_level(command)  # before or after the sub-command
     return parser
+
+
+def _add_serve_arguments(serve: argparse.ArgumentParser, *, show_advanced: bool = False) -> None:
+    from ..server import ServerSettings
+
+    serve.add_argument("--help-all", action=_HelpAll, help="show every option, those for tests and tuning too")
+    serve.add_argument("--config", metavar="FILE", type=config_reader(ServerSettings, {"log-level": _toml_level}),
+                       help="read settings from this TOML file (deploy/serve.example.toml shows one)")
+    groups = add_settings_arguments(serve, ServerSettings, show_advanced=show_advanced)
+    _add_log_level(groups["observability"])
+
+
+class _HelpAll(argparse.Action):
+    """``serve --help-all``: the help with the advanced settings (test engine, tuning) shown as well."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: typing.Any,
+                 option_string: str | None = None) -> None:
+        full = _Parser(prog=parser.prog, usage=parser.usage, description=parser.description)
+        _add_serve_arguments(full, show_advanced=True)
+        full.print_help()
+        parser.exit()
+
+
+def _add_log_level(target: typing.Any) -> None:
+    # SUPPRESS: a level given before the sub-command is not overwritten by the sub-command's default.
+    target.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=argparse.SUPPRESS,
+                        metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+
+
+def _toml_level(value: object) -> str:
+    """``log-level`` in a ``--config`` file."""
+    if not isinstance(value, str) or value.upper() not in LOG_LEVELS:
+        raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
+    return value.upper()
+
+
+def log_level(args: argparse.Namespace) -> str:
+    """The command line's ``--log-level``, else the ``--config`` file's, else INFO."""
+    return getattr(args, "log_level", None) or (getattr(args, "config", None) or {}).get("log_level") or "INFO"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+        level=log_level(args), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     if args.command == "serve":
         try:
@@ -102,8 +162,9 @@ def _serve(args: argparse.Namespace) -> int:
     from ..protocol._access import AUTH_TOKEN_ENV
     from ._engines import ModelUnavailable, create_engine
 
-    if args.auth_token is None and AUTH_TOKEN_ENV in os.environ:
-        args.auth_token = os.environ[AUTH_TOKEN_ENV]  # the recommended way: ps shows flags, not the environment
+    if not hasattr(args, "auth_token") and AUTH_TOKEN_ENV in os.environ:
+        # The recommended way (ps shows flags, not the environment); it wins over a --config file's.
+        args.auth_token = os.environ[AUTH_TOKEN_ENV]
     try:
         settings = settings_from_args(ServerSettings, args)
     except ValueError as exc:

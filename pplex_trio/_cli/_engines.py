@@ -53,9 +53,6 @@ def create_engine(settings: ServerSettings) -> Engine:
             prefill_steps=settings.echo_prefill_steps,
             step_seconds=settings.echo_step_ms / 1000,
             prefill_seconds=settings.echo_step_ms / 1000 / 50,  # a 100-position prompt: two ticks' compute
-            fail_at_step=settings.echo_fail_at_step,
-            hang_at_step=settings.echo_hang_at_step,
-            hang_seconds=settings.echo_hang_seconds,
             text_share=settings.echo_text_share,
             **kwargs,
         )

@@ -1,7 +1,8 @@
 """Server settings: one typed object, each default, limit and help text written once.
 
 ``ServerSettings`` extends the engine actor's settings; the ``serve`` command
-line is generated from its fields (``pplex_trio/_cli/_settings_cli.py``).
+line and the keys of its ``--config`` file are generated from its fields
+(``pplex_trio/_cli/_settings_cli.py``).
 Plain units: seconds, bytes, frames, except where the name says ``_ms``.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import pathlib
+from typing import ClassVar
 
 from .._setting import check_settings, parse_gib, setting
 from ..engine import ActorSettings
@@ -58,105 +60,108 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
 @dataclasses.dataclass
 class ServerSettings(ActorSettings):
-    host: str = setting("127.0.0.1", "address to listen on (0.0.0.0 for all)", group="listening")
-    port: int = setting(8998, "port (8998, like the official server; 0 picks a free one)", low=0, high=65535,
-                        group="listening")
+    # How ``serve --help`` presents the settings: its groups in this order, and the engine actor's tuning
+    # knobs (declared in engine/_settings.py) that, like the fields marked advanced, only --help-all shows.
+    help_groups: ClassVar[tuple[str, ...]] = (
+        "listening", "model and GPU", "conversations", "voices", "security", "observability", "timing",
+        "echo test engine")
+    advanced_inherited: ClassVar[frozenset[str]] = frozenset(
+        {"input_backlog_frames", "output_backlog_frames", "input_grace_ms", "early_start_ms"})
+
+    host: str = setting("127.0.0.1", "address to listen on, 0.0.0.0 for all", group="listening",
+                        metavar="ADDRESS")
+    port: int = setting(8998, "port; 0 picks a free one", low=0, high=65535, group="listening", metavar="N")
+    ssl_dir: pathlib.Path | None = setting(
+        None, "serve HTTPS and WSS with DIR/cert.pem and DIR/key.pem (a self-signed pair is made there when "
+        "both are missing)", flag="--ssl", group="listening", metavar="DIR")
+    certfile: pathlib.Path | None = setting(None, "serve HTTPS and WSS with this certificate (PEM, the chain "
+                                            "after it); needs --keyfile", group="listening", metavar="FILE")
+    keyfile: pathlib.Path | None = setting(None, "the private key of --certfile (PEM, unencrypted)",
+                                           group="listening", metavar="FILE")
+    static_dir: pathlib.Path | None = setting(
+        None, "serve another web UI build from this folder instead of the one shipped", flag="--static",
+        group="listening", advanced=True, metavar="DIR")
     model: str = setting(
         "auto", "echo (test engine), tiny (random CPU model), a Hugging Face repo id such as "
-        "nvidia/personaplex-7b-v1, or a local checkpoint folder; auto: the real model when torch sees a GPU, "
-        "else tiny", group="model")
+        "nvidia/personaplex-7b-v1, or a checkpoint folder; auto: the real model when torch sees a GPU, else tiny",
+        group="model and GPU", metavar="NAME")
+    device: str = setting("auto", "torch device: auto, cpu, cuda, cuda:1 …", group="model and GPU",
+                          metavar="DEVICE")
     slots: int | None = setting(
-        None, "concurrent conversations: a number, or auto (the default): on a GPU as many as fit its free memory "
-        "once the model is loaded, less --gpu-memory-reserve (`pplex-trio fit` shows the figures); 4 without one",
-        low=1, group="model", parse=parse_slots)
-    device: str = setting("auto", "torch device: auto, cpu, cuda, cuda:1 …", group="model")
-    cuda_graph: bool = setting(
-        False, "capture each tick's GPU work as a CUDA graph and replay it (CUDA only; untested on hardware "
-        "so far)", group="model")
-    voice_dir: pathlib.Path | None = setting(None, "folder of voices: .pt voice prompts and recordings (.wav, .flac, "
-                                             ".mp3, .ogg)", group="model")
+        None, "concurrent conversations: a number, or auto (the default): as many as fit the GPU's free "
+        "memory (see `pplex-trio fit`), 4 without a GPU", low=1, group="model and GPU", parse=parse_slots,
+        metavar="N")
     gpu_memory_reserve_gib: float = setting(
-        2.0, "GPU memory that --slots auto leaves free for CUDA's workspaces and the allocator's slack: "
-        "2, 2GiB, 1536MiB", low=0, flag="--gpu-memory-reserve", group="model", parse=parse_gib)
-    static_dir: pathlib.Path | None = setting(
-        None, "serve another web UI build from this folder (default: the UI shipped with the package)",
-        flag="--static", group="listening")
+        2.0, "GPU memory that --slots auto leaves free (GiB, or 1536MiB …)", low=0, flag="--gpu-memory-reserve",
+        group="model and GPU", parse=parse_gib, metavar="SIZE")
+    cuda_graph: bool = setting(
+        False, "replay each tick's GPU work as a captured CUDA graph (CUDA only; not yet run on hardware)",
+        group="model and GPU")
     queue_timeout: float = setting(60.0, "seconds one may wait in the queue for a slot", low=0,
-                                   group="conversations")
-    max_prompt_chars: int = setting(1000, "persona length limit", low=1, group="conversations")
+                                   group="conversations", metavar="SECONDS")
+    max_session_seconds: float = setting(
+        0.0, "a conversation is told why and closed once it has been live this long (0: no limit)", low=0,
+        group="conversations", metavar="SECONDS")
+    max_prompt_chars: int = setting(1000, "persona length limit", low=1, group="conversations", metavar="N")
+    client_timeout: float = setting(
+        15.0, "a client that sends or reads nothing (not even a pong) this long is dropped and its slot freed",
+        low=0.1, group="conversations", metavar="SECONDS")
+    drain_seconds: float = setting(
+        0.0, "on SIGTERM, refuse new conversations and let the live ones go on this long (0: close them at "
+        "once)", low=0, group="conversations", metavar="SECONDS")
+    refuse_busy_upgrades: bool = setting(
+        False, "answer a conversation the server cannot take with HTTP 503 before the WebSocket upgrade, so "
+        "that a load balancer tries another replica (deploy/ sets it)", group="conversations")
+    shutdown_grace: float = setting(1.0, "seconds conversations get to close on shutdown", low=0,
+                                    group="conversations", metavar="SECONDS")
+    keepalive_interval: float = setting(2.0, "seconds between pings while a conversation is queued or "
+                                        "being prepared", low=0.01, group="conversations", advanced=True,
+                                        metavar="SECONDS")
+    open_timeout: float = setting(10.0, 'raw protocol: seconds allowed before the {"type": "open"} message',
+                                  low=0.01, group="conversations", advanced=True, metavar="SECONDS")
+    voice_dir: pathlib.Path | None = setting(None, "folder of voices: .pt voice prompts and recordings (.wav, "
+                                             ".flac, .mp3, .ogg)", group="voices", metavar="DIR")
+    voice_uploads: VoiceUploads = setting(
+        VoiceUploads.AUTO, "may clients add and delete voices (POST /api/voices): on, off, or auto (on while the "
+        "server listens on loopback only)", group="voices")
+    voice_store: pathlib.Path | None = setting(
+        None, "folder that keeps the added voices across restarts (default: one per model under the cache)",
+        group="voices", metavar="DIR")
+    auth_token: str | None = setting(
+        None, f"every route but /health and /ready needs this token; prefer the {AUTH_TOKEN_ENV} environment "
+        "variable, which ps does not show", group="security", secret=True, metavar="TOKEN")
+    allowed_origins: str = setting(
+        "", "web pages at these origins (comma-separated, like https://app.example.com; * for any) may open "
+        "WebSockets besides the server's own pages", group="security", metavar="ORIGINS")
+    max_connections_per_ip: int = setting(
+        0, "open WebSockets allowed from one address; the next gets 429 (0: no limit)", low=0, group="security",
+        metavar="N")
     max_message_bytes: int = setting(MIB, "larger client messages are refused (close code 1009)", low=1024,
-                                     group="conversations")
+                                     group="security", advanced=True, metavar="BYTES")
+    access_log: bool = setting(
+        False, "log one line per request and WebSocket (any token= masked)", group="observability")
     opus_encoder: OpusEncoderPlacement = setting(
         OpusEncoderPlacement.AUTO, "where the Opus encoding of /api/chat output runs: process (libopus in a "
         "child process, off the event loop), inline (libopus on the event loop), sphn (sphn on the event "
-        "loop), or auto (process when the system has libopus, else sphn)", group="timing")
+        "loop), or auto (process when the system has libopus, else sphn)", group="timing", advanced=True)
     inline_encoders: int = setting(
         4, "with the process encoder, this many conversations at a time encode on the event loop instead "
-        "(~0.4 ms of it per frame each), which saves them ~2 ms of latency", low=0, group="timing")
+        "(~0.4 ms of it per frame each), which saves them ~2 ms of latency", low=0, group="timing",
+        advanced=True, metavar="N")
     framing: Framing = setting(
         Framing.ALIGNED, "Moshi input framing: aligned (frames end at the newest audio before each tick, "
-        "lower latency) or naive (fixed 1920-sample boundaries)", group="timing")
-    keepalive_interval: float = setting(2.0, "seconds between pings while a conversation is queued or "
-                                        "being prepared", low=0.01, group="conversations")
-    client_timeout: float = setting(
-        15.0, "a client that reads nothing, or sends nothing (not even a pong to the transport's pings), for "
-        "this many seconds is disconnected and its slot freed", low=0.1, group="conversations")
-    open_timeout: float = setting(10.0, 'raw protocol: seconds allowed before the {"type": "open"} message',
-                                  low=0.01, group="conversations")
-    shutdown_grace: float = setting(1.0, "seconds conversations get to close on shutdown", low=0,
-                                    group="conversations")
-    drain_seconds: float = setting(
-        0.0, "on SIGTERM, /ready turns 503 and new conversations are refused, while the live ones may go on "
-        "this long before they are closed with 1001 (a second signal ends the drain); 0: close them at once",
-        low=0, group="conversations")
-    refuse_busy_upgrades: bool = setting(
-        False, "answer a conversation's WebSocket upgrade with HTTP 503 and Retry-After, before accepting it, "
-        "while the server cannot take it (no slot or queue place free, engine stalled, draining), so that a "
-        "load balancer passes it to another replica (deploy/ sets it); off: the client is accepted and then "
-        "closed with 1013 or 1001 and a reason a browser can show", group="conversations")
-    access_log: bool = setting(
-        False, "log one line per request and WebSocket: the client's address, the request (any token= masked), "
-        "the status and how long it took", group="listening")
-    ssl_dir: pathlib.Path | None = setting(
-        None, "serve HTTPS and WSS with DIR/cert.pem and DIR/key.pem, like the official server; when both are "
-        "missing, a self-signed pair is made there for localhost, this host's name and its LAN addresses",
-        flag="--ssl", group="security")
-    certfile: pathlib.Path | None = setting(None, "serve HTTPS and WSS with this certificate (PEM, the chain "
-                                            "after it); needs --keyfile", group="security")
-    keyfile: pathlib.Path | None = setting(None, "the private key of --certfile (PEM, unencrypted)",
-                                           group="security")
-    auth_token: str | None = setting(
-        None, f"every route but /health and /ready needs this token (a Bearer header, token= in the query, or the cookie "
-        f"a page opened with ?token= gets); prefer the {AUTH_TOKEN_ENV} environment variable, which ps does "
-        "not show", group="security", secret=True)
-    allowed_origins: str = setting(
-        "", "web pages at these origins (comma-separated, like https://app.example.com; * for any) may open "
-        "WebSockets to the server besides its own pages", group="security")
-    max_connections_per_ip: int = setting(
-        0, "open WebSocket connections allowed from one address; the next is refused with 429 (0: no limit)",
-        low=0, group="security")
-    max_session_seconds: float = setting(
-        0.0, "a conversation is told why and closed (1000) once it has been live this long (0: no limit)",
-        low=0, group="security")
-    voice_uploads: VoiceUploads = setting(
-        VoiceUploads.AUTO, "whether clients may add voices made from their own clips (POST /api/voices) and delete "
-        "them: on, off, or auto (on while the server listens on loopback only); with --auth-token only holders "
-        "of the token may", group="voices")
-    voice_store: pathlib.Path | None = setting(
-        None, "folder that keeps the added voices across restarts (default: one per model under the cache)",
-        group="voices")
-    echo_delay_frames: int = setting(1, "output delay in 80 ms frames", low=0, group="echo test engine")
+        "lower latency) or naive (fixed 1920-sample boundaries)", group="timing", advanced=True)
+    # The echo test engine (--model echo): tests and benchmarks set these.
+    echo_delay_frames: int = setting(1, "output delay in 80 ms frames", low=0, group="echo test engine",
+                                     advanced=True, metavar="N")
     echo_prefill_steps: int = setting(12, "system-prompt positions (run between ticks, instantly)", low=0,
-                                      group="echo test engine")
+                                      group="echo test engine", advanced=True, metavar="N")
     echo_step_ms: float = setting(0.0, "sleep per step, standing in for GPU time (and a fiftieth of it per "
-                                  "system-prompt position)", low=0, group="echo test engine")
+                                  "system-prompt position)", low=0, group="echo test engine", advanced=True,
+                                  metavar="MS")
     echo_text_share: float = setting(1.0, "the share of frames with a text piece (the frame number); a speaking "
-                                     "model gives about 0.3", low=0, high=1, group="echo test engine")
-    echo_fail_at_step: int | None = setting(None, "raise an error in this step (counted from 0), for fault tests",
-                                            low=0, group="echo test engine")
-    echo_hang_at_step: int | None = setting(None, "hang in this step (counted from 0), for fault tests", low=0,
-                                            group="echo test engine")
-    echo_hang_seconds: float = setting(30.0, "how long that step hangs", low=0, group="echo test engine")
+                                     "model gives about 0.3", low=0, high=1, group="echo test engine",
+                                     advanced=True, metavar="SHARE")
 
     def __post_init__(self) -> None:
         # Strings are welcome where a choice or a path is expected (tests, callers).
