@@ -4,6 +4,8 @@
 #
 #   docker build -t pplex-trio .
 #   docker run --gpus '"device=0"' -p 8998:8998 -e HF_TOKEN pplex-trio
+# The settings are deploy/serve.example.toml; mount your own file over it:
+#   docker run ... -v "$PWD/serve.toml:/etc/pplex-trio/serve.toml:ro" pplex-trio
 FROM python:3.11-slim-bookworm
 
 RUN apt-get update \
@@ -19,6 +21,7 @@ COPY pplex_trio ./pplex_trio
 COPY static ./static
 RUN pip install --no-cache-dir . \
     && python -c "from pplex_trio.codec import libopus_available as a; assert a(), 'libopus missing'"
+COPY deploy/serve.example.toml /etc/pplex-trio/serve.toml
 
 # Not root; the Hugging Face cache (weights, voices) in a volume worth keeping.
 RUN useradd --create-home --uid 10001 pplex
@@ -29,6 +32,7 @@ VOLUME /home/pplex/.cache/huggingface
 EXPOSE 8998
 # Exec form: the server is PID 1 and gets SIGTERM itself (the drain, then exit).
 ENTRYPOINT ["pplex-trio"]
-CMD ["serve", "--host", "0.0.0.0", "--port", "8998", "--refuse-busy-upgrades", "--drain-seconds", "300"]
+# In a container the server must listen on every interface of its own network namespace.
+CMD ["serve", "--config", "/etc/pplex-trio/serve.toml", "--host", "0.0.0.0"]
 HEALTHCHECK --interval=10s --timeout=5s --start-period=900s \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8998/health', timeout=4)"]

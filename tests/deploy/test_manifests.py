@@ -2,7 +2,8 @@
 
 No cluster and no Docker here (these machines reach only the package
 registries), so the checks are on what the files say: the fields a load
-balancer and Kubernetes need, and container arguments that this version of
+balancer and Kubernetes need, and container arguments (with the ``--config``
+file they name: the ConfigMap's, the one the image copies) that this version of
 ``pplex-trio serve`` accepts.
 """
 
@@ -42,26 +43,49 @@ def container(k8s) -> dict:
     return only
 
 
-def serve_settings(args: list[str]) -> ServerSettings:
-    """What ``pplex-trio ARGS`` would run with (argparse exits on an unknown flag)."""
+def serve_settings(args: list[str], files: dict[str, pathlib.Path]) -> ServerSettings:
+    """What ``pplex-trio ARGS`` would run with (argparse exits on an unknown flag or key).
+
+    ``files``: where the files the arguments name in the image or the pod are here (a ``--config``).
+    """
+    args = [part for arg in args for part in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
+    args = [str(files.get(arg, arg)) for arg in args]
     parsed = build_parser().parse_args(args)
     assert parsed.command == "serve"
     return settings_from_args(ServerSettings, parsed)
 
 
-def test_the_container_arguments_are_flags_this_server_knows(container):
-    settings = serve_settings(container["args"])
+@pytest.fixture(scope="module")
+def pod_files(k8s, container, tmp_path_factory) -> dict[str, pathlib.Path]:
+    """The ConfigMaps' files, by the path at which the Deployment mounts them, written here."""
+    volumes = {volume["name"]: volume for volume in k8s["Deployment"]["spec"]["template"]["spec"]["volumes"]}
+    folder = tmp_path_factory.mktemp("pod")
+    files = {}
+    for mount in container["volumeMounts"]:
+        config_map = volumes[mount["name"]].get("configMap")
+        if config_map is None:
+            continue
+        assert config_map["name"] == k8s["ConfigMap"]["metadata"]["name"]
+        for name, text in k8s["ConfigMap"]["data"].items():
+            (folder / name).write_text(text)
+            files[f"{mount['mountPath']}/{name}"] = folder / name
+    return files
+
+
+def test_the_container_arguments_are_flags_this_server_knows(container, pod_files):
+    assert any("--config" in arg for arg in container["args"])  # the settings are in the ConfigMap
+    settings = serve_settings(container["args"], pod_files)
     assert settings.host == "0.0.0.0" and settings.refuse_busy_upgrades and settings.drain_seconds > 0
-    assert settings.device.startswith("cuda")
+    assert settings.device.startswith("cuda") and settings.queue_size == 0
 
 
 def test_one_gpu_per_pod(container):
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
 
 
-def test_probes_readiness_on_ready_and_liveness_on_health(container):
+def test_probes_readiness_on_ready_and_liveness_on_health(container, pod_files):
     port = container["ports"][0]
-    assert port["containerPort"] == serve_settings(container["args"]).port
+    assert port["containerPort"] == serve_settings(container["args"], pod_files).port
     for probe, path in (("readinessProbe", "/ready"), ("livenessProbe", "/health"), ("startupProbe", "/health")):
         get = container[probe]["httpGet"]
         assert get["path"] == path and get["port"] in (port["name"], port["containerPort"]), probe
@@ -72,21 +96,22 @@ def test_probes_readiness_on_ready_and_liveness_on_health(container):
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
 
 
-def test_the_pre_stop_hook_drains_and_the_grace_period_covers_the_drain(k8s, container):
+def test_the_pre_stop_hook_drains_and_the_grace_period_covers_the_drain(k8s, container, pod_files):
     command = container["lifecycle"]["preStop"]["exec"]["command"]
     assert "kill -TERM 1" in " ".join(command)  # the server's own drain, started before Kubernetes' SIGTERM
-    settings = serve_settings(container["args"])
+    settings = serve_settings(container["args"], pod_files)
     grace = k8s["Deployment"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace > settings.drain_seconds + settings.shutdown_grace
 
 
-def test_tokens_come_from_a_secret_never_from_the_manifest(container):
+def test_tokens_come_from_a_secret_never_from_the_manifest(k8s, container):
     env = {item["name"]: item for item in container["env"]}
     for name in ("HF_TOKEN", "PPLEX_TRIO_AUTH_TOKEN"):
         assert "value" not in env[name] and env[name]["valueFrom"]["secretKeyRef"]["name"] == "pplex-trio-secrets"
     text = "\n".join(path.read_text() for path in K8S.glob("*.yaml"))
     assert not re.search(r"hf_[A-Za-z0-9]{20,}", text)  # no Hugging Face token pasted in
     assert "--auth-token" not in text  # a flag would show in `ps` and in the pod spec
+    assert "auth-token =" not in k8s["ConfigMap"]["data"]["serve.toml"]  # nor in the ConfigMap (not a Secret)
 
 
 def test_the_service_selects_the_pods_and_the_ingress_keeps_calls_open(k8s, container):
@@ -131,7 +156,10 @@ def test_the_image_runs_the_server_as_pid_1_with_flags_it_knows():
     steps = dict(dockerfile())  # the last of each instruction
     entrypoint, command = json.loads(steps["ENTRYPOINT"]), json.loads(steps["CMD"])
     assert entrypoint == ["pplex-trio"]  # exec form: SIGTERM reaches the server, not a shell
-    settings = serve_settings(command)
+    copied = {argument.split()[1]: REPO / argument.split()[0] for instruction, argument in dockerfile()
+              if instruction == "COPY" and len(argument.split()) == 2}
+    assert copied.get("/etc/pplex-trio/serve.toml") == REPO / "deploy" / "serve.example.toml"
+    settings = serve_settings(command, copied)  # the example file, as the image has it
     assert settings.refuse_busy_upgrades and settings.drain_seconds > 0 and settings.host == "0.0.0.0"
     assert steps["EXPOSE"] == str(settings.port)
     assert steps["USER"] != "root"
