@@ -81,6 +81,12 @@ class SessionConfig:
                             sampling=dataclasses.replace(Sampling(), audio_temperature=self.temperature))
 
 
+def _object(parent: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    """``parent[key]`` when it is an object, else an empty one."""
+    value = parent.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
 def apply_session_update(config: SessionConfig, session: Any, *, started: bool, max_prompt_chars: int,
                          voices: Callable[[], Sequence[str]], event_id: str | None = None) -> SessionConfig:
     """``config`` with a ``session.update``'s ``session`` applied; both dialects' field names are read.
@@ -92,9 +98,9 @@ def apply_session_update(config: SessionConfig, session: Any, *, started: bool, 
     if not isinstance(session, Mapping):
         raise RealtimeError("session must be an object", param="session", event_id=event_id)
     changes: dict[str, Any] = {}
-    audio = session.get("audio") if isinstance(session.get("audio"), Mapping) else {}
-    audio_in = audio.get("input") if isinstance(audio.get("input"), Mapping) else {}
-    audio_out = audio.get("output") if isinstance(audio.get("output"), Mapping) else {}
+    audio = _object(session, "audio")
+    audio_in = _object(audio, "input")
+    audio_out = _object(audio, "output")
 
     voice_param, voice = ("session.audio.output.voice", audio_out["voice"]) if "voice" in audio_out else \
         ("session.voice", session["voice"]) if "voice" in session else (None, None)
