@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import numpy.typing as npt
 
 _BIAS = 0x84  # μ-law: added to the magnitude before the segment search
 _ULAW_SEGMENT_ENDS = (0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF, 0x1FFF)
@@ -66,7 +67,7 @@ def _alaw_sample(byte: int) -> int:
     return value if byte & 0x80 else -value
 
 
-def _encode_table(byte_of: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+def _encode_table(byte_of: Callable[[np.ndarray], np.ndarray]) -> npt.NDArray[np.uint8]:
     return byte_of(np.arange(-32768, 32768, dtype=np.int64)).astype(np.uint8)
 
 
@@ -98,8 +99,9 @@ _ULAW_DECODE = np.array([_ulaw_sample(b) for b in range(256)], dtype=np.int16)
 _ALAW_DECODE = np.array([_alaw_sample(b) for b in range(256)], dtype=np.int16)
 
 
-def _to_int16(pcm: np.ndarray) -> np.ndarray:
-    return np.clip(np.round(pcm * 32768.0), -32768, 32767).astype(np.int32)
+def _to_int16(pcm: np.ndarray) -> npt.NDArray[np.int32]:
+    samples: npt.NDArray[np.int32] = np.clip(np.round(pcm * 32768.0), -32768, 32767).astype(np.int32)
+    return samples
 
 
 def ulaw_encode(pcm: np.ndarray) -> bytes:

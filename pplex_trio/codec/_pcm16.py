@@ -7,7 +7,8 @@ import numpy as np
 
 def pcm16_encode(pcm: np.ndarray) -> bytes:
     """float PCM → int16 bytes (clipped to the 16-bit range, truncated toward zero)."""
-    return (np.clip(pcm, -1.0, 32767 / 32768) * 32768.0).astype("<i2").tobytes()
+    samples: np.ndarray = (np.clip(pcm, -1.0, 32767 / 32768) * 32768.0).astype("<i2")
+    return samples.tobytes()
 
 
 def pcm16_decode(data: bytes) -> np.ndarray:

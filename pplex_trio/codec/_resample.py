@@ -29,4 +29,5 @@ class StreamResampler:
         pcm = np.ascontiguousarray(pcm, dtype=np.float32)
         if self._stream is None:
             return pcm
-        return self._stream.resample_chunk(pcm)
+        out: np.ndarray = self._stream.resample_chunk(pcm)  # soxr is untyped
+        return out

@@ -26,7 +26,10 @@ from __future__ import annotations
 import signal
 import struct
 import sys
-from typing import BinaryIO, Callable
+from typing import TYPE_CHECKING, BinaryIO, Callable
+
+if TYPE_CHECKING:
+    from ._libopus import OpusWriter
 
 _HEADER = struct.Struct("<I")
 _ITEM = struct.Struct("<III")
@@ -84,19 +87,19 @@ class Unpacker:
         return items
 
 
-def _encoder() -> tuple[Callable[[], object], Callable[[object, bytes], bytes]]:
+def _encoder() -> tuple[Callable[[], OpusWriter], Callable[[OpusWriter, bytes], bytes]]:
     import numpy as np
 
     from ._libopus import LibopusWriter
 
-    return LibopusWriter, lambda writer, pcm: writer.append_pcm(np.frombuffer(pcm, dtype="<f4"))  # type: ignore[attr-defined]
+    return LibopusWriter, lambda writer, pcm: writer.append_pcm(np.frombuffer(pcm, dtype="<f4"))
 
 
 def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
     """Answer every DATA item, in order, until stdin closes."""
     make, work = _encoder()
     make()  # fail now (e.g. no libopus), not on the first batch
-    states: dict[int, object] = {}
+    states: dict[int, OpusWriter] = {}
     unpacker = Unpacker()
     stdout.write(READY)
     stdout.flush()
