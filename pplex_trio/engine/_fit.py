@@ -25,11 +25,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch._ops import OpOverload
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -157,7 +158,7 @@ def out_of_memory_message(doing: str, cfg: ModelConfig, lm_dtype: torch.dtype, d
 
 def engine_state_bytes(tick: DeviceTick) -> dict[str, int]:
     """Bytes of the device tensors a tick owns, by part (each storage counted once)."""
-    groups = {
+    groups: dict[str, list[object]] = {
         "lm_kv_ring": [tick.gen.state],
         "depformer": [tick.gen.depformer_cache],
         "mimi": [tick.encoder, tick.decoder],
@@ -195,13 +196,15 @@ def peak_bytes(fn: Callable[[], Any], device: torch.device) -> int:
     mask, the output), not as the math kernel that ``meta`` would decompose it into, which makes float32
     copies of the keys and values.
     """
-    with _EfficientAttention(), _LiveBytes(device) as live:
+    live = _LiveBytes(device)
+    with _EfficientAttention(), live:
         fn()
     return live.peak
 
 
 class _EfficientAttention(TorchFunctionMode):
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_function__(self, func: Callable[..., Any], types: Collection[type], args: Sequence[Any] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
@@ -214,17 +217,18 @@ class _EfficientAttention(TorchFunctionMode):
         return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, False)[0]
 
 
-class _LiveBytes(TorchDispatchMode):
+class _LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's __init_subclass__ is unannotated
     """Follows every storage an op creates until its last tensor is gone."""
 
     def __init__(self, device: torch.device):
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # TorchDispatchMode.__init__ is unannotated
         self.device = device
         self.refs: dict[int, int] = {}
         self.now = 0
         self.peak = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func: OpOverload, types: Collection[type], args: Sequence[Any] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
         aliases = any(r.alias_info is not None for r in func._schema.returns)
         for t in tree_flatten(out)[0]:

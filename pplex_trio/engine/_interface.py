@@ -74,9 +74,12 @@ class Engine(abc.ABC):
     num_slots: int
     frame_size: int = FRAME_SIZE
     sample_rate: int = SAMPLE_RATE
-    tick_path: str = "eager"
-    """How the engine runs its steps (``/health`` shows it): ``eager``, ``cuda_graph``, or
-    ``eager_after_failed_capture`` when a CUDA graph was asked for and its capture failed."""
+
+    @property
+    def tick_path(self) -> str:
+        """How the engine runs its steps (``/health`` shows it): ``eager``, ``cuda_graph``, or
+        ``eager_after_failed_capture`` when a CUDA graph was asked for and its capture failed."""
+        return "eager"
 
     @property
     @abc.abstractmethod

@@ -28,6 +28,7 @@ import dataclasses
 import logging
 import pathlib
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -115,7 +116,7 @@ class PersonaPlexEngine(Engine):
 
     @classmethod
     def load(cls, source: str, num_slots: int | None, device: str = "cpu", voice_dir: str | None = None,
-             cuda_graph: bool = False, memory_reserve: int = 2 * GIB, **kwargs) -> "PersonaPlexEngine":
+             cuda_graph: bool = False, memory_reserve: int = 2 * GIB, **kwargs: Any) -> "PersonaPlexEngine":
         """Load ``source`` (``tiny``, a Hugging Face repo id or a local folder) and build an engine.
 
         ``num_slots=None`` sizes the batch to the device: as many
@@ -298,7 +299,9 @@ class PersonaPlexEngine(Engine):
         """One pass: row ``rows[j]`` runs prompt steps ``starts[j] .. + counts[j]`` (padded to the longest)."""
         width = max(counts)
         steps = torch.arange(width, device=self.device)
-        inputs, voices, masks = [], [], []
+        inputs: list[torch.Tensor] = []
+        voices: list[torch.Tensor | None] = []
+        masks: list[torch.Tensor] = []
         for slot, start in zip(rows, starts, strict=True):
             row = self._rows[slot]
             assert row.plan is not None and row.inputs is not None

@@ -103,17 +103,18 @@ def plan_tick(table: SlotTable, call: EngineCall, tick: int, pcm: np.ndarray, no
         if slot.phase is not SlotPhase.LIVE or slot.lease is None:
             continue
         try:
-            arrivals[i], skipped = table.take_input(slot, pcm[i], tick)
+            arrival, skipped = table.take_input(slot, pcm[i], tick)
         except Exception:  # one conversation's trouble is that conversation's, never the actor's
             _fail_row(table, i, metrics, "cutting its input frame")
             pcm[i] = 0.0
             continue
         modes[i] = SlotMode.LIVE
+        arrivals[i] = arrival
         if skipped:
             metrics.samples_skipped.inc(skipped)
-        if arrivals[i] is not None:
+        if arrival is not None:
             metrics.frames_in.inc()
-            slacks.append(deadline - arrivals[i])
+            slacks.append(deadline - arrival)
             continue
         metrics.frames_silence.inc()
         if table.still_streaming(slot, now, tick_seconds):
