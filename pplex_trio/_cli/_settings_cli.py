@@ -47,7 +47,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser, settings_class: type
         if title not in groups:
             groups[title] = parser.add_argument_group(title)
         kind = _plain_type(hints[field.name])
-        shown = show_advanced or not is_advanced(settings_class, field)
+        shown = show_advanced or not is_advanced(field)
         help_text = _help_with_default(field, kind) if shown else argparse.SUPPRESS
         if kind is bool:
             groups[title].add_argument(flag_of(field), dest=field.name, action=argparse.BooleanOptionalAction,
@@ -70,8 +70,8 @@ def cli_fields(settings_class: type) -> Iterator[dataclasses.Field[Any]]:
     return (field for field in dataclasses.fields(settings_class) if field.metadata.get("cli", False))
 
 
-def is_advanced(settings_class: type, field: dataclasses.Field[Any]) -> bool:
-    return field.metadata.get("advanced", False) or field.name in getattr(settings_class, "advanced_inherited", ())
+def is_advanced(field: dataclasses.Field[Any]) -> bool:
+    return bool(field.metadata.get("advanced", False))
 
 
 def toml_key(field: dataclasses.Field[Any]) -> str:

@@ -18,21 +18,21 @@ class ActorSettings:
     queue_size: int = setting(16, "connections that may wait for a slot", low=0, group="conversations")
     input_backlog_frames: int = setting(
         6, "input audio that may wait for the engine, per conversation, in 80 ms frames (the oldest goes first)",
-        low=1, group="conversations")
+        low=1, group="conversations", advanced=True)
     output_backlog_frames: int = setting(
         8, "engine output that may wait for a slow reader, per conversation, in 80 ms frames (the oldest goes "
-        "first; its text goes out with the next frame)", low=1, group="conversations")
+        "first; its text goes out with the next frame)", low=1, group="conversations", advanced=True)
     input_grace_ms: float = setting(
         4.0, "with aligned framing, a tick may wait this long for a conversation's page that is due, rather "
         "than feed it a silent frame and a tick of delay (at most 3 ticks in 2 s); 0 turns it off",
-        low=0, high=40, group="timing")
+        low=0, high=40, group="timing", advanced=True)
     early_start_ms: float = setting(
         10.0, "a tick may start up to this long before it is due, as soon as every conversation that is "
         "streaming has its next frame (the deadlines do not move, so ticks come no more often); 0 turns it off",
-        low=0, high=40, group="timing")
+        low=0, high=40, group="timing", advanced=True)
     engine_timeout: float = setting(
-        10.0, "an engine step that has not returned after this many seconds is stalled: its conversations end "
-        "(1011), /health says stalled (503) and new conversations are refused until it returns", low=0.1,
+        10.0, "seconds before an engine step that has not returned is stalled: its conversations end (1011), "
+        "new ones are refused until it returns", low=0.1,
         group="conversations")
     tick_seconds: float = setting(TICK_SECONDS, "the lockstep period (Mimi's frame)", low=0.001, cli=False)
 

@@ -60,13 +60,10 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
 @dataclasses.dataclass
 class ServerSettings(ActorSettings):
-    # How ``serve --help`` presents the settings: its groups in this order, and the engine actor's tuning
-    # knobs (declared in engine/_settings.py) that, like the fields marked advanced, only --help-all shows.
+    # How ``serve --help`` presents the settings: its groups in this order (the advanced ones: --help-all).
     help_groups: ClassVar[tuple[str, ...]] = (
         "listening", "model and GPU", "conversations", "voices", "security", "observability", "timing",
         "echo test engine")
-    advanced_inherited: ClassVar[frozenset[str]] = frozenset(
-        {"input_backlog_frames", "output_backlog_frames", "input_grace_ms", "early_start_ms"})
 
     host: str = setting("127.0.0.1", "address to listen on, 0.0.0.0 for all", group="listening",
                         metavar="ADDRESS")

@@ -62,7 +62,7 @@ def test_help_all_lists_every_flag_and_says_defaults_as_one_would_type_them(monk
 
 
 def test_advanced_means_tests_and_tuning():
-    advanced = {flag_of(field) for field in cli_fields(ServerSettings) if is_advanced(ServerSettings, field)}
+    advanced = {flag_of(field) for field in cli_fields(ServerSettings) if is_advanced(field)}
     assert {"--echo-step-ms", "--framing", "--opus-encoder", "--inline-encoders", "--input-grace-ms",
             "--early-start-ms", "--input-backlog-frames", "--output-backlog-frames"} <= advanced
     assert not advanced & {"--host", "--port", "--ssl", "--model", "--slots", "--drain-seconds"}
