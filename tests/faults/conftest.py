@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import trio
 
@@ -9,6 +11,20 @@ from pplex_trio.engine import EchoEngine
 from pplex_trio.server import ServerSettings, serve
 
 from _helpers.bad_client import CLIENT_TIMEOUT, LIMIT
+
+
+@pytest.fixture(autouse=True)
+def no_error_in_the_server_log(request, caplog):
+    """Whatever a client does, the server logs no ERROR and no traceback (engine faults excepted: a model
+    that fails is the server's own error, and is logged as one)."""
+    caplog.set_level(logging.INFO)
+    yield
+    if request.node.get_closest_marker("server_errors_expected"):
+        return
+    records = caplog.get_records("setup") + caplog.get_records("call") + caplog.records  # (teardown so far)
+    bad = [r for r in records if r.levelno >= logging.ERROR or r.exc_info or "Traceback" in r.getMessage()]
+    assert not bad, "the server logged: " + "; ".join(f"{r.levelname} {r.name}: {r.getMessage()[:200]}"
+                                                       for r in bad)
 
 
 class Running:

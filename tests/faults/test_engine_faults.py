@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 import trio
 
 from _helpers.bad_client import BadClient
@@ -37,6 +38,7 @@ async def serves_a_witness(server) -> None:
     witness.check()
 
 
+@pytest.mark.server_errors_expected
 async def test_a_hung_engine_step_ends_its_conversations_reports_stalled_and_recovers(fault_server):
     # Step 20 hangs for 3 s (a GPU call that does not come back); the watchdog gives it 1 s.
     engine = EchoEngine(2, prefill_steps=2, hang_at_step=20, hang_seconds=3.0)
@@ -62,6 +64,7 @@ async def test_a_hung_engine_step_ends_its_conversations_reports_stalled_and_rec
         client.close()
 
 
+@pytest.mark.server_errors_expected
 async def test_an_engine_step_that_raises_ends_its_conversations_and_the_server_goes_on(fault_server):
     engine = EchoEngine(2, prefill_steps=2, fail_at_step=10)
     server = await fault_server(engine)
