@@ -12,6 +12,7 @@ frames, the streaming output equals the one-shot causal output.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import torch
 from torch import nn
@@ -19,16 +20,23 @@ from torch import nn
 from ._streaming import reset_rows_, where_rows
 
 
-class Named(nn.Module):
+M = TypeVar("M", bound=nn.Module)
+
+
+class Named(nn.Module, Generic[M]):
     """A one-child wrapper; it exists so parameter names match the checkpoints.
 
     Kyutai nests its convs (``conv.conv.weight``, ``convtr.convtr.weight``);
-    we keep the same path instead of renaming keys at load time.
+    we keep the same path instead of renaming keys at load time.  For the type
+    checker, any attribute a ``Named[M]`` does not have as a module is its child.
     """
 
-    def __init__(self, name: str, child: nn.Module):
+    def __init__(self, name: str, child: M):
         super().__init__()
         self.add_module(name, child)
+
+    if TYPE_CHECKING:
+        def __getattr__(self, name: str) -> M: ...
 
 
 @dataclasses.dataclass

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._config import LMConfig
+from ._modules import ModuleList
 from ._transformer import GatedFFN, make_norm
 
 
@@ -48,8 +49,9 @@ class DepformerLayer(nn.Module):
         self.self_attn = DepformerAttention(dim, cfg.depformer_num_heads, n)
         self.norm1 = make_norm(cfg.norm, dim)
         self.norm2 = make_norm(cfg.norm, dim)
+        self.gating: ModuleList[GatedFFN] | GatedFFN
         if per_step:
-            self.gating = nn.ModuleList(GatedFFN(dim, cfg.depformer_hidden(s), cfg.gating) for s in range(n))
+            self.gating = ModuleList(GatedFFN(dim, cfg.depformer_hidden(s), cfg.gating) for s in range(n))
         else:
             self.gating = GatedFFN(dim, cfg.depformer_hidden(0), cfg.gating)
 
@@ -72,7 +74,7 @@ class Depformer(nn.Module):
         super().__init__()
         self.num_steps = cfg.dep_q
         self.num_heads = cfg.depformer_num_heads
-        self.layers = nn.ModuleList(DepformerLayer(cfg) for _ in range(cfg.depformer_num_layers))
+        self.layers = ModuleList(DepformerLayer(cfg) for _ in range(cfg.depformer_num_layers))
 
     def init_cache(self, batch_size: int) -> DepformerCache:
         p = self.layers[0].self_attn.in_proj_weight

@@ -16,7 +16,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 from safetensors.torch import load_file
@@ -70,6 +70,14 @@ class LoadedModel:
     @property
     def name(self) -> str:
         return self.config.name
+
+
+@overload
+def _hub_download(repo: str, filename: str, optional: Literal[False] = False) -> Path: ...
+
+
+@overload
+def _hub_download(repo: str, filename: str, optional: bool) -> Path | None: ...
 
 
 def _hub_download(repo: str, filename: str, optional: bool = False) -> Path | None:

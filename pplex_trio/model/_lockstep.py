@@ -265,7 +265,7 @@ class LMGen:
 
         # 2. Temporal transformer and text.
         x = lm.embed(frame.model_input)
-        if inputs.embeddings is not None:
+        if inputs.embeddings is not None and inputs.embed_mask is not None:  # as restore_cache/restore_mask
             x = where_rows(inputs.embed_mask, inputs.embeddings.to(x.dtype), x)
         hidden, text_logits = lm.temporal(x, self.state, exec_mask)
         text_noise, audio_noise = noise if noise is not None else (None, None)

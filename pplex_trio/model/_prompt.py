@@ -81,12 +81,12 @@ def build_prompt_plan(cfg: ModelConfig, tokenizer: TextTokenizer, persona: str,
         rows += [[p.zero_text_code] + [lm.card] * lm.n_q] * voice.num_steps
     agent_user = list(p.silence_tokens) + list(p.sine_tokens)
     silence = [[p.zero_text_code] + agent_user] * p.silence_frames
-    persona = persona_tokens(tokenizer, persona, p.wrap_template)
-    rows += silence + [[t] + agent_user for t in persona] + silence
+    persona_ids = persona_tokens(tokenizer, persona, p.wrap_template)
+    rows += silence + [[t] + agent_user for t in persona_ids] + silence
     if voice is None and rows:
         rows = rows[1:]
     tokens = np.array(rows, dtype=np.int64).reshape(-1, lm.num_streams)
-    return _with_cache_run(lm, tokens, voice, tuple(persona))
+    return _with_cache_run(lm, tokens, voice, tuple(persona_ids))
 
 
 def _with_cache_run(lm: LMConfig, tokens: np.ndarray, voice: VoicePrompt | None,

@@ -16,9 +16,15 @@ from torch import nn
 
 from ._config import QuantizerConfig
 from ._conv import Named
+from ._modules import ModuleList
 
 
 class Codebook(nn.Module):
+    _initialized: torch.Tensor  # buffers (register_buffer below)
+    cluster_usage: torch.Tensor
+    embedding_sum: torch.Tensor
+    centroids: torch.Tensor
+
     def __init__(self, dim: int, bins: int, epsilon: float):
         super().__init__()
         self.epsilon = epsilon
@@ -51,7 +57,7 @@ class ResidualVQ(nn.Module):
         super().__init__()
         self.input_proj = nn.Conv1d(cfg.input_dimension, cfg.dimension, 1, bias=False)
         self.output_proj = nn.Conv1d(cfg.dimension, cfg.output_dimension, 1, bias=False)
-        self.vq = Named("layers", nn.ModuleList(
+        self.vq = Named("layers", ModuleList(
             VectorQuantization(cfg.dimension, cfg.bins, cfg.epsilon) for _ in range(n_q)))
 
     def codebooks(self, n: int) -> list[Codebook]:
@@ -74,6 +80,8 @@ class ResidualVQ(nn.Module):
         for k, cb in enumerate(self.codebooks(codes.shape[1])):
             q = cb.centroids[codes[:, k]]  # [B, T, dim]
             out = q if out is None else out + q
+        if out is None:
+            raise ValueError("no codebook to decode: codes have shape [B, 0, T]")
         return self.output_proj(out.transpose(1, 2))
 
 

@@ -9,6 +9,8 @@ conv.  The decoder mirrors it with transposed convs.
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 from torch import nn
 
@@ -16,8 +18,19 @@ from ._config import SEANetConfig
 from ._conv import StreamingConv1d, StreamingConvTranspose1d
 
 
-def _init_states(modules: nn.Sequential, batch_size: int) -> list:
-    return [m.init_state(batch_size) if hasattr(m, "init_state") else None for m in modules]
+class _State(Protocol):
+    def reset(self, mask: torch.Tensor) -> None: ...
+
+
+@runtime_checkable
+class _Stateful(Protocol):
+    """A layer with streaming state (a conv or a residual block); isinstance checks for ``init_state``."""
+
+    def init_state(self, batch_size: int) -> _State: ...
+
+
+def _init_states(modules: nn.Sequential, batch_size: int) -> list[_State | None]:
+    return [m.init_state(batch_size) if isinstance(m, _Stateful) else None for m in modules]
 
 
 def _run(modules: nn.Sequential, states: list, x: torch.Tensor, exec_mask: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,7 @@ from torch import nn
 from .._cache import cache_dir
 from .._voice_catalogue import OFFICIAL_VOICES
 from ._config import CONFIGS, LM_FILE, MIMI_FILE, TOKENIZER_FILE, ModelConfig
+from ._conv import StreamingConv1d
 from ._kyutai_config import config_to_kyutai_dict
 from ._lm import LMModel
 from ._mimi import Mimi
@@ -196,7 +197,10 @@ def _init_mimi(mimi: Mimi, gen: torch.Generator) -> None:
     codes = mimi.quantizer.encode(latents, mimi.num_codebooks)
     dec = mimi.init_decoder_state(1)
     audio = torch.cat([mimi.decode_frame(codes[:, :, i], dec) for i in range(codes.shape[-1])], -1)
-    last = mimi.decoder.model[-1].conv.conv
+    last_layer = mimi.decoder.model[-1]
+    assert isinstance(last_layer, StreamingConv1d)
+    last = last_layer.conv.conv
+    assert last.bias is not None
     scale = 0.5 / max(audio.abs().max().item(), 1e-6)
     last.weight.mul_(scale)
     last.bias.mul_(scale)

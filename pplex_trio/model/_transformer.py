@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._config import TransformerConfig, gated_hidden
+from ._modules import ModuleList
 from ._streaming import apply_rope, prefill_attention_mask, reset_rows_, ring_attention_mask, rope_rotation
 
 
@@ -138,7 +139,7 @@ class StreamingTransformer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.cfg = cfg
-        self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = ModuleList(TransformerLayer(cfg) for _ in range(cfg.num_layers))
 
     def init_state(self, batch_size: int, device: torch.device | str | None = None,
                    dtype: torch.dtype | None = None) -> TransformerState:

@@ -27,8 +27,8 @@ from .._cache import extract_once
 from .._voice_catalogue import AUDIO_SUFFIXES, VoiceNotFoundError, check_voice_name, voice_files
 from ..codec._voice_audio import voice_audio
 from ._lm import LMModel
-from ._lockstep import CacheRules
-from ._mimi import Mimi
+from ._lockstep import CacheRules, TokenCache
+from ._mimi import Mimi, MimiEncoderState
 
 logger = logging.getLogger(__name__)
 
@@ -164,8 +164,7 @@ class VoiceMaking:
         self._done = 0
         self._codes: list[torch.Tensor] = []
         self._embeddings: list[torch.Tensor] = []
-        self._encoder = None
-        self._rules = self._cache = None
+        self._stream: tuple[MimiEncoderState, CacheRules, TokenCache] | None = None  # from the first advance
 
     @property
     def frames_left(self) -> int:
@@ -176,17 +175,17 @@ class VoiceMaking:
         """Make the next ``frames`` frames (at most those left)."""
         lm, mimi = self._lm, self._mimi
         device = lm.device
-        if self._encoder is None:
-            self._encoder = mimi.init_encoder_state(1)
-            self._rules = CacheRules.of(lm.cfg, min(lm.cfg.dep_q, lm.cfg.num_agent_codebooks), device)
-            self._cache = self._rules.fresh_cache(1)
-        rules, cache = self._rules, self._cache
+        if self._stream is None:
+            encoder = mimi.init_encoder_state(1)
+            rules = CacheRules.of(lm.cfg, min(lm.cfg.dep_q, lm.cfg.num_agent_codebooks), device)
+            self._stream = (encoder, rules, rules.fresh_cache(1))
+        encoder, rules, cache = self._stream
         zero_text, sine = self._fixed
         ones = torch.ones(1, dtype=torch.bool, device=device)
         size = mimi.frame_size
         for i in range(self._done, min(self.frames_total, self._done + frames)):
             codes = mimi.encode_frame(torch.from_numpy(self._pcm[i * size:(i + 1) * size]).to(device)[None],
-                                      self._encoder)
+                                      encoder)
             self._codes.append(codes.cpu())
             if i > 0:
                 tokens = torch.cat([torch.tensor([zero_text], device=device), codes[0],
@@ -198,10 +197,10 @@ class VoiceMaking:
 
     def prompt(self) -> VoicePrompt:
         """The voice prompt (once every frame is made)."""
-        assert self.frames_left == 0, "the voice is not made yet"
+        assert self.frames_left == 0 and self._stream is not None, "the voice is not made yet"
         dim = self._lm.cfg.dim
         embeddings = torch.stack(self._embeddings) if self._embeddings else torch.zeros(0, dim)
-        return VoicePrompt(name=self.name, embeddings=embeddings, cache=self._cache.tokens.clone().cpu())
+        return VoicePrompt(name=self.name, embeddings=embeddings, cache=self._stream[2].tokens.clone().cpu())
 
     @property
     def codes(self) -> np.ndarray:
