@@ -15,7 +15,7 @@ import logging
 import pathlib
 import ssl
 import urllib.parse
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import sphn
@@ -32,6 +32,13 @@ logger = logging.getLogger(__name__)
 
 PATHS = {"moshi": "/api/chat", "raw": "/v1/audio/duplex", "realtime": "/v1/realtime"}
 FRAME_SECONDS = FRAME_SIZE / SAMPLE_RATE
+
+
+class _Connect(TypedDict):
+    """:func:`open_websocket`'s arguments that the ``stream_*`` functions pass on."""
+
+    token: str | None
+    ssl_context: ssl.SSLContext | None
 
 
 class ClientError(Exception):
@@ -262,7 +269,7 @@ async def run_client(
 ) -> ClientResult:
     """``token``: the server's access token (sent as a Bearer header); ``ssl_context``: for ``wss://``."""
     pcm = read_wav(input_wav)
-    connect = dict(token=token, ssl_context=ssl_context)
+    connect = _Connect(token=token, ssl_context=ssl_context)
     if protocol == "moshi":
         params = dict(extra or {})
         if persona is not None:

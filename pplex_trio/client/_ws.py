@@ -54,11 +54,12 @@ async def open_websocket(
     resource = parts.path or "/"
     if parts.query:
         resource += "?" + parts.query
-    headers = [("Authorization", f"Bearer {token}")] if token else None
-    stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+    headers = [(b"Authorization", f"Bearer {token}".encode("ascii"))] if token else None  # as h11 would encode it
+    tcp = await trio.open_tcp_stream(host, port)
+    stream: trio.SocketStream | trio.SSLStream[trio.SocketStream] = tcp
     try:
         if secure:
-            tls = trio.SSLStream(stream, ssl_context or client_ssl_context(), server_hostname=host)
+            tls = trio.SSLStream(tcp, ssl_context or client_ssl_context(), server_hostname=host)
             try:
                 with trio.fail_after(connect_timeout):
                     # Here, not in trio-websocket's reader task, which would swallow a certificate error and hang.

@@ -58,7 +58,7 @@ class Unpacker:
         self._buf = bytearray()
         self._need = _HEADER.size
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray) -> None:
         self._buf += data
 
     def next_message(self) -> list[Item] | None:
@@ -104,7 +104,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
     stdout.write(READY)
     stdout.flush()
     while True:
-        data = stdin.read1(1 << 20)  # type: ignore[attr-defined]
+        data = stdin.read1(1 << 20)  # type: ignore[attr-defined]  # typing.BinaryIO lacks read1; stdin.buffer has it
         if not data:
             return
         unpacker.feed(data)

@@ -64,7 +64,7 @@ class InboundGuard:
     def websocket(self) -> bool:
         return self._phase is _Phase.FRAMES
 
-    def inbound(self, data: bytes) -> tuple[bytes, Refusal | None]:
+    def inbound(self, data: bytes | bytearray) -> tuple[bytes, Refusal | None]:
         """What to pass on of the client's ``data`` (maybe rewritten), and a refusal if it broke a limit."""
         self._buffer += data
         return self._run()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import pathlib
+from collections.abc import Callable, Sequence
+from typing import TypedDict
 
 import trio
 
@@ -45,12 +47,20 @@ def _count_tasks(task: trio.lowlevel.Task) -> int:
     return 1 + sum(_count_tasks(child) for nursery in task.child_nurseries for child in nursery.child_tasks)
 
 
+class _Limits(TypedDict):
+    """What every protocol of a conversation is built with."""
+
+    max_message_bytes: int
+    max_prompt_chars: int
+    voices: Callable[[], Sequence[str]]
+
+
 def create_app(state: ServerState) -> ConversationRouter:
     """The whole ASGI application: the conversation WebSockets, then Quart (``.app``) for the rest."""
     settings = state.settings
     model_id = _model_id(state)
-    limits = dict(max_message_bytes=settings.max_message_bytes, max_prompt_chars=settings.max_prompt_chars,
-                  voices=state.voices)
+    limits = _Limits(max_message_bytes=settings.max_message_bytes, max_prompt_chars=settings.max_prompt_chars,
+                     voices=state.voices)
 
     async def chat(ws: AsgiWebSocket) -> None:
         wire = MoshiProtocol(state.encoders, align=settings.framing is Framing.ALIGNED, **limits)
@@ -125,7 +135,9 @@ def create_http_app(state: ServerState) -> QuartTrio:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        state.metrics.trio_tasks.set(_count_tasks(trio.lowlevel.current_root_task()))
+        root = trio.lowlevel.current_root_task()
+        assert root is not None  # a handler runs inside trio.run
+        state.metrics.trio_tasks.set(_count_tasks(root))
         return Response(state.metrics.render(), content_type=state.metrics.content_type)
 
     @app.get("/api/info")

@@ -97,7 +97,7 @@ class EncoderProcess:
     """
 
     def __init__(self) -> None:
-        self._pending: list[tuple[int, bytes, _ProcessJob]] = []
+        self._pending: list[tuple[int, bytes, tuple[_ProcessJob, int]]] = []  # (stream, PCM, (job, item))
         self._closing: list[int] = []
         self._wakeup = trio.Event()
         self._next_stream = 0
@@ -136,16 +136,18 @@ class EncoderProcess:
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             )
             in_flight: collections.deque[tuple[_ProcessJob, int]] = collections.deque()
+            stdin, stdout = process.stdin, process.stdout
+            assert stdin is not None and stdout is not None  # opened with PIPE
             try:
                 with trio.fail_after(60):
-                    if await process.stdout.receive_some(1) != READY:
+                    if await stdout.receive_some(1) != READY:
                         raise RuntimeError("it did not start (see its errors above)")
                 if not started:
                     task_status.started()
                     started = True
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._write_batches, process, in_flight)
-                    nursery.start_soon(self._read_answers, process, in_flight)
+                    nursery.start_soon(self._write_batches, stdin, in_flight)
+                    nursery.start_soon(self._read_answers, stdout, in_flight)
             except (RuntimeError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 logger.error("Opus encoder process failed (%s); starting a new one", exc)
                 self._first_live_stream = self._next_stream + 1
@@ -155,13 +157,14 @@ class EncoderProcess:
                 self._pending = []
             finally:
                 with trio.CancelScope(shield=True):
-                    await process.stdin.aclose()
+                    await stdin.aclose()
                     with trio.move_on_after(1):  # shutdown is bounded: a child that lingers is killed
                         await process.wait()
                     if process.returncode is None:
                         process.kill()
 
-    async def _write_batches(self, process: trio.Process, in_flight: collections.deque[tuple[_ProcessJob, int]]) -> None:
+    async def _write_batches(self, stdin: trio.abc.SendStream,
+                             in_flight: collections.deque[tuple[_ProcessJob, int]]) -> None:
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
@@ -174,14 +177,15 @@ class EncoderProcess:
                 continue
             in_flight.extend(job for _, _, job in batch)  # closings get no answer
             # One message per item: the child starts on the first frame while the rest are in the pipe.
-            await process.stdin.send_all(b"".join(pack([item]) for item in request))
+            await stdin.send_all(b"".join(pack([item]) for item in request))
             self.batches += 1
             self.items += len(batch)
 
-    async def _read_answers(self, process: trio.Process, in_flight: collections.deque[tuple[_ProcessJob, int]]) -> None:
+    async def _read_answers(self, stdout: trio.abc.ReceiveStream,
+                            in_flight: collections.deque[tuple[_ProcessJob, int]]) -> None:
         unpacker = Unpacker()
         while True:
-            data = await process.stdout.receive_some(1 << 20)
+            data = await stdout.receive_some(1 << 20)
             if not data:
                 raise RuntimeError("it exited")
             unpacker.feed(data)

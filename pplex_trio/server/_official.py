@@ -17,7 +17,6 @@ client's router finds its one route.
 from __future__ import annotations
 
 import logging
-import os
 import pathlib
 import tarfile
 
@@ -41,7 +40,7 @@ def repo_for_model(model: str) -> str:
 
 
 def find_official_client(
-    model: str, *, hub_cache: str | os.PathLike[str] | None = None, cache: pathlib.Path | None = None
+    model: str, *, hub_cache: str | pathlib.Path | None = None, cache: pathlib.Path | None = None
 ) -> pathlib.Path | None:
     """The folder of the extracted official client, or None if its archive is not cached.
 

@@ -215,7 +215,8 @@ class RealtimeProtocol(WireProtocol):
     def _open_response(self) -> list[Message]:
         self._response, self._item = self.events.new_id("resp"), self.events.new_id("item")
         self._transcript = []
-        return self.events.response_started(self._response, self._item, self.config)
+        started: list[Message] = [*self.events.response_started(self._response, self._item, self.config)]
+        return started
 
     def _cut(self, status: str) -> list[Message]:
         """End the open response and open the next, back to back."""

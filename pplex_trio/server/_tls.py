@@ -100,7 +100,8 @@ def local_names(host: str) -> list[str]:
     names.append(hostname)
     addresses: list[str] = []
     try:
-        addresses += [info[4][0] for info in socket.getaddrinfo(hostname, None, proto=socket.IPPROTO_TCP)]
+        # (typeshed allows an int host for AF_INET6 on a Python built without IPv6)
+        addresses += [str(info[4][0]) for info in socket.getaddrinfo(hostname, None, proto=socket.IPPROTO_TCP)]
     except OSError:
         pass
     for family, probe in ((socket.AF_INET, "10.254.254.254"), (socket.AF_INET6, "fd00::1")):

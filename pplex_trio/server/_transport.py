@@ -68,7 +68,7 @@ class GuardedStream(trio.abc.HalfCloseableStream):
             return "a client that is gone"
         return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address or "a local client")
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         while True:
             data = await self._stream.receive_some(max_bytes)
             if not data:
@@ -119,6 +119,7 @@ class GuardedStream(trio.abc.HalfCloseableStream):
         # hypercorn closes outside its send lock: a close that comes while an answer is being written
         # (a client that stopped sending its body) waits for the write instead of colliding with it.
         async with self._lock:
+            assert isinstance(self._stream, trio.abc.HalfCloseableStream)  # the socket (TLS has its own send_eof)
             await self._stream.send_eof()
 
     async def aclose(self) -> None:
@@ -266,12 +267,15 @@ async def serve_http(
     connections = Connections()
 
     async def handle(stream: trio.SocketStream) -> None:
-        options = dict(write_timeout=write_timeout, max_message_bytes=max_message_bytes, on_refusal=on_refusal)
-        guarded = GuardedStream(stream, **options) if ssl_context is None else \
-            GuardedTLSStream(stream, ssl_context, **options)
+        guarded = GuardedStream(stream, write_timeout=write_timeout, max_message_bytes=max_message_bytes,
+                                on_refusal=on_refusal) if ssl_context is None else \
+            GuardedTLSStream(stream, ssl_context, write_timeout=write_timeout, max_message_bytes=max_message_bytes,
+                             on_refusal=on_refusal)
         connections.open.add(guarded)
         try:
-            await TCPServer(app, config, context, ConnectionState(lifespan_state.copy()), guarded)  # type: ignore[arg-type]
+            # hypercorn annotates its stream as an SSLStream; it takes any stream and tells TLS by do_handshake
+            await TCPServer(app, config, context, ConnectionState(lifespan_state.copy()),
+                            guarded)  # type: ignore[arg-type]  # any stream, see above
         finally:
             connections.open.discard(guarded)
             await trio.aclose_forcefully(guarded)  # hypercorn leaves it open when a TLS handshake fails
