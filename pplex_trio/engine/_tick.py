@@ -133,7 +133,9 @@ class DeviceTick:
         self.host_live = torch.zeros(self.live.shape, dtype=torch.long, pin_memory=pin)
         self.host_pcm = torch.zeros(self.pcm.shape, dtype=torch.float32, pin_memory=pin)
         self.host_packed = torch.zeros(self.packed.shape, dtype=torch.float32, pin_memory=pin)
-        self.stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None  # type: ignore[no-untyped-call]  # torch.cuda.Stream.__new__ is unannotated
+        self.stream: torch.cuda.Stream | None = None
+        if dev.type == "cuda":
+            self.stream = torch.cuda.Stream(dev)  # type: ignore[no-untyped-call]  # unannotated in torch
         self.path = TickPath.EAGER
         self._replay: Callable[[], None] | None = None
 

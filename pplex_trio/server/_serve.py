@@ -103,10 +103,10 @@ def hypercorn_config(settings: ServerSettings) -> hypercorn.config.Config:
     config.websocket_max_message_size = 2 * settings.max_message_bytes
     # A peer that sends nothing, not even a pong to these pings, is given up (dead, frozen, half-open).
     config.websocket_ping_interval = settings.client_timeout / 3
-    config.read_timeout = settings.client_timeout  # type: ignore[assignment]  (hypercorn accepts seconds)
+    config.read_timeout = settings.client_timeout  # type: ignore[assignment]  # annotated int; takes float seconds
     config.keep_alive_timeout = min(5.0, settings.client_timeout)  # an idle or half-sent HTTP request
     config.graceful_timeout = settings.shutdown_grace
-    config.ssl_handshake_timeout = settings.client_timeout  # type: ignore[assignment]
+    config.ssl_handshake_timeout = settings.client_timeout
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     return config
