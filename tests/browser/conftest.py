@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from _helpers.browser import CHROMIUM, CHROMIUM_ARGS, ThreadServer, write_tone
-from pplex_trio.engine import EchoEngine, Engine
+from pplex_trio._cli._engines import create_engine
+from pplex_trio.engine import Engine
 from pplex_trio.server import ServerSettings
 
 
@@ -59,19 +60,17 @@ def tls_context(browser: Any) -> Iterator[Any]:
 
 @pytest.fixture
 def start_server(tmp_path: pathlib.Path) -> Iterator[Any]:
-    """``start_server(engine=None, **settings)`` → a running :class:`ThreadServer` (echo engine by default; its
-    voice store in the test's own folder)."""
+    """``start_server(engine=None, **settings)`` → a running :class:`ThreadServer` (by default the engine
+    ``pplex-trio serve`` makes of the settings: the echo test engine; its voice store in the test's own folder)."""
     servers: list[ThreadServer] = []
 
     def start(engine: Engine | None = None, **overrides: Any) -> ThreadServer:
-        options = dict(host="127.0.0.1", port=0, slots=2, echo_prefill_steps=4, echo_delay_frames=1,
+        options = dict(host="127.0.0.1", port=0, model="echo", slots=2, echo_prefill_steps=4, echo_delay_frames=1,
                        voice_store=tmp_path / "voice-store")
         options.update(overrides)
         settings = ServerSettings(**options)
         if engine is None:
-            engine = EchoEngine(
-                settings.slots, delay_frames=settings.echo_delay_frames, prefill_steps=settings.echo_prefill_steps
-            )
+            engine = create_engine(settings)  # as `pplex-trio serve` makes it
         server = ThreadServer(settings, engine).start()
         servers.append(server)
         return server

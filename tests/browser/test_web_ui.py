@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
+from pplex_trio.engine import EchoEngine
 from pplex_trio.protocol import ogg
 
 from _helpers.browser import (
@@ -168,7 +169,8 @@ def test_tone_round_trip_frequency(context, start_server):
 
 def test_settings_reach_the_server(context, start_server):
     """Persona preset, voice and the advanced sampling settings arrive in the engine."""
-    server = start_server(echo_prefill_steps=40)  # 3.2 s of system prompt, to see "preparing"
+    # 40 positions of system prompt at 50 ms each (a slow GPU), so that "preparing" lasts 2 s
+    server = start_server(EchoEngine(2, prefill_steps=40, prefill_seconds=0.05))
     page = open_ui(context, server)
     page.get_by_role("button", name="Dental clinic").click()
     persona = page.get_by_label("Who should the model be?").input_value()
