@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import TypedDict
 
 from .._sources import DEFAULT_REPO
 from ..engine import OFF_GPU_SLOTS, EchoEngine, Engine, voices_in_directory
 from ..server import ServerSettings
 
 logger = logging.getLogger(__name__)
+
+
+class _EchoOptions(TypedDict, total=False):
+    voices: Sequence[str]  # given: the voices of --voice-dir; not: EchoEngine's default
 
 
 class ModelUnavailable(Exception):
@@ -44,7 +50,7 @@ def create_engine(settings: ServerSettings) -> Engine:
     """``echo`` is the test engine (only when asked for by name); anything else is a model."""
     model = resolve_model(settings.model)
     if model == "echo":
-        kwargs = {}
+        kwargs: _EchoOptions = {}
         if settings.voice_dir is not None:
             kwargs["voices"] = voices_in_directory(settings.voice_dir)
         return EchoEngine(

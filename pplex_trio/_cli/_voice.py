@@ -59,18 +59,17 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ssl.SSLError) as exc:
         logger.error("--cafile %s: %s", args.cafile, exc)
         return 2
-    options = dict(token=token, ssl_context=context)
     try:
         if args.action == "add":
-            added = add_voice(args.url, args.clip, args.name, **options)
+            added = add_voice(args.url, args.clip, args.name, token=token, ssl_context=context)
             print(f"added {added['voice']} ({added['seconds']:g} s clip)")  # the command's output
         elif args.action == "rm":
-            print(f"deleted {remove_voice(args.url, args.name, **options)['deleted']}")
+            print(f"deleted {remove_voice(args.url, args.name, token=token, ssl_context=context)['deleted']}")
         else:
-            listed = list_voices(args.url, **options)
-            added = set(listed.get("added", []))
+            listed = list_voices(args.url, token=token, ssl_context=context)
+            added_names = set(listed.get("added", []))
             for name in listed["voices"]:
-                print(f"{name}\t{'added' if name in added else 'model'}")
+                print(f"{name}\t{'added' if name in added_names else 'model'}")
     except VoiceApiError as exc:
         logger.error("server: %s", exc)
         return 1
