@@ -15,7 +15,7 @@ class ProtocolError(Exception):
     errors carry them (OpenAI Realtime).
     """
 
-    def __init__(self, message: str, code: int = CloseCode.POLICY, *, param: str | None = None,
+    def __init__(self, message: str, code: CloseCode = CloseCode.POLICY, *, param: str | None = None,
                  kind: str = "invalid_value"):
         super().__init__(message)
         self.message = message

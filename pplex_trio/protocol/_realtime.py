@@ -23,7 +23,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._conversation import Conversation, Sampling
+from .._conversation import CloseCode, Conversation, Sampling
 from ._errors import ProtocolError
 from ._params import persona_text, temperature, voice_name
 
@@ -180,9 +180,10 @@ def parse_client_event(message: bytes | str, *, max_bytes: int) -> ClientEvent:
     Binary frames are not part of the protocol (it is JSON text): a :class:`ProtocolError` (1003).
     """
     if isinstance(message, bytes):
-        raise ProtocolError("binary frames are not part of the Realtime protocol: send JSON events as text", 1003)
+        raise ProtocolError("binary frames are not part of the Realtime protocol: send JSON events as text",
+                            CloseCode.UNSUPPORTED_DATA)
     if len(message) > max_bytes:
-        raise ProtocolError(f"message over {max_bytes} bytes", 1009)
+        raise ProtocolError(f"message over {max_bytes} bytes", CloseCode.MESSAGE_TOO_BIG)
     try:
         event = json.loads(message)
     except ValueError:
