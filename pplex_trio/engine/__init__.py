@@ -18,6 +18,8 @@ from ._settings import OFF_GPU_SLOTS as OFF_GPU_SLOTS
 from ._settings import ActorSettings as ActorSettings
 from ._slots import InputStats as InputStats
 from ._slots import Lease as Lease
+from ._slots import LIVE_STATES as LIVE_STATES
+from ._slots import LeaseFailed as LeaseFailed
 from ._slots import LeaseFailure as LeaseFailure
 from ._slots import LeaseState as LeaseState
 from ._slots import OutputEnd as OutputEnd

@@ -40,7 +40,7 @@ from ._framing import InputFramer
 from ._interface import Engine, VoiceJob
 from ._schedule import TickSchedule
 from ._settings import ActorSettings
-from ._slots import Lease, LeaseState, SlotPhase, SlotTable
+from ._slots import LIVE_STATES, Lease, LeaseState, SlotPhase, SlotTable
 from ._tick_plan import CallResult, EngineCall, apply_result, execute, fail_call, plan_call, plan_tick
 
 logger = logging.getLogger(__name__)
@@ -272,7 +272,7 @@ class EngineActor:
     def _went_live(self) -> None:
         now = trio.current_time()
         for lease in [lease for lease in self._starting if lease.state is not LeaseState.PREFILL]:
-            if lease.state is LeaseState.LIVE:
+            if lease.state in LIVE_STATES:
                 self.metrics.time_to_live.observe(now - self._starting[lease])
             del self._starting[lease]
 
@@ -305,7 +305,8 @@ class EngineActor:
         async with trio.open_nursery() as watchdog:
             watchdog.start_soon(self._stall_after, self.settings.engine_timeout, call)
             try:
-                return await self._run_sync(execute, self.engine, call)
+                result: CallResult = await self._run_sync(execute, self.engine, call)  # (run_sync is untyped)
+                return result
             except Exception as exc:  # the caller decides; nothing of it may escape the actor
                 return exc
             finally:

@@ -87,6 +87,7 @@ class InputFramer:
         self._last_push = 0  # samples in the newest push (a client's page size)
         self.skipped_samples = 0  # skipped by phase alignment
         self.underruns = 0
+        self.input_ended = False  # the client sent its last audio (a flush): nothing more is taken
 
     @property
     def pending_samples(self) -> int:

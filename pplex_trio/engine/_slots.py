@@ -38,10 +38,48 @@ class SlotPhase(enum.Enum):
 
 
 class LeaseState(enum.Enum):
+    """A conversation's claim on a slot (the transitions: :data:`_LEASE_NEXT`, entered only by ``Lease._set``).
+
+    ::
+
+        QUEUED ──► PREFILL ──► LIVE ──► FLUSHING ──► FLUSHED
+           │          │  └──────────────────▲           │
+           └──────────┴──── FAILED ◄────────┴───────────┘   (and every state ──► ENDED)
+
+    FLUSHING: the input has ended; the output ends once every frame taken has
+    its answer (FLUSHED: its ``OutputEnd`` is out, nothing follows).  A flush
+    asked before LIVE takes effect when the prompt is done (PREFILL ──►
+    FLUSHING).  FAILED: the server ended it (``failure`` says why); its input is
+    refused.  ENDED: the session gave the slot back.
+    """
+
     QUEUED = "queued"
     PREFILL = "prefill"
     LIVE = "live"
+    FLUSHING = "flushing"
+    FLUSHED = "flushed"
+    FAILED = "failed"
     ENDED = "ended"
+
+
+_LEASE_NEXT = {
+    LeaseState.QUEUED: {LeaseState.QUEUED, LeaseState.PREFILL, LeaseState.FAILED},  # (QUEUED: a new position)
+    LeaseState.PREFILL: {LeaseState.LIVE, LeaseState.FLUSHING, LeaseState.FAILED},
+    LeaseState.LIVE: {LeaseState.FLUSHING, LeaseState.FAILED},
+    LeaseState.FLUSHING: {LeaseState.FLUSHED, LeaseState.FAILED},
+    LeaseState.FLUSHED: {LeaseState.FAILED},
+    LeaseState.FAILED: set(),
+    LeaseState.ENDED: set(),
+}
+LIVE_STATES = frozenset({LeaseState.LIVE, LeaseState.FLUSHING, LeaseState.FLUSHED})  # the prompt is behind it
+
+
+class LeaseFailed(Exception):
+    """Input for a conversation the server has ended; ``failure`` says why."""
+
+    def __init__(self, failure: LeaseFailure):
+        super().__init__(failure.message)
+        self.failure = failure
 
 
 class QueueFull(Exception):
@@ -124,17 +162,15 @@ class Lease:
         self._framer = framer
         self._early_audio = early_audio
         self._outbox: DropOldestChannel[OutputEvent] = DropOldestChannel(
-            output_capacity, name="output_backlog", on_drop=on_drop, salvage=_carry_text)
+            output_capacity, name="output_backlog", on_drop=lambda name: on_drop(name, 1), salvage=_carry_text)
         self._on_drop = on_drop
         self._on_input = on_input
         self._on_end = on_end
         self._state = LeaseState.QUEUED
         self._slot: int | None = None
         self._position = 0
-        self._failure: LeaseFailure | None = None
+        self._failure: LeaseFailure | None = None  # why, once FAILED
         self._prefill_total = 0
-        self._flushing = False
-        self._end_sent = False
         self._frames_consumed = 0  # real input frames the engine took
         self._frames_delivered = 0  # output frames put into the outbox
         self._last_consumed_tick = -1
@@ -201,9 +237,14 @@ class Lease:
         conversation goes live; see ``InputFramer.keep_early``);
         otherwise input before LIVE is audio the model was never going to
         hear (the client should wait for the handshake).  On overflow the
-        oldest frames go.
+        oldest frames go.  After a flush nothing is taken.
+
+        Error handling: :class:`LeaseFailed` for a FAILED lease.
         """
-        if self._flushing or self._state is LeaseState.ENDED:
+        if self._state is LeaseState.FAILED:
+            assert self._failure is not None
+            raise LeaseFailed(self._failure)
+        if self._framer.input_ended or self._state is LeaseState.ENDED:
             return False
         if self._state is not LeaseState.LIVE:
             if not self._early_audio:
@@ -215,13 +256,13 @@ class Lease:
         return True
 
     def flush(self) -> None:
-        """No more input: pad the last frame, and end the output once everything is answered."""
-        if self._flushing:
+        """No more input: pad the last frame, and end the output once everything is answered (a flush before
+        LIVE takes effect when the conversation goes live)."""
+        if self._framer.input_ended:
             return
-        self._flushing = True
+        self._framer.input_ended = True
         if self._state is LeaseState.LIVE:
-            self._framer.pad_to_frame()
-            self._end_output_if_flushed()
+            self._start_flushing()
 
     @property
     def early_audio_kept(self) -> bool:
@@ -242,15 +283,29 @@ class Lease:
     def _go_live(self) -> None:
         if self._framer.catch_up():
             self._on_input(self)
-        self._set(LeaseState.LIVE)
-        if self._flushing:
-            self._framer.pad_to_frame()
-            self._end_output_if_flushed()
+        if self._framer.input_ended:
+            self._start_flushing()
+        else:
+            self._set(LeaseState.LIVE)
+
+    def _start_flushing(self) -> None:
+        self._framer.pad_to_frame()
+        self._set(LeaseState.FLUSHING)
+        self._end_output_if_flushed()
+
+    def _fail(self, failure: LeaseFailure) -> None:
+        if self._state in (LeaseState.FAILED, LeaseState.ENDED):
+            return
+        self._failure = failure
+        self._set(LeaseState.FAILED)
 
     def _changed(self) -> None:
         self._lot.unpark_all()
 
     def _set(self, state: LeaseState, *, slot: int | None = None, position: int = 0) -> None:
+        """The one place a lease changes state; a move its lifecycle does not have is a bug (RuntimeError)."""
+        if state is not LeaseState.ENDED and state not in _LEASE_NEXT[self._state]:
+            raise RuntimeError(f"lease: no transition from {self._state.value} to {state.value}")
         self._state = state
         if slot is not None:
             self._slot = slot
@@ -260,11 +315,10 @@ class Lease:
         self._changed()
 
     def _end_output_if_flushed(self) -> None:
-        if (self._flushing and not self._end_sent and self._state is LeaseState.LIVE
-                and not self._framer.pending_frames and self._last_delivered_tick >= self._last_consumed_tick):
-            self._end_sent = True
+        if (self._state is LeaseState.FLUSHING and not self._framer.pending_frames
+                and self._last_delivered_tick >= self._last_consumed_tick):
             self._outbox.send_nowait(OutputEnd(), droppable=False)
-            self._changed()
+            self._set(LeaseState.FLUSHED)
 
 
 class _OutputBatches:
@@ -412,7 +466,7 @@ class SlotTable:
     def deliver(self, slot: Slot, frame: OutputFrame) -> None:
         lease = slot.lease
         assert lease is not None
-        if lease._end_sent:
+        if lease.state is LeaseState.FLUSHED:
             return  # a flushed conversation's output is complete: nothing may follow its end
         lease._outbox.send_nowait(frame)
         lease._frames_delivered += 1
@@ -425,9 +479,8 @@ class SlotTable:
         lease = slot.lease
         slot.phase = SlotPhase.DRAINING
         slot.lease = None
-        if lease is not None and lease._failure is None:
-            lease._failure = LeaseFailure(code, message)
-            lease._changed()
+        if lease is not None:
+            lease._fail(LeaseFailure(code, message))
 
     # -- views ---------------------------------------------------------------
 

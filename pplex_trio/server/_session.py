@@ -41,7 +41,7 @@ import trio
 from .._channel import DropOldestChannel
 from .._conversation import CLOSE_BUDGET, CloseCode, Conversation
 from .._metrics import Metrics
-from ..engine import EngineActor, Lease, LeaseState, OutputFrame, QueueFull
+from ..engine import LIVE_STATES, EngineActor, Lease, LeaseFailed, LeaseState, OutputFrame, QueueFull
 from ..protocol import ProtocolError
 from ._phase import Unready
 from ._settings import ServerSettings
@@ -220,6 +220,8 @@ class Session:
         """Read the opening messages until the protocol has the conversation's settings."""
         while True:
             message = await self.ws.receive()
+            if message is None:  # (a closed socket: only a test's fake says so; a real one unwinds the handler)
+                raise ProtocolError("the connection closed before its opening message", CloseCode.NORMAL)
             self.stats.messages_received += 1
             step = self.wire.opening(self.ws.query_string, message)
             if isinstance(step, Conversation):
@@ -280,7 +282,7 @@ class Session:
         if lease.failure is not None:
             self._end_from_failure(lease)
             return False
-        return lease.state is LeaseState.LIVE
+        return lease.state in LIVE_STATES
 
     async def _keepalive(self, position: int | None) -> None:
         message = self.wire.keepalive(position)
@@ -329,12 +331,16 @@ class Session:
             except trio.EndOfChannel:
                 break
             pcms = self.wire.decode([payload for _, payload in batch])
-            for (arrived, _), pcm in zip(batch, pcms):
-                if pcm.size and lease.push_input(pcm, arrived):
-                    self._first_page(arrived, pcm)
-                    self._samples_pushed += pcm.size
+            try:
+                for (arrived, _), pcm in zip(batch, pcms):
+                    if pcm.size and lease.push_input(pcm, arrived):
+                        self._first_page(arrived, pcm)
+                        self._samples_pushed += pcm.size
+            except LeaseFailed:
+                self._end_from_failure(lease)
+                return
             self.stats.frames_decoded = self._samples_pushed // frame_size
-        if lease.state is not LeaseState.LIVE and not lease.early_audio_kept:
+        if lease.state in (LeaseState.QUEUED, LeaseState.PREFILL) and not lease.early_audio_kept:
             self.end(CloseCode.NORMAL, None, "completed")  # the input ended before the conversation began
             return
         lease.flush()  # (audio kept from before "live" is answered once the conversation is)
