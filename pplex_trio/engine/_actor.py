@@ -40,7 +40,8 @@ from ._framing import InputFramer
 from ._interface import Engine, VoiceJob
 from ._schedule import TickSchedule
 from ._settings import ActorSettings
-from ._slots import LIVE_STATES, Lease, LeaseState, SlotPhase, SlotTable
+from ._lease import LIVE_STATES, Lease, LeaseState
+from ._slots import SlotPhase, SlotTable
 from ._tick_plan import CallResult, EngineCall, apply_result, execute, fail_call, plan_call, plan_tick
 
 logger = logging.getLogger(__name__)

@@ -37,7 +37,8 @@ from collections.abc import Callable, Mapping
 
 import trio
 
-from ._slots import Lease, SlotPhase, SlotTable
+from ._lease import Lease
+from ._slots import SlotPhase, SlotTable
 from ._steering import LatePages, PhaseSteering
 
 GRACE_WINDOW = 25  # ticks (2 s) ...

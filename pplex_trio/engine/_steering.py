@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import collections
 
-from ._slots import Lease
+from ._lease import Lease
 
 
 class PhaseSteering:

@@ -27,7 +27,8 @@ import numpy as np
 from .._conversation import CloseCode, Conversation
 from .._metrics import Metrics
 from ._interface import ConversationRejected, Engine, SlotMode, StepOutput, VoiceJob
-from ._slots import Lease, OutputFrame, SlotPhase, SlotTable
+from ._lease import Lease, OutputFrame
+from ._slots import SlotPhase, SlotTable
 
 logger = logging.getLogger(__name__)
 

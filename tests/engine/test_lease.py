@@ -8,7 +8,8 @@ import pytest
 from pplex_trio._conversation import CloseCode, Conversation
 from pplex_trio.engine import LeaseFailed, LeaseState, OutputEnd, OutputFrame, SlotPhase
 from pplex_trio.engine._framing import InputFramer
-from pplex_trio.engine._slots import _LEASE_NEXT, Lease, SlotTable
+from pplex_trio.engine._lease import _LEASE_NEXT, Lease
+from pplex_trio.engine._slots import SlotTable
 
 FRAME = 1920
 
