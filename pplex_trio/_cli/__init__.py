@@ -17,6 +17,7 @@ import trio
 from .._version import __version__
 from ._fit import add_arguments as add_fit_arguments
 from ._offline import add_arguments as add_offline_arguments
+from ._reach import add_reach_arguments, reach
 from ._settings_cli import add_settings_arguments, config_reader, settings_from_args
 from ._voice import add_arguments as add_voice_arguments
 
@@ -66,12 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument("--protocol", choices=("moshi", "raw", "realtime"), default="moshi",
                         help="wire protocol: moshi (/api/chat), raw (/v1/audio/duplex) or realtime (/v1/realtime; "
                         "default moshi)")
-    client.add_argument("--token", help="the server's access token (default: the PPLEX_TRIO_AUTH_TOKEN environment "
-                        "variable, which ps does not show)")
-    client.add_argument("--cafile", type=pathlib.Path, help="with https://, trust the certificates in this PEM file "
-                        "(such as the cert.pem a server made with --ssl)")
-    client.add_argument("--insecure", action="store_true", help="with https://, do not check the server's "
-                        "certificate (a self-signed one you have not copied here)")
+    add_reach_arguments(client)
 
     offline = commands.add_parser("offline", help="run a model over a wav file without a server")
     add_offline_arguments(offline)
@@ -194,15 +190,12 @@ def _interrupted() -> int:
 
 
 def _client(args: argparse.Namespace) -> int:
-    from ..client import ClientError, Refused, client_ssl_context, run_client
-    from ..protocol._access import AUTH_TOKEN_ENV
+    from ..client import ClientError, Refused, run_client
 
-    token = args.token if args.token is not None else os.environ.get(AUTH_TOKEN_ENV)
-    try:
-        context = client_ssl_context(insecure=args.insecure, cafile=args.cafile)
-    except (OSError, ssl.SSLError) as exc:
-        logger.error("--cafile %s: %s", args.cafile, exc)
+    reached = reach(args)
+    if reached is None:
         return 2
+    token, context = reached
     try:
         trio.run(
             lambda: run_client(

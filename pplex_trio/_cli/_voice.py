@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import pathlib
-import ssl
 
 from .._sources import DEFAULT_REPO
+from ._reach import add_reach_arguments, reach
 
 logger = logging.getLogger(__name__)
 
@@ -39,26 +38,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     listing = actions.add_parser("list", help="the voices of a running server")
     listing.add_argument("url", help="server URL")
     for sub in (add, remove, listing):
-        sub.add_argument("--token", help="the server's access token (default: the PPLEX_TRIO_AUTH_TOKEN environment "
-                         "variable)")
-        sub.add_argument("--cafile", type=pathlib.Path, help="with https://, trust the certificates in this PEM file")
-        sub.add_argument("--insecure", action="store_true", help="with https://, do not check the certificate")
+        add_reach_arguments(sub)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the command; returns the process exit code."""
     if args.action == "create":
         return _create(args)
-    from ..client import client_ssl_context
     from ..client._voices import VoiceApiError, add_voice, list_voices, remove_voice
-    from ..protocol._access import AUTH_TOKEN_ENV
 
-    token = args.token if args.token is not None else os.environ.get(AUTH_TOKEN_ENV)
-    try:
-        context = client_ssl_context(insecure=args.insecure, cafile=args.cafile)
-    except (OSError, ssl.SSLError) as exc:
-        logger.error("--cafile %s: %s", args.cafile, exc)
+    reached = reach(args)
+    if reached is None:
         return 2
+    token, context = reached
     try:
         if args.action == "add":
             added = add_voice(args.url, args.clip, args.name, token=token, ssl_context=context)
