@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
 
-from conftest import REPO
+REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
 def run(ci: bool) -> str:
