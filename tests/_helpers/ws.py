@@ -79,6 +79,33 @@ async def moshi_handshake(ws, timeout: float = 10.0) -> int:
             raise AssertionError(f"unexpected message before the handshake: {message[:60]!r}")
 
 
+async def moshi_talk(url: str, pcm: np.ndarray, want: int, timeout: float = 60.0) -> list[np.ndarray]:
+    """A Moshi conversation at ``url``: stream ``pcm`` in real time (40 ms Ogg pages) and return the first
+    ``want`` decoded audio chunks that came back."""
+    decoder = sphn.OpusStreamReader(SR)
+    out: list[np.ndarray] = []
+    async with open_websocket(url) as ws:
+        await moshi_handshake(ws, timeout=timeout)
+
+        async def send() -> None:
+            for pages in opus_messages(pcm.reshape(-1)):
+                for page in pages:
+                    await ws.send_message(b"\x01" + page)
+                    await trio.sleep(0.04)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send)
+            with trio.fail_after(timeout):
+                while len(out) < want:
+                    message = await ws.get_message()
+                    if message[0] == 1:
+                        decoded = decoder.append_bytes(message[1:])
+                        if decoded.size:
+                            out.append(decoded)
+            nursery.cancel_scope.cancel()
+    return out
+
+
 async def raw_open(ws, timeout: float = 10.0, **params: Any) -> list[dict]:
     """Send open; wait for ready; return the queued notices seen on the way."""
     await ws.send_message(json.dumps({"type": "open", **params}))

@@ -13,7 +13,7 @@ import pytest
 import sphn
 import trio
 
-from _helpers.ws import FRAME, moshi_handshake, moshi_url, opus_messages, raw_open
+from _helpers.ws import FRAME, moshi_talk, moshi_url, raw_open
 from _helpers.http import get_json
 from pplex_trio.client import open_websocket
 from pplex_trio.engine import Conversation, Sampling, SlotMode
@@ -91,33 +91,16 @@ async def test_two_slots_two_protocols_each_with_its_persona_and_voice(start_ser
     assert set((await get_json(handle, "/api/voices"))["voices"]) >= {"NATF1.pt", "NATM0.pt"}
     moshi_audio, raw_result = [], {}
 
-    async def moshi_talk():
+    async def moshi_conversation():
         url = moshi_url(handle.ws_url, text_prompt=PIRATE, voice_prompt="NATF1.pt", text_seed=1, audio_seed=2)
-        decoder = sphn.OpusStreamReader(24000)
-        async with open_websocket(url) as ws:
-            await moshi_handshake(ws, timeout=60)
-
-            async def send():
-                for pages in opus_messages(speech_frames.reshape(-1)):
-                    for page in pages:
-                        await ws.send_message(b"\x01" + page)
-                        await trio.sleep(0.04)
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(send)
-                with trio.fail_after(60):
-                    while len(moshi_audio) < FRAMES:
-                        message = await ws.get_message()
-                        if message[0] == 1:
-                            moshi_audio.append(decoder.append_bytes(message[1:]))
-                nursery.cancel_scope.cancel()
+        moshi_audio.extend(await moshi_talk(url, speech_frames, FRAMES))
 
     async def raw_talk():
         raw_result["pcm"], raw_result["text"] = await raw_conversation(
             handle, speech_frames, persona=HOST, voice="NATM0.pt", **GREEDY)
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(moshi_talk)
+        nursery.start_soon(moshi_conversation)
         nursery.start_soon(raw_talk)
     # Moshi: decodable, non-silent audio for every frame.
     audio = np.concatenate(moshi_audio)

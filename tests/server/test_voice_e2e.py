@@ -17,7 +17,7 @@ from pplex_trio.client import open_websocket
 from pplex_trio.engine import Conversation, Sampling
 from pplex_trio.model import VoicePrompt
 
-from _helpers.ws import moshi_handshake, moshi_url, opus_messages, raw_open
+from _helpers.ws import moshi_talk, moshi_url, raw_open
 from server.test_tiny_model import FRAMES, GREEDY, direct_run, raw_conversation
 
 HOST = "You work for SwiftPlex Appliances and your name is Farhod."
@@ -67,28 +67,7 @@ async def test_the_reference_voice_comes_out_of_an_upload(start_server, golden_d
 
 
 async def moshi_frames(handle, voice: str, frames: np.ndarray, want: int = 5) -> list[np.ndarray]:
-    decoder = sphn.OpusStreamReader(24000)
-    out: list[np.ndarray] = []
-    async with open_websocket(moshi_url(handle.ws_url, voice_prompt=voice, text_seed=1, audio_seed=2)) as ws:
-        await moshi_handshake(ws, timeout=60)
-
-        async def send():
-            for pages in opus_messages(frames.reshape(-1)):
-                for page in pages:
-                    await ws.send_message(b"\x01" + page)
-                    await trio.sleep(0.04)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(send)
-            with trio.fail_after(60):
-                while len(out) < want:
-                    message = await ws.get_message()
-                    if message[0] == 1:
-                        pcm = decoder.append_bytes(message[1:])
-                        if pcm.size:
-                            out.append(pcm)
-            nursery.cancel_scope.cancel()
-    return out
+    return await moshi_talk(moshi_url(handle.ws_url, voice_prompt=voice, text_seed=1, audio_seed=2), frames, want)
 
 
 async def realtime_voice(handle, voice: str) -> tuple[dict, dict]:
