@@ -4,7 +4,8 @@ A session is an explicit state machine around a :class:`~pplex_trio.engine.Lease
 
     ADMITTING → QUEUED → PREPARING → LIVE → CLOSING → CLOSED
 
-(QUEUED is skipped when a slot is free; any state may go to CLOSING when the
+(QUEUED and PREPARING are its lease's states, shown until the handshake;
+QUEUED is skipped when a slot is free; any state may go to CLOSING when the
 session ends, and to CLOSED when the connection is gone).  While it waits and
 while it is live, it is a small Trio nursery of three tasks joined by bounded
 queues that drop the oldest item when full, so a slow stage costs audio,
@@ -75,18 +76,24 @@ class SessionHost(Protocol):
 
 
 class SessionState(enum.Enum):
+    """What ``/api/sessions`` shows of a session.
+
+    A session keeps only the steps that are its own (admitting, live, closing,
+    closed); between the settings and the handshake its state is its lease's:
+    queued for a slot, then preparing while the slot runs the system prompt.
+    """
+
     ADMITTING = "admitting"  # accepted; reading and checking the conversation's settings
-    QUEUED = "queued"  # waiting for a slot
-    PREPARING = "preparing"  # the slot runs the system prompt
-    LIVE = "live"  # audio both ways
+    QUEUED = "queued"  # (the lease's) waiting for a slot
+    PREPARING = "preparing"  # (the lease's) the slot runs the system prompt
+    LIVE = "live"  # the handshake is sent: audio both ways
     CLOSING = "closing"  # telling the client why, closing the socket
     CLOSED = "closed"
 
 
+# The session's own moves; CLOSING and CLOSED may be entered from anywhere.
 _NEXT = {
-    SessionState.ADMITTING: {SessionState.QUEUED, SessionState.PREPARING},
-    SessionState.QUEUED: {SessionState.PREPARING},
-    SessionState.PREPARING: {SessionState.LIVE},
+    SessionState.ADMITTING: {SessionState.LIVE},
     SessionState.LIVE: set(),
     SessionState.CLOSING: set(),
     SessionState.CLOSED: set(),
@@ -121,7 +128,7 @@ class Session:
         self.host = host
         self.settings = host.settings
         self.stats = SessionStats()
-        self.state = SessionState.ADMITTING
+        self._step = SessionState.ADMITTING  # the session's own step; see `state`
         self.lease: Lease | None = None
         self.ending: Ending | None = None
         self._scope = trio.CancelScope()
@@ -135,11 +142,17 @@ class Session:
 
     # -- the state machine ---------------------------------------------------
 
-    def _enter(self, state: SessionState) -> None:
-        if state in (SessionState.CLOSING, SessionState.CLOSED) or state in _NEXT[self.state]:
-            self.state = state
+    @property
+    def state(self) -> SessionState:
+        if self._step is SessionState.ADMITTING and self.lease is not None:
+            return SessionState.QUEUED if self.lease.state is LeaseState.QUEUED else SessionState.PREPARING
+        return self._step
+
+    def _enter(self, step: SessionState) -> None:
+        if step in (SessionState.CLOSING, SessionState.CLOSED) or step in _NEXT[self._step]:
+            self._step = step
         else:
-            raise RuntimeError(f"session {self.id}: no transition from {self.state.value} to {state.value}")
+            raise RuntimeError(f"session {self.id}: no transition from {self._step.value} to {step.value}")
 
     def end(self, code: CloseCode, message: str | None, outcome: str) -> None:
         """End the session (the first caller's reason wins)."""
@@ -237,7 +250,6 @@ class Session:
         audio = self.wire.opening_audio()
         if audio is not None:  # the first words may be in the message that opened the conversation
             inbound.send_nowait((self._opened_at, audio.payload))
-        self._enter(SessionState.QUEUED if lease.state is LeaseState.QUEUED else SessionState.PREPARING)
         async with trio.open_nursery() as nursery:
             # The client is read from the start, so a protocol error or a
             # disconnect is noticed while it waits too (input before "live" is
@@ -273,8 +285,6 @@ class Session:
                      f"no conversation slot became free within {self.settings.queue_timeout:g} s; try again later",
                      "queue_timeout")
             return False
-        if self.state is SessionState.QUEUED:
-            self._enter(SessionState.PREPARING)
         while lease.state is LeaseState.PREFILL and lease.failure is None:
             await self._keepalive(None)
             with trio.move_on_after(interval):
