@@ -1,24 +1,19 @@
-"""Admission, the queue, and slots freed on every kind of disconnect."""
+"""Admission, the queue and the slots over real sockets.
+
+A client that vanishes in each phase is tested on the fake socket and the virtual clock
+(``test_session_states.py``) and, against a real server, by the fault suite (``tests/faults``).
+"""
 
 import json
 
 import numpy as np
 import trio
+import trio.testing
 
 from _helpers.ws import FRAME, errors_in, moshi_handshake, moshi_url, raw_open, read_until_closed
 from _helpers.http import get_json
 from pplex_trio.client import open_websocket
 from pplex_trio.engine import EchoEngine
-
-
-async def wait_health(handle, **expected):
-    """Poll /health until it shows `expected` (the server updates on its own schedule)."""
-    with trio.fail_after(5):
-        while True:
-            health = await get_json(handle, "/health")
-            if all(health[k] == v for k, v in expected.items()):
-                return health
-            await trio.sleep(0.02)
 
 
 async def test_moshi_waits_in_queue_with_pings_then_is_served(start_server):
@@ -30,11 +25,9 @@ async def test_moshi_waits_in_queue_with_pings_then_is_served(start_server):
             with trio.fail_after(2):
                 for _ in range(3):
                     assert await second.get_message() == b"\x06"
-            await wait_health(handle, queued=1, slots_free=0)
             await first.aclose()
             pings = await moshi_handshake(second)
             assert pings >= 1  # at least the one sent as its system prompt began
-            await wait_health(handle, queued=0)
             message = await second.get_message()
             assert message[0] in (1, 2)  # live: audio or text flows
 
@@ -80,39 +73,6 @@ async def test_full_queue_closes_with_1013_at_once(start_server):
     assert "queue is full" in errors_in(closed.messages)[0]
 
 
-async def test_disconnect_while_live_frees_the_slot(start_server):
-    handle = await start_server(slots=1, echo_prefill_steps=1)
-    async with open_websocket(moshi_url(handle.ws_url)) as ws:
-        await moshi_handshake(ws)
-        health = await wait_health(handle, slots_free=0)
-        assert health["slots"]["live"] == 1
-    await wait_health(handle, slots_free=1, queued=0, sessions=0)
-
-
-async def test_disconnect_during_prefill_frees_the_slot(start_server):
-    handle = await start_server(slots=1, echo_prefill_steps=50)  # 4 s of system prompt
-    async with open_websocket(moshi_url(handle.ws_url)):
-        health = await wait_health(handle, slots_free=0)
-        assert health["slots"]["prefill"] == 1
-    await wait_health(handle, slots_free=1, sessions=0)
-
-
-async def test_disconnect_in_the_queue_leaves_it(start_server):
-    handle = await start_server(slots=1, echo_prefill_steps=1)
-    async with open_websocket(moshi_url(handle.ws_url)) as occupant:
-        await moshi_handshake(occupant)
-        async with open_websocket(handle.ws_url + "/v1/audio/duplex") as waiting:
-            await raw_open_nowait(waiting)
-            await wait_health(handle, queued=1)
-        await wait_health(handle, queued=0, slots_free=0, sessions=1)
-    await wait_health(handle, slots_free=1, queued=0, sessions=0)
-    assert (await get_json(handle, "/api/sessions"))["sessions"] == []
-
-
-async def raw_open_nowait(ws):
-    await ws.send_message(json.dumps({"type": "open"}))
-
-
 class GatedEcho(EchoEngine):
     """Its step blocks (on the worker thread) while `gate` is closed."""
 
@@ -140,8 +100,10 @@ async def test_drain_before_release_end_to_end(start_server):
         await trio.to_thread.run_sync(engine.blocked.wait)
         await old.aclose()  # leaves while its step is still running
         async with open_websocket(moshi_url(handle.ws_url)) as new:
-            health = await wait_health(handle, queued=1)
-            assert health["slots"]["draining"] == 1 and health["slots_free"] == 0
+            assert await new.get_message() == b"\x06"  # queued: the slot is not free
+            await trio.testing.wait_all_tasks_blocked(0.05)  # the server is idle: the actor waits on the gated step
+            health = await get_json(handle, "/health")
+            assert health["queued"] == 1 and health["slots"]["draining"] == 1 and health["slots_free"] == 0
             await trio.sleep(0.3)
             assert (await get_json(handle, "/health"))["slots"]["draining"] == 1  # still in flight
             engine.gate.set()
@@ -203,10 +165,10 @@ async def test_protocol_error_while_queued_is_answered_at_once(start_server):
     async with open_websocket(moshi_url(handle.ws_url)) as first:
         await moshi_handshake(first)
         async with open_websocket(moshi_url(handle.ws_url)) as second:
-            await wait_health(handle, queued=1)
+            assert await second.get_message() == b"\x06"  # a keepalive: it waits in the queue
             for _ in range(20):  # more than the framework's own buffer of 10 messages
                 await second.send_message(b"\x01")
             await second.send_message("not binary")
             closed = await read_until_closed(second, timeout=2)
         assert closed.code == 1003
-        await wait_health(handle, queued=0)
+    assert (await get_json(handle, "/health"))["queued"] == 0  # it left the queue before its close went out
