@@ -26,6 +26,14 @@ OFFICIAL_VOICES: tuple[str, ...] = tuple(
     [f"NAT{g}{i}.pt" for g in "FM" for i in range(4)] + [f"VAR{g}{i}.pt" for g in "FM" for i in range(5)]
 )
 
+# OpenAI's Realtime voice names, each given one of PersonaPlex's voices, so that a framework's default
+# voice (LiveKit's "marin", Pipecat's "alloy") works. A fixed table by gender of the name's usual
+# voice, not a likeness of timbre; on a server without the named voice, the engine's default voice.
+OPENAI_VOICES: dict[str, str] = {
+    "alloy": "NATF0.pt", "coral": "NATF1.pt", "marin": "NATF2.pt", "sage": "NATF3.pt", "shimmer": "VARF0.pt",
+    "ash": "NATM0.pt", "ballad": "NATM1.pt", "cedar": "NATM2.pt", "echo": "NATM3.pt", "verse": "VARM0.pt",
+}
+
 
 class VoiceNotFoundError(LookupError):
     """The requested voice is not a valid name, or not in the voice folder."""

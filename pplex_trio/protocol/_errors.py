@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .._conversation import CloseCode
 
-__all__ = ["CloseCode", "ProtocolError"]
+__all__ = ["CloseCode", "ProtocolError", "RealtimeError"]
 
 
 class ProtocolError(Exception):
@@ -21,4 +21,17 @@ class ProtocolError(Exception):
         self.message = message
         self.code = code
         self.param = param
+        self.kind = kind
+
+
+class RealtimeError(Exception):
+    """A Realtime client event the server cannot take: answered with an ``error`` event; the session goes on."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str = "invalid_value",
+                 event_id: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.event_id = event_id
         self.kind = kind

@@ -24,7 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._conversation import CloseCode, Conversation, Sampling
-from ._errors import ProtocolError
+from .._voice_catalogue import OPENAI_VOICES
+from ._errors import ProtocolError, RealtimeError
 from ._params import persona_text, temperature, voice_name
 
 
@@ -48,19 +49,6 @@ class AudioFormat(enum.Enum):
     @classmethod
     def named(cls, name: str) -> AudioFormat | None:
         return next((f for f in cls if name in (f.ga, f.beta)), None)
-
-
-class RealtimeError(Exception):
-    """A client event the server cannot take: answered with an ``error`` event; the session goes on."""
-
-    def __init__(self, message: str, *, param: str | None = None, code: str = "invalid_value",
-                 event_id: str | None = None, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.code = code
-        self.event_id = event_id
-        self.kind = kind
 
 
 # -- the session -----------------------------------------------------------------------
@@ -88,12 +76,14 @@ def _object(parent: Mapping[str, Any], key: str) -> Mapping[str, Any]:
 
 
 def apply_session_update(config: SessionConfig, session: Any, *, started: bool, max_prompt_chars: int,
-                         voices: Callable[[], Sequence[str]], event_id: str | None = None) -> SessionConfig:
+                         voices: Callable[[], Sequence[str]],
+                         event_id: str | None = None) -> tuple[SessionConfig, RealtimeError | None]:
     """``config`` with a ``session.update``'s ``session`` applied; both dialects' field names are read.
 
-    Unknown fields are ignored. Raises :class:`RealtimeError` (with ``param``) for a bad value, and
-    for a persona or voice change once the conversation has ``started`` (the model's prompt is
-    behind it).
+    Unknown fields are ignored. OpenAI's voice names stand for the voices of :data:`OPENAI_VOICES`.
+    Raises :class:`RealtimeError` (with ``param``) for a bad value, and for a persona or voice
+    change once the conversation has ``started`` (the model's prompt is behind it); an unknown
+    voice alone is not applied, the rest is, and its error is returned beside the new config.
     """
     if not isinstance(session, Mapping):
         raise RealtimeError("session must be an object", param="session", event_id=event_id)
@@ -106,12 +96,16 @@ def apply_session_update(config: SessionConfig, session: Any, *, started: bool, 
         ("session.voice", session["voice"]) if "voice" in session else (None, None)
     if isinstance(voice, Mapping):
         voice = voice.get("id")
+    voice_error = None
+    if voice_param is not None:
+        try:
+            changes["voice"] = _voice(voice, voice_param, voices())
+        except ProtocolError as exc:
+            voice_error = RealtimeError(exc.message, param=exc.param, code=exc.kind, event_id=event_id)
     try:
         if "instructions" in session:
             changes["instructions"] = persona_text(session["instructions"], param="session.instructions",
                                                    max_chars=max_prompt_chars)
-        if voice_param is not None:
-            changes["voice"] = voice_name(voice, param=voice_param, voices=voices())
         if "temperature" in session:
             changes["temperature"] = temperature(session["temperature"], param="session.temperature")
     except ProtocolError as exc:
@@ -135,7 +129,19 @@ def apply_session_update(config: SessionConfig, session: Any, *, started: bool, 
             if side in changes and changes[side] != getattr(config, side):
                 raise RealtimeError(f"the {side.replace('_', ' ')} cannot change once audio flows; open a new "
                                     "session", param=f"session.{side}", code="session_started", event_id=event_id)
-    return dataclasses.replace(config, **changes)
+    return dataclasses.replace(config, **changes), voice_error
+
+
+def _voice(value: Any, param: str, voices: Sequence[str]) -> str | None:
+    """A voice a session names: one of ``voices``, or an OpenAI voice's stand-in (None: the engine's default)."""
+    if isinstance(value, str) and value.strip().lower() in OPENAI_VOICES:
+        stand_in = OPENAI_VOICES[value.strip().lower()]
+        return stand_in if stand_in in voices else None
+    try:
+        return voice_name(value, param=param, voices=voices)
+    except ProtocolError as exc:
+        raise ProtocolError(f"{exc.message}; OpenAI's voice names ({', '.join(OPENAI_VOICES)}) work too",
+                            param=param) from None
 
 
 def _audio_format(value: Any, param: str, event_id: str | None) -> AudioFormat:
@@ -167,11 +173,26 @@ class AudioAppend(ClientEvent):
     audio: bytes  # decoded from base64, still in the session's input format
 
 
+@dataclasses.dataclass(frozen=True)
+class ResponseCreate(ClientEvent):
+    metadata: dict[str, str] | None  # echoed in the response it opens (frameworks match replies by it)
+
+
+@dataclasses.dataclass(frozen=True)
+class ItemEvent(ClientEvent):
+    """``conversation.item.*``: read by :class:`~._realtime_items.ConversationItems`."""
+
+    fields: Mapping[str, Any]
+
+
 # Events answered without effect on a full-duplex model, and events refused (docs/PROTOCOL.md).
-ANSWERED = frozenset({"input_audio_buffer.commit", "input_audio_buffer.clear", "response.create",
-                      "response.cancel", "output_audio_buffer.clear"})
-REFUSED = frozenset({"conversation.item.create", "conversation.item.delete", "conversation.item.truncate",
-                     "conversation.item.retrieve", "transcription_session.update"})
+ANSWERED = frozenset({"input_audio_buffer.commit", "input_audio_buffer.clear", "response.cancel",
+                      "output_audio_buffer.clear"})
+ITEM_EVENTS = frozenset({"conversation.item.create", "conversation.item.truncate", "conversation.item.delete",
+                         "conversation.item.retrieve"})
+REFUSED = frozenset({"transcription_session.update"})
+MAX_METADATA = 16  # OpenAI's limits on a response's metadata: 16 pairs of strings
+MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 512
 
 
 def parse_client_event(message: bytes | str, *, max_bytes: int) -> ClientEvent:
@@ -203,14 +224,30 @@ def parse_client_event(message: bytes | str, *, max_bytes: int) -> ClientEvent:
             return AudioAppend(kind, event_id, base64.b64decode(audio, validate=True))
         except (binascii.Error, ValueError):
             raise RealtimeError("audio is not valid base64", param="audio", event_id=event_id) from None
+    if kind == "response.create":
+        return ResponseCreate(kind, event_id, _metadata(_object(event, "response").get("metadata"), event_id))
+    if kind in ITEM_EVENTS:
+        return ItemEvent(kind, event_id, event)
     if kind in ANSWERED:
         return ClientEvent(kind, event_id)
     if kind in REFUSED:
-        raise RealtimeError(f"{kind} is not supported: PersonaPlex is a full-duplex speech model that keeps no "
-                            "editable conversation items (see docs/PROTOCOL.md)", param="type",
+        raise RealtimeError(f"{kind} is not supported: this server transcribes nothing; PersonaPlex is a "
+                            "full-duplex speech model (see docs/PROTOCOL.md)", param="type",
                             code="unsupported_event", event_id=event_id)
     raise RealtimeError(f"unknown event type {kind[:80]!r}", param="type", code="invalid_event_type",
                         event_id=event_id)
+
+
+def _metadata(value: Any, event_id: str | None) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or len(value) > MAX_METADATA or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= MAX_METADATA_KEY and len(v) <= MAX_METADATA_VALUE
+            for k, v in value.items()):
+        raise RealtimeError(f"response.metadata must be an object of at most {MAX_METADATA} string pairs (keys up "
+                            f"to {MAX_METADATA_KEY} characters, values up to {MAX_METADATA_VALUE})",
+                            param="response.metadata", event_id=event_id)
+    return dict(value)
 
 
 # -- server events ---------------------------------------------------------------------------
@@ -294,29 +331,48 @@ class ServerEvents:
     def output_cleared(self, response_id: str) -> str:
         return self._event("output_audio_buffer.cleared", response_id=response_id)
 
+    # -- conversation items
+
+    def item_added(self, previous_item_id: str | None, item: dict[str, Any]) -> list[str]:
+        if self.dialect is Dialect.BETA:
+            return [self._event("conversation.item.created", previous_item_id=previous_item_id, item=item)]
+        return [self._event("conversation.item.added", previous_item_id=previous_item_id, item=item),
+                self._event("conversation.item.done", previous_item_id=previous_item_id, item=item)]
+
+    def item_truncated(self, item_id: str, content_index: int, audio_end_ms: int) -> str:
+        return self._event("conversation.item.truncated", item_id=item_id, content_index=content_index,
+                           audio_end_ms=audio_end_ms)
+
+    def item_deleted(self, item_id: str) -> str:
+        return self._event("conversation.item.deleted", item_id=item_id)
+
+    def item_retrieved(self, item: dict[str, Any]) -> str:
+        return self._event("conversation.item.retrieved", item=item)
+
     # -- a response: created, its one audio item and part, deltas, then done
 
-    def _item(self, item_id: str, status: str, transcript: str | None) -> dict[str, Any]:
+    def item(self, item_id: str, status: str, transcript: str | None) -> dict[str, Any]:
         content = {"type": "output_audio" if self.dialect is Dialect.GA else "audio", "transcript": transcript}
         return {"id": item_id, "object": "realtime.item", "type": "message", "status": status, "role": "assistant",
                 "content": [] if transcript is None else [content]}
 
-    def _response(self, response_id: str, status: str, config: SessionConfig,
-                  output: list[dict[str, Any]]) -> dict[str, Any]:
+    def _response(self, response_id: str, status: str, config: SessionConfig, output: list[dict[str, Any]],
+                  metadata: dict[str, str] | None) -> dict[str, Any]:
         base = {"id": response_id, "object": "realtime.response", "status": status, "status_details": None,
-                "output": output, "conversation_id": None, "usage": None, "metadata": None}
+                "output": output, "conversation_id": None, "usage": None, "metadata": metadata}
         if self.dialect is Dialect.BETA:
             return {**base, "modalities": ["audio", "text"], "voice": config.voice,
                     "output_audio_format": config.output_format.beta, "max_output_tokens": "inf"}
         return {**base, "output_modalities": ["audio"], "max_output_tokens": "inf",
                 "audio": {"output": {"format": _ga_format(config.output_format), "voice": config.voice}}}
 
-    def response_started(self, response_id: str, item_id: str, config: SessionConfig) -> list[str]:
+    def response_started(self, response_id: str, item_id: str, config: SessionConfig,
+                         metadata: dict[str, str] | None = None) -> list[str]:
         where = dict(response_id=response_id, item_id=item_id, output_index=0, content_index=0)
         return [
-            self._event("response.created", response=self._response(response_id, "in_progress", config, [])),
+            self._event("response.created", response=self._response(response_id, "in_progress", config, [], metadata)),
             self._event("response.output_item.added", response_id=response_id, output_index=0,
-                        item=self._item(item_id, "in_progress", None)),
+                        item=self.item(item_id, "in_progress", None)),
             self._event("response.content_part.added", **where, part={"type": "audio", "transcript": ""}),
         ]
 
@@ -329,15 +385,15 @@ class ServerEvents:
                            output_index=0, content_index=0, delta=text)
 
     def response_finished(self, response_id: str, item_id: str, config: SessionConfig, transcript: str,
-                          status: str = "completed") -> list[str]:
+                          status: str = "completed", metadata: dict[str, str] | None = None) -> list[str]:
         where = dict(response_id=response_id, item_id=item_id, output_index=0, content_index=0)
-        item = self._item(item_id, "completed" if status == "completed" else "incomplete", transcript)
+        item = self.item(item_id, "completed" if status == "completed" else "incomplete", transcript)
         return [
             self._event("response.output_audio.done", **where),
             self._event("response.output_audio_transcript.done", **where, transcript=transcript),
             self._event("response.content_part.done", **where, part={"type": "audio", "transcript": transcript}),
             self._event("response.output_item.done", response_id=response_id, output_index=0, item=item),
-            self._event("response.done", response=self._response(response_id, status, config, [item])),
+            self._event("response.done", response=self._response(response_id, status, config, [item], metadata)),
         ]
 
     # -- ours (the protocol has no queue)

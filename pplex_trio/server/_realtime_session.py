@@ -32,8 +32,10 @@ from ..codec._resample import StreamResampler
 from ..codec._vad import EnergyVAD
 from ..engine import OutputFrame
 from ..protocol import ProtocolError
-from ..protocol._realtime import (AudioAppend, AudioFormat, Dialect, RealtimeError, ServerEvents, SessionConfig,
-                                  SessionUpdate, apply_session_update, parse_client_event)
+from ..protocol._realtime import (AudioAppend, AudioFormat, Dialect, ItemEvent, RealtimeError, ResponseCreate,
+                                  ServerEvents, SessionConfig, SessionUpdate, apply_session_update,
+                                  parse_client_event)
+from ..protocol._realtime_items import ConversationItems
 from ._wire import InputAudio, InputEvent, Message, Replies, WireProtocol
 
 SUBPROTOCOL = "realtime"  # what browsers offer (with the token and beta markers beside it)
@@ -103,7 +105,11 @@ class RealtimeProtocol(WireProtocol):
         self._opening_audio: InputAudio | None = None
         self._response: str | None = None  # the open response and its one item
         self._item: str | None = None
+        self._metadata: dict[str, str] | None = None  # the open response's (or, before it, the next one's)
         self._transcript: list[str] = []
+        self.items = ConversationItems(self.events.new_id)
+        self._noted: set[str] = set()
+        self._notices: list[str] = []
 
     # -- the opening -----------------------------------------------------------------
 
@@ -117,8 +123,10 @@ class RealtimeProtocol(WireProtocol):
         event = self._parse(message)
         if isinstance(event, Replies):
             return event
-        if isinstance(event, AudioAppend) or event.type == "response.create":
+        if isinstance(event, (AudioAppend, ResponseCreate)):
             self._start()
+            if isinstance(event, ResponseCreate):
+                self._metadata = event.metadata  # for the first response
             if isinstance(event, AudioAppend) and event.audio:
                 self._opening_audio = InputAudio(event.audio)  # heard too: see WireProtocol.opening_audio
             return self.config.conversation()
@@ -142,7 +150,21 @@ class RealtimeProtocol(WireProtocol):
         try:
             return parse_client_event(message, max_bytes=self._max_bytes)
         except RealtimeError as exc:
-            return Replies([self.events.error_from(exc)])
+            return Replies([self._refuse(exc)])
+
+    def _refuse(self, exc: RealtimeError) -> Message:
+        self._note(f"refused{'' if exc.param is None else ' ' + exc.param}: {exc.message}", key=exc.code)
+        return self.events.error_from(exc)
+
+    def _note(self, text: str, key: str) -> None:
+        """Tell the operator, once per session and kind, what was refused or taken without effect."""
+        if key not in self._noted:
+            self._noted.add(key)
+            self._notices.append(text)
+
+    def take_notices(self) -> list[str]:
+        notices, self._notices = self._notices, []
+        return notices
 
     def parse(self, message: bytes | str | None) -> InputEvent:
         event = self._parse(message)
@@ -157,25 +179,47 @@ class RealtimeProtocol(WireProtocol):
         events = self.events
         if isinstance(event, SessionUpdate):
             try:
-                self.config = apply_session_update(self.config, event.session, started=self._started,
-                                                   max_prompt_chars=self._max_prompt_chars, voices=self._voices,
-                                                   event_id=event.event_id)
+                self.config, voice_error = apply_session_update(
+                    self.config, event.session, started=self._started, max_prompt_chars=self._max_prompt_chars,
+                    voices=self._voices, event_id=event.event_id)
             except RealtimeError as exc:
-                return Replies([events.error_from(exc)])
-            return Replies([events.session_updated(self.config)])
+                return Replies([self._refuse(exc)])
+            updated = events.session_updated(self.config)
+            return Replies([updated] if voice_error is None else [updated, self._refuse(voice_error)])
+        if isinstance(event, ResponseCreate) or event.type == "response.cancel":
+            if self._response is None:  # not live yet: the first response will carry it
+                self._metadata = getattr(event, "metadata", self._metadata)
+            else:
+                self._queue(*self._cut("cancelled" if event.type == "response.cancel" else "completed",
+                                       getattr(event, "metadata", None)))
+            return Replies([])
+        self._note(f"{event.type}: answered, without effect on the model (docs/PROTOCOL.md)", key=event.type)
+        if isinstance(event, ItemEvent):
+            try:
+                return Replies(self._item_event(event))
+            except RealtimeError as exc:
+                return Replies([self._refuse(exc)])
         if event.type == "input_audio_buffer.commit":
             item = self._speech_item or events.new_id("item")
             previous, self._last_item = self._last_item, item
+            self.items.record({"id": item, "object": "realtime.item", "type": "message", "role": "user",
+                               "status": "completed", "content": [{"type": "input_audio", "transcript": None}]})
             return Replies([events.committed(item, previous)])
         if event.type == "input_audio_buffer.clear":
             return Replies([events.cleared()])
         if event.type == "output_audio_buffer.clear":
             return Replies([events.output_cleared(self._response or events.new_id("resp"))])
-        if event.type in ("response.create", "response.cancel"):
-            if self._response is not None:  # (before the conversation is live there is no response to cut)
-                self._queue(*self._cut("cancelled" if event.type == "response.cancel" else "completed"))
-            return Replies([])
         raise AssertionError(event.type)
+
+    def _item_event(self, event: ItemEvent) -> list[Message]:
+        items, events = self.items, self.events
+        if event.type == "conversation.item.create":
+            return events.item_added(*items.create(event.fields, event.event_id))
+        if event.type == "conversation.item.truncate":
+            return [events.item_truncated(*items.truncate(event.fields, event.event_id))]
+        if event.type == "conversation.item.delete":
+            return [events.item_deleted(items.delete(event.fields, event.event_id))]
+        return [events.item_retrieved(items.retrieve(event.fields, event.event_id))]
 
     def _queue(self, *messages: Message) -> None:
         if len(self._pending) + len(messages) > MAX_PENDING_EVENTS:
@@ -191,7 +235,7 @@ class RealtimeProtocol(WireProtocol):
             try:
                 pcm = self._audio_in(data)
             except RealtimeError as exc:
-                self._queue(self.events.error_from(exc))
+                self._queue(self._refuse(exc))
                 pcm = np.zeros(0, dtype=np.float32)
             for speech in self._vad.feed(pcm):
                 if speech.started:
@@ -215,14 +259,18 @@ class RealtimeProtocol(WireProtocol):
     def _open_response(self) -> list[Message]:
         self._response, self._item = self.events.new_id("resp"), self.events.new_id("item")
         self._transcript = []
-        started: list[Message] = [*self.events.response_started(self._response, self._item, self.config)]
-        return started
+        self.items.record(self.events.item(self._item, "in_progress", None))
+        return self.events.response_started(self._response, self._item, self.config, self._metadata)
 
-    def _cut(self, status: str) -> list[Message]:
-        """End the open response and open the next, back to back."""
+    def _cut(self, status: str, next_metadata: dict[str, str] | None = None) -> list[Message]:
+        """End the open response and open the next (with ``next_metadata``), back to back."""
         assert self._response is not None and self._item is not None
-        done = self.events.response_finished(self._response, self._item, self.config, "".join(self._transcript),
-                                             status)
+        transcript = "".join(self._transcript)
+        done = self.events.response_finished(self._response, self._item, self.config, transcript, status,
+                                             self._metadata)
+        self.items.record(self.events.item(self._item, "completed" if status == "completed" else "incomplete",
+                                           transcript))
+        self._metadata = next_metadata
         return done + self._open_response()
 
     async def encode(self, frames: list[OutputFrame]) -> list[tuple[Message, OutputFrame | None]]:

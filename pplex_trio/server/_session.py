@@ -237,6 +237,7 @@ class Session:
                 raise ProtocolError("the connection closed before its opening message", CloseCode.NORMAL)
             self.stats.messages_received += 1
             step = self.wire.opening(self.ws.query_string, message)
+            self._log_notices()
             if isinstance(step, Conversation):
                 self._opened_at = trio.current_time()
                 return step
@@ -294,6 +295,10 @@ class Session:
             return False
         return lease.state in LIVE_STATES
 
+    def _log_notices(self) -> None:
+        for notice in self.wire.take_notices():
+            logger.info("session %d (%s): %s", self.id, self.protocol, notice)
+
     async def _keepalive(self, position: int | None) -> None:
         message = self.wire.keepalive(position)
         if message is not None:
@@ -322,6 +327,7 @@ class Session:
             stats.messages_received += 1
             arrived = trio.current_time()
             event = wire.parse(message)
+            self._log_notices()
             if isinstance(event, InputAudio):
                 inbound.send_nowait((arrived, event.payload))
             elif isinstance(event, EndOfInput):

@@ -60,6 +60,10 @@ class WireProtocol(abc.ABC):
         """Audio carried by the message that completed the opening (``early_audio`` protocols), once."""
         return None
 
+    def take_notices(self) -> list[str]:
+        """What the operator should hear of since the last call (an event refused or taken without effect)."""
+        return []
+
     def greeting(self) -> list[Message]:
         """What to send as soon as the connection is accepted."""
         return []

@@ -14,9 +14,10 @@ import pytest
 from pydantic import TypeAdapter
 
 from pplex_trio.protocol import ProtocolError
-from pplex_trio.protocol._realtime import (AudioAppend, AudioFormat, ClientEvent, Dialect, RealtimeError,
-                                           ServerEvents, SessionConfig, SessionUpdate, apply_session_update,
-                                           parse_client_event)
+from pplex_trio.protocol._realtime import (AudioAppend, AudioFormat, ClientEvent, Dialect, ItemEvent, RealtimeError,
+                                           ResponseCreate, ServerEvents, SessionConfig, SessionUpdate,
+                                           apply_session_update, parse_client_event)
+from pplex_trio.protocol._realtime_items import MAX_ITEMS, ConversationItems
 
 openai_ga = pytest.importorskip("openai.types.realtime")
 openai_beta = pytest.importorskip("openai.types.beta.realtime")
@@ -37,9 +38,14 @@ def test_every_supported_client_event_is_parsed():
     assert update == SessionUpdate("session.update", "e1", {"instructions": "x"})
     append = parse({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x01\x02").decode()})
     assert append == AudioAppend("input_audio_buffer.append", None, b"\x01\x02")
-    for kind in ("input_audio_buffer.commit", "input_audio_buffer.clear", "response.create", "response.cancel",
+    for kind in ("input_audio_buffer.commit", "input_audio_buffer.clear", "response.cancel",
                  "output_audio_buffer.clear"):
         assert parse({"type": kind, "event_id": 7}) == ClientEvent(kind, None)  # a non-string id is dropped
+    assert parse({"type": "response.create"}) == ResponseCreate("response.create", None, None)
+    create = {"type": "response.create", "response": {"metadata": {"client_event_id": "c1"}, "instructions": "x"}}
+    assert parse(create) == ResponseCreate("response.create", None, {"client_event_id": "c1"})
+    truncate = {"type": "conversation.item.truncate", "item_id": "i", "content_index": 0, "audio_end_ms": 5}
+    assert parse(truncate) == ItemEvent("conversation.item.truncate", None, truncate)
 
 
 @pytest.mark.parametrize("message, param, code", [
@@ -47,8 +53,9 @@ def test_every_supported_client_event_is_parsed():
     ("[1, 2]", "type", "invalid_event"),
     ('{"type": 5}', "type", "invalid_event"),
     ('{"type": "nonsense.event"}', "type", "invalid_event_type"),
-    ('{"type": "conversation.item.create", "item": {}}', "type", "unsupported_event"),
-    ('{"type": "conversation.item.truncate"}', "type", "unsupported_event"),
+    ('{"type": "transcription_session.update", "session": {}}', "type", "unsupported_event"),
+    ('{"type": "response.create", "response": {"metadata": {"k": 5}}}', "response.metadata", "invalid_value"),
+    ('{"type": "response.create", "response": {"metadata": []}}', "response.metadata", "invalid_value"),
     ('{"type": "input_audio_buffer.append", "audio": "***"}', "audio", "invalid_value"),
     ('{"type": "input_audio_buffer.append", "audio": "QUJ"}', "audio", "invalid_value"),  # bad padding
     ('{"type": "input_audio_buffer.append"}', "audio", "invalid_value"),
@@ -72,7 +79,11 @@ def test_binary_and_oversized_messages_end_the_session():
 
 
 def update(session: dict, config: SessionConfig = SessionConfig(), *, started: bool = False) -> SessionConfig:
-    return apply_session_update(config, session, started=started, max_prompt_chars=50, voices=lambda: VOICES)
+    updated, voice_error = apply_session_update(config, session, started=started, max_prompt_chars=50,
+                                                voices=lambda: VOICES)
+    if voice_error is not None:
+        raise voice_error
+    return updated
 
 
 def test_ga_and_beta_shapes_set_the_same_things():
@@ -95,7 +106,7 @@ def test_unknown_fields_are_ignored():
     ({"instructions": "x" * 51}, "session.instructions"),
     ({"instructions": 5}, "session.instructions"),
     ({"instructions": "a\x00b"}, "session.instructions"),
-    ({"voice": "alloy"}, "session.voice"),
+    ({"voice": "allo"}, "session.voice"),
     ({"voice": "../NATF0.pt"}, "session.voice"),
     ({"audio": {"output": {"voice": "NOPE.pt"}}}, "session.audio.output.voice"),
     ({"input_audio_format": "opus"}, "session.input_audio_format"),
@@ -108,6 +119,22 @@ def test_bad_values_are_errors_with_their_param(session, param):
     with pytest.raises(RealtimeError) as error:
         update(session)
     assert error.value.param == param and error.value.kind == "invalid_request_error"
+
+
+def test_openai_voice_names_stand_for_model_voices():
+    assert update({"voice": "marin"}).voice == "NATF2.pt"  # LiveKit's default
+    assert update({"audio": {"output": {"voice": " Alloy "}}}).voice == "NATF0.pt"
+    assert update({"voice": "cedar"}).voice is None  # NATM2.pt is not among VOICES: the engine's default voice
+    assert update({"voice": "VARM1.pt"}).voice == "VARM1.pt"  # the model's own names as before
+
+
+def test_an_unknown_voice_is_reported_and_the_rest_applied():
+    config, error = apply_session_update(SessionConfig(), {"voice": "nova2", "instructions": "Be kind.",
+                                                           "output_audio_format": "g711_alaw"},
+                                         started=False, max_prompt_chars=50, voices=lambda: VOICES, event_id="e9")
+    assert config == SessionConfig(instructions="Be kind.", output_format=AudioFormat.PCMA)
+    assert (error.param, error.event_id) == ("session.voice", "e9") and "'nova2'" in error.message
+    assert "marin" in error.message  # the names that work are said
 
 
 def test_persona_voice_and_formats_are_fixed_once_started():
@@ -135,7 +162,16 @@ def every_server_event(events: ServerEvents) -> list[str]:
         events.audio_delta("resp_1", "item_4", b"\x00\xff"), events.transcript_delta("resp_1", "item_4", " hi"),
         *events.response_finished("resp_1", "item_4", config, " hi"),
         *events.response_finished("resp_2", "item_5", config, "", status="cancelled"),
+        *events.response_started("resp_3", "item_6", config, {"client_event_id": "c1"}),
+        *events.response_finished("resp_3", "item_6", config, "", metadata={"client_event_id": "c1"}),
+        *events.item_added(None, USER_TEXT), *events.item_added("item_6", USER_TEXT),
+        events.item_truncated("item_6", 0, 1500), events.item_deleted("item_7"), events.item_retrieved(USER_TEXT),
+        events.item_retrieved(events.item("item_6", "completed", " hi")),
     ]
+
+
+USER_TEXT = {"id": "item_7", "object": "realtime.item", "type": "message", "role": "user", "status": "completed",
+             "content": [{"type": "input_text", "text": "Greet the caller."}]}
 
 
 @pytest.mark.parametrize("dialect", list(Dialect))
@@ -168,3 +204,74 @@ def test_the_session_object_says_what_was_set():
 
 def test_the_queue_event_is_ours():
     assert json.loads(ServerEvents(Dialect.GA, model="m").queued(3))["type"] == "pplex.queued"
+
+
+@pytest.mark.parametrize("dialect", list(Dialect))
+def test_response_metadata_is_echoed(dialect):
+    events = ServerEvents(dialect, model="m")
+    created = json.loads(events.response_started("r", "i", SessionConfig(), {"client_event_id": "c7"})[0])
+    done = json.loads(events.response_finished("r", "i", SessionConfig(), "", metadata={"client_event_id": "c7"})[-1])
+    assert created["type"] == "response.created" and created["response"]["metadata"] == {"client_event_id": "c7"}
+    assert done["type"] == "response.done" and done["response"]["metadata"] == {"client_event_id": "c7"}
+
+
+def test_item_events_are_named_per_dialect():
+    ga = [json.loads(m)["type"] for m in ServerEvents(Dialect.GA, model="m").item_added(None, USER_TEXT)]
+    beta = [json.loads(m)["type"] for m in ServerEvents(Dialect.BETA, model="m").item_added(None, USER_TEXT)]
+    assert ga == ["conversation.item.added", "conversation.item.done"] and beta == ["conversation.item.created"]
+
+
+# -- conversation items ----------------------------------------------------------------------
+
+
+def new_items() -> ConversationItems:
+    counter = iter(range(1, 10_000))
+    return ConversationItems(lambda prefix: f"{prefix}_{next(counter)}")
+
+
+def test_items_are_kept_named_and_chained():
+    items = new_items()
+    assert items.create({"item": {"type": "message", "role": "system", "content": []}}, None)[0] is None
+    previous, kept = items.create({"item": {"id": "mine", "type": "message", "role": "user", "content": []}}, None)
+    assert previous == "item_1" and kept["id"] == "mine" and kept["status"] == "completed"
+    assert items.retrieve({"item_id": "item_1"}, None)["role"] == "system"
+    assert items.truncate({"item_id": "mine", "content_index": 0, "audio_end_ms": 640}, None) == ("mine", 0, 640)
+    assert items.delete({"item_id": "item_1"}, None) == "item_1" and items.last_id == "mine"
+
+
+@pytest.mark.parametrize("event, param, code", [
+    ({"item": "text"}, "item", "invalid_value"),
+    ({"item": {"type": "image"}}, "item.type", "invalid_value"),
+    ({"item": {"type": "message", "role": "robot"}}, "item.role", "invalid_value"),
+    ({"item": {"type": "message", "role": "user", "id": 5}}, "item.id", "invalid_value"),
+    ({"item": {"type": "message", "role": "user", "id": "x" * 65}}, "item.id", "invalid_value"),
+])
+def test_bad_items_are_refused_by_field(event, param, code):
+    with pytest.raises(RealtimeError) as error:
+        new_items().create(event, "e1")
+    assert (error.value.param, error.value.code, error.value.event_id) == (param, code, "e1")
+
+
+def test_unknown_item_ids_and_bad_offsets_are_refused():
+    items = new_items()
+    items.create({"item": {"id": "a", "type": "message", "role": "user"}}, None)
+    with pytest.raises(RealtimeError) as twice:
+        items.create({"item": {"id": "a", "type": "message", "role": "user"}}, None)
+    assert twice.value.code == "item_already_exists"
+    for bad in ({"item_id": "zzz", "audio_end_ms": 0}, {"item_id": 3}):
+        with pytest.raises(RealtimeError) as missing:
+            items.truncate(bad, None)
+        assert missing.value.param == "item_id"
+    for bad in ({"audio_end_ms": -1}, {"audio_end_ms": 1.5}, {"audio_end_ms": True}, {"content_index": -2,
+                                                                                       "audio_end_ms": 0}):
+        with pytest.raises(RealtimeError):
+            items.truncate({"item_id": "a", **bad}, None)
+
+
+def test_only_the_last_items_are_kept():
+    items = new_items()
+    for _ in range(MAX_ITEMS + 5):
+        items.create({"item": {"type": "message", "role": "user"}}, None)
+    with pytest.raises(RealtimeError):
+        items.retrieve({"item_id": "item_5"}, None)  # forgotten
+    assert items.retrieve({"item_id": "item_6"}, None)["id"] == "item_6"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -148,3 +149,66 @@ async def test_a_browser_carries_the_token_in_a_subprotocol(start_server):
         assert ws.subprotocol == "realtime"
         created = await next_event(ws, "session.created")
         assert "modalities" in created["session"]  # the beta marker chose the beta dialect
+
+
+async def test_pipecat_opening_context_message_then_response_create(start_server, caplog):
+    """Pipecat's template: a context message first, then response.create: answered, and the conversation starts."""
+    caplog.set_level(logging.INFO, logger="pplex_trio")
+    handle = await start_server()
+    async with open_websocket(handle.ws_url + "/v1/realtime") as ws:
+        await next_event(ws, "session.created")
+        await ws.send_message(json.dumps({"type": "conversation.item.create", "event_id": "ctx", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say hello."}]}}))
+        added = await next_event(ws)
+        assert added["type"] == "conversation.item.added" and added["item"]["content"][0]["text"] == "Say hello."
+        assert (await next_event(ws))["type"] == "conversation.item.done"
+        await ws.send_message(json.dumps({"type": "response.create", "response": {"metadata": {"id": "greet"}}}))
+        created = await next_event(ws, "response.created")
+        assert created["response"]["metadata"] == {"id": "greet"}  # the first response carries it
+        assert (await next_event(ws, "response.output_audio.delta"))["response_id"] == created["response"]["id"]
+    notices = [r.getMessage() for r in caplog.records if "conversation.item.create" in r.getMessage()]
+    assert len(notices) == 1 and notices[0].startswith("session ") and r"without effect" in notices[0]
+
+
+async def test_barge_in_truncate_and_a_matched_reply(start_server, caplog):
+    """Pipecat's truncate at a barge-in and LiveKit's generate_reply (matched by metadata) both get their answers."""
+    caplog.set_level(logging.INFO, logger="pplex_trio")
+    handle = await start_server()
+    async with open_websocket(handle.ws_url + "/v1/realtime") as ws:
+        first = (await live(ws))["response"]
+        played = first["output"][0]["id"] if first["output"] else (await next_event(ws, "response.output_item.added")
+                                                                   )["item"]["id"]
+        for _ in range(2):  # a framework truncates on every barge-in, the same item maybe twice
+            await ws.send_message(json.dumps({"type": "conversation.item.truncate", "item_id": played,
+                                              "content_index": 0, "audio_end_ms": 240}))
+            truncated = await next_event(ws, "conversation.item.truncated")
+            assert (truncated["item_id"], truncated["audio_end_ms"]) == (played, 240)
+        await ws.send_message(json.dumps({"type": "response.create", "event_id": "r1", "response": {
+            "metadata": {"client_event_id": "r1"}, "instructions": "ignored"}}))
+        done = await next_event(ws, "response.done")
+        assert done["response"]["id"] == first["id"] and done["response"]["metadata"] is None
+        created = await next_event(ws, "response.created")
+        assert created["response"]["metadata"] == {"client_event_id": "r1"}
+        await ws.send_message(json.dumps({"type": "conversation.item.truncate", "item_id": "nope",
+                                          "audio_end_ms": 0}))
+        error = (await next_event(ws, "error"))["error"]
+        assert (error["code"], error["param"]) == ("item_not_found", "item_id")
+        await next_event(ws, "response.output_audio.delta")  # the session goes on
+    refused = [r for r in caplog.records if "refused item_id" in r.getMessage()]
+    assert len(refused) == 1 and refused[0].levelname == "INFO"
+
+
+async def test_openai_voice_names_and_an_unknown_voice(start_server):
+    handle = await start_server()
+    async with open_websocket(handle.ws_url + "/v1/realtime") as ws:
+        await next_event(ws, "session.created")
+        await ws.send_message(json.dumps({"type": "session.update", "session": {
+            "type": "realtime", "audio": {"output": {"voice": "marin"}}}}))
+        assert (await next_event(ws, "session.updated"))["session"]["audio"]["output"]["voice"] == "NATF2.pt"
+        await ws.send_message(json.dumps({"type": "session.update", "session": {
+            "type": "realtime", "instructions": "Be brief.", "audio": {"output": {"voice": "nova2"}}}}))
+        updated = await next_event(ws)
+        assert updated["type"] == "session.updated" and updated["session"]["instructions"] == "Be brief."
+        assert updated["session"]["audio"]["output"]["voice"] == "NATF2.pt"  # the voice alone was not applied
+        error = (await next_event(ws))["error"]
+        assert error["param"] == "session.audio.output.voice" and "nova2" in error["message"]
