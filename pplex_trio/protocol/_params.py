@@ -45,19 +45,23 @@ def conversation_from_params(params: Mapping[str, Any], *, max_prompt_chars: int
     """Validate client settings into a :class:`Conversation`.
 
     Accepts the query names of the official client (``text_prompt``,
-    ``voice_prompt``, ``text_temperature`` …) and, for the raw protocol, the
-    short names ``persona`` and ``voice`` (one of ``voices``, when given).
+    ``voice_prompt``, ``text_temperature`` …), NVIDIA's server's ``seed``
+    (both seeds, unless ``text_seed``/``audio_seed`` say otherwise; -1: none)
+    and, for the raw protocol, the short names ``persona`` and ``voice`` (one
+    of ``voices``, when given).
     Raises :class:`ProtocolError` (close code 1008) naming the bad parameter
     and what it should be.
     """
     defaults = Sampling()
+    seed = _seed(params, "seed")  # NVIDIA's server: one seed for text and audio, -1 for none
+    seed = None if seed == -1 else seed
     sampling = Sampling(
         text_temperature=_float(params, "text_temperature", defaults.text_temperature, 0.0, MAX_TEMPERATURE),
         text_topk=_int(params, "text_topk", defaults.text_topk, 1, MAX_TOPK),
         audio_temperature=_float(params, "audio_temperature", defaults.audio_temperature, 0.0, MAX_TEMPERATURE),
         audio_topk=_int(params, "audio_topk", defaults.audio_topk, 1, MAX_TOPK),
-        text_seed=_seed(params, "text_seed"),
-        audio_seed=_seed(params, "audio_seed"),
+        text_seed=_seed(params, "text_seed", seed),
+        audio_seed=_seed(params, "audio_seed", seed),
         pad_mult=_float(params, "pad_mult", defaults.pad_mult, -100.0, 100.0),
         repetition_penalty_context=_int(
             params, "repetition_penalty_context", defaults.repetition_penalty_context, 0, 100_000
@@ -153,10 +157,10 @@ def _int(params: Mapping[str, Any], name: str, default: int, low: int, high: int
     return number
 
 
-def _seed(params: Mapping[str, Any], name: str) -> int | None:
+def _seed(params: Mapping[str, Any], name: str, default: int | None = None) -> int | None:
     value = _raw(params, name)
     if value is None:
-        return None
+        return default
     number = _as_int(value)
     if number is None or not INT64_MIN <= number <= INT64_MAX:
         raise ProtocolError(f"{name} must be a whole number (64-bit), got {value!r:.40}", param=name)

@@ -63,6 +63,7 @@ def test_raw_open_names_and_json_numbers():
         ("audio_topk=lots", "audio_topk"),
         ("text_seed=1.5", "text_seed"),
         ("audio_seed=99999999999999999999999", "audio_seed"),
+        ("seed=forty-two", "seed"),
         ("repetition_penalty=0", "repetition_penalty"),
         ("repetition_penalty_context=-1", "repetition_penalty_context"),
         ("pad_mult=nan", "pad_mult"),
@@ -79,6 +80,16 @@ def test_bad_sampling_values_name_the_parameter(query, name):
 def test_json_values_of_the_wrong_type(value):
     with pytest.raises(ProtocolError):
         conversation_from_params({"text_topk": value}, max_prompt_chars=10)
+
+
+def test_nvidia_seed_seeds_text_and_audio_unless_they_have_their_own():
+    # LiveKit's PersonaPlex plugin sends what NVIDIA's server reads: voice_prompt, text_prompt, seed.
+    livekit = conv("voice_prompt=NATF2.pt&text_prompt=You%20are%20a%20helpful%20assistant.&seed=42")
+    assert (livekit.sampling.text_seed, livekit.sampling.audio_seed) == (42, 42)
+    assert livekit.persona == "You are a helpful assistant." and livekit.voice == "NATF2.pt"
+    own = conv("seed=42&audio_seed=7").sampling
+    assert (own.text_seed, own.audio_seed) == (42, 7)
+    assert conv("seed=-1").sampling == Sampling()  # NVIDIA's "no seed"
 
 
 def test_blank_values_mean_default():
@@ -138,11 +149,15 @@ def test_a_bad_persona_or_voice_gets_the_same_answer_on_every_protocol(persona, 
         assert info.value.code == CloseCode.POLICY and info.value.param == names[persona is None]
         answers.append((info.value.message.replace(info.value.param, "PARAM", 1), info.value.kind))
     session = {"instructions": persona} if persona is not None else {"voice": voice}
-    with pytest.raises(RealtimeError) as info:
-        apply_session_update(SessionConfig(), session, started=False, max_prompt_chars=50, voices=lambda: voices)
+    try:  # (a bad voice alone is reported beside the rest of the update, applied)
+        error = apply_session_update(SessionConfig(), session, started=False, max_prompt_chars=50,
+                                     voices=lambda: voices)[1]
+    except RealtimeError as exc:
+        error = exc
     param = "session.instructions" if persona is not None else "session.voice"
-    assert info.value.param == param
-    answers.append((info.value.message.replace(param, "PARAM", 1), info.value.code))
+    assert error is not None and error.param == param
+    message = error.message.split("; OpenAI's voice names")[0]  # (Realtime adds the names it also takes)
+    answers.append((message.replace(param, "PARAM", 1), error.code))
     assert len(set(answers)) == 1 and words in answers[0][0] and answers[0][1] == kind
 
 

@@ -124,3 +124,25 @@ async def test_two_slots_two_protocols_each_with_its_persona_and_voice(start_ser
     pirate = direct_run(engine, Conversation(persona=PIRATE, voice="NATM0.pt", sampling=Sampling(**GREEDY)),
                         speech_frames, lead)
     assert not np.array_equal(pirate[: len(served)], served[: len(pirate)])
+
+
+async def test_a_seed_makes_a_sampled_conversation_reproducible(start_server, engine, speech_frames):
+    """NVIDIA's ``seed`` (what LiveKit's PersonaPlex plugin sends): sampled output, the same for the same seed
+    and input, whatever the batch; another seed gives other output."""
+    handle = await start_server(engine=engine, slots=2)
+    served = {}
+
+    async def talk(name, seed):
+        served[name] = (await raw_conversation(handle, speech_frames, persona=HOST, voice="NATM0.pt", seed=seed))[0]
+
+    async with trio.open_nursery() as nursery:  # side by side, each in its own slot
+        nursery.start_soon(talk, "first", 42)
+        nursery.start_soon(talk, "second", 42)
+    seeded = Conversation(persona=HOST, voice="NATM0.pt", sampling=Sampling(text_seed=42, audio_seed=42))
+    for name in ("first", "second"):
+        got = served[name]
+        runs = [direct_run(engine, seeded, speech_frames, lead) for lead in range(3)]
+        assert any(np.array_equal(got, run[: len(got)]) for run in runs), f"{name}: not the seeded engine's output"
+    other = Conversation(persona=HOST, voice="NATM0.pt", sampling=Sampling(text_seed=43, audio_seed=43))
+    assert not any(np.array_equal(served["first"], direct_run(engine, other, speech_frames, lead)[: len(
+        served["first"])]) for lead in range(3))
