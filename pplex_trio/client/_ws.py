@@ -44,6 +44,7 @@ def client_ssl_context(*, insecure: bool = False, cafile: str | pathlib.Path | N
 async def open_websocket(
     url: str, *, max_message_size: int = 16 * 1024 * 1024, message_queue_size: int = 64,
     ssl_context: ssl.SSLContext | None = None, token: str | None = None, connect_timeout: float = 30.0,
+    origin: str | None = None,
 ) -> AsyncIterator[WebSocketConnection]:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("ws", "wss"):
@@ -54,7 +55,9 @@ async def open_websocket(
     resource = parts.path or "/"
     if parts.query:
         resource += "?" + parts.query
-    headers = [(b"Authorization", f"Bearer {token}".encode("ascii"))] if token else None  # as h11 would encode it
+    headers = [(b"Authorization", f"Bearer {token}".encode("ascii"))] if token else []  # as h11 would encode it
+    if origin is not None:  # as a web page at ``origin`` would connect (see docs/PROTOCOL.md on keepalives)
+        headers.append((b"Origin", origin.encode("ascii")))
     tcp = await trio.open_tcp_stream(host, port)
     stream: trio.SocketStream | trio.SSLStream[trio.SocketStream] = tcp
     try:

@@ -63,7 +63,8 @@ def create_app(state: ServerState) -> ConversationRouter:
                      voices=state.voices)
 
     async def chat(ws: AsgiWebSocket) -> None:
-        wire = MoshiProtocol(state.encoders, align=settings.framing is Framing.ALIGNED, **limits)
+        wire = MoshiProtocol(state.encoders, align=settings.framing is Framing.ALIGNED,
+                             pings="origin" in ws.headers, **limits)  # a browser: see MoshiProtocol
         await Session(ws, wire, state).run()
 
     async def duplex(ws: AsgiWebSocket) -> None:

@@ -1,8 +1,12 @@
 """The Moshi protocol (``/api/chat``): Ogg Opus in and out, settings in the query.
 
 Byte-compatible with the official PersonaPlex/Moshi web client: the handshake
-``0x00`` goes out only once the slot's system prompt has run; pings keep the
-client's 10 s inactivity timer alive while it waits; audio is Ogg Opus at
+``0x00`` goes out only once the slot's system prompt has run; ``0x06`` pings
+keep a browser page's 10 s inactivity timer alive while it waits (its script
+sees no WebSocket pings); a program (no ``Origin`` header) gets none, since
+NVIDIA's server sends none and clients such as LiveKit's PersonaPlex plugin
+warn at every unknown message: the transport's WebSocket pings keep its
+connection alive instead.  Audio is Ogg Opus at
 24 kHz, decoded by sphn here and encoded by the server's encoders (a child
 process or the event loop, ``_encoders.py``).  See ``docs/PROTOCOL.md``.
 """
@@ -27,8 +31,9 @@ class MoshiProtocol(WireProtocol):
     name = "moshi"
 
     def __init__(self, encoders: Encoders, *, max_message_bytes: int, max_prompt_chars: int, align: bool,
-                 voices: Callable[[], Collection[str]] | None = None):
+                 voices: Callable[[], Collection[str]] | None = None, pings: bool = True):
         self._encoders = encoders
+        self._pings = pings  # 0x06 while waiting: for a browser page
         self._max_bytes = max_message_bytes
         self._max_prompt_chars = max_prompt_chars
         self._voices = voices  # the voices a conversation may name (None: not checked here)
@@ -55,8 +60,9 @@ class MoshiProtocol(WireProtocol):
                 CloseCode.INVALID_PAYLOAD,
             ) from None
 
-    def keepalive(self, position: int | None) -> Message:
-        return moshi.ping()  # queued or preparing alike: the official client has no queue message
+    def keepalive(self, position: int | None) -> Message | None:
+        # Queued or preparing alike: the official client has no queue message.
+        return moshi.ping() if self._pings else None
 
     def ready(self) -> list[Message]:
         return [moshi.handshake()]

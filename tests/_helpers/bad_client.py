@@ -44,6 +44,7 @@ class BadClient:
         self.closed: CloseConnection | None = None
         self._sending = trio.Lock()  # the reader answers pings while a sender may be writing
         self._pending: list[Any] = []  # events read but not handed out yet
+        self.pings = 0  # WebSocket pings the server sent
 
     @classmethod
     async def connect(cls, port: int, path: str, *, rcvbuf: int | None = None, answer_pings: bool = True,
@@ -111,8 +112,10 @@ class BadClient:
                     self._pending.extend(await self._events())
                 while self._pending:
                     event = self._pending.pop(0)
-                    if isinstance(event, Ping) and self.answer_pings and self.ws.state is ConnectionState.OPEN:
-                        await self.send_raw(self.ws.send(event.response()))
+                    if isinstance(event, Ping):
+                        self.pings += 1
+                        if self.answer_pings and self.ws.state is ConnectionState.OPEN:
+                            await self.send_raw(self.ws.send(event.response()))
                     elif isinstance(event, CloseConnection):
                         self.closed = event
                         raise ServerClosed(event.code, event.reason)

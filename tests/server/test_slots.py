@@ -10,26 +10,44 @@ import numpy as np
 import trio
 import trio.testing
 
+from _helpers.bad_client import BadClient
 from _helpers.ws import FRAME, errors_in, moshi_handshake, moshi_url, raw_open, read_until_closed
 from _helpers.http import get_json
 from pplex_trio.client import open_websocket
 from pplex_trio.engine import EchoEngine
 
 
-async def test_moshi_waits_in_queue_with_pings_then_is_served(start_server):
+async def test_a_browser_waits_in_queue_with_pings_then_is_served(start_server):
     handle = await start_server(slots=1, keepalive_interval=0.1)
     async with open_websocket(moshi_url(handle.ws_url)) as first:
         await moshi_handshake(first)
-        async with open_websocket(moshi_url(handle.ws_url)) as second:
-            # Queued: pings keep the official client's 10 s inactivity timer alive.
-            with trio.fail_after(2):
-                for _ in range(3):
-                    assert await second.get_message() == b"\x06"
-            await first.aclose()
-            pings = await moshi_handshake(second)
-            assert pings >= 1  # at least the one sent as its system prompt began
-            message = await second.get_message()
-            assert message[0] in (1, 2)  # live: audio or text flows
+        second = await BadClient.connect(handle.port, "/api/chat", headers=[("Origin", handle.http_url)])
+        # Queued: 0x06 pings keep the official client's 10 s inactivity timer alive (a page's script sees
+        # no WebSocket pings).
+        for _ in range(3):
+            assert await second.receive(timeout=2) == b"\x06"
+        await first.aclose()
+        while (message := await second.receive()) == b"\x06":
+            pass
+        assert message == b"\x00"
+        assert (await second.receive())[0] in (1, 2)  # live: audio or text flows
+        second.close()
+
+
+async def test_a_program_waits_in_queue_on_websocket_pings_alone(start_server):
+    """NVIDIA's server sends no 0x06, and LiveKit's PersonaPlex plugin warns at each: a client without an
+    Origin (a program) is kept alive by WebSocket pings, which every client library answers."""
+    handle = await start_server(slots=1, keepalive_interval=0.1, client_timeout=0.6)  # a ping every 0.2 s
+    async with open_websocket(moshi_url(handle.ws_url)) as first:
+        await moshi_handshake(first)
+        second = await BadClient.connect(handle.port, "/api/chat")
+        with trio.move_on_after(1.0):
+            message = await second.receive(timeout=2)
+            raise AssertionError(f"a queued program got {message!r}")
+        assert second.pings >= 3
+        await first.aclose()
+        assert await second.receive() == b"\x00"  # the handshake is its first message
+        second.close()
 
 
 async def test_raw_queue_reports_positions(start_server):
@@ -99,7 +117,7 @@ async def test_drain_before_release_end_to_end(start_server):
         engine.gate.clear()
         await trio.to_thread.run_sync(engine.blocked.wait)
         await old.aclose()  # leaves while its step is still running
-        async with open_websocket(moshi_url(handle.ws_url)) as new:
+        async with open_websocket(moshi_url(handle.ws_url), origin=handle.http_url) as new:
             assert await new.get_message() == b"\x06"  # queued: the slot is not free
             await trio.testing.wait_all_tasks_blocked(0.05)  # the server is idle: the actor waits on the gated step
             health = await get_json(handle, "/health")
@@ -164,7 +182,7 @@ async def test_protocol_error_while_queued_is_answered_at_once(start_server):
     handle = await start_server(slots=1, queue_timeout=30)
     async with open_websocket(moshi_url(handle.ws_url)) as first:
         await moshi_handshake(first)
-        async with open_websocket(moshi_url(handle.ws_url)) as second:
+        async with open_websocket(moshi_url(handle.ws_url), origin=handle.http_url) as second:
             assert await second.get_message() == b"\x06"  # a keepalive: it waits in the queue
             for _ in range(20):  # more than the framework's own buffer of 10 messages
                 await second.send_message(b"\x01")
