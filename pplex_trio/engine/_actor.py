@@ -95,16 +95,18 @@ class EngineActor:
     # -- sessions ------------------------------------------------------------
 
     @contextlib.contextmanager
-    def lease(self, conversation: Conversation, *, align: bool = False, early_audio: bool = False) -> Iterator[Lease]:
+    def lease(self, conversation: Conversation, *, align: bool = False, early_audio: bool = False,
+              client: str | None = None) -> Iterator[Lease]:
         """Claim a slot (or a place in the queue) for the duration of the block.
 
         ``align`` asks for phase-aligned framing of this conversation's input
         (lower latency; may skip a few ms of audio once to catch up, see
         :class:`InputFramer`); ``early_audio`` keeps what the client says
         before the conversation is live for the model (see
-        :meth:`Lease.push_input`).  Raises :class:`QueueFull` at once if there is
-        neither a slot nor a place in the queue.  On exit the slot drains: it
-        is freed only between engine calls.
+        :meth:`Lease.push_input`); ``client`` (an address) names who asks, for
+        the slot held for a client that left (see :class:`SlotTable`).  Raises
+        :class:`QueueFull` at once if there is neither a slot nor a place in the
+        queue.  On exit the slot drains: it is freed only between engine calls.
         """
         s = self.settings
         lease = Lease(
@@ -115,16 +117,17 @@ class EngineActor:
             on_input=self.schedule.input_arrived,
             on_end=self._release,
             early_audio=early_audio,
+            client=client,
         )
-        self.table.request(lease)
+        self.table.request(lease, trio.current_time())
         self._changed()
         try:
             yield lease
         finally:
             lease.end()
 
-    def _release(self, lease: Lease) -> None:
-        self.table.release(lease)
+    def _release(self, lease: Lease, client_left: bool) -> None:
+        self.table.release(lease, trio.current_time(), hold=client_left)
         self._starting.pop(lease, None)
         self._changed()
 
@@ -140,7 +143,7 @@ class EngineActor:
         table = self.table
         return ActorStatistics(
             slots_total=len(table.slots),
-            slots_free=table.count(SlotPhase.FREE),
+            slots_free=table.free_count(trio.current_time()),
             queued=table.queued,
             phases={phase.value: table.count(phase) for phase in SlotPhase},
             ticks=self.ticks,

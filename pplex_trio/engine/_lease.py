@@ -136,10 +136,12 @@ class Lease:
         output_capacity: int,
         on_drop: Callable[[str, int], None],
         on_input: Callable[[Lease], None],
-        on_end: Callable[[Lease], None],
+        on_end: Callable[[Lease, bool], None],
         early_audio: bool = False,
+        client: str | None = None,
     ):
         self.conversation = conversation
+        self.client = client  # who asked (an address): a slot it leaves may be held for it (see SlotTable)
         self._framer = framer
         self._early_audio = early_audio
         self._outbox: DropOldestChannel[OutputEvent] = DropOldestChannel(
@@ -254,10 +256,14 @@ class Lease:
         """Output events, in batches of everything waiting (at least one); ends when the lease does."""
         return _OutputBatches(self._outbox)
 
-    def end(self) -> None:
-        """The conversation is over: give the slot back (it drains before anyone else gets it)."""
+    def end(self, *, client_left: bool = False) -> None:
+        """The conversation is over: give the slot back (it drains before anyone else gets it).
+
+        ``client_left``: it ended because the client left (not by the server's doing), so the slot is held a
+        moment for the same client to come back (a persona change).
+        """
         if self._state is not LeaseState.ENDED:
-            self._on_end(self)
+            self._on_end(self, client_left)
 
     # -- the engine's side, called only by the SlotTable ----------------------
 

@@ -8,6 +8,12 @@ so an engine call still in flight never mixes the old conversation with a new
 one (drain before release).  Every change of a lease's state that the engine
 makes is made here, by the :class:`SlotTable`, which the engine actor calls
 between engine calls.
+
+A conversation that ends because its client left (not one the server ended)
+leaves its slot *held* for that client (its address) for :data:`RETURN_WINDOW`:
+a client that reconnects at once, as LiveKit's PersonaPlex plugin does to
+change its persona, gets its slot back ahead of the queue instead of waiting
+at its back.  Nobody else takes a held slot until the window has passed.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ class SlotPhase(enum.Enum):
     DRAINING = "draining"
 
 
+RETURN_WINDOW = 2.0  # seconds a slot is held for the client that just left it
+
+
 class QueueFull(Exception):
     """Every slot is busy and the waiting queue is full."""
 
@@ -40,6 +49,15 @@ class Slot:
     lease: Lease | None = None
     started: bool = False  # engine.start() has run for this lease
     prefill_left: int = 0
+    held_for: str | None = None  # the client that left it may come back to it until `held_until`
+    held_until: float = 0.0
+
+    def held_against(self, client: str | None, now: float) -> bool:
+        """Held, for another client than ``client``, at time ``now``."""
+        return self.held_for is not None and self.held_for != client and now < self.held_until
+
+    def held_by(self, client: str | None, now: float) -> bool:
+        return client is not None and self.held_for == client and now < self.held_until
 
 
 class SlotTable:
@@ -57,13 +75,21 @@ class SlotTable:
 
     # -- sessions arrive and leave ---------------------------------------------
 
-    def request(self, lease: Lease) -> None:
-        """Give ``lease`` a free slot, or a place in the queue, or raise :class:`QueueFull`."""
-        if not self._queue:
-            slot = self._free_slot()
+    def request(self, lease: Lease, now: float) -> None:
+        """Give ``lease`` a free slot, or a place in the queue, or raise :class:`QueueFull`.
+
+        A client coming back to a slot held for it is served first (or waits at the front while it drains).
+        """
+        returning = any(slot.held_by(lease.client, now) for slot in self.slots)
+        if returning or not self._queue:
+            slot = self._free_slot(lease.client, now)
             if slot is not None:
                 self._assign(slot, lease)
                 return
+        if returning:
+            self._queue.appendleft(lease)
+            self._renumber()
+            return
         if len(self._queue) >= self.queue_size:
             raise QueueFull(
                 f"all {len(self.slots)} conversation slots are busy and the waiting queue is full "
@@ -72,8 +98,9 @@ class SlotTable:
         self._queue.append(lease)
         lease._set(LeaseState.QUEUED, position=len(self._queue))
 
-    def release(self, lease: Lease) -> None:
-        """The conversation is over; its slot drains before anyone else gets it."""
+    def release(self, lease: Lease, now: float, *, hold: bool = False) -> None:
+        """The conversation is over; its slot drains before anyone else gets it (``hold``: the client left, and
+        the slot waits :data:`RETURN_WINDOW` for it to come back)."""
         if lease in self._queue:
             self._queue.remove(lease)
             self._renumber()
@@ -82,6 +109,8 @@ class SlotTable:
             if slot.lease is lease:
                 slot.phase = SlotPhase.DRAINING
                 slot.lease = None
+                if hold and lease.client is not None:
+                    slot.held_for, slot.held_until = lease.client, now + RETURN_WINDOW
         lease._set(LeaseState.ENDED)
 
     # -- between engine calls ------------------------------------------------
@@ -97,15 +126,15 @@ class SlotTable:
                 freed.append(slot.index)
         return freed
 
-    def admit_waiting(self) -> None:
-        """Hand free slots to the longest-waiting leases."""
+    def admit_waiting(self, now: float) -> None:
+        """Hand free slots to the longest-waiting leases (a held slot only to its client)."""
         changed = False
-        while self._queue:
-            slot = self._free_slot()
-            if slot is None:
-                break
-            self._assign(slot, self._queue.popleft())
-            changed = True
+        for lease in list(self._queue):
+            slot = self._free_slot(lease.client, now)
+            if slot is not None:
+                self._queue.remove(lease)
+                self._assign(slot, lease)
+                changed = True
         if changed:
             self._renumber()
 
@@ -190,16 +219,20 @@ class SlotTable:
     def busy(self) -> bool:
         return bool(self._queue) or any(slot.phase is not SlotPhase.FREE for slot in self.slots)
 
-    def _free_slot(self) -> Slot | None:
-        for slot in self.slots:
-            if slot.phase is SlotPhase.FREE:
-                return slot
-        return None
+    def free_count(self, now: float) -> int:
+        """FREE slots that a newcomer could take now (held ones excluded)."""
+        return sum(slot.phase is SlotPhase.FREE and not slot.held_against(None, now) for slot in self.slots)
+
+    def _free_slot(self, client: str | None, now: float) -> Slot | None:
+        """A FREE slot for ``client``: the one held for it first, else one held for nobody else."""
+        free = [slot for slot in self.slots if slot.phase is SlotPhase.FREE and not slot.held_against(client, now)]
+        return next((slot for slot in free if slot.held_by(client, now)), free[0] if free else None)
 
     def _assign(self, slot: Slot, lease: Lease) -> None:
         slot.phase = SlotPhase.PREFILL
         slot.lease = lease
         slot.started = False
+        slot.held_for = None
         lease._set(LeaseState.PREFILL, slot=slot.index)
 
     def _go_live(self, slot: Slot) -> None:

@@ -79,7 +79,7 @@ class CallResult:
 def plan_call(table: SlotTable, now: float) -> EngineCall:
     """A call with the rows to reset and the conversations to start (free drained slots, admit the waiting)."""
     resets = table.free_drained()
-    table.admit_waiting()
+    table.admit_waiting(now)
     starts = [(slot.index, slot.lease.conversation) for slot in table.slots
               if slot.phase is SlotPhase.PREFILL and slot.lease is not None and not slot.started]
     return EngineCall(leases=[slot.lease for slot in table.slots], started_at=now, resets=resets, starts=starts)

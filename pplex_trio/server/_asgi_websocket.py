@@ -36,6 +36,8 @@ class AsgiWebSocket:
         self.headers = Headers([(name.decode("latin-1"), value.decode("latin-1"))
                                 for name, value in scope.get("headers", ())])
         self.requested_subprotocols: list[str] = list(scope.get("subprotocols", ()))
+        client = scope.get("client")
+        self.client: str | None = client[0] if client else None  # the peer's address
         self._receive = receive
         self._send = send
         self.accepted = False

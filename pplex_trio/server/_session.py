@@ -57,6 +57,7 @@ class WebSocket(Protocol):
     """The part of a WebSocket a session uses (``AsgiWebSocket``; tests pass a fake)."""
 
     query_string: bytes
+    client: str | None  # the peer's address (None: unknown)
 
     async def accept(self, subprotocol: str | None = None) -> None: ...
     async def receive(self) -> bytes | str | None: ...
@@ -202,10 +203,14 @@ class Session:
             self.end(CloseCode.TRY_AGAIN_LATER, Unready.ENGINE_STALLED.message, "engine_stalled")
             return
         try:
-            with self.host.actor.lease(conversation, align=self.wire.align_input,
-                                       early_audio=self.wire.early_audio) as lease:
+            with self.host.actor.lease(conversation, align=self.wire.align_input, early_audio=self.wire.early_audio,
+                                       client=self.ws.client) as lease:
                 self.lease = lease
-                await self._run_conversation(lease)
+                try:
+                    await self._run_conversation(lease)
+                finally:
+                    # The client left (or finished): its slot waits a moment for it to come back.
+                    lease.end(client_left=self.ending is None or self.ending.outcome == "completed")
         except QueueFull as exc:
             self.end(CloseCode.TRY_AGAIN_LATER, str(exc), "queue_full")
 

@@ -49,9 +49,12 @@ class BadClient:
     @classmethod
     async def connect(cls, port: int, path: str, *, rcvbuf: int | None = None, answer_pings: bool = True,
                       timeout: float = 10.0, headers: list[tuple[str, str]] | None = None,
-                      tls: ssl.SSLContext | None = None) -> BadClient:
-        """Open a WebSocket; ``headers`` go with the upgrade; ``tls``: over TLS with this context."""
+                      tls: ssl.SSLContext | None = None, source: str | None = None) -> BadClient:
+        """Open a WebSocket; ``headers`` go with the upgrade; ``tls``: over TLS with this context; ``source``: from
+        this loopback address (``127.0.0.2``: another client than the tests' others, as the server sees it)."""
         sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if source is not None:
+            await sock.bind((source, 0))
         if rcvbuf is not None:  # before connect, so the window is small from the start
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         await sock.connect(("127.0.0.1", port))
@@ -135,6 +138,14 @@ class BadClient:
             return closed.code, messages
         except (trio.BrokenResourceError, ConnectionResetError):
             return None, messages
+
+    async def close_cleanly(self, timeout: float = 2.0) -> None:
+        """Close as a well-behaved client does: a close frame (1000), the server's answer, then the socket."""
+        await self.send_raw(self.ws.send(CloseConnection(code=1000)))
+        with contextlib.suppress(ServerClosed, trio.BrokenResourceError), trio.move_on_after(timeout):
+            while True:
+                await self.receive(timeout)
+        self.close()
 
     def reset(self) -> None:
         """Vanish with a TCP reset: SO_LINGER 0, then close."""

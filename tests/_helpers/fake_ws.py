@@ -27,8 +27,9 @@ class FakeWebSocket:
     is what the ASGI socket does when the connection drops.
     """
 
-    def __init__(self, query: bytes = b""):
+    def __init__(self, query: bytes = b"", client: str | None = None):
         self.query_string = query
+        self.client = client
         self._inbox_send, self._inbox = trio.open_memory_channel[Any](math.inf)
         self.sent: list[bytes | str] = []
         self.accepted = False

@@ -9,15 +9,21 @@ from pplex_trio._conversation import CloseCode, Conversation
 from pplex_trio.engine import LeaseFailed, LeaseState, OutputEnd, OutputFrame, SlotPhase
 from pplex_trio.engine._framing import InputFramer
 from pplex_trio.engine._lease import _LEASE_NEXT, Lease
-from pplex_trio.engine._slots import SlotTable
+from pplex_trio.engine._slots import RETURN_WINDOW, SlotTable
 
 FRAME = 1920
 
 
-def new_lease(table: SlotTable, *, early_audio: bool = False) -> Lease:
+class Clock:
+    now = 0.0
+
+
+def new_lease(table: SlotTable, *, early_audio: bool = False, client: str | None = None,
+              clock: Clock = Clock()) -> Lease:
     lease = Lease(Conversation(), framer=InputFramer(FRAME, 4), output_capacity=8, on_drop=lambda name, n: None,
-                  on_input=lambda lease: None, on_end=table.release, early_audio=early_audio)
-    table.request(lease)
+                  on_input=lambda lease: None, early_audio=early_audio, client=client,
+                  on_end=lambda lease, left: table.release(lease, clock.now, hold=left))
+    table.request(lease, clock.now)
     return lease
 
 
@@ -91,3 +97,77 @@ def test_a_flush_before_live_takes_effect_when_the_prompt_is_done():
     table.take_input(slot, np.zeros(FRAME, np.float32), 1)
     table.deliver(slot, output(1))
     assert lease.state is LeaseState.FLUSHED
+
+
+# -- a slot held for the client that left it ------------------------------------------------------
+
+
+def drain(table: SlotTable, clock: Clock) -> None:
+    """What the actor does between engine calls."""
+    table.free_drained()
+    table.admit_waiting(clock.now)
+
+
+def test_a_client_that_leaves_gets_its_slot_back_ahead_of_the_queue():
+    clock = Clock()
+    table = SlotTable(1, queue_size=4)
+    first = new_lease(table, client="10.0.0.1", clock=clock)
+    waiting = new_lease(table, client="10.0.0.2", clock=clock)
+    assert waiting.state is LeaseState.QUEUED
+    first.end(client_left=True)  # e.g. LiveKit's plugin reconnecting with a new persona
+    clock.now += 0.05
+    drain(table, clock)
+    assert waiting.state is LeaseState.QUEUED and table.free_count(clock.now) == 0  # held, for 10.0.0.1 only
+    back = new_lease(table, client="10.0.0.1", clock=clock)
+    assert back.state is LeaseState.PREFILL and back.slot == 0  # ahead of the one waiting
+    assert waiting.state is LeaseState.QUEUED and waiting.position == 1
+
+
+def test_a_client_back_while_its_slot_drains_waits_at_the_front():
+    clock = Clock()
+    table = SlotTable(1, queue_size=4)
+    first = new_lease(table, client="a", clock=clock)
+    others = [new_lease(table, client=c, clock=clock) for c in ("b", "c")]
+    first.end(client_left=True)
+    back = new_lease(table, client="a", clock=clock)  # before the slot has drained
+    assert back.state is LeaseState.QUEUED and back.position == 1 and others[1].position == 3
+    drain(table, clock)
+    assert back.state is LeaseState.PREFILL and [o.position for o in others] == [1, 2]
+
+
+def test_a_held_slot_goes_to_the_queue_once_the_window_has_passed():
+    clock = Clock()
+    table = SlotTable(1, queue_size=4)
+    first = new_lease(table, client="a", clock=clock)
+    waiting = new_lease(table, client="b", clock=clock)
+    first.end(client_left=True)
+    clock.now += RETURN_WINDOW - 0.01
+    drain(table, clock)
+    assert waiting.state is LeaseState.QUEUED
+    clock.now += 0.02
+    drain(table, clock)
+    assert waiting.state is LeaseState.PREFILL
+
+
+@pytest.mark.parametrize("how", ["server_ended", "no_client", "failed"])
+def test_only_a_slot_its_client_left_is_held(how):
+    clock = Clock()
+    table = SlotTable(1, queue_size=4)
+    first = new_lease(table, client=None if how == "no_client" else "a", clock=clock)
+    waiting = new_lease(table, client="b", clock=clock)
+    if how == "failed":
+        table.fail_slot(table.slots[0], CloseCode.INTERNAL_ERROR, "the model failed")
+    first.end(client_left=how != "server_ended")
+    drain(table, clock)
+    assert waiting.state is LeaseState.PREFILL  # nothing held: the queue moves on at once
+
+
+def test_a_held_slot_does_not_block_the_other_free_ones():
+    clock = Clock()
+    table = SlotTable(2, queue_size=4)
+    first = new_lease(table, client="a", clock=clock)
+    first.end(client_left=True)
+    drain(table, clock)
+    assert table.free_count(clock.now) == 1
+    newcomer = new_lease(table, client="b", clock=clock)
+    assert newcomer.slot == 1  # the free one, not the held one

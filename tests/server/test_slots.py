@@ -190,3 +190,24 @@ async def test_protocol_error_while_queued_is_answered_at_once(start_server):
             closed = await read_until_closed(second, timeout=2)
         assert closed.code == 1003
     assert (await get_json(handle, "/health"))["queued"] == 0  # it left the queue before its close went out
+
+
+async def test_a_persona_change_by_reconnecting_keeps_the_slot(start_server):
+    """LiveKit's PersonaPlex plugin changes persona by reconnecting at once: on a full server it gets its slot
+    back ahead of the queue, while another client waits on."""
+    handle = await start_server(slots=1, echo_prefill_steps=1)
+    url = "/api/chat?voice_prompt=NATF2.pt&text_prompt="
+    agent = await BadClient.connect(handle.port, url + "Be+kind.", source="127.0.0.2")
+    assert await agent.receive() == b"\x00"
+    other = await BadClient.connect(handle.port, "/api/chat", source="127.0.0.3")
+    await trio.testing.wait_all_tasks_blocked(0.05)  # (queued: the agent's ticks are 80 ms apart)
+    assert (await get_json(handle, "/health"))["queued"] == 1
+    await agent.close_cleanly()
+    agent = await BadClient.connect(handle.port, url + "Be+brief.", source="127.0.0.2")
+    assert await agent.receive() == b"\x00"  # served first: the slot was held for it
+    health = await get_json(handle, "/health")
+    assert health["queued"] == 1 and health["sessions"] == 2
+    sessions = (await get_json(handle, "/api/sessions"))["sessions"]
+    assert sorted(s["state"] for s in sessions) == ["live", "queued"]
+    agent.close()
+    other.close()
