@@ -8,8 +8,8 @@ They differ in a few event names (``response.output_audio.delta`` is beta's
 :class:`ServerEvents` of either dialect writes the same facts in its shape.
 
 What of the protocol a full-duplex model can honour is in ``docs/PROTOCOL.md``;
-this module only reads and writes events and checks the values of a session
-update (:func:`apply_session_update`).
+this module reads client events and checks the values of a session update
+(:func:`apply_session_update`); ``_realtime_events.py`` writes the server's.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import base64
 import binascii
 import dataclasses
 import enum
-import itertools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -248,161 +247,3 @@ def _metadata(value: Any, event_id: str | None) -> dict[str, str] | None:
                             f"to {MAX_METADATA_KEY} characters, values up to {MAX_METADATA_VALUE})",
                             param="response.metadata", event_id=event_id)
     return dict(value)
-
-
-# -- server events ---------------------------------------------------------------------------
-
-# GA names, and beta's where they differ.
-_BETA_NAMES = {
-    "response.output_audio.delta": "response.audio.delta",
-    "response.output_audio.done": "response.audio.done",
-    "response.output_audio_transcript.delta": "response.audio_transcript.delta",
-    "response.output_audio_transcript.done": "response.audio_transcript.done",
-}
-TURN_DETECTION = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 0, "silence_duration_ms": 480,
-                  "create_response": False, "interrupt_response": False}
-
-
-class ServerEvents:
-    """Builds one connection's server events as JSON text, in its dialect, with fresh ids."""
-
-    def __init__(self, dialect: Dialect, *, model: str):
-        self.dialect = dialect
-        self.model = model
-        self._ids = itertools.count(1)
-        self.session_id = self.new_id("sess")
-
-    def new_id(self, prefix: str) -> str:
-        return f"{prefix}_{next(self._ids):06d}"
-
-    def _event(self, kind: str, **fields: Any) -> str:
-        if self.dialect is Dialect.BETA:
-            kind = _BETA_NAMES.get(kind, kind)
-        return json.dumps({"type": kind, "event_id": self.new_id("event"), **fields}, separators=(",", ":"))
-
-    # -- the session
-
-    def session(self, config: SessionConfig) -> dict[str, Any]:
-        if self.dialect is Dialect.BETA:
-            # (beta's session model names only OpenAI's models: ours is left out, as the schema allows)
-            return {"id": self.session_id, "object": "realtime.session",
-                    "modalities": ["audio", "text"], "instructions": config.instructions, "voice": config.voice,
-                    "input_audio_format": config.input_format.beta, "output_audio_format": config.output_format.beta,
-                    "input_audio_transcription": None, "turn_detection": TURN_DETECTION, "tools": [],
-                    "tool_choice": "auto", "temperature": config.temperature,
-                    "max_response_output_tokens": "inf", "speed": 1.0}
-        return {"type": "realtime", "object": "realtime.session", "id": self.session_id, "model": self.model,
-                "output_modalities": ["audio"], "instructions": config.instructions,
-                "audio": {"input": {"format": _ga_format(config.input_format), "transcription": None,
-                                    "noise_reduction": None, "turn_detection": TURN_DETECTION},
-                          "output": {"format": _ga_format(config.output_format), "voice": config.voice,
-                                     "speed": 1.0}},
-                "tools": [], "tool_choice": "auto", "max_output_tokens": "inf", "tracing": None,
-                "truncation": "auto", "prompt": None}
-
-    def session_created(self, config: SessionConfig) -> str:
-        return self._event("session.created", session=self.session(config))
-
-    def session_updated(self, config: SessionConfig) -> str:
-        return self._event("session.updated", session=self.session(config))
-
-    def error(self, message: str, *, kind: str = "invalid_request_error", code: str | None = None,
-              param: str | None = None, event_id: str | None = None) -> str:
-        return self._event("error", error={"type": kind, "code": code, "message": message, "param": param,
-                                           "event_id": event_id})
-
-    def error_from(self, exc: RealtimeError) -> str:
-        return self.error(exc.message, kind=exc.kind, code=exc.code, param=exc.param, event_id=exc.event_id)
-
-    # -- input
-
-    def committed(self, item_id: str, previous_item_id: str | None) -> str:
-        return self._event("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous_item_id)
-
-    def cleared(self) -> str:
-        return self._event("input_audio_buffer.cleared")
-
-    def speech_started(self, audio_start_ms: int, item_id: str) -> str:
-        return self._event("input_audio_buffer.speech_started", audio_start_ms=audio_start_ms, item_id=item_id)
-
-    def speech_stopped(self, audio_end_ms: int, item_id: str) -> str:
-        return self._event("input_audio_buffer.speech_stopped", audio_end_ms=audio_end_ms, item_id=item_id)
-
-    def output_cleared(self, response_id: str) -> str:
-        return self._event("output_audio_buffer.cleared", response_id=response_id)
-
-    # -- conversation items
-
-    def item_added(self, previous_item_id: str | None, item: dict[str, Any]) -> list[str]:
-        if self.dialect is Dialect.BETA:
-            return [self._event("conversation.item.created", previous_item_id=previous_item_id, item=item)]
-        return [self._event("conversation.item.added", previous_item_id=previous_item_id, item=item),
-                self._event("conversation.item.done", previous_item_id=previous_item_id, item=item)]
-
-    def item_truncated(self, item_id: str, content_index: int, audio_end_ms: int) -> str:
-        return self._event("conversation.item.truncated", item_id=item_id, content_index=content_index,
-                           audio_end_ms=audio_end_ms)
-
-    def item_deleted(self, item_id: str) -> str:
-        return self._event("conversation.item.deleted", item_id=item_id)
-
-    def item_retrieved(self, item: dict[str, Any]) -> str:
-        return self._event("conversation.item.retrieved", item=item)
-
-    # -- a response: created, its one audio item and part, deltas, then done
-
-    def item(self, item_id: str, status: str, transcript: str | None) -> dict[str, Any]:
-        content = {"type": "output_audio" if self.dialect is Dialect.GA else "audio", "transcript": transcript}
-        return {"id": item_id, "object": "realtime.item", "type": "message", "status": status, "role": "assistant",
-                "content": [] if transcript is None else [content]}
-
-    def _response(self, response_id: str, status: str, config: SessionConfig, output: list[dict[str, Any]],
-                  metadata: dict[str, str] | None) -> dict[str, Any]:
-        base = {"id": response_id, "object": "realtime.response", "status": status, "status_details": None,
-                "output": output, "conversation_id": None, "usage": None, "metadata": metadata}
-        if self.dialect is Dialect.BETA:
-            return {**base, "modalities": ["audio", "text"], "voice": config.voice,
-                    "output_audio_format": config.output_format.beta, "max_output_tokens": "inf"}
-        return {**base, "output_modalities": ["audio"], "max_output_tokens": "inf",
-                "audio": {"output": {"format": _ga_format(config.output_format), "voice": config.voice}}}
-
-    def response_started(self, response_id: str, item_id: str, config: SessionConfig,
-                         metadata: dict[str, str] | None = None) -> list[str]:
-        where = dict(response_id=response_id, item_id=item_id, output_index=0, content_index=0)
-        return [
-            self._event("response.created", response=self._response(response_id, "in_progress", config, [], metadata)),
-            self._event("response.output_item.added", response_id=response_id, output_index=0,
-                        item=self.item(item_id, "in_progress", None)),
-            self._event("response.content_part.added", **where, part={"type": "audio", "transcript": ""}),
-        ]
-
-    def audio_delta(self, response_id: str, item_id: str, audio: bytes) -> str:
-        return self._event("response.output_audio.delta", response_id=response_id, item_id=item_id,
-                           output_index=0, content_index=0, delta=base64.b64encode(audio).decode("ascii"))
-
-    def transcript_delta(self, response_id: str, item_id: str, text: str) -> str:
-        return self._event("response.output_audio_transcript.delta", response_id=response_id, item_id=item_id,
-                           output_index=0, content_index=0, delta=text)
-
-    def response_finished(self, response_id: str, item_id: str, config: SessionConfig, transcript: str,
-                          status: str = "completed", metadata: dict[str, str] | None = None) -> list[str]:
-        where = dict(response_id=response_id, item_id=item_id, output_index=0, content_index=0)
-        item = self.item(item_id, "completed" if status == "completed" else "incomplete", transcript)
-        return [
-            self._event("response.output_audio.done", **where),
-            self._event("response.output_audio_transcript.done", **where, transcript=transcript),
-            self._event("response.content_part.done", **where, part={"type": "audio", "transcript": transcript}),
-            self._event("response.output_item.done", response_id=response_id, output_index=0, item=item),
-            self._event("response.done", response=self._response(response_id, status, config, [item], metadata)),
-        ]
-
-    # -- ours (the protocol has no queue)
-
-    def queued(self, position: int) -> str:
-        return self._event("pplex.queued", position=position)
-
-
-def _ga_format(audio_format: AudioFormat) -> dict[str, Any]:
-    if audio_format is AudioFormat.PCM16:
-        return {"type": audio_format.ga, "rate": audio_format.rate}
-    return {"type": audio_format.ga}

@@ -74,11 +74,7 @@ class ConversationItems:
     def truncate(self, event: Mapping[str, Any], event_id: str | None) -> tuple[str, int, int]:
         """``conversation.item.truncate``: checked, and recorded as nothing more (the model hears on)."""
         item_id = self._existing(event, event_id)
-        content_index, audio_end_ms = event.get("content_index", 0), event.get("audio_end_ms")
-        for name, value in (("content_index", content_index), ("audio_end_ms", audio_end_ms)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise RealtimeError(f"{name} must be a whole number of 0 or more", param=name, event_id=event_id)
-        return item_id, content_index, audio_end_ms
+        return item_id, _count(event, "content_index", 0, event_id), _count(event, "audio_end_ms", None, event_id)
 
     def delete(self, event: Mapping[str, Any], event_id: str | None) -> str:
         item_id = self._existing(event, event_id)
@@ -96,3 +92,10 @@ class ConversationItems:
             raise RealtimeError(f"no item with id {item_id[:MAX_ID_CHARS]!r} in this conversation", param="item_id",
                                 code="item_not_found", event_id=event_id)
         return item_id
+
+
+def _count(event: Mapping[str, Any], name: str, default: int | None, event_id: str | None) -> int:
+    value = event.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise RealtimeError(f"{name} must be a whole number of 0 or more", param=name, event_id=event_id)
+    return value

@@ -32,9 +32,10 @@ from ..codec._resample import StreamResampler
 from ..codec._vad import EnergyVAD
 from ..engine import OutputFrame
 from ..protocol import ProtocolError
-from ..protocol._realtime import (AudioAppend, AudioFormat, Dialect, ItemEvent, RealtimeError, ResponseCreate,
-                                  ServerEvents, SessionConfig, SessionUpdate, apply_session_update,
-                                  parse_client_event)
+from ..protocol._errors import RealtimeError
+from ..protocol._realtime import (AudioAppend, AudioFormat, Dialect, ItemEvent, ResponseCreate, SessionConfig,
+                                  SessionUpdate, apply_session_update, parse_client_event)
+from ..protocol._realtime_events import ServerEvents
 from ..protocol._realtime_items import ConversationItems
 from ._wire import InputAudio, InputEvent, Message, Replies, WireProtocol
 
@@ -214,7 +215,7 @@ class RealtimeProtocol(WireProtocol):
     def _item_event(self, event: ItemEvent) -> list[Message]:
         items, events = self.items, self.events
         if event.type == "conversation.item.create":
-            return events.item_added(*items.create(event.fields, event.event_id))
+            return [*events.item_added(*items.create(event.fields, event.event_id))]
         if event.type == "conversation.item.truncate":
             return [events.item_truncated(*items.truncate(event.fields, event.event_id))]
         if event.type == "conversation.item.delete":
@@ -260,7 +261,7 @@ class RealtimeProtocol(WireProtocol):
         self._response, self._item = self.events.new_id("resp"), self.events.new_id("item")
         self._transcript = []
         self.items.record(self.events.item(self._item, "in_progress", None))
-        return self.events.response_started(self._response, self._item, self.config, self._metadata)
+        return [*self.events.response_started(self._response, self._item, self.config, self._metadata)]
 
     def _cut(self, status: str, next_metadata: dict[str, str] | None = None) -> list[Message]:
         """End the open response and open the next (with ``next_metadata``), back to back."""

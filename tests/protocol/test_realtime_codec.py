@@ -15,8 +15,9 @@ from pydantic import TypeAdapter
 
 from pplex_trio.protocol import ProtocolError
 from pplex_trio.protocol._realtime import (AudioAppend, AudioFormat, ClientEvent, Dialect, ItemEvent, RealtimeError,
-                                           ResponseCreate, ServerEvents, SessionConfig, SessionUpdate,
-                                           apply_session_update, parse_client_event)
+                                           ResponseCreate, SessionConfig, SessionUpdate, apply_session_update,
+                                           parse_client_event)
+from pplex_trio.protocol._realtime_events import ServerEvents
 from pplex_trio.protocol._realtime_items import MAX_ITEMS, ConversationItems
 
 openai_ga = pytest.importorskip("openai.types.realtime")
