@@ -14,9 +14,7 @@ never latency:
     socket → receive → [inbound] → process (decode) → lease.push_input → engine
     engine → lease.frames() → send (encode, write) → socket
 
-The send task encodes as well: a frame goes out as soon as it is encoded, and
-a client that reads slowly makes the lease's outbox drop raw frames before any
-are encoded, so an Opus stream stays whole.  Whoever ends the session first
+The send task (``_sender.py``) encodes as well.  Whoever ends the session first
 (a protocol error, an engine failure, a shutdown, the end of a flush) calls
 :meth:`Session.end`, which records why and cancels the rest; the session then
 tells the client why and closes.  A client that disconnects cancels the whole
@@ -33,36 +31,23 @@ import dataclasses
 import enum
 import itertools
 import logging
-import math
 from typing import Any, Protocol
 
 import numpy as np
 import trio
 
 from .._channel import DropOldestChannel
-from .._conversation import CLOSE_BUDGET, CloseCode, Conversation
+from .._conversation import CloseCode, Conversation
 from .._metrics import Metrics
 from ..engine import LIVE_STATES, EngineActor, Lease, LeaseFailed, LeaseState, OutputFrame, QueueFull
 from ..protocol import ProtocolError
 from ._phase import Unready
 from ._settings import ServerSettings
-from ._wire import EndOfInput, InputAudio, Message, Replies, WireProtocol
+from ._sender import Sender, StreamEnd
+from ._wire import EndOfInput, InputAudio, Message, Replies, WebSocket, WireProtocol
 
 logger = logging.getLogger(__name__)
 _ids = itertools.count(1)
-STAGE_SAMPLING = 4  # one frame in this many feeds the per-stage latency histograms
-
-
-class WebSocket(Protocol):
-    """The part of a WebSocket a session uses (``AsgiWebSocket``; tests pass a fake)."""
-
-    query_string: bytes
-    client: str | None  # the peer's address (None: unknown)
-
-    async def accept(self, subprotocol: str | None = None) -> None: ...
-    async def receive(self) -> bytes | str | None: ...
-    async def send(self, data: bytes | str) -> None: ...
-    async def close(self, code: int, reason: str = "") -> None: ...
 
 
 class SessionHost(Protocol):
@@ -77,12 +62,8 @@ class SessionHost(Protocol):
 
 
 class SessionState(enum.Enum):
-    """What ``/api/sessions`` shows of a session.
-
-    A session keeps only the steps that are its own (admitting, live, closing,
-    closed); between the settings and the handshake its state is its lease's:
-    queued for a slot, then preparing while the slot runs the system prompt.
-    """
+    """What ``/api/sessions`` shows.  A session keeps only its own steps (admitting, live, closing, closed);
+    between its settings and its handshake, its state is its lease's (queued, then preparing)."""
 
     ADMITTING = "admitting"  # accepted; reading and checking the conversation's settings
     QUEUED = "queued"  # (the lease's) waiting for a slot
@@ -92,13 +73,8 @@ class SessionState(enum.Enum):
     CLOSED = "closed"
 
 
-# The session's own moves; CLOSING and CLOSED may be entered from anywhere.
-_NEXT = {
-    SessionState.ADMITTING: {SessionState.LIVE},
-    SessionState.LIVE: set(),
-    SessionState.CLOSING: set(),
-    SessionState.CLOSED: set(),
-}
+# The session's own moves, besides CLOSING and CLOSED, which it may enter from anywhere.
+_NEXT = {SessionState.ADMITTING: {SessionState.LIVE}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,8 +89,6 @@ class SessionStats:
     """Per-session counters, shown by ``/api/sessions``."""
 
     frames_decoded: int = 0  # input audio taken by the engine, in 1920-sample frames
-    frames_sent: int = 0  # output audio frames
-    text_sent: int = 0
     messages_received: int = 0
     messages_ignored: int = 0
 
@@ -129,6 +103,7 @@ class Session:
         self.host = host
         self.settings = host.settings
         self.stats = SessionStats()
+        self._sender = Sender(ws, wire, host.metrics, timeout=self.settings.client_timeout)
         self._step = SessionState.ADMITTING  # the session's own step; see `state`
         self.lease: Lease | None = None
         self.ending: Ending | None = None
@@ -150,7 +125,7 @@ class Session:
         return self._step
 
     def _enter(self, step: SessionState) -> None:
-        if step in (SessionState.CLOSING, SessionState.CLOSED) or step in _NEXT[self._step]:
+        if step in (SessionState.CLOSING, SessionState.CLOSED) or step in _NEXT.get(self._step, ()):
             self._step = step
         else:
             raise RuntimeError(f"session {self.id}: no transition from {self._step.value} to {step.value}")
@@ -167,10 +142,7 @@ class Session:
         host.sessions.add(self)
         outcome = "client_closed"
         try:
-            if self.wire.subprotocol is not None:
-                await self.ws.accept(subprotocol=self.wire.subprotocol)
-            else:
-                await self.ws.accept()
+            await self.ws.accept(subprotocol=self.wire.subprotocol)
             with self._scope:
                 unready = host.unready(when_full=False)
                 if unready in (Unready.SHUTTING_DOWN, Unready.DRAINING):
@@ -188,7 +160,7 @@ class Session:
             if self.ending is not None:
                 outcome = self.ending.outcome
                 self._enter(SessionState.CLOSING)
-                await self._close(self.ending)
+                await self._sender.close(self.ending.code, self.ending.message)
         finally:
             self._enter(SessionState.CLOSED)
             host.sessions.discard(self)
@@ -376,52 +348,16 @@ class Session:
 
     async def _send_loop(self, lease: Lease) -> None:
         """Engine output → encoded messages → socket, each write with a deadline."""
-        metrics = self.host.metrics
-        stage = {name: metrics.latency_stage.labels(name) for name in ("wait_for_tick", "tick", "encode", "send")}
-        timeout = self.settings.client_timeout
-        observed = 0
-        complete = False
-        # One cancel scope for the whole loop, its deadline set per batch (a
-        # frame's one or two messages): a new scope per message costs more than the send itself.
-        with self.wire.output_stream(), trio.CancelScope() as timer:
-            async for batch in lease.frames():
-                frames = [event for event in batch if isinstance(event, OutputFrame)]
-                complete = len(frames) < len(batch)  # an OutputEnd: the flush is done
-                messages = await self.wire.encode(frames) if frames else []
-                encoded = trio.current_time()
-                self.stats.text_sent += sum(1 for frame in frames if frame.text)
-                if complete and (last := self.wire.end_of_output()) is not None:
-                    messages.append((last, None))
-                timer.deadline = encoded + timeout
-                for message, frame in messages:
-                    await self.ws.send(message)
-                    if frame is None:
-                        continue
-                    self.stats.frames_sent += 1
-                    if frame.input_arrival is None:
-                        continue
-                    sent = trio.current_time()
-                    metrics.added_latency.observe(sent - frame.input_arrival - frame.step_seconds)
-                    observed += 1
-                    if observed % STAGE_SAMPLING == 0:  # the split by stage needs fewer samples
-                        stage["wait_for_tick"].observe(frame.tick_started - frame.input_arrival)
-                        stage["tick"].observe(frame.delivered - frame.tick_started - frame.step_seconds)
-                        stage["encode"].observe(encoded - frame.delivered)
-                        stage["send"].observe(sent - encoded)
-                timer.deadline = math.inf
-                if complete:
-                    break
-        if timer.cancelled_caught:
+        end = await self._sender.stream(lease)
+        if end is StreamEnd.CLIENT_TIMEOUT:
             self.end(CloseCode.POLICY, "client did not read its messages in time", "client_timeout")
-        elif complete:
+        elif end is StreamEnd.COMPLETE:
             self.end(CloseCode.NORMAL, None, "completed")  # everything is out: a normal end
         # else: the lease ended, so the session is ending anyway
 
     async def _send_control(self, message: Message) -> None:
         """A message outside the audio stream (keepalive, ready), with the same deadline."""
-        with trio.move_on_after(self.settings.client_timeout) as timer:
-            await self.ws.send(message)
-        if timer.cancelled_caught:
+        if not await self._sender.control(message):
             self.end(CloseCode.POLICY, "client did not read its messages in time", "client_timeout")
             await trio.lowlevel.checkpoint()  # the session's scope is cancelled: stop here
 
@@ -441,19 +377,6 @@ class Session:
         outcome = "engine_error" if lease.failure.code == CloseCode.INTERNAL_ERROR else "rejected"
         self.end(lease.failure.code, lease.failure.message, outcome)
 
-    async def _close(self, ending: Ending) -> None:
-        """CLOSING: tell the client why, close, and read until it answers the close."""
-        # The client may be gone or stuck: never wait long on it.
-        with trio.move_on_after(CLOSE_BUDGET):
-            if ending.message is not None:
-                await self.ws.send(self.wire.error(ending.message, ending.code))
-            await self.ws.close(ending.code, close_reason(ending.message))
-            # Read on until the client answers the close (Quart then cancels
-            # us): a socket closed with the client's audio still unread would
-            # be reset, and the client might never see why it ended.
-            while await self.ws.receive() is not None:
-                pass
-
     def describe(self) -> dict[str, Any]:
         lease = self.lease
         ms = 1000 / self.host.actor.engine.sample_rate  # per sample
@@ -465,15 +388,11 @@ class Session:
             "slot": lease.slot if lease else None,
             "queue_position": lease.position if lease and lease.state is LeaseState.QUEUED else None,
             **dataclasses.asdict(self.stats),
+            "frames_sent": self._sender.frames_sent,
+            "text_sent": self._sender.text_sent,
             "frames_consumed": lease.frames_consumed if lease else 0,
             "input_backlog_ms": round(inputs.pending * ms, 1) if inputs else 0.0,
             "input_margin_ms": round(inputs.margin * ms, 1) if inputs else 0.0,
             "input_underruns": inputs.underruns if inputs else 0,
             "input_skipped_ms": round(inputs.skipped * ms, 1) if inputs else 0.0,
         }
-
-
-def close_reason(message: str | None) -> str:
-    """A close frame's reason must fit in 123 bytes of UTF-8."""
-    data = (message or "").encode("utf-8")[:123]
-    return data.decode("utf-8", errors="ignore")

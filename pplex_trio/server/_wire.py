@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -21,6 +21,18 @@ from .._conversation import Conversation
 from ..engine import OutputFrame
 
 Message = bytes | str  # one WebSocket message
+
+
+class WebSocket(Protocol):
+    """The part of a WebSocket a session uses (``AsgiWebSocket``; tests pass a fake)."""
+
+    query_string: bytes
+    client: str | None  # the peer's address (None: unknown)
+
+    async def accept(self, subprotocol: str | None = None) -> None: ...
+    async def receive(self) -> bytes | str | None: ...
+    async def send(self, data: bytes | str) -> None: ...
+    async def close(self, code: int, reason: str = "") -> None: ...
 
 
 @dataclasses.dataclass(frozen=True)
