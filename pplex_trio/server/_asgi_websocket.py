@@ -29,7 +29,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class AsgiWebSocket:
-    """One WebSocket of the ASGI server, with the calls a session makes (see ``_session.WebSocket``)."""
+    """One WebSocket of the ASGI server, with the calls a session makes (see ``_wire.WebSocket``)."""
 
     def __init__(self, scope: Scope, receive: Receive, send: Send):
         self.query_string: bytes = scope.get("query_string", b"")
