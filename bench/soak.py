@@ -3,7 +3,7 @@
 Usage (from the repository root)::
 
     python bench/soak.py --clients 32 --duration 1800 --name soak-32-30min   # 30 minutes, 32 at a time
-    python bench/soak.py --clients 6 --duration 100 --warmup 30             # the CI check's size
+    python bench/soak.py --clients 6 --duration 50 --warmup 20              # the CI check's size
 
 Starts ``pplex-trio serve --model echo`` with fewer slots than clients (so
 some wait in the queue) and a short ``--client-timeout``.  Each client loops:
