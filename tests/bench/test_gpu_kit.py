@@ -36,7 +36,8 @@ def test_the_kit_runs_end_to_end_in_a_clean_venv(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     image = ["torch==2.13.0" if name == "torch" else name for name in manifest["provided_by_the_image"]]
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile", *image],
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
+                    *image],
                    check=True, timeout=600, capture_output=True)
     clean = subprocess.run([str(python), "-c", "import trio"], capture_output=True, timeout=60)
     assert clean.returncode != 0  # the venv really lacks what the kit must bring
