@@ -177,6 +177,12 @@ class InputFramer:
             dropped += old.size
         return -(-dropped // self.frame_size)
 
+    def back_to_early(self) -> None:
+        """The system prompt runs again (a persona change): what waits goes back ahead of the early audio."""
+        if self._len:
+            self.keep_early(self._buf[: self._len].copy(), self._last_arrival)
+            self._discard(self._len)
+
     def catch_up(self) -> bool:
         """The conversation is live: queue what :meth:`keep_early` kept ahead of anything pushed since.
 

@@ -27,10 +27,12 @@ class LeaseState(enum.Enum):
 
     ::
 
-        QUEUED ──► PREFILL ──► LIVE ──► FLUSHING ──► FLUSHED
+        QUEUED ──► PREFILL ◄─► LIVE ──► FLUSHING ──► FLUSHED
            │          │  └──────────────────▲           │
            └──────────┴──── FAILED ◄────────┴───────────┘   (and every state ──► ENDED)
 
+    LIVE ──► PREFILL: the conversation asked for its prompt again with new
+    settings (:meth:`Lease.restart`, a persona change) and runs it in its slot.
     FLUSHING: the input has ended; the output ends once every frame taken has
     its answer (FLUSHED: its ``OutputEnd`` is out, nothing follows).  A flush
     asked before LIVE takes effect when the prompt is done (PREFILL ──►
@@ -50,7 +52,7 @@ class LeaseState(enum.Enum):
 _LEASE_NEXT = {
     LeaseState.QUEUED: {LeaseState.QUEUED, LeaseState.PREFILL, LeaseState.FAILED},  # (QUEUED: a new position)
     LeaseState.PREFILL: {LeaseState.LIVE, LeaseState.FLUSHING, LeaseState.FAILED},
-    LeaseState.LIVE: {LeaseState.FLUSHING, LeaseState.FAILED},
+    LeaseState.LIVE: {LeaseState.PREFILL, LeaseState.FLUSHING, LeaseState.FAILED},
     LeaseState.FLUSHING: {LeaseState.FLUSHED, LeaseState.FAILED},
     LeaseState.FLUSHED: {LeaseState.FAILED},
     LeaseState.FAILED: set(),
@@ -154,6 +156,7 @@ class Lease:
         self._position = 0
         self._failure: LeaseFailure | None = None  # why, once FAILED
         self._prefill_total = 0
+        self._restart_with: Conversation | None = None  # new settings, for the prompt to run again with
         self._frames_consumed = 0  # real input frames the engine took
         self._frames_delivered = 0  # output frames put into the outbox
         self._last_consumed_tick = -1
@@ -255,6 +258,19 @@ class Lease:
     def frames(self) -> _OutputBatches:
         """Output events, in batches of everything waiting (at least one); ends when the lease does."""
         return _OutputBatches(self._outbox)
+
+    def restart(self, conversation: Conversation) -> bool:
+        """Run the system prompt again with ``conversation`` (its persona, voice, sampling) in the same slot:
+        a persona change without leaving.  The lease is PREFILL until it has run; what the client says
+        meanwhile is kept for the model as before its first handshake (``early_audio``).  False when it
+        is too late (the input has ended, or the conversation is over)."""
+        if self._state is LeaseState.QUEUED:
+            self.conversation = conversation  # nothing has run yet
+            return True
+        if self._state not in (LeaseState.PREFILL, LeaseState.LIVE) or self._framer.input_ended:
+            return False
+        self._restart_with = conversation  # taken by the SlotTable at the next engine call
+        return True
 
     def end(self, *, client_left: bool = False) -> None:
         """The conversation is over: give the slot back (it drains before anyone else gets it).

@@ -126,6 +126,24 @@ class SlotTable:
                 freed.append(slot.index)
         return freed
 
+    def restart_prompts(self) -> list[int]:
+        """Slots whose conversation asked for its prompt again (:meth:`Lease.restart`): back to PREFILL with the
+        new settings, their rows to be reset.  Safe only while no engine call is in flight."""
+        rows = []
+        for slot in self.slots:
+            lease = slot.lease
+            if lease is None or lease._restart_with is None:
+                continue
+            lease.conversation, lease._restart_with = lease._restart_with, None
+            if slot.phase is SlotPhase.LIVE:
+                lease._framer.back_to_early()
+                lease._set(LeaseState.PREFILL)
+            slot.phase = SlotPhase.PREFILL
+            slot.started = False
+            slot.prefill_left = 0
+            rows.append(slot.index)
+        return rows
+
     def admit_waiting(self, now: float) -> None:
         """Hand free slots to the longest-waiting leases (a held slot only to its client)."""
         changed = False

@@ -77,8 +77,9 @@ class CallResult:
 
 
 def plan_call(table: SlotTable, now: float) -> EngineCall:
-    """A call with the rows to reset and the conversations to start (free drained slots, admit the waiting)."""
-    resets = table.free_drained()
+    """A call with the rows to reset and the conversations to start (free drained slots, restart the prompts
+    asked for again, admit the waiting)."""
+    resets = table.free_drained() + table.restart_prompts()
     table.admit_waiting(now)
     starts = [(slot.index, slot.lease.conversation) for slot in table.slots
               if slot.phase is SlotPhase.PREFILL and slot.lease is not None and not slot.started]

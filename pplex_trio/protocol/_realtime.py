@@ -80,9 +80,9 @@ def apply_session_update(config: SessionConfig, session: Any, *, started: bool, 
     """``config`` with a ``session.update``'s ``session`` applied; both dialects' field names are read.
 
     Unknown fields are ignored. OpenAI's voice names stand for the voices of :data:`OPENAI_VOICES`.
-    Raises :class:`RealtimeError` (with ``param``) for a bad value, and for a persona or voice
-    change once the conversation has ``started`` (the model's prompt is behind it); an unknown
-    voice alone is not applied, the rest is, and its error is returned beside the new config.
+    Raises :class:`RealtimeError` (with ``param``) for a bad value, and for a change of audio
+    format once the conversation has ``started``; an unknown voice alone is not applied, the rest
+    is, and its error is returned beside the new config.
     """
     if not isinstance(session, Mapping):
         raise RealtimeError("session must be an object", param="session", event_id=event_id)
@@ -118,12 +118,7 @@ def apply_session_update(config: SessionConfig, session: Any, *, started: bool, 
         else:
             continue
         changes[f"{side}_format"] = _audio_format(value, param, event_id)
-    if started:
-        for name in ("instructions", "voice", "temperature"):
-            if name in changes and changes[name] != getattr(config, name):
-                raise RealtimeError(f"the {name} cannot change once the conversation has started (the model "
-                                    "has taken them in); open a new session", param=f"session.{name}",
-                                    code="session_started", event_id=event_id)
+    if started:  # (a new persona, voice or temperature runs the prompt again: the session's to do)
         for side in ("input_format", "output_format"):
             if side in changes and changes[side] != getattr(config, side):
                 raise RealtimeError(f"the {side.replace('_', ' ')} cannot change once audio flows; open a new "

@@ -37,7 +37,7 @@ from ..protocol._realtime import (AudioAppend, AudioFormat, Dialect, ItemEvent, 
                                   SessionUpdate, apply_session_update, parse_client_event)
 from ..protocol._realtime_events import ServerEvents
 from ..protocol._realtime_items import ConversationItems
-from ._wire import InputAudio, InputEvent, Message, Replies, WireProtocol
+from ._wire import InputAudio, InputEvent, Message, Replies, Restart, WireProtocol
 
 SUBPROTOCOL = "realtime"  # what browsers offer (with the token and beta markers beside it)
 MAX_PENDING_EVENTS = 256  # server events waiting for the next frame; more means the client floods us
@@ -131,7 +131,9 @@ class RealtimeProtocol(WireProtocol):
             if isinstance(event, AudioAppend) and event.audio:
                 self._opening_audio = InputAudio(event.audio)  # heard too: see WireProtocol.opening_audio
             return self.config.conversation()
-        return self._answer(event)
+        answer = self._answer(event)
+        assert isinstance(answer, Replies)  # (nothing to restart before the start)
+        return answer
 
     def opening_audio(self) -> InputAudio | None:
         audio, self._opening_audio = self._opening_audio, None
@@ -175,18 +177,23 @@ class RealtimeProtocol(WireProtocol):
             return InputAudio(event.audio) if event.audio else None
         return self._answer(event)
 
-    def _answer(self, event: Any) -> Replies:
+    def _answer(self, event: Any) -> Replies | Restart:
         """The events that do not carry audio (before or after the start)."""
         events = self.events
         if isinstance(event, SessionUpdate):
+            before = self.config
             try:
                 self.config, voice_error = apply_session_update(
                     self.config, event.session, started=self._started, max_prompt_chars=self._max_prompt_chars,
                     voices=self._voices, event_id=event.event_id)
             except RealtimeError as exc:
                 return Replies([self._refuse(exc)])
-            updated = events.session_updated(self.config)
-            return Replies([updated] if voice_error is None else [updated, self._refuse(voice_error)])
+            updated: list[Message] = [events.session_updated(self.config)]
+            if voice_error is not None:
+                updated.append(self._refuse(voice_error))
+            if self._started and self.config.conversation() != before.conversation():
+                return Restart(self.config.conversation(), updated)  # a new persona: the prompt runs again
+            return Replies(updated)
         if isinstance(event, ResponseCreate) or event.type == "response.cancel":
             if self._response is None:  # not live yet: the first response will carry it
                 self._metadata = getattr(event, "metadata", self._metadata)

@@ -44,7 +44,7 @@ from ..protocol import ProtocolError
 from ._phase import Unready
 from ._settings import ServerSettings
 from ._sender import Sender, StreamEnd
-from ._wire import EndOfInput, InputAudio, Message, Replies, WebSocket, WireProtocol
+from ._wire import EndOfInput, InputAudio, Message, Replies, Restart, WebSocket, WireProtocol
 
 logger = logging.getLogger(__name__)
 _ids = itertools.count(1)
@@ -232,7 +232,7 @@ class Session:
             # The client is read from the start, so a protocol error or a
             # disconnect is noticed while it waits too (input before "live" is
             # decoded, to keep the stream's state, and then dropped).
-            nursery.start_soon(self._guard, self._receive_loop, inbound)
+            nursery.start_soon(self._guard, self._receive_loop, inbound, lease)
             nursery.start_soon(self._guard, self._process_loop, inbound, lease)
             if not await self._wait_until_live(lease):
                 nursery.cancel_scope.cancel()
@@ -296,7 +296,7 @@ class Session:
 
     # -- the three tasks -----------------------------------------------------
 
-    async def _receive_loop(self, inbound: DropOldestChannel[tuple[float, Any]]) -> None:
+    async def _receive_loop(self, inbound: DropOldestChannel[tuple[float, Any]], lease: Lease) -> None:
         """Socket → parsed events → the inbound queue (audio payloads, still encoded)."""
         wire, stats = self.wire, self.stats
         while True:
@@ -310,6 +310,12 @@ class Session:
             elif isinstance(event, EndOfInput):
                 inbound.close()  # the process task flushes once it has passed everything on
             elif isinstance(event, Replies):
+                for reply in event.messages:
+                    await self._send_control(reply)
+            elif isinstance(event, Restart):
+                if lease.restart(event.conversation):
+                    logger.info("session %d (%s): new settings; the system prompt runs again", self.id,
+                                self.protocol)
                 for reply in event.messages:
                     await self._send_control(reply)
             else:

@@ -54,7 +54,15 @@ class Replies:
     messages: list[Message]
 
 
-InputEvent = InputAudio | EndOfInput | Replies | None  # None: a well-formed message the server ignores
+@dataclasses.dataclass(frozen=True)
+class Restart:
+    """New settings for a conversation under way (a persona change): its prompt runs again; then ``messages``."""
+
+    conversation: Conversation
+    messages: list[Message]
+
+
+InputEvent = InputAudio | EndOfInput | Replies | Restart | None  # None: a well-formed message the server ignores
 
 
 class WireProtocol(abc.ABC):

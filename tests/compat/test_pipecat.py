@@ -217,7 +217,6 @@ def test_pipecat_realtime_pipeline_hears_the_echo(echo_server, caller, assert_ec
                 len(run.speaker.audio), len(numbers), truncated_at - barge_in)
 
 
-@pytest.mark.xfail(reason="a persona update after the first audio is refused (session_started)", strict=True)
 def test_pipecat_with_the_server_a_round_trip_away(echo_server, caller, assert_echoed, monkeypatch):
     """The microphone's first audio reaches the server before Pipecat's session.update: the persona and
     voice still apply, with no error (an error would end Pipecat's connection), and the echo comes back."""

@@ -35,7 +35,7 @@ def test_the_moves_a_lease_may_make():
     S = LeaseState
     assert _LEASE_NEXT[S.QUEUED] == {S.QUEUED, S.PREFILL, S.FAILED}
     assert _LEASE_NEXT[S.PREFILL] == {S.LIVE, S.FLUSHING, S.FAILED}
-    assert _LEASE_NEXT[S.LIVE] == {S.FLUSHING, S.FAILED}
+    assert _LEASE_NEXT[S.LIVE] == {S.PREFILL, S.FLUSHING, S.FAILED}  # (PREFILL: the prompt again)
     assert _LEASE_NEXT[S.FLUSHING] == {S.FLUSHED, S.FAILED}
     assert _LEASE_NEXT[S.FAILED] == set() and _LEASE_NEXT[S.ENDED] == set()
 
@@ -45,8 +45,8 @@ def test_a_move_the_lifecycle_does_not_have_is_refused():
     lease = new_lease(table)
     table.started(table.slots[0], 0)
     assert lease.state is LeaseState.LIVE
-    with pytest.raises(RuntimeError, match="no transition from live to prefill"):
-        lease._set(LeaseState.PREFILL)
+    with pytest.raises(RuntimeError, match="no transition from live to queued"):
+        lease._set(LeaseState.QUEUED)
     lease.end()
     assert lease.state is LeaseState.ENDED  # (ending is always allowed)
 
@@ -171,3 +171,44 @@ def test_a_held_slot_does_not_block_the_other_free_ones():
     assert table.free_count(clock.now) == 1
     newcomer = new_lease(table, client="b", clock=clock)
     assert newcomer.slot == 1  # the free one, not the held one
+
+
+# -- the prompt again, in the same slot (a persona change) ----------------------------------------
+
+
+def test_a_restart_runs_the_prompt_again_in_the_same_slot_and_keeps_what_was_said():
+    from pplex_trio.engine._tick_plan import plan_call
+
+    table = SlotTable(2, queue_size=1)
+    lease = new_lease(table, early_audio=True)
+    slot = table.slots[0]
+    table.started(slot, 0)
+    assert lease.state is LeaseState.LIVE
+    said = np.arange(FRAME + 5, dtype=np.float32)
+    lease.push_input(said, 1.0)
+    pirate = Conversation(persona="You are a pirate.")
+    assert lease.restart(pirate) and lease.state is LeaseState.LIVE  # (taken at the next engine call)
+    call = plan_call(table, 0.0)
+    assert call.resets == [0] and call.starts == [(0, pirate)]  # the row reset, its prompt run anew
+    assert lease.state is LeaseState.PREFILL and lease.conversation is pirate and slot.phase is SlotPhase.PREFILL
+    lease.push_input(np.full(FRAME, 7.0, np.float32), 1.1)  # said while the prompt runs: kept
+    table.started(slot, 4)
+    table.prefilled(slot, 4)
+    assert lease.state is LeaseState.LIVE and lease.slot == 0
+    out = np.zeros(FRAME, np.float32)
+    table.take_input(slot, out, 1)
+    assert np.array_equal(out, said[:FRAME])  # what waited when the prompt began comes first, then the rest
+    table.take_input(slot, out, 2)
+    assert np.array_equal(out[:5], said[FRAME:]) and np.all(out[5:] == 7.0)
+
+
+def test_a_restart_while_queued_changes_the_settings_only_and_none_after_the_end_of_input():
+    table = SlotTable(1, queue_size=2)
+    new_lease(table)
+    waiting = new_lease(table)
+    pirate = Conversation(persona="You are a pirate.")
+    assert waiting.restart(pirate) and waiting.conversation is pirate and waiting.state is LeaseState.QUEUED
+    first = table.slots[0].lease
+    table.started(table.slots[0], 0)
+    first.flush()
+    assert not first.restart(pirate)  # the input has ended: too late

@@ -138,11 +138,12 @@ def test_an_unknown_voice_is_reported_and_the_rest_applied():
     assert "marin" in error.message  # the names that work are said
 
 
-def test_persona_voice_and_formats_are_fixed_once_started():
+def test_once_started_a_new_persona_is_taken_and_the_formats_are_fixed():
     config = update({"instructions": "A.", "voice": "NATF0.pt"})
     assert update({"instructions": "A.", "voice": "NATF0.pt"}, config, started=True) == config  # same: fine
-    for session in ({"instructions": "B."}, {"voice": "NATF2.pt"}, {"input_audio_format": "g711_ulaw"},
-                    {"temperature": 0.5}):
+    changed = update({"instructions": "B.", "voice": "NATF2.pt", "temperature": 0.5}, config, started=True)
+    assert (changed.instructions, changed.voice, changed.temperature) == ("B.", "NATF2.pt", 0.5)  # (the prompt reruns)
+    for session in ({"input_audio_format": "g711_ulaw"}, {"audio": {"output": {"format": {"type": "audio/pcma"}}}}):
         with pytest.raises(RealtimeError) as error:
             update(session, config, started=True)
         assert error.value.code == "session_started"

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import trio
 
+from _helpers.http import get_json
 from _helpers.ws import read_until_closed
 from pplex_trio.client import open_websocket
 
@@ -212,3 +213,28 @@ async def test_openai_voice_names_and_an_unknown_voice(start_server):
         assert updated["session"]["audio"]["output"]["voice"] == "NATF2.pt"  # the voice alone was not applied
         error = (await next_event(ws))["error"]
         assert error["param"] == "session.audio.output.voice" and "nova2" in error["message"]
+
+
+async def test_a_new_persona_runs_the_prompt_again_in_the_same_slot(start_server):
+    """A persona change on a full server (LiveKit's update_instructions, or Pipecat's first update arriving after
+    its first audio): answered, the prompt runs again in the conversation's own slot, and the audio goes on."""
+    handle = await start_server(slots=1, echo_prefill_steps=3)
+    url = handle.ws_url + "/v1/realtime"
+    async with open_websocket(url) as ws, open_websocket(url) as waiting:
+        await live(ws)
+        await next_event(waiting, "session.created")
+        await waiting.send_message(append())
+        assert (await next_event(waiting, "pplex.queued"))["position"] == 1
+        before = [(await next_event(ws, "response.output_audio_transcript.delta"))["delta"] for _ in range(3)]
+        await ws.send_message(json.dumps({"type": "session.update", "session": {
+            "type": "realtime", "instructions": "You are a pirate.", "audio": {"output": {"voice": "marin"}}}}))
+        updated = await next_event(ws)  # nothing refused: no error comes first
+        assert updated["type"] == "session.updated" and updated["session"]["instructions"] == "You are a pirate."
+        for _ in range(4):
+            await ws.send_message(append())
+        after = []
+        while " 0" not in after:  # the echo engine counts its frames anew from a fresh prompt
+            after.append((await next_event(ws, "response.output_audio_transcript.delta"))["delta"])
+        assert before == [" 0", " 1", " 2"] and len(after) < 12
+        sessions = (await get_json(handle, "/api/sessions"))["sessions"]
+        assert sorted((s["state"], s["slot"]) for s in sessions) == [("live", 0), ("queued", None)]

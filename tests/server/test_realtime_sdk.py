@@ -226,9 +226,9 @@ def test_bad_events_get_errors_and_the_session_goes_on(server):
         assert recorder.until("session.updated")["session"]["instructions"] == "Fine now."
         recorder.stream([pcm16(tone(24_000, 0.08))] * 10, seconds_after=0.5)
         assert recorder.of("response.output_audio.delta")  # the conversation went on
-        connection.session.update(session={"type": "realtime", "instructions": "Another persona."})
+        connection.session.update(session={"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcmu"}}}})
         error = recorder.until("error")["error"]
-        assert error["code"] == "session_started" and error["param"] == "session.instructions"
+        assert error["code"] == "session_started" and error["param"] == "session.input_format"
 
 
 def test_the_sdk_api_key_carries_the_token(server):
