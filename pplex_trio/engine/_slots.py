@@ -10,7 +10,7 @@ makes is made here, by the :class:`SlotTable`, which the engine actor calls
 between engine calls.
 
 A conversation that ends because its client left (not one the server ended)
-leaves its slot *held* for that client (its address) for :data:`RETURN_WINDOW`:
+while others wait leaves its slot *held* for that client (its address) for :data:`RETURN_WINDOW`:
 a client that reconnects at once, as LiveKit's PersonaPlex plugin does to
 change its persona, gets its slot back ahead of the queue instead of waiting
 at its back.  Nobody else takes a held slot until the window has passed.
@@ -100,7 +100,7 @@ class SlotTable:
 
     def release(self, lease: Lease, now: float, *, hold: bool = False) -> None:
         """The conversation is over; its slot drains before anyone else gets it (``hold``: the client left, and
-        the slot waits :data:`RETURN_WINDOW` for it to come back)."""
+        if others wait, the slot waits :data:`RETURN_WINDOW` for it to come back)."""
         if lease in self._queue:
             self._queue.remove(lease)
             self._renumber()
@@ -109,7 +109,7 @@ class SlotTable:
             if slot.lease is lease:
                 slot.phase = SlotPhase.DRAINING
                 slot.lease = None
-                if hold and lease.client is not None:
+                if hold and lease.client is not None and self._queue:  # (nobody waiting: nothing to hold against)
                     slot.held_for, slot.held_until = lease.client, now + RETURN_WINDOW
         lease._set(LeaseState.ENDED)
 

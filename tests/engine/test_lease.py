@@ -165,12 +165,20 @@ def test_only_a_slot_its_client_left_is_held(how):
 def test_a_held_slot_does_not_block_the_other_free_ones():
     clock = Clock()
     table = SlotTable(2, queue_size=4)
-    first = new_lease(table, client="a", clock=clock)
-    first.end(client_left=True)
+    first, second = new_lease(table, client="a", clock=clock), new_lease(table, client="b", clock=clock)
+    waiting = new_lease(table, client="c", clock=clock)
+    first.end(client_left=True)  # held for "a"
+    second.end()  # ended by the server: not held
     drain(table, clock)
-    assert table.free_count(clock.now) == 1
-    newcomer = new_lease(table, client="b", clock=clock)
-    assert newcomer.slot == 1  # the free one, not the held one
+    assert waiting.slot == 1  # the free one, not the held one
+
+
+def test_nothing_is_held_when_nobody_waits():
+    clock = Clock()
+    table = SlotTable(2, queue_size=4)
+    new_lease(table, client="a", clock=clock).end(client_left=True)
+    drain(table, clock)
+    assert table.free_count(clock.now) == 2  # (/health and /ready see every slot free at once)
 
 
 # -- the prompt again, in the same slot (a persona change) ----------------------------------------
