@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -119,7 +120,7 @@ class EngineActor:
             early_audio=early_audio,
             client=client,
         )
-        self.table.request(lease, trio.current_time())
+        self.table.request(lease, _now())
         self._changed()
         try:
             yield lease
@@ -127,7 +128,7 @@ class EngineActor:
             lease.end()
 
     def _release(self, lease: Lease, client_left: bool) -> None:
-        self.table.release(lease, trio.current_time(), hold=client_left)
+        self.table.release(lease, _now(), hold=client_left)
         self._starting.pop(lease, None)
         self._changed()
 
@@ -143,7 +144,7 @@ class EngineActor:
         table = self.table
         return ActorStatistics(
             slots_total=len(table.slots),
-            slots_free=table.free_count(trio.current_time()),
+            slots_free=table.free_count(_now()),
             queued=table.queued,
             phases={phase.value: table.count(phase) for phase in SlotPhase},
             ticks=self.ticks,
@@ -369,3 +370,11 @@ class _PendingVoice:
     def finish(self, outcome: bytes | Exception) -> None:
         self.outcome = outcome
         self.done.set()
+
+
+def _now() -> float:
+    """Trio's clock; outside a Trio run (a test's direct look), a time after every slot's hold has lapsed."""
+    try:
+        return trio.current_time()
+    except RuntimeError:
+        return math.inf
