@@ -7,7 +7,9 @@ what it sent, whatever the client did to the audio on the way (resampling,
 Opus, chunking).
 
 The clients are asyncio libraries: their tests are plain functions that run
-their own event loop (``asyncio.run``), beside the Trio of the test suite.
+their own event loop on a thread of its own (``_helpers.aio.run_asyncio``), beside the
+Trio of the test suite and whatever loop an earlier test left running on the
+main thread (Playwright's sync API keeps one there).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ pytest.importorskip("livekit.plugins.openai")
 from livekit import rtc  # noqa: E402
 from livekit.agents import llm  # noqa: E402
 from livekit.plugins import openai  # noqa: E402
+from _helpers.aio import run_asyncio
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ async def converse(http_url: str, line, recording_http) -> Run:
 
 def test_livekit_openai_realtime_session_hears_the_echo(echo_server, caller, assert_echoed, recording_http):
     before, mark = echo_server.ended("realtime"), len(echo_server.log)
-    run = asyncio.run(converse(echo_server.url, caller, recording_http))
+    run = run_asyncio(converse(echo_server.url, caller, recording_http))
     received = [event for _, event in run.received]
 
     assert not run.errors, [error.error for error in run.errors]

@@ -28,6 +28,7 @@ pytest.importorskip("livekit.plugins.nvidia.experimental.realtime")
 from livekit import rtc  # noqa: E402
 from livekit.agents import llm  # noqa: E402
 from livekit.plugins.nvidia.experimental import realtime  # noqa: E402
+from _helpers.aio import run_asyncio
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ def opus_twice(pcm: np.ndarray) -> np.ndarray:
 def test_livekit_personaplex_plugin_hears_the_echo(echo_server, caller, assert_echoed, recording_http, caplog):
     before, mark = echo_server.ended("moshi"), len(echo_server.log)
     caplog.set_level(logging.DEBUG, logger="livekit.plugins.nvidia")
-    run = asyncio.run(converse(echo_server.ws_url, caller, recording_http))
+    run = run_asyncio(converse(echo_server.ws_url, caller, recording_http))
 
     assert not run.errors, [error.error for error in run.errors]
     assert echo_server.problems_since(mark) == []

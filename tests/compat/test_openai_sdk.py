@@ -26,6 +26,7 @@ from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent  #
 from openai.types.realtime import RealtimeServerEvent as ServerEvent  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402
+from _helpers.aio import run_asyncio
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ async def converse(server, line, beta: bool) -> Run:
 @pytest.mark.parametrize("beta", [False, True], ids=["ga", "beta"])
 def test_openai_sdk_conversation_with_a_barge_in(echo_server, caller, assert_echoed, beta):
     before, mark = echo_server.ended("realtime"), len(echo_server.log)
-    run = asyncio.run(converse(echo_server, caller, beta))
+    run = run_asyncio(converse(echo_server, caller, beta))
 
     assert run.of("error") == []
     assert echo_server.problems_since(mark) == []

@@ -41,6 +41,7 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor  #
 from pipecat.services.openai.realtime import events  # noqa: E402
 from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService  # noqa: E402
 from pipecat.workers.runner import WorkerRunner  # noqa: E402
+from _helpers.aio import run_asyncio
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +169,7 @@ async def converse(ws_url: str, line, monkeypatch, service_class: type[RecordedS
 
 def test_pipecat_realtime_pipeline_hears_the_echo(echo_server, caller, assert_echoed, monkeypatch):
     before, mark = echo_server.ended("realtime"), len(echo_server.log)
-    run = asyncio.run(converse(echo_server.ws_url, caller, monkeypatch))
+    run = run_asyncio(converse(echo_server.ws_url, caller, monkeypatch))
     kinds = [event["type"] for _, event in run.received]
 
     # Nothing went wrong on either side: Pipecat drops its connection on any error event.
@@ -222,7 +223,7 @@ def test_pipecat_with_the_server_a_round_trip_away(echo_server, caller, assert_e
     voice still apply, with no error (an error would end Pipecat's connection), and the echo comes back."""
     before, mark = echo_server.ended("realtime"), len(echo_server.log)
     line = dataclasses.replace(caller, second=caller.second[:0], pause=0.0)  # one utterance
-    run = asyncio.run(converse(echo_server.ws_url, line, monkeypatch, FarService))
+    run = run_asyncio(converse(echo_server.ws_url, line, monkeypatch, FarService))
     first_update = min(at for at, _ in run.service.sent_of("session.update"))
     assert min(at for at, _ in run.service.sent_of("input_audio_buffer.append")) < first_update  # the race, run
 
