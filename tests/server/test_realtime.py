@@ -36,15 +36,19 @@ async def live(ws) -> dict:
     return await next_event(ws, "response.created")
 
 
+async def queue_position(ws) -> int:
+    """Ask for a conversation on a full server: where it waits."""
+    await next_event(ws, "session.created")
+    await ws.send_message(append())
+    return (await next_event(ws, "pplex.queued"))["position"]
+
+
 async def test_queued_then_live_and_a_full_queue(start_server, nursery):
     handle = await start_server(slots=1, queue_size=1)
     url = handle.ws_url + "/v1/realtime"
     async with open_websocket(url) as first, open_websocket(url) as second:
         await live(first)
-        await next_event(second, "session.created")
-        await second.send_message(append())
-        queued = await next_event(second, "pplex.queued")
-        assert queued["position"] == 1
+        assert await queue_position(second) == 1
         async with open_websocket(url) as third:
             await next_event(third, "session.created")
             await third.send_message(append())
@@ -222,9 +226,7 @@ async def test_a_new_persona_runs_the_prompt_again_in_the_same_slot(start_server
     url = handle.ws_url + "/v1/realtime"
     async with open_websocket(url) as ws, open_websocket(url) as waiting:
         await live(ws)
-        await next_event(waiting, "session.created")
-        await waiting.send_message(append())
-        assert (await next_event(waiting, "pplex.queued"))["position"] == 1
+        assert await queue_position(waiting) == 1
         before = [(await next_event(ws, "response.output_audio_transcript.delta"))["delta"] for _ in range(3)]
         await ws.send_message(json.dumps({"type": "session.update", "session": {
             "type": "realtime", "instructions": "You are a pirate.", "audio": {"output": {"voice": "marin"}}}}))
