@@ -237,6 +237,8 @@ class TickSchedule:
         to the worker thread, starts, resets), or prompts (or the voice waiting) have starved."""
         if not voice_waiting:
             self._voice_starved_since = None
+        if self.deadline is None:  # nobody live: no tick to protect (a slow call once must not stop prompts)
+            return True
         if self.prompt_time() > self.prompt_cost.fixed * PromptCost.SAFETY or self._starved():
             return True
         return voice_waiting and self.prompt_time() > 0 and self._voice_starved()

@@ -197,3 +197,14 @@ def test_a_voice_that_finds_no_time_gets_a_frame_after_a_while_and_its_cost_meas
         if schedule.voice_work(50) > 1:
             break
     assert schedule.voice_work(50) > 1
+
+
+def test_with_nobody_live_prompts_run_whatever_one_slow_call_measured():
+    """A first prompt call slowed by a busy machine (here 1 s) must not stop the prompts of a server with nobody
+    live: there is no tick to protect, and nothing else would ever measure the cost again."""
+    schedule = TickSchedule(SlotTable(2, queue_size=0), TICK, input_grace=0.004, early_start=0.010, clock=lambda: 0.0)
+    for positions in (1, 2, 4):
+        schedule.prompt_done(positions, 1.0)
+    assert schedule.deadline is None and schedule.prompt_cost.fixed * 1.25 > TICK
+    assert schedule.may_run_prompts()
+    assert schedule.prompt_work({0: 100}) == {0: 1}  # at least a position per row
