@@ -195,11 +195,12 @@ class RealtimeProtocol(WireProtocol):
                 return Restart(self.config.conversation(), updated)  # a new persona: the prompt runs again
             return Replies(updated)
         if isinstance(event, ResponseCreate) or event.type == "response.cancel":
-            if self._response is None:  # not live yet: the first response will carry it
-                self._metadata = getattr(event, "metadata", self._metadata)
+            created = isinstance(event, ResponseCreate)
+            if self._response is None:  # not live yet: the first response will carry its metadata
+                if created:
+                    self._metadata = event.metadata
             else:
-                self._queue(*self._cut("cancelled" if event.type == "response.cancel" else "completed",
-                                       getattr(event, "metadata", None)))
+                self._queue(*self._cut("completed" if created else "cancelled", event.metadata if created else None))
             return Replies([])
         self._note(f"{event.type}: answered, without effect on the model (docs/PROTOCOL.md)", key=event.type)
         if isinstance(event, ItemEvent):
