@@ -11,9 +11,12 @@ checkpoint only has 8 (:func:`expand_depformer_steps`).
 
 from __future__ import annotations
 
+import json
 import logging
 import re
-from collections.abc import Mapping
+import struct
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -69,6 +72,43 @@ def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, torch.Ten
         converted[key] = value
     module.load_state_dict(converted, strict=True, assign=True)
     module.requires_grad_(False)
+
+
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "F8_E4M3": torch.float8_e4m3fn, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
+                       "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def safetensors_metadata(path: Path) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file (empty when it has none)."""
+    return dict(_header(path)[0].get("__metadata__") or {})
+
+
+def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of a safetensors file one at a time, read into ordinary CPU memory.
+
+    Unlike ``safetensors``' own loaders this does not map the file: every
+    page of a mapped file stays in the process's resident memory until it is
+    unmapped, so a loader that quantizes or moves tensors one by one would
+    still peak at the whole file.  Here the caller holds only what it keeps.
+    """
+    header, start = _header(path)
+    with open(path, "rb") as f:
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = entry["data_offsets"]
+            data = torch.empty(end - begin, dtype=torch.uint8)
+            f.seek(start + begin)
+            if f.readinto(data.numpy().data) != end - begin:
+                raise CheckpointMismatchError(f"{path} is truncated (tensor {name})")
+            yield name, data.view(_SAFETENSORS_DTYPES[entry["dtype"]]).reshape(entry["shape"])
+
+
+def _header(path: Path) -> tuple[dict[str, dict], int]:
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(size)), 8 + size
 
 
 _PER_STEP = re.compile(r"^(depformer_in|depformer_emb|linears|depformer\.layers\.\d+\.gating)\.(\d+)\.(.*)$")

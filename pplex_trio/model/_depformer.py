@@ -23,6 +23,7 @@ from torch import nn
 
 from ._config import LMConfig
 from ._modules import ModuleList
+from ._quant import Int8Linear, project
 from ._transformer import GatedFFN, make_norm
 
 
@@ -31,14 +32,24 @@ class DepformerAttention(nn.Module):
         super().__init__()
         self.num_heads = num_heads
         self.in_proj_weight = nn.Parameter(torch.empty(num_weights * 3 * dim, dim))
-        self.out_proj = nn.Linear(dim, num_weights * dim, bias=False)
+        self.in_proj_scale: torch.Tensor | None
+        self.register_buffer("in_proj_scale", None)  # the per-row scales once quantized (int8 weights)
+        self.out_proj: nn.Linear | Int8Linear = nn.Linear(dim, num_weights * dim, bias=False)
 
-    def weights(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        dim = self.in_proj_weight.shape[1]
-        w_in = self.in_proj_weight.view(-1, 3 * dim, dim)
-        w_out = self.out_proj.weight.view(-1, dim, dim)
-        i = step if w_in.shape[0] > 1 else 0
-        return w_in[i], w_out[i]
+    def project_in(self, x: torch.Tensor, step: int) -> torch.Tensor:
+        """Step ``step``'s fused input projection of ``x``."""
+        return project(x, *_step_rows(self.in_proj_weight, self.in_proj_scale, step, 3))
+
+    def project_out(self, x: torch.Tensor, step: int) -> torch.Tensor:
+        return project(x, *_step_rows(self.out_proj.weight, getattr(self.out_proj, "scale", None), step, 1))
+
+
+def _step_rows(weight: torch.Tensor, scale: torch.Tensor | None, step: int,
+               parts: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Step ``step``'s rows of a weight stacked per step (``parts * dim`` rows each), with their scales."""
+    rows = parts * weight.shape[1]
+    i = step if weight.shape[0] > rows else 0
+    return weight[i * rows: (i + 1) * rows], None if scale is None else scale[i * rows: (i + 1) * rows]
 
 
 class DepformerLayer(nn.Module):
@@ -78,10 +89,11 @@ class Depformer(nn.Module):
 
     def init_cache(self, batch_size: int) -> DepformerCache:
         p = self.layers[0].self_attn.in_proj_weight
+        dtype = next(self.layers[0].norm1.parameters()).dtype  # the weights' dtype: int8 ones say nothing
         dim = p.shape[1]
         shape = (len(self.layers), batch_size, self.num_heads, self.num_steps, dim // self.num_heads)
-        return DepformerCache(torch.zeros(shape, device=p.device, dtype=p.dtype),
-                              torch.zeros(shape, device=p.device, dtype=p.dtype))
+        return DepformerCache(torch.zeros(shape, device=p.device, dtype=dtype),
+                              torch.zeros(shape, device=p.device, dtype=dtype))
 
     def forward(self, x: torch.Tensor, step: int, cache: DepformerCache) -> torch.Tensor:
         """One step for every row: ``x`` ``[B, dim]`` -> ``[B, dim]``; step ``s`` attends to steps ``0..s``.
@@ -95,13 +107,13 @@ class Depformer(nn.Module):
         b = x.shape[0]
         x = x.unsqueeze(1)
         for i, layer in enumerate(self.layers):
-            w_in, w_out = layer.self_attn.weights(step)
-            q, k, v = F.linear(layer.norm1(x), w_in).view(b, 1, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+            attn = layer.self_attn
+            q, k, v = attn.project_in(layer.norm1(x), step).view(b, 1, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
             cache.keys[i, :, :, step] = k[:, :, 0]
             cache.values[i, :, :, step] = v[:, :, 0]
             keys = cache.keys[i, :, :, : step + 1]
             values = cache.values[i, :, :, : step + 1]
             att = F.scaled_dot_product_attention(q, keys, values)
-            x = x + F.linear(att.transpose(1, 2).reshape(b, 1, -1), w_out)
+            x = x + attn.project_out(att.transpose(1, 2).reshape(b, 1, -1), step)
             x = x + layer.ffn(step)(layer.norm2(x))
         return x[:, 0]

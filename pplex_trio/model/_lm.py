@@ -17,6 +17,7 @@ from torch import nn
 
 from ._config import LMConfig
 from ._depformer import Depformer, DepformerCache
+from ._quant import Precision, WeightFormat, fused_int8, quantize_lm_
 from ._transformer import StreamingTransformer, TransformerState, make_norm
 
 
@@ -36,6 +37,14 @@ class LMModel(nn.Module):
         self.depformer_text_emb = nn.Embedding(cfg.text_card + 1, ddim)
         self.depformer = Depformer(cfg)
         self.linears = nn.ModuleList(nn.Linear(ddim, cfg.card, bias=False) for _ in range(cfg.dep_q))
+        self.precision = Precision()  # what load_model made of the weights, and how rings are stored
+
+    def set_precision(self, precision: Precision) -> None:
+        """Quantize the weights (in place, on their device) and choose the KV ring's format."""
+        if precision.weights is WeightFormat.INT8 and self.precision.weights is WeightFormat.NONE:
+            quantize_lm_(self, self.dtype)
+            fused_int8(self.device, self.dtype)
+        self.precision = precision
 
     @property
     def dtype(self) -> torch.dtype:
@@ -53,7 +62,7 @@ class LMModel(nn.Module):
         return tokens
 
     def init_state(self, batch_size: int) -> TransformerState:
-        return self.transformer.init_state(batch_size)
+        return self.transformer.init_state(batch_size, kv=self.precision.kv_cache)
 
     def init_depformer_cache(self, batch_size: int) -> DepformerCache:
         return self.depformer.init_cache(batch_size)

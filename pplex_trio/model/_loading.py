@@ -23,11 +23,13 @@ from safetensors.torch import load_file
 
 from .._cache import cache_dir
 from .._sources import DEFAULT_REPO, is_repo_id
-from ._checkpoint import expand_depformer_steps, load_state_dict_strict
+from ._checkpoint import expand_depformer_steps, load_state_dict_strict, read_safetensors, safetensors_metadata
 from ._config import CONFIGS, LM_FILE, MIMI_FILE, TOKENIZER_FILE, VOICES_ARCHIVE, MimiConfig, ModelConfig
 from ._kyutai_config import config_from_kyutai_dict, lm_config_from_kwargs, mimi_config_from_dict
 from ._lm import LMModel
 from ._mimi import Mimi
+from ._quant import (QUANTIZED_FILE_KEY, Precision, WeightFormat, fused_int8, is_quantized_weight, quantize_lm_,
+                     quantize_rows, scale_name)
 from ._text import TextTokenizer
 from ._voices import VoiceLibrary, extract_voices, voice_from_recording
 
@@ -198,17 +200,67 @@ def build_mimi(mimi_config: dict[str, Any] | None = None, device: str | torch.de
         return Mimi(cfg)
 
 
+def _on_device(name: str, tensor: torch.Tensor, device: torch.device, dtype: torch.dtype,
+               weights: WeightFormat) -> dict[str, torch.Tensor]:
+    """One tensor of the LM file on ``device``: in ``dtype`` if it is a float, quantized (with its scales) if it
+    is one of the int8 weights and not int8 already; the file's copy is dropped as soon as this returns."""
+    if not tensor.dtype.is_floating_point:
+        return {name: tensor.to(device)}
+    if weights is WeightFormat.INT8 and is_quantized_weight(name):
+        weight, scale = quantize_rows(tensor.to(device), dtype)
+        return {name: weight, scale_name(name): scale}
+    return {name: tensor.to(device, dtype)}
+
+
+def write_quantized(source: str, folder: Path) -> Path:
+    """Write ``source``'s model to ``folder`` with its LM in int8 (``pplex-trio quantize``); returns the LM file.
+
+    The LM is read and quantized one tensor at a time on the CPU; the other
+    files (config, Mimi, tokenizer, voices) are copied as they are.
+    :func:`load_model` then reads the folder without the full-precision file.
+    """
+    import shutil
+
+    from safetensors.torch import save_file
+
+    files = resolve_checkpoint(source)
+    folder.mkdir(parents=True, exist_ok=True)
+    weights: dict[str, torch.Tensor] = {}
+    for name, tensor in read_safetensors(files.lm):
+        dtype = tensor.dtype if tensor.dtype.is_floating_point else torch.float32
+        weights.update(_on_device(name, tensor, torch.device("cpu"), dtype, WeightFormat.INT8))
+    names = _named_files(files.raw_config)
+    save_file(weights, str(folder / names["lm"]), metadata={QUANTIZED_FILE_KEY: str(WeightFormat.INT8)})
+    (folder / "config.json").write_text(json.dumps(files.raw_config, indent=1))
+    for path, name in ((files.mimi, names["mimi"]), (files.tokenizer, names["tokenizer"]),
+                       (files.voices_archive, VOICES_ARCHIVE)):
+        if path is not None:
+            shutil.copyfile(path, folder / name)
+    if files.raw_config.get("mimi_config_name") and files.mimi_config is not None:
+        (folder / files.raw_config["mimi_config_name"]).write_text(json.dumps(files.mimi_config))
+    if files.voices_dir is not None:
+        shutil.copytree(files.voices_dir, folder / "voices", dirs_exist_ok=True)
+    logger.info("wrote %s (int8 weights) to %s", files.name, folder)
+    return folder / names["lm"]
+
+
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def load_model(source: str = DEFAULT_REPO, device: str | torch.device = "cpu",
-               voice_dir: str | os.PathLike | None = None, dtype: torch.dtype | None = None) -> LoadedModel:
+               voice_dir: str | os.PathLike | None = None, dtype: torch.dtype | None = None,
+               precision: Precision = Precision()) -> LoadedModel:
     """Load a complete model from ``source`` (``tiny``, a hub repo id or a local folder).
 
     ``voice_dir`` overrides where voice prompts are looked up (default: the
     checkpoint's ``voices/`` folder or its ``voices.tgz``, extracted once to
-    the cache).  ``dtype`` overrides the LM's dtype.
+    the cache).  ``dtype`` overrides the LM's dtype.  ``precision`` asks for
+    int8 weights and an fp8 KV ring (:mod:`~pplex_trio.model._quant`): the
+    weights are quantized as they are read, one tensor at a time on the
+    device, so neither the host nor the device ever holds the
+    full-precision LM.  A file written by ``pplex-trio quantize`` is int8
+    already, whatever ``precision`` says.
 
     Error handling: :class:`ModelAccessError` when files cannot be found or
     downloaded, :class:`~pplex_trio.model._checkpoint.CheckpointMismatchError`
@@ -218,15 +270,26 @@ def load_model(source: str = DEFAULT_REPO, device: str | torch.device = "cpu",
     files = resolve_checkpoint(source)
     cfg = config_from_kyutai_dict(files.raw_config, name=files.name, mimi=files.mimi_config)
     lm_dtype = dtype or lm_dtype_for(device)
-    logger.info("loading %s (LM %s, %s)", files.name, str(lm_dtype).removeprefix("torch."), device)
+    if safetensors_metadata(files.lm).get(QUANTIZED_FILE_KEY) == WeightFormat.INT8:
+        precision = dataclasses.replace(precision, weights=WeightFormat.INT8)
+        logger.info("%s holds int8 weights (written by pplex-trio quantize)", files.lm.name)
+    logger.info("loading %s (LM %s, %s; %s)", files.name, str(lm_dtype).removeprefix("torch."), device,
+                precision.describe())
 
     with torch.device("meta"):
         lm = LMModel(cfg.lm)
         mimi = Mimi(cfg.mimi)
-    lm_weights = load_file(str(files.lm), device=str(device))
+    if precision.weights is WeightFormat.INT8:
+        quantize_lm_(lm, lm_dtype)  # on meta: the layout of int8 weights and their scales
+    lm_weights: dict[str, torch.Tensor] = {}
+    for name, tensor in read_safetensors(files.lm):
+        lm_weights.update(_on_device(name, tensor, device, lm_dtype, precision.weights))
     expand_depformer_steps(lm_weights, cfg.lm.dep_q)
     load_state_dict_strict(lm, lm_weights, what=f"LM weights {files.lm.name}", dtype=lm_dtype)
     del lm_weights
+    lm.precision = precision
+    if precision.weights is WeightFormat.INT8:
+        fused_int8(device, lm_dtype)
     load_state_dict_strict(mimi, load_file(str(files.mimi), device=str(device)),
                            what=f"Mimi weights {files.mimi.name}", dtype=torch.float32)
     mimi.refresh()

@@ -22,6 +22,7 @@ from torch import nn
 
 from ._config import TransformerConfig, gated_hidden
 from ._modules import ModuleList
+from ._quant import KVFormat, dequantize_fp8, project, quantize_fp8
 from ._streaming import apply_rope, prefill_attention_mask, reset_rows_, ring_attention_mask, rope_rotation
 
 
@@ -88,11 +89,13 @@ class Attention(nn.Module):
         super().__init__()
         self.num_heads = num_heads
         self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))
+        self.in_proj_scale: torch.Tensor | None
+        self.register_buffer("in_proj_scale", None)  # the per-row scales once quantized (int8 weights)
         self.out_proj = nn.Linear(dim, dim, bias=False)
 
     def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, t, _ = x.shape
-        qkv = F.linear(x, self.in_proj_weight).view(b, t, 3, self.num_heads, -1)
+        qkv = project(x, self.in_proj_weight, self.in_proj_scale).view(b, t, 3, self.num_heads, -1)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [B, H, T, Dh]
         return q, k, v
 
@@ -122,7 +125,11 @@ class TransformerLayer(nn.Module):
 
 @dataclasses.dataclass
 class TransformerState:
-    """Ring KV cache of every layer plus the number of positions each row has seen."""
+    """Ring KV cache of every layer plus the number of positions each row has seen.
+
+    The transformer reads and writes the ring only through the methods below,
+    so :class:`Fp8TransformerState` can store it in 8 bits.
+    """
 
     keys: torch.Tensor  # [L, B, H, context, Dh]
     values: torch.Tensor  # [L, B, H, context, Dh]
@@ -131,6 +138,62 @@ class TransformerState:
     def reset(self, mask: torch.Tensor) -> None:
         # Old keys need no clearing: positions >= end are never attended.
         reset_rows_(self.end, mask, 0)
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              keep: torch.Tensor | None) -> None:
+        """Every row's ``k``/``v`` ``[B, H, T, Dh]`` at ring ``slots`` ``[B, 1, T, 1]``; ``keep`` rows rewrite
+        what those slots hold."""
+        idx = slots.expand(-1, k.shape[1], -1, k.shape[-1])
+        for ring, new in ((self.keys[layer], k.to(self.keys.dtype)), (self.values[layer], v.to(self.values.dtype))):
+            if keep is not None:
+                new = torch.where(keep, ring.gather(2, idx), new)
+            ring.scatter_(2, idx, new)
+
+    def read(self, layer: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's keys and values ``[B, H, context, Dh]`` in ``dtype``."""
+        return self.keys[layer].to(dtype), self.values[layer].to(dtype)
+
+    def write_row(self, layer: int, row: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Row ``row``'s ``k``/``v`` ``[H, T, Dh]`` at ring ``slots`` ``[T]``."""
+        self.keys[layer, row].index_copy_(1, slots, k.to(self.keys.dtype))
+        self.values[layer, row].index_copy_(1, slots, v.to(self.values.dtype))
+
+    def read_row(self, layer: int, row: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys[layer, row].to(dtype), self.values[layer, row].to(dtype)
+
+
+@dataclasses.dataclass
+class Fp8TransformerState(TransformerState):
+    """The ring in fp8 (``uint8`` storage) with one scale per position and head (``--kv-cache fp8``)."""
+
+    key_scales: torch.Tensor = dataclasses.field(default_factory=lambda: torch.empty(0))  # [L, B, H, context]
+    value_scales: torch.Tensor = dataclasses.field(default_factory=lambda: torch.empty(0))
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              keep: torch.Tensor | None) -> None:
+        idx = slots.expand(-1, k.shape[1], -1, k.shape[-1])
+        for ring, scales, new in ((self.keys[layer], self.key_scales[layer], k),
+                                  (self.values[layer], self.value_scales[layer], v)):
+            data, scale = quantize_fp8(new)
+            if keep is not None:
+                data = torch.where(keep, ring.gather(2, idx), data)
+                scale = torch.where(keep[..., 0], scales.gather(2, idx[..., 0]), scale)
+            ring.scatter_(2, idx, data)
+            scales.scatter_(2, idx[..., 0], scale)
+
+    def read(self, layer: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return (dequantize_fp8(self.keys[layer], self.key_scales[layer], dtype),
+                dequantize_fp8(self.values[layer], self.value_scales[layer], dtype))
+
+    def write_row(self, layer: int, row: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        for ring, scales, new in ((self.keys, self.key_scales, k), (self.values, self.value_scales, v)):
+            data, scale = quantize_fp8(new)
+            ring[layer, row].index_copy_(1, slots, data)
+            scales[layer, row].index_copy_(1, slots, scale)
+
+    def read_row(self, layer: int, row: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return (dequantize_fp8(self.keys[layer, row], self.key_scales[layer, row], dtype),
+                dequantize_fp8(self.values[layer, row], self.value_scales[layer, row], dtype))
 
 
 class StreamingTransformer(nn.Module):
@@ -142,12 +205,20 @@ class StreamingTransformer(nn.Module):
         self.layers = ModuleList(TransformerLayer(cfg) for _ in range(cfg.num_layers))
 
     def init_state(self, batch_size: int, device: torch.device | str | None = None,
-                   dtype: torch.dtype | None = None) -> TransformerState:
-        p = self.layers[0].self_attn.in_proj_weight
+                   dtype: torch.dtype | None = None, kv: KVFormat = KVFormat.MODEL) -> TransformerState:
+        norm = next(self.layers[0].norm2.parameters())  # the weights' dtype: int8 ones say nothing
         c = self.cfg
         shape = (c.num_layers, batch_size, c.num_heads, c.context, c.d_model // c.num_heads)
-        device = device or p.device
-        dtype = dtype or p.dtype
+        device = device or norm.device
+        dtype = dtype or norm.dtype
+        if kv is KVFormat.FP8:
+            return Fp8TransformerState(
+                keys=torch.zeros(shape, device=device, dtype=torch.uint8),
+                values=torch.zeros(shape, device=device, dtype=torch.uint8),
+                end=torch.zeros(batch_size, device=device, dtype=torch.long),
+                key_scales=torch.zeros(shape[:-1], device=device, dtype=torch.float32),
+                value_scales=torch.zeros(shape[:-1], device=device, dtype=torch.float32),
+            )
         return TransformerState(
             keys=torch.zeros(shape, device=device, dtype=dtype),
             values=torch.zeros(shape, device=device, dtype=dtype),
@@ -176,14 +247,8 @@ class StreamingTransformer(nn.Module):
             q, k, v = layer.self_attn.qkv(h)
             if rope:
                 q, k = apply_rope(q, rotation), apply_rope(k, rotation)
-            idx = slots.expand(-1, k.shape[1], -1, k.shape[-1])
-            k, v = k.to(state.keys.dtype), v.to(state.values.dtype)
-            if keep is not None:  # rows that do not execute rewrite what their slots hold
-                k = torch.where(keep, state.keys[i].gather(2, idx), k)
-                v = torch.where(keep, state.values[i].gather(2, idx), v)
-            state.keys[i].scatter_(2, idx, k)
-            state.values[i].scatter_(2, idx, v)
-            att = F.scaled_dot_product_attention(q, state.keys[i].to(q.dtype), state.values[i].to(q.dtype), mask)
+            state.write(i, slots, k, v, keep)  # rows that do not execute rewrite what their slots hold
+            att = F.scaled_dot_product_attention(q, *state.read(i, q.dtype), mask)
             att = layer.self_attn.out_proj(att.transpose(1, 2).reshape(b, t, -1))
             x = x + (layer.layer_scale_1(att) if layer._scaled else att)
             f = layer.ffn(layer.norm2(x))
@@ -238,14 +303,11 @@ class StreamingTransformer(nn.Module):
             q, k, v = layer.self_attn.qkv(h)
             if rope:
                 q, k = apply_rope(q, rotation), apply_rope(k, rotation)
-            k, v = k.to(state.keys.dtype), v.to(state.values.dtype)
             outputs = []
             for j, row in enumerate(rows):
-                keys, values = state.keys[i, row], state.values[i, row]  # [H, C, Dh]: views, not copies
-                keys.index_copy_(1, slots[j], k[j, :, : counts[j]])
-                values.index_copy_(1, slots[j], v[j, :, : counts[j]])
-                outputs.append(F.scaled_dot_product_attention(
-                    q[j: j + 1], keys[None].to(q.dtype), values[None].to(q.dtype), mask[j: j + 1]))
+                state.write_row(i, row, slots[j], k[j, :, : counts[j]], v[j, :, : counts[j]])
+                keys, values = state.read_row(i, row, q.dtype)  # [H, C, Dh]
+                outputs.append(F.scaled_dot_product_attention(q[j: j + 1], keys[None], values[None], mask[j: j + 1]))
             att = torch.cat(outputs).transpose(1, 2).reshape(r_count, t, -1)
             att = layer.self_attn.out_proj(att)
             x = x + (layer.layer_scale_1(att) if layer._scaled else att)

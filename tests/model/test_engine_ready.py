@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 import torch
 
+from pplex_trio._precision import KVFormat, Precision, WeightFormat
+
 from pplex_trio.engine._interface import Conversation, ConversationRejected, Sampling, SlotMode
 from pplex_trio.engine._personaplex import PersonaPlexEngine
 from pplex_trio.engine._tick import DeviceTick, TickPath
@@ -46,10 +48,11 @@ class FakeGraphs:
         return replay
 
 
-def _meta_model(cfg) -> LoadedModel:
+def _meta_model(cfg, precision: Precision = Precision()) -> LoadedModel:
     with torch.device("meta"):
         lm = LMModel(cfg.lm).to(torch.bfloat16)
         mimi = Mimi(cfg.mimi)
+    lm.set_precision(precision)
     return LoadedModel(config=cfg, lm=lm, mimi=mimi, tokenizer=None, voices=VoiceLibrary(None),
                        device=torch.device("meta"))
 
@@ -156,11 +159,12 @@ def test_warm_up_ticks_mid_conversation_leave_every_row_bit_identical(golden_mod
     assert plain._tick.gen.state.end[0] > wraps and live == [True, False, True]
 
 
-def test_tick_traces_as_one_graph_at_real_widths():
+@pytest.mark.parametrize("precision", [Precision(), Precision(WeightFormat.INT8, KVFormat.FP8)], ids=str)
+def test_tick_traces_as_one_graph_at_real_widths(precision):
     """What torch.compile or a capture needs: one graph, no breaks (7B widths, two layers, on meta)."""
     cfg = CONFIGS["personaplex-7b-v1"]
     cfg = dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, num_layers=2, depformer_num_layers=2))
-    tick = DeviceTick(_meta_model(cfg), 2)
+    tick = DeviceTick(_meta_model(cfg, precision), 2)
     explained = torch._dynamo.explain(tick.run)()
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
 

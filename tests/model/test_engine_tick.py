@@ -18,9 +18,11 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
+from pplex_trio._precision import KVFormat, Precision, WeightFormat
 from pplex_trio.engine._interface import Conversation, Sampling, SlotMode
 from pplex_trio.engine._personaplex import PersonaPlexEngine
 from pplex_trio.engine._tick import DeviceTick
+from pplex_trio.model import load_model
 
 IDLE, LIVE = SlotMode.IDLE, SlotMode.LIVE
 
@@ -48,10 +50,21 @@ def layout(tensors: dict[str, torch.Tensor]) -> dict[str, tuple]:
     return {name: (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for name, t in tensors.items()}
 
 
+@pytest.fixture(scope="module")
+def quantized_model(tiny_model):
+    return load_model("tiny", precision=Precision(WeightFormat.INT8, KVFormat.FP8))
+
+
+@pytest.fixture(params=["full precision", "int8 + fp8"])
+def any_model(request, tiny_model):
+    """The tiny model as loaded, and with ``--quantize int8 --kv-cache fp8``."""
+    return tiny_model if request.param == "full precision" else request.getfixturevalue("quantized_model")
+
+
 @pytest.fixture
-def busy_engine(tiny_model) -> PersonaPlexEngine:
+def busy_engine(any_model) -> PersonaPlexEngine:
     """Three rows mid-way: 0 LIVE and sampling, 1 inside its voice prompt (IDLE in ticks), 2 IDLE."""
-    engine = PersonaPlexEngine(tiny_model, 3)
+    engine = PersonaPlexEngine(any_model, 3)
     steps = engine.start(0, Conversation(persona="Hi.", voice="NATF1.pt", sampling=Sampling(text_seed=1, audio_seed=2)))
     audio = (0.1 * np.random.RandomState(0).randn(3, 1920)).astype(np.float32)
     engine.prefill({0: steps})
@@ -71,8 +84,8 @@ def test_cuda_graph_is_refused_off_cuda(tiny_model):
         PersonaPlexEngine.load("no/such-model", 1, device="cpu", cuda_graph=True)  # refused before loading
 
 
-def test_no_tensor_is_reallocated_between_ticks(tiny_model):
-    engine = PersonaPlexEngine(tiny_model, 3)
+def test_no_tensor_is_reallocated_between_ticks(any_model):
+    engine = PersonaPlexEngine(any_model, 3)
     audio = (0.1 * np.random.RandomState(1).randn(3, 1920)).astype(np.float32)
     left = [engine.start(0, Conversation(voice="NATF0.pt")), engine.start(1, Conversation(voice="NATF1.pt")), None]
     before = layout(tick_tensors(engine._tick))
