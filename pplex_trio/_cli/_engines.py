@@ -6,6 +6,7 @@ import logging
 from collections.abc import Sequence
 from typing import TypedDict
 
+from .._precision import Precision
 from .._sources import DEFAULT_REPO
 from ..engine import OFF_GPU_SLOTS, EchoEngine, Engine, voices_in_directory
 from ..server import ServerSettings
@@ -78,6 +79,7 @@ def create_engine(settings: ServerSettings) -> Engine:
             voice_dir=None if settings.voice_dir is None else str(settings.voice_dir),
             cuda_graph=settings.cuda_graph,
             memory_reserve=settings.gpu_memory_reserve,
+            precision=Precision(settings.quantize, settings.kv_cache),
         )
     except (ModelAccessError, CheckpointMismatchError, VoiceNotFoundError, ValueError) as exc:
         raise ModelUnavailable(f"--model {model}: {exc}") from exc

@@ -6,8 +6,10 @@ import argparse
 import json
 import logging
 
+from .._precision import KVFormat, Precision, WeightFormat
 from .._setting import parse_gib
 from .._sources import DEFAULT_REPO
+from ._offline import add_precision_arguments, precision_of
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: the free memory of the current CUDA device)")
     parser.add_argument("--gpu-memory-reserve", type=_size, default=reserve,
                         help=f"memory to leave free, as serve's --gpu-memory-reserve (default {reserve:g} GiB)")
+    add_precision_arguments(parser)
+    parser.add_argument("--every-choice", action="store_true",
+                        help="also plan every --quantize / --kv-cache pair (some seconds each for a 7B model)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -47,8 +52,12 @@ def run(args: argparse.Namespace) -> int:
             logger.error("no CUDA device here to read free memory from: pass --gpu-memory, such as 24GiB")
             return 2
         memory = torch.cuda.mem_get_info()[0] / GIB
-    plan = plan_memory(cfg, getattr(torch, args.dtype))
-    figures = plan.as_dict(int(memory * GIB), int(args.gpu_memory_reserve * GIB))
+    dtype, gpu, reserve = getattr(torch, args.dtype), int(memory * GIB), int(args.gpu_memory_reserve * GIB)
+    chosen = precision_of(args)
+    figures = plan_memory(cfg, dtype, precision=chosen).as_dict(gpu, reserve)
+    if args.every_choice:
+        figures["choices"] = [plan_memory(cfg, dtype, precision=p).as_dict(gpu, reserve) | {"chosen": p == chosen}
+                              for p in (Precision(w, k) for w in WeightFormat for k in KVFormat)]
     if args.json:
         print(json.dumps(figures, indent=1))
         return 0
@@ -65,7 +74,8 @@ def _size(text: str) -> float:
 
 def _table(f: dict) -> str:
     lines = [
-        f"model {f['model']}, LM in {f['dtype']}, on {f['gpu_memory_gib']:.1f} GiB of GPU memory",
+        f"model {f['model']}, LM in {f['dtype']} (--quantize {f['quantize']}, --kv-cache {f['kv_cache']}), on "
+        f"{f['gpu_memory_gib']:.1f} GiB of GPU memory",
         f"  weights                 {f['weights_gib']:8.2f} GiB",
         f"  fixed engine state      {f['fixed_gib']:8.3f} GiB",
         f"  reserve                 {f['reserve_gib']:8.2f} GiB  (CUDA's context and workspaces, allocator slack)",
@@ -78,4 +88,10 @@ def _table(f: dict) -> str:
     if count == 0:
         need = f["weights_gib"] + f["fixed_gib"] + f["reserve_gib"] + f["per_conversation_gib"]
         lines.append(f"  (one conversation needs {need:.1f} GiB in all)")
+    if "choices" not in f:
+        return "\n".join(lines)
+    lines.append("every choice on this GPU:  --quantize  --kv-cache  weights GiB  per conversation GiB  fit")
+    for c in f["choices"]:
+        lines.append(f"  {'*' if c['chosen'] else ' '}{' ' * 24}{c['quantize']:10}  {c['kv_cache']:10}  "
+                     f"{c['weights_gib']:11.2f}  {c['per_conversation_gib']:20.3f}  {c['conversations']:3}")
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import sphn
 
+from .._precision import KVFormat, Precision, WeightFormat
 from .._sources import DEFAULT_REPO
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temp-audio", type=float, default=0.8)
     parser.add_argument("--topk-audio", type=int, default=250)
     parser.add_argument("--device", default=None, help="cuda, cpu, cuda:1 ... (default: cuda if available)")
+    add_precision_arguments(parser)
+
+
+def add_precision_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--quantize`` and ``--kv-cache``, as serve has them (``precision_of`` reads them back)."""
+    parser.add_argument("--quantize", choices=[str(f) for f in WeightFormat], default=str(WeightFormat.NONE),
+                        help="int8: the LM's projection weights in 8 bits (default none)")
+    parser.add_argument("--kv-cache", choices=[str(f) for f in KVFormat], default=str(KVFormat.MODEL),
+                        help="fp8: the KV cache in 8 bits (default model: the LM's dtype)")
+
+
+def precision_of(args: argparse.Namespace) -> Precision:
+    return Precision(WeightFormat(args.quantize), KVFormat(args.kv_cache))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,9 +71,9 @@ def run(args: argparse.Namespace) -> int:
     from ._engines import resolve_device
 
     try:
-        voice_dir, voice = _voice_location(args.model, args.voice_prompt, args.voice_prompt_dir)
+        voice_dir, voice = voice_location(args.model, args.voice_prompt, args.voice_prompt_dir)
         engine = PersonaPlexEngine.load(args.model, 1, device=resolve_device(args.device or "auto"),
-                                        voice_dir=voice_dir)
+                                        voice_dir=voice_dir, precision=precision_of(args))
         seed = None if args.seed < 0 else args.seed
         sampling = Sampling(text_temperature=args.temp_text, text_topk=args.topk_text,
                             audio_temperature=args.temp_audio, audio_topk=args.topk_audio,
@@ -69,17 +83,12 @@ def run(args: argparse.Namespace) -> int:
         logger.error("%s", exc)
         return 1
     try:
-        pcm, rate = sphn.read(args.input_wav)
-    except Exception as exc:  # sphn raises plain exceptions for unreadable files
-        logger.error("cannot read %s: %s", args.input_wav, exc)
+        audio, padded = read_frames(args.input_wav, engine.sample_rate, engine.frame_size)
+    except ValueError as exc:
+        logger.error("%s", exc)
         return 1
-    if rate != engine.sample_rate:
-        pcm = sphn.resample(pcm, src_sample_rate=rate, dst_sample_rate=engine.sample_rate)
-    audio = np.asarray(pcm[0], dtype=np.float32)
     frame = engine.frame_size
-    frames = -(-audio.shape[0] // frame)
-    padded = np.zeros(frames * frame, dtype=np.float32)
-    padded[: audio.shape[0]] = audio
+    frames = len(padded) // frame
 
     began = time.perf_counter()
     engine.prefill({0: steps})
@@ -105,7 +114,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 
-def _voice_location(model: str, voice: str | None, voice_dir: str | None) -> tuple[str | None, str | None]:
+def read_frames(path: str, sample_rate: int, frame: int) -> tuple[np.ndarray, np.ndarray]:
+    """A wav's first channel at ``sample_rate`` as float32, and the same zero-padded to whole frames.
+
+    Error handling: ``ValueError`` naming the file when it cannot be read.
+    """
+    try:
+        pcm, rate = sphn.read(path)
+    except Exception as exc:  # sphn raises plain exceptions for unreadable files
+        raise ValueError(f"cannot read {path}: {exc}") from None
+    if rate != sample_rate:
+        pcm = sphn.resample(pcm, src_sample_rate=rate, dst_sample_rate=sample_rate)
+    audio = np.asarray(pcm[0], dtype=np.float32)
+    padded = np.zeros(-(-audio.shape[0] // frame) * frame, dtype=np.float32)
+    padded[: audio.shape[0]] = audio
+    return audio, padded
+
+
+def voice_location(model: str, voice: str | None, voice_dir: str | None) -> tuple[str | None, str | None]:
     """(voice folder, voice name) for ``--voice-prompt``: a bare name is looked up in the library; a path
     (as the reference's tool takes) makes its folder the library, found from here or in a local model's folder.
 

@@ -35,6 +35,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from .._precision import KVFormat, Precision, WeightFormat
 from ..model import LMModel, LoadedModel, Mimi, ModelConfig, VoiceLibrary
 from ._settings import OFF_GPU_SLOTS
 from ._tick import PASS_POSITIONS, DeviceTick
@@ -54,6 +55,7 @@ class MemoryPlan:
 
     model: str
     dtype: str
+    precision: Precision
     weights: int
     fixed: int
     per_conversation: int
@@ -69,7 +71,8 @@ class MemoryPlan:
 
     def as_dict(self, memory: int, reserve: int) -> dict[str, Any]:
         return {
-            "model": self.model, "dtype": self.dtype, "weights_gib": self.weights / GIB,
+            "model": self.model, "dtype": self.dtype, "quantize": str(self.precision.weights),
+            "kv_cache": str(self.precision.kv_cache), "weights_gib": self.weights / GIB,
             "fixed_gib": self.fixed / GIB, "per_conversation_gib": self.per_conversation / GIB,
             "per_conversation_parts_gib": {name: size / GIB for name, size in self.parts.items()},
             "gpu_memory_gib": memory / GIB, "reserve_gib": reserve / GIB,
@@ -78,29 +81,35 @@ class MemoryPlan:
 
 
 def plan_memory(cfg: ModelConfig, lm_dtype: torch.dtype = torch.bfloat16, *,
-                depformer_steps: int | None = None) -> MemoryPlan:
-    """The :class:`MemoryPlan` of ``cfg`` with its LM in ``lm_dtype`` (built on ``meta``: no memory used;
-    a few seconds for the 7B shapes, so each plan is kept)."""
-    key = (repr(cfg), lm_dtype, depformer_steps)
+                depformer_steps: int | None = None, precision: Precision = Precision()) -> MemoryPlan:
+    """The :class:`MemoryPlan` of ``cfg`` with its LM in ``lm_dtype`` stored as ``precision`` says (built on
+    ``meta``: no memory used; a few seconds for the 7B shapes, so each plan is kept)."""
+    key = (repr(cfg), lm_dtype, depformer_steps, precision)
     if key not in _PLANS:
-        _PLANS[key] = _plan_memory(cfg, lm_dtype, depformer_steps)
+        _PLANS[key] = _plan_memory(cfg, lm_dtype, depformer_steps, precision)
     return _PLANS[key]
 
 
-_PLANS: dict[tuple[str, torch.dtype, int | None], MemoryPlan] = {}
+_PLANS: dict[tuple[str, torch.dtype, int | None, Precision], MemoryPlan] = {}
+SPAN = 32  # the plan measures a tick of 1 row and of 1 + SPAN rows
 
 
-def _plan_memory(cfg: ModelConfig, lm_dtype: torch.dtype, depformer_steps: int | None) -> MemoryPlan:
+def _plan_memory(cfg: ModelConfig, lm_dtype: torch.dtype, depformer_steps: int | None,
+                 precision: Precision) -> MemoryPlan:
     with torch.device("meta"):
         lm = LMModel(cfg.lm).to(lm_dtype)
         mimi = Mimi(cfg.mimi)
+    lm.set_precision(precision)
     model = LoadedModel(config=cfg, lm=lm, mimi=mimi, tokenizer=None,  # type: ignore[arg-type]  # unused here
                         voices=VoiceLibrary(None), device=torch.device("meta"))
     weights = sum(_bytes(t) for module in (lm, mimi) for t in [*module.parameters(), *module.buffers()])
-    one, two = (_tick_bytes(model, rows, depformer_steps) for rows in (1, 2))
-    parts = {name: two[name] - one[name] for name in one}
+    # A tick's peak is the largest of several moments, some fixed (a weight's temporaries), some growing with
+    # the rows (attention over the rings): measured far apart, the slope is the one that decides at scale.
+    one, many = (_tick_bytes(model, rows, depformer_steps) for rows in (1, 1 + SPAN))
+    parts = {name: -(-(many[name] - one[name]) // SPAN) for name in one}
     per_conversation = sum(parts.values())
-    return MemoryPlan(model=cfg.name, dtype=str(lm_dtype).removeprefix("torch."), weights=weights,
+    return MemoryPlan(model=cfg.name, dtype=str(lm_dtype).removeprefix("torch."), precision=precision,
+                      weights=weights,
                       fixed=sum(one.values()) - per_conversation + _prompt_pass_bytes(model),
                       per_conversation=per_conversation, parts=parts)
 
@@ -123,7 +132,7 @@ def auto_slots(model: LoadedModel, reserve: int, *, depformer_steps: int | None 
         logger.info("--slots auto: %d conversations (%s: no GPU memory to size them by)", OFF_GPU_SLOTS,
                     model.device)
         return OFF_GPU_SLOTS
-    plan = plan_memory(model.config, model.lm.dtype, depformer_steps=depformer_steps)
+    plan = plan_memory(model.config, model.lm.dtype, depformer_steps=depformer_steps, precision=model.lm.precision)
     count = plan.conversations_after_load(free, reserve)
     figures = (f"{free / GIB:.1f} GiB free on {model.device} with the weights loaded, {plan.fixed / GIB:.2f} GiB "
                f"fixed, {plan.per_conversation / GIB:.3f} GiB per conversation, {reserve / GIB:.1f} GiB reserve")
@@ -135,9 +144,9 @@ def auto_slots(model: LoadedModel, reserve: int, *, depformer_steps: int | None 
 
 
 def out_of_memory_message(doing: str, cfg: ModelConfig, lm_dtype: torch.dtype, device: torch.device,
-                          slots: int | None) -> str:
+                          slots: int | None, precision: Precision = Precision()) -> str:
     """One line for an out-of-memory error: the figures, and what to do."""
-    plan = plan_memory(cfg, lm_dtype)
+    plan = plan_memory(cfg, lm_dtype, precision=precision)
     where = str(device)
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
@@ -145,10 +154,12 @@ def out_of_memory_message(doing: str, cfg: ModelConfig, lm_dtype: torch.dtype, d
         fit = plan.conversations(total, 0)
     else:
         fit = None
-    need = (f"{cfg.name} needs {plan.weights / GIB:.1f} GiB of weights ({plan.dtype}) and "
+    stored = plan.dtype if precision == Precision() else f"{plan.dtype}, {precision.describe()}"
+    need = (f"{cfg.name} needs {plan.weights / GIB:.1f} GiB of weights ({stored}) and "
             f"{plan.per_conversation / GIB:.2f} GiB per conversation")
+    smaller = "" if precision == Precision(WeightFormat.INT8, KVFormat.FP8) else "--quantize int8 and --kv-cache fp8, or "
     if fit is None or fit < 1:
-        advice = "use a device with more memory"
+        advice = f"use {smaller}a device with more memory"
     else:
         advice = (f"at most {fit} conversations fit this GPU with nothing else on it (`pplex-trio fit`): pass "
                   f"--slots auto or a smaller --slots, or use a GPU with more memory")

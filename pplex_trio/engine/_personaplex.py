@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._precision import Precision
 from ..model import (LoadedModel, PromptPlan, StreamDecoder, VoiceMaking, VoiceNotFoundError, VoicePrompt,
                      build_prompt_plan, lm_dtype_for, load_config, load_model)
 from ._fit import GIB, NotEnoughMemory, auto_slots, out_of_memory_message
@@ -116,7 +117,8 @@ class PersonaPlexEngine(Engine):
 
     @classmethod
     def load(cls, source: str, num_slots: int | None, device: str = "cpu", voice_dir: str | None = None,
-             cuda_graph: bool = False, memory_reserve: int = 2 * GIB, **kwargs: Any) -> "PersonaPlexEngine":
+             cuda_graph: bool = False, memory_reserve: int = 2 * GIB, precision: Precision = Precision(),
+             **kwargs: Any) -> "PersonaPlexEngine":
         """Load ``source`` (``tiny``, a Hugging Face repo id or a local folder) and build an engine.
 
         ``num_slots=None`` sizes the batch to the device: as many
@@ -126,6 +128,7 @@ class PersonaPlexEngine(Engine):
         tiny ops gain nothing from threads, and on a busy machine each
         multi-threaded op can stall for tens of milliseconds.
         ``cuda_graph=True`` needs a CUDA ``device`` (checked before loading).
+        ``precision``: int8 weights and an fp8 KV cache (:func:`~pplex_trio.model.load_model`).
 
         Error handling: :class:`~pplex_trio.engine._fit.NotEnoughMemory` (one
         line with the figures and the way out) when the device runs out of
@@ -135,7 +138,7 @@ class PersonaPlexEngine(Engine):
             CudaGraphs(torch.device(device))  # refuses a device without CUDA, before loading gigabytes
         doing = "loading the weights"
         try:
-            model = load_model(source, device=device, voice_dir=voice_dir)
+            model = load_model(source, device=device, voice_dir=voice_dir, precision=precision)
             if model.device.type == "cpu" and model.config.lm.dim <= 1024 and torch.get_num_threads() > 1:
                 logger.info("small model on CPU: using one torch thread")
                 torch.set_num_threads(1)
@@ -146,7 +149,7 @@ class PersonaPlexEngine(Engine):
         except torch.OutOfMemoryError:
             where = torch.device(device)
             raise NotEnoughMemory(out_of_memory_message(doing, load_config(source), lm_dtype_for(where), where,
-                                                        num_slots)) from None
+                                                        num_slots, precision)) from None
 
     # --- Engine interface ---------------------------------------------------------
 

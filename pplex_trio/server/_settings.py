@@ -13,6 +13,7 @@ import enum
 import pathlib
 from typing import ClassVar
 
+from .._precision import KVFormat, WeightFormat
 from .._setting import check_settings, parse_gib, setting
 from ..engine import ActorSettings
 from ..protocol import parse_origins
@@ -91,6 +92,12 @@ class ServerSettings(ActorSettings):
     gpu_memory_reserve_gib: float = setting(
         2.0, "GPU memory that --slots auto leaves free (GiB, or 1536MiB …)", low=0, flag="--gpu-memory-reserve",
         group="model and GPU", parse=parse_gib, metavar="SIZE")
+    quantize: WeightFormat = setting(
+        WeightFormat.NONE, "int8: half the weights' memory, for 16-24 GB cards (check it with `pplex-trio "
+        "compare`)", group="model and GPU")
+    kv_cache: KVFormat = setting(
+        KVFormat.MODEL, "fp8: about twice the conversations per GPU",
+        group="model and GPU")
     cuda_graph: bool = setting(
         False, "replay each tick's GPU work as a captured CUDA graph (CUDA only; not yet run on hardware)",
         group="model and GPU")

@@ -13,7 +13,7 @@ from pplex_trio._cli import main
 from pplex_trio._cli._engines import create_engine
 from pplex_trio.engine._fit import GIB, peak_bytes, plan_memory
 from pplex_trio.engine._personaplex import PersonaPlexEngine
-from pplex_trio.model import CONFIGS
+from pplex_trio.model import CONFIGS, LMModel
 from pplex_trio.server import ServerSettings
 from tests.model.test_engine_tick import tick_tensors
 
@@ -84,6 +84,42 @@ def test_fit_prints_the_figures(memory, capsys):
     assert {"weights_gib", "fixed_gib", "per_conversation_gib", "gpu_memory_gib", "conversations"} <= set(figures)
 
 
+def test_int8_weights_and_an_fp8_cache_fit_a_16_gib_card(capsys):
+    cfg = CONFIGS["personaplex-7b-v1"]
+    full = plan_memory(cfg, torch.bfloat16)
+    with torch.device("meta"):
+        lm = LMModel(cfg.lm)
+    # Every matrix of the two transformers' layers becomes one byte per weight plus a bf16 scale per row.
+    matrices = [p for name, p in lm.named_parameters()
+                if name.startswith(("transformer.layers.", "depformer.layers.")) and p.dim() == 2]
+    saved = sum(p.numel() * 2 - (p.numel() + 2 * p.shape[0]) for p in matrices)
+    assert main(["fit", "--model", "personaplex-7b-v1", "--gpu-memory", "16GiB", "--quantize", "int8", "--json"]) == 0
+    int8 = json.loads(capsys.readouterr().out)
+    assert int8["weights_gib"] * GIB == full.weights - saved
+    assert 0.5 < int8["weights_gib"] * GIB / full.weights < 0.6
+    assert int8["conversations"] >= 1 and int8["quantize"] == "int8"
+    assert main(["fit", "--model", "personaplex-7b-v1", "--gpu-memory", "16GiB", "--quantize", "int8",
+                 "--kv-cache", "fp8", "--json"]) == 0
+    both = json.loads(capsys.readouterr().out)
+    fp8_ring = 32 * 2 * 3000 * 4096 * 1 + 32 * 2 * 3000 * 32 * 4 + 8  # bytes, and a float32 scale per head
+    assert both["per_conversation_parts_gib"]["lm_kv_ring"] * GIB == fp8_ring
+    assert both["per_conversation_gib"] < 0.56 * int8["per_conversation_gib"]
+    assert both["conversations"] > int8["conversations"]
+
+
+def test_fit_lists_every_choice_when_asked(capsys):
+    assert main(["fit", "--model", "tiny", "--dtype", "float32", "--gpu-memory", "0.05GiB", "--kv-cache", "fp8",
+                 "--gpu-memory-reserve", "0", "--every-choice", "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    choices = {(c["quantize"], c["kv_cache"]): c for c in figures["choices"]}
+    assert set(choices) == {("none", "model"), ("none", "fp8"), ("int8", "model"), ("int8", "fp8")}
+    assert [key for key, c in choices.items() if c["chosen"]] == [("none", "fp8")]
+    assert choices["int8", "fp8"]["weights_gib"] < 0.7 * choices["none", "fp8"]["weights_gib"]
+    ring = {key: c["per_conversation_parts_gib"]["lm_kv_ring"] for key, c in choices.items()}
+    # float32 on the CPU: a quarter, and a float32 scale per 16-wide head
+    assert ring["int8", "fp8"] == ring["none", "fp8"] < 0.32 * ring["none", "model"]
+
+
 def test_fit_without_a_gpu_asks_for_the_memory(caplog):
     assert main(["fit", "--model", "tiny"]) == 2
     assert "pass --gpu-memory" in caplog.text
@@ -115,7 +151,8 @@ def test_out_of_memory_at_start_is_one_clear_line(tiny_model, monkeypatch, caplo
     assert len(errors) == 1 and errors[0].exc_info is None
     message = errors[0].getMessage()
     assert message.startswith("--model tiny: out of memory while building the engine for 500 conversations on cpu")
-    assert "tiny needs 0.0 GiB of weights (float32)" in message and "use a device with more memory" in message
+    assert "tiny needs 0.0 GiB of weights (float32)" in message
+    assert "use --quantize int8 and --kv-cache fp8, or a device with more memory" in message
     assert "Traceback" not in caplog.text
 
 
