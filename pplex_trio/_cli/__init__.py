@@ -1,4 +1,4 @@
-"""``pplex-trio``: serve, client, offline, fit, voice (the top layer: it may import every other)."""
+"""``pplex-trio``: serve, client, offline, fit, voice, quantize, compare (the top layer: it may import every other)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import trio
 from .._version import __version__
 from ._fit import add_arguments as add_fit_arguments
 from ._offline import add_arguments as add_offline_arguments
+from ._quantize import add_compare_arguments, add_quantize_arguments, run_compare, run_quantize
 from ._reach import add_reach_arguments, reach
 from ._settings_cli import add_settings_arguments, config_reader, settings_from_args
 from ._voice import add_arguments as add_voice_arguments
@@ -78,7 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     voice = commands.add_parser("voice", help="make a voice from a clip (create), or add, remove and list a running "
                                 "server's voices")
     add_voice_arguments(voice)
-    for command in (client, offline, fit, voice):
+
+    quantize = commands.add_parser("quantize", help="write a model with its LM in int8 (serve it with --model DIR)")
+    add_quantize_arguments(quantize)
+    compare = commands.add_parser("compare", help="what --quantize / --kv-cache change in a conversation, against "
+                                  "full precision")
+    add_compare_arguments(compare)
+    for command in (client, offline, fit, voice, quantize, compare):
         _add_log_level(command)  # before or after the sub-command
     return parser
 
@@ -149,6 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._voice import run as run_voice
 
         return run_voice(args)
+    if args.command == "quantize":
+        return run_quantize(args)
+    if args.command == "compare":
+        return run_compare(args)
     raise AssertionError(args.command)
 
 
