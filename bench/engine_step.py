@@ -57,6 +57,7 @@ import torch  # noqa: E402
 import _tiny_moshi as tiny  # noqa: E402
 from pplex_trio.engine._interface import Conversation, Sampling, SlotMode  # noqa: E402
 from pplex_trio.engine._personaplex import PersonaPlexEngine  # noqa: E402
+from pplex_trio._precision import KVFormat, Precision, WeightFormat  # noqa: E402
 from pplex_trio.model import CONFIGS, LoadedModel, load_model, random_model  # noqa: E402
 
 logger = logging.getLogger("bench.engine_step")
@@ -201,6 +202,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: tiny ops gain nothing from more)")
     p.add_argument("--no-oracle", action="store_true", help="time ours only")
     p.add_argument("--ours-depformer-steps", type=int, help="depformer steps our engine runs (default: its own, 8)")
+    p.add_argument("--quantize", choices=("none", "int8"), default="none", help="ours: int8 weights")
+    p.add_argument("--kv-cache", choices=("model", "fp8"), default="model", help="ours: an fp8 KV cache")
     p.add_argument("--cuda-graph", choices=("off", "on", "both"), default="both",
                    help="CUDA only, if the engine supports it (default both)")
     args = p.parse_args(argv)
@@ -240,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 label = str(directory)
             model = load_model(str(directory), device=device, dtype=lm_dtype)
+        model.lm.set_precision(Precision(WeightFormat(args.quantize), KVFormat(args.kv_cache)))
         oracle = None
         if not (args.no_oracle or cuda or directory is None):
             oracle = MoshiOracle(directory)
@@ -249,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
 
         lm = model.config.lm
         print("# engine_step: ms per tick = Mimi encode + LM step (greedy) + Mimi decode + read-back, all B rows")
-        print(f"# model: {label}: dim {lm.dim}, {lm.num_layers} layers, dep_q {lm.dep_q}, context {lm.context}")
+        print(f"# model: {label}: dim {lm.dim}, {lm.num_layers} layers, dep_q {lm.dep_q}, context {lm.context}; "
+              f"ours: {model.lm.precision.describe()}")
         print(f"# device {device} LM {str(lm_dtype).removeprefix('torch.')} threads {torch.get_num_threads()} "
               f"warmup {warmup} iters {iters} torch {torch.__version__}"
               + (f" moshi {oracle.version}" if oracle else ""))

@@ -235,6 +235,48 @@ def sweep(model, frames: np.ndarray, batches: list[int], modes: list[bool], time
             results.put("sweep", cells)
 
 
+# --- (c'') the 8-bit choices: --kv-cache fp8, --quantize int8 --------------------------------
+
+
+def precision_step(model, config: str, frames: np.ndarray, quick: bool, deadline: float) -> dict[str, Any]:
+    """Each 8-bit choice: ms per tick at B=1 and B=64 (eager and graph on CUDA), memory, and ``compare``
+    against the bf16 model on 100 steps of speech (teacher-forced; random weights, so the agreement says
+    how large the numerical error is, not how the real model sounds).  Runs last: it quantizes in place."""
+    from pplex_trio._precision import KVFormat, Precision, WeightFormat
+    from pplex_trio.engine._compare import compare
+
+    cuda = model.device.type == "cuda"
+    batches, modes = ([1, 4], [False]) if quick else ([1, 64], [False, True] if cuda else [False])
+    timed, warmup = (10, 2) if quick else (100, 10)
+    out: dict[str, Any] = {"cells": [], "compare": []}
+    quantized = random_model(CONFIGS[config], model.device)  # the same seed: the same weights, to quantize
+    for precision in (Precision(kv_cache=KVFormat.FP8), Precision(WeightFormat.INT8, KVFormat.FP8),
+                      Precision(WeightFormat.INT8)):
+        target = model if precision.weights is WeightFormat.NONE else quantized
+        target.lm.set_precision(precision)
+        for batch in batches:
+            for graph in modes:
+                if time.monotonic() > deadline:
+                    out["cells"].append({"precision": precision.describe(), "B": batch, "skipped": "time box"})
+                    continue
+                try:
+                    out["cells"].append({"precision": precision.describe(),
+                                         **cell(target, batch, graph, frames, timed, warmup)})
+                except Exception as exc:  # noqa: BLE001 - recorded, the next cell runs
+                    out["cells"].append({"precision": precision.describe(), "B": batch,
+                                         "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                    release(model.device)
+                logger.info("precision: %s", json.dumps(out["cells"][-1], default=str))
+        if time.monotonic() < deadline and precision.weights is WeightFormat.INT8:
+            model.lm.set_precision(Precision())
+            pcm = np.resize(frames.reshape(-1), (20 if quick else 100) * frames.shape[-1])
+            conversation = Conversation(persona=PERSONA, sampling=Sampling(text_seed=1, audio_seed=2))
+            result = compare(PersonaPlexEngine(model, 1, default_voice=""),
+                             PersonaPlexEngine(quantized, 1, default_voice=""), conversation, pcm)
+            out["compare"].append({"precision": precision.describe(), **result.summary()})
+    return out
+
+
 # --- (c') system prompts: chunked prefill -----------------------------------------------
 
 
@@ -396,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     step("prefill", prefill, model, frames, args.quick, built.get("fit"))
     profile_batch = min(64, built.get("fit") or 64) if not args.quick else 4
     step("profile", profile, model, profile_batch, frames)
+    step("precision", precision_step, model, args.config, frames, args.quick,
+         time.monotonic() + args.boxes["precision"])
     return 0
 
 

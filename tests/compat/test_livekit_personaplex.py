@@ -115,23 +115,27 @@ async def converse(ws_url: str, line, recording_http) -> Run:
         while not [at for at, _ in speaker.generations if at > since]:
             await asyncio.sleep(0.02)
 
-    # The caller's line; at the second utterance the agent, hearing the caller, interrupts the model.
-    await asyncio.wait_for(live(0.0), 10)
-    room = line.at(ROOM_RATE)
-    cut = int(line.second_starts * ROOM_RATE)
-    await talk(session, room[:cut])
-    interrupted_at = time.monotonic()
-    session.interrupt()
-    await talk(session, room[cut:])
+    try:
+        # The caller's line; at the second utterance the agent, hearing the caller, interrupts the model.
+        await asyncio.wait_for(live(0.0), 10)
+        room = line.at(ROOM_RATE)
+        cut = int(line.second_starts * ROOM_RATE)
+        await talk(session, room[:cut])
+        interrupted_at = time.monotonic()
+        session.interrupt()
+        await talk(session, room[cut:])
 
-    # A new persona: the plugin reconnects with it; the caller says the start of the first utterance again.
-    await session.update_instructions(NEW_PERSONA)
-    await asyncio.wait_for(reconnected.wait(), 5)
-    reconnected_at = time.monotonic()
-    await asyncio.wait_for(live(reconnected_at), 10)
-    again = line.at(ROOM_RATE)[: int(1.5 * ROOM_RATE)]
-    await talk(session, np.concatenate([again, np.zeros(ROOM_RATE // 2, np.float32)]))
-
+        # A new persona: the plugin reconnects with it; the caller says the start of the first utterance again.
+        await session.update_instructions(NEW_PERSONA)
+        await asyncio.wait_for(reconnected.wait(), 5)
+        reconnected_at = time.monotonic()
+        await asyncio.wait_for(live(reconnected_at), 10)
+        again = line.at(ROOM_RATE)[: int(1.5 * ROOM_RATE)]
+        await talk(session, np.concatenate([again, np.zeros(ROOM_RATE // 2, np.float32)]))
+    except BaseException:  # a failed run leaves nothing open for the next test's garbage collector to find
+        await session.aclose()
+        await http.close()
+        raise
     closing = time.monotonic()
     await session.aclose()
     close_took = time.monotonic() - closing
