@@ -70,12 +70,20 @@ def scale_name(name: str) -> str:
 def quantize_rows(weight: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``weight`` ``[N, K]`` -> (int8 ``[N, K]``, scales ``[N]`` in ``scale_dtype``): symmetric, per output row.
 
-    Computed in float32 on ``weight``'s device; works on ``meta`` (shapes only).
+    Computed in float32 on ``weight``'s device, a block of rows at a time (the temporaries stay small
+    whatever the weight's size); works on ``meta`` (shapes only).
     """
-    w = weight.float()
-    scale = (w.abs().amax(dim=1) / INT8_MAX).clamp(min=_TINY)
-    quantized = torch.round(w / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
-    return quantized, scale.to(scale_dtype)
+    quantized = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
+    scales = torch.empty(weight.shape[0], dtype=torch.float32, device=weight.device)
+    for start in range(0, weight.shape[0], _ROWS_PER_BLOCK):
+        block = weight[start: start + _ROWS_PER_BLOCK].to(torch.float32, copy=True)  # never in place on the weight
+        scale = (block.abs().amax(dim=1) / INT8_MAX).clamp_(min=_TINY)
+        quantized[start: start + _ROWS_PER_BLOCK] = block.div_(scale[:, None]).round_().clamp_(-INT8_MAX, INT8_MAX)
+        scales[start: start + _ROWS_PER_BLOCK] = scale
+    return quantized, scales.to(scale_dtype)
+
+
+_ROWS_PER_BLOCK = 1024
 
 
 _FUSED: dict[tuple[str, torch.dtype], bool] = {}
