@@ -95,9 +95,9 @@ def table(s: dict) -> str:
              f"{'':8}{'text top-1':>12}{'audio top-1':>13}{'text KL':>10}{'audio KL':>10}"]
     for part in ("all", "first", "last"):
         f = s[part]
-        lines.append(f"{part:8}{f['text_top1']:12.3f}{f['audio_top1']:13.3f}{f['text_kl']:10.4f}{f['audio_kl']:10.4f}")
+        lines.append(f"{part:8}{f['text_top1']:12.3f}{f['audio_top1']:13.3f}{f['text_kl']:10.1e}{f['audio_kl']:10.1e}")
     lines.append("per codebook  top-1: " + " ".join(f"{a:.3f}" for a in s["audio_top1_per_codebook"]))
-    lines.append("              KL:    " + " ".join(f"{k:.4f}" for k in s["audio_kl_per_codebook"]))
+    lines.append("              KL:    " + " ".join(f"{k:.1e}" for k in s["audio_kl_per_codebook"]))
     lines.append(f"ms per step: full precision {s['reference_ms_per_step']:.1f}, "
                  f"{s['quantize']}/{s['kv_cache']} {s['candidate_ms_per_step']:.1f} (median)")
     return "\n".join(lines)

@@ -2,7 +2,7 @@
 
 **Weights, w8a16.**  The projections of the temporal transformer and of the
 depformer (the attention's fused input projection, its output projection,
-the feed-forward layers: 91 % of PersonaPlex's LM) are stored as int8 with
+the feed-forward layers: 93 % of PersonaPlex's LM parameters) are stored as int8 with
 one float scale per output channel (symmetric, ``scale = max |w| / 127``);
 activations stay in the LM's dtype.  Embeddings, norms, the output heads,
 ``depformer_in`` and Mimi stay as they are.  A quantized weight keeps its
@@ -138,10 +138,6 @@ class Int8Linear(nn.Module):
         self.scale: torch.Tensor
         self.register_buffer("weight", weight)
         self.register_buffer("scale", scale)
-
-    @property
-    def in_features(self) -> int:
-        return self.weight.shape[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return int8_linear(x, self.weight, self.scale)
