@@ -177,3 +177,16 @@ def test_offline_takes_both_options(golden_dir, tmp_path, caplog):
     source, _ = sphn.read(str(golden_dir / "input.wav"))
     assert rate == 24_000 and pcm.shape[1] == source.shape[1] and np.abs(pcm).max() > 0
     assert len(json.loads(text.read_text())) == -(-source.shape[1] // 1920)
+
+
+def test_serve_builds_its_engine_with_both_options(tiny_model):
+    from pplex_trio._cli import build_parser
+    from pplex_trio._cli._engines import create_engine
+    from pplex_trio._cli._settings_cli import settings_from_args
+    from pplex_trio.server import ServerSettings
+
+    args = build_parser().parse_args(["serve", "--model", "tiny", "--slots", "2", "--quantize", "int8",
+                                      "--kv-cache", "fp8"])
+    engine = create_engine(settings_from_args(ServerSettings, args))
+    assert engine.model.lm.precision == INT8_FP8 and engine.num_slots == 2
+    assert isinstance(engine._tick.gen.state, Fp8TransformerState)
