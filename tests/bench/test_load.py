@@ -37,6 +37,7 @@ def test_pre_encoded_stream_starts_with_its_headers():
     assert len(pages) == 2 + 2 * 25  # headers + two 40 ms pages per 80 ms frame
 
 
+@pytest.mark.serial
 def test_short_load_run_reports_every_session(tmp_path):
     proc = subprocess.run(
         [sys.executable, "bench/load.py", "--clients", "2", "--duration", "2", "--warmup", "1", "--name", "test-smoke"],
@@ -51,6 +52,7 @@ def test_short_load_run_reports_every_session(tmp_path):
     assert (REPO / "bench" / "results" / "test-smoke.png").stat().st_size > 0
 
 
+@pytest.mark.serial
 def test_the_protocols_side_by_side():
     proc = subprocess.run(
         [sys.executable, "bench/load.py", "--clients", "2", "--duration", "2", "--warmup", "1", "--compare-protocols",

@@ -18,7 +18,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 RSS_GROWTH_BOUND_PCT = 8.0
 
 
-@pytest.mark.soak
+@pytest.mark.serial
 def test_a_one_minute_soak_leaks_nothing(tmp_path):
     name = "tmp-soak-ci"
     proc = subprocess.run(

@@ -12,6 +12,8 @@ from _helpers.bad_client import BadClient
 from _helpers.ws import RawWitness
 from pplex_trio.engine import EchoEngine
 
+pytestmark = pytest.mark.serial  # their witnesses need the CPU: they run after the parallel suite
+
 OPEN = json.dumps({"type": "open"})
 
 

@@ -19,6 +19,8 @@ from _helpers.ws import RawWitness
 from faults.test_transport_faults import BEHAVIOURS, GONE_WITHIN, PATHS, bring_to, misbehave, witness_talks_on_then_ends
 from pplex_trio.client import client_ssl_context
 
+pytestmark = pytest.mark.serial  # their witnesses need the CPU: they run after the parallel suite
+
 
 def trusting() -> ssl.SSLContext:
     return client_ssl_context(insecure=True)  # the server's self-signed certificate

@@ -27,6 +27,8 @@ from _helpers.bad_client import CLIENT_TIMEOUT, LIMIT, BadClient, frame_header, 
 from _helpers.ws import RawWitness, raw_open
 from pplex_trio.client import open_websocket
 
+pytestmark = pytest.mark.serial  # their witnesses need the CPU: they run after the parallel suite
+
 PATHS = {"raw": "/v1/audio/duplex", "moshi": "/api/chat?voice_prompt=NATF0.pt", "realtime": "/v1/realtime"}
 OPEN = json.dumps({"type": "open"})
 APPEND = json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(3840)).decode()})

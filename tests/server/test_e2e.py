@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import pytest
 import sphn
 import trio
 from pplex_trio.client import open_websocket
@@ -24,6 +25,7 @@ def opus_pass(pcm):
     return np.concatenate(out)
 
 
+@pytest.mark.serial
 async def test_moshi_echo_of_real_speech(start_server, speech_wav):
     """Speech sent as Ogg Opus comes back at the engine's delay after two Opus passes.
 
