@@ -4,12 +4,11 @@ A session is an explicit state machine around a :class:`~pplex_trio.engine.Lease
 
     ADMITTING → QUEUED → PREPARING → LIVE → CLOSING → CLOSED
 
-(QUEUED and PREPARING are its lease's states, shown until the handshake;
-QUEUED is skipped when a slot is free; any state may go to CLOSING when the
-session ends, and to CLOSED when the connection is gone).  While it waits and
-while it is live, it is a small Trio nursery of three tasks joined by bounded
-queues that drop the oldest item when full, so a slow stage costs audio,
-never latency:
+(QUEUED and PREPARING are its lease's states, shown until the handshake; QUEUED is skipped
+when a slot is free; any state may go to CLOSING when the session ends, and to CLOSED when the
+connection is gone).  While it waits and while it is live, it is a small Trio nursery of three
+tasks joined by bounded queues that drop the oldest item when full, so a slow stage costs
+audio, never latency:
 
     socket → receive → [inbound] → process (decode) → lease.push_input → engine
     engine → lease.frames() → send (encode, write) → socket
@@ -229,17 +228,14 @@ class Session:
         if audio is not None:  # the first words may be in the message that opened the conversation
             inbound.send_nowait((self._opened_at, audio.payload))
         async with trio.open_nursery() as nursery:
-            # The client is read from the start, so a protocol error or a
-            # disconnect is noticed while it waits too (input before "live" is
-            # decoded, to keep the stream's state, and then dropped).
+            # Read from the start: errors and disconnects are seen while waiting (early input is decoded, then dropped).
             nursery.start_soon(self._guard, self._receive_loop, inbound, lease)
             nursery.start_soon(self._guard, self._process_loop, inbound, lease)
             if not await self._wait_until_live(lease):
                 nursery.cancel_scope.cancel()
                 return
             if self.wire.align_input:
-                # Pages of a client that starts streaming at the handshake land
-                # just ahead of the ticks (see TickSchedule.sleep_until_handshake).
+                # A client streaming from the handshake lands just ahead of the ticks (sleep_until_handshake).
                 await self.host.actor.schedule.sleep_until_handshake()
                 self._ready_sent = trio.current_time()
             for message in self.wire.ready():
