@@ -154,6 +154,7 @@ def opus_twice(pcm: np.ndarray) -> np.ndarray:
     return pcm
 
 
+@pytest.mark.serial  # the plugin's reconnect waits on a new system prompt in real time: it needs the CPU
 def test_livekit_personaplex_plugin_hears_the_echo(echo_server, caller, assert_echoed, recording_http, caplog):
     before, mark = echo_server.ended("moshi"), len(echo_server.log)
     caplog.set_level(logging.DEBUG, logger="livekit.plugins.nvidia")
