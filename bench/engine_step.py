@@ -202,8 +202,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: tiny ops gain nothing from more)")
     p.add_argument("--no-oracle", action="store_true", help="time ours only")
     p.add_argument("--ours-depformer-steps", type=int, help="depformer steps our engine runs (default: its own, 8)")
-    p.add_argument("--quantize", choices=("none", "int8"), default="none", help="ours: int8 weights")
-    p.add_argument("--kv-cache", choices=("model", "fp8"), default="model", help="ours: an fp8 KV cache")
+    p.add_argument("--quantize", choices=[str(f) for f in WeightFormat], default="none", help="ours: int8 weights")
+    p.add_argument("--kv-cache", choices=[str(f) for f in KVFormat], default="model", help="ours: an fp8 KV cache")
     p.add_argument("--cuda-graph", choices=("off", "on", "both"), default="both",
                    help="CUDA only, if the engine supports it (default both)")
     args = p.parse_args(argv)

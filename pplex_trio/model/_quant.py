@@ -117,7 +117,7 @@ def _probe_fused(device: torch.device, dtype: torch.dtype) -> bool:
 def int8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``x @ (weight * scale[:, None]).T`` for an int8 ``weight`` ``[N, K]``, in ``x``'s dtype."""
     flat = x.reshape(-1, x.shape[-1])
-    if (x.device.type, x.dtype) in _FUSED and _FUSED[(x.device.type, x.dtype)]:
+    if _FUSED.get((x.device.type, x.dtype), False):
         out = torch._weight_int8pack_mm(flat.contiguous(), weight, scale.to(x.dtype))
     else:
         out = F.linear(flat, weight.to(x.dtype)) * scale.to(x.dtype)
