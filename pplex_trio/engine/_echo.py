@@ -114,16 +114,17 @@ class EchoEngine(Engine):
             time.sleep(self.step_seconds)
         out = np.zeros((self.num_slots, FRAME_SIZE), dtype=np.float32)
         text: list[str | None] = [None] * self.num_slots
+        rows = np.flatnonzero([mode == SlotMode.LIVE for mode in modes])
+        # All rows at once, as a model's batched step would: a loop of small copies per row would hand the
+        # GIL back and forth with the event loop at each one.
+        n = self._frames[rows]
         depth = self.delay_frames + 1
-        for row, mode in enumerate(modes):
-            if mode != SlotMode.LIVE:
-                continue
-            n = int(self._frames[row])
-            self._history[row, n % depth] = pcm[row]
-            out[row] = self._history[row, (n - self.delay_frames) % depth] if n >= self.delay_frames else 0.0
-            if int((n + 1) * self.text_share) > int(n * self.text_share):  # evenly spread, exact share
-                text[row] = f" {n}"
-            self._frames[row] = n + 1
+        self._history[rows, n % depth] = pcm[rows]
+        out[rows] = np.where((n >= self.delay_frames)[:, None], self._history[rows, (n - self.delay_frames) % depth], 0.0)
+        self._frames[rows] = n + 1
+        for row, k in zip(rows.tolist(), n.tolist()):
+            if int((k + 1) * self.text_share) > int(k * self.text_share):  # evenly spread, exact share
+                text[row] = f" {k}"
         return StepOutput(pcm=out, text=text)
 
 

@@ -210,7 +210,7 @@ class Lease:
         return InputStats(f.pending_samples, f.margin, f.underruns, f.skipped_samples)
 
     async def wait_changed(self) -> None:
-        """Wait until state, position, failure or the output changes."""
+        """Wait until state, position or failure changes (output is read from :meth:`frames`)."""
         await self._lot.park()
 
     # -- what the session does -----------------------------------------------

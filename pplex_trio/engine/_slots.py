@@ -214,8 +214,7 @@ class SlotTable:
         lease._outbox.send_nowait(frame)
         lease._frames_delivered += 1
         lease._last_delivered_tick = frame.tick
-        lease._end_output_if_flushed()
-        lease._changed()
+        lease._end_output_if_flushed()  # (output alone wakes only the send task, through the outbox)
 
     def fail_slot(self, slot: Slot, code: CloseCode, message: str) -> None:
         """End the slot's conversation from the server side (engine error)."""

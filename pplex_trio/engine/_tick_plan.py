@@ -115,12 +115,13 @@ def plan_tick(table: SlotTable, call: EngineCall, tick: int, pcm: np.ndarray, no
         if skipped:
             metrics.samples_skipped.inc(skipped)
         if arrival is not None:
-            metrics.frames_in.inc()
             slacks.append(deadline - arrival)
             continue
-        metrics.frames_silence.inc()
         if table.still_streaming(slot, now, tick_seconds):
             missed.append(slot.lease)  # still streaming, but this tick came before its frame
+    live = modes.count(SlotMode.LIVE)
+    metrics.frames_in.inc(len(slacks))  # (one update per tick, not per row)
+    metrics.frames_silence.inc(live - len(slacks))
     call.tick = TickPlan(tick, modes, pcm, arrivals, slacks, missed)
 
 
@@ -175,6 +176,7 @@ def apply_result(table: SlotTable, call: EngineCall, result: CallResult, now: fl
     tick = call.tick
     if tick is None or result.output is None:
         return
+    delivered = 0
     for i, mode in enumerate(tick.modes):
         if mode is not SlotMode.LIVE or not still_held(i):
             continue  # released (or failed) while the engine ran: its output is dropped
@@ -183,9 +185,10 @@ def apply_result(table: SlotTable, call: EngineCall, result: CallResult, now: fl
                 result.output.pcm[i].copy(), result.output.text[i], tick.tick, input_arrival=tick.arrivals[i],
                 step_seconds=result.step_seconds, tick_started=call.started_at, delivered=now,
             ))
-            metrics.frames_out.inc()
+            delivered += 1
         except Exception:  # one conversation's trouble is that conversation's, never the actor's
             _fail_row(table, i, metrics, "delivering its output")
+    metrics.frames_out.inc(delivered)
 
 
 def fail_call(table: SlotTable, call: EngineCall, message: str) -> None:

@@ -101,9 +101,8 @@ def hypercorn_config(settings: ServerSettings) -> hypercorn.config.Config:
     config.bind = [f"{settings.host}:{settings.port}"]
     # The transport guard enforces our limit at the frame header; hypercorn's is a backstop.
     config.websocket_max_message_size = 2 * settings.max_message_bytes
-    # A peer that sends nothing, not even a pong to these pings, is given up (dead, frozen, half-open).
+    # A live peer has these pings to answer; one that sends nothing is given up by the transport (serve_http).
     config.websocket_ping_interval = settings.client_timeout / 3
-    config.read_timeout = settings.client_timeout  # type: ignore[assignment]  # annotated int; takes float seconds
     config.keep_alive_timeout = min(5.0, settings.client_timeout)  # an idle or half-sent HTTP request
     config.graceful_timeout = settings.shutdown_grace
     config.ssl_handshake_timeout = settings.client_timeout
@@ -173,9 +172,11 @@ async def serve(
             await nursery.start(_watch_signals, state, stop)
         await nursery.start(state.actor.run)
         await nursery.start(state.encoders.run)
-        # The transport's write deadline comes a second after the session's own, so a session that gives
-        # up on a client says so (and tries to tell it) before the transport drops the connection.
-        http = partial(serve_http, app, hypercorn_config(settings), sockets, write_timeout=settings.client_timeout + 1,
+        # The transport's deadlines come a second after the session's own, so a session that gives up on a
+        # client says so (and tries to tell it) before the transport drops the connection.
+        transport_timeout = settings.client_timeout + 1
+        http = partial(serve_http, app, hypercorn_config(settings), sockets, write_timeout=transport_timeout,
+                       read_timeout=transport_timeout,
                        max_message_bytes=settings.max_message_bytes, shutdown_trigger=stop.wait,
                        on_refusal=lambda refusal: state.metrics.errors.labels("transport").inc(),
                        ssl_context=certificate.server_context() if certificate is not None else None)

@@ -6,16 +6,17 @@ forever: no deadline of ours could end it, and neither could shutdown.  So we
 run hypercorn's connection class (``TCPServer``) on our own accept loop, over
 a :class:`GuardedStream` that
 
-* ends every write by a deadline (one watchdog checks them all), and then
-  aborts the connection (a TCP reset);
+* ends every write by a deadline, and a connection that sends nothing for
+  ``read_timeout`` (not even a pong to hypercorn's pings: a dead, frozen or
+  half-open peer), by aborting it (a TCP reset); one watchdog checks them all,
+  which costs less than hypercorn's own ``read_timeout``, a deadline per read;
 * passes the client's bytes through the sans-IO :class:`InboundGuard`
   (request-head limit, no compression, message-size limit at the frame header);
 * can be aborted from outside, which is how shutdown ends connections that
   would not close in time.
 
-Dead peers are found by hypercorn itself: it pings every WebSocket
-(``websocket_ping_interval``) and gives up on a connection that sends nothing,
-not even a pong, for ``read_timeout``.
+hypercorn pings every WebSocket (``websocket_ping_interval``), so a live
+client always has something to send.
 
 With TLS (:class:`GuardedTLSStream`) the same guard reads the decrypted bytes,
 and the deadlines and the abort act on the socket below; a plain-HTTP request
@@ -25,6 +26,7 @@ to the TLS port is answered with a redirect to ``https://``.
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import ssl
 import struct
@@ -50,10 +52,12 @@ class GuardedStream(trio.abc.HalfCloseableStream):
     """A client's socket stream with write deadlines, an inbound guard, and an abort."""
 
     def __init__(self, stream: trio.SocketStream, *, write_timeout: float, max_message_bytes: int,
-                 on_refusal: Callable[[Refusal], None] | None = None):
+                 read_timeout: float = math.inf, on_refusal: Callable[[Refusal], None] | None = None):
         self._stream: trio.abc.Stream = stream  # what bytes are read from and written to
         self.socket = stream.socket  # hypercorn reads the peer's address from it
         self._write_timeout = write_timeout
+        self._read_timeout = read_timeout
+        self.received_at: float | None = None  # when the client last sent anything (None: not yet seen)
         self._guard = InboundGuard(max_message_bytes)
         self._lock = trio.Lock()  # our own refusals write beside hypercorn's writes
         self._on_refusal = on_refusal
@@ -73,6 +77,7 @@ class GuardedStream(trio.abc.HalfCloseableStream):
             data = await self._stream.receive_some(max_bytes)
             if not data:
                 return data
+            self.received_at = trio.current_time()
             passed, refusal = self._guard.inbound(data)
             if refusal is not None:
                 await self._refuse(refusal)
@@ -100,17 +105,22 @@ class GuardedStream(trio.abc.HalfCloseableStream):
             self.write_started = None
             self._lock.release()
 
-    def enforce_write_deadline(self, now: float) -> None:
-        """Abort the connection if a write has waited on the client for longer than the write timeout.
+    def enforce_deadlines(self, now: float) -> None:
+        """Abort the connection if a write has waited on the client for longer than the write timeout, or
+        the client has sent nothing for longer than the read timeout.
 
-        One watchdog calls this for every connection (:func:`_watch_writes`):
-        cheaper than a cancel scope around each of the many small writes.
+        One watchdog calls this for every connection (:func:`_watch_deadlines`):
+        cheaper than a cancel scope around each of the many small reads and writes.
         """
-        if self.write_started is None or now - self.write_started < self._write_timeout:
-            return
-        logger.info("connection from %s: nothing read for %g s, aborted", self.peer(), self._write_timeout)
-        self.write_timed_out = True
-        self.abort()
+        if self.received_at is None:
+            self.received_at = now  # the connection's first look: its silence counts from here
+        if self.write_started is not None and now - self.write_started >= self._write_timeout:
+            logger.info("connection from %s: nothing read for %g s, aborted", self.peer(), self._write_timeout)
+            self.write_timed_out = True
+            self.abort()
+        elif now - self.received_at >= self._read_timeout:
+            logger.info("connection from %s: nothing received for %g s, aborted", self.peer(), self._read_timeout)
+            self.abort()
 
     async def wait_send_all_might_not_block(self) -> None:
         await self._stream.wait_send_all_might_not_block()
@@ -247,6 +257,7 @@ async def serve_http(
     sockets: list[socket.socket],
     *,
     write_timeout: float,
+    read_timeout: float = math.inf,
     max_message_bytes: int,
     shutdown_trigger: Callable[[], Awaitable[None]],
     on_refusal: Callable[[Refusal], None] | None = None,
@@ -256,6 +267,9 @@ async def serve_http(
     """Serve ``app`` on ``sockets`` (bound and listening) until ``shutdown_trigger`` returns.
 
     With ``ssl_context``, every connection is TLS.
+
+    A connection whose writes wait on its client for ``write_timeout``, or whose
+    client sends nothing for ``read_timeout``, is aborted.
 
     Then: no new connections; open ones get ``config.graceful_timeout`` to end,
     after which they are cancelled and, if a write still holds one, aborted.
@@ -267,10 +281,10 @@ async def serve_http(
     connections = Connections()
 
     async def handle(stream: trio.SocketStream) -> None:
-        guarded = GuardedStream(stream, write_timeout=write_timeout, max_message_bytes=max_message_bytes,
-                                on_refusal=on_refusal) if ssl_context is None else \
-            GuardedTLSStream(stream, ssl_context, write_timeout=write_timeout, max_message_bytes=max_message_bytes,
-                             on_refusal=on_refusal)
+        guarded = GuardedStream(stream, write_timeout=write_timeout, read_timeout=read_timeout,
+                                max_message_bytes=max_message_bytes, on_refusal=on_refusal) if ssl_context is None \
+            else GuardedTLSStream(stream, ssl_context, write_timeout=write_timeout, read_timeout=read_timeout,
+                                  max_message_bytes=max_message_bytes, on_refusal=on_refusal)
         connections.open.add(guarded)
         try:
             # hypercorn annotates its stream as an SSLStream; it takes any stream and tells TLS by do_handshake
@@ -291,7 +305,7 @@ async def serve_http(
         async with trio.open_nursery() as connection_nursery:
             async with trio.open_nursery() as accepting:
                 accepting.start_soon(partial(trio.serve_listeners, handle, listeners, handler_nursery=connection_nursery))
-                lifespan_nursery.start_soon(_watch_writes, connections, write_timeout)
+                lifespan_nursery.start_soon(_watch_deadlines, connections, min(write_timeout, read_timeout))
                 task_status.started(binds)
                 await shutdown_trigger()
                 accepting.cancel_scope.cancel()
@@ -304,17 +318,17 @@ async def serve_http(
         lifespan_nursery.cancel_scope.cancel()
 
 
-WRITE_WATCH_INTERVAL = 0.25  # s: a stuck write is aborted within this much of its deadline
+WATCH_INTERVAL = 0.25  # s: a connection is aborted within this much of its deadline
 
 
-async def _watch_writes(connections: Connections, write_timeout: float) -> None:
-    """Every connection's write deadline, checked by one task."""
-    interval = min(WRITE_WATCH_INTERVAL, write_timeout / 4)
+async def _watch_deadlines(connections: Connections, shortest_timeout: float) -> None:
+    """Every connection's read and write deadlines, checked by one task."""
+    interval = min(WATCH_INTERVAL, shortest_timeout / 4)
     while True:
         await trio.sleep(interval)
         now = trio.current_time()
         for stream in list(connections.open):
-            stream.enforce_write_deadline(now)
+            stream.enforce_deadlines(now)
 
 
 async def _abort_after(seconds: float, connections: Connections) -> None:

@@ -1,4 +1,4 @@
-"""The guarded transport's write deadline: one watchdog, no cancel scope per write.
+"""The guarded transport's write and read deadlines: one watchdog, no cancel scope per write or read.
 
 Real loopback sockets: a client end that never reads, so the kernel's buffers
 fill and a write blocks (on Trio's virtual clock, so the deadline is checked
@@ -7,18 +7,21 @@ exactly), and one that reads.
 
 from __future__ import annotations
 
+import math
+import select
 import socket
 
 import pytest
 import trio
 import trio.testing
 
-from pplex_trio.server._transport import WRITE_WATCH_INTERVAL, Connections, GuardedStream, _watch_writes
+from pplex_trio.server._transport import WATCH_INTERVAL, Connections, GuardedStream, _watch_deadlines
 
 WRITE_TIMEOUT = 3.0
 
 
-def guarded_pair(write_timeout: float = WRITE_TIMEOUT, *, small_buffers: bool = True) -> tuple[GuardedStream, socket.socket]:
+def guarded_pair(write_timeout: float = WRITE_TIMEOUT, *, read_timeout: float = math.inf,
+                 small_buffers: bool = True) -> tuple[GuardedStream, socket.socket]:
     """Our end of a loopback TCP connection, guarded, and the client's end (a plain socket)."""
     with socket.create_server(("127.0.0.1", 0)) as listener:
         theirs = socket.create_connection(listener.getsockname())
@@ -28,7 +31,8 @@ def guarded_pair(write_timeout: float = WRITE_TIMEOUT, *, small_buffers: bool = 
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
-    return GuardedStream(stream, write_timeout=write_timeout, max_message_bytes=1 << 20), theirs
+    return GuardedStream(stream, write_timeout=write_timeout, read_timeout=read_timeout,
+                         max_message_bytes=1 << 20), theirs
 
 
 async def test_a_write_the_client_never_reads_is_aborted_at_its_deadline(autojump_clock):
@@ -36,13 +40,13 @@ async def test_a_write_the_client_never_reads_is_aborted_at_its_deadline(autojum
     connections = Connections()
     connections.open.add(guarded)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_watch_writes, connections, WRITE_TIMEOUT)
+        nursery.start_soon(_watch_deadlines, connections, WRITE_TIMEOUT)
         started = trio.current_time()
         with trio.fail_after(60), pytest.raises(trio.BrokenResourceError, match="read nothing for 3 s"):
             await guarded.send_all(bytes(1 << 22))  # far more than the buffers hold (no watchdog: TooSlowError)
         waited = trio.current_time() - started
         nursery.cancel_scope.cancel()
-    assert WRITE_TIMEOUT <= waited <= WRITE_TIMEOUT + WRITE_WATCH_INTERVAL + 1e-6
+    assert WRITE_TIMEOUT <= waited <= WRITE_TIMEOUT + WATCH_INTERVAL + 1e-6
     assert guarded.aborted and guarded.write_started is None
     await guarded.aclose()
     theirs.close()
@@ -62,13 +66,67 @@ async def test_writes_that_complete_and_idle_connections_are_left_alone():
             received.extend(await peer.recv(65536))
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_watch_writes, connections, timeout)
+        nursery.start_soon(_watch_deadlines, connections, timeout)
         nursery.start_soon(read)
         for _ in range(40):
             await guarded.send_all(bytes(10_000))
         await trio.sleep(3 * timeout)  # idle: no write in progress, nothing to enforce
         nursery.cancel_scope.cancel()
     assert len(received) == 400_000 and not guarded.aborted
+    await guarded.aclose()
+    theirs.close()
+
+
+READ_TIMEOUT = 4.0
+REQUEST = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"  # (the guard passes on whole request heads)
+
+
+def send_from_client(theirs: socket.socket, guarded: GuardedStream, data: bytes) -> None:
+    """The client sends ``data``; return once it has reached our socket (loopback delivery takes real time,
+    which the virtual clock would otherwise jump past)."""
+    theirs.sendall(data)
+    assert select.select([guarded.socket.fileno()], [], [], 5.0)[0], "the client's bytes did not arrive"
+
+
+async def test_a_client_that_sends_nothing_is_aborted_at_the_read_deadline(autojump_clock):
+    """hypercorn's pings give a live client something to answer; one silent for the read timeout (dead, frozen,
+    half-open) is dropped, whether or not it ever sent anything, and a read waiting on it wakes."""
+    guarded, theirs = guarded_pair(read_timeout=READ_TIMEOUT)
+    connections = Connections()
+    connections.open.add(guarded)
+    send_from_client(theirs, guarded, REQUEST)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_deadlines, connections, READ_TIMEOUT)
+        assert await guarded.receive_some(1024) == REQUEST
+        last = trio.current_time()
+        with trio.fail_after(60), pytest.raises((trio.ClosedResourceError, trio.BrokenResourceError)):
+            await guarded.receive_some(1024)
+        waited = trio.current_time() - last
+        nursery.cancel_scope.cancel()
+    assert READ_TIMEOUT <= waited <= READ_TIMEOUT + WATCH_INTERVAL + 1e-6
+    assert guarded.aborted and not guarded.write_timed_out
+    theirs.close()
+
+    silent, theirs = guarded_pair(read_timeout=READ_TIMEOUT)  # never sends a byte
+    connections.open = {silent}
+    with trio.move_on_after(READ_TIMEOUT + WATCH_INTERVAL + 0.01):
+        await _watch_deadlines(connections, READ_TIMEOUT)
+    assert silent.aborted
+    theirs.close()
+
+
+async def test_a_client_that_keeps_sending_is_left_alone(autojump_clock):
+    guarded, theirs = guarded_pair(read_timeout=READ_TIMEOUT)
+    connections = Connections()
+    connections.open.add(guarded)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_deadlines, connections, READ_TIMEOUT)
+        for _ in range(10):  # 30 s in all, never more than 3 s apart (as a pong now and then)
+            await trio.sleep(READ_TIMEOUT - 1)
+            send_from_client(theirs, guarded, REQUEST)
+            assert await guarded.receive_some(1024) == REQUEST
+        nursery.cancel_scope.cancel()
+    assert not guarded.aborted
     await guarded.aclose()
     theirs.close()
 
