@@ -24,6 +24,7 @@ tree over a steady window, per conversation-second.
 Usage (from the repository root)::
 
     python bench/stack_floor.py --clients 64 --duration 30
+    python bench/stack_floor.py --clients 64 --duration 20 --variants ours asgi+codecs --rounds 5
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import argparse
 import functools
 import json
 import pathlib
+import statistics
 import sys
 import time
 
@@ -90,26 +92,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=30.0, help="seconds measured per server")
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--variants", nargs="+", default=["ours", "quart+codecs", "asgi+codecs", "asgi+codecs0", "asgi"])
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every variant this many times, interleaved: on a host whose speed drifts "
+                             "from minute to minute, the median of each round's ratio is the figure to trust")
     parser.add_argument("--name", default="stack-floor")
     args = parser.parse_args(argv)
     pages = encode_pages(CONNECT_TIMEOUT + args.warmup + args.duration + 10, 40)
     rows = []
-    for variant in args.variants:
-        server = ServerProcess(server_command(variant, args.clients))
-        try:
-            ms = trio.run(drive, server, args.clients, pages, args.warmup, args.duration)
-        finally:
-            server.stop()
-        rows.append({"variant": variant, "clients": args.clients, "cpu_ms_per_conv_s": ms})
-        print(f"{variant:14s} N={args.clients}  {ms:5.2f} ms CPU per conversation-second", flush=True)
-    ours = next((r["cpu_ms_per_conv_s"] for r in rows if r["variant"] == "ours"), None)
+    for round_ in range(args.rounds):
+        for variant in args.variants:
+            server = ServerProcess(server_command(variant, args.clients))
+            try:
+                ms = trio.run(drive, server, args.clients, pages, args.warmup, args.duration)
+            finally:
+                server.stop()
+            rows.append({"variant": variant, "clients": args.clients, "round": round_, "cpu_ms_per_conv_s": ms})
+            print(f"round {round_ + 1}: {variant:14s} N={args.clients}  {ms:5.2f} ms CPU per conversation-second",
+                  flush=True)
     print()
-    print("| server | CPU ms per conversation-second | of ours | of the baseline (8.7) |")
+    print("| server | CPU ms per conversation-second (median) | ours / this (median of the rounds) | "
+          "of the baseline (8.7) |")
     print("|---|---|---|---|")
-    for r in rows:
-        ms = r["cpu_ms_per_conv_s"]
-        share = f"{ms / ours:.2f}" if ours else "-"
-        print(f"| {r['variant']} | {ms:.2f} | {share} | {ms / BASELINE_MS:.2f} |")
+    for variant in args.variants:
+        ms = [r["cpu_ms_per_conv_s"] for r in rows if r["variant"] == variant]
+        ratios = [ours["cpu_ms_per_conv_s"] / r["cpu_ms_per_conv_s"] for r in rows if r["variant"] == variant
+                  for ours in rows if ours["variant"] == "ours" and ours["round"] == r["round"]]
+        ratio = f"{statistics.median(ratios):.2f} ({', '.join(f'{x:.2f}' for x in ratios)})" if ratios else "-"
+        print(f"| {variant} | {statistics.median(ms):.2f} | {ratio} | {statistics.median(ms) / BASELINE_MS:.2f} |")
     print(f"\nthe target: ≤ {0.55 * BASELINE_MS:.2f} ms (55 % of the baseline)")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(

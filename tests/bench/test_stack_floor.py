@@ -26,3 +26,15 @@ def test_a_short_run_of_two_floor_servers_measures_both(tmp_path, monkeypatch):
     rows = json.loads((tmp_path / "t.json").read_text())["results"]
     assert [r["variant"] for r in rows] == ["asgi", "quart+codecs0"]
     assert all(r["cpu_ms_per_conv_s"] > 0 for r in rows)  # the clients talked, the servers worked
+
+
+def test_rounds_interleave_the_servers_and_report_each_rounds_ratio(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(floor, "RESULTS", tmp_path)
+    assert floor.main(["--clients", "2", "--duration", "1", "--warmup", "0.3", "--variants", "ours", "asgi",
+                       "--rounds", "2", "--name", "t"]) == 0
+    rows = json.loads((tmp_path / "t.json").read_text())["results"]
+    assert [(r["variant"], r["round"]) for r in rows] == [("ours", 0), ("asgi", 0), ("ours", 1), ("asgi", 1)]
+    ratios = [rows[0]["cpu_ms_per_conv_s"] / rows[1]["cpu_ms_per_conv_s"],
+              rows[2]["cpu_ms_per_conv_s"] / rows[3]["cpu_ms_per_conv_s"]]
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| asgi |"))
+    assert f"({ratios[0]:.2f}, {ratios[1]:.2f})" in line
