@@ -7,6 +7,8 @@ today's cost is ours to cut: it drives, one after the other and with the same
 clients, servers that do less and less of a conversation's work:
 
 * ``ours``: ``pplex-trio serve --model echo`` (the load test's server);
+* ``ours-inline``: the same with ``--opus-encoder inline``: its Opus encoding in
+  its own process, as the floor servers do it, instead of a child process;
 * ``quart+codecs``, ``asgi+codecs``: ``bench/_floor_server.py``, a server with no engine, no
   sessions and no metrics that only takes the pages, decodes them (sphn),
   encodes a frame per connection every 80 ms (libopus, complexity 5) and sends
@@ -53,10 +55,11 @@ BASELINE_MS = 8.7  # official traffic, N=64, 2026-12-01 13:03 (docs/BENCHMARKS.m
 
 
 def server_command(variant: str, clients: int) -> list[str]:
-    if variant == "ours":
+    if variant in ("ours", "ours-inline"):
+        placement = ["--opus-encoder", "inline"] if variant == "ours-inline" else []
         return ["-m", "pplex_trio", "serve", "--model", "echo", "--slots", str(clients), "--port", "0",
                 "--queue-size", "0", "--echo-step-ms", "20", "--echo-prefill-steps", "12",
-                "--echo-text-share", "0.3"]
+                "--echo-text-share", "0.3", *placement]
     framework, _, codecs = variant.partition("+")  # e.g. "asgi+codecs", or "asgi+codecs0" for complexity 0
     options = ["--codecs"] if codecs else []
     if codecs.removeprefix("codecs"):

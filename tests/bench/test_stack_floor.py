@@ -14,6 +14,8 @@ spec.loader.exec_module(floor)
 
 def test_variants_name_their_servers():
     assert floor.server_command("ours", 8)[:4] == ["-m", "pplex_trio", "serve", "--model"]
+    assert floor.server_command("ours-inline", 8)[-2:] == ["--opus-encoder", "inline"]
+    assert "--opus-encoder" not in floor.server_command("ours", 8)
     assert floor.server_command("asgi", 8)[1:] == ["asgi"]
     assert floor.server_command("quart+codecs", 8)[1:] == ["quart", "--codecs"]
     assert floor.server_command("asgi+codecs0", 8)[1:] == ["asgi", "--codecs", "--complexity", "0"]

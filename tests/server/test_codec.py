@@ -76,7 +76,7 @@ async def test_encoder_process_matches_an_in_process_writer(nursery):
     pool.close_stream(b)
 
 
-def test_worker_answers_each_frame_as_soon_as_it_is_encoded():
+def test_worker_answers_each_frame_in_order():
     """One request of three frames (and a closing) gets three one-item answers, in order."""
     import io
 
@@ -95,6 +95,39 @@ def test_worker_answers_each_frame_as_soon_as_it_is_encoded():
     assert [[(stream, kind) for stream, kind, _ in a] for a in answers] == [[(1, DATA)], [(2, DATA)], [(2, DATA)]]
     assert all(b"OpusHead" in a[0][2] for a in answers[:2])  # two fresh streams
     assert b"OpusHead" not in answers[2][0][2]  # stream 2 goes on
+
+
+def test_worker_writes_its_answers_out_at_most_a_millisecond_after_the_first_is_ready():
+    """Answers go out in groups: the parent wakes once per group, and no answer waits past FLUSH_AFTER (here each
+    encode takes 0.4 ms of a fake clock: groups of 4, 4, then the last 2 when the batch is done)."""
+    import io
+
+    from pplex_trio.codec._worker import DATA, FLUSH_AFTER, READY, Unpacker, pack, serve
+
+    class Recording(io.BytesIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.flushed_at: list[int] = []  # bytes written when each flush came
+
+        def flush(self) -> None:
+            self.flushed_at.append(len(self.getvalue()))
+
+    ticks = iter(range(100))
+    tone = (0.3 * np.sin(np.arange(1920) / 7)).astype("<f4").tobytes()
+    stdout = Recording()
+    serve(io.BufferedReader(io.BytesIO(pack([(i, DATA, tone) for i in range(10)]))), stdout,
+          clock=lambda: next(ticks) * 0.4 * FLUSH_AFTER)
+    out = stdout.getvalue()
+    assert out[:1] == READY
+    groups, unpacker, seen = [], Unpacker(), 1
+    for end in stdout.flushed_at[1:]:  # (the first flush is READY's)
+        unpacker.feed(out[seen:end])
+        seen = end
+        group = []
+        while (message := unpacker.next_message()) is not None:
+            group += [stream for stream, _, _ in message]
+        groups.append(group)
+    assert [g for g in groups if g] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
 
 
 async def test_the_first_streams_encode_inline_and_the_rest_in_the_child(nursery):
