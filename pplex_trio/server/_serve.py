@@ -172,11 +172,10 @@ async def serve(
             await nursery.start(_watch_signals, state, stop)
         await nursery.start(state.actor.run)
         await nursery.start(state.encoders.run)
-        # The transport's deadlines come a second after the session's own, so a session that gives up on a
-        # client says so (and tries to tell it) before the transport drops the connection.
-        transport_timeout = settings.client_timeout + 1
-        http = partial(serve_http, app, hypercorn_config(settings), sockets, write_timeout=transport_timeout,
-                       read_timeout=transport_timeout,
+        # The transport's write deadline comes a second after the session's own, so a session that gives
+        # up on a client says so (and tries to tell it) before the transport drops the connection.
+        http = partial(serve_http, app, hypercorn_config(settings), sockets, write_timeout=settings.client_timeout + 1,
+                       read_timeout=settings.client_timeout,
                        max_message_bytes=settings.max_message_bytes, shutdown_trigger=stop.wait,
                        on_refusal=lambda refusal: state.metrics.errors.labels("transport").inc(),
                        ssl_context=certificate.server_context() if certificate is not None else None)
