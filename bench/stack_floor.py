@@ -99,7 +99,8 @@ def summary(rows: list[dict], variants: list[str], floor: str = "asgi+codecs") -
         ratios = [r["cpu_ms_per_conv_s"] / f["cpu_ms_per_conv_s"] for r in rows if r["variant"] == variant
                   for f in rows if f["variant"] == floor and f["round"] == r["round"]]
         ratio = f"{statistics.median(ratios):.2f} ({', '.join(f'{x:.2f}' for x in ratios)})" if ratios else "-"
-        lines.append(f"| {variant} | {statistics.median(ms):.2f} | {ratio} | {statistics.median(ms) / BASELINE_MS:.2f} |")
+        median = statistics.median(ms)
+        lines.append(f"| {variant} | {median:.2f} | {ratio} | {median / BASELINE_MS:.2f} |")
     return "\n".join(lines)
 
 

@@ -120,7 +120,8 @@ class EchoEngine(Engine):
         n = self._frames[rows]
         depth = self.delay_frames + 1
         self._history[rows, n % depth] = pcm[rows]
-        out[rows] = np.where((n >= self.delay_frames)[:, None], self._history[rows, (n - self.delay_frames) % depth], 0.0)
+        delayed = self._history[rows, (n - self.delay_frames) % depth]
+        out[rows] = np.where((n >= self.delay_frames)[:, None], delayed, 0.0)
         self._frames[rows] = n + 1
         for row, k in zip(rows.tolist(), n.tolist()):
             if int((k + 1) * self.text_share) > int(k * self.text_share):  # evenly spread, exact share

@@ -92,8 +92,9 @@ class EncoderProcess:
     items with :meth:`run_items`; a writer task sends whatever has gathered
     as one batch, without waiting for earlier answers, and a reader task
     matches the answers, which come a few at a time as the child finishes them
-    (the first of a group waits at most 1 ms), to items in order.  So throughput does not depend on how long a round
-    trip takes on a busy event loop.  If the child dies, the streams it held
+    (the first of a group waits at most 1 ms), to items in order.  So
+    throughput does not depend on how long a round trip takes on a busy event
+    loop.  If the child dies, the streams it held
     fail (their encoder state is gone) and a new child serves new streams.
     """
 

@@ -305,7 +305,8 @@ async def serve_http(
         async with trio.open_nursery() as connection_nursery:
             async with trio.open_nursery() as accepting:
                 accepting.start_soon(partial(trio.serve_listeners, handle, listeners, handler_nursery=connection_nursery))
-                lifespan_nursery.start_soon(_watch_deadlines, connections, min(write_timeout, read_timeout))
+                shortest = min(write_timeout, read_timeout)
+                lifespan_nursery.start_soon(_watch_deadlines, connections, shortest)
                 task_status.started(binds)
                 await shutdown_trigger()
                 accepting.cancel_scope.cancel()
