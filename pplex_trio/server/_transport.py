@@ -57,7 +57,7 @@ class GuardedStream(trio.abc.HalfCloseableStream):
         self.socket = stream.socket  # hypercorn reads the peer's address from it
         self._write_timeout = write_timeout
         self._read_timeout = read_timeout
-        self.received_at: float | None = None  # when the client last sent anything (None: not yet seen)
+        self.received_at = trio.current_time()  # when the client last sent anything (at first: connected)
         self._guard = InboundGuard(max_message_bytes)
         self._lock = trio.Lock()  # our own refusals write beside hypercorn's writes
         self._on_refusal = on_refusal
@@ -112,8 +112,6 @@ class GuardedStream(trio.abc.HalfCloseableStream):
         One watchdog calls this for every connection (:func:`_watch_deadlines`):
         cheaper than a cancel scope around each of the many small reads and writes.
         """
-        if self.received_at is None:
-            self.received_at = now  # the connection's first look: its silence counts from here
         if self.write_started is not None and now - self.write_started >= self._write_timeout:
             logger.info("connection from %s: nothing read for %g s, aborted", self.peer(), self._write_timeout)
             self.write_timed_out = True
@@ -281,10 +279,9 @@ async def serve_http(
     connections = Connections()
 
     async def handle(stream: trio.SocketStream) -> None:
-        guarded = GuardedStream(stream, write_timeout=write_timeout, read_timeout=read_timeout,
-                                max_message_bytes=max_message_bytes, on_refusal=on_refusal) if ssl_context is None \
-            else GuardedTLSStream(stream, ssl_context, write_timeout=write_timeout, read_timeout=read_timeout,
-                                  max_message_bytes=max_message_bytes, on_refusal=on_refusal)
+        guard = GuardedStream if ssl_context is None else partial(GuardedTLSStream, context=ssl_context)
+        guarded = guard(stream, write_timeout=write_timeout, read_timeout=read_timeout,
+                        max_message_bytes=max_message_bytes, on_refusal=on_refusal)
         connections.open.add(guarded)
         try:
             # hypercorn annotates its stream as an SSLStream; it takes any stream and tells TLS by do_handshake
