@@ -94,13 +94,19 @@ def summary(rows: list[dict], variants: list[str], floor: str = "asgi+codecs") -
     when it ran) round by round, with their median."""
     lines = [f"| server | CPU ms per conversation-second (median) | / {floor} (median; each round) | "
              "of the baseline (8.7) |", "|---|---|---|---|"]
+    measured = [r for r in rows if "cpu_ms_per_conv_s" in r]  # a failed run has an "error" instead
     for variant in variants:
-        ms = [r["cpu_ms_per_conv_s"] for r in rows if r["variant"] == variant]
-        ratios = [r["cpu_ms_per_conv_s"] / f["cpu_ms_per_conv_s"] for r in rows if r["variant"] == variant
-                  for f in rows if f["variant"] == floor and f["round"] == r["round"]]
+        ms = [r["cpu_ms_per_conv_s"] for r in measured if r["variant"] == variant]
+        ratios = [r["cpu_ms_per_conv_s"] / f["cpu_ms_per_conv_s"] for r in measured if r["variant"] == variant
+                  for f in measured if f["variant"] == floor and f["round"] == r["round"]]
         ratio = f"{statistics.median(ratios):.2f} ({', '.join(f'{x:.2f}' for x in ratios)})" if ratios else "-"
+        failed = sum(1 for r in rows if r["variant"] == variant and "error" in r)
+        note = f" ({failed} run(s) failed)" if failed else ""
+        if not ms:
+            lines.append(f"| {variant} | failed{note} | - | - |")
+            continue
         median = statistics.median(ms)
-        lines.append(f"| {variant} | {median:.2f} | {ratio} | {median / BASELINE_MS:.2f} |")
+        lines.append(f"| {variant} | {median:.2f}{note} | {ratio} | {median / BASELINE_MS:.2f} |")
     return "\n".join(lines)
 
 
@@ -119,14 +125,23 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for round_ in range(args.rounds):
         for variant in args.variants:
-            server = ServerProcess(server_command(variant, args.clients))
+            row: dict = {"variant": variant, "clients": args.clients, "round": round_}
             try:
-                ms = trio.run(drive, server, args.clients, pages, args.warmup, args.duration)
-            finally:
-                server.stop()
-            rows.append({"variant": variant, "clients": args.clients, "round": round_, "cpu_ms_per_conv_s": ms})
-            print(f"round {round_ + 1}: {variant:14s} N={args.clients}  {ms:5.2f} ms CPU per conversation-second",
-                  flush=True)
+                server = ServerProcess(server_command(variant, args.clients))
+                try:
+                    row["cpu_ms_per_conv_s"] = ms = trio.run(drive, server, args.clients, pages, args.warmup,
+                                                             args.duration)
+                finally:
+                    server.stop()
+            except Exception as exc:  # one bad run (a busy host, a server that died) must not lose the others
+                while isinstance(exc, ExceptionGroup):  # a nursery's: name what went wrong inside it
+                    exc = exc.exceptions[0]
+                row["error"] = f"{type(exc).__name__}: {exc}"
+                print(f"round {round_ + 1}: {variant:14s} N={args.clients}  failed: {row['error']}", flush=True)
+            else:
+                print(f"round {round_ + 1}: {variant:14s} N={args.clients}  {ms:5.2f} ms CPU per "
+                      "conversation-second", flush=True)
+            rows.append(row)
     print()
     print(summary(rows, args.variants))
     print(f"\nthe target: ≤ {0.55 * BASELINE_MS:.2f} ms (55 % of the baseline)")
@@ -134,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     (RESULTS / f"{args.name}.json").write_text(json.dumps(
         {"command": " ".join(["python", "bench/stack_floor.py", *(argv if argv is not None else sys.argv[1:])]),
          "date": time.strftime("%Y-%m-%d %H:%M:%S"), "results": rows}, indent=1))
-    return 0
+    return 1 if any("error" in row for row in rows) else 0
 
 
 if __name__ == "__main__":

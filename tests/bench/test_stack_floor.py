@@ -42,3 +42,42 @@ def test_rounds_interleave_the_servers_and_report_each_rounds_ratio(tmp_path, mo
     line = next(line for line in floor.summary(rows, ["asgi+codecs0", "asgi"], floor="asgi+codecs0").splitlines()
                 if line.startswith("| asgi |"))
     assert f"({ratios[0]:.2f}, {ratios[1]:.2f})" in line
+
+
+def test_a_failed_run_is_recorded_and_the_other_rounds_still_count(tmp_path, monkeypatch, capsys):
+    """A run that fails (here the second server's clients never all stream) costs that run, not the table."""
+    monkeypatch.setattr(floor, "RESULTS", tmp_path)
+
+    class FakeServer:
+        address = "127.0.0.1:1"
+
+        def __init__(self, command):
+            self.variant = "ours" if command[:2] == ["-m", "pplex_trio"] else "asgi+codecs"
+
+        def stop(self):
+            pass
+
+    figures = iter([20.0, None, 21.0, 14.0])  # round 1: ours, floor (fails); round 2: ours, floor
+
+    async def drive(server, clients, pages, warmup, duration):
+        ms = next(figures)
+        if ms is None:
+            import trio
+            async with trio.open_nursery():
+                raise trio.TooSlowError
+        return ms
+
+    monkeypatch.setattr(floor, "ServerProcess", FakeServer)
+    monkeypatch.setattr(floor, "drive", drive)
+    monkeypatch.setattr(floor, "encode_pages", lambda seconds, ms: [])
+    assert floor.main(["--clients", "2", "--variants", "ours", "asgi+codecs", "--rounds", "2", "--name", "t"]) == 1
+    rows = json.loads((tmp_path / "t.json").read_text())["results"]
+    assert [("error" in r, r.get("cpu_ms_per_conv_s")) for r in rows] == [
+        (False, 20.0), (True, None), (False, 21.0), (False, 14.0)]
+    assert rows[1]["error"].startswith("TooSlowError")
+    out = capsys.readouterr().out
+    assert "round 1: asgi+codecs" in out and "failed: TooSlowError" in out
+    ours = next(line for line in out.splitlines() if line.startswith("| ours |"))
+    assert f"| 20.50 | {21.0 / 14.0:.2f} ({21.0 / 14.0:.2f}) |" in ours  # only round 2 has both figures
+    floor_line = next(line for line in out.splitlines() if line.startswith("| asgi+codecs |"))
+    assert "14.00 (1 run(s) failed)" in floor_line
