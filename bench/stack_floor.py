@@ -76,9 +76,12 @@ async def drive(server: ServerProcess, clients: int, pages: list[bytes], warmup:
         for trace in traces:
             nursery.start_soon(functools.partial(client.converse, url, pages, trace, clock=trio.current_time,
                                                  stream_pages=stream_pages, wait_timeout=CONNECT_TIMEOUT, drain=0.0))
-        with trio.fail_after(CONNECT_TIMEOUT):
+        with trio.move_on_after(CONNECT_TIMEOUT) as waiting:
             while not all(trace.pages_sent_at or trace.error for trace in traces):
                 await trio.sleep(0.05)
+        if waiting.cancelled_caught:
+            streaming = sum(1 for trace in traces if trace.pages_sent_at)
+            raise RuntimeError(f"{streaming} of {clients} clients were streaming after {CONNECT_TIMEOUT:.0f} s")
         if errors := [trace.error for trace in traces if trace.error]:
             raise RuntimeError(f"{len(errors)} client(s) failed, the first: {errors[0]}")
         await trio.sleep(warmup)

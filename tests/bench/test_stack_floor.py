@@ -5,6 +5,10 @@ import json
 import pathlib
 import sys
 
+import pytest
+import trio
+import trio.testing
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 spec = importlib.util.spec_from_file_location("bench_stack_floor", ROOT / "bench" / "stack_floor.py")
@@ -81,3 +85,18 @@ def test_a_failed_run_is_recorded_and_the_other_rounds_still_count(tmp_path, mon
     assert f"| 20.50 | {21.0 / 14.0:.2f} ({21.0 / 14.0:.2f}) |" in ours  # only round 2 has both figures
     floor_line = next(line for line in out.splitlines() if line.startswith("| asgi+codecs |"))
     assert "14.00 (1 run(s) failed)" in floor_line
+
+
+def test_clients_that_never_stream_fail_the_run_with_a_reason(monkeypatch):
+    """Within the connect timeout (on a virtual clock), and the error says how many were streaming."""
+    async def never_streams(url, pages, trace, **kwargs):
+        await trio.sleep_forever()
+
+    class Server:
+        address = "127.0.0.1:1"
+
+    monkeypatch.setattr(floor.client, "converse", never_streams)
+    with pytest.raises(ExceptionGroup) as caught:
+        trio.run(floor.drive, Server(), 3, [], 0.0, 1.0, clock=trio.testing.MockClock(autojump_threshold=0))
+    (error,) = caught.value.exceptions
+    assert str(error) == f"0 of 3 clients were streaming after {floor.CONNECT_TIMEOUT:.0f} s"
