@@ -21,7 +21,10 @@ clients, servers that do less and less of a conversation's work:
 The clients (``_reference_client.converse``) behave like ``bench/load.py
 --traffic official`` from the handshake: a 40 ms Ogg page of real speech every
 40 ms, reading everything.  The figure is the CPU time of the server's whole process
-tree over a steady window, per conversation-second.
+tree over a steady window, per conversation-second.  Beside it, the audio frames
+a client got per second: a server that falls behind (on a host too small for
+``--clients``) sends fewer frames and does less work, so its CPU figure is not
+comparable with one that kept up (the table says when one fell behind).
 
 Usage (from the repository root)::
 
@@ -52,6 +55,8 @@ from load import encode_pages  # noqa: E402
 RESULTS = BENCH / "results"
 CONNECT_TIMEOUT = 120.0  # s for every client to be streaming
 BASELINE_MS = 8.7  # official traffic, N=64, 2026-12-01 13:03 (docs/BENCHMARKS.md)
+FRAMES_PER_S = 12.5  # audio frames a second each client gets from a server that keeps up
+KEPT_UP = 0.98  # a server that sent less did less work: its CPU figure is not comparable
 
 
 def server_command(variant: str, clients: int) -> list[str]:
@@ -67,8 +72,10 @@ def server_command(variant: str, clients: int) -> list[str]:
     return [str(BENCH / "_floor_server.py"), framework, *options]
 
 
-async def drive(server: ServerProcess, clients: int, pages: list[bytes], warmup: float, duration: float) -> float:
-    """CPU ms of the server tree per conversation-second over the window, once every client is streaming."""
+async def drive(server: ServerProcess, clients: int, pages: list[bytes], warmup: float,
+                duration: float) -> tuple[float, float]:
+    """CPU ms of the server tree per conversation-second over the window, once every client is streaming, and
+    the audio frames a client got per second in it (:data:`FRAMES_PER_S` when the server kept up)."""
     url = client.chat_url(f"http://{server.address}")
     traces = [client.Trace(i) for i in range(clients)]
     stream_pages = round((CONNECT_TIMEOUT + warmup + duration + 5) / client.PAGE_S)  # the run cancels them sooner
@@ -85,18 +92,20 @@ async def drive(server: ServerProcess, clients: int, pages: list[bytes], warmup:
         if errors := [trace.error for trace in traces if trace.error]:
             raise RuntimeError(f"{len(errors)} client(s) failed, the first: {errors[0]}")
         await trio.sleep(warmup)
-        cpu0, t0 = server.tree_cpu_seconds(), time.monotonic()
+        cpu0, t0, start = server.tree_cpu_seconds(), time.monotonic(), trio.current_time()
         await trio.sleep(duration)
-        cpu1, t1 = server.tree_cpu_seconds(), time.monotonic()
+        cpu1, t1, end = server.tree_cpu_seconds(), time.monotonic(), trio.current_time()
         nursery.cancel_scope.cancel()
-    return 1000 * (cpu1 - cpu0) / ((t1 - t0) * clients)
+    frames = sum(1 for trace in traces for at in trace.audio_at if start <= at < end)
+    return 1000 * (cpu1 - cpu0) / ((t1 - t0) * clients), frames / ((end - start) * clients)
 
 
 def summary(rows: list[dict], variants: list[str], floor: str = "asgi+codecs") -> str:
     """A markdown table: each server's median, and its ratio to ``floor`` (the bare stack with the codecs,
     when it ran) round by round, with their median."""
     lines = [f"| server | CPU ms per conversation-second (median) | / {floor} (median; each round) | "
-             "of the baseline (8.7) |", "|---|---|---|---|"]
+             f"audio frames a client got per second (of {FRAMES_PER_S:g}) | of the baseline (8.7) |",
+             "|---|---|---|---|---|"]
     measured = [r for r in rows if "cpu_ms_per_conv_s" in r]  # a failed run has an "error" instead
     for variant in variants:
         ms = [r["cpu_ms_per_conv_s"] for r in measured if r["variant"] == variant]
@@ -106,10 +115,14 @@ def summary(rows: list[dict], variants: list[str], floor: str = "asgi+codecs") -
         failed = sum(1 for r in rows if r["variant"] == variant and "error" in r)
         note = f" ({failed} run(s) failed)" if failed else ""
         if not ms:
-            lines.append(f"| {variant} | failed{note} | - | - |")
+            lines.append(f"| {variant} | failed{note} | - | - | - |")
             continue
         median = statistics.median(ms)
-        lines.append(f"| {variant} | {median:.2f}{note} | {ratio} | {median / BASELINE_MS:.2f} |")
+        served = [r["audio_frames_per_s"] for r in measured if r["variant"] == variant]
+        kept_up = sum(1 for x in served if x >= KEPT_UP * FRAMES_PER_S)
+        got = f"{statistics.median(served):.2f}" + ("" if kept_up == len(served) else
+                                                   f" (fell behind in {len(served) - kept_up} of {len(served)})")
+        lines.append(f"| {variant} | {median:.2f}{note} | {ratio} | {got} | {median / BASELINE_MS:.2f} |")
     return "\n".join(lines)
 
 
@@ -132,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 server = ServerProcess(server_command(variant, args.clients))
                 try:
-                    row["cpu_ms_per_conv_s"] = ms = trio.run(drive, server, args.clients, pages, args.warmup,
-                                                             args.duration)
+                    ms, served = trio.run(drive, server, args.clients, pages, args.warmup, args.duration)
+                    row.update(cpu_ms_per_conv_s=ms, audio_frames_per_s=served)
                 finally:
                     server.stop()
             except Exception as exc:  # one bad run (a busy host, a server that died) must not lose the others
@@ -143,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {round_ + 1}: {variant:14s} N={args.clients}  failed: {row['error']}", flush=True)
             else:
                 print(f"round {round_ + 1}: {variant:14s} N={args.clients}  {ms:5.2f} ms CPU per "
-                      "conversation-second", flush=True)
+                      f"conversation-second, {served:5.2f} of {FRAMES_PER_S:g} audio frames a second to each "
+                      "client", flush=True)
             rows.append(row)
     print()
     print(summary(rows, args.variants))

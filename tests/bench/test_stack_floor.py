@@ -32,6 +32,8 @@ def test_a_short_run_of_two_floor_servers_measures_both(tmp_path, monkeypatch):
     rows = json.loads((tmp_path / "t.json").read_text())["results"]
     assert [r["variant"] for r in rows] == ["asgi", "quart+codecs0"]
     assert all(r["cpu_ms_per_conv_s"] > 0 for r in rows)  # the clients talked, the servers worked
+    # two conversations are nothing for either: each client got a frame every 80 ms (± one at the edges)
+    assert all(11.5 <= r["audio_frames_per_s"] <= 13.5 for r in rows)
 
 
 def test_rounds_interleave_the_servers_and_report_each_rounds_ratio(tmp_path, monkeypatch):
@@ -61,7 +63,7 @@ def test_a_failed_run_is_recorded_and_the_other_rounds_still_count(tmp_path, mon
         def stop(self):
             pass
 
-    figures = iter([20.0, None, 21.0, 14.0])  # round 1: ours, floor (fails); round 2: ours, floor
+    figures = iter([(20.0, 12.5), None, (21.0, 12.4), (14.0, 12.5)])  # round 1: ours, floor (fails); round 2
 
     async def drive(server, clients, pages, warmup, duration):
         ms = next(figures)
@@ -82,7 +84,7 @@ def test_a_failed_run_is_recorded_and_the_other_rounds_still_count(tmp_path, mon
     out = capsys.readouterr().out
     assert "round 1: asgi+codecs" in out and "failed: TooSlowError" in out
     ours = next(line for line in out.splitlines() if line.startswith("| ours |"))
-    assert f"| 20.50 | {21.0 / 14.0:.2f} ({21.0 / 14.0:.2f}) |" in ours  # only round 2 has both figures
+    assert f"| 20.50 | {21.0 / 14.0:.2f} ({21.0 / 14.0:.2f}) | 12.45 |" in ours  # only round 2 has both figures
     floor_line = next(line for line in out.splitlines() if line.startswith("| asgi+codecs |"))
     assert "14.00 (1 run(s) failed)" in floor_line
 
@@ -100,3 +102,15 @@ def test_clients_that_never_stream_fail_the_run_with_a_reason(monkeypatch):
         trio.run(floor.drive, Server(), 3, [], 0.0, 1.0, clock=trio.testing.MockClock(autojump_threshold=0))
     (error,) = caught.value.exceptions
     assert str(error) == f"0 of 3 clients were streaming after {floor.CONNECT_TIMEOUT:.0f} s"
+
+
+def test_the_table_says_when_a_server_fell_behind():
+    """A server that sent fewer frames did less work: its CPU figure is flagged, not silently compared."""
+    rows = [{"variant": "ours", "round": 0, "cpu_ms_per_conv_s": 19.0, "audio_frames_per_s": 10.0},
+            {"variant": "asgi+codecs", "round": 0, "cpu_ms_per_conv_s": 15.0, "audio_frames_per_s": 12.5},
+            {"variant": "ours", "round": 1, "cpu_ms_per_conv_s": 18.0, "audio_frames_per_s": 12.4},
+            {"variant": "asgi+codecs", "round": 1, "cpu_ms_per_conv_s": 15.0, "audio_frames_per_s": 12.5}]
+    table = floor.summary(rows, ["ours", "asgi+codecs"])
+    ours = next(line for line in table.splitlines() if line.startswith("| ours |"))
+    assert "| 11.20 (fell behind in 1 of 2) |" in ours  # 10.0 < 0.98 x 12.5; 12.4 is within it
+    assert "fell behind" not in next(line for line in table.splitlines() if line.startswith("| asgi+codecs |"))
