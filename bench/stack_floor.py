@@ -92,12 +92,12 @@ async def drive(server: ServerProcess, clients: int, pages: list[bytes], warmup:
         if errors := [trace.error for trace in traces if trace.error]:
             raise RuntimeError(f"{len(errors)} client(s) failed, the first: {errors[0]}")
         await trio.sleep(warmup)
-        cpu0, t0, start = server.tree_cpu_seconds(), time.monotonic(), trio.current_time()
+        cpu0, start = server.tree_cpu_seconds(), trio.current_time()  # the clients' clock stamps their frames
         await trio.sleep(duration)
-        cpu1, t1, end = server.tree_cpu_seconds(), time.monotonic(), trio.current_time()
+        cpu1, end = server.tree_cpu_seconds(), trio.current_time()
         nursery.cancel_scope.cancel()
     frames = sum(1 for trace in traces for at in trace.audio_at if start <= at < end)
-    return 1000 * (cpu1 - cpu0) / ((t1 - t0) * clients), frames / ((end - start) * clients)
+    return 1000 * (cpu1 - cpu0) / ((end - start) * clients), frames / ((end - start) * clients)
 
 
 def summary(rows: list[dict], variants: list[str], floor: str = "asgi+codecs") -> str:
@@ -108,8 +108,9 @@ def summary(rows: list[dict], variants: list[str], floor: str = "asgi+codecs") -
              "|---|---|---|---|---|"]
     measured = [r for r in rows if "cpu_ms_per_conv_s" in r]  # a failed run has an "error" instead
     for variant in variants:
-        ms = [r["cpu_ms_per_conv_s"] for r in measured if r["variant"] == variant]
-        ratios = [r["cpu_ms_per_conv_s"] / f["cpu_ms_per_conv_s"] for r in measured if r["variant"] == variant
+        own = [r for r in measured if r["variant"] == variant]
+        ms = [r["cpu_ms_per_conv_s"] for r in own]
+        ratios = [r["cpu_ms_per_conv_s"] / f["cpu_ms_per_conv_s"] for r in own
                   for f in measured if f["variant"] == floor and f["round"] == r["round"]]
         ratio = f"{statistics.median(ratios):.2f} ({', '.join(f'{x:.2f}' for x in ratios)})" if ratios else "-"
         failed = sum(1 for r in rows if r["variant"] == variant and "error" in r)
@@ -118,7 +119,7 @@ def summary(rows: list[dict], variants: list[str], floor: str = "asgi+codecs") -
             lines.append(f"| {variant} | failed{note} | - | - | - |")
             continue
         median = statistics.median(ms)
-        served = [r["audio_frames_per_s"] for r in measured if r["variant"] == variant]
+        served = [r["audio_frames_per_s"] for r in own]
         kept_up = sum(1 for x in served if x >= KEPT_UP * FRAMES_PER_S)
         got = f"{statistics.median(served):.2f}" + ("" if kept_up == len(served) else
                                                    f" (fell behind in {len(served) - kept_up} of {len(served)})")
