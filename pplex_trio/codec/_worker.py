@@ -109,12 +109,17 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, *, clock: Callable[[], float] = tim
     unpacker = Unpacker()
     stdout.write(READY)
     stdout.flush()
-    first_ready: float | None = None  # when the oldest answer not yet flushed was ready
+    # Answers wait here, not in stdout's buffer: with PYTHONUNBUFFERED (set in many container
+    # images, ours too) stdout would write each one at once and wake the parent once per answer.
+    unsent = bytearray()
+    first_ready: float | None = None  # when the oldest answer in ``unsent`` was ready
 
     def flush() -> None:
         nonlocal first_ready
-        if first_ready is not None:
+        if unsent:
+            stdout.write(unsent)
             stdout.flush()
+            unsent.clear()
             first_ready = None
 
     while True:
@@ -136,7 +141,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, *, clock: Callable[[], float] = tim
                 except Exception as exc:  # one stream's bad input fails that stream, never the child
                     states.pop(stream, None)
                     answer = (stream, ERROR, f"{type(exc).__name__}: {exc}".encode())
-                stdout.write(pack([answer]))
+                unsent += pack([answer])
                 now = clock()
                 if first_ready is None:
                     first_ready = now
@@ -151,4 +156,6 @@ if __name__ == "__main__":
     # this child ends when the parent closes its stdin.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    serve(sys.stdin.buffer, sys.stdout.buffer)
+    # A buffered stdout of our own: it writes each group whole (PYTHONUNBUFFERED makes
+    # sys.stdout.buffer a raw file, whose write may take only part of it).
+    serve(sys.stdin.buffer, open(sys.stdout.fileno(), "wb", closefd=False))
