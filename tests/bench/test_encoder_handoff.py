@@ -1,0 +1,23 @@
+"""bench/encoder_handoff.py: each placement is measured on the encoder pool the server uses."""
+
+import importlib.util
+import json
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+spec = importlib.util.spec_from_file_location("bench_encoder_handoff", ROOT / "bench" / "encoder_handoff.py")
+handoff = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(handoff)
+
+
+def test_a_short_run_measures_every_placement_where_its_encoding_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(handoff, "RESULTS", tmp_path)
+    assert handoff.main(["--streams", "8", "--duration", "2", "--warmup", "0.5", "--rounds", "1", "--name", "t"]) == 0
+    rows = {r["placement"]: r for r in json.loads((tmp_path / "t.json").read_text())["results"]}
+    assert list(rows) == ["none", "inline", "process"]
+    assert all(11.5 <= r["frames_per_s_per_stream"] <= 13.5 for r in rows.values())  # a frame per stream a tick
+    # 200 frames of ~0.2 ms of libopus each: the child's CPU shows only where the child encodes
+    assert rows["process"]["child_us_per_frame"] > 50
+    assert rows["none"]["child_us_per_frame"] == rows["inline"]["child_us_per_frame"] == 0
