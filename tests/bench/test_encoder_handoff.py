@@ -5,6 +5,8 @@ import json
 import pathlib
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 spec = importlib.util.spec_from_file_location("bench_encoder_handoff", ROOT / "bench" / "encoder_handoff.py")
@@ -12,6 +14,7 @@ handoff = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(handoff)
 
 
+@pytest.mark.serial  # timing-bound: a frame per stream a tick only holds on an unloaded machine
 def test_a_short_run_measures_every_placement_where_its_encoding_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(handoff, "RESULTS", tmp_path)
     assert handoff.main(["--streams", "8", "--duration", "2", "--warmup", "0.5", "--rounds", "1", "--name", "t"]) == 0
