@@ -30,7 +30,7 @@ import numpy as np
 import trio
 
 from ..codec import LibopusWriter, OpusWriter, libopus_available, make_writer
-from ..codec._worker import CLOSE, DATA, ERROR, READY, Unpacker, pack
+from ..codec._worker import CLOSE, DATA, ERROR, READ_BYTES, READY, Unpacker, pack
 from ._settings import OpusEncoderPlacement
 
 logger = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ class EncoderProcess:
                             in_flight: collections.deque[tuple[_ProcessJob, int]]) -> None:
         unpacker = Unpacker()
         while True:
-            data = await stdout.receive_some(1 << 20)
+            data = await stdout.receive_some(READ_BYTES)
             if not data:
                 raise RuntimeError("it exited")
             unpacker.feed(data)
