@@ -96,7 +96,14 @@ async def converse(server, line, beta: bool) -> Run:
         for n, chunk in enumerate(line.chunks(24_000, CHUNK_MS)):
             await connection.input_audio_buffer.append(audio=base64.b64encode(chunk).decode())
             await asyncio.sleep(max(0.0, started + (n + 1) * CHUNK_MS / 1000 - time.monotonic()))
-        await asyncio.sleep(0.5)  # the echo of the last frames
+        # The echo of the last frames: wait until the output has been quiet for 0.5 s (at most 5 s), so
+        # that on a loaded machine the close does not fall between a frame's audio and its transcript.
+        give_up = time.monotonic() + 5.0
+        while time.monotonic() < give_up:
+            last = max((at for at, event in events if event["type"] == audio_delta), default=started)
+            if time.monotonic() - last >= 0.5:
+                break
+            await asyncio.sleep(0.05)
 
         closing = time.monotonic()
         await connection.close()
