@@ -61,14 +61,15 @@ def test_client_round_trips_a_wav_file_with_every_protocol(server_process, golde
         assert len(pieces) >= sent.size // FRAME - 2
         # The echo is the input, some frames late (16-bit wav rounding aside).  A
         # tick whose input came late carries silence and shifts the rest by a
-        # frame, so compare one-second windows, each at its own lag.
+        # frame, so compare half-second windows, each at its own lag: on a loaded
+        # machine a few shifts come, and each spoils only the window it falls in.
         # raw is exact, realtime is 16-bit PCM both ways; Moshi has two Opus passes
         threshold = {"raw": 0.999, "realtime": 0.99, "moshi": 0.8}[protocol]
-        window = 24_000
+        window = SR // 2
         starts = [i for i in range(0, sent.size - window - 6 * FRAME, window) if sent[i : i + window].std() > 1e-3]
         scores = [best_lag(sent[i : i + window], out[i : i + window + 6 * FRAME], FRAME, 6 * FRAME)[1]
                   for i in starts]
-        assert len(scores) >= 4
+        assert len(scores) >= 8
         good = sum(score > threshold for score in scores)
         assert good >= 0.75 * len(scores), (protocol, [round(x, 3) for x in scores])
 
