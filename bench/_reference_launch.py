@@ -6,7 +6,7 @@ reference from *running* here, never how it serves (one conversation at a
 time under its ``asyncio.Lock``, each input frame processed as soon as it is
 complete):
 
-* ``ServerState.warmup()`` ends with ``torch.cuda.synchronize()``, which
+* ``ServerContext.warmup()`` ends with ``torch.cuda.synchronize()``, which
   raises without CUDA: it becomes a no-op when torch sees no GPU.
 * ``moshi.server`` has no flag for float32 and loads the LM in bfloat16.  Our
   server runs float32 on the CPU, so ``--lm-dtype float32`` (the default here)

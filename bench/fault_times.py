@@ -61,7 +61,7 @@ async def misbehave(client: BadClient, behaviour: str) -> None:
 async def one_case(settings: ServerSettings, protocol: str, behaviour: str) -> dict:
     async with trio.open_nursery() as nursery:
         handle = await nursery.start(serve, settings, EchoEngine(settings.slots, prefill_steps=8))
-        state = handle.state
+        state = handle.server
         witness = RawWitness(handle.ws_url)
         nursery.start_soon(witness.run)
         await witness.ready.wait()

@@ -165,8 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from ..server import ServerSettings, serve
-    from ..server._serve import ListenError, bind_sockets, tls_certificate
-    from ..protocol._access import AUTH_TOKEN_ENV
+    from ..server import ListenError, bind_sockets, tls_certificate
+    from ..protocol import AUTH_TOKEN_ENV
     from ._engines import ModelUnavailable, create_engine
 
     if not hasattr(args, "auth_token") and AUTH_TOKEN_ENV in os.environ:

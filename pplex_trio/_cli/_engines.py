@@ -64,7 +64,7 @@ def create_engine(settings: ServerSettings) -> Engine:
             **kwargs,
         )
     try:
-        from ..engine._personaplex import PersonaPlexEngine
+        from ..engine import PersonaPlexEngine
     except ImportError as exc:
         raise ModelUnavailable(
             f"--model {model}: the PersonaPlex engine is not available in this build ({exc}); use --model echo"

@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..engine._fit import GIB, plan_memory
+    from ..engine import GIB, plan_memory
     from ..model import ModelAccessError, load_config
 
     try:

@@ -66,7 +66,7 @@ def precision_of(args: argparse.Namespace) -> Precision:
 def run(args: argparse.Namespace) -> int:
     """Run the command; returns the process exit code."""
     from ..engine import Conversation, Sampling, SlotMode
-    from ..engine._personaplex import PersonaPlexEngine
+    from ..engine import PersonaPlexEngine
     from ..model import ModelAccessError, VoiceNotFoundError
     from ._engines import resolve_device
 

@@ -28,8 +28,7 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_quantize(args: argparse.Namespace) -> int:
-    from ..model import CheckpointMismatchError, ModelAccessError
-    from ..model._loading import write_quantized
+    from ..model import CheckpointMismatchError, ModelAccessError, write_quantized
 
     try:
         lm = write_quantized(args.model, args.output)
@@ -54,9 +53,7 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from ..engine import Conversation, Sampling
-    from ..engine._compare import compare
-    from ..engine._personaplex import PersonaPlexEngine
+    from ..engine import Conversation, PersonaPlexEngine, Sampling, compare
     from ..model import ModelAccessError, VoiceNotFoundError
     from ._engines import resolve_device
 

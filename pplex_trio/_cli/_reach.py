@@ -24,7 +24,7 @@ def reach(args: argparse.Namespace) -> tuple[str | None, ssl.SSLContext | None] 
     """The token and TLS context the arguments ask for; None (and a log line) for a --cafile that cannot be
     read."""
     from ..client import client_ssl_context
-    from ..protocol._access import AUTH_TOKEN_ENV
+    from ..protocol import AUTH_TOKEN_ENV
 
     token: str | None = args.token if args.token is not None else os.environ.get(AUTH_TOKEN_ENV)
     try:

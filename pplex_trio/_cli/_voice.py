@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the command; returns the process exit code."""
     if args.action == "create":
         return _create(args)
-    from ..client._voices import VoiceApiError, add_voice, list_voices, remove_voice
+    from ..client import VoiceApiError, add_voice, list_voices, remove_voice
 
     reached = reach(args)
     if reached is None:
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _create(args: argparse.Namespace) -> int:
     from ..model import ModelAccessError, load_model
-    from ..model._voices import voice_from_recording
+    from ..model import voice_from_recording
     from ._engines import resolve_device
 
     if not args.clip.is_file():

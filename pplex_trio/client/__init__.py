@@ -8,6 +8,10 @@ from ._client import run_client as run_client
 from ._client import stream_moshi as stream_moshi
 from ._client import stream_raw as stream_raw
 from ._client import stream_realtime as stream_realtime
+from ._voices import VoiceApiError as VoiceApiError
+from ._voices import add_voice as add_voice
+from ._voices import list_voices as list_voices
+from ._voices import remove_voice as remove_voice
 from ._ws import Refused as Refused
 from ._ws import client_ssl_context as client_ssl_context
 from ._ws import open_websocket as open_websocket

@@ -16,3 +16,9 @@ from ._pcm16 import pcm16_encode as pcm16_encode
 from ._libopus import OpusWriter as OpusWriter
 from ._libopus import libopus_available as libopus_available
 from ._writers import make_writer as make_writer
+from ._resample import StreamResampler as StreamResampler
+from ._vad import EnergyVAD as EnergyVAD
+from ._vad import is_silent as is_silent
+from ._voice_audio import load_libraries as load_libraries
+from ._voice_audio import voice_audio as voice_audio
+from . import _worker as encoder_wire  # the encoder child's wire format (both ends share it)

@@ -1,4 +1,11 @@
-"""The engine side: the interface, the actor that drives it, leases, and the echo test engine."""
+"""The engine side: the interface, the actor that drives it, leases, and the echo test engine.
+
+The model's engine (``PersonaPlexEngine``), the memory plan and the 8-bit comparison need torch: they are
+imported on first use, so that an echo server never loads it.
+"""
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ._actor import ActorStatistics as ActorStatistics
 from ._actor import EngineActor as EngineActor
@@ -27,3 +34,17 @@ from ._lease import OutputEvent as OutputEvent
 from ._lease import OutputFrame as OutputFrame
 from ._slots import QueueFull as QueueFull
 from ._slots import SlotPhase as SlotPhase
+
+if TYPE_CHECKING:
+    from ._compare import compare as compare
+    from ._fit import GIB as GIB
+    from ._fit import plan_memory as plan_memory
+    from ._personaplex import PersonaPlexEngine as PersonaPlexEngine
+
+_NEEDS_TORCH = {"PersonaPlexEngine": "._personaplex", "compare": "._compare", "plan_memory": "._fit", "GIB": "._fit"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _NEEDS_TORCH:
+        return getattr(importlib.import_module(_NEEDS_TORCH[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

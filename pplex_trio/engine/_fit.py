@@ -38,7 +38,7 @@ from torch.utils._pytree import tree_flatten
 from .._precision import KVFormat, Precision, WeightFormat
 from ..model import LMModel, LoadedModel, Mimi, ModelConfig, VoiceLibrary
 from ._settings import OFF_GPU_SLOTS
-from ._tick import PASS_POSITIONS, DeviceTick
+from ._device_tick import PASS_POSITIONS, DeviceTick
 
 logger = logging.getLogger(__name__)
 

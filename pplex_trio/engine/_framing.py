@@ -36,7 +36,7 @@ import collections
 import numpy as np
 
 from .._conversation import SAMPLE_RATE
-from ..codec._vad import is_silent
+from ..codec import is_silent
 
 EARLY_AUDIO_SECONDS = 4.0
 """Audio a client may send before its conversation is live and still be heard."""

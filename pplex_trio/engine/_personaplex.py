@@ -18,7 +18,7 @@ positions takes a chunk or two, not one tick per position.
 prompt; the other rows are untouched (bit for bit), by ``start`` and by
 ``prefill``.  Everything per row that lives on the host (the prompt plan,
 its cursor, the text detokenizer) is in this object; the tick's tensors and
-device work are in :class:`~pplex_trio.engine._tick.DeviceTick`.
+device work are in :class:`~pplex_trio.engine._device_tick.DeviceTick`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from ..model import (LoadedModel, PromptPlan, StreamDecoder, VoiceMaking, VoiceN
                      build_prompt_plan, lm_dtype_for, load_config, load_model)
 from ._fit import GIB, NotEnoughMemory, auto_slots, out_of_memory_message
 from ._interface import Conversation, ConversationRejected, Engine, SlotMode, StepOutput, VoiceJob
-from ._tick import PASS_POSITIONS, CudaGraphs, DeviceTick, GraphRecorder
+from ._device_tick import PASS_POSITIONS, CudaGraphs, DeviceTick, GraphRecorder
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class PersonaPlexEngine(Engine):
     tick has been warmed up (CUDA's lazy set-up paid) and, with
     ``cuda_graph=True`` (CUDA only, off by default), recorded as a CUDA
     graph that every tick replays (see
-    :class:`~pplex_trio.engine._tick.DeviceTick`): one graph for every mix
+    :class:`~pplex_trio.engine._device_tick.DeviceTick`): one graph for every mix
     of IDLE and LIVE rows, since rows that do not execute are masked, not
     skipped.  It therefore always runs the sampling code, which the eager
     path skips when every LIVE row is greedy; the results are the same.  A

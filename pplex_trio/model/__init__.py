@@ -109,6 +109,7 @@ from ._loading import load_config as load_config
 from ._loading import load_model as load_model
 from ._loading import lm_dtype_for as lm_dtype_for
 from ._loading import resolve_checkpoint as resolve_checkpoint
+from ._loading import write_quantized as write_quantized
 from ._lockstep import FREE as FREE
 from ._lockstep import UNGENERATED as UNGENERATED
 from ._lockstep import LMGen as LMGen
@@ -138,3 +139,4 @@ from ._voices import VoicePrompt as VoicePrompt
 from ._voices import check_voice_name as check_voice_name
 from ._voices import VoiceMaking as VoiceMaking
 from ._voices import make_voice_prompt as make_voice_prompt
+from ._voices import voice_from_recording as voice_from_recording

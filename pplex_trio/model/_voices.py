@@ -25,7 +25,7 @@ import torch
 
 from .._cache import extract_once
 from .._voice_catalogue import AUDIO_SUFFIXES, VoiceNotFoundError, check_voice_name, voice_files
-from ..codec._voice_audio import voice_audio
+from ..codec import voice_audio
 from ._lm import LMModel
 from ._lockstep import CacheRules, TokenCache
 from ._mimi import Mimi, MimiEncoderState

@@ -3,18 +3,29 @@
 from . import _moshi as moshi
 from . import _ogg as ogg
 from . import _raw as raw
-from ._access import AccessPolicy as AccessPolicy
-from ._access import Allowed as Allowed
-from ._access import Refused as Refused
-from ._access import RequestHead as RequestHead
-from ._access import parse_origins as parse_origins
-from ._errors import CloseCode as CloseCode
-from ._errors import ProtocolError as ProtocolError
-from ._params import conversation_from_params as conversation_from_params
-from ._params import parse_query as parse_query
-from ._params import persona_text as persona_text
-from ._params import temperature as temperature
-from ._params import voice_name as voice_name
+from ._access import AUTH_TOKEN_ENV, TOKEN_PARAMETER, AccessPolicy, Allowed, Refused, RequestHead, parse_origins
+from ._access import query_without_token
+from ._errors import CloseCode, ProtocolError, RealtimeError
+from ._params import conversation_from_params, parse_query, persona_text, temperature, voice_name
+from ._realtime import AudioAppend, AudioFormat, Dialect, ItemEvent, ResponseCreate, SessionConfig, SessionUpdate
+from ._realtime import apply_session_update
+from ._realtime import parse_client_event as parse_realtime_event
+from ._realtime_events import ServerEvents
+from ._realtime_items import ConversationItems
+from ._ws_guard import InboundGuard, Refusal
 
-__all__ = ["AccessPolicy", "Allowed", "Refused", "RequestHead", "parse_origins", "moshi", "ogg", "raw", "CloseCode", "ProtocolError", "conversation_from_params", "parse_query",
-           "persona_text", "temperature", "voice_name"]
+__all__ = [
+    # the Moshi and raw protocols' messages, and Ogg pages
+    "moshi", "raw", "ogg",
+    # who may connect
+    "AUTH_TOKEN_ENV", "TOKEN_PARAMETER", "AccessPolicy", "Allowed", "Refused", "RequestHead", "parse_origins",
+    "query_without_token",
+    # a conversation's settings, and what a bad one is told
+    "CloseCode", "ProtocolError", "conversation_from_params", "parse_query", "persona_text", "temperature",
+    "voice_name",
+    # the OpenAI Realtime protocol
+    "AudioAppend", "AudioFormat", "ConversationItems", "Dialect", "ItemEvent", "RealtimeError", "ResponseCreate",
+    "ServerEvents", "SessionConfig", "SessionUpdate", "apply_session_update", "parse_realtime_event",
+    # the inbound guard on a client's bytes
+    "InboundGuard", "Refusal",
+]

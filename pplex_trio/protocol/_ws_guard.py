@@ -39,14 +39,14 @@ class Refusal:
     close_code: CloseCode | None = None
 
 
-class _Phase(enum.Enum):
+class _Reading(enum.Enum):
     HEAD = "head"  # reading a request head
     BODY = "body"  # skipping a request body
     UPGRADING = "upgrading"  # an upgrade request came; the server has not answered yet
     FRAMES = "frames"  # WebSocket frames
 
 
-_WAIT = object()  # a phase needs more bytes before it can go on
+_WAIT = object()  # a step needs more bytes before it can go on
 
 
 class InboundGuard:
@@ -55,14 +55,14 @@ class InboundGuard:
     def __init__(self, max_message_bytes: int, *, max_head_bytes: int = MAX_HEAD_BYTES):
         self.max_message_bytes = max_message_bytes
         self.max_head_bytes = max_head_bytes
-        self._phase = _Phase.HEAD
+        self._reading = _Reading.HEAD
         self._buffer = bytearray()  # an incomplete request head or frame header
         self._skip = 0  # body or frame payload bytes still to pass
         self._message = 0  # payload bytes of the data message in progress
 
     @property
     def websocket(self) -> bool:
-        return self._phase is _Phase.FRAMES
+        return self._reading is _Reading.FRAMES
 
     def inbound(self, data: bytes | bytearray) -> tuple[bytes, Refusal | None]:
         """What to pass on of the client's ``data`` (maybe rewritten), and a refusal if it broke a limit."""
@@ -71,9 +71,9 @@ class InboundGuard:
 
     def outbound(self, data: bytes) -> None:
         """The server's ``data`` is about to go out: an answer to an upgrade decides what follows."""
-        if self._phase is _Phase.UPGRADING:
+        if self._reading is _Reading.UPGRADING:
             # 101: frames follow; anything else refused the upgrade and the connection goes on as HTTP.
-            self._phase = _Phase.FRAMES if data.startswith(b"HTTP/1.1 101") else _Phase.HEAD
+            self._reading = _Reading.FRAMES if data.startswith(b"HTTP/1.1 101") else _Reading.HEAD
 
     def _run(self) -> tuple[bytes, Refusal | None]:
         out = bytearray()
@@ -83,19 +83,19 @@ class InboundGuard:
                 out += self._buffer[:take]
                 del self._buffer[:take]
                 self._skip -= take
-                if not self._skip and self._phase is _Phase.BODY:
-                    self._phase = _Phase.HEAD
+                if not self._skip and self._reading is _Reading.BODY:
+                    self._reading = _Reading.HEAD
                 continue
-            if self._phase is _Phase.UPGRADING:  # RFC 6455 4.1: a client waits for the answer
+            if self._reading is _Reading.UPGRADING:  # RFC 6455 4.1: a client waits for the answer
                 return bytes(out), Refusal("data sent before the upgrade was answered", http_status=400)
-            step = self._head(out) if self._phase in (_Phase.HEAD, _Phase.BODY) else self._frame_header(out)
+            step = self._head(out) if self._reading in (_Reading.HEAD, _Reading.BODY) else self._frame_header(out)
             if step is _WAIT:
                 break
             if isinstance(step, Refusal):
                 return bytes(out), step
         return bytes(out), None
 
-    # -- phases --------------------------------------------------------------
+    # -- steps ---------------------------------------------------------------
 
     def _head(self, out: bytearray) -> object:
         end = self._buffer.find(_HEAD_END)
@@ -124,9 +124,9 @@ class InboundGuard:
             kept.append(line)
         out += b"\r\n".join(kept)
         if upgrade:
-            self._phase = _Phase.UPGRADING
+            self._reading = _Reading.UPGRADING
         elif length:
-            self._phase, self._skip = _Phase.BODY, length
+            self._reading, self._skip = _Reading.BODY, length
         return None
 
     def _frame_header(self, out: bytearray) -> object:

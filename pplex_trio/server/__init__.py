@@ -1,7 +1,10 @@
 """The HTTP/WebSocket server: routes, sessions, and how it runs."""
 
 from ._app import create_app as create_app
+from ._serve import ListenError as ListenError
 from ._serve import ServerHandle as ServerHandle
+from ._serve import bind_sockets as bind_sockets
 from ._serve import serve as serve
+from ._serve import tls_certificate as tls_certificate
 from ._settings import ServerSettings as ServerSettings
-from ._state import ServerState as ServerState
+from ._context import ServerContext as ServerContext

@@ -24,10 +24,10 @@ from ._official import ROOT_QUERY, find_official_client, official_index
 from ._queue_status import MAX_TICKET_CHARS, queue_status
 from ._raw_session import RawProtocol
 from ._realtime_session import SUBPROTOCOL, RealtimeProtocol, dialect_of
-from ._phase import Unready
+from ._server_state import Unready
 from ._session import Session
 from ._settings import Framing
-from ._state import ServerState
+from ._context import ServerContext
 from ._voice_routes import VoiceUpload, add_voice_routes
 
 logger = logging.getLogger(__name__)
@@ -55,47 +55,47 @@ class _Limits(TypedDict):
     voices: Callable[[], Sequence[str]]
 
 
-def create_app(state: ServerState) -> ConversationRouter:
+def create_app(server: ServerContext) -> ConversationRouter:
     """The whole ASGI application: the conversation WebSockets, then Quart (``.app``) for the rest."""
-    settings = state.settings
-    model_id = _model_id(state)
+    settings = server.settings
+    model_id = _model_id(server)
     limits = _Limits(max_message_bytes=settings.max_message_bytes, max_prompt_chars=settings.max_prompt_chars,
-                     voices=state.voices)
+                     voices=server.voices)
 
     async def chat(ws: AsgiWebSocket) -> None:
-        wire = MoshiProtocol(state.encoders, align=settings.framing is Framing.ALIGNED,
+        wire = MoshiProtocol(server.encoders, align=settings.framing is Framing.ALIGNED,
                              pings="origin" in ws.headers, **limits)  # a browser: see MoshiProtocol
-        await Session(ws, wire, state).run()
+        await Session(ws, wire, server).run()
 
     async def duplex(ws: AsgiWebSocket) -> None:
-        await Session(ws, RawProtocol(**limits), state).run()
+        await Session(ws, RawProtocol(**limits), server).run()
 
     async def realtime(ws: AsgiWebSocket) -> None:
         offered = ws.requested_subprotocols
         wire = RealtimeProtocol(dialect_of(ws.headers, offered), model=model_id,
                                 align=settings.framing is Framing.ALIGNED,
                                 subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None, **limits)
-        await Session(ws, wire, state).run()
+        await Session(ws, wire, server).run()
 
     routes = {"/api/chat": chat, "/v1/audio/duplex": duplex, "/v1/realtime": realtime}
     assert frozenset(routes) == CONVERSATION_PATHS
-    return ConversationRouter(create_http_app(state), routes, uploads={"/api/voices": VoiceUpload(state)})
+    return ConversationRouter(create_http_app(server), routes, uploads={"/api/voices": VoiceUpload(server)})
 
 
-def _model_id(state: ServerState) -> str:
-    return state.settings.model if state.settings.model != "auto" else state.engine.name.split(" ")[0]
+def _model_id(server: ServerContext) -> str:
+    return server.settings.model if server.settings.model != "auto" else server.engine.name.split(" ")[0]
 
 
-def create_http_app(state: ServerState) -> QuartTrio:
+def create_http_app(server: ServerContext) -> QuartTrio:
     """The Quart app: pages, the web UI, probes, metrics and the JSON routes."""
     app = QuartTrio(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = 64 * 1024
-    static_dir = state.settings.static_dir or default_static_dir()
+    static_dir = server.settings.static_dir or default_static_dir()
     # Our own UI at /, the official client (if cached locally) at /official/.
-    official_dir = None if state.settings.static_dir else find_official_client(state.settings.model)
+    official_dir = None if server.settings.static_dir else find_official_client(server.settings.model)
 
-    settings = state.settings
-    model_id = _model_id(state)
+    settings = server.settings
+    model_id = _model_id(server)
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -105,8 +105,8 @@ def create_http_app(state: ServerState) -> QuartTrio:
 
     @app.get("/health")
     async def health() -> tuple[Response, int]:
-        stats = state.actor.statistics()
-        unready = state.unready(when_full=False)
+        stats = server.actor.statistics()
+        unready = server.unready(when_full=False)
         status = "ok" if unready is None else unready.health
         body = jsonify(
             status=status,
@@ -114,16 +114,16 @@ def create_http_app(state: ServerState) -> QuartTrio:
             slots_free=stats.slots_free,
             queued=stats.queued,
             slots=stats.phases,
-            sessions=len(state.sessions),
-            tick_path=state.engine.tick_path,
+            sessions=len(server.sessions),
+            tick_path=server.engine.tick_path,
         )
         return body, 503 if unready is Unready.ENGINE_STALLED else 200
 
     @app.get("/ready")
     async def ready() -> tuple[Response, int]:
         # For load balancers: can this replica take a conversation now? (/health: is it alive?)
-        stats = state.actor.statistics()
-        unready = state.unready()
+        stats = server.actor.statistics()
+        unready = server.unready()
         body = jsonify(
             ready=unready is None,
             reason=None if unready is None else unready.value,
@@ -138,28 +138,28 @@ def create_http_app(state: ServerState) -> QuartTrio:
     async def metrics() -> Response:
         root = trio.lowlevel.current_root_task()
         assert root is not None  # a handler runs inside trio.run
-        state.metrics.trio_tasks.set(_count_tasks(root))
-        return Response(state.metrics.render(), content_type=state.metrics.content_type)
+        server.metrics.trio_tasks.set(_count_tasks(root))
+        return Response(server.metrics.render(), content_type=server.metrics.content_type)
 
     @app.get("/api/info")
     async def info() -> Response:
-        engine = state.engine
+        engine = server.engine
         return jsonify(
             model=engine.name,
             slots=engine.num_slots,
             version=__version__,
             sample_rate=engine.sample_rate,
             frame_size=engine.frame_size,
-            max_prompt_chars=state.settings.max_prompt_chars,
-            queue_size=state.settings.queue_size,
+            max_prompt_chars=server.settings.max_prompt_chars,
+            queue_size=server.settings.queue_size,
             official_client="/official/" if official_dir is not None else None,
         )
 
-    add_voice_routes(app, state)
+    add_voice_routes(app, server)
 
     @app.get("/api/sessions")
     async def sessions() -> Response:
-        return jsonify(sessions=[s.describe() for s in sorted(state.sessions, key=lambda s: s.id)])
+        return jsonify(sessions=[s.describe() for s in sorted(server.sessions, key=lambda s: s.id)])
 
     @app.get("/api/queue")
     async def queue() -> tuple[Response, int] | Response:
@@ -167,7 +167,7 @@ def create_http_app(state: ServerState) -> QuartTrio:
         ticket = request.args.get("ticket", "")
         if not ticket or len(ticket) > MAX_TICKET_CHARS:
             return jsonify(error=f"give ?ticket=<the ticket passed to /api/chat, 1-{MAX_TICKET_CHARS} chars>"), 400
-        status = queue_status(state.sessions, ticket, queued=state.actor.statistics().queued)
+        status = queue_status(server.sessions, ticket, queued=server.actor.statistics().queued)
         if status is None:
             return jsonify(error="no open conversation has this ticket"), 404
         return jsonify(status)

@@ -30,7 +30,7 @@ import numpy as np
 import trio
 
 from ..codec import LibopusWriter, OpusWriter, libopus_available, make_writer
-from ..codec._worker import CLOSE, DATA, ERROR, READ_BYTES, READY, Unpacker, pack
+from ..codec import encoder_wire
 from ._settings import OpusEncoderPlacement
 
 logger = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class EncoderProcess:
             _widen_pipe(stdin)
             try:
                 with trio.fail_after(60):
-                    if await stdout.receive_some(1) != READY:
+                    if await stdout.receive_some(1) != encoder_wire.READY:
                         raise RuntimeError("it did not start (see its errors above)")
                 if not started:
                     task_status.started()
@@ -174,28 +174,28 @@ class EncoderProcess:
             await trio.lowlevel.checkpoint()  # let the other sessions of this moment add theirs
             batch, self._pending = self._pending, []
             closing, self._closing = self._closing, []
-            request = [(stream, DATA, payload) for stream, payload, _ in batch]
-            request += [(stream, CLOSE, b"") for stream in closing]
+            request = [(stream, encoder_wire.DATA, payload) for stream, payload, _ in batch]
+            request += [(stream, encoder_wire.CLOSE, b"") for stream in closing]
             if not request:
                 continue
             in_flight.extend(job for _, _, job in batch)  # closings get no answer
             # One message per item: the child starts on the first frame while the rest are in the pipe.
-            await stdin.send_all(b"".join(pack([item]) for item in request))
+            await stdin.send_all(b"".join(encoder_wire.pack([item]) for item in request))
             self.batches += 1
             self.items += len(batch)
 
     async def _read_answers(self, stdout: trio.abc.ReceiveStream,
                             in_flight: collections.deque[tuple[_ProcessJob, int]]) -> None:
-        unpacker = Unpacker()
+        unpacker = encoder_wire.Unpacker()
         while True:
-            data = await stdout.receive_some(READ_BYTES)
+            data = await stdout.receive_some(encoder_wire.READ_BYTES)
             if not data:
                 raise RuntimeError("it exited")
             unpacker.feed(data)
             while (answer := unpacker.next_message()) is not None:
                 for _, kind, payload in answer:
                     job, index = in_flight.popleft()
-                    if kind == ERROR:
+                    if kind == encoder_wire.ERROR:
                         job.fail(ValueError(payload.decode("utf-8", errors="replace")))
                     else:
                         job.deliver(index, payload)

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..protocol import AccessPolicy, Refused, RequestHead
-from ..protocol._access import TOKEN_PARAMETER, query_without_token
+from ..protocol import TOKEN_PARAMETER, query_without_token
 
 logger = logging.getLogger(__name__)
 

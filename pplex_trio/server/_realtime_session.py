@@ -28,15 +28,11 @@ import numpy as np
 
 from .._conversation import SAMPLE_RATE, CloseCode, Conversation
 from ..codec import alaw_decode, alaw_encode, pcm16_decode, pcm16_encode, ulaw_decode, ulaw_encode
-from ..codec._resample import StreamResampler
-from ..codec._vad import EnergyVAD
+from ..codec import EnergyVAD, StreamResampler
 from ..engine import OutputFrame
-from ..protocol import ProtocolError
-from ..protocol._errors import RealtimeError
-from ..protocol._realtime import (AudioAppend, AudioFormat, Dialect, ItemEvent, ResponseCreate, SessionConfig,
-                                  SessionUpdate, apply_session_update, parse_client_event)
-from ..protocol._realtime_events import ServerEvents
-from ..protocol._realtime_items import ConversationItems
+from ..protocol import (AudioAppend, AudioFormat, ConversationItems, Dialect, ItemEvent, ProtocolError, RealtimeError,
+                        ResponseCreate, ServerEvents, SessionConfig, SessionUpdate, apply_session_update,
+                        parse_realtime_event)
 from ._wire import InputAudio, InputEvent, Message, Replies, Restart, WireProtocol
 
 SUBPROTOCOL = "realtime"  # what browsers offer (with the token and beta markers beside it)
@@ -151,7 +147,7 @@ class RealtimeProtocol(WireProtocol):
         if message is None:
             return Replies([])
         try:
-            return parse_client_event(message, max_bytes=self._max_bytes)
+            return parse_realtime_event(message, max_bytes=self._max_bytes)
         except RealtimeError as exc:
             return Replies([self._refuse(exc)])
 

@@ -33,9 +33,9 @@ from ..protocol import AccessPolicy, Refused
 from ._access_log import AccessLog
 from ._encoders import Encoders
 from ._gate import AccessGate
-from ._phase import ServerPhase
+from ._server_state import ServerState
 from ._settings import ServerSettings
-from ._state import ServerState
+from ._context import ServerContext
 from ._voice_store import VoiceLimits
 from ._tls import Certificate, prepare_certificate
 from ._transport import serve_http
@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 class ServerHandle:
     """What :func:`serve` hands back through ``task_status`` once it listens."""
 
-    state: ServerState
+    server: ServerContext
     binds: list[str]
     _stop: trio.Event
 
@@ -65,33 +65,33 @@ class ServerHandle:
 
     async def shutdown(self) -> None:
         """Close every conversation with 1001 within the grace period, then stop."""
-        await _shutdown(self.state, self._stop)
+        await _shutdown(self.server, self._stop)
 
     async def drain_then_shutdown(self, seconds: float) -> None:
         """What SIGTERM does: refuse new conversations, let the live ones go on ``seconds``, then shut down."""
-        await _drain_then_shutdown(self.state, self._stop, seconds)
+        await _drain_then_shutdown(self.server, self._stop, seconds)
 
 
-async def _drain(state: ServerState, seconds: float) -> None:
+async def _drain(server: ServerContext, seconds: float) -> None:
     """Not ready, no new conversations; wait (at most ``seconds``) until the live ones have ended."""
     if seconds <= 0:
         return
     with trio.move_on_after(seconds) as drain:
-        if not state.begin_drain(drain):  # (a second signal cancels it)
+        if not server.begin_drain(drain):  # (a second signal cancels it)
             return
         logger.info("draining: no new conversations; %d live one(s) may go on for up to %g s",
-                    len(state.sessions), seconds)
-        while state.sessions:
+                    len(server.sessions), seconds)
+        while server.sessions:
             await trio.sleep(0.05)
-    logger.info("drain over: %d conversation(s) left", len(state.sessions))
+    logger.info("drain over: %d conversation(s) left", len(server.sessions))
 
 
-async def _shutdown(state: ServerState, stop: trio.Event) -> None:
-    if not state.begin_shutdown():
+async def _shutdown(server: ServerContext, stop: trio.Event) -> None:
+    if not server.begin_shutdown():
         return
-    logger.info("shutting down: closing %d conversation(s)", len(state.sessions))
-    with trio.move_on_after(state.settings.shutdown_grace):
-        while state.sessions:
+    logger.info("shutting down: closing %d conversation(s)", len(server.sessions))
+    with trio.move_on_after(server.settings.shutdown_grace):
+        while server.sessions:
             await trio.sleep(0.01)
     stop.set()
 
@@ -154,13 +154,13 @@ async def serve(
     """
     if certificate is None:
         certificate = tls_certificate(settings)
-    state = ServerState.create(settings, engine, encoders=encoders, voice_limits=voice_limits)
+    server = ServerContext.create(settings, engine, encoders=encoders, voice_limits=voice_limits)
     policy = AccessPolicy(token=settings.auth_token, allowed_origins=settings.origins,
                           max_connections_per_address=settings.max_connections_per_ip,
                           open_paths=OPEN_PATHS, secure=certificate is not None)
-    app: Any = AccessGate(create_app(state), policy,
-                          on_refusal=lambda reason: state.metrics.refused.labels(reason).inc(),
-                          busy=partial(_busy, state) if settings.refuse_busy_upgrades else None)
+    app: Any = AccessGate(create_app(server), policy,
+                          on_refusal=lambda reason: server.metrics.refused.labels(reason).inc(),
+                          busy=partial(_busy, server) if settings.refuse_busy_upgrades else None)
     if settings.access_log:
         app = AccessLog(app)
     stop = trio.Event()
@@ -169,18 +169,18 @@ async def serve(
     _quiet_garbage_collector()
     async with trio.open_nursery() as nursery:
         if handle_signals:  # before anything listens: a Ctrl-C at any moment from here is a clean stop
-            await nursery.start(_watch_signals, state, stop)
-        await nursery.start(state.actor.run)
-        await nursery.start(state.encoders.run)
+            await nursery.start(_watch_signals, server, stop)
+        await nursery.start(server.actor.run)
+        await nursery.start(server.encoders.run)
         # The transport's write deadline comes a second after the session's own, so a session that gives
         # up on a client says so (and tries to tell it) before the transport drops the connection.
         http = partial(serve_http, app, hypercorn_config(settings), sockets, write_timeout=settings.client_timeout + 1,
                        read_timeout=settings.client_timeout,
                        max_message_bytes=settings.max_message_bytes, shutdown_trigger=stop.wait,
-                       on_refusal=lambda refusal: state.metrics.errors.labels("transport").inc(),
+                       on_refusal=lambda refusal: server.metrics.errors.labels("transport").inc(),
                        ssl_context=certificate.server_context() if certificate is not None else None)
         binds = await nursery.start(_http, http, nursery)
-        handle = ServerHandle(state, binds, stop)
+        handle = ServerHandle(server, binds, stop)
         logger.info("serving %s with %d slot(s) on %s", engine.name, engine.num_slots, ", ".join(binds))
         _log_exposure(settings, certificate, handle.port)
         task_status.started(handle)
@@ -189,11 +189,11 @@ async def serve(
 OPEN_PATHS = frozenset({"/health", "/ready"})  # load balancers and probes check them without the token
 
 
-def _busy(state: ServerState, path: str) -> Refused | None:
+def _busy(server: ServerContext, path: str) -> Refused | None:
     """``--refuse-busy-upgrades``: a conversation this server cannot take now is refused before its upgrade."""
     if path not in CONVERSATION_PATHS:
         return None
-    unready = state.unready()
+    unready = server.unready()
     return None if unready is None else Refused(503, unready.value, unready.message)
 
 
@@ -252,26 +252,26 @@ async def _http(http: Any, nursery: trio.Nursery, task_status: trio.TaskStatus[l
     nursery.cancel_scope.cancel()  # the transport is done: stop the actor, the encoders and the signal watcher
 
 
-async def _watch_signals(state: ServerState, stop: trio.Event,
+async def _watch_signals(server: ServerContext, stop: trio.Event,
                          task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         task_status.started()
         async with trio.open_nursery() as nursery:
             async for signum in signals:
                 name = signal.Signals(signum).name
-                if state.phase is ServerPhase.STOPPING:
+                if server.state is ServerState.STOPPING:
                     logger.warning("%s while shutting down: stopping now", name)
                     stop.set()
                     return
-                if state.phase is ServerPhase.DRAINING:
+                if server.state is ServerState.DRAINING:
                     logger.warning("%s while draining: ending the drain", name)
-                    state.end_drain()
+                    server.end_drain()
                     continue
                 logger.info("%s received", name)
-                drain = state.settings.drain_seconds if signum == signal.SIGTERM else 0.0
-                nursery.start_soon(_drain_then_shutdown, state, stop, drain)
+                drain = server.settings.drain_seconds if signum == signal.SIGTERM else 0.0
+                nursery.start_soon(_drain_then_shutdown, server, stop, drain)
 
 
-async def _drain_then_shutdown(state: ServerState, stop: trio.Event, seconds: float) -> None:
-    await _drain(state, seconds)
-    await _shutdown(state, stop)
+async def _drain_then_shutdown(server: ServerContext, stop: trio.Event, seconds: float) -> None:
+    await _drain(server, seconds)
+    await _shutdown(server, stop)

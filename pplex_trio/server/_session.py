@@ -37,10 +37,11 @@ import trio
 
 from .._channel import DropOldestChannel
 from .._conversation import CloseCode, Conversation
+from .._lifecycle import Lifecycle
 from .._metrics import Metrics
 from ..engine import LIVE_STATES, EngineActor, Lease, LeaseFailed, LeaseState, OutputFrame, QueueFull
 from ..protocol import ProtocolError
-from ._phase import Unready
+from ._server_state import Unready
 from ._settings import ServerSettings
 from ._sender import Sender, StreamEnd
 from ._wire import EndOfInput, InputAudio, Message, Replies, Restart, WebSocket, WireProtocol
@@ -50,7 +51,7 @@ _ids = itertools.count(1)
 
 
 class SessionHost(Protocol):
-    """What a session needs of its server (``ServerState`` is one)."""
+    """What a session needs of its server (``ServerContext`` is one)."""
 
     settings: ServerSettings
     actor: EngineActor
@@ -72,8 +73,14 @@ class SessionState(enum.Enum):
     CLOSED = "closed"
 
 
-# The session's own moves, besides CLOSING and CLOSED, which it may enter from anywhere.
-_NEXT = {SessionState.ADMITTING: {SessionState.LIVE}}
+# The session's own steps (QUEUED and PREPARING are its lease's): a client that vanishes ends it from any of them.
+SESSION_LIFECYCLE = Lifecycle("session", {
+    SessionState.ADMITTING: {SessionState.LIVE, SessionState.CLOSING, SessionState.CLOSED},
+    SessionState.LIVE: {SessionState.CLOSING, SessionState.CLOSED},
+    SessionState.CLOSING: {SessionState.CLOSED},
+    SessionState.CLOSED: set(),
+    SessionState.QUEUED: set(), SessionState.PREPARING: set(),  # (never the session's own step)
+})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,10 +131,7 @@ class Session:
         return self._step
 
     def _enter(self, step: SessionState) -> None:
-        if step in (SessionState.CLOSING, SessionState.CLOSED) or step in _NEXT.get(self._step, ()):
-            self._step = step
-        else:
-            raise RuntimeError(f"session {self.id}: no transition from {self._step.value} to {step.value}")
+        self._step = SESSION_LIFECYCLE.move(self._step, step)
 
     def end(self, code: CloseCode, message: str | None, outcome: str) -> None:
         """End the session (the first caller's reason wins)."""

@@ -16,8 +16,7 @@ from typing import ClassVar
 from .._precision import KVFormat, WeightFormat
 from .._setting import check_settings, parse_gib, setting
 from ..engine import ActorSettings
-from ..protocol import parse_origins
-from ..protocol._access import AUTH_TOKEN_ENV
+from ..protocol import AUTH_TOKEN_ENV, parse_origins
 
 MIB = 1024 * 1024
 

@@ -45,7 +45,7 @@ from hypercorn.typing import ConnectionState, LifespanState
 from hypercorn.utils import repr_socket_addr, wrap_app
 
 from .._conversation import CLOSE_BUDGET
-from ..protocol._ws_guard import InboundGuard, Refusal
+from ..protocol import InboundGuard, Refusal
 
 logger = logging.getLogger(__name__)
 

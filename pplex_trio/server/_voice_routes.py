@@ -29,7 +29,7 @@ from typing import Any
 import trio
 from quart import Response, jsonify
 
-from ..codec._voice_audio import load_libraries, voice_audio
+from ..codec import load_libraries, voice_audio
 from ._voice_store import StoreRefusal, VoiceLimits
 
 logger = logging.getLogger(__name__)
@@ -52,26 +52,26 @@ class _ClientGone(Exception):
 
 
 class VoiceUpload:
-    """The ``POST /api/voices`` ASGI handler of one server (``state``: its :class:`ServerState`)."""
+    """The ``POST /api/voices`` ASGI handler of one server (``server``: its :class:`ServerContext`)."""
 
-    def __init__(self, state: Any, clock: Callable[[], float] = time.monotonic):
-        self.state = state
+    def __init__(self, server: Any, clock: Callable[[], float] = time.monotonic):
+        self.server = server
         self._clock = clock
         self._recent: dict[str, collections.deque[float]] = {}  # per address: when it uploaded, last minute
         self._busy = 0  # uploads in progress
         self._decoders = trio.CapacityLimiter(2)
-        if state.settings.voice_uploads_allowed:
+        if server.settings.voice_uploads_allowed:
             load_libraries()  # (at start, not at the first upload, while conversations run)
 
     @property
     def limits(self) -> VoiceLimits:
-        return self.state.voice_store.limits
+        return self.server.voice_store.limits
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[[], Any], send: Callable[..., Any]) -> None:
         client = (scope.get("client") or ("?",))[0]
         began = self._clock()
         try:
-            if not self.state.settings.voice_uploads_allowed:
+            if not self.server.settings.voice_uploads_allowed:
                 raise Refusal(403, "this server does not take voice uploads: its operator can allow them with "
                               "--voice-uploads on")
             self._check_rate(client)
@@ -97,7 +97,7 @@ class VoiceUpload:
         await _answer(send, 201, {"voice": name, "seconds": round(seconds, 2)})
 
     async def _add(self, scope: dict[str, Any], receive: Callable[[], Any]) -> tuple[str, float]:
-        state, store, limits = self.state, self.state.voice_store, self.limits
+        server, store, limits = self.server, self.server.voice_store, self.limits
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
         kind = headers.get("content-type", "").split(";")[0].strip().lower()
         if kind not in AUDIO_TYPES:
@@ -107,7 +107,7 @@ class VoiceUpload:
         name = (query.get("name") or [""])[0]
         if not name:
             raise Refusal(400, "name the voice: POST /api/voices?name=NAME")
-        file_name = store.check_name(name, list(state.engine.voices()))
+        file_name = store.check_name(name, list(server.engine.voices()))
         store.check_room()
         declared = headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limits.max_bytes):
@@ -117,10 +117,10 @@ class VoiceUpload:
             body = await self._read_body(receive)
             # The client now waits in silence for the answer, and its connection is cut after
             # --client-timeout without a byte from it: the answer must come before that.
-            timeout = state.settings.client_timeout
+            timeout = server.settings.client_timeout
             answer_by = trio.current_time() + max(timeout - 1.0, timeout / 2)
             pcm = await self._decode(body, AUDIO_TYPES[kind])
-            seconds = len(pcm) / state.engine.sample_rate
+            seconds = len(pcm) / server.engine.sample_rate
             if seconds < limits.min_seconds:
                 raise Refusal(422, f"the clip holds {seconds:.2f} s of audio: a voice needs at least "
                               f"{limits.min_seconds:g} s (a few seconds of one person speaking)")
@@ -153,7 +153,7 @@ class VoiceUpload:
     async def _decode(self, body: bytes, suffix: str):
         """The clip as the model's audio (in a worker thread: decoding is CPU work); 422 for one that cannot be
         a voice."""
-        rate, limit = self.state.engine.sample_rate, self.limits.max_seconds
+        rate, limit = self.server.engine.sample_rate, self.limits.max_seconds
 
         def decode():
             fd, path = tempfile.mkstemp(suffix=suffix, prefix="pplex-voice-")
@@ -172,7 +172,7 @@ class VoiceUpload:
     async def _make(self, pcm, answer_by: float) -> bytes:
         try:
             with trio.fail_at(answer_by):
-                return await self.state.actor.make_voice(pcm)
+                return await self.server.actor.make_voice(pcm)
         except trio.TooSlowError:
             raise Refusal(503, "the model was too busy to make the voice in time; try again later", 30) from None
         except NotImplementedError as exc:
@@ -196,7 +196,7 @@ class VoiceUpload:
         recent.append(now)
 
     def _count(self, outcome: str) -> None:
-        self.state.metrics.voice_uploads.labels(outcome).inc()
+        self.server.metrics.voice_uploads.labels(outcome).inc()
 
 
 def _too_big(limits: VoiceLimits) -> str:
@@ -214,25 +214,25 @@ async def _answer(send: Callable[..., Any], status: int, body: dict[str, Any], r
     await send({"type": "http.response.body", "body": data})
 
 
-def add_voice_routes(app: Any, state: Any) -> None:
+def add_voice_routes(app: Any, server: Any) -> None:
     """``GET /api/voices`` and ``DELETE /api/voices/NAME`` on the Quart ``app``."""
 
     @app.get("/api/voices")
     async def voices() -> Response:
-        return jsonify(voices=list(state.voices()), added=state.added_voices(),
-                       uploads=state.settings.voice_uploads_allowed)
+        return jsonify(voices=list(server.voices()), added=server.added_voices(),
+                       uploads=server.settings.voice_uploads_allowed)
 
     @app.delete("/api/voices/<name>")
     async def delete_voice(name: str) -> tuple[Response, int]:
-        if not state.settings.voice_uploads_allowed:
+        if not server.settings.voice_uploads_allowed:
             return jsonify(error="this server does not take voice uploads, nor deletions: its operator can allow "
                                  "them with --voice-uploads on"), 403
-        if name in state.engine.voices() or f"{name}.pt" in state.engine.voices():
+        if name in server.engine.voices() or f"{name}.pt" in server.engine.voices():
             return jsonify(error=f"{name} is one of the model's own voices, which cannot be deleted"), 409
         try:
-            removed = state.voice_store.remove(name)
+            removed = server.voice_store.remove(name)
         except StoreRefusal as refusal:
             return jsonify(error=refusal.message), refusal.status
         logger.info("deleted voice %s", removed)
-        state.metrics.voice_uploads.labels("deleted").inc()
+        server.metrics.voice_uploads.labels("deleted").inc()
         return jsonify(deleted=removed), 200

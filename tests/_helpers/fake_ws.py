@@ -10,7 +10,7 @@ import trio
 
 from pplex_trio._metrics import Metrics
 from pplex_trio.engine import EchoEngine, Engine, EngineActor
-from pplex_trio.server import ServerSettings, ServerState
+from pplex_trio.server import ServerSettings, ServerContext
 from pplex_trio.server._encoders import InlineEncoders
 from pplex_trio.server._moshi_session import MoshiProtocol
 from pplex_trio.server._raw_session import RawProtocol
@@ -98,8 +98,8 @@ def inline_runner(compute_seconds: float = 0.0, prompt_position_seconds: float =
     return run
 
 
-def make_host(engine: Engine | None = None, *, prompt_position_seconds: float = 0.0, **overrides: Any) -> ServerState:
-    """A ServerState whose actor runs the engine inline (deterministic under the virtual clock); its system
+def make_host(engine: Engine | None = None, *, prompt_position_seconds: float = 0.0, **overrides: Any) -> ServerContext:
+    """A ServerContext whose actor runs the engine inline (deterministic under the virtual clock); its system
     prompts cost ``prompt_position_seconds`` per position."""
     options: dict[str, Any] = dict(slots=1, echo_prefill_steps=2, keepalive_interval=0.5, input_grace_ms=0)
     options.update(overrides)
@@ -109,11 +109,11 @@ def make_host(engine: Engine | None = None, *, prompt_position_seconds: float = 
     metrics = Metrics()
     actor = EngineActor(engine, settings, metrics=metrics,
                         run_sync=inline_runner(0.005, prompt_position_seconds=prompt_position_seconds))
-    return ServerState(settings=settings, engine=engine, actor=actor, metrics=metrics,
+    return ServerContext(settings=settings, engine=engine, actor=actor, metrics=metrics,
                        encoders=InlineEncoders("sphn"))
 
 
-async def running_host(nursery: trio.Nursery, engine: Engine | None = None, **overrides: Any) -> ServerState:
+async def running_host(nursery: trio.Nursery, engine: Engine | None = None, **overrides: Any) -> ServerContext:
     """:func:`make_host`, with its engine actor ticking in ``nursery``."""
     host = make_host(engine, **overrides)  # (prompt_position_seconds among them)
     await nursery.start(host.actor.run)
@@ -129,7 +129,7 @@ class Running:
     done: trio.Event
 
 
-async def start_session(nursery: trio.Nursery, host: ServerState, protocol: str, query: bytes = b"") -> Running:
+async def start_session(nursery: trio.Nursery, host: ServerContext, protocol: str, query: bytes = b"") -> Running:
     """Start one session on a fake socket; returns at once (the session runs in ``nursery``)."""
     ws = FakeWebSocket(query)
     s = host.settings

@@ -25,7 +25,7 @@ CLIENT_LOGGERS = ("httpx", "httpcore", "trio-websocket")  # the test's own clien
 
 def protected_routes(handle) -> tuple[list[str], list[str]]:
     """Every route of the app (HTTP paths, WebSocket paths) but the probes' (OPEN_PATHS), read from its URL map."""
-    app = create_app(handle.state)
+    app = create_app(handle.server)
     http, websockets = [], sorted(app.websocket_paths)  # the conversation routes, served beside Quart
     for rule in app.app.url_map.iter_rules():
         path = re.sub(r"<path:\w+>", "index.html", rule.rule)
@@ -79,7 +79,7 @@ async def test_a_refused_upgrade_says_why_and_never_reaches_a_session(start_serv
     with pytest.raises(Refused) as refused:
         await BadClient.connect(handle.port, WS_PATHS["moshi"])
     assert refused.value.status == 401 and "token" in json.loads(refused.value.body)["error"]
-    metrics = handle.state.metrics.render().decode()
+    metrics = handle.server.metrics.render().decode()
     assert 'pplex_refused_total{reason="unauthorized"} 1.0' in metrics
     assert "pplex_sessions_started_total" not in metrics.replace("# HELP pplex_sessions_started_total", "") \
         .replace("# TYPE pplex_sessions_started_total", "")
@@ -153,7 +153,7 @@ async def test_the_token_never_reaches_the_logs(start_server, caplog, access_log
     for record in server_records:
         text = record.getMessage() + (logging.Formatter().formatException(record.exc_info) if record.exc_info else "")
         assert TOKEN not in text, record
-    assert TOKEN not in repr(handle.state.settings)
+    assert TOKEN not in repr(handle.server.settings)
     access = [r.getMessage() for r in server_records if r.name == "pplex_trio.access"]
     if access_log:
         assert any(line.startswith('127.0.0.1 "GET /?token=***" 303 ') for line in access), access
@@ -186,7 +186,7 @@ async def test_origins(start_server, protocol):
     assert await status_of_upgrade(port, path, [("Origin", "https://app.example.com")]) == 101  # allowed
     for foreign in ("https://evil.example", f"http://localhost:{port}", f"http://127.0.0.1:{port + 1}", "null"):
         assert await status_of_upgrade(port, path, [("Origin", foreign)]) == 403, foreign
-    assert 'pplex_refused_total{reason="forbidden_origin"} 4.0' in handle.state.metrics.render().decode()
+    assert 'pplex_refused_total{reason="forbidden_origin"} 4.0' in handle.server.metrics.render().decode()
 
 
 async def test_any_origin_with_a_star(start_server):
@@ -212,7 +212,7 @@ async def test_connections_per_address_are_limited_and_come_back(start_server):
             await trio.sleep(0.05)
     assert status == 101
     second.close()
-    assert 'pplex_refused_total{reason="too_many_connections"}' in handle.state.metrics.render().decode()
+    assert 'pplex_refused_total{reason="too_many_connections"}' in handle.server.metrics.render().decode()
 
 
 async def test_refused_connections_do_not_count_against_the_address(start_server):
@@ -239,7 +239,7 @@ async def test_a_conversation_is_closed_at_the_time_limit(start_server, protocol
     assert closed.code == 1000
     assert any("time limit of 0.6 s" in error for error in errors_in(closed.messages))
     assert 0.5 <= lasted < 2.5
-    metrics = handle.state.metrics.render().decode()
+    metrics = handle.server.metrics.render().decode()
     assert f'pplex_sessions_ended_total{{outcome="time_limit",protocol="{protocol}"}} 1.0' in metrics
 
 

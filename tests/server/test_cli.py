@@ -97,7 +97,7 @@ def test_input_grace_flag_is_checked_and_reaches_the_engine_actor(capsys):
     from pplex_trio._cli import build_parser
     from pplex_trio._cli._settings_cli import settings_from_args
     from pplex_trio.engine import EchoEngine
-    from pplex_trio.server import ServerSettings, ServerState
+    from pplex_trio.server import ServerSettings, ServerContext
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--input-grace-ms", "50"])
@@ -106,7 +106,7 @@ def test_input_grace_flag_is_checked_and_reaches_the_engine_actor(capsys):
         build_parser().parse_args(["serve", "--input-grace-ms", "soon"])
     assert "'soon' is not a number" in capsys.readouterr().err
     args = build_parser().parse_args(["serve", "--input-grace-ms", "2.5", "--queue-size", "3"])
-    state = ServerState.create(settings_from_args(ServerSettings, args), EchoEngine(1))
+    state = ServerContext.create(settings_from_args(ServerSettings, args), EchoEngine(1))
     assert state.actor.schedule.input_grace == 0.0025  # parsed, then through the settings into the actor
     assert state.actor.table.queue_size == 3
 

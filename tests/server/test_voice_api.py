@@ -36,7 +36,7 @@ def wav_bytes(seconds: float, rate: int = RATE, level: float = 0.2, channels: in
 
 
 def store_files(handle) -> list[str]:
-    folder = handle.state.voice_store.folder
+    folder = handle.server.voice_store.folder
     return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
 
 
@@ -79,7 +79,7 @@ async def test_a_voice_is_added_listed_used_and_deleted(start_server):
 
     async with open_websocket(f"{handle.ws_url}/v1/audio/duplex") as ws:
         await raw_open(ws, voice_prompt="MyVoice.pt")  # ready: the conversation took the added voice
-    assert handle.state.engine.started[-1][1].voice == "MyVoice.pt"
+    assert handle.server.engine.started[-1][1].voice == "MyVoice.pt"
 
     async with httpx.AsyncClient() as client:
         gone = await client.delete(handle.http_url + "/api/voices/MyVoice")
@@ -154,7 +154,7 @@ async def test_every_bad_upload_gets_its_answer_and_harms_nothing(start_server, 
     witness.check()
     assert (await voices(handle))["added"] == [] and store_files(handle) == []
     assert "Traceback" not in caplog.text
-    metrics = handle.state.metrics.voice_uploads
+    metrics = handle.server.metrics.voice_uploads
     assert metrics.labels("422")._value.get() == 8 and metrics.labels("added")._value.get() == 0
 
 

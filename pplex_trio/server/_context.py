@@ -11,14 +11,14 @@ from .._conversation import CloseCode
 from .._metrics import Metrics
 from ..engine import Engine, EngineActor
 from ._encoders import Encoders, make_encoders
-from ._phase import ServerPhase, Unready
+from ._server_state import SERVER_LIFECYCLE, ServerState, Unready
 from ._session import Session
 from ._settings import ServerSettings
 from ._voice_store import VoiceLimits, VoiceStore, default_folder
 
 
 @dataclasses.dataclass(eq=False)
-class ServerState:
+class ServerContext:
     settings: ServerSettings
     engine: Engine
     actor: EngineActor
@@ -26,13 +26,13 @@ class ServerState:
     encoders: Encoders
     voice_store: VoiceStore | None = None  # voices added over HTTP (None: this server keeps none)
     sessions: set[Session] = dataclasses.field(default_factory=set)
-    phase: ServerPhase = ServerPhase.SERVING
+    state: ServerState = ServerState.SERVING  # moved only by begin_drain and begin_shutdown
     _drain_scope: trio.CancelScope | None = dataclasses.field(default=None, repr=False)
 
     @classmethod
     def create(cls, settings: ServerSettings, engine: Engine, *, encoders: Encoders | None = None,
-               voice_limits: VoiceLimits | None = None) -> ServerState:
-        """The state of a new server; ``encoders`` replaces the ``--opus-encoder`` choice (benchmarks),
+               voice_limits: VoiceLimits | None = None) -> ServerContext:
+        """A new server's context; ``encoders`` replaces the ``--opus-encoder`` choice (benchmarks),
         ``voice_limits`` the voice store's defaults (tests)."""
         metrics = Metrics()
         actor = EngineActor(engine, settings, metrics=metrics)
@@ -54,9 +54,9 @@ class ServerState:
     def unready(self, *, when_full: bool = True) -> Unready | None:
         """Why the server cannot take a conversation now (None: it can): what ``/ready`` and ``/health`` say,
         and why a conversation is refused (``when_full=False``: the queue answers for a full server)."""
-        if self.phase is ServerPhase.STOPPING:
+        if self.state is ServerState.STOPPING:
             return Unready.SHUTTING_DOWN
-        if self.phase is ServerPhase.DRAINING:
+        if self.state is ServerState.DRAINING:
             return Unready.DRAINING
         if self.actor.stalled:
             return Unready.ENGINE_STALLED
@@ -65,17 +65,17 @@ class ServerState:
             return Unready.FULL
         return None
 
-    def _enter(self, phase: ServerPhase) -> bool:
-        """Move to ``phase`` if the lifecycle allows it from here (False: it does not, nothing changes)."""
-        if not self.phase.can_become(phase):
+    def _enter(self, state: ServerState) -> bool:
+        """Move to ``state`` if the lifecycle has that move from here (False: it has not, nothing changes)."""
+        if not SERVER_LIFECYCLE.allows(self.state, state):
             return False
-        self.phase = phase
+        self.state = SERVER_LIFECYCLE.move(self.state, state)
         return True
 
     def begin_drain(self, scope: trio.CancelScope) -> bool:
         """Take no new conversations; the live ones go on (``--drain-seconds``) until ``scope`` is cancelled.
         False if the server is draining or stopping already."""
-        if not self._enter(ServerPhase.DRAINING):
+        if not self._enter(ServerState.DRAINING):
             return False
         self._drain_scope = scope
         return True
@@ -87,7 +87,7 @@ class ServerState:
 
     def begin_shutdown(self) -> bool:
         """Close every conversation with 1001 (going away); refuse new ones.  False if stopping already."""
-        if not self._enter(ServerPhase.STOPPING):
+        if not self._enter(ServerState.STOPPING):
             return False
         for session in list(self.sessions):
             session.end(CloseCode.GOING_AWAY, Unready.SHUTTING_DOWN.message, "shutdown")

@@ -1,9 +1,4 @@
-"""The server's lifecycle, and why it cannot take a conversation: each an enum with its rules in one place.
-
-::
-
-    SERVING ──► DRAINING ──► STOPPING
-       └─────────────────────────▲
+"""The server's lifecycle (drawn in ``docs/ARCHITECTURE.md``), and why it cannot take a conversation.
 
 A server is ``SERVING`` from the moment it exists (its engine is built and
 warmed before it listens); ``DRAINING`` (SIGTERM with ``--drain-seconds``)
@@ -18,21 +13,20 @@ from __future__ import annotations
 
 import enum
 
+from .._lifecycle import Lifecycle
 
-class ServerPhase(enum.Enum):
+
+class ServerState(enum.Enum):
     SERVING = "serving"
     DRAINING = "draining"  # no new conversations; the live ones go on
     STOPPING = "stopping"  # every conversation is being closed (1001)
 
-    def can_become(self, phase: ServerPhase) -> bool:
-        return phase in _NEXT[self]
 
-
-_NEXT = {
-    ServerPhase.SERVING: {ServerPhase.DRAINING, ServerPhase.STOPPING},
-    ServerPhase.DRAINING: {ServerPhase.STOPPING},
-    ServerPhase.STOPPING: set(),
-}
+SERVER_LIFECYCLE = Lifecycle("server", {
+    ServerState.SERVING: {ServerState.DRAINING, ServerState.STOPPING},
+    ServerState.DRAINING: {ServerState.STOPPING},
+    ServerState.STOPPING: set(),
+})
 
 
 class Unready(enum.Enum):

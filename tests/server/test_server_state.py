@@ -1,4 +1,4 @@
-"""The server's lifecycle (``ServerPhase``) and its one answer to "can a conversation start now?" (``Unready``)."""
+"""The server's lifecycle (``ServerState``) and its one answer to "can a conversation start now?" (``Unready``)."""
 
 from __future__ import annotations
 
@@ -8,42 +8,42 @@ import pytest
 import trio
 
 from pplex_trio._conversation import Conversation
-from pplex_trio.server._phase import ServerPhase, Unready
+from pplex_trio.server._server_state import SERVER_LIFECYCLE, ServerState, Unready
 
 from _helpers.fake_ws import make_host
 
 
 def test_the_lifecycle_only_moves_forward():
-    S, D, X = ServerPhase.SERVING, ServerPhase.DRAINING, ServerPhase.STOPPING
+    S, D, X = ServerState.SERVING, ServerState.DRAINING, ServerState.STOPPING
     allowed = {(S, D), (S, X), (D, X)}
-    for a in ServerPhase:
-        for b in ServerPhase:
-            assert a.can_become(b) == ((a, b) in allowed), (a, b)
+    for a in ServerState:
+        for b in ServerState:
+            assert SERVER_LIFECYCLE.allows(a, b) == ((a, b) in allowed), (a, b)
 
 
 def test_a_drain_then_a_shutdown_each_happen_once_and_a_stopping_server_never_drains():
     host = make_host()
-    assert host.phase is ServerPhase.SERVING and host.unready() is None
+    assert host.state is ServerState.SERVING and host.unready() is None
     scope = trio.CancelScope()
-    assert host.begin_drain(scope) and host.phase is ServerPhase.DRAINING
+    assert host.begin_drain(scope) and host.state is ServerState.DRAINING
     assert not host.begin_drain(trio.CancelScope())  # a second drain: no
     host.end_drain()
     assert scope.cancel_called
-    assert host.begin_shutdown() and host.phase is ServerPhase.STOPPING
+    assert host.begin_shutdown() and host.state is ServerState.STOPPING
     assert not host.begin_shutdown() and not host.begin_drain(trio.CancelScope())
-    assert host.phase is ServerPhase.STOPPING
+    assert host.state is ServerState.STOPPING
 
 
-@pytest.mark.parametrize("phase, stalled, full, ready, health", [
-    (ServerPhase.SERVING, False, False, None, "ok"),
-    (ServerPhase.SERVING, False, True, "full", "ok"),
-    (ServerPhase.SERVING, True, True, "engine_stalled", "stalled"),
-    (ServerPhase.DRAINING, True, True, "draining", "draining"),
-    (ServerPhase.STOPPING, True, True, "shutting_down", "shutting_down"),
+@pytest.mark.parametrize("state, stalled, full, ready, health", [
+    (ServerState.SERVING, False, False, None, "ok"),
+    (ServerState.SERVING, False, True, "full", "ok"),
+    (ServerState.SERVING, True, True, "engine_stalled", "stalled"),
+    (ServerState.DRAINING, True, True, "draining", "draining"),
+    (ServerState.STOPPING, True, True, "shutting_down", "shutting_down"),
 ])
-def test_one_answer_in_one_order_for_ready_health_and_refusals(phase, stalled, full, ready, health):
+def test_one_answer_in_one_order_for_ready_health_and_refusals(state, stalled, full, ready, health):
     host = make_host(slots=1, queue_size=0)
-    host.phase, host.actor.stalled = phase, stalled
+    host.state, host.actor.stalled = state, stalled
     with contextlib.ExitStack() as stack:
         if full:
             stack.enter_context(host.actor.lease(Conversation()))  # the one slot taken; no queue
