@@ -21,10 +21,11 @@ class IllegalTransition(RuntimeError):
 
 
 class Lifecycle(Generic[S]):
-    """The moves of one lifecycle: ``moves[state]`` is every state ``state`` may go to."""
+    """The moves of one lifecycle: it begins at ``start``; ``moves[state]`` is every state ``state`` may go to."""
 
-    def __init__(self, name: str, moves: Mapping[S, Collection[S]]):
+    def __init__(self, name: str, start: S, moves: Mapping[S, Collection[S]]):
         self.name = name
+        self.start = start
         self.moves: dict[S, frozenset[S]] = {state: frozenset(targets) for state, targets in moves.items()}
 
     def allows(self, current: S, target: S) -> bool:

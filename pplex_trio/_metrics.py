@@ -66,7 +66,8 @@ class Metrics:
         self.ticks_skipped = Counter(
             "pplex_ticks_skipped_total", "Ticks skipped because the actor fell a whole tick or more behind",
             registry=r)
-        self.slots = Gauge("pplex_slots", "Conversation slots by phase", ["phase"], registry=r)
+        self.slots = Gauge("pplex_slots", "Conversation slots by state (free, prefill, live, draining, held)", ["state"],
+                           registry=r)
         self.engine_stalled = Gauge(
             "pplex_engine_stalled", "1 while an engine step has run past --engine-timeout without returning",
             registry=r)

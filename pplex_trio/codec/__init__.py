@@ -21,4 +21,4 @@ from ._vad import EnergyVAD as EnergyVAD
 from ._vad import is_silent as is_silent
 from ._voice_audio import load_libraries as load_libraries
 from ._voice_audio import voice_audio as voice_audio
-from . import _worker as encoder_wire  # the encoder child's wire format (both ends share it)
+from . import _encoder_wire as encoder_wire  # the encoder child's wire format (both ends share it)

@@ -14,6 +14,7 @@ from ._echo import EchoEngine as EchoEngine
 from ._echo import voices_in_directory as voices_in_directory
 from ._framing import InputFramer as InputFramer
 from ._interface import FRAME_SIZE as FRAME_SIZE
+from ._interface import Job as Job
 from ._interface import SAMPLE_RATE as SAMPLE_RATE
 from ._interface import Conversation as Conversation
 from ._interface import ConversationRejected as ConversationRejected
@@ -23,17 +24,19 @@ from ._interface import SlotMode as SlotMode
 from ._interface import StepOutput as StepOutput
 from ._settings import OFF_GPU_SLOTS as OFF_GPU_SLOTS
 from ._settings import ActorSettings as ActorSettings
-from ._lease import InputStats as InputStats
+from ._framing import InputStats as InputStats
 from ._lease import Lease as Lease
+from ._lease import LEASE_LIFECYCLE as LEASE_LIFECYCLE
 from ._lease import LIVE_STATES as LIVE_STATES
+from ._lease import PREPARING_STATES as PREPARING_STATES
 from ._lease import LeaseFailed as LeaseFailed
 from ._lease import LeaseFailure as LeaseFailure
 from ._lease import LeaseState as LeaseState
-from ._lease import OutputEnd as OutputEnd
-from ._lease import OutputEvent as OutputEvent
-from ._lease import OutputFrame as OutputFrame
+from ._outbox import OutputEnd as OutputEnd
+from ._outbox import OutputEvent as OutputEvent
+from ._outbox import OutputFrame as OutputFrame
 from ._slots import QueueFull as QueueFull
-from ._slots import SlotPhase as SlotPhase
+from ._slots import SLOT_STATES as SLOT_STATES
 
 if TYPE_CHECKING:
     from ._compare import compare as compare

@@ -1,26 +1,27 @@
 """EngineActor: the one task that owns the engine and drives the lockstep.
 
 While a conversation is live it runs **one** batched step over all slots
-every 80 ms (Trio clock), and between those ticks it runs the joining
-conversations' system prompts, in chunks sized to the time left before the
-next tick (then, in the time they leave, voices being made from
-recordings); with nobody live it runs them back to back.  Every engine
-call goes to a worker thread, with a capacity limiter of one: the engine is
-not thread-safe and a GPU call must never run twice at once.  Sessions
-never call the engine; they hold a :class:`~pplex_trio.engine.Lease` and
-exchange frames through it.
+every tick (Trio clock), and between those ticks the work the conversations
+and the server asked of the engine: the joining conversations' system
+prompts, then jobs such as voices made from recordings, sized to the time
+left before the next tick (``_work.py``); with nobody live it runs that work
+back to back.  Every engine call goes to a worker thread, with a capacity
+limiter of one: the engine is not thread-safe and a GPU call must never run
+twice at once.  Sessions never call the engine; they hold a
+:class:`~pplex_trio.engine.Lease` and exchange frames through it.
 
-When a tick starts, what waits for it and how much time is free for
-prompts is the :class:`~pplex_trio.engine._schedule.TickSchedule`'s to say
-(the grid, its steering, the input grace, the early start, the handshake's
-lead, the prompts' cost).  What one engine call does is in ``_tick_plan``.
+When a tick starts, what waits for it and how much time is free between
+ticks is the :class:`~pplex_trio.engine._schedule.TickSchedule`'s to say;
+who has which slot, the :class:`~pplex_trio.engine._slots.SlotTable`'s; what
+one engine call does is in ``_engine_call``.
 
 **Faults.**  An engine call that raises ends the conversations it involved
-(1011) and the engine is reset.  One that hangs past ``engine_timeout`` ends
-them as well and marks the actor *stalled* (``/health`` says so and new
-conversations are refused), but is still waited for: the engine is not
-thread-safe, so no other call may start; when it returns, the engine is reset
-and the actor goes on.
+(1011) and the engine is reset: every other conversation on it loses its
+state too (a prompt in progress starts again; a live one ends).  One that
+hangs past ``engine_timeout`` ends its conversations as well and marks the
+actor *stalled* (``/health`` says so and new conversations are refused),
+but is still waited for: the engine is not thread-safe, so no other call
+may start; when it returns, the engine is reset and the actor goes on.
 """
 
 from __future__ import annotations
@@ -28,26 +29,24 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import trio
 
-from .._conversation import Conversation
+from .._conversation import CloseCode, Conversation
 from .._metrics import Metrics
+from ._engine_call import CallResult, EngineCall, apply_result, execute, fail_call, plan_call, plan_tick
 from ._framing import InputFramer
-from ._interface import Engine, VoiceJob
+from ._interface import Engine, Job
+from ._lease import Lease, LeaseFailure, LeaseState
 from ._schedule import TickSchedule
 from ._settings import ActorSettings
-from ._lease import LIVE_STATES, Lease, LeaseState
-from ._slots import SlotPhase, SlotTable
-from ._tick_plan import CallResult, EngineCall, apply_result, execute, fail_call, plan_call, plan_tick
+from ._slots import SlotTable
+from ._work import BetweenTicks
 
 logger = logging.getLogger(__name__)
-
-RunSync = Callable[..., Awaitable[Any]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,43 +54,28 @@ class ActorStatistics:
     slots_total: int
     slots_free: int
     queued: int
-    phases: dict[str, int]
+    slots: dict[str, int]  # slots by state (``SLOT_STATES``)
     ticks: int
     ticks_skipped: int
 
 
 class EngineActor:
-    """Owns ``engine``; sessions get slots through :meth:`lease`.
+    """Owns ``engine``; sessions get slots through :meth:`lease`, jobs run through :meth:`run_job`."""
 
-    ``run_sync`` runs the engine calls; by default a worker thread limited to
-    one at a time.  Tests may pass an inline runner to keep a deterministic
-    clock.
-    """
-
-    def __init__(
-        self,
-        engine: Engine,
-        settings: ActorSettings | None = None,
-        *,
-        metrics: Metrics | None = None,
-        run_sync: RunSync | None = None,
-    ):
+    def __init__(self, engine: Engine, settings: ActorSettings | None = None, *, metrics: Metrics | None = None):
         self.engine = engine
         self.settings = settings = settings or ActorSettings()
         self.metrics = metrics or Metrics()
         self.table = SlotTable(engine.num_slots, queue_size=settings.queue_size)
-        self.tick_seconds = settings.tick_seconds
         self.schedule = TickSchedule(self.table, settings.tick_seconds, input_grace=settings.input_grace_ms / 1000,
                                      early_start=settings.early_start_ms / 1000)
+        self.work = BetweenTicks()
         self._limiter = trio.CapacityLimiter(1)
-        self._run_sync = run_sync or self._in_worker_thread
         self._wakeup = trio.Event()
         self._pcm = np.zeros((engine.num_slots, engine.frame_size), dtype=np.float32)
-        self._starting: dict[Lease, float] = {}  # conversations started, not yet live: since when
-        self._voices: list[_PendingVoice] = []  # voices to make, first come first made
         self.engine_busy = False  # an engine call is in flight
         self.stalled = False  # that call has run past engine_timeout (and not returned yet)
-        self._update_gauges()
+        self._set_slot_gauges(self.table.slot_states(now=0.0))  # (no lease yet: the time does not matter)
 
     # -- sessions ------------------------------------------------------------
 
@@ -110,27 +94,33 @@ class EngineActor:
         queue.  On exit the slot drains: it is freed only between engine calls.
         """
         s = self.settings
-        lease = Lease(
-            conversation,
-            framer=InputFramer(self.engine.frame_size, s.input_backlog_frames, align=align),
-            output_capacity=s.output_backlog_frames,
-            on_drop=self.metrics.drop,
-            on_input=self.schedule.input_arrived,
-            on_end=self._release,
-            early_audio=early_audio,
-            client=client,
-        )
-        self.table.request(lease, _now())
+        lease = Lease(conversation, self, framer=InputFramer(self.engine.frame_size, s.input_backlog_frames, align=align),
+                      output_capacity=s.output_backlog_frames, early_audio=early_audio, client=client)
+        self.table.request(lease, trio.current_time())
         self._changed()
         try:
             yield lease
         finally:
             lease.end()
 
-    def _release(self, lease: Lease, client_left: bool) -> None:
-        self.table.release(lease, _now(), hold=client_left)
-        self._starting.pop(lease, None)
+    # What a lease tells its actor (LeaseOwner).
+
+    def input_arrived(self, lease: Lease, samples: int, arrived_at: float) -> None:
+        self.schedule.input_arrived(lease, samples, arrived_at)
+
+    async def sleep_until_handshake(self, lease: Lease) -> None:
+        await self.schedule.sleep_until_handshake(lease)
+
+    def lease_ended(self, lease: Lease, client_left: bool) -> None:
+        self.table.release(lease, trio.current_time(), client_left=client_left)
+        self.schedule.forget(lease)
         self._changed()
+
+    def lease_restarted(self, lease: Lease) -> None:
+        self._changed()
+
+    def count_drop(self, reason: str, count: int) -> None:
+        self.metrics.drop(reason, count)
 
     @property
     def ticks(self) -> int:
@@ -141,84 +131,60 @@ class EngineActor:
         return self.schedule.ticks_skipped
 
     def statistics(self) -> ActorStatistics:
-        table = self.table
-        return ActorStatistics(
-            slots_total=len(table.slots),
-            slots_free=table.free_count(_now()),
-            queued=table.queued,
-            phases={phase.value: table.count(phase) for phase in SlotPhase},
-            ticks=self.ticks,
-            ticks_skipped=self.ticks_skipped,
-        )
+        slots = self.table.slot_states(trio.current_time())
+        return ActorStatistics(slots_total=len(self.table.rows), slots_free=slots["free"], queued=self.table.queued,
+                               slots=slots, ticks=self.ticks, ticks_skipped=self.ticks_skipped)
 
-    # -- voices made from recordings ----------------------------------------------
+    # -- jobs between ticks ------------------------------------------------------
 
-    async def make_voice(self, pcm: np.ndarray) -> bytes:
-        """Make a voice from ``pcm`` (mono float32 at the engine's rate, at -24 LUFS; see
-        :meth:`Engine.make_voice`) between ticks, after the joining conversations' prompts: a live
-        conversation's tick never waits for it.  One voice at a time, in the order asked.
+    async def run_job(self, job: Job) -> bytes:
+        """Run ``job`` between ticks, after the joining conversations' prompts (a live conversation's tick
+        never waits for it), one job at a time, in the order asked; returns what it made.
 
-        Error handling: ``NotImplementedError`` from an engine without voices,
-        the job's own exception when making it fails; cancelling the caller
-        drops the job (a call already running finishes its frames).
+        Error handling: the job's own exception when it fails, ``RuntimeError``
+        when the engine failed while running it; cancelling the caller drops
+        the job (a call already running finishes its frames).
         """
-        job = _PendingVoice(self.engine.make_voice(pcm))
-        self._voices.append(job)
+        pending = self.work.submit(job, self.schedule.ticks)
         self._changed()
         try:
-            await job.done.wait()
+            await pending.done.wait()
         finally:
-            if job in self._voices:
-                self._voices.remove(job)
-        if isinstance(job.outcome, Exception):
-            raise job.outcome
-        assert job.outcome is not None
-        return job.outcome
+            self.work.withdraw(pending)
+        if isinstance(pending.outcome, Exception):
+            raise pending.outcome
+        assert pending.outcome is not None
+        return pending.outcome
 
     @property
-    def voices_waiting(self) -> int:
-        """Voices asked for and not made yet (the one being made included)."""
-        return len(self._voices)
-
-    def _plan_voice(self, call: EngineCall) -> None:
-        """With nothing else to do between ticks, frames of the first voice waiting (if they fit)."""
-        if self._voices and not (call.resets or call.starts or call.prefill):
-            job = self._voices[0].job
-            frames = self.schedule.voice_work(job.frames_left)
-            if frames:
-                call.voice = (job, frames)
-
-    def _voice_done(self, call: EngineCall, result: CallResult | None, seconds: float) -> None:
-        assert call.voice is not None
-        job, frames = call.voice
-        self.schedule.voice_done(frames, seconds)
-        pending = next((p for p in self._voices if p.job is job), None)
-        if pending is None:
-            return  # its caller has gone
-        if result is None:
-            pending.finish(RuntimeError("the model engine failed while making this voice; try again"))
-        elif result.voice is not None:
-            if isinstance(result.voice, Exception) and not isinstance(result.voice, ValueError):
-                logger.error("making a voice failed", exc_info=result.voice)
-            pending.finish(result.voice)
+    def jobs_waiting(self) -> int:
+        """Jobs asked for and not done yet (the one running included)."""
+        return len(self.work.jobs)
 
     # -- the loop ------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Tick while a conversation is live, run prompts between ticks; idle while no slot is in use."""
+        """Tick while a conversation is live, run the work between ticks; idle while there is nothing to do."""
         task_status.started()
-        schedule = self.schedule
         while True:
-            if self.table.count(SlotPhase.LIVE):
-                self._start_grid()
+            if self.table.any_live():
+                self.schedule.start_grid()
                 await self._tick()
-            elif schedule.running:
-                schedule.stop()
+            else:
+                self.schedule.stop()
             await self._between_ticks()
-            if not self.table.busy() and not self._voices:
+            if not self.table.any_live() and not self._work_waiting():
                 self._wakeup = trio.Event()
-                await self._wakeup.wait()  # nothing to run until a conversation comes
+                with trio.move_on_at(self.table.next_change()):  # (a held slot's hold lapses then)
+                    await self._wakeup.wait()  # nothing to run until a conversation or a job comes
             await trio.lowlevel.checkpoint()
+
+    def _work_waiting(self) -> bool:
+        """Something between ticks could run now (a slot to free or fill, a prompt, a job)."""
+        table = self.table
+        return bool(table.leases(frozenset({LeaseState.STARTING, LeaseState.PREFILL, LeaseState.DRAINING,
+                                            LeaseState.FAILED})) or self.work.jobs
+                    or (table.queued and table.free_count(trio.current_time())))
 
     async def _tick(self) -> None:
         schedule, metrics = self.schedule, self.metrics
@@ -229,57 +195,42 @@ class EngineActor:
         if start.held is not None:
             metrics.tick_input_wait.observe(start.held)
         began = trio.current_time()
-        assert schedule.deadline is not None
         call = plan_call(self.table, began)
-        plan_tick(self.table, call, schedule.ticks, self._pcm, began, schedule.deadline, self.tick_seconds, metrics)
+        plan_tick(self.table, call, schedule.ticks, self._pcm, metrics)
         assert call.tick is not None
         await self._run_call(call)
         metrics.tick_duration.observe(trio.current_time() - began)
-        skipped = schedule.tick_done(call.tick.slacks, call.tick.missed, began)
+        skipped = schedule.tick_done(list(call.tick.arrivals.values()), began)
         if skipped:
             metrics.ticks_skipped.inc(skipped)
             logger.warning("engine actor fell %d tick(s) behind; skipping ahead", skipped)
         self._update_gauges()
 
     async def _between_ticks(self) -> None:
-        """Resets, starts and system prompts, until the time before the next tick runs out."""
-        while not self.stalled and self.schedule.may_run_prompts(voice_waiting=bool(self._voices)):
+        """Resets, starts, system prompts and jobs, until the time before the next tick runs out."""
+        schedule, work = self.schedule, self.work
+        while not self.stalled and work.may_start(schedule.time_free(), grid=schedule.running, tick=schedule.ticks):
             now = trio.current_time()
             call = plan_call(self.table, now)
-            call.prefill = self.schedule.prompt_work(self.table.prompts_left())
-            self._plan_voice(call)
-            if not (call.resets or call.starts or call.prefill or call.voice):
+            call.prefill = work.prompt_work(self.table.prompts_left(), schedule.time_free(), grid=schedule.running,
+                                            tick=schedule.ticks)
+            if not (call.resets or call.starts or call.prefill):
+                call.job = work.job_work(schedule.time_free(), grid=schedule.running, tick=schedule.ticks)
+            if call.empty:
                 break
-            for i, _ in call.starts:
-                lease = call.leases[i]
-                if lease is not None:
-                    self._starting.setdefault(lease, now)
             result = await self._run_call(call)
             seconds = trio.current_time() - now
-            if call.voice is not None:
-                self._voice_done(call, result, seconds)
+            if call.job is not None:
+                job, frames = call.job
+                work.job_done(job, frames, seconds, schedule.ticks, None if result is None else result.job)
                 continue
             self.metrics.prompt_call.observe(seconds)
             if result is not None:
-                self.schedule.prompt_done(sum(result.prefilled.values()), seconds)
-            self._went_live()
+                work.prompts_done(sum(result.prefilled.values()), seconds)
             self._update_gauges()
-            if not self.schedule.running and self.table.count(SlotPhase.LIVE):
-                self._start_grid()  # before anything else runs: its session's handshake waits for this grid
+            if not schedule.running and self.table.any_live():
+                schedule.start_grid()  # before anything else runs: its session's handshake waits for this grid
                 break
-
-    def _start_grid(self) -> None:
-        """A fresh grid for the first live conversation, its first tick a period away: the handshake goes out
-        just before it, and the client's first frame makes that tick."""
-        if not self.schedule.running:
-            self.schedule.start(trio.current_time() + self.tick_seconds)
-
-    def _went_live(self) -> None:
-        now = trio.current_time()
-        for lease in [lease for lease in self._starting if lease.state is not LeaseState.PREFILL]:
-            if lease.state in LIVE_STATES:
-                self.metrics.time_to_live.observe(now - self._starting[lease])
-            del self._starting[lease]
 
     async def _run_call(self, call: EngineCall) -> CallResult | None:
         """One engine call, watched; its result applied (None when it failed or stalled)."""
@@ -289,14 +240,14 @@ class EngineActor:
         try:
             outcome = await self._call_engine(call)
             if self.stalled:
-                await self._recover_from_stall(trio.current_time() - started_at)
+                await self._recover_from_stall(trio.current_time() - started_at, call)
                 return None
             if isinstance(outcome, Exception):
                 logger.error("engine call failed; ending the conversations in it and resetting the engine",
                              exc_info=outcome)
                 self.metrics.errors.labels("engine").inc()
                 fail_call(table, call, "internal error in the model engine; please reconnect")
-                await self._reset_engine()
+                await self._reset_engine(call)
                 return None
             apply_result(table, call, outcome, trio.current_time(), self.metrics)
             return outcome
@@ -310,7 +261,7 @@ class EngineActor:
         async with trio.open_nursery() as watchdog:
             watchdog.start_soon(self._stall_after, self.settings.engine_timeout, call)
             try:
-                result: CallResult = await self._run_sync(execute, self.engine, call)  # (run_sync is untyped)
+                result: CallResult = await self._in_worker_thread(execute, self.engine, call)
                 return result
             except Exception as exc:  # the caller decides; nothing of it may escape the actor
                 return exc
@@ -327,18 +278,28 @@ class EngineActor:
         fail_call(self.table, call, "the model engine stalled; please reconnect")
         self._changed()
 
-    async def _recover_from_stall(self, seconds: float) -> None:
+    async def _recover_from_stall(self, seconds: float, call: EngineCall) -> None:
         logger.warning("the stalled engine call returned after %.1f s; resetting the engine", seconds)
-        await self._reset_engine()
+        await self._reset_engine(call)
         self.stalled = False
         self.metrics.engine_stalled.set(0)
 
-    async def _reset_engine(self) -> None:
+    async def _reset_engine(self, call: EngineCall) -> None:
+        """After a failed call: every row is reset, so every conversation on the engine loses its state (a
+        prompt in progress runs again, a live conversation ends) and the call's job fails."""
         try:
-            await self._run_sync(self.engine.reset_all)
+            await self._in_worker_thread(self.engine.reset_all)
         except Exception:
             logger.exception("engine reset failed")
             self.metrics.errors.labels("engine_reset").inc()
+        lost = LeaseFailure(CloseCode.INTERNAL_ERROR, "internal error in the model engine; please reconnect")
+        for _, lease in self.table.leases(frozenset({LeaseState.LIVE, LeaseState.FLUSHING})):
+            lease.fail(lost)
+        for _, lease in self.table.leases(frozenset({LeaseState.PREFILL})):
+            lease.prompt_lost()
+        if call.job is not None:
+            self.work.fail_job(call.job[0], RuntimeError("the model engine failed while running this; try again"))
+        self._changed()
 
     # -- helpers -------------------------------------------------------------
 
@@ -351,30 +312,12 @@ class EngineActor:
         self._update_gauges()
 
     def _update_gauges(self) -> None:
-        state = self.schedule.state()
-        self.metrics.tick_margin.set(state.margin)
-        self.metrics.client_reaction.set(state.reaction)
-        for phase in SlotPhase:
-            self.metrics.slots.labels(phase.value).set(self.table.count(phase))
+        snapshot = self.schedule.snapshot()
+        self.metrics.tick_margin.set(snapshot.margin)
+        self.metrics.client_reaction.set(snapshot.reaction)
+        self._set_slot_gauges(self.table.slot_states(trio.current_time()))
+
+    def _set_slot_gauges(self, slots: dict[str, int]) -> None:
+        for state, count in slots.items():
+            self.metrics.slots.labels(state).set(count)
         self.metrics.queued.set(self.table.queued)
-
-
-class _PendingVoice:
-    """A voice asked of the actor, and what came of it."""
-
-    def __init__(self, job: VoiceJob):
-        self.job = job
-        self.done = trio.Event()
-        self.outcome: bytes | Exception | None = None
-
-    def finish(self, outcome: bytes | Exception) -> None:
-        self.outcome = outcome
-        self.done.set()
-
-
-def _now() -> float:
-    """Trio's clock; outside a Trio run (a test's direct look), a time after every slot's hold has lapsed."""
-    try:
-        return trio.current_time()
-    except RuntimeError:
-        return math.inf

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from .._voice_catalogue import OFFICIAL_VOICES, voice_files
-from ._interface import FRAME_SIZE, Conversation, Engine, SlotMode, StepOutput, VoiceJob
+from ._interface import FRAME_SIZE, Conversation, Engine, SlotMode, StepOutput, Job
 
 __all__ = ["OFFICIAL_VOICES", "EchoEngine", "voices_in_directory"]
 
@@ -80,7 +80,7 @@ class EchoEngine(Engine):
     def voices(self) -> Sequence[str]:
         return self._voices
 
-    def make_voice(self, pcm: np.ndarray) -> VoiceJob:
+    def make_voice(self, pcm: np.ndarray) -> Job:
         """A stand-in voice: one "frame" per 80 ms of ``pcm``, each costing ``prefill_seconds``; the file
         says how long the clip was (echo never reads it)."""
         return _EchoVoice(-(-len(pcm) // FRAME_SIZE), self.prefill_seconds)

@@ -32,6 +32,7 @@ phase alignment waits until it has.
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import numpy as np
 
@@ -40,6 +41,16 @@ from ..codec import is_silent
 
 EARLY_AUDIO_SECONDS = 4.0
 """Audio a client may send before its conversation is live and still be heard."""
+
+
+@dataclasses.dataclass(frozen=True)
+class InputStats:
+    """The input framer's view of one conversation, in samples (for ``/api/sessions``)."""
+
+    pending: int
+    margin: int
+    underruns: int
+    skipped: int
 
 
 class InputFramer:
@@ -96,6 +107,9 @@ class InputFramer:
     @property
     def pending_frames(self) -> int:
         return self._len // self.frame_size
+
+    def stats(self) -> InputStats:
+        return InputStats(self.pending_samples, self.margin, self.underruns, self.skipped_samples)
 
     @property
     def last_arrival(self) -> float:

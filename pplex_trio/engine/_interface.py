@@ -21,7 +21,7 @@ from .._conversation import FRAME_SIZE, SAMPLE_RATE, Conversation, Sampling
 
 __all__ = [
     "FRAME_SIZE", "SAMPLE_RATE", "Conversation", "ConversationRejected", "Engine", "Sampling", "SlotMode",
-    "StepOutput", "VoiceJob",
+    "StepOutput", "Job",
 ]
 
 
@@ -54,18 +54,19 @@ class StepOutput:
     text: list[str | None]
 
 
-class VoiceJob(typing.Protocol):
-    """A voice being made from a recording (:meth:`Engine.make_voice`): the actor runs it a few frames at a
-    time between ticks, on the engine's thread, like system prompts."""
+class Job(typing.Protocol):
+    """Work the actor runs between ticks on the engine's thread, a few frames per engine call, like system
+    prompts (a voice being made from a recording: :meth:`Engine.make_voice`)."""
 
     @property
     def frames_left(self) -> int: ...
 
     def advance(self, frames: int) -> None:
-        """Make the next ``frames`` 80 ms frames (at most those left)."""
+        """Do the next ``frames`` frames of it (at most those left)."""
 
     def result(self) -> bytes:
-        """The finished voice: a voice prompt file the engine loads by name from its voice store."""
+        """What it made, once no frame is left (a voice: a voice prompt file the engine loads by name from
+        its voice store)."""
 
 
 class Engine(abc.ABC):
@@ -121,9 +122,9 @@ class Engine(abc.ABC):
     def reset(self, slot: int) -> None:
         """Forget row ``slot``'s conversation (called when its slot is freed)."""
 
-    def make_voice(self, pcm: np.ndarray) -> VoiceJob:
+    def make_voice(self, pcm: np.ndarray) -> Job:
         """A job that makes a voice from ``pcm`` (mono float32 at :attr:`sample_rate`, at -24 LUFS); cheap
-        to create (no device work until its first :meth:`VoiceJob.advance`).
+        to create (no device work until its first :meth:`Job.advance`).
 
         Error handling: ``NotImplementedError`` for an engine that has no voices to make.
         """

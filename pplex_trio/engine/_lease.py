@@ -1,72 +1,65 @@
-"""A lease: one conversation's claim on an engine slot, and the session's side of the engine.
+"""A lease: one conversation's claim on an engine slot, and its whole life in the engine.
 
-A :class:`Lease` is the session's handle and nothing more: it reads state and
-pushes input, flushes, reads output events and ends.  Its state changes only
-through :meth:`Lease._set`, called by the :class:`~pplex_trio.engine._slots.SlotTable`
-(between engine calls) and by the lease's own flush; the underscored methods
-and counters are the table's side.  Everything runs on the Trio thread and is
-synchronous, except waiting.
+A :class:`Lease` is the session's handle (it pushes input, reads output,
+flushes, restarts, ends) and the one record of where its conversation
+stands (:class:`LeaseState`, moved only by the lease's own methods through
+:data:`LEASE_LIFECYCLE`).  The :class:`~pplex_trio.engine._slots.SlotTable`
+and the engine calls ask it and tell it (``assigned``, ``started``,
+``take_frame``, ``deliver``, ``fail``, ``drained`` …: the engine's side,
+called only between engine calls); they never write its fields.  A slot's
+state is its lease's (or free: no lease).  Everything runs on the Trio
+thread and is synchronous, except waiting.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 import trio
 
 from .._channel import DropOldestChannel
 from .._conversation import CloseCode, Conversation
-from ._framing import InputFramer
+from .._lifecycle import Lifecycle
+from ._framing import InputFramer, InputStats
+from ._outbox import OutputBatches, OutputEnd, OutputEvent, OutputFrame, carry_text
 
 
 class LeaseState(enum.Enum):
-    """A conversation's claim on a slot (the transitions: :data:`_LEASE_NEXT`, entered only by ``Lease._set``).
+    """Where a conversation stands in the engine (its moves: :data:`LEASE_LIFECYCLE`)."""
 
-    ::
-
-        QUEUED ──► PREFILL ◄─► LIVE ──► FLUSHING ──► FLUSHED
-           │          │  └──────────────────▲           │
-           └──────────┴──── FAILED ◄────────┴───────────┘   (and every state ──► ENDED)
-
-    LIVE ──► PREFILL: the conversation asked for its prompt again with new
-    settings (:meth:`Lease.restart`, a persona change) and runs it in its slot.
-    FLUSHING: the input has ended; the output ends once every frame taken has
-    its answer (FLUSHED: its ``OutputEnd`` is out, nothing follows).  A flush
-    asked before LIVE takes effect when the prompt is done (PREFILL ──►
-    FLUSHING).  FAILED: the server ended it (``failure`` says why); its input is
-    refused.  ENDED: the session gave the slot back.
-    """
-
-    QUEUED = "queued"
-    PREFILL = "prefill"
-    LIVE = "live"
-    FLUSHING = "flushing"
-    FLUSHED = "flushed"
-    FAILED = "failed"
-    ENDED = "ended"
+    QUEUED = "queued"  # waiting for a slot (``position`` in the queue)
+    STARTING = "starting"  # has its slot; the engine starts its system prompt at the next engine call
+    PREFILL = "prefill"  # its system prompt runs between ticks (``prompt_left`` positions to go)
+    LIVE = "live"  # one frame in and one out every tick
+    FLUSHING = "flushing"  # its input has ended: its output ends once every frame taken has its answer
+    FLUSHED = "flushed"  # its ``OutputEnd`` is out; nothing follows
+    FAILED = "failed"  # the server ended it (``failure`` says why); its slot drains
+    DRAINING = "draining"  # the session gave it back; its slot is freed between engine calls
+    HELD = "held"  # drained, its slot kept a moment for its client's return (see ``SlotTable``)
+    ENDED = "ended"  # no slot, no place in the queue
 
 
-_LEASE_NEXT = {
-    LeaseState.QUEUED: {LeaseState.QUEUED, LeaseState.PREFILL, LeaseState.FAILED},  # (QUEUED: a new position)
-    LeaseState.PREFILL: {LeaseState.LIVE, LeaseState.FLUSHING, LeaseState.FAILED},
-    LeaseState.LIVE: {LeaseState.PREFILL, LeaseState.FLUSHING, LeaseState.FAILED},
-    LeaseState.FLUSHING: {LeaseState.FLUSHED, LeaseState.FAILED},
-    LeaseState.FLUSHED: {LeaseState.FAILED},
-    LeaseState.FAILED: set(),
-    LeaseState.ENDED: set(),
-}
-LIVE_STATES = frozenset({LeaseState.LIVE, LeaseState.FLUSHING, LeaseState.FLUSHED})  # the prompt is behind it
+S = LeaseState
+LEASE_LIFECYCLE = Lifecycle("lease", S.QUEUED, {
+    S.QUEUED: {S.QUEUED, S.STARTING, S.ENDED},  # (QUEUED: a new position)
+    S.STARTING: {S.PREFILL, S.LIVE, S.FLUSHING, S.FAILED, S.DRAINING},
+    S.PREFILL: {S.STARTING, S.LIVE, S.FLUSHING, S.FAILED, S.DRAINING},  # (STARTING: the prompt again)
+    S.LIVE: {S.STARTING, S.FLUSHING, S.FAILED, S.DRAINING},
+    S.FLUSHING: {S.FLUSHED, S.FAILED, S.DRAINING},
+    S.FLUSHED: {S.FAILED, S.DRAINING},
+    S.FAILED: {S.DRAINING, S.ENDED},  # (ENDED: its slot was freed before the session gave it back)
+    S.DRAINING: {S.HELD, S.ENDED},
+    S.HELD: {S.ENDED},
+    S.ENDED: set(),
+})
+del S
 
-
-class LeaseFailed(Exception):
-    """Input for a conversation the server has ended; ``failure`` says why."""
-
-    def __init__(self, failure: LeaseFailure):
-        super().__init__(failure.message)
-        self.failure = failure
+PREPARING_STATES = frozenset({LeaseState.STARTING, LeaseState.PREFILL})  # has a slot, not live yet
+LIVE_STATES = frozenset({LeaseState.LIVE, LeaseState.FLUSHING, LeaseState.FLUSHED})  # stepped every tick
+GONE_STATES = frozenset({LeaseState.DRAINING, LeaseState.HELD, LeaseState.ENDED})  # given back by the session
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,86 +70,54 @@ class LeaseFailure:
     message: str
 
 
-@dataclasses.dataclass
-class OutputFrame:
-    """One engine output for one conversation.
+class LeaseFailed(Exception):
+    """Input for a conversation the server has ended; ``failure`` says why."""
 
-    ``input_arrival`` is when the last sample of the input frame consumed in
-    the same tick reached the server (``None`` if the tick had no input), and
-    ``step_seconds`` the engine's compute time in that tick: the send task
-    turns them into the server-added latency of this frame.
-    """
-
-    pcm: np.ndarray
-    text: str | None
-    tick: int
-    input_arrival: float | None = None
-    step_seconds: float = 0.0
-    tick_started: float = 0.0  # when the tick that made it began
-    delivered: float = 0.0  # when it reached the outbox
+    def __init__(self, failure: LeaseFailure):
+        super().__init__(failure.message)
+        self.failure = failure
 
 
-@dataclasses.dataclass(frozen=True)
-class OutputEnd:
-    """The last output event of a flushed conversation: every input frame has had its answer."""
+class LeaseOwner(Protocol):
+    """What a lease tells its engine actor, and asks of it."""
 
-
-OutputEvent = OutputFrame | OutputEnd
-
-
-@dataclasses.dataclass(frozen=True)
-class InputStats:
-    """The input framer's view of one conversation, in samples (for ``/api/sessions``)."""
-
-    pending: int
-    margin: int
-    underruns: int
-    skipped: int
-
-
-def _carry_text(dropped: OutputEvent, successor: OutputEvent) -> None:
-    """A dropped frame's audio is gone, but its text piece goes out with the next frame."""
-    if isinstance(dropped, OutputFrame) and isinstance(successor, OutputFrame) and dropped.text:
-        successor.text = dropped.text + (successor.text or "")
+    def input_arrived(self, lease: Lease, samples: int, arrived_at: float) -> None: ...
+    async def sleep_until_handshake(self, lease: Lease) -> None: ...
+    def lease_ended(self, lease: Lease, client_left: bool) -> None: ...
+    def lease_restarted(self, lease: Lease) -> None: ...
+    def count_drop(self, reason: str, count: int) -> None: ...
 
 
 class Lease:
-    """One conversation's claim on an engine slot: the session's side of the engine.
+    """One conversation's claim on an engine slot.
 
-    Read ``state``, ``position`` (in the queue) and ``failure``, and wait for
-    any of them to change with :meth:`wait_changed`.  Push input with
-    :meth:`push_input`; read output with ``async for batch in lease.frames()``;
-    :meth:`flush` asks for an :class:`OutputEnd` once every pending input frame
-    has had its answer; :meth:`end` gives the slot back (it drains first).
+    The session reads ``state``, ``position`` (in the queue) and ``failure``,
+    and waits for any of them to change with :meth:`wait_changed`; pushes input
+    with :meth:`push_input`; reads output with ``async for batch in
+    lease.frames()``; :meth:`flush` asks for an :class:`OutputEnd` once every
+    pending input frame has had its answer; :meth:`restart` runs the system
+    prompt again with new settings; :meth:`end` gives the slot back.
     """
 
-    def __init__(
-        self,
-        conversation: Conversation,
-        *,
-        framer: InputFramer,
-        output_capacity: int,
-        on_drop: Callable[[str, int], None],
-        on_input: Callable[[Lease], None],
-        on_end: Callable[[Lease, bool], None],
-        early_audio: bool = False,
-        client: str | None = None,
-    ):
+    def __init__(self, conversation: Conversation, owner: LeaseOwner, *, framer: InputFramer,
+                 output_capacity: int, early_audio: bool = False, client: str | None = None):
         self.conversation = conversation
         self.client = client  # who asked (an address): a slot it leaves may be held for it (see SlotTable)
+        self._owner = owner
         self._framer = framer
         self._early_audio = early_audio
         self._outbox: DropOldestChannel[OutputEvent] = DropOldestChannel(
-            output_capacity, name="output_backlog", on_drop=lambda name: on_drop(name, 1), salvage=_carry_text)
-        self._on_drop = on_drop
-        self._on_input = on_input
-        self._on_end = on_end
-        self._state = LeaseState.QUEUED
+            output_capacity, name="output_backlog", on_drop=lambda name: owner.count_drop(name, 1),
+            salvage=carry_text)
+        self._state = LEASE_LIFECYCLE.start
         self._slot: int | None = None
         self._position = 0
-        self._failure: LeaseFailure | None = None  # why, once FAILED
-        self._prefill_total = 0
-        self._restart_with: Conversation | None = None  # new settings, for the prompt to run again with
+        self._failure: LeaseFailure | None = None
+        self._restarts = 0  # how often its prompt started again: an engine call planned before one is stale
+        self._prompt_total = 0
+        self._prompt_left = 0
+        self._prompt_since = 0.0  # when its prompt last started waiting (STARTING)
+        self._held_until = 0.0  # HELD: until when its slot waits for its client
         self._frames_consumed = 0  # real input frames the engine took
         self._frames_delivered = 0  # output frames put into the outbox
         self._last_consumed_tick = -1
@@ -171,6 +132,7 @@ class Lease:
 
     @property
     def slot(self) -> int | None:
+        """The slot it was given (kept after it is freed, for the record)."""
         return self._slot
 
     @property
@@ -183,18 +145,31 @@ class Lease:
         return self._failure
 
     @property
-    def prefill_total(self) -> int:
-        return self._prefill_total
+    def prompt_total(self) -> int:
+        """Positions of its system prompt (the latest run of it)."""
+        return self._prompt_total
+
+    @property
+    def prompt_left(self) -> int:
+        return self._prompt_left
+
+    @property
+    def restarts(self) -> int:
+        return self._restarts
+
+    @property
+    def prompt_since(self) -> float:
+        """When its prompt last began to wait for the engine (it entered STARTING)."""
+        return self._prompt_since
+
+    @property
+    def held_until(self) -> float:
+        return self._held_until
 
     @property
     def frames_consumed(self) -> int:
         """Real input frames the engine took (silence fill excluded)."""
         return self._frames_consumed
-
-    @property
-    def last_input_arrival(self) -> float:
-        """When its newest input arrived (-inf before any)."""
-        return self._framer.last_arrival
 
     @property
     def frames_delivered(self) -> int:
@@ -205,9 +180,28 @@ class Lease:
     def output_dropped(self) -> int:
         return self._outbox.dropped
 
+    @property
+    def last_input_arrival(self) -> float:
+        """When its newest input arrived (-inf before any)."""
+        return self._framer.last_arrival
+
+    @property
+    def has_input_frame(self) -> bool:
+        """A whole input frame waits for the next tick."""
+        return self._framer.pending_frames > 0
+
+    @property
+    def awaits_page(self) -> bool:
+        """Aligned, streaming, and short of its next frame by no more than one page like its last."""
+        return self._framer.awaits_page
+
+    @property
+    def early_audio_kept(self) -> bool:
+        """Whether audio pushed before LIVE waits for the model (see :meth:`push_input`)."""
+        return self._framer.early_samples > 0
+
     def input_stats(self) -> InputStats:
-        f = self._framer
-        return InputStats(f.pending_samples, f.margin, f.underruns, f.skipped_samples)
+        return self._framer.stats()
 
     async def wait_changed(self) -> None:
         """Wait until state, position or failure changes (output is read from :meth:`frames`)."""
@@ -220,25 +214,25 @@ class Lease:
 
         Before LIVE, a lease made with ``early_audio`` keeps the last few
         seconds of it for the model (queued ahead of the live audio when the
-        conversation goes live; see ``InputFramer.keep_early``);
-        otherwise input before LIVE is audio the model was never going to
-        hear (the client should wait for the handshake).  On overflow the
-        oldest frames go.  After a flush nothing is taken.
+        conversation goes live; see ``InputFramer.keep_early``); otherwise
+        input before LIVE is audio the model was never going to hear (the
+        client should wait for the handshake).  On overflow the oldest frames
+        go.  After a flush nothing is taken.
 
         Error handling: :class:`LeaseFailed` for a FAILED lease.
         """
         if self._state is LeaseState.FAILED:
             assert self._failure is not None
             raise LeaseFailed(self._failure)
-        if self._framer.input_ended or self._state is LeaseState.ENDED:
+        if self._framer.input_ended or self._state in GONE_STATES:
             return False
         if self._state is not LeaseState.LIVE:
             if not self._early_audio:
                 return False
-            self._on_drop("input_backlog", self._framer.keep_early(pcm, arrived_at))
+            self._owner.count_drop("input_backlog", self._framer.keep_early(pcm, arrived_at))
             return True
-        self._on_drop("input_backlog", self._framer.push(pcm, arrived_at))
-        self._on_input(self)
+        self._owner.count_drop("input_backlog", self._framer.push(pcm, arrived_at))
+        self._owner.input_arrived(self, pcm.size, arrived_at)
         return True
 
     def flush(self) -> None:
@@ -250,91 +244,150 @@ class Lease:
         if self._state is LeaseState.LIVE:
             self._start_flushing()
 
-    @property
-    def early_audio_kept(self) -> bool:
-        """Whether audio pushed before LIVE waits for the model (see :meth:`push_input`)."""
-        return self._framer.early_samples > 0
-
-    def frames(self) -> _OutputBatches:
+    def frames(self) -> OutputBatches:
         """Output events, in batches of everything waiting (at least one); ends when the lease does."""
-        return _OutputBatches(self._outbox)
+        return OutputBatches(self._outbox)
+
+    async def sleep_until_handshake(self) -> None:
+        """Sleep until the moment to send the handshake: just before one of the next ticks, by the lead the
+        clients need (see ``TickSchedule.sleep_until_handshake``); the first page after it is timed."""
+        await self._owner.sleep_until_handshake(self)
 
     def restart(self, conversation: Conversation) -> bool:
         """Run the system prompt again with ``conversation`` (its persona, voice, sampling) in the same slot:
-        a persona change without leaving.  The lease is PREFILL until it has run; what the client says
-        meanwhile is kept for the model as before its first handshake (``early_audio``).  False when it
-        is too late (the input has ended, or the conversation is over)."""
+        a persona change without leaving.  What the client says meanwhile is kept for the model as before its
+        first handshake (``early_audio``).  False when it is too late (the input has ended, or the
+        conversation is over)."""
         if self._state is LeaseState.QUEUED:
             self.conversation = conversation  # nothing has run yet
             return True
-        if self._state not in (LeaseState.PREFILL, LeaseState.LIVE) or self._framer.input_ended:
+        if self._state not in (LeaseState.STARTING, LeaseState.PREFILL, LeaseState.LIVE) or self._framer.input_ended:
             return False
-        self._restart_with = conversation  # taken by the SlotTable at the next engine call
+        if self._state is LeaseState.LIVE:
+            self._framer.back_to_early()
+        self.conversation = conversation
+        self._restarts += 1  # an engine call in flight for the old settings no longer counts
+        if self._state is not LeaseState.STARTING:
+            self._prompt_since = trio.current_time()
+            self._move(LeaseState.STARTING)
+        self._owner.lease_restarted(self)
         return True
 
     def end(self, *, client_left: bool = False) -> None:
         """The conversation is over: give the slot back (it drains before anyone else gets it).
 
-        ``client_left``: it ended because the client left (not by the server's doing), so the slot is held a
-        moment for the same client to come back (a persona change).
+        ``client_left``: it ended because the client left (not by the server's doing), so the slot may be held
+        a moment for the same client to come back (a persona change).
         """
-        if self._state is not LeaseState.ENDED:
-            self._on_end(self, client_left)
+        if self._state not in GONE_STATES:
+            self._owner.lease_ended(self, client_left)
 
-    # -- the engine's side, called only by the SlotTable ----------------------
+    # -- the engine's side: the slot table and the engine calls, between engine calls ---------------
+
+    def queued(self, position: int) -> None:
+        """Its place in the queue (1-based)."""
+        self._move(LeaseState.QUEUED, position=position)
+
+    def assigned(self, slot: int, now: float) -> None:
+        """Given ``slot``: its prompt starts at the next engine call."""
+        self._slot = slot
+        self._prompt_since = now
+        self._move(LeaseState.STARTING)
+
+    def started(self, positions: int) -> bool:
+        """The engine started its prompt: ``positions`` to run (0: live at once).  True when it went live."""
+        self._prompt_total = self._prompt_left = positions
+        if positions:
+            self._move(LeaseState.PREFILL)
+            return False
+        self._go_live()
+        return True
+
+    def prefilled(self, positions: int) -> bool:
+        """The engine ran ``positions`` of its prompt.  True when that was the last of it (it went live)."""
+        self._prompt_left = max(0, self._prompt_left - positions)
+        if self._prompt_left:
+            return False
+        self._go_live()
+        return True
+
+    def prompt_lost(self) -> None:
+        """The engine was reset while the prompt ran: start it again (PREFILL ──▶ STARTING)."""
+        self._restarts += 1
+        self._move(LeaseState.STARTING)
+
+    def take_frame(self, out: np.ndarray, tick: int) -> tuple[float | None, int]:
+        """Move the next input frame into ``out`` (left alone when none waits).
+
+        Returns when the frame's last sample arrived (None: no whole frame
+        waited) and how many samples the aligned framer skipped on the way.
+        """
+        framer = self._framer
+        skipped = framer.skipped_samples
+        arrived = framer.pop_frame_into(out)
+        if arrived is not None:
+            self._frames_consumed += 1
+            self._last_consumed_tick = tick
+        return arrived, framer.skipped_samples - skipped
+
+    def deliver(self, frame: OutputFrame) -> None:
+        """A tick's output; nothing follows the end of a flushed conversation's output."""
+        if self._state is LeaseState.FLUSHED:
+            return
+        self._outbox.send_nowait(frame)
+        self._frames_delivered += 1
+        self._last_delivered_tick = frame.tick
+        self._end_output_if_flushed()  # (output alone wakes only the send task, through the outbox)
+
+    def fail(self, failure: LeaseFailure) -> None:
+        """The server ends the conversation (an engine error, a stall); a second failure changes nothing."""
+        if self._state in (LeaseState.FAILED, *GONE_STATES):
+            return
+        self._failure = failure
+        self._move(LeaseState.FAILED)
+
+    def given_back(self, on_slot: bool, held_until: float | None) -> None:
+        """The session ended it: its slot drains (``held_until``: then waits for its client until then), or,
+        with no slot to drain, it is over."""
+        self._held_until = held_until or 0.0
+        if self._state is LeaseState.QUEUED:
+            self._position = 0
+        self._move(LeaseState.DRAINING if on_slot else LeaseState.ENDED)
+        self._outbox.close()
+
+    def drained(self, now: float) -> None:
+        """No engine call touches its slot any more: held for its client, or over."""
+        held = now < self._held_until
+        self._move(LeaseState.HELD if held else LeaseState.ENDED)
+
+    def released(self) -> None:
+        """Its slot went to someone else (the hold is over, or its client came back): it is over."""
+        self._move(LeaseState.ENDED)
+
+    # -- inside --------------------------------------------------------------
 
     def _go_live(self) -> None:
         if self._framer.catch_up():
-            self._on_input(self)
+            self._owner.input_arrived(self, 0, self._framer.last_arrival)
         if self._framer.input_ended:
             self._start_flushing()
         else:
-            self._set(LeaseState.LIVE)
+            self._move(LeaseState.LIVE)
 
     def _start_flushing(self) -> None:
         self._framer.pad_to_frame()
-        self._set(LeaseState.FLUSHING)
+        self._move(LeaseState.FLUSHING)
         self._end_output_if_flushed()
-
-    def _fail(self, failure: LeaseFailure) -> None:
-        if self._state in (LeaseState.FAILED, LeaseState.ENDED):
-            return
-        self._failure = failure
-        self._set(LeaseState.FAILED)
-
-    def _changed(self) -> None:
-        self._lot.unpark_all()
-
-    def _set(self, state: LeaseState, *, slot: int | None = None, position: int = 0) -> None:
-        """The one place a lease changes state; a move its lifecycle does not have is a bug (RuntimeError)."""
-        if state is not LeaseState.ENDED and state not in _LEASE_NEXT[self._state]:
-            raise RuntimeError(f"lease: no transition from {self._state.value} to {state.value}")
-        self._state = state
-        if slot is not None:
-            self._slot = slot
-        self._position = position
-        if state is LeaseState.ENDED:
-            self._outbox.close()
-        self._changed()
 
     def _end_output_if_flushed(self) -> None:
         if (self._state is LeaseState.FLUSHING and not self._framer.pending_frames
                 and self._last_delivered_tick >= self._last_consumed_tick):
             self._outbox.send_nowait(OutputEnd(), droppable=False)
-            self._set(LeaseState.FLUSHED)
+            self._move(LeaseState.FLUSHED)
 
-
-class _OutputBatches:
-    """``async for batch in lease.frames()``: no async generator, so nothing to finalize."""
-
-    def __init__(self, outbox: DropOldestChannel[OutputEvent]):
-        self._outbox = outbox
-
-    def __aiter__(self) -> _OutputBatches:
-        return self
-
-    async def __anext__(self) -> list[OutputEvent]:
-        try:
-            return await self._outbox.receive_batch()
-        except trio.EndOfChannel:
-            raise StopAsyncIteration from None
+    def _move(self, state: LeaseState, *, position: int = 0) -> None:
+        """The one place a lease changes state (:class:`~pplex_trio._lifecycle.IllegalTransition` for a move its
+        lifecycle does not have); whoever waits on it wakes."""
+        self._state = LEASE_LIFECYCLE.move(self._state, state)
+        self._position = position
+        self._lot.unpark_all()

@@ -37,7 +37,7 @@ from .._precision import Precision
 from ..model import (LoadedModel, PromptPlan, StreamDecoder, VoiceMaking, VoiceNotFoundError, VoicePrompt,
                      build_prompt_plan, lm_dtype_for, load_config, load_model)
 from ._fit import GIB, NotEnoughMemory, auto_slots, out_of_memory_message
-from ._interface import Conversation, ConversationRejected, Engine, SlotMode, StepOutput, VoiceJob
+from ._interface import Conversation, ConversationRejected, Engine, SlotMode, StepOutput, Job
 from ._device_tick import PASS_POSITIONS, CudaGraphs, DeviceTick, GraphRecorder
 
 logger = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class PersonaPlexEngine(Engine):
     def voices(self) -> Sequence[str]:
         return self.model.voices.names()
 
-    def make_voice(self, pcm: np.ndarray) -> VoiceJob:
+    def make_voice(self, pcm: np.ndarray) -> Job:
         p = self._cfg.prompt
         return _DeviceJob(VoiceMaking(self.model.lm, self.model.mimi, pcm, p.sine_tokens, p.zero_text_code),
                           self._tick)

@@ -1,75 +1,53 @@
 """Slots and admission: who may use which row of the engine.
 
-A *slot* is one row of the engine's batch.  A *lease* (``engine/_lease.py``)
+A *slot* is one row of the engine's batch; a *lease* (``engine/_lease.py``)
 is one conversation's claim on a slot, from the moment it asks (maybe waiting
-in the queue) until it ends.  Slots move FREE → PREFILL → LIVE → DRAINING →
-FREE.  A released slot stays DRAINING until the actor is between engine calls,
-so an engine call still in flight never mixes the old conversation with a new
-one (drain before release).  Every change of a lease's state that the engine
-makes is made here, by the :class:`SlotTable`, which the engine actor calls
-between engine calls.
+in the queue) until its slot is free again.  A slot's state is its lease's
+state (``LeaseState``), or free.  A lease the session gave back is DRAINING
+until the actor is between engine calls, so an engine call still in flight
+never mixes the old conversation with a new one (drain before release).
+The :class:`SlotTable` decides who gets which slot; it asks its leases and
+tells them what happened, never writing their fields.
 
 A conversation that ends because its client left (not one the server ended)
-while others wait leaves its slot *held* for that client (its address) for :data:`RETURN_WINDOW`:
-a client that reconnects at once, as LiveKit's PersonaPlex plugin does to
-change its persona, gets its slot back ahead of the queue instead of waiting
-at its back.  Nobody else takes a held slot until the window has passed.
+while others wait leaves its slot HELD for that client (its address) for
+:data:`RETURN_WINDOW`: a client that reconnects at once, as LiveKit's
+PersonaPlex plugin does to change its persona, gets its slot back ahead of
+the queue instead of waiting at its back.  Nobody else takes a held slot
+until the window has passed.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
-import enum
+import math
 
-import numpy as np
-
-from .._conversation import CloseCode
-from ._lease import Lease, LeaseFailure, LeaseState, OutputFrame
-
-
-class SlotPhase(enum.Enum):
-    FREE = "free"
-    PREFILL = "prefill"
-    LIVE = "live"
-    DRAINING = "draining"
-
+from ._lease import LIVE_STATES, Lease, LeaseFailure, LeaseState
 
 RETURN_WINDOW = 2.0  # seconds a slot is held for the client that just left it
+
+# What ``/health`` and the ``pplex_slots`` gauge call a slot in each state of its lease.
+SLOT_STATES = ("free", "prefill", "live", "draining", "held")
+_SLOT_STATE = {
+    LeaseState.STARTING: "prefill", LeaseState.PREFILL: "prefill",
+    LeaseState.LIVE: "live", LeaseState.FLUSHING: "live", LeaseState.FLUSHED: "live",
+    LeaseState.FAILED: "draining", LeaseState.DRAINING: "draining", LeaseState.HELD: "held",
+}
 
 
 class QueueFull(Exception):
     """Every slot is busy and the waiting queue is full."""
 
 
-@dataclasses.dataclass
-class Slot:
-    index: int
-    phase: SlotPhase = SlotPhase.FREE
-    lease: Lease | None = None
-    started: bool = False  # engine.start() has run for this lease
-    prefill_left: int = 0
-    held_for: str | None = None  # the client that left it may come back to it until `held_until`
-    held_until: float = 0.0
-
-    def held_against(self, client: str | None, now: float) -> bool:
-        """Held, for another client than ``client``, at time ``now``."""
-        return self.held_for is not None and self.held_for != client and now < self.held_until
-
-    def held_by(self, client: str | None, now: float) -> bool:
-        return client is not None and self.held_for == client and now < self.held_until
-
-
 class SlotTable:
-    """The engine's slots plus the bounded queue of leases waiting for one.
+    """The engine's slots (``rows``: each slot's lease, None when free) plus the bounded queue of leases waiting.
 
-    The only code that changes a lease's state.  The actor calls the tick
-    methods between engine calls; :meth:`request` and :meth:`release` run
-    whenever a session arrives or leaves.
+    :meth:`request` and :meth:`release` run whenever a session arrives or
+    leaves; the rest between engine calls (the actor's plan and apply).
     """
 
     def __init__(self, num_slots: int, *, queue_size: int):
-        self.slots = [Slot(i) for i in range(num_slots)]
+        self.rows: list[Lease | None] = [None] * num_slots
         self.queue_size = queue_size
         self._queue: collections.deque[Lease] = collections.deque()
 
@@ -80,11 +58,12 @@ class SlotTable:
 
         A client coming back to a slot held for it is served first (or waits at the front while it drains).
         """
-        returning = any(slot.held_by(lease.client, now) for slot in self.slots)
+        returning = any(self._held_for(row, lease.client, now) or self._draining_for(row, lease.client)
+                        for row in self.rows)
         if returning or not self._queue:
             slot = self._free_slot(lease.client, now)
             if slot is not None:
-                self._assign(slot, lease)
+                self._assign(slot, lease, now)
                 return
         if returning:
             self._queue.appendleft(lease)
@@ -92,57 +71,45 @@ class SlotTable:
             return
         if len(self._queue) >= self.queue_size:
             raise QueueFull(
-                f"all {len(self.slots)} conversation slots are busy and the waiting queue is full "
+                f"all {len(self.rows)} conversation slots are busy and the waiting queue is full "
                 f"({self.queue_size}); try again later"
             )
         self._queue.append(lease)
-        lease._set(LeaseState.QUEUED, position=len(self._queue))
+        lease.queued(len(self._queue))
 
-    def release(self, lease: Lease, now: float, *, hold: bool = False) -> None:
-        """The conversation is over; its slot drains before anyone else gets it (``hold``: the client left, and
-        if others wait, the slot waits :data:`RETURN_WINDOW` for it to come back)."""
+    def release(self, lease: Lease, now: float, *, client_left: bool) -> None:
+        """The session ended ``lease``: its slot drains before anyone else gets it (``client_left``, with others
+        waiting: then the slot is held :data:`RETURN_WINDOW` for that client to come back)."""
         if lease in self._queue:
             self._queue.remove(lease)
+            lease.given_back(False, None)
             self._renumber()
-        elif lease.slot is not None:
-            slot = self.slots[lease.slot]
-            if slot.lease is lease:
-                slot.phase = SlotPhase.DRAINING
-                slot.lease = None
-                if hold and lease.client is not None and self._queue:  # (nobody waiting: nothing to hold against)
-                    slot.held_for, slot.held_until = lease.client, now + RETURN_WINDOW
-        lease._set(LeaseState.ENDED)
+            return
+        on_slot = lease.slot is not None and self.rows[lease.slot] is lease
+        hold = client_left and lease.client is not None and bool(self._queue) and lease.state is not LeaseState.FAILED
+        lease.given_back(on_slot, now + RETURN_WINDOW if hold else None)
 
     # -- between engine calls ------------------------------------------------
 
-    def free_drained(self) -> list[int]:
-        """DRAINING → FREE, safe only while no engine call is in flight."""
-        freed = []
-        for slot in self.slots:
-            if slot.phase is SlotPhase.DRAINING:
-                slot.phase = SlotPhase.FREE
-                slot.started = False
-                slot.prefill_left = 0
-                freed.append(slot.index)
-        return freed
-
-    def restart_prompts(self) -> list[int]:
-        """Slots whose conversation asked for its prompt again (:meth:`Lease.restart`): back to PREFILL with the
-        new settings, their rows to be reset.  Safe only while no engine call is in flight."""
-        rows = []
-        for slot in self.slots:
-            lease = slot.lease
-            if lease is None or lease._restart_with is None:
+    def free_drained(self, now: float) -> list[int]:
+        """Slots no engine call touches any more whose lease is gone: freed (or held); returns the rows the
+        engine must reset.  Safe only while no engine call is in flight."""
+        reset = []
+        for i, lease in enumerate(self.rows):
+            if lease is None:
                 continue
-            lease.conversation, lease._restart_with = lease._restart_with, None
-            if slot.phase is SlotPhase.LIVE:
-                lease._framer.back_to_early()
-                lease._set(LeaseState.PREFILL)
-            slot.phase = SlotPhase.PREFILL
-            slot.started = False
-            slot.prefill_left = 0
-            rows.append(slot.index)
-        return rows
+            if lease.state is LeaseState.FAILED:  # (its session gives it back later: it stays FAILED till then)
+                self.rows[i] = None
+                reset.append(i)
+                continue
+            if lease.state is LeaseState.DRAINING:
+                lease.drained(now)
+                reset.append(i)
+            if lease.state is LeaseState.HELD and now >= lease.held_until:
+                lease.released()
+            if lease.state is LeaseState.ENDED:
+                self.rows[i] = None
+        return reset
 
     def admit_waiting(self, now: float) -> None:
         """Hand free slots to the longest-waiting leases (a held slot only to its client)."""
@@ -151,113 +118,95 @@ class SlotTable:
             slot = self._free_slot(lease.client, now)
             if slot is not None:
                 self._queue.remove(lease)
-                self._assign(slot, lease)
+                self._assign(slot, lease, now)
                 changed = True
         if changed:
             self._renumber()
 
-    def take_input(self, slot: Slot, out: np.ndarray, tick: int) -> tuple[float | None, int]:
-        """Move the LIVE slot's next input frame into ``out``.
-
-        Returns when the frame's last sample arrived (None: no whole frame
-        waited) and how many samples the aligned framer skipped on the way.
-        """
-        lease = slot.lease
-        assert lease is not None and slot.phase is SlotPhase.LIVE
-        framer = lease._framer
-        skipped = framer.skipped_samples
-        arrived = framer.pop_frame_into(out)
-        if arrived is not None:
-            lease._frames_consumed += 1
-            lease._last_consumed_tick = tick
-        return arrived, framer.skipped_samples - skipped
-
-    def has_due_page(self, slot: Slot, now: float, tick_seconds: float) -> bool:
-        """A LIVE, aligned conversation still streaming whose frame ends at a page due about now."""
-        lease = slot.lease
-        return (slot.phase is SlotPhase.LIVE and lease is not None and lease._framer.awaits_page
-                and now - lease._framer.last_arrival < tick_seconds)
-
-    def has_input_frame(self, lease: Lease) -> bool:
-        return bool(lease._framer.pending_frames)
-
-    def still_streaming(self, slot: Slot, now: float, tick_seconds: float) -> bool:
-        """The slot's conversation sent input recently, so a tick without its frame came too early."""
-        lease = slot.lease
-        return lease is not None and bool(lease.frames_consumed) and now - lease.last_input_arrival < 2 * tick_seconds
-
-    def started(self, slot: Slot, positions: int) -> None:
-        """``engine.start`` ran: ``positions`` of system prompt to run (0: live at once)."""
-        assert slot.lease is not None
-        slot.started = True
-        slot.prefill_left = positions
-        slot.lease._prefill_total = positions
-        if positions == 0:
-            self._go_live(slot)
-
-    def prefilled(self, slot: Slot, positions: int) -> None:
-        """``engine.prefill`` ran ``positions`` of the slot's prompt; at its end the conversation is live."""
-        slot.prefill_left -= positions
-        if slot.prefill_left <= 0 and slot.phase is SlotPhase.PREFILL:
-            self._go_live(slot)
-
-    def prompts_left(self) -> dict[int, int]:
-        """Started slots whose prompt is not done: slot -> positions left."""
-        return {slot.index: slot.prefill_left for slot in self.slots
-                if slot.phase is SlotPhase.PREFILL and slot.started and slot.prefill_left > 0}
-
-    def deliver(self, slot: Slot, frame: OutputFrame) -> None:
-        lease = slot.lease
-        assert lease is not None
-        if lease.state is LeaseState.FLUSHED:
-            return  # a flushed conversation's output is complete: nothing may follow its end
-        lease._outbox.send_nowait(frame)
-        lease._frames_delivered += 1
-        lease._last_delivered_tick = frame.tick
-        lease._end_output_if_flushed()  # (output alone wakes only the send task, through the outbox)
-
-    def fail_slot(self, slot: Slot, code: CloseCode, message: str) -> None:
-        """End the slot's conversation from the server side (engine error)."""
-        lease = slot.lease
-        slot.phase = SlotPhase.DRAINING
-        slot.lease = None
+    def fail(self, slot: int, failure: LeaseFailure) -> None:
+        """End the slot's conversation from the server's side (an engine error); its slot drains."""
+        lease = self.rows[slot]
         if lease is not None:
-            lease._fail(LeaseFailure(code, message))
+            lease.fail(failure)
 
     # -- views ---------------------------------------------------------------
+
+    def leases(self, states: frozenset[LeaseState]) -> list[tuple[int, Lease]]:
+        """The slots whose lease is in one of ``states``, with it."""
+        return [(i, lease) for i, lease in enumerate(self.rows) if lease is not None and lease.state in states]
+
+    def live(self) -> list[Lease]:
+        """The leases stepped every tick."""
+        return [lease for lease in self.rows if lease is not None and lease.state in LIVE_STATES]
+
+    def any_live(self) -> bool:
+        return any(lease is not None and lease.state in LIVE_STATES for lease in self.rows)
+
+    def prompts_left(self) -> dict[int, int]:
+        """Slots whose prompt runs: slot -> positions left."""
+        return {i: lease.prompt_left for i, lease in self.leases(frozenset({LeaseState.PREFILL}))}
 
     @property
     def queued(self) -> int:
         return len(self._queue)
 
-    def count(self, phase: SlotPhase) -> int:
-        return sum(slot.phase is phase for slot in self.slots)
-
-    def busy(self) -> bool:
-        return bool(self._queue) or any(slot.phase is not SlotPhase.FREE for slot in self.slots)
+    def slot_states(self, now: float) -> dict[str, int]:
+        """How many slots are in each of :data:`SLOT_STATES` at ``now`` (a lapsed hold counts as free)."""
+        counts = dict.fromkeys(SLOT_STATES, 0)
+        for lease in self.rows:
+            if lease is None or (lease.state is LeaseState.HELD and now >= lease.held_until):
+                counts["free"] += 1
+            else:
+                counts[_SLOT_STATE[lease.state]] += 1
+        return counts
 
     def free_count(self, now: float) -> int:
-        """FREE slots that a newcomer could take now (held ones excluded)."""
-        return sum(slot.phase is SlotPhase.FREE and not slot.held_against(None, now) for slot in self.slots)
+        """Slots that a newcomer could take now (held ones excluded)."""
+        return self.slot_states(now)["free"]
 
-    def _free_slot(self, client: str | None, now: float) -> Slot | None:
-        """A FREE slot for ``client``: the one held for it first, else one held for nobody else."""
-        free = [slot for slot in self.slots if slot.phase is SlotPhase.FREE and not slot.held_against(client, now)]
-        return next((slot for slot in free if slot.held_by(client, now)), free[0] if free else None)
+    def busy(self) -> bool:
+        """Anything waiting or running (a held slot is neither)."""
+        return bool(self._queue) or any(lease is not None and lease.state is not LeaseState.HELD
+                                        for lease in self.rows)
 
-    def _assign(self, slot: Slot, lease: Lease) -> None:
-        slot.phase = SlotPhase.PREFILL
-        slot.lease = lease
-        slot.started = False
-        slot.held_for = None
-        lease._set(LeaseState.PREFILL, slot=slot.index)
+    def next_change(self) -> float:
+        """When the next hold lapses (inf: none does)."""
+        return min((lease.held_until for lease in self.rows if lease is not None and lease.state is LeaseState.HELD),
+                   default=math.inf)
 
-    def _go_live(self, slot: Slot) -> None:
-        assert slot.lease is not None
-        slot.phase = SlotPhase.LIVE
-        slot.lease._go_live()
+    # -- inside --------------------------------------------------------------
+
+    def _free_slot(self, client: str | None, now: float) -> int | None:
+        """A slot for ``client``: the one held for it first, else a free one, else one whose hold has lapsed."""
+        for i, lease in enumerate(self.rows):
+            if self._held_for(lease, client, now):
+                return i
+        free = [i for i, lease in enumerate(self.rows) if lease is None]
+        if free:
+            return free[0]
+        return next((i for i, lease in enumerate(self.rows)
+                     if lease is not None and lease.state is LeaseState.HELD and now >= lease.held_until), None)
+
+    def _assign(self, slot: int, lease: Lease, now: float) -> None:
+        held = self.rows[slot]
+        if held is not None:
+            held.released()  # its client came back, or its hold lapsed
+        self.rows[slot] = lease
+        lease.assigned(slot, now)
 
     def _renumber(self) -> None:
         for position, lease in enumerate(self._queue, start=1):
             if lease.position != position:
-                lease._set(LeaseState.QUEUED, position=position)
+                lease.queued(position)
+
+    @staticmethod
+    def _held_for(lease: Lease | None, client: str | None, now: float) -> bool:
+        return (lease is not None and client is not None and lease.state is LeaseState.HELD
+                and lease.client == client and now < lease.held_until)
+
+    @staticmethod
+    def _draining_for(lease: Lease | None, client: str | None) -> bool:
+        """A slot that will be held for ``client`` once it has drained."""
+        return (lease is not None and client is not None and lease.state is LeaseState.DRAINING
+                and lease.client == client and lease.held_until > 0)
+

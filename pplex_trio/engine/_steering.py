@@ -5,15 +5,13 @@ ends at its newest audio; what is left is the wait between that audio's
 arrival and the tick.  Clients that start streaming when they get the
 handshake all send at nearly the same phase, so the whole grid can move so
 that ticks fall just after their pages arrive.  :class:`PhaseSteering`
-decides how far, tick by tick; :class:`LatePages` tells it which misses were
-jitter.  The :class:`~pplex_trio.engine._schedule.TickSchedule` owns both.
+decides how far, tick by tick, from the slacks and the late pages the
+:class:`~pplex_trio.engine._schedule.TickSchedule` (its owner) gives it.
 """
 
 from __future__ import annotations
 
 import collections
-
-from ._lease import Lease
 
 
 class PhaseSteering:
@@ -66,26 +64,3 @@ class PhaseSteering:
         self.moved += step
         return step
 
-
-class LatePages:
-    """Which of the previous tick's misses were late pages (not clients that stopped sending).
-
-    A miss counts once the conversation's next audio arrived after the tick
-    that missed it, and within a tick of it; the steering reacts one tick
-    later than it would have (it moves a few milliseconds a tick anyway).
-    """
-
-    def __init__(self, tick_seconds: float):
-        self._tick_seconds = tick_seconds
-        self._missed: list[Lease] = []
-        self._missed_at = 0.0
-
-    def confirm(self, missed: list[Lease], now: float) -> int:
-        """How many of the previous tick's misses were late pages; remember this tick's (``missed``, at ``now``)."""
-        late = sum(self._missed_at < lease.last_input_arrival <= self._missed_at + self._tick_seconds
-                   for lease in self._missed)
-        self._missed, self._missed_at = missed, now
-        return late
-
-    def forget(self) -> None:
-        self._missed = []

@@ -113,7 +113,7 @@ def create_http_app(server: ServerContext) -> QuartTrio:
             slots_total=stats.slots_total,
             slots_free=stats.slots_free,
             queued=stats.queued,
-            slots=stats.phases,
+            slots=stats.slots,
             sessions=len(server.sessions),
             tick_path=server.engine.tick_path,
         )

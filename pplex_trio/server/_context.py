@@ -26,7 +26,7 @@ class ServerContext:
     encoders: Encoders
     voice_store: VoiceStore | None = None  # voices added over HTTP (None: this server keeps none)
     sessions: set[Session] = dataclasses.field(default_factory=set)
-    state: ServerState = ServerState.SERVING  # moved only by begin_drain and begin_shutdown
+    state: ServerState = SERVER_LIFECYCLE.start  # moved only by begin_drain and begin_shutdown
     _drain_scope: trio.CancelScope | None = dataclasses.field(default=None, repr=False)
 
     @classmethod

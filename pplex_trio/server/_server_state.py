@@ -22,7 +22,7 @@ class ServerState(enum.Enum):
     STOPPING = "stopping"  # every conversation is being closed (1001)
 
 
-SERVER_LIFECYCLE = Lifecycle("server", {
+SERVER_LIFECYCLE = Lifecycle("server", ServerState.SERVING, {
     ServerState.SERVING: {ServerState.DRAINING, ServerState.STOPPING},
     ServerState.DRAINING: {ServerState.STOPPING},
     ServerState.STOPPING: set(),

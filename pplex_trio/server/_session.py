@@ -32,14 +32,13 @@ import itertools
 import logging
 from typing import Any, Protocol
 
-import numpy as np
 import trio
 
 from .._channel import DropOldestChannel
 from .._conversation import CloseCode, Conversation
 from .._lifecycle import Lifecycle
 from .._metrics import Metrics
-from ..engine import LIVE_STATES, EngineActor, Lease, LeaseFailed, LeaseState, OutputFrame, QueueFull
+from ..engine import LIVE_STATES, PREPARING_STATES, EngineActor, Lease, LeaseFailed, LeaseState, QueueFull
 from ..protocol import ProtocolError
 from ._server_state import Unready
 from ._settings import ServerSettings
@@ -74,7 +73,7 @@ class SessionState(enum.Enum):
 
 
 # The session's own steps (QUEUED and PREPARING are its lease's): a client that vanishes ends it from any of them.
-SESSION_LIFECYCLE = Lifecycle("session", {
+SESSION_LIFECYCLE = Lifecycle("session", SessionState.ADMITTING, {
     SessionState.ADMITTING: {SessionState.LIVE, SessionState.CLOSING, SessionState.CLOSED},
     SessionState.LIVE: {SessionState.CLOSING, SessionState.CLOSED},
     SessionState.CLOSING: {SessionState.CLOSED},
@@ -110,11 +109,10 @@ class Session:
         self.settings = host.settings
         self.stats = SessionStats()
         self._sender = Sender(ws, wire, host.metrics, timeout=self.settings.client_timeout)
-        self._step = SessionState.ADMITTING  # the session's own step; see `state`
+        self._step = SESSION_LIFECYCLE.start  # the session's own step; see `state`
         self.lease: Lease | None = None
         self.ending: Ending | None = None
         self._scope = trio.CancelScope()
-        self._ready_sent: float | None = None  # aligned input: when "ready" went out, until the first page
         self._samples_pushed = 0
         self._opened_at = 0.0  # when the opening message that gave the conversation arrived
 
@@ -240,8 +238,7 @@ class Session:
                 return
             if self.wire.align_input:
                 # A client streaming from the handshake lands just ahead of the ticks (sleep_until_handshake).
-                await self.host.actor.schedule.sleep_until_handshake()
-                self._ready_sent = trio.current_time()
+                await lease.sleep_until_handshake()
             for message in self.wire.ready():
                 await self._send_control(message)
             self._enter(SessionState.LIVE)
@@ -263,7 +260,7 @@ class Session:
                      f"no conversation slot became free within {self.settings.queue_timeout:g} s; try again later",
                      "queue_timeout")
             return False
-        while lease.state is LeaseState.PREFILL and lease.failure is None:
+        while lease.state in PREPARING_STATES and lease.failure is None:
             await self._keepalive(None)
             with trio.move_on_after(interval):
                 await lease.wait_changed()
@@ -333,24 +330,15 @@ class Session:
             try:
                 for (arrived, _), pcm in zip(batch, pcms):
                     if pcm.size and lease.push_input(pcm, arrived):
-                        self._first_page(arrived, pcm)
                         self._samples_pushed += pcm.size
             except LeaseFailed:
                 self._end_from_failure(lease)
                 return
             self.stats.frames_decoded = self._samples_pushed // frame_size
-        if lease.state in (LeaseState.QUEUED, LeaseState.PREFILL) and not lease.early_audio_kept:
+        if (lease.state is LeaseState.QUEUED or lease.state in PREPARING_STATES) and not lease.early_audio_kept:
             self.end(CloseCode.NORMAL, None, "completed")  # the input ended before the conversation began
             return
         lease.flush()  # (audio kept from before "live" is answered once the conversation is)
-
-    def _first_page(self, arrived: float, pcm: np.ndarray) -> None:
-        """The first page after an aligned "ready" tells how long clients take to react."""
-        if self._ready_sent is not None and arrived >= self._ready_sent:
-            schedule = self.host.actor.schedule
-            schedule.observe_reaction(self._ready_sent, arrived, pcm.size / self.host.actor.engine.sample_rate)
-            self.host.metrics.client_reaction.set(schedule.reaction)
-            self._ready_sent = None
 
     async def _send_loop(self, lease: Lease) -> None:
         """Engine output → encoded messages → socket, each write with a deadline."""

@@ -8,7 +8,7 @@ cut off) and never buffered anywhere else.  Everything that can be checked
 before reading is checked first, cheapest first.  Each refusal is one JSON
 ``{"error": …}`` with the status that says what kind of problem it is, and
 one log line, never a traceback.  The voice is made by the engine actor
-between ticks (:meth:`~pplex_trio.engine.EngineActor.make_voice`), so the
+between ticks (:meth:`~pplex_trio.engine.EngineActor.run_job`), so the
 live conversations lose nothing to it.
 """
 
@@ -172,7 +172,7 @@ class VoiceUpload:
     async def _make(self, pcm, answer_by: float) -> bytes:
         try:
             with trio.fail_at(answer_by):
-                return await self.server.actor.make_voice(pcm)
+                return await self.server.actor.run_job(self.server.engine.make_voice(pcm))
         except trio.TooSlowError:
             raise Refusal(503, "the model was too busy to make the voice in time; try again later", 30) from None
         except NotImplementedError as exc:

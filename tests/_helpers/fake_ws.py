@@ -16,6 +16,8 @@ from pplex_trio.server._moshi_session import MoshiProtocol
 from pplex_trio.server._raw_session import RawProtocol
 from pplex_trio.server._session import Session
 
+from .engine_calls import inline_runner, run_engine_calls
+
 
 class FakeWebSocket:
     """What the session sees of a client; the test plays the client.
@@ -84,38 +86,26 @@ class FakeWebSocket:
         return self.closed
 
 
-def inline_runner(compute_seconds: float = 0.0, prompt_position_seconds: float = 0.0):
-    """Engine calls on the Trio thread, each taking ``compute_seconds`` of virtual time, and a call that runs
-    system prompts ``prompt_position_seconds`` more per position."""
-
-    async def run(fn, *args):
-        work = getattr(args[1], "prefill", None) if len(args) > 1 else None
-        seconds = compute_seconds + prompt_position_seconds * sum((work or {}).values())
-        if seconds:
-            await trio.sleep(seconds)
-        return fn(*args)
-
-    return run
-
-
-def make_host(engine: Engine | None = None, *, prompt_position_seconds: float = 0.0, **overrides: Any) -> ServerContext:
-    """A ServerContext whose actor runs the engine inline (deterministic under the virtual clock); its system
-    prompts cost ``prompt_position_seconds`` per position."""
+def make_host(monkeypatch: Any, engine: Engine | None = None, *, prompt_position_seconds: float = 0.0,
+              **overrides: Any) -> ServerContext:
+    """A ServerContext whose actor runs the engine inline (deterministic under the virtual clock: see
+    ``engine_calls``), 5 ms a call; its system prompts cost ``prompt_position_seconds`` per position."""
     options: dict[str, Any] = dict(slots=1, echo_prefill_steps=2, keepalive_interval=0.5, input_grace_ms=0)
     options.update(overrides)
     settings = ServerSettings(**options)
     engine = engine or EchoEngine(settings.slots, delay_frames=settings.echo_delay_frames,
                                   prefill_steps=settings.echo_prefill_steps)
     metrics = Metrics()
-    actor = EngineActor(engine, settings, metrics=metrics,
-                        run_sync=inline_runner(0.005, prompt_position_seconds=prompt_position_seconds))
+    run_engine_calls(monkeypatch, inline_runner(0.005, prompt_position_seconds=prompt_position_seconds))
+    actor = EngineActor(engine, settings, metrics=metrics)
     return ServerContext(settings=settings, engine=engine, actor=actor, metrics=metrics,
-                       encoders=InlineEncoders("sphn"))
+                         encoders=InlineEncoders("sphn"))
 
 
-async def running_host(nursery: trio.Nursery, engine: Engine | None = None, **overrides: Any) -> ServerContext:
+async def running_host(monkeypatch: Any, nursery: trio.Nursery, engine: Engine | None = None,
+                       **overrides: Any) -> ServerContext:
     """:func:`make_host`, with its engine actor ticking in ``nursery``."""
-    host = make_host(engine, **overrides)  # (prompt_position_seconds among them)
+    host = make_host(monkeypatch, engine, **overrides)  # (prompt_position_seconds among them)
     await nursery.start(host.actor.run)
     await nursery.start(host.encoders.run)
     return host

@@ -22,29 +22,17 @@ from pplex_trio.engine import (
     LeaseState,
     QueueFull,
     SlotMode,
-    SlotPhase,
 )
 
 from pplex_trio.engine._schedule import GRACE_PER_WINDOW, GRACE_WINDOW
+
+from _helpers.engine_calls import inline_runner, run_engine_calls
 
 INPUT_GRACE = ActorSettings().input_grace_ms / 1000
 EARLY_START = ActorSettings().early_start_ms / 1000
 NO_EARLY_START = ActorSettings(early_start_ms=0)
 
 TICK = 0.080
-
-
-def inline_runner(compute_seconds=0.0, log=None):
-    """Run engine calls on the Trio thread, taking `compute_seconds` of virtual time each."""
-
-    async def run(fn, *args):
-        if log is not None:
-            log.append((trio.current_time(), fn.__name__))
-        if compute_seconds:
-            await trio.sleep(compute_seconds)
-        return fn(*args)
-
-    return run
 
 
 class RecordingEcho(EchoEngine):
@@ -88,10 +76,10 @@ async def next_frame(lease):
     return frame
 
 
-async def sleep_until_before_tick(actor, lead):
+async def sleep_until_before_tick(actor, lease, lead):
     """The handshake's wait, with the clients' reaction set so that its lead is ``lead``."""
     actor.schedule.reaction = lead - actor.schedule.steering.margin
-    await actor.schedule.sleep_until_handshake()
+    await lease.sleep_until_handshake()
 
 
 async def wait_state(lease, state):
@@ -99,13 +87,14 @@ async def wait_state(lease, state):
         await lease.wait_changed()
 
 
-async def test_prompt_at_once_then_live_in_lockstep(nursery, autojump_clock):
+async def test_prompt_at_once_then_live_in_lockstep(nursery, autojump_clock, monkeypatch):
     engine = RecordingEcho(2, prefill_steps=3, delay_frames=0)
-    actor = EngineActor(engine, run_sync=inline_runner())
+    run_engine_calls(monkeypatch, inline_runner())
+    actor = EngineActor(engine)
     await nursery.start(actor.run)
     frame = np.full(1920, 0.25, dtype=np.float32)
     with actor.lease(Conversation(persona="a")) as lease:
-        assert lease.state is LeaseState.PREFILL and lease.slot == 0
+        assert lease.state is LeaseState.STARTING and lease.slot == 0
         t0 = trio.current_time()
         await wait_state(lease, LeaseState.LIVE)
         # Nobody else live: the start, then the whole prompt in one call at once, no tick before it is live.
@@ -130,9 +119,10 @@ async def test_prompt_at_once_then_live_in_lockstep(nursery, autojump_clock):
     assert all(modes[1] is SlotMode.IDLE for modes, _ in engine.steps)
 
 
-async def test_queue_positions_admission_and_full_queue(nursery, autojump_clock):
+async def test_queue_positions_admission_and_full_queue(nursery, autojump_clock, monkeypatch):
     engine = EchoEngine(1, prefill_steps=1)
-    actor = EngineActor(engine, ActorSettings(queue_size=2), run_sync=inline_runner())
+    run_engine_calls(monkeypatch, inline_runner())
+    actor = EngineActor(engine, ActorSettings(queue_size=2))
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as first:
         with actor.lease(Conversation()) as second, actor.lease(Conversation()) as third:
@@ -150,8 +140,9 @@ async def test_queue_positions_admission_and_full_queue(nursery, autojump_clock)
     assert stats.queued == 0
 
 
-async def test_leaving_the_queue_renumbers_the_others(nursery, autojump_clock):
-    actor = EngineActor(EchoEngine(1), ActorSettings(queue_size=3), run_sync=inline_runner())
+async def test_leaving_the_queue_renumbers_the_others(nursery, autojump_clock, monkeypatch):
+    run_engine_calls(monkeypatch, inline_runner())
+    actor = EngineActor(EchoEngine(1), ActorSettings(queue_size=3))
     await nursery.start(actor.run)
     with actor.lease(Conversation()):
         with actor.lease(Conversation()) as a:
@@ -162,7 +153,7 @@ async def test_leaving_the_queue_renumbers_the_others(nursery, autojump_clock):
                 assert actor.statistics().queued == 1
 
 
-async def test_overrun_starts_next_tick_at_once_and_far_behind_skips(nursery, autojump_clock):
+async def test_overrun_starts_next_tick_at_once_and_far_behind_skips(nursery, autojump_clock, monkeypatch):
     log = []
     engine = EchoEngine(1, prefill_steps=0)
     compute = [0.030]
@@ -173,7 +164,8 @@ async def test_overrun_starts_next_tick_at_once_and_far_behind_skips(nursery, au
         await trio.sleep(compute[0])
         return fn(*args)
 
-    actor = EngineActor(engine, run_sync=runner)
+    run_engine_calls(monkeypatch, runner)
+    actor = EngineActor(engine)
     await nursery.start(actor.run)
     with actor.lease(Conversation()):
         await trio.sleep(0.5)
@@ -213,9 +205,10 @@ class ExplodingEcho(EchoEngine):
         super().reset_all()
 
 
-async def test_engine_exception_fails_its_conversations_and_the_engine_recovers(nursery, autojump_clock):
+async def test_engine_exception_fails_its_conversations_and_the_engine_recovers(nursery, autojump_clock, monkeypatch):
     engine = ExplodingEcho(2, prefill_steps=0)
-    actor = EngineActor(engine, run_sync=inline_runner())
+    run_engine_calls(monkeypatch, inline_runner())
+    actor = EngineActor(engine)
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as a, actor.lease(Conversation()) as b:
         await wait_state(a, LeaseState.LIVE)
@@ -233,7 +226,7 @@ async def test_engine_exception_fails_its_conversations_and_the_engine_recovers(
         assert c.failure is None
 
 
-async def test_rejected_start_fails_only_that_conversation(nursery, autojump_clock):
+async def test_rejected_start_fails_only_that_conversation(nursery, autojump_clock, monkeypatch):
     from pplex_trio.engine import ConversationRejected
 
     class Picky(EchoEngine):
@@ -242,7 +235,8 @@ async def test_rejected_start_fails_only_that_conversation(nursery, autojump_clo
                 raise ConversationRejected("persona 'bad' cannot be served: pick another")
             return super().start(slot, conversation)
 
-    actor = EngineActor(Picky(2, prefill_steps=0), run_sync=inline_runner())
+    run_engine_calls(monkeypatch, inline_runner())
+    actor = EngineActor(Picky(2, prefill_steps=0))
     await nursery.start(actor.run)
     with actor.lease(Conversation(persona="good")) as good, actor.lease(Conversation(persona="bad")) as bad:
         while bad.failure is None:
@@ -294,7 +288,7 @@ async def test_drain_before_release(nursery):
             old.end()  # the old conversation leaves while its step runs
             for _ in range(5):
                 await trio.sleep(0.05)
-                assert actor.table.slots[0].phase is SlotPhase.DRAINING
+                assert actor.table.rows[0].state is LeaseState.DRAINING
                 assert new.state is LeaseState.QUEUED  # not handed over while in flight
             calls_before = len(engine.calls)
             engine.block = False
@@ -307,9 +301,10 @@ async def test_drain_before_release(nursery):
             assert out.text == " 0"  # fresh row: nothing of the old conversation leaks
 
 
-async def test_idle_actor_does_not_tick(nursery, autojump_clock):
+async def test_idle_actor_does_not_tick(nursery, autojump_clock, monkeypatch):
     log = []
-    actor = EngineActor(EchoEngine(1, prefill_steps=0), run_sync=inline_runner(log=log))
+    run_engine_calls(monkeypatch, inline_runner(log=log))
+    actor = EngineActor(EchoEngine(1, prefill_steps=0))
     await nursery.start(actor.run)
     await trio.sleep(1.0)
     assert log == [] and actor.ticks == 0
@@ -323,10 +318,11 @@ async def test_idle_actor_does_not_tick(nursery, autojump_clock):
     assert actor.statistics().slots_free == 1
 
 
-async def test_a_dropped_output_frame_keeps_its_text(nursery, autojump_clock):
+async def test_a_dropped_output_frame_keeps_its_text(nursery, autojump_clock, monkeypatch):
     """When a slow reader lets the outbox overflow, audio is dropped but text never is."""
     engine = EchoEngine(1, prefill_steps=0)
-    actor = EngineActor(engine, ActorSettings(output_backlog_frames=2), run_sync=inline_runner())
+    run_engine_calls(monkeypatch, inline_runner())
+    actor = EngineActor(engine, ActorSettings(output_backlog_frames=2))
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
         await wait_state(lease, LeaseState.LIVE)
@@ -338,13 +334,14 @@ async def test_a_dropped_output_frame_keeps_its_text(nursery, autojump_clock):
     assert "".join(f.text for f in frames) == "".join(f" {i}" for i in range(delivered))
 
 
-async def test_the_tick_grid_moves_to_just_after_the_audio_arrives(nursery, autojump_clock):
+async def test_the_tick_grid_moves_to_just_after_the_audio_arrives(nursery, autojump_clock, monkeypatch):
     """A client whose frames land 30 ms after each tick: the grid drifts until they land just before.
 
     (Early start off, to watch the steering alone.)
     """
     engine = RecordingEcho(1, prefill_steps=0)
-    actor = EngineActor(engine, NO_EARLY_START, run_sync=inline_runner(compute_seconds=0.010))
+    run_engine_calls(monkeypatch, inline_runner(compute_seconds=0.010))
+    actor = EngineActor(engine, NO_EARLY_START)
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
         await wait_state(lease, LeaseState.LIVE)
@@ -365,15 +362,16 @@ async def test_the_tick_grid_moves_to_just_after_the_audio_arrives(nursery, auto
     assert actor.metrics.frames_silence._value.get() <= 2  # and no frame was missed on the way
 
 
-async def test_a_client_that_starts_at_the_handshake_lands_just_ahead_of_the_ticks(nursery, autojump_clock):
+async def test_a_client_that_starts_at_the_handshake_lands_just_ahead_of_the_ticks(nursery, autojump_clock, monkeypatch):
     """Sending the handshake `lead` before a tick: the client's frames wait ~lead, from the first one (no early start)."""
     engine = RecordingEcho(1, prefill_steps=3)
-    actor = EngineActor(engine, NO_EARLY_START, run_sync=inline_runner())
+    run_engine_calls(monkeypatch, inline_runner())
+    actor = EngineActor(engine, NO_EARLY_START)
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
         await wait_state(lease, LeaseState.LIVE)
         await trio.sleep(0.023)  # the prefill's last tick was a while ago: an arbitrary phase
-        await sleep_until_before_tick(actor, 0.010)
+        await sleep_until_before_tick(actor, lease, 0.010)
         handshake = trio.current_time()
         waits = []
         nursery.start_soon(_record_waits, lease, waits)
@@ -395,9 +393,10 @@ async def _steady_client(lease, first_at, frames, period=TICK):
         send_at += period
 
 
-async def test_a_tick_starts_as_soon_as_its_frame_is_in(nursery, autojump_clock):
+async def test_a_tick_starts_as_soon_as_its_frame_is_in(nursery, autojump_clock, monkeypatch):
     """The same client as above, early start on: once steered within the window, no frame waits at all."""
-    actor = EngineActor(RecordingEcho(1, prefill_steps=0), run_sync=inline_runner(compute_seconds=0.010))
+    run_engine_calls(monkeypatch, inline_runner(compute_seconds=0.010))
+    actor = EngineActor(RecordingEcho(1, prefill_steps=0))
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
         await wait_state(lease, LeaseState.LIVE)
@@ -414,9 +413,10 @@ async def test_a_tick_starts_as_soon_as_its_frame_is_in(nursery, autojump_clock)
     assert ticks == pytest.approx((150 * TICK + 0.030 + TICK) / TICK, abs=1.5)  # one tick per period, not more
 
 
-async def test_a_flooding_client_gets_no_more_ticks_than_the_period_allows(nursery, autojump_clock):
+async def test_a_flooding_client_gets_no_more_ticks_than_the_period_allows(nursery, autojump_clock, monkeypatch):
     """Frames four times faster than real time: every tick starts early, none comes sooner than that."""
-    actor = EngineActor(RecordingEcho(1, prefill_steps=0), run_sync=inline_runner(compute_seconds=0.010))
+    run_engine_calls(monkeypatch, inline_runner(compute_seconds=0.010))
+    actor = EngineActor(RecordingEcho(1, prefill_steps=0))
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
         await wait_state(lease, LeaseState.LIVE)
@@ -432,9 +432,10 @@ async def test_a_flooding_client_gets_no_more_ticks_than_the_period_allows(nurse
     assert _histogram(early, "_sum") / _histogram(early, "_count") == pytest.approx(EARLY_START, abs=1e-6)
 
 
-async def test_an_early_start_waits_for_every_streaming_conversation(nursery, autojump_clock):
+async def test_an_early_start_waits_for_every_streaming_conversation(nursery, autojump_clock, monkeypatch):
     """Two streaming clients 25 ms apart and one silent: once steered, ticks start when the later one's frame is in."""
-    actor = EngineActor(RecordingEcho(3, prefill_steps=0), run_sync=inline_runner(compute_seconds=0.010))
+    run_engine_calls(monkeypatch, inline_runner(compute_seconds=0.010))
+    actor = EngineActor(RecordingEcho(3, prefill_steps=0))
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as a, actor.lease(Conversation()) as b, actor.lease(Conversation()):
         await wait_state(b, LeaseState.LIVE)
@@ -452,9 +453,10 @@ async def test_an_early_start_waits_for_every_streaming_conversation(nursery, au
     assert a.input_stats().underruns == b.input_stats().underruns == 0
 
 
-async def test_the_grid_starts_afresh_after_idling(nursery, autojump_clock):
+async def test_the_grid_starts_afresh_after_idling(nursery, autojump_clock, monkeypatch):
     """A second conversation, after the first left the actor idle, is not steered by the first one's timing."""
-    actor = EngineActor(RecordingEcho(1, prefill_steps=0), NO_EARLY_START, run_sync=inline_runner(compute_seconds=0.010))
+    run_engine_calls(monkeypatch, inline_runner(compute_seconds=0.010))
+    actor = EngineActor(RecordingEcho(1, prefill_steps=0), NO_EARLY_START)
     await nursery.start(actor.run)
     all_waits = []
     for phase in (0.075, 0.030):  # the first conversation pulls the grid 70 ms earlier; the second needs none of it
@@ -472,11 +474,13 @@ async def test_the_grid_starts_afresh_after_idling(nursery, autojump_clock):
     assert second[0] > 0.035 and second[1] < second[0] - 0.004 and max(second[10:]) < 0.010
 
 
-async def test_the_handshake_goes_at_once_while_idle(autojump_clock):
-    actor = EngineActor(EchoEngine(1), run_sync=inline_runner())
-    before = trio.current_time()
-    await actor.schedule.sleep_until_handshake()
-    assert trio.current_time() == before
+async def test_the_handshake_goes_at_once_while_idle(autojump_clock, monkeypatch):
+    run_engine_calls(monkeypatch, inline_runner())
+    actor = EngineActor(EchoEngine(1))
+    with actor.lease(Conversation()) as lease:  # (the actor is not running: nobody is live)
+        before = trio.current_time()
+        await lease.sleep_until_handshake()
+        assert trio.current_time() == before
 
 
 def _histogram(histogram, suffix):
@@ -493,7 +497,7 @@ async def _stream_pages(actor, lease, handshake, pages, delay):
 async def _aligned_client(actor, nursery, pages, delay):
     with actor.lease(Conversation(), align=True) as lease:
         await wait_state(lease, LeaseState.LIVE)
-        await sleep_until_before_tick(actor, actor.schedule.steering.margin)
+        await sleep_until_before_tick(actor, lease, actor.schedule.steering.margin)
         waits = []
         nursery.start_soon(_record_waits, lease, waits)
         await _stream_pages(actor, lease, trio.current_time(), pages, delay)
@@ -502,9 +506,9 @@ async def _aligned_client(actor, nursery, pages, delay):
 
 
 @pytest.mark.parametrize("grace", [0.0, 0.004])
-async def test_a_page_a_little_late_holds_the_tick_instead_of_missing_it(nursery, autojump_clock, grace):
-    actor = EngineActor(RecordingEcho(1, prefill_steps=2), ActorSettings(input_grace_ms=grace * 1000, early_start_ms=0),
-                        run_sync=inline_runner(compute_seconds=0.010))
+async def test_a_page_a_little_late_holds_the_tick_instead_of_missing_it(nursery, autojump_clock, grace, monkeypatch):
+    run_engine_calls(monkeypatch, inline_runner(compute_seconds=0.010))
+    actor = EngineActor(RecordingEcho(1, prefill_steps=2), ActorSettings(input_grace_ms=grace * 1000, early_start_ms=0))
     await nursery.start(actor.run)
     # Page 20 completes frame 10 and comes 5 ms late: 2 ms after its tick.
     lease, waits = await _aligned_client(actor, nursery, 40, lambda k: 0.005 if k == 20 else 0.0)
@@ -519,8 +523,9 @@ async def test_a_page_a_little_late_holds_the_tick_instead_of_missing_it(nursery
         assert max(waits) > 0.070  # and the late frame waited a whole tick
 
 
-async def test_a_page_later_than_the_grace_is_not_waited_for_past_it(nursery, autojump_clock):
-    actor = EngineActor(RecordingEcho(1, prefill_steps=2), run_sync=inline_runner(compute_seconds=0.010))
+async def test_a_page_later_than_the_grace_is_not_waited_for_past_it(nursery, autojump_clock, monkeypatch):
+    run_engine_calls(monkeypatch, inline_runner(compute_seconds=0.010))
+    actor = EngineActor(RecordingEcho(1, prefill_steps=2))
     await nursery.start(actor.run)
     lease, _ = await _aligned_client(actor, nursery, 40, lambda k: 0.020 if k == 20 else 0.0)
     assert lease.input_stats().underruns == 1  # 17 ms after its tick: late, as without the grace
@@ -528,9 +533,10 @@ async def test_a_page_later_than_the_grace_is_not_waited_for_past_it(nursery, au
     assert _histogram(actor.metrics.tick_input_wait, "_sum") == pytest.approx(INPUT_GRACE)  # ... of just the grace
 
 
-async def test_holds_are_rationed(nursery, autojump_clock):
+async def test_holds_are_rationed(nursery, autojump_clock, monkeypatch):
     """A client late by 2 ms on every frame gets a few holds per window, not a slower clock for everyone."""
-    actor = EngineActor(RecordingEcho(1, prefill_steps=2), run_sync=inline_runner(compute_seconds=0.010))
+    run_engine_calls(monkeypatch, inline_runner(compute_seconds=0.010))
+    actor = EngineActor(RecordingEcho(1, prefill_steps=2))
     await nursery.start(actor.run)
     ticks_before = actor.ticks
     lease, _ = await _aligned_client(actor, nursery, 2 * GRACE_WINDOW * 2,
@@ -540,12 +546,13 @@ async def test_holds_are_rationed(nursery, autojump_clock):
     assert 1 <= count <= GRACE_PER_WINDOW * (windows + 1)
 
 
-async def test_flush_ends_the_output_once_every_input_frame_is_answered(nursery, autojump_clock):
+async def test_flush_ends_the_output_once_every_input_frame_is_answered(nursery, autojump_clock, monkeypatch):
     """OutputEnd follows the answer to the last input frame, even in a full outbox; nothing follows it."""
     from pplex_trio.engine import OutputEnd, OutputFrame
 
     engine = EchoEngine(1, prefill_steps=0, delay_frames=0)
-    actor = EngineActor(engine, ActorSettings(output_backlog_frames=2), run_sync=inline_runner())
+    run_engine_calls(monkeypatch, inline_runner())
+    actor = EngineActor(engine, ActorSettings(output_backlog_frames=2))
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
         await wait_state(lease, LeaseState.LIVE)
@@ -561,19 +568,22 @@ async def test_flush_ends_the_output_once_every_input_frame_is_answered(nursery,
     assert lease.frames_delivered == 3  # the ticks after the end delivered nothing
 
 
-async def test_input_before_live_is_refused(nursery, autojump_clock):
-    actor = EngineActor(EchoEngine(1, prefill_steps=3), run_sync=inline_runner())
+async def test_input_before_live_is_refused(nursery, autojump_clock, monkeypatch):
+    run_engine_calls(monkeypatch, inline_runner())
+    actor = EngineActor(EchoEngine(1, prefill_steps=3))
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
-        assert lease.state is LeaseState.PREFILL
+        assert lease.state is LeaseState.STARTING
         assert not lease.push_input(np.ones(1920, np.float32), trio.current_time())
         await wait_state(lease, LeaseState.LIVE)
         assert lease.input_stats().pending == 0
-    assert lease.state is LeaseState.ENDED
+    assert lease.state is LeaseState.DRAINING  # given back; its slot is freed at the next engine call
     lease.end()  # ending twice is harmless
+    await wait_state(lease, LeaseState.ENDED)
+    assert actor.statistics().slots_free == 1
 
 
-async def test_a_step_past_the_engine_timeout_stalls_the_actor_until_it_returns(nursery, autojump_clock):
+async def test_a_step_past_the_engine_timeout_stalls_the_actor_until_it_returns(nursery, autojump_clock, monkeypatch):
     """The watchdog ends the step's conversations at the timeout, waits for the call, then resets the engine."""
     engine = ExplodingEcho(1, prefill_steps=0)
     hang = {"calls": 0}
@@ -584,7 +594,8 @@ async def test_a_step_past_the_engine_timeout_stalls_the_actor_until_it_returns(
             await trio.sleep(30.0)  # a GPU call that takes 30 s to come back
         return fn(*args)
 
-    actor = EngineActor(engine, ActorSettings(engine_timeout=10.0), run_sync=runner)
+    run_engine_calls(monkeypatch, runner)
+    actor = EngineActor(engine, ActorSettings(engine_timeout=10.0))
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
         await wait_state(lease, LeaseState.LIVE)
@@ -602,12 +613,13 @@ async def test_a_step_past_the_engine_timeout_stalls_the_actor_until_it_returns(
         assert (await next_frame(fresh)).text == " 0"
 
 
-async def test_a_client_that_stops_sending_is_no_late_page(nursery, autojump_clock):
+async def test_a_client_that_stops_sending_is_no_late_page(nursery, autojump_clock, monkeypatch):
     """Conversations one after another, each ending with a pause before it closes: the margin stays put.
 
     (Counted as late pages, each end widened the margin by 2 ms, and with it the handshake's lead.)
     """
-    actor = EngineActor(RecordingEcho(1, prefill_steps=0), run_sync=inline_runner(compute_seconds=0.010))
+    run_engine_calls(monkeypatch, inline_runner(compute_seconds=0.010))
+    actor = EngineActor(RecordingEcho(1, prefill_steps=0))
     await nursery.start(actor.run)
     margins = []
     for _ in range(3):
@@ -622,9 +634,10 @@ async def test_a_client_that_stops_sending_is_no_late_page(nursery, autojump_clo
     assert margins == [actor.schedule.steering.min_margin] * 3
 
 
-async def test_a_page_that_comes_after_its_tick_widens_the_margin(nursery, autojump_clock):
+async def test_a_page_that_comes_after_its_tick_widens_the_margin(nursery, autojump_clock, monkeypatch):
     """A frame 40 ms late, then on time again: that was jitter, and the steering learns from it a tick later."""
-    actor = EngineActor(RecordingEcho(1, prefill_steps=0), NO_EARLY_START, run_sync=inline_runner(compute_seconds=0.010))
+    run_engine_calls(monkeypatch, inline_runner(compute_seconds=0.010))
+    actor = EngineActor(RecordingEcho(1, prefill_steps=0), NO_EARLY_START)
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
         await wait_state(lease, LeaseState.LIVE)
@@ -641,7 +654,7 @@ async def test_a_page_that_comes_after_its_tick_widens_the_margin(nursery, autoj
 def costed_runner(step=0.020, fixed=0.003, per_position=0.0004, per_voice_frame=0.002, log=None):
     """Engine calls that take virtual time like a GPU: ``step`` per tick, ``fixed + per_position * n`` per prompt
     call, ``fixed + per_voice_frame * n`` per call that makes frames of a voice."""
-    from pplex_trio.engine._tick_plan import execute
+    from pplex_trio.engine._engine_call import execute
 
     async def run(fn, *args):
         cost = 0.0
@@ -650,7 +663,7 @@ def costed_runner(step=0.020, fixed=0.003, per_position=0.0004, per_voice_frame=
             cost += step if call.tick is not None else 0.0
             positions = sum(call.prefill.values())
             cost += fixed + per_position * positions if positions else 0.0
-            frames = call.voice[1] if call.voice is not None else 0
+            frames = call.job[1] if call.job is not None else 0
             cost += fixed + per_voice_frame * frames if frames else 0.0
             kind = "tick" if call.tick is not None else "voice" if frames else "prompt"
             if log is not None:
@@ -661,11 +674,12 @@ def costed_runner(step=0.020, fixed=0.003, per_position=0.0004, per_voice_frame=
     return run
 
 
-async def test_prompts_run_between_ticks_and_never_make_a_tick_late(nursery, autojump_clock):
+async def test_prompts_run_between_ticks_and_never_make_a_tick_late(nursery, autojump_clock, monkeypatch):
     """One conversation talks; another joins with a 400-position prompt: it runs in the gaps, sized to them."""
     log = []
     engine = RecordingEcho(2, prefill_steps=400)
-    actor = EngineActor(engine, run_sync=costed_runner(log=log))
+    run_engine_calls(monkeypatch, costed_runner(log=log))
+    actor = EngineActor(engine)
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as talker:
         await wait_state(talker, LeaseState.LIVE)
@@ -694,10 +708,11 @@ async def test_prompts_run_between_ticks_and_never_make_a_tick_late(nursery, aut
     assert actor.metrics.time_to_live._sum.get() > 0
 
 
-async def test_a_prompt_alone_runs_back_to_back(nursery, autojump_clock):
+async def test_a_prompt_alone_runs_back_to_back(nursery, autojump_clock, monkeypatch):
     log = []
     engine = RecordingEcho(1, prefill_steps=1000)
-    actor = EngineActor(engine, run_sync=costed_runner(per_position=0.001, log=log))
+    run_engine_calls(monkeypatch, costed_runner(per_position=0.001, log=log))
+    actor = EngineActor(engine)
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
         await wait_state(lease, LeaseState.LIVE)
@@ -708,9 +723,10 @@ async def test_a_prompt_alone_runs_back_to_back(nursery, autojump_clock):
     assert all(kind == "prompt" for _, kind, _, _ in log)
 
 
-async def test_a_client_leaving_mid_prompt_frees_its_slot_and_leaks_nothing(nursery, autojump_clock):
+async def test_a_client_leaving_mid_prompt_frees_its_slot_and_leaks_nothing(nursery, autojump_clock, monkeypatch):
     engine = RecordingEcho(1, prefill_steps=600)
-    actor = EngineActor(engine, ActorSettings(queue_size=1), run_sync=costed_runner(per_position=0.001))
+    run_engine_calls(monkeypatch, costed_runner(per_position=0.001))
+    actor = EngineActor(engine, ActorSettings(queue_size=1))
     await nursery.start(actor.run)
     with actor.lease(Conversation(persona="first")) as first:
         await trio.sleep(0.2)  # a third of its prompt
@@ -719,7 +735,7 @@ async def test_a_client_leaving_mid_prompt_frees_its_slot_and_leaks_nothing(nurs
             assert second.state is LeaseState.QUEUED
             first.end()
             await wait_state(second, LeaseState.LIVE)
-            assert second.slot == 0 and second.prefill_total == 600
+            assert second.slot == 0 and second.prompt_total == 600
     # The second prompt ran whole, on a reset row: nothing of the first one's progress carried over.
     assert [conversation.persona for _, conversation in engine.started] == ["first", "second"]
     second_start = [i for i, event in enumerate(engine.events) if event == ("start", 0)][1]
@@ -729,9 +745,10 @@ async def test_a_client_leaving_mid_prompt_frees_its_slot_and_leaks_nothing(nurs
     assert actor.statistics().slots_free == 1 and actor.table.prompts_left() == {}
 
 
-async def test_a_flood_of_joins_queues_and_never_starves_the_live_rows(nursery, autojump_clock):
+async def test_a_flood_of_joins_queues_and_never_starves_the_live_rows(nursery, autojump_clock, monkeypatch):
     engine = RecordingEcho(4, prefill_steps=300)
-    actor = EngineActor(engine, ActorSettings(queue_size=20), run_sync=costed_runner(per_position=0.0005))
+    run_engine_calls(monkeypatch, costed_runner(per_position=0.0005))
+    actor = EngineActor(engine, ActorSettings(queue_size=20))
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as talker:
         await wait_state(talker, LeaseState.LIVE)
@@ -743,7 +760,7 @@ async def test_a_flood_of_joins_queues_and_never_starves_the_live_rows(nursery, 
         late_before = _histogram(lateness, "_sum")
         with contextlib.ExitStack() as stack:
             joiners = [stack.enter_context(actor.lease(Conversation())) for _ in range(12)]
-            assert [j.state for j in joiners[:3]] == [LeaseState.PREFILL] * 3
+            assert [j.state for j in joiners[:3]] == [LeaseState.STARTING] * 3
             assert [j.position for j in joiners[3:]] == list(range(1, 10))  # the queue, in order
             await wait_state(joiners[0], LeaseState.LIVE)
             for j in joiners[:3]:
@@ -760,15 +777,16 @@ def _clip(seconds: float) -> np.ndarray:
     return np.full(int(seconds * 24_000), 0.1, dtype=np.float32)
 
 
-async def test_voices_are_made_between_ticks_and_never_make_a_tick_late(nursery, autojump_clock):
+async def test_voices_are_made_between_ticks_and_never_make_a_tick_late(nursery, autojump_clock, monkeypatch):
     """Ten 4 s voices asked at once beside a live conversation: made one after another in the gaps."""
     log = []
-    actor = EngineActor(RecordingEcho(2), run_sync=costed_runner(log=log))
+    run_engine_calls(monkeypatch, costed_runner(log=log))
+    actor = EngineActor(RecordingEcho(2))
     await nursery.start(actor.run)
     made = []
 
     async def add_voice(i):
-        made.append((i, await actor.make_voice(_clip(4.0))))
+        made.append((i, await actor.run_job(actor.engine.make_voice(_clip(4.0)))))
 
     with actor.lease(Conversation()) as talker:
         await wait_state(talker, LeaseState.LIVE)
@@ -793,20 +811,21 @@ async def test_voices_are_made_between_ticks_and_never_make_a_tick_late(nursery,
         next_tick = min((t for t in ticks if t > start), default=math.inf)
         assert start + cost <= next_tick + 1e-9
     # 500 frames at 2 ms in the ~50 ms a tick leaves: a few seconds, not a frame per tick (40 s).
-    assert took < 6.0 and actor.voices_waiting == 0
+    assert took < 6.0 and actor.jobs_waiting == 0
 
 
-async def test_a_voice_waits_for_a_joining_conversations_prompt(nursery, autojump_clock):
+async def test_a_voice_waits_for_a_joining_conversations_prompt(nursery, autojump_clock, monkeypatch):
     log = []
-    actor = EngineActor(RecordingEcho(2, prefill_steps=400), run_sync=costed_runner(log=log))
+    run_engine_calls(monkeypatch, costed_runner(log=log))
+    actor = EngineActor(RecordingEcho(2, prefill_steps=400))
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as talker:
         await wait_state(talker, LeaseState.LIVE)
         nursery.start_soon(_steady_client, talker, trio.current_time() + 0.030, 100)
         await trio.sleep(0.5)
-        nursery.start_soon(actor.make_voice, _clip(20.0))
+        nursery.start_soon(actor.run_job, actor.engine.make_voice(_clip(20.0)))
         await trio.sleep(0.3)  # the voice is being made
-        assert 0 < actor.voices_waiting
+        assert 0 < actor.jobs_waiting
         with actor.lease(Conversation()) as joiner:
             joined = trio.current_time()
             await wait_state(joiner, LeaseState.LIVE)
@@ -816,7 +835,7 @@ async def test_a_voice_waits_for_a_joining_conversations_prompt(nursery, autojum
     assert "voice" in [kind for t, kind, _, _ in log if t >= live]  # then the voice went on
 
 
-async def test_a_voice_that_fails_is_its_callers_error_alone(nursery, autojump_clock):
+async def test_a_voice_that_fails_is_its_callers_error_alone(nursery, autojump_clock, monkeypatch):
     class BadVoiceEcho(RecordingEcho):
         def make_voice(self, pcm):
             job = super().make_voice(pcm)
@@ -826,37 +845,40 @@ async def test_a_voice_that_fails_is_its_callers_error_alone(nursery, autojump_c
                 job.advance = advance
             return job
 
-    actor = EngineActor(BadVoiceEcho(1), run_sync=costed_runner())
+    run_engine_calls(monkeypatch, costed_runner())
+    actor = EngineActor(BadVoiceEcho(1))
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as talker:
         await wait_state(talker, LeaseState.LIVE)
         nursery.start_soon(_steady_client, talker, trio.current_time() + 0.030, 50)
         with pytest.raises(ValueError, match="no voice"):
-            await actor.make_voice(_clip(0.5))
-        assert await actor.make_voice(_clip(2.0)) == b"echo test engine voice: 25 frames\n"
+            await actor.run_job(actor.engine.make_voice(_clip(0.5)))
+        assert await actor.run_job(actor.engine.make_voice(_clip(2.0))) == b"echo test engine voice: 25 frames\n"
         assert talker.state is LeaseState.LIVE
     assert actor.metrics.errors.labels("engine")._value.get() == 0
 
 
-async def test_a_caller_that_goes_away_leaves_nothing_behind(nursery, autojump_clock):
+async def test_a_caller_that_goes_away_leaves_nothing_behind(nursery, autojump_clock, monkeypatch):
     log = []
-    actor = EngineActor(RecordingEcho(1), run_sync=costed_runner(log=log))
+    run_engine_calls(monkeypatch, costed_runner(log=log))
+    actor = EngineActor(RecordingEcho(1))
     await nursery.start(actor.run)
     with trio.move_on_after(0.1):
-        await actor.make_voice(_clip(30.0))  # 375 frames: ~0.8 s alone
-    assert actor.voices_waiting == 0
+        await actor.run_job(actor.engine.make_voice(_clip(30.0)))  # 375 frames: ~0.8 s alone
+    assert actor.jobs_waiting == 0
     frames = sum(n for _, kind, n, _ in log if kind == "voice")
     await trio.sleep(2.0)
     assert 0 < frames < 375 and sum(n for _, kind, n, _ in log if kind == "voice") == frames
 
 
-async def test_an_engine_without_voices_says_so(nursery, autojump_clock):
+async def test_an_engine_without_voices_says_so(nursery, autojump_clock, monkeypatch):
     from pplex_trio.engine import Engine
 
     class NoVoices(RecordingEcho):
         make_voice = Engine.make_voice
 
-    actor = EngineActor(NoVoices(1), run_sync=costed_runner())
+    run_engine_calls(monkeypatch, costed_runner())
+    actor = EngineActor(NoVoices(1))
     await nursery.start(actor.run)
     with pytest.raises(NotImplementedError, match="cannot make voices"):
-        await actor.make_voice(_clip(1.0))
+        await actor.run_job(actor.engine.make_voice(_clip(1.0)))

@@ -1,6 +1,7 @@
-"""The tick schedule's parts: phase steering, late pages, the clients' reaction, the prompts' cost and share.
+"""The tick schedule's parts (phase steering, late pages, the clients' reaction, the time free between ticks)
+and the work between ticks (its cost model, its share, when a call may start, starving work).
 
-The schedule as a whole (the grid, early start, grace, prompts between ticks
+The schedule as a whole (the grid, early start, grace, work between ticks
 never making a tick late) is tested through the actor (``test_actor.py``).
 """
 
@@ -8,9 +9,10 @@ import dataclasses
 
 import pytest
 
-from pplex_trio.engine._schedule import DEFAULT_REACTION, MAX_REACTION, PromptCost, TickSchedule, share
-from pplex_trio.engine._steering import LatePages, PhaseSteering
+from pplex_trio.engine._schedule import DEFAULT_REACTION, MAX_REACTION, TickSchedule
 from pplex_trio.engine._slots import SlotTable
+from pplex_trio.engine._steering import PhaseSteering
+from pplex_trio.engine._work import STARVED_TICKS, BetweenTicks, WorkCost, share
 
 TICK = 0.080
 
@@ -68,44 +70,66 @@ def test_the_window_accounts_for_moves_already_made():
 @dataclasses.dataclass(eq=False)
 class FakeLease:
     last_input_arrival: float
+    frames_consumed: int = 1
+
+
+def _schedule(now=lambda: 0.0) -> TickSchedule:
+    return TickSchedule(SlotTable(2, queue_size=0), TICK, input_grace=0.004, early_start=0.010, clock=now)
 
 
 def test_a_miss_whose_page_came_within_a_tick_is_late():
-    late = LatePages(TICK)
+    schedule = _schedule()
     jittery, stopped, paused = FakeLease(0.95), FakeLease(0.95), FakeLease(0.95)
-    assert late.confirm([jittery, stopped, paused], now=1.0) == 0  # judged at the next tick
+    assert schedule._late_pages([jittery, stopped, paused], now=1.0) == 0  # judged at the next tick
     jittery.last_input_arrival = 1.03  # its page, 30 ms after the tick that missed it
     paused.last_input_arrival = 1.20  # back after a pause longer than a tick
-    assert late.confirm([], now=1.08) == 1  # and the stopped one never sent again
+    assert schedule._late_pages([], now=1.08) == 1  # and the stopped one never sent again
 
 
-def test_each_tick_is_judged_once_and_a_restart_forgets():
-    late = LatePages(TICK)
+def test_each_tick_is_judged_once_and_a_new_grid_forgets():
+    now = [1.0]
+    schedule = _schedule(lambda: now[0])
     lease = FakeLease(0.95)
-    late.confirm([lease], now=1.0)
+    schedule._late_pages([lease], now=1.0)
     lease.last_input_arrival = 1.01
-    assert late.confirm([], now=1.08) == 1
-    assert late.confirm([], now=1.16) == 0
-    late.confirm([lease], now=2.0)
-    late.forget()
+    assert schedule._late_pages([], now=1.08) == 1
+    assert schedule._late_pages([], now=1.16) == 0
+    schedule._late_pages([lease], now=2.0)
+    schedule.start_grid()
     lease.last_input_arrival = 2.01
-    assert late.confirm([], now=2.08) == 0
+    assert schedule._late_pages([], now=2.08) == 0
 
 
-def _schedule() -> TickSchedule:
-    return TickSchedule(SlotTable(2, queue_size=0), TICK, input_grace=0.004, early_start=0.010, clock=lambda: 0.0)
+def test_a_tick_without_the_frame_of_a_conversation_still_streaming_is_a_miss():
+    schedule = _schedule(lambda: 1.0)
+    schedule.start_grid()
+    streaming, stopped, silent = FakeLease(0.95), FakeLease(0.80), FakeLease(0.99, frames_consumed=0)
+    schedule.tick_done([(streaming, None), (stopped, None), (silent, None)], began=1.0)
+    assert schedule._missed == [streaming]  # sent within two periods; the others stopped or never began
 
 
 def test_the_reaction_is_the_median_of_recent_clients_beyond_the_pages_audio():
     schedule = _schedule()
     assert schedule.reaction == DEFAULT_REACTION
     for handshake, first_page in [(1.0, 1.045), (2.0, 2.041), (3.0, 3.043)]:
-        schedule.observe_reaction(handshake, first_page, page_seconds=0.040)
+        schedule._observe_reaction(handshake, first_page, page_seconds=0.040)
     assert schedule.reaction == pytest.approx(0.003)
-    schedule.observe_reaction(4.0, 4.240, page_seconds=0.040)  # one client that did not start at the handshake
+    schedule._observe_reaction(4.0, 4.240, page_seconds=0.040)  # one client that did not start at the handshake
     assert schedule.reaction == pytest.approx(0.003 + 0.002 / 2)  # the median moves by half a step, no more
-    schedule.observe_reaction(5.0, 5.010, page_seconds=0.040)  # a page recorded before the handshake
+    schedule._observe_reaction(5.0, 5.010, page_seconds=0.040)  # a page recorded before the handshake
     assert min(schedule._reactions) == 0.0 and max(schedule._reactions) == MAX_REACTION  # clamped
+
+
+async def test_the_first_page_after_a_handshake_is_timed_once(autojump_clock):
+    schedule = TickSchedule(SlotTable(1, queue_size=0), TICK, input_grace=0.004, early_start=0.010)
+    lease = FakeLease(0.0)
+    lease.has_input_frame = False
+    schedule.input_arrived(lease, 960, 0.0)  # before any handshake: nothing to time
+    await schedule.sleep_until_handshake(lease)  # (no grid: at once)
+    schedule.input_arrived(lease, 960, schedule._clock() + 0.050)  # a 40 ms page, 50 ms after it
+    assert schedule.reaction == pytest.approx(0.010)
+    schedule.input_arrived(lease, 960, schedule._clock() + 0.500)  # its later pages tell nothing
+    assert schedule.reaction == pytest.approx(0.010) and len(schedule._reactions) == 1
 
 
 def test_share_splits_evenly_and_never_gives_more_than_left():
@@ -117,94 +141,109 @@ def test_share_splits_evenly_and_never_gives_more_than_left():
     assert share({1: 10}, 0) == {}
 
 
-def test_prompt_cost_fits_fixed_plus_per_position_and_pads_its_estimate():
-    cost = PromptCost()
-    assert cost.positions_within(0.0) == 0 and cost.positions_within(0.01) > 10**6  # nothing known
-    cost.observe(10, 0.012)  # one size only: all of it per position (small calls overestimated: safe)
-    assert cost.fixed == 0 and cost.per_position == pytest.approx(0.0012)
+def test_the_cost_fits_fixed_plus_per_unit_and_pads_its_estimate():
+    cost = WorkCost()
+    assert cost.units_within(0.0) == 0 and cost.units_within(0.01) > 10**6  # nothing known
+    cost.observe(10, 0.012)  # one size only: all of it per unit (small calls overestimated: safe)
+    assert cost.fixed == 0 and cost.per_unit == pytest.approx(0.0012)
     for n in (20, 40, 80, 20):
         cost.observe(n, 0.002 + 0.001 * n)
     cost.observe(10, 0.012)
-    assert cost.per_position == pytest.approx(0.001, rel=0.05) and cost.fixed == pytest.approx(0.002, abs=0.001)
-    n = cost.positions_within(0.050)
-    assert 0.002 + 0.001 * n <= 0.050 / PromptCost.SAFETY + 1e-9 and n > 25
-    assert cost.positions_within(0.001) == 0  # not even the fixed cost fits
+    assert cost.per_unit == pytest.approx(0.001, rel=0.05) and cost.fixed == pytest.approx(0.002, abs=0.001)
+    n = cost.units_within(0.050)
+    assert 0.002 + 0.001 * n <= 0.050 / WorkCost.SAFETY + 1e-9 and n > 25
+    assert cost.units_within(0.001) == 0  # not even the fixed cost fits
 
 
-def test_prompt_time_leaves_the_margin_before_the_earliest_start():
+def test_time_free_leaves_the_margin_before_the_earliest_start():
     now = [10.0]
-    schedule = TickSchedule(SlotTable(2, queue_size=0), TICK, input_grace=0.004, early_start=0.010,
-                            clock=lambda: now[0])
-    assert schedule.prompt_time() == TICK  # no grid: a tick's worth per call
-    schedule.start(10.0)
-    assert schedule.prompt_time() == 0.0  # the tick is due now
+    schedule = _schedule(lambda: now[0])
+    assert schedule.time_free() == TICK  # no grid: a tick's worth per call
+    schedule.start_grid()
+    schedule.deadline = 10.0
+    assert schedule.time_free() == 0.0  # the tick is due now
     schedule.deadline = 10.080
-    assert schedule.prompt_time() == pytest.approx(0.080 - 0.010 - 0.004)
+    assert schedule.time_free() == pytest.approx(0.080 - 0.010 - 0.004)
     now[0] = 10.070
-    assert schedule.prompt_time() == 0.0
+    assert schedule.time_free() == 0.0
 
 
-def test_one_slow_call_does_not_starve_the_prompts():
-    cost = PromptCost()
+def test_one_slow_call_does_not_starve_the_work():
+    cost = WorkCost()
     for n in (10, 20, 40, 10, 20):
         cost.observe(n, 0.002 + 0.001 * n)
     cost.observe(20, 0.200)  # one call held up (a collection, a busy event loop)
-    assert cost.positions_within(0.050) > 20
+    assert cost.units_within(0.050) > 20
 
 
 def test_a_call_is_not_started_without_time_for_its_fixed_cost():
     """Calls of starts and resets alone (no prompt position) teach the fixed cost of a call too."""
-    now = [10.0]
-    schedule = TickSchedule(SlotTable(2, queue_size=0), TICK, input_grace=0.004, early_start=0.010,
-                            clock=lambda: now[0])
-    schedule.start(10.080)
+    work = BetweenTicks()
     for _ in range(3):
-        schedule.prompt_done(0, 0.020)  # the trip to the worker thread and a start: 20 ms each
-    assert not schedule.prompt_cost.known  # (nothing yet of the cost per position)
-    now[0] = 10.045  # 80 - 10 - 4 - 45 = 21 ms left: less than 20 ms padded
-    assert not schedule.may_run_prompts()
-    now[0] = 10.030  # 36 ms left
-    assert schedule.may_run_prompts()
+        work.prompts_done(0, 0.020)  # the trip to the worker thread and a start: 20 ms each
+    assert not work.prompt_cost.known  # (nothing yet of the cost per position)
+    assert not work.may_start(0.021, grid=True, tick=0)  # 21 ms left: less than 20 ms padded
+    assert work.may_start(0.036, grid=True, tick=0)
+    assert work.may_start(0.0, grid=False, tick=0)  # nobody live: no tick to protect
 
 
-def test_a_voice_that_finds_no_time_gets_a_frame_after_a_while_and_its_cost_measured_again():
-    """One voice call held up (a busy machine) makes a frame look dearer than any gap: without a way out, the
-    voice would wait for ever, since no call would measure the cost again."""
-    from pplex_trio.engine._schedule import PROMPT_STARVED_TICKS
+class EchoJob:
+    def __init__(self, frames):
+        self.frames_left = frames
 
-    now = [10.0]
-    schedule = TickSchedule(SlotTable(2, queue_size=0), TICK, input_grace=0.004, early_start=0.010,
-                            clock=lambda: now[0])
-    schedule.start(10.080)
+    def advance(self, frames):
+        self.frames_left -= frames
+
+    def result(self):
+        return b"made"
+
+
+def test_a_job_that_finds_no_time_gets_a_frame_after_a_while_and_its_cost_measured_again():
+    """One job call held up (a busy machine) makes a frame look dearer than any gap: without a way out, the
+    job would wait for ever, since no call would measure the cost again."""
+    work = BetweenTicks()
     for _ in range(3):
-        schedule.prompt_done(0, 0.020)  # a call's fixed cost: 20 ms
+        work.prompts_done(0, 0.020)  # a call's fixed cost: 20 ms
+    job = EchoJob(50)
+    pending = work.submit(job, tick=0)
     for n in (4, 8, 4):
-        schedule.voice_done(n, 0.300)  # frames that looked like 75 ms each
-    now[0] = 10.040  # 26 ms before the tick is due: room for a call, not for a frame at that cost
-    assert schedule.voice_work(50) == 0
-    for _ in range(PROMPT_STARVED_TICKS - 1):
-        schedule.ticks += 1
-        assert schedule.voice_work(50) == 0
-    schedule.ticks += 1
-    now[0] = 10.066  # the tick is due: not even a starving voice runs now
-    assert not schedule.may_run_prompts(voice_waiting=True) and schedule.voice_work(50) == 0
-    now[0] = 10.060  # 6 ms left: too little for a call, but the voice has starved long enough
-    assert schedule.may_run_prompts(voice_waiting=True) and schedule.voice_work(50) == 1
-    assert not schedule.may_run_prompts()  # (with no voice waiting, no call: and its clock starts again)
-    now[0] = 10.0
+        work.job_done(job, n, 0.300, tick=0, outcome=None)  # frames that looked like 75 ms each
+    room = 0.026  # before the tick is due: room for a call, not for a frame at that cost
+    assert work.may_start(room, grid=True, tick=0) and work.job_work(room, grid=True, tick=0) is None
+    assert work.job_work(room, grid=True, tick=STARVED_TICKS - 1) is None
+    tick = STARVED_TICKS
+    assert not work.may_start(0.0, grid=True, tick=tick)  # the tick is due: not even a starving job runs now
+    assert work.job_work(0.0, grid=True, tick=tick) is None
+    assert work.may_start(0.006, grid=True, tick=tick)  # 6 ms left: too little for a call, but it has starved
+    assert work.job_work(0.006, grid=True, tick=tick) == (job, 1)
+    work.job_done(job, 1, 0.003, tick=tick, outcome=None)  # progress: its clock starts again
+    assert not work.may_start(0.006, grid=True, tick=tick)
     for _ in range(30):  # the cheap frames it really costs teach the estimate again
-        schedule.voice_done(1, 0.003)
-        if schedule.voice_work(50) > 1:
+        work.job_done(job, 1, 0.003, tick=tick, outcome=None)
+        if (planned := work.job_work(0.050, grid=True, tick=tick)) is not None and planned[1] > 1:
             break
-    assert schedule.voice_work(50) > 1
+    assert work.job_work(0.050, grid=True, tick=tick)[1] > 1
+    work.job_done(job, 0, 0.001, tick=tick, outcome=b"made")
+    assert pending.done.is_set() and pending.outcome == b"made" and not work.jobs
 
 
 def test_with_nobody_live_prompts_run_whatever_one_slow_call_measured():
     """A first prompt call slowed by a busy machine (here 1 s) must not stop the prompts of a server with nobody
     live: there is no tick to protect, and nothing else would ever measure the cost again."""
-    schedule = TickSchedule(SlotTable(2, queue_size=0), TICK, input_grace=0.004, early_start=0.010, clock=lambda: 0.0)
+    work = BetweenTicks()
     for positions in (1, 2, 4):
-        schedule.prompt_done(positions, 1.0)
-    assert schedule.deadline is None and schedule.prompt_cost.fixed * 1.25 > TICK
-    assert schedule.may_run_prompts()
-    assert schedule.prompt_work({0: 100}) == {0: 1}  # at least a position per row
+        work.prompts_done(positions, 1.0)
+    assert work.prompt_cost.fixed * WorkCost.SAFETY > TICK
+    assert work.may_start(TICK, grid=False, tick=0)
+    assert work.prompt_work({0: 100}, TICK, grid=False, tick=0) == {0: 1}  # at least a position per row
+
+
+def test_prompts_that_find_no_room_get_a_small_call_after_a_while():
+    work = BetweenTicks()
+    for n in (10, 20, 40):
+        work.prompts_done(n, 0.002 + 0.010 * n)  # 10 ms a position
+    assert work.prompt_work({0: 100, 1: 100}, 0.005, grid=True, tick=0) == {}  # no room: nothing
+    assert not work.may_start(0.0, grid=True, tick=STARVED_TICKS - 1)
+    assert work.may_start(0.0, grid=True, tick=STARVED_TICKS)  # starved: even at the tick's cost
+    assert work.prompt_work({0: 100, 1: 100}, 0.0, grid=True, tick=STARVED_TICKS) == {0: 1, 1: 1}  # a position each
+    assert not work.may_start(0.0, grid=True, tick=STARVED_TICKS)  # (it ran: not starved any more)

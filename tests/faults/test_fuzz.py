@@ -99,7 +99,7 @@ def run_session(protocol: str, messages: list[bytes | str]) -> tuple[object, int
 
     async def main():
         async with trio.open_nursery() as nursery:
-            host = await running_host(nursery, slots=1, echo_prefill_steps=1, max_message_bytes=LIMIT)
+            host = await running_host(patch, nursery, slots=1, echo_prefill_steps=1, max_message_bytes=LIMIT)
             run = await start_session(nursery, host, protocol)
             if protocol == "moshi":
                 await run.ws.wait_for(lambda sent: b"\x00" in sent)
@@ -115,7 +115,8 @@ def run_session(protocol: str, messages: list[bytes | str]) -> tuple[object, int
             nursery.cancel_scope.cancel()
             return ending, errors
 
-    return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    with pytest.MonkeyPatch.context() as patch:  # (hypothesis runs many examples in one test: no fixture)
+        return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
 fuzz = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])

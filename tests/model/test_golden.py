@@ -188,7 +188,7 @@ def test_offline_command_reproduces_golden(golden_dir, golden, tmp_path):
 
 
 @pytest.mark.parametrize("voice", ["TINY0.pt", "TINY0.wav"])
-async def test_the_golden_conversation_through_a_server_session(voice, nursery, autojump_clock, golden_model, golden):
+async def test_the_golden_conversation_through_a_server_session(voice, nursery, autojump_clock, golden_model, golden, monkeypatch):
     """The whole server path (a raw session, the actor's schedule, the prompt as chunked prefill between
     calls, the ticks) on the golden checkpoint: the reference's audio, frame for frame, with the voice as
     its ``.pt`` or as the recording it was made from (``expected_voicegen/``: the same run)."""
@@ -197,7 +197,7 @@ async def test_the_golden_conversation_through_a_server_session(voice, nursery, 
     from _helpers.fake_ws import running_host, start_session
 
     engine = PersonaPlexEngine(golden_model, 2)
-    host = await running_host(nursery, engine=engine, slots=2, prompt_position_seconds=0.001)
+    host = await running_host(monkeypatch, nursery, engine=engine, slots=2, prompt_position_seconds=0.001)
     run = await start_session(nursery, host, "raw")
     run.ws.client_send(_json.dumps({"type": "open", "text_prompt": golden.persona, "voice_prompt": voice,
                                     "text_temperature": 0, "audio_temperature": 0}))

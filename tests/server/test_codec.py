@@ -45,7 +45,7 @@ def test_make_writer_kinds():
 
 
 def test_worker_wire_format_round_trips_in_any_split():
-    from pplex_trio.codec._worker import CLOSE, DATA, Unpacker, pack
+    from pplex_trio.codec._encoder_wire import CLOSE, DATA, Unpacker, pack
 
     items = [(1, DATA, b"abc"), (2, CLOSE, b""), (3, DATA, bytes(range(256)) * 40)]
     data = pack(items) + pack(items[:1])
@@ -80,7 +80,8 @@ def test_worker_answers_each_frame_in_order():
     """One request of three frames (and a closing) gets three one-item answers, in order."""
     import io
 
-    from pplex_trio.codec._worker import CLOSE, DATA, READY, Unpacker, pack, serve
+    from pplex_trio.codec._encoder_wire import CLOSE, DATA, READY, Unpacker, pack
+    from pplex_trio.codec._worker import serve
 
     tone = (0.3 * np.sin(np.arange(1920) / 7)).astype("<f4").tobytes()
     request = pack([(1, DATA, tone), (2, DATA, tone), (1, CLOSE, b""), (2, DATA, tone)])
@@ -104,7 +105,8 @@ def test_worker_writes_its_answers_out_at_most_a_millisecond_after_the_first_is_
     PYTHONUNBUFFERED (our container image sets it), so each write is one wake of the parent."""
     import io
 
-    from pplex_trio.codec._worker import DATA, FLUSH_AFTER, READY, Unpacker, pack, serve
+    from pplex_trio.codec._encoder_wire import DATA, READY, Unpacker, pack
+    from pplex_trio.codec._worker import FLUSH_AFTER, serve
 
     class WritesThrough(io.RawIOBase):
         def __init__(self) -> None:

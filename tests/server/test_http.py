@@ -28,7 +28,7 @@ async def test_metrics_are_prometheus_text(start_server):
     for name in (
         "pplex_tick_duration_seconds_bucket",
         "pplex_tick_lateness_seconds_bucket",
-        'pplex_slots{phase="free"} 2.0',
+        'pplex_slots{state="free"} 2.0',
         "pplex_frames_dropped_total",
         "pplex_sessions_started_total",
         "pplex_sessions_ended_total",

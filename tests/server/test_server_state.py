@@ -21,8 +21,8 @@ def test_the_lifecycle_only_moves_forward():
             assert SERVER_LIFECYCLE.allows(a, b) == ((a, b) in allowed), (a, b)
 
 
-def test_a_drain_then_a_shutdown_each_happen_once_and_a_stopping_server_never_drains():
-    host = make_host()
+async def test_a_drain_then_a_shutdown_each_happen_once_and_a_stopping_server_never_drains(monkeypatch):
+    host = make_host(monkeypatch)
     assert host.state is ServerState.SERVING and host.unready() is None
     scope = trio.CancelScope()
     assert host.begin_drain(scope) and host.state is ServerState.DRAINING
@@ -41,8 +41,8 @@ def test_a_drain_then_a_shutdown_each_happen_once_and_a_stopping_server_never_dr
     (ServerState.DRAINING, True, True, "draining", "draining"),
     (ServerState.STOPPING, True, True, "shutting_down", "shutting_down"),
 ])
-def test_one_answer_in_one_order_for_ready_health_and_refusals(state, stalled, full, ready, health):
-    host = make_host(slots=1, queue_size=0)
+async def test_one_answer_in_one_order_for_ready_health_and_refusals(state, stalled, full, ready, health, monkeypatch):
+    host = make_host(monkeypatch, slots=1, queue_size=0)
     host.state, host.actor.stalled = state, stalled
     with contextlib.ExitStack() as stack:
         if full:

@@ -14,7 +14,7 @@ import sphn
 import trio
 
 from _helpers.fake_ws import FakeWebSocket, make_host, running_host, start_session
-from pplex_trio.engine import EchoEngine, SlotPhase
+from pplex_trio.engine import EchoEngine
 from pplex_trio.protocol import ogg
 from pplex_trio.server._session import Ending, Session, SessionState
 from pplex_trio.server._raw_session import RawProtocol
@@ -52,8 +52,8 @@ async def wait_state(session, state):
             await trio.sleep(0.001)
 
 
-async def test_raw_session_walks_every_state_and_flushes_everything(nursery, autojump_clock):
-    host = await running_host(nursery, slots=1, echo_delay_frames=0)
+async def test_raw_session_walks_every_state_and_flushes_everything(nursery, autojump_clock, monkeypatch):
+    host = await running_host(monkeypatch, nursery, slots=1, echo_delay_frames=0)
     first = await start_session(nursery, host, "raw")
     first.ws.client_send(OPEN)
     await first.ws.wait_for(of_type("ready"))
@@ -89,9 +89,9 @@ async def test_raw_session_walks_every_state_and_flushes_everything(nursery, aut
     assert host.actor.statistics().slots_free == 1 and not host.sessions
 
 
-async def test_flush_with_a_full_output_queue_ends_with_done_after_what_survived(nursery, autojump_clock):
+async def test_flush_with_a_full_output_queue_ends_with_done_after_what_survived(nursery, autojump_clock, monkeypatch):
     """The client stops reading; its output queue overflows (oldest audio first, text kept); then it reads."""
-    host = await running_host(nursery, slots=1, output_backlog_frames=2, client_timeout=30)
+    host = await running_host(monkeypatch, nursery, slots=1, output_backlog_frames=2, client_timeout=30)
     run = await start_session(nursery, host, "raw")
     run.ws.client_send(OPEN)
     await run.ws.wait_for(of_type("ready"))
@@ -111,8 +111,8 @@ async def test_flush_with_a_full_output_queue_ends_with_done_after_what_survived
     assert len(pcm_frames(run.ws.sent)) < lease.frames_delivered  # but audio was
 
 
-async def test_a_client_that_never_reads_again_is_dropped_after_the_client_timeout(nursery, autojump_clock):
-    host = await running_host(nursery, slots=1, output_backlog_frames=2, client_timeout=3)
+async def test_a_client_that_never_reads_again_is_dropped_after_the_client_timeout(nursery, autojump_clock, monkeypatch):
+    host = await running_host(monkeypatch, nursery, slots=1, output_backlog_frames=2, client_timeout=3)
     run = await start_session(nursery, host, "raw")
     run.ws.client_send(OPEN)
     await run.ws.wait_for(of_type("ready"))
@@ -123,13 +123,13 @@ async def test_a_client_that_never_reads_again_is_dropped_after_the_client_timeo
     assert trio.current_time() - started < 3 + 1 + 0.2  # the timeout, then at most the 1 s close budget
     assert run.ws.closed is None  # it could not even be told: the session gave up on it
     await trio.sleep(0.2)  # the slot drains at the next tick
-    assert host.actor.table.slots[0].phase is SlotPhase.FREE
+    assert host.actor.table.rows[0] is None
 
 
 @pytest.mark.parametrize("phase", ["admitting", "queued", "preparing", "live"])
 @pytest.mark.parametrize("protocol", ["raw", "moshi"])
-async def test_a_client_that_vanishes_in_any_phase_frees_everything(nursery, autojump_clock, phase, protocol):
-    host = await running_host(nursery, slots=1, echo_prefill_steps=50)
+async def test_a_client_that_vanishes_in_any_phase_frees_everything(nursery, autojump_clock, phase, protocol, monkeypatch):
+    host = await running_host(monkeypatch, nursery, slots=1, echo_prefill_steps=50)
     blocker = None
     if phase == "queued":
         blocker = await start_session(nursery, host, "raw")
@@ -154,8 +154,8 @@ async def test_a_client_that_vanishes_in_any_phase_frees_everything(nursery, aut
     assert not host.actor.table.busy()
 
 
-async def test_raw_without_an_open_message_is_told_so(nursery, autojump_clock):
-    host = await running_host(nursery, open_timeout=2)
+async def test_raw_without_an_open_message_is_told_so(nursery, autojump_clock, monkeypatch):
+    host = await running_host(monkeypatch, nursery, open_timeout=2)
     run = await start_session(nursery, host, "raw")
     assert await run.ws.wait_closed() == (1008, run.ws.closed[1])
     assert "no opening message within 2 s" in of_type("error")(run.ws.sent)[0]["error"]
@@ -169,8 +169,8 @@ async def test_raw_without_an_open_message_is_told_so(nursery, autojump_clock):
     (b"\x00\x00\xc0\x7f", 1007, "NaN"),
     (b"abc", 1007, "multiple of 4"),
 ])
-async def test_raw_bad_messages_while_live_end_with_their_code(nursery, autojump_clock, message, code, words):
-    host = await running_host(nursery)
+async def test_raw_bad_messages_while_live_end_with_their_code(nursery, autojump_clock, message, code, words, monkeypatch):
+    host = await running_host(monkeypatch, nursery)
     run = await start_session(nursery, host, "raw")
     run.ws.client_send(OPEN)
     await run.ws.wait_for(of_type("ready"))
@@ -181,8 +181,8 @@ async def test_raw_bad_messages_while_live_end_with_their_code(nursery, autojump
     assert run.session.ending.outcome == "protocol_error"
 
 
-async def test_audio_after_close_is_refused(nursery, autojump_clock):
-    host = await running_host(nursery, echo_prefill_steps=1)
+async def test_audio_after_close_is_refused(nursery, autojump_clock, monkeypatch):
+    host = await running_host(monkeypatch, nursery, echo_prefill_steps=1)
     run = await start_session(nursery, host, "raw")
     run.ws.client_send(OPEN)
     await run.ws.wait_for(of_type("ready"))
@@ -194,8 +194,8 @@ async def test_audio_after_close_is_refused(nursery, autojump_clock):
     assert "audio after" in of_type("error")(run.ws.sent)[0]["error"]
 
 
-async def test_closing_before_the_conversation_is_live_ends_normally(nursery, autojump_clock):
-    host = await running_host(nursery, echo_prefill_steps=20)
+async def test_closing_before_the_conversation_is_live_ends_normally(nursery, autojump_clock, monkeypatch):
+    host = await running_host(monkeypatch, nursery, echo_prefill_steps=20)
     run = await start_session(nursery, host, "raw")
     run.ws.client_send(OPEN)
     await wait_state(run.session, SessionState.PREPARING)
@@ -209,8 +209,8 @@ def moshi_pages(pcm):
     return [page for i in range(0, pcm.size, FRAME) for page in ogg.split_pages(writer.append_pcm(pcm[i:i + FRAME]))]
 
 
-async def test_moshi_session_pings_while_preparing_then_handshakes_and_echoes(nursery, autojump_clock):
-    host = await running_host(nursery, echo_prefill_steps=20, keepalive_interval=0.5, prompt_position_seconds=0.08)
+async def test_moshi_session_pings_while_preparing_then_handshakes_and_echoes(nursery, autojump_clock, monkeypatch):
+    host = await running_host(monkeypatch, nursery, echo_prefill_steps=20, keepalive_interval=0.5, prompt_position_seconds=0.08)
     run = await start_session(nursery, host, "moshi", b"text_prompt=hello&voice_prompt=NATF0.pt")
     await run.ws.wait_for(lambda sent: sent.count(b"\x06") >= 2)  # pings while the prompt runs (a slow 1.6 s)
     assert run.session.state is SessionState.PREPARING
@@ -228,8 +228,8 @@ async def test_moshi_session_pings_while_preparing_then_handshakes_and_echoes(nu
     assert host.engine.started[0][1].persona == "hello"
 
 
-async def test_moshi_garbage_audio_is_refused_with_1007_and_an_error_message(nursery, autojump_clock):
-    host = await running_host(nursery)
+async def test_moshi_garbage_audio_is_refused_with_1007_and_an_error_message(nursery, autojump_clock, monkeypatch):
+    host = await running_host(monkeypatch, nursery)
     run = await start_session(nursery, host, "moshi")
     await run.ws.wait_for(lambda sent: b"\x00" in sent)
     run.ws.client_send(b"\x01" + b"definitely not ogg" * 10)
@@ -238,8 +238,8 @@ async def test_moshi_garbage_audio_is_refused_with_1007_and_an_error_message(nur
     assert [m for m in run.ws.sent if m[:1] == b"\x05"][0].startswith(b"\x05audio is not a valid Ogg Opus stream")
 
 
-async def test_unknown_voice_and_bad_parameters_are_refused_at_admission(nursery, autojump_clock):
-    host = await running_host(nursery)
+async def test_unknown_voice_and_bad_parameters_are_refused_at_admission(nursery, autojump_clock, monkeypatch):
+    host = await running_host(monkeypatch, nursery)
     for query, words in ((b"voice_prompt=NOPE.pt", "unknown voice_prompt"),
                          (b"text_temperature=hot", "text_temperature must be a number")):
         run = await start_session(nursery, host, "moshi", query)
@@ -248,8 +248,8 @@ async def test_unknown_voice_and_bad_parameters_are_refused_at_admission(nursery
         assert run.session.ending.outcome == "bad_request" and run.session.lease is None
 
 
-async def test_a_full_queue_is_refused_with_1013(nursery, autojump_clock):
-    host = await running_host(nursery, slots=1, queue_size=0)
+async def test_a_full_queue_is_refused_with_1013(nursery, autojump_clock, monkeypatch):
+    host = await running_host(monkeypatch, nursery, slots=1, queue_size=0)
     first = await start_session(nursery, host, "moshi")
     await first.ws.wait_for(lambda sent: b"\x00" in sent)
     second = await start_session(nursery, host, "moshi")
@@ -257,8 +257,8 @@ async def test_a_full_queue_is_refused_with_1013(nursery, autojump_clock):
     assert second.session.ending.outcome == "queue_full"
 
 
-async def test_queue_timeout_closes_with_1013(nursery, autojump_clock):
-    host = await running_host(nursery, slots=1, queue_timeout=3)
+async def test_queue_timeout_closes_with_1013(nursery, autojump_clock, monkeypatch):
+    host = await running_host(monkeypatch, nursery, slots=1, queue_timeout=3)
     first = await start_session(nursery, host, "moshi")
     await first.ws.wait_for(lambda sent: b"\x00" in sent)
     second = await start_session(nursery, host, "moshi")
@@ -279,9 +279,9 @@ class FailingEcho(EchoEngine):
 
 
 @pytest.mark.parametrize("protocol", ["raw", "moshi"])
-async def test_an_engine_failure_ends_live_sessions_with_1011(nursery, autojump_clock, protocol):
+async def test_an_engine_failure_ends_live_sessions_with_1011(nursery, autojump_clock, protocol, monkeypatch):
     engine = FailingEcho(1, prefill_steps=1)
-    host = await running_host(nursery, engine)
+    host = await running_host(monkeypatch, nursery, engine)
     run = await start_session(nursery, host, protocol)
     if protocol == "raw":
         run.ws.client_send(OPEN)
@@ -297,8 +297,8 @@ async def test_an_engine_failure_ends_live_sessions_with_1011(nursery, autojump_
 
 
 @pytest.mark.parametrize("phase", [SessionState.QUEUED, SessionState.PREPARING, SessionState.LIVE])
-async def test_shutdown_tells_every_phase_going_away(nursery, autojump_clock, phase):
-    host = await running_host(nursery, slots=1, echo_prefill_steps=30)
+async def test_shutdown_tells_every_phase_going_away(nursery, autojump_clock, phase, monkeypatch):
+    host = await running_host(monkeypatch, nursery, slots=1, echo_prefill_steps=30)
     first = await start_session(nursery, host, "moshi")
     second = await start_session(nursery, host, "moshi")
     target = first if phase is not SessionState.QUEUED else second
@@ -312,8 +312,8 @@ async def test_shutdown_tells_every_phase_going_away(nursery, autojump_clock, ph
     assert (await late.ws.wait_closed())[0] == 1001  # refused from then on
 
 
-def test_a_session_refuses_a_transition_its_state_machine_does_not_have():
-    session = Session(FakeWebSocket(), RawProtocol(max_message_bytes=1024, max_prompt_chars=10), make_host())
+def test_a_session_refuses_a_transition_its_state_machine_does_not_have(monkeypatch):
+    session = Session(FakeWebSocket(), RawProtocol(max_message_bytes=1024, max_prompt_chars=10), make_host(monkeypatch))
     with pytest.raises(RuntimeError, match="no transition from admitting to queued"):
         session._enter(SessionState.QUEUED)  # the lease's state, never the session's own
     session._enter(SessionState.LIVE)
@@ -322,9 +322,9 @@ def test_a_session_refuses_a_transition_its_state_machine_does_not_have():
         session._enter(SessionState.LIVE)
 
 
-async def test_raw_audio_sent_before_ready_is_heard(nursery, autojump_clock):
+async def test_raw_audio_sent_before_ready_is_heard(nursery, autojump_clock, monkeypatch):
     """A client that talks at once: what it says while the prompt runs (0.8 s here) reaches the model."""
-    host = await running_host(nursery, echo_delay_frames=0, echo_prefill_steps=20, prompt_position_seconds=0.04)
+    host = await running_host(monkeypatch, nursery, echo_delay_frames=0, echo_prefill_steps=20, prompt_position_seconds=0.04)
     run = await start_session(nursery, host, "raw")
     run.ws.client_send(OPEN)
     for frame in loud(6):  # said before "ready"
@@ -340,8 +340,8 @@ async def test_raw_audio_sent_before_ready_is_heard(nursery, autojump_clock):
     assert heard == pytest.approx([f[0] for f in loud(10)])  # every frame, in order: nothing lost
 
 
-async def test_raw_audio_then_close_before_ready_is_still_answered(nursery, autojump_clock):
-    host = await running_host(nursery, echo_delay_frames=0, echo_prefill_steps=20, prompt_position_seconds=0.04)
+async def test_raw_audio_then_close_before_ready_is_still_answered(nursery, autojump_clock, monkeypatch):
+    host = await running_host(monkeypatch, nursery, echo_delay_frames=0, echo_prefill_steps=20, prompt_position_seconds=0.04)
     run = await start_session(nursery, host, "raw")
     run.ws.client_send(OPEN)
     for frame in loud(3):
@@ -352,13 +352,13 @@ async def test_raw_audio_then_close_before_ready_is_still_answered(nursery, auto
     assert [f[0] for f in pcm_frames(run.ws.sent) if f.any()] == pytest.approx([f[0] for f in loud(3)])
 
 
-async def test_moshi_audio_before_the_handshake_is_not_heard(nursery, autojump_clock):
+async def test_moshi_audio_before_the_handshake_is_not_heard(nursery, autojump_clock, monkeypatch):
     """The Moshi protocol keeps its semantics: the client waits for 0x00 (audio before it is dropped)."""
-    host = await running_host(nursery, echo_delay_frames=0, echo_prefill_steps=20, prompt_position_seconds=0.04)
+    host = await running_host(monkeypatch, nursery, echo_delay_frames=0, echo_prefill_steps=20, prompt_position_seconds=0.04)
     run = await start_session(nursery, host, "moshi", b"text_prompt=hello&voice_prompt=NATF0.pt")
     tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(FRAME * 6) / 24000)).astype(np.float32)
     for page in moshi_pages(tone):
         run.ws.client_send(b"\x01" + page)
     await run.ws.wait_for(lambda sent: b"\x00" in sent)
     await trio.sleep(1.0)
-    assert host.actor.table.slots[0].lease.frames_consumed == 0  # the early pages were decoded, then dropped
+    assert host.actor.table.rows[0].frames_consumed == 0  # the early pages were decoded, then dropped
