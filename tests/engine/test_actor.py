@@ -882,3 +882,24 @@ async def test_an_engine_without_voices_says_so(nursery, autojump_clock, monkeyp
     await nursery.start(actor.run)
     with pytest.raises(NotImplementedError, match="cannot make voices"):
         await actor.run_job(actor.engine.make_voice(_clip(1.0)))
+
+
+async def test_an_idle_actor_hands_a_held_slot_on_when_its_hold_lapses(nursery, autojump_clock, monkeypatch):
+    """Nobody live, one slot held for a client that left, another waiting: the actor sleeps until the hold
+    lapses (no spinning: under the virtual clock a spin would stop time), then the waiting one gets it."""
+    from pplex_trio.engine._slots import RETURN_WINDOW
+
+    run_engine_calls(monkeypatch, inline_runner())
+    actor = EngineActor(EchoEngine(1, prefill_steps=0), ActorSettings(queue_size=1))
+    await nursery.start(actor.run)
+    with actor.lease(Conversation(), client="10.0.0.1") as first:
+        await wait_state(first, LeaseState.LIVE)
+        with actor.lease(Conversation(), client="10.0.0.2") as waiting:
+            assert waiting.state is LeaseState.QUEUED
+            first.end(client_left=True)
+            left = trio.current_time()
+            await wait_state(first, LeaseState.HELD)
+            assert actor.statistics().slots == {"free": 0, "prefill": 0, "live": 0, "draining": 0, "held": 1}
+            await wait_state(waiting, LeaseState.LIVE)
+            assert trio.current_time() - left == pytest.approx(RETURN_WINDOW, abs=TICK)
+            assert first.state is LeaseState.ENDED and waiting.slot == 0
