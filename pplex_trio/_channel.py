@@ -18,19 +18,22 @@ T = TypeVar("T")
 
 
 class DropOldestChannel(Generic[T]):
-    """Single-consumer FIFO of at most ``capacity`` droppable items.
+    """Single-consumer FIFO of at most ``capacity`` droppable items (or, with ``weigh``, items weighing at
+    most ``capacity`` in all: bytes, say).
 
     ``send_nowait(item)`` always succeeds.  If the queue is full, the oldest
-    *droppable* item is discarded and ``on_drop(name)`` is called, so every
-    loss is counted.  Items sent with ``droppable=False`` (an Ogg stream's
-    header pages, say) are never discarded and do not count against the
-    capacity.
+    *droppable* items are discarded until the new one fits, and
+    ``on_drop(name)`` is called for each, so every loss is counted.  Items
+    sent with ``droppable=False`` (an Ogg stream's header pages, say) are
+    never discarded and do not count against the capacity.
 
     ``receive()`` waits for an item; once :meth:`close` has been called and
     the queue is empty it raises :class:`trio.EndOfChannel`.
 
     ``salvage(dropped, successor)``, if given, may move what must not be lost
     (a text piece riding on an audio frame, say) onto the item that follows.
+    ``drop_first(item)``, if given, picks what goes when the queue is full:
+    the oldest droppable item it says yes to (silence, say), else the oldest.
     """
 
     def __init__(
@@ -40,6 +43,8 @@ class DropOldestChannel(Generic[T]):
         name: str,
         on_drop: Callable[[str], None] | None = None,
         salvage: Callable[[T, T], None] | None = None,
+        drop_first: Callable[[T], bool] | None = None,
+        weigh: Callable[[T], int] | None = None,
     ):
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
@@ -48,8 +53,11 @@ class DropOldestChannel(Generic[T]):
         self.dropped = 0
         self._on_drop = on_drop
         self._salvage = salvage
+        self._drop_first = drop_first
+        self._weigh = weigh
         self._items: collections.deque[tuple[T, bool]] = collections.deque()
-        self._droppable = 0
+        self._weights: collections.deque[int] = collections.deque()  # each item's, in step with _items
+        self._droppable = 0  # the weight of the droppable items waiting
         self._closed = False
         self._lot = trio.lowlevel.ParkingLot()
 
@@ -59,32 +67,40 @@ class DropOldestChannel(Generic[T]):
     def send_nowait(self, item: T, *, droppable: bool = True) -> None:
         if self._closed:
             raise trio.ClosedResourceError(f"{self.name} channel is closed")
-        if droppable and self._droppable >= self.capacity:
-            self._drop_oldest(item)
+        weight = (self._weigh(item) if self._weigh is not None else 1) if droppable else 0
+        while weight and self._droppable + weight > self.capacity and self._drop_oldest(item):
+            pass
         self._items.append((item, droppable))
-        self._droppable += droppable
+        self._weights.append(weight)
+        self._droppable += weight
         self._lot.unpark()
 
-    def _drop_oldest(self, incoming: T) -> None:
-        for index, (dropped, droppable) in enumerate(self._items):
-            if droppable:
-                del self._items[index]
-                if self._salvage is not None:
-                    successor = self._items[index][0] if index < len(self._items) else incoming
-                    self._salvage(dropped, successor)
-                self._droppable -= 1
-                self.dropped += 1
-                if self._on_drop is not None:
-                    self._on_drop(self.name)
-                return
+    def _drop_oldest(self, incoming: T) -> bool:
+        """Drop one droppable item (False: none is left)."""
+        droppable = [index for index, (_, can_go) in enumerate(self._items) if can_go]
+        if not droppable:
+            return False
+        first = self._drop_first
+        index = next((i for i in droppable if first(self._items[i][0])), droppable[0]) if first else droppable[0]
+        dropped, _ = self._items[index]
+        del self._items[index]
+        self._droppable -= self._weights[index]
+        del self._weights[index]
+        if self._salvage is not None:
+            successor = self._items[index][0] if index < len(self._items) else incoming
+            self._salvage(dropped, successor)
+        self.dropped += 1
+        if self._on_drop is not None:
+            self._on_drop(self.name)
+        return True
 
     def receive_nowait(self) -> T:
         if not self._items:
             if self._closed:
                 raise trio.EndOfChannel
             raise trio.WouldBlock
-        item, droppable = self._items.popleft()
-        self._droppable -= droppable
+        item, _ = self._items.popleft()
+        self._droppable -= self._weights.popleft()
         return item
 
     async def receive(self) -> T:

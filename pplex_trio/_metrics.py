@@ -79,6 +79,14 @@ class Metrics:
         self.frames_silence = Counter(
             "pplex_frames_silence_filled_total", "Ticks where a live slot had no input frame and got silence",
             registry=r)
+        self.silence_skipped = Counter(
+            "pplex_silence_skipped_seconds_total",
+            "Silence skipped to get back to real time after a burst: the caller's not fed to the model (input), the "
+            "model's not sent to a reader that fell behind (output)", ["direction"], registry=r)
+        self.conversations_behind = Gauge(
+            "pplex_conversations_behind",
+            "Conversations whose input is more than a frame behind real time (a burst not caught up with yet)",
+            registry=r)
         self.samples_skipped = Counter(
             "pplex_input_samples_skipped_total",
             "Input samples skipped once by phase alignment (framing catches up with the newest audio)",
@@ -113,6 +121,8 @@ class Metrics:
         # Known label values start at zero, so dashboards see them before the first event.
         for reason in DROP_REASONS:
             self.frames_dropped.labels(reason)
+        for direction in ("input", "output"):
+            self.silence_skipped.labels(direction)
         for kind in ERROR_KINDS:
             self.errors.labels(kind)
         for reason in REFUSAL_REASONS:

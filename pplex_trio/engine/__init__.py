@@ -26,6 +26,7 @@ from ._settings import OFF_GPU_SLOTS as OFF_GPU_SLOTS
 from ._settings import ActorSettings as ActorSettings
 from ._framing import InputStats as InputStats
 from ._lease import Lease as Lease
+from ._lease import BEGUN_STATES as BEGUN_STATES
 from ._lease import LEASE_LIFECYCLE as LEASE_LIFECYCLE
 from ._lease import LIVE_STATES as LIVE_STATES
 from ._lease import PREPARING_STATES as PREPARING_STATES

@@ -68,7 +68,8 @@ class EngineActor:
         self.metrics = metrics or Metrics()
         self.table = SlotTable(engine.num_slots, queue_size=settings.queue_size)
         self.schedule = TickSchedule(self.table, settings.tick_seconds, input_grace=settings.input_grace_ms / 1000,
-                                     early_start=settings.early_start_ms / 1000)
+                                     early_start=settings.early_start_ms / 1000,
+                                     first_frame_timeout=settings.first_frame_timeout)
         self.work = BetweenTicks()
         self._limiter = trio.CapacityLimiter(1)
         self._wakeup = trio.Event()
@@ -94,8 +95,9 @@ class EngineActor:
         queue.  On exit the slot drains: it is freed only between engine calls.
         """
         s = self.settings
-        lease = Lease(conversation, self, framer=InputFramer(self.engine.frame_size, s.input_backlog_frames, align=align),
-                      output_capacity=s.output_backlog_frames, early_audio=early_audio, client=client)
+        framer = InputFramer(self.engine.frame_size, s.input_backlog_frames, align=align)
+        lease = Lease(conversation, self, framer=framer, output_capacity=s.output_backlog_frames,
+                      early_audio=early_audio, client=client)
         self.table.request(lease, trio.current_time())
         self._changed()
         try:
@@ -107,6 +109,8 @@ class EngineActor:
 
     def input_arrived(self, lease: Lease, samples: int, arrived_at: float) -> None:
         self.schedule.input_arrived(lease, samples, arrived_at)
+        if lease.state is LeaseState.READY and not self.schedule.running:
+            self._wakeup.set()  # its first frame may be in: an idle actor starts a grid for it
 
     async def sleep_until_handshake(self, lease: Lease) -> None:
         await self.schedule.sleep_until_handshake(lease)
@@ -116,11 +120,14 @@ class EngineActor:
         self.schedule.forget(lease)
         self._changed()
 
-    def lease_restarted(self, lease: Lease) -> None:
+    def lease_changed(self, lease: Lease) -> None:
         self._changed()
 
     def count_drop(self, reason: str, count: int) -> None:
         self.metrics.drop(reason, count)
+
+    def silence_skipped(self, direction: str, samples: int) -> None:
+        self.metrics.silence_skipped.labels(direction).inc(samples / self.engine.sample_rate)
 
     @property
     def ticks(self) -> int:
@@ -166,17 +173,19 @@ class EngineActor:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Tick while a conversation is live, run the work between ticks; idle while there is nothing to do."""
         task_status.started()
+        schedule = self.schedule
         while True:
-            if self.table.any_live():
-                self.schedule.start_grid()
+            if schedule.wants_tick():
+                schedule.start_grid()
                 await self._tick()
             else:
-                self.schedule.stop()
+                schedule.stop()
             await self._between_ticks()
-            if not self.table.any_live() and not self._work_waiting():
+            if not schedule.wants_tick() and not self._work_waiting():
                 self._wakeup = trio.Event()
-                with trio.move_on_at(self.table.next_change()):  # (a held slot's hold lapses then)
-                    await self._wakeup.wait()  # nothing to run until a conversation or a job comes
+                # (a held slot's hold lapses, a READY conversation's wait for its first frame ends)
+                with trio.move_on_at(min(self.table.next_change(), schedule.next_first_step())):
+                    await self._wakeup.wait()  # nothing to run until a conversation, a frame or a job comes
             await trio.lowlevel.checkpoint()
 
     def _work_waiting(self) -> bool:
@@ -196,7 +205,7 @@ class EngineActor:
             metrics.tick_input_wait.observe(start.held)
         began = trio.current_time()
         call = plan_call(self.table, began)
-        plan_tick(self.table, call, schedule.ticks, self._pcm, metrics)
+        plan_tick(self.table, call, schedule.ticks, self._pcm, start.first_steps, metrics)
         assert call.tick is not None
         await self._run_call(call)
         metrics.tick_duration.observe(trio.current_time() - began)
@@ -223,14 +232,13 @@ class EngineActor:
             if call.job is not None:
                 job, frames = call.job
                 work.job_done(job, frames, seconds, schedule.ticks, None if result is None else result.job)
-                continue
-            self.metrics.prompt_call.observe(seconds)
-            if result is not None:
-                work.prompts_done(sum(result.prefilled.values()), seconds)
-            self._update_gauges()
-            if not schedule.running and self.table.any_live():
-                schedule.start_grid()  # before anything else runs: its session's handshake waits for this grid
-                break
+            else:
+                self.metrics.prompt_call.observe(seconds)
+                if result is not None:
+                    work.prompts_done(sum(result.prefilled.values()), seconds)
+                self._update_gauges()
+            if not schedule.running and schedule.wants_tick():
+                break  # a conversation is due its first step: a grid starts for it at once
 
     async def _run_call(self, call: EngineCall) -> CallResult | None:
         """One engine call, watched; its result applied (None when it failed or stalled)."""
@@ -318,6 +326,8 @@ class EngineActor:
         self._set_slot_gauges(self.table.slot_states(trio.current_time()))
 
     def _set_slot_gauges(self, slots: dict[str, int]) -> None:
+        frame = self.engine.frame_size
+        self.metrics.conversations_behind.set(sum(lease.input_behind >= frame for lease in self.table.live()))
         for state, count in slots.items():
             self.metrics.slots.labels(state).set(count)
         self.metrics.queued.set(self.table.queued)

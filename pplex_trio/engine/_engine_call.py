@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Collection
 
 import numpy as np
 
@@ -103,14 +104,19 @@ def plan_call(table: SlotTable, now: float) -> EngineCall:
     return EngineCall(rows=rows, started_at=now, resets=resets, starts=starts)
 
 
-def plan_tick(table: SlotTable, call: EngineCall, tick: int, pcm: np.ndarray, metrics: Metrics) -> None:
-    """Make ``call`` a tick: cut every live conversation's next input frame into ``pcm`` (silence where none)."""
+def plan_tick(table: SlotTable, call: EngineCall, tick: int, pcm: np.ndarray, first_steps: Collection[Lease],
+              metrics: Metrics) -> None:
+    """Make ``call`` a tick: cut every live conversation's next input frame into ``pcm`` (silence where none);
+    the READY conversations of ``first_steps`` are stepped from this tick on."""
     modes = [SlotMode.IDLE] * len(table.rows)
     arrivals: dict[int, tuple[Lease, float | None]] = {}
     pcm[:] = 0.0
+    for lease in first_steps:
+        if lease.state is LeaseState.READY:
+            lease.first_step()
     for i, lease in table.leases(LIVE_STATES):
         try:
-            arrival, skipped = lease.take_frame(pcm[i], tick)
+            arrival, skipped = lease.take_frame(pcm[i], tick, call.started_at)
         except Exception:  # one conversation's trouble is that conversation's, never the actor's
             _fail_row(table, i, metrics, "cutting its input frame")
             pcm[i] = 0.0
@@ -162,11 +168,11 @@ def apply_result(table: SlotTable, call: EngineCall, result: CallResult, now: fl
             metrics.errors.labels("start_rejected" if code == CloseCode.POLICY else "engine_start").inc()
             lease.fail(LeaseFailure(code, message))
     for i, positions in result.started.items():
-        if (lease := call.lease(table, i, _STARTING)) is not None and lease.started(positions):
+        if (lease := call.lease(table, i, _STARTING)) is not None and lease.started(positions, now):
             metrics.time_to_live.observe(now - lease.prompt_since)
     for i, positions in result.prefilled.items():
         metrics.prompt_positions.inc(positions)
-        if (lease := call.lease(table, i, _PREFILL)) is not None and lease.prefilled(positions):
+        if (lease := call.lease(table, i, _PREFILL)) is not None and lease.prefilled(positions, now):
             metrics.time_to_live.observe(now - lease.prompt_since)
     tick = call.tick
     if tick is None or result.output is None:

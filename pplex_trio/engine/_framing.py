@@ -1,4 +1,4 @@
-"""Cutting one conversation's input stream into engine frames.
+"""Cutting one conversation's input stream into engine frames, and getting back to real time after a burst.
 
 This is the one place where incoming PCM (Opus pages of 40 ms, raw messages
 of any length) becomes the fixed 1920-sample frames the engine consumes, one
@@ -9,24 +9,28 @@ measure the latency it adds to every frame.
 samples, a frame completed just after a tick waits almost a whole tick (80 ms;
 40 ms on average) before it is consumed.  With ``align=True`` the framer
 watches how much audio is waiting at each tick beyond the frame it hands
-over (the *surplus*).  Surplus that every tick of a recent window had is
-never needed to ride out jitter, so the framer skips it once: from then on
-the frame ends at the newest sample that arrived before the tick.  An
-underrun (no whole frame at a tick) means some margin was needed: skipping is
-held off for a while and the framer keeps a *margin* of audio from then on,
-which grows with each underrun and shrinks slowly while all is calm.  So a
-jittery client settles at the latency its jitter needs instead of paying a
-late frame and a skip every few seconds.
+over (the *surplus*).  Surplus (less than a frame) that every tick of a recent
+window had is never needed to ride out jitter, so the framer skips it once:
+from then on the frame ends at the newest sample that arrived before the
+tick.  An underrun (no whole frame at a tick) means some margin was needed:
+skipping is held off for a while and the framer keeps a *margin* of audio
+from then on, which grows with each run of underruns (a stall is one run) and
+shrinks slowly while all is calm.  So a jittery client settles at the latency
+its jitter needs instead of paying a late frame and a skip every few seconds.
 
-**Catching up.**  Audio a client sent before its conversation was live (the
-Realtime and raw protocols let it talk at once) is not thrown away: the
-framer keeps the last :data:`EARLY_AUDIO_SECONDS` of it
-(:meth:`InputFramer.keep_early`) and queues it ahead of the live audio when
-the conversation goes live (:meth:`InputFramer.catch_up`), so the model
-hears it, a little late.  While more than the usual backlog waits, frames
-of silence at the head are skipped, so the conversation gets back to real
-time over the caller's next pauses instead of staying behind for good;
-phase alignment waits until it has.
+**Catching up.**  A caller's audio may come in a burst: what it said before
+its conversation was live (kept by :meth:`InputFramer.keep_early`, queued by
+:meth:`InputFramer.catch_up`), or what a network stall held back and then
+delivered at once (Wi-Fi retries, a handover, a TCP retransmission).  All of
+it is kept while it fits the backlog (``max_frames``, a few seconds; beyond
+that the oldest whole frames go, counted).  Then, while more than the
+conversation's *usual* surplus waits (the smallest of its recent calm ticks;
+two frames more at once, or one frame more for a whole window, so that a
+page's jitter is no lag), the caller's **silent** frames at the head are not
+fed to the model: the lag is worked off over the caller's next pauses, and no
+speech is ever skipped.
+So a stall costs neither words nor lasting latency.  Phase alignment waits
+until the conversation is back to real time.
 """
 
 from __future__ import annotations
@@ -36,11 +40,7 @@ import dataclasses
 
 import numpy as np
 
-from .._conversation import SAMPLE_RATE
 from ..codec import is_silent
-
-EARLY_AUDIO_SECONDS = 4.0
-"""Audio a client may send before its conversation is live and still be heard."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,16 +50,17 @@ class InputStats:
     pending: int
     margin: int
     underruns: int
-    skipped: int
+    skipped: int  # by phase alignment
+    caught_up: int  # silence not fed to the model, to get back to real time
+    behind: int  # beyond the usual backlog, now
 
 
 class InputFramer:
     """A FIFO of samples, read one whole frame per tick.
 
     At most ``max_frames`` whole frames wait; beyond that the *oldest* whole
-    frames are dropped (real time beats completeness), so frame boundaries
-    never shift because of a drop.  ``push`` returns how many frames it
-    dropped so the caller can count them.
+    frames are dropped, so frame boundaries never shift because of a drop.
+    ``push`` returns how many frames it dropped so the caller can count them.
     """
 
     def __init__(
@@ -83,20 +84,23 @@ class InputFramer:
         # One extra frame of room holds a partial frame beside max_frames whole ones.
         self._capacity = (max_frames + 1) * frame_size
         self._buf = np.zeros(self._capacity, dtype=np.float32)
-        self._catching_up = False
-        self._early: collections.deque[tuple[np.ndarray, float]] = collections.deque()  # (pcm, arrival)
-        self.early_samples = 0
-        self.caught_up_samples = 0  # silence skipped to get back to real time
         self._len = 0
         self._start = 0  # stream position of _buf[0]
         self._arrivals: collections.deque[tuple[int, float]] = collections.deque()  # (end position, time)
-        self._surplus: collections.deque[int] = collections.deque(maxlen=window)
+        self._early: collections.deque[tuple[np.ndarray, float]] = collections.deque()  # (pcm, arrival)
+        self.early_samples = 0
+        self._surplus: collections.deque[int] = collections.deque(maxlen=window)  # aligned: the recent surplus
+        self._calm: collections.deque[int] = collections.deque(maxlen=window)  # what waited after calm pops
+        self._catching_up = False
+        self._lagging = 0  # ticks in a row a frame or more behind (a steady lag, not a page's jitter)
         self._hold = 0
         self._popped = False
+        self._starved = False  # the last tick found no whole frame (an underrun run goes on)
         self.margin = 0  # samples kept back against jitter (see the module docstring)
         self._last_arrival = float("-inf")
         self._last_push = 0  # samples in the newest push (a client's page size)
         self.skipped_samples = 0  # skipped by phase alignment
+        self.caught_up_samples = 0  # silence skipped to get back to real time
         self.underruns = 0
         self.input_ended = False  # the client sent its last audio (a flush): nothing more is taken
 
@@ -108,8 +112,18 @@ class InputFramer:
     def pending_frames(self) -> int:
         return self._len // self.frame_size
 
-    def stats(self) -> InputStats:
-        return InputStats(self.pending_samples, self.margin, self.underruns, self.skipped_samples)
+    @property
+    def usual(self) -> int:
+        """What usually waits beyond the frame a tick takes: the least of the recent calm ticks (before there
+        are any, what waits now, unless audio from before it was live is being caught up with: none)."""
+        if self._calm:
+            return min(self._calm)
+        return 0 if self._catching_up else max(0, self._len - self.frame_size)
+
+    @property
+    def behind(self) -> int:
+        """Samples waiting beyond the next frame and the usual surplus: how far behind real time it is."""
+        return max(0, self._len - self.frame_size - self.usual)
 
     @property
     def last_arrival(self) -> float:
@@ -120,10 +134,14 @@ class InputFramer:
     def awaits_page(self) -> bool:
         """Aligned, streaming, and short of a whole frame by no more than one more page like the last.
 
-        Its frame ends at a page that is due about now: the engine actor may
-        hold a tick a few milliseconds for it (see ``EngineActor``).
+        Its frame ends at a page that is due about now: the tick schedule may
+        hold a tick a few milliseconds for it.
         """
         return self.align and self._popped and self._len < self.frame_size <= self._len + self._last_push
+
+    def stats(self) -> InputStats:
+        return InputStats(self._len, self.margin, self.underruns, self.skipped_samples, self.caught_up_samples,
+                          self.behind)
 
     def push(self, pcm: np.ndarray, arrived_at: float = 0.0) -> int:
         """Append float32 mono samples that arrived at ``arrived_at``; return frames dropped."""
@@ -154,21 +172,20 @@ class InputFramer:
 
         Returns ``None`` (and leaves ``out`` alone) when no whole frame is waiting.
         """
-        if self._catching_up:
-            self._skip_silence()
-        surplus = self._len - self.frame_size
-        if surplus < 0:
-            if self.align and self._popped:  # before the first frame, nothing is late yet
-                self.underruns += 1
-                self._hold = self.hold_after_underrun
-                self._surplus.clear()
-                self.margin = min(self.margin + self.frame_size // 4, self.frame_size)
+        if self._len < self.frame_size:
+            self._underrun()
             return None
-        if self.align and not self._catching_up:
-            self._align(surplus)
+        self._starved = False
+        behind = self.behind
+        self._lagging = self._lagging + 1 if behind >= self.frame_size else 0
+        if self._catching_up or behind >= 2 * self.frame_size or self._lagging >= self.window:
+            self._skip_silence()
+        elif self.align:
+            self._align(self._len - self.frame_size)
+        if not self._catching_up:
+            self._calm.append(self._len - self.frame_size)
         out[:] = self._buf[: self.frame_size]
-        end = self._start + self.frame_size
-        arrived = self._arrival_of(end)
+        arrived = self._arrival_of(self._start + self.frame_size)
         self._discard(self.frame_size)
         self._popped = True
         return arrived
@@ -179,13 +196,13 @@ class InputFramer:
         return frame if self.pop_frame_into(frame) is not None else None
 
     def keep_early(self, pcm: np.ndarray, arrived_at: float) -> int:
-        """Keep audio that came before the conversation is live (the last :data:`EARLY_AUDIO_SECONDS`);
-        returns the frames that dropped out of that window."""
+        """Keep audio that came before the conversation is live (the newest ``max_frames`` of it); returns
+        the frames that dropped out of that window."""
         pcm = np.array(pcm, dtype=np.float32).reshape(-1)
         self._early.append((pcm, arrived_at))
         self.early_samples += pcm.size
         dropped = 0
-        while self.early_samples > EARLY_AUDIO_SECONDS * SAMPLE_RATE:
+        while self.early_samples > self.max_frames * self.frame_size:
             old, _ = self._early.popleft()
             self.early_samples -= old.size
             dropped += old.size
@@ -198,30 +215,16 @@ class InputFramer:
             self._discard(self._len)
 
     def catch_up(self) -> bool:
-        """The conversation is live: queue what :meth:`keep_early` kept ahead of anything pushed since.
-
-        Until at most the usual backlog waits again, silent frames at the
-        head are skipped (see the module docstring).  False when nothing was kept.
-        """
+        """The conversation is live: queue what :meth:`keep_early` kept ahead of anything pushed since (it is
+        caught up with as a burst is; see the module docstring).  False when nothing was kept."""
         early, self._early = list(self._early), collections.deque()
         total, self.early_samples = self.early_samples, 0
         if not total or self._len:
             return False
-        self._capacity = (self.max_frames + 1) * self.frame_size + total
-        if self._buf.size < self._capacity:
-            self._buf = np.zeros(self._capacity, dtype=np.float32)
-        self._catching_up = True
         for pcm, arrived in early:
             self.push(pcm, arrived)
+        self._catching_up = True
         return True
-
-    def _skip_silence(self) -> None:
-        while self.pending_frames > self.max_frames and is_silent(self._buf[: self.frame_size]):
-            self._discard(self.frame_size)
-            self.caught_up_samples += self.frame_size
-        if self.pending_frames <= self.max_frames:
-            self._catching_up = False
-            self._capacity = (self.max_frames + 1) * self.frame_size
 
     def pad_to_frame(self) -> None:
         """Complete a trailing partial frame with silence (used on flush)."""
@@ -233,17 +236,44 @@ class InputFramer:
             last = self._arrivals[-1][1] if self._arrivals else 0.0
             self.push(np.zeros(fill, dtype=np.float32), last)
 
+    # -- inside --------------------------------------------------------------
+
+    def _underrun(self) -> None:
+        if not (self.align and self._popped):  # before the first frame, nothing is late yet
+            return
+        self.underruns += 1
+        self._hold = self.hold_after_underrun
+        self._surplus.clear()
+        if not self._starved:  # a stall is one run of underruns: it widens the margin once
+            self.margin = min(self.margin + self.frame_size // 4, self.frame_size)
+        self._starved = True
+
+    def _skip_silence(self) -> None:
+        """Behind real time: drop the caller's silence at the head (whole frames, then what is left of the lag
+        if that is silent too), never its speech."""
+        frame = self.frame_size
+        while self.behind >= frame and is_silent(self._buf[:frame]):
+            self._discard(frame)
+            self.caught_up_samples += frame
+        behind = self.behind
+        if self.min_skip <= behind < frame and is_silent(self._buf[:behind]):
+            self._discard(behind)
+            self.caught_up_samples += behind
+            behind = 0
+        self._catching_up = behind >= self.min_skip
+
     def _align(self, surplus: int) -> None:
         if self._hold:
             self._hold -= 1
             return
         self._surplus.append(surplus)
         if len(self._surplus) == self.window:
-            unneeded = min(self._surplus) - self.margin
+            unneeded = min(min(self._surplus) - self.margin, self.frame_size - 1)  # (a backlog is caught up with)
             self._surplus.clear()
             if unneeded >= self.min_skip:
                 self._discard(unneeded)
                 self.skipped_samples += unneeded
+                self._calm.clear()  # what usually waits is less from now on
             # A calm window lets the margin shrink again, 5 ms at a time.
             self.margin = max(0, self.margin - self.frame_size // 16)
 

@@ -15,16 +15,22 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 from typing import Protocol
 
 import numpy as np
 import trio
 
 from .._channel import DropOldestChannel
-from .._conversation import CloseCode, Conversation
+from .._conversation import SAMPLE_RATE, CloseCode, Conversation
 from .._lifecycle import Lifecycle
 from ._framing import InputFramer, InputStats
-from ._outbox import OutputBatches, OutputEnd, OutputEvent, OutputFrame, carry_text
+from ._outbox import OutputBatches, OutputEnd, OutputEvent, OutputFrame, carry_text, silent_frame
+
+
+logger = logging.getLogger(__name__)
+
+BEHIND_LOG_SECONDS = 10.0  # a conversation behind real time this long is logged (its caller does not pause)
 
 
 class LeaseState(enum.Enum):
@@ -33,6 +39,7 @@ class LeaseState(enum.Enum):
     QUEUED = "queued"  # waiting for a slot (``position`` in the queue)
     STARTING = "starting"  # has its slot; the engine starts its system prompt at the next engine call
     PREFILL = "prefill"  # its system prompt runs between ticks (``prompt_left`` positions to go)
+    READY = "ready"  # its prompt has run; not stepped until its caller's first frame (or a timeout)
     LIVE = "live"  # one frame in and one out every tick
     FLUSHING = "flushing"  # its input has ended: its output ends once every frame taken has its answer
     FLUSHED = "flushed"  # its ``OutputEnd`` is out; nothing follows
@@ -45,8 +52,9 @@ class LeaseState(enum.Enum):
 S = LeaseState
 LEASE_LIFECYCLE = Lifecycle("lease", S.QUEUED, {
     S.QUEUED: {S.QUEUED, S.STARTING, S.ENDED},  # (QUEUED: a new position)
-    S.STARTING: {S.PREFILL, S.LIVE, S.FLUSHING, S.FAILED, S.DRAINING},
-    S.PREFILL: {S.STARTING, S.LIVE, S.FLUSHING, S.FAILED, S.DRAINING},  # (STARTING: the prompt again)
+    S.STARTING: {S.PREFILL, S.READY, S.FLUSHING, S.FAILED, S.DRAINING},
+    S.PREFILL: {S.STARTING, S.READY, S.FLUSHING, S.FAILED, S.DRAINING},  # (STARTING: the prompt again)
+    S.READY: {S.STARTING, S.LIVE, S.FLUSHING, S.FAILED, S.DRAINING},
     S.LIVE: {S.STARTING, S.FLUSHING, S.FAILED, S.DRAINING},
     S.FLUSHING: {S.FLUSHED, S.FAILED, S.DRAINING},
     S.FLUSHED: {S.FAILED, S.DRAINING},
@@ -59,6 +67,7 @@ del S
 
 PREPARING_STATES = frozenset({LeaseState.STARTING, LeaseState.PREFILL})  # has a slot, not live yet
 LIVE_STATES = frozenset({LeaseState.LIVE, LeaseState.FLUSHING, LeaseState.FLUSHED})  # stepped every tick
+BEGUN_STATES = LIVE_STATES | {LeaseState.READY}  # its prompt is behind it: the caller may talk
 GONE_STATES = frozenset({LeaseState.DRAINING, LeaseState.HELD, LeaseState.ENDED})  # given back by the session
 
 
@@ -84,8 +93,9 @@ class LeaseOwner(Protocol):
     def input_arrived(self, lease: Lease, samples: int, arrived_at: float) -> None: ...
     async def sleep_until_handshake(self, lease: Lease) -> None: ...
     def lease_ended(self, lease: Lease, client_left: bool) -> None: ...
-    def lease_restarted(self, lease: Lease) -> None: ...
+    def lease_changed(self, lease: Lease) -> None: ...
     def count_drop(self, reason: str, count: int) -> None: ...
+    def silence_skipped(self, direction: str, samples: int) -> None: ...
 
 
 class Lease:
@@ -108,7 +118,8 @@ class Lease:
         self._early_audio = early_audio
         self._outbox: DropOldestChannel[OutputEvent] = DropOldestChannel(
             output_capacity, name="output_backlog", on_drop=lambda name: owner.count_drop(name, 1),
-            salvage=carry_text)
+            salvage=carry_text, drop_first=silent_frame)
+        self._output_skipped = 0  # the model's silent frames not sent, to get back to real time
         self._state = LEASE_LIFECYCLE.start
         self._slot: int | None = None
         self._position = 0
@@ -118,10 +129,14 @@ class Lease:
         self._prompt_left = 0
         self._prompt_since = 0.0  # when its prompt last started waiting (STARTING)
         self._held_until = 0.0  # HELD: until when its slot waits for its client
+        self._ready_since = 0.0  # when its prompt was done (READY: it waits for its caller's first frame)
         self._frames_consumed = 0  # real input frames the engine took
         self._frames_delivered = 0  # output frames put into the outbox
         self._last_consumed_tick = -1
         self._last_delivered_tick = -1
+        self._behind_since: float | None = None  # since when its input is a frame or more behind real time
+        self._behind_logged = False
+        self._overflow_logged = False
         self._lot = trio.lowlevel.ParkingLot()
 
     # -- what the session reads ----------------------------------------------
@@ -167,6 +182,10 @@ class Lease:
         return self._held_until
 
     @property
+    def ready_since(self) -> float:
+        return self._ready_since
+
+    @property
     def frames_consumed(self) -> int:
         """Real input frames the engine took (silence fill excluded)."""
         return self._frames_consumed
@@ -181,9 +200,19 @@ class Lease:
         return self._outbox.dropped
 
     @property
+    def output_skipped(self) -> int:
+        """The model's silent frames a reader that fell behind was not sent (see ``_outbox.catch_up``)."""
+        return self._output_skipped
+
+    @property
     def last_input_arrival(self) -> float:
         """When its newest input arrived (-inf before any)."""
         return self._framer.last_arrival
+
+    @property
+    def input_behind(self) -> int:
+        """Input samples beyond its usual backlog: how far behind real time the model hears it."""
+        return self._framer.behind
 
     @property
     def has_input_frame(self) -> bool:
@@ -226,12 +255,12 @@ class Lease:
             raise LeaseFailed(self._failure)
         if self._framer.input_ended or self._state in GONE_STATES:
             return False
-        if self._state is not LeaseState.LIVE:
+        if self._state not in (LeaseState.READY, LeaseState.LIVE):
             if not self._early_audio:
                 return False
-            self._owner.count_drop("input_backlog", self._framer.keep_early(pcm, arrived_at))
+            self._count_overflow(self._framer.keep_early(pcm, arrived_at))
             return True
-        self._owner.count_drop("input_backlog", self._framer.push(pcm, arrived_at))
+        self._count_overflow(self._framer.push(pcm, arrived_at))
         self._owner.input_arrived(self, pcm.size, arrived_at)
         return True
 
@@ -241,12 +270,12 @@ class Lease:
         if self._framer.input_ended:
             return
         self._framer.input_ended = True
-        if self._state is LeaseState.LIVE:
+        if self._state in (LeaseState.READY, LeaseState.LIVE):
             self._start_flushing()
 
     def frames(self) -> OutputBatches:
         """Output events, in batches of everything waiting (at least one); ends when the lease does."""
-        return OutputBatches(self._outbox)
+        return OutputBatches(self._outbox, self._skipped_output)
 
     async def sleep_until_handshake(self) -> None:
         """Sleep until the moment to send the handshake: just before one of the next ticks, by the lead the
@@ -261,17 +290,25 @@ class Lease:
         if self._state is LeaseState.QUEUED:
             self.conversation = conversation  # nothing has run yet
             return True
-        if self._state not in (LeaseState.STARTING, LeaseState.PREFILL, LeaseState.LIVE) or self._framer.input_ended:
+        if self._state not in (LeaseState.STARTING, LeaseState.PREFILL, LeaseState.READY, LeaseState.LIVE) \
+                or self._framer.input_ended:
             return False
-        if self._state is LeaseState.LIVE:
+        if self._state in (LeaseState.READY, LeaseState.LIVE):
             self._framer.back_to_early()
         self.conversation = conversation
         self._restarts += 1  # an engine call in flight for the old settings no longer counts
         if self._state is not LeaseState.STARTING:
             self._prompt_since = trio.current_time()
             self._move(LeaseState.STARTING)
-        self._owner.lease_restarted(self)
+        self._owner.lease_changed(self)
         return True
+
+    def begin(self) -> None:
+        """Step it from the next tick on without waiting for its caller's first frame (the caller asked the
+        model to speak first: a Realtime ``response.create``)."""
+        if self._state is LeaseState.READY:
+            self._move(LeaseState.LIVE)
+            self._owner.lease_changed(self)
 
     def end(self, *, client_left: bool = False) -> None:
         """The conversation is over: give the slot back (it drains before anyone else gets it).
@@ -294,40 +331,49 @@ class Lease:
         self._prompt_since = now
         self._move(LeaseState.STARTING)
 
-    def started(self, positions: int) -> bool:
-        """The engine started its prompt: ``positions`` to run (0: live at once).  True when it went live."""
+    def started(self, positions: int, now: float) -> bool:
+        """The engine started its prompt: ``positions`` to run (0: done at once).  True when it is done."""
         self._prompt_total = self._prompt_left = positions
         if positions:
             self._move(LeaseState.PREFILL)
             return False
-        self._go_live()
+        self._prompt_done(now)
         return True
 
-    def prefilled(self, positions: int) -> bool:
-        """The engine ran ``positions`` of its prompt.  True when that was the last of it (it went live)."""
+    def prefilled(self, positions: int, now: float) -> bool:
+        """The engine ran ``positions`` of its prompt.  True when that was the last of it."""
         self._prompt_left = max(0, self._prompt_left - positions)
         if self._prompt_left:
             return False
-        self._go_live()
+        self._prompt_done(now)
         return True
+
+    def first_step(self) -> None:
+        """A tick steps it for the first time (READY ──▶ LIVE): its caller's first frame is in, or the wait for
+        it is over."""
+        self._move(LeaseState.LIVE)
 
     def prompt_lost(self) -> None:
         """The engine was reset while the prompt ran: start it again (PREFILL ──▶ STARTING)."""
         self._restarts += 1
         self._move(LeaseState.STARTING)
 
-    def take_frame(self, out: np.ndarray, tick: int) -> tuple[float | None, int]:
-        """Move the next input frame into ``out`` (left alone when none waits).
+    def take_frame(self, out: np.ndarray, tick: int, now: float) -> tuple[float | None, int]:
+        """Move the next input frame into ``out`` (left alone when none waits), at ``now``.
 
         Returns when the frame's last sample arrived (None: no whole frame
-        waited) and how many samples the aligned framer skipped on the way.
+        waited) and how many samples the aligned framer skipped on the way;
+        silence skipped to catch up is told to the owner.
         """
         framer = self._framer
-        skipped = framer.skipped_samples
+        skipped, caught_up = framer.skipped_samples, framer.caught_up_samples
         arrived = framer.pop_frame_into(out)
         if arrived is not None:
             self._frames_consumed += 1
             self._last_consumed_tick = tick
+        if framer.caught_up_samples != caught_up:
+            self._owner.silence_skipped("input", framer.caught_up_samples - caught_up)
+        self._note_lag(now)
         return arrived, framer.skipped_samples - skipped
 
     def deliver(self, frame: OutputFrame) -> None:
@@ -366,13 +412,43 @@ class Lease:
 
     # -- inside --------------------------------------------------------------
 
-    def _go_live(self) -> None:
+    def _count_overflow(self, frames: int) -> None:
+        """Input beyond the backlog: the oldest frames went (counted; said once a conversation)."""
+        if not frames:
+            return
+        self._owner.count_drop("input_backlog", frames)
+        if not self._overflow_logged:
+            self._overflow_logged = True
+            logger.info("slot %s: more input came at once than its backlog holds; the oldest %d frame(s) were "
+                        "dropped (--input-backlog-seconds)", self._slot, frames)
+
+    def _note_lag(self, now: float) -> None:
+        """A conversation that stays behind real time (its caller has not paused for it to catch up) is said
+        once, and again when it is back."""
+        if self._framer.behind >= self._framer.frame_size:
+            if self._behind_since is None:
+                self._behind_since = now
+            elif not self._behind_logged and now - self._behind_since >= BEHIND_LOG_SECONDS:
+                self._behind_logged = True
+                logger.info("slot %s: %.2f s behind real time for %g s: its caller has not paused for the lag to be "
+                            "caught up with", self._slot, self._framer.behind / SAMPLE_RATE, BEHIND_LOG_SECONDS)
+        elif self._behind_since is not None:
+            if self._behind_logged:
+                logger.info("slot %s: back to real time after %.1f s", self._slot, now - self._behind_since)
+            self._behind_since, self._behind_logged = None, False
+
+    def _skipped_output(self, frames: int) -> None:
+        self._output_skipped += frames
+        self._owner.silence_skipped("output", frames * self._framer.frame_size)
+
+    def _prompt_done(self, now: float) -> None:
+        self._ready_since = now
         if self._framer.catch_up():
             self._owner.input_arrived(self, 0, self._framer.last_arrival)
         if self._framer.input_ended:
             self._start_flushing()
         else:
-            self._move(LeaseState.LIVE)
+            self._move(LeaseState.READY)
 
     def _start_flushing(self) -> None:
         self._framer.pad_to_frame()

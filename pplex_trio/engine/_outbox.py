@@ -1,18 +1,28 @@
-"""What the engine hands a conversation: its output frames, in an outbox that drops the oldest audio.
+"""What the engine hands a conversation: its output frames, in an outbox that keeps up with real time.
 
-A slow reader loses audio, never text: a dropped frame's text piece rides on
-the next frame (:func:`carry_text`).  ``async for batch in lease.frames()``
-reads everything waiting at once (:class:`OutputBatches`).
+A client whose reading stalls (its downlink held up, then delivered at once)
+finds what waited when it reads again: ``async for batch in lease.frames()``
+takes all of it (:class:`OutputBatches`).  To get back to real time without
+losing words, the model's **silent** frames of a backlog are not sent while
+more than :data:`USUAL_FRAMES` wait, and when the outbox is full a silent
+frame goes before a spoken one.  Audio dropped either way never takes text
+with it: a dropped frame's text piece rides on the next frame
+(:func:`carry_text`).  Whether a frame is silent is asked only then, never
+on the tick's path.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import trio
 
 from .._channel import DropOldestChannel
+from ..codec import is_silent
+
+USUAL_FRAMES = 2  # what a reader keeping up finds waiting: this tick's frame, and the last one's at most
 
 
 @dataclasses.dataclass
@@ -32,6 +42,14 @@ class OutputFrame:
     step_seconds: float = 0.0
     tick_started: float = 0.0  # when the tick that made it began
     delivered: float = 0.0  # when it reached the outbox
+    _silent: bool | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def silent(self) -> bool:
+        """The model says nothing in it (worked out once, when asked)."""
+        if self._silent is None:
+            self._silent = is_silent(self.pcm)
+        return self._silent
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,17 +66,44 @@ def carry_text(dropped: OutputEvent, successor: OutputEvent) -> None:
         successor.text = dropped.text + (successor.text or "")
 
 
-class OutputBatches:
-    """``async for batch in lease.frames()``: no async generator, so nothing to finalize."""
+def silent_frame(event: OutputEvent) -> bool:
+    return isinstance(event, OutputFrame) and event.silent
 
-    def __init__(self, outbox: DropOldestChannel[OutputEvent]):
+
+def catch_up(batch: list[OutputEvent]) -> tuple[list[OutputEvent], int]:
+    """What a reader that fell behind is sent of ``batch``: every event but the oldest silent frames beyond
+    :data:`USUAL_FRAMES` (their text goes with the next frame); and how many frames were left out."""
+    frames = sum(isinstance(event, OutputFrame) for event in batch)
+    if frames <= USUAL_FRAMES:
+        return batch, 0
+    kept: list[OutputEvent] = []
+    skipped = 0
+    for index, event in enumerate(batch):
+        if frames - skipped > USUAL_FRAMES and silent_frame(event) and index + 1 < len(batch):
+            carry_text(event, batch[index + 1])
+            skipped += 1
+            continue
+        kept.append(event)
+    return kept, skipped
+
+
+class OutputBatches:
+    """``async for batch in lease.frames()``: no async generator, so nothing to finalize; a backlog comes
+    without its silent frames (:func:`catch_up`), counted in ``skipped``."""
+
+    def __init__(self, outbox: DropOldestChannel[OutputEvent], on_skip: Callable[[int], None]):
         self._outbox = outbox
+        self._on_skip = on_skip
 
     def __aiter__(self) -> OutputBatches:
         return self
 
     async def __anext__(self) -> list[OutputEvent]:
         try:
-            return await self._outbox.receive_batch()
+            batch = await self._outbox.receive_batch()
         except trio.EndOfChannel:
             raise StopAsyncIteration from None
+        batch, skipped = catch_up(batch)
+        if skipped:
+            self._on_skip(skipped)
+        return batch

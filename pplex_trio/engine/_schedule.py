@@ -6,6 +6,12 @@ the tick period:
 * **the grid**: ticks are due every ``period`` while a conversation is
   live; a tick that overruns makes the next one start at once, and one a
   whole tick behind skips ahead (counted) instead of bursting;
+* **the first step**: a conversation whose prompt has run (READY) is stepped
+  from the first tick after its caller's first frame is in, as the
+  reference server does, so its first words go to a client that listens;
+  one that sends nothing for ``first_frame_timeout`` is stepped anyway (a
+  client that only listens).  With no grid running the first frame starts
+  one, its first tick at once;
 * **steering** (:class:`~pplex_trio.engine._steering.PhaseSteering`): the
   grid drifts a few milliseconds per tick towards the moment the
   conversations' audio arrives, keeping a safety margin that a late page
@@ -69,22 +75,25 @@ class ScheduleSnapshot:
 
 @dataclasses.dataclass
 class TickStart:
-    """How a tick started: seconds past its deadline, before it (early start), held for a due page."""
+    """How a tick started: seconds past its deadline, before it (early start), held for a due page; and the
+    READY conversations it steps for the first time."""
 
     late: float
     early: float
     held: float | None = None
+    first_steps: list[Lease] = dataclasses.field(default_factory=list)
 
 
 class TickSchedule:
     """The actor's clock: ``wait_for_tick`` / ``tick_done`` around each tick, ``time_free`` between them."""
 
     def __init__(self, table: SlotTable, period: float, *, input_grace: float, early_start: float,
-                 clock: Callable[[], float] = trio.current_time):
+                 first_frame_timeout: float = math.inf, clock: Callable[[], float] = trio.current_time):
         self.table = table
         self.period = period  # the lockstep period: the one place it is kept
         self.input_grace = input_grace
         self.early_start = early_start
+        self.first_frame_timeout = first_frame_timeout
         self._clock = clock
         self.steering = PhaseSteering()
         self.deadline: float | None = None
@@ -108,14 +117,28 @@ class TickSchedule:
         return self.deadline is not None
 
     def start_grid(self) -> None:
-        """A fresh grid for the first live conversation, its first tick a period away (the handshake goes out
-        just before it, and the client's first frame makes that tick); slacks of an earlier grid mean
-        nothing now.  Nothing, while a grid runs."""
+        """A fresh grid for the first conversation to step: its first tick at once (its caller's first frame is
+        in), due the steering's margin from now, so that the frames that follow at the same phase land that
+        margin before their ticks; slacks of an earlier grid mean nothing now.  Nothing, while a grid runs."""
         if self.deadline is not None:
             return
-        self.deadline = self._clock() + self.period
+        self.deadline = self._clock() + self.steering.margin
         self.steering.forget()
         self._missed = []
+
+    def wants_tick(self) -> bool:
+        """A conversation is stepped, or one is due its first step."""
+        return self.table.any_live() or bool(self._first_steps(self._clock()))
+
+    def next_first_step(self) -> float:
+        """When the wait for a READY conversation's first frame is over (inf: none waits)."""
+        return min((lease.ready_since + self.first_frame_timeout for lease in self.table.ready()), default=math.inf)
+
+    def _first_steps(self, now: float) -> list[Lease]:
+        """The READY conversations due their first step: their caller's first frame is in, or waited for long
+        enough."""
+        return [lease for lease in self.table.ready()
+                if lease.has_input_frame or now - lease.ready_since >= self.first_frame_timeout]
 
     def stop(self) -> None:
         """No conversation is live: no more ticks until :meth:`start_grid`."""
@@ -140,6 +163,7 @@ class TickSchedule:
                 self._ticks_held += 1
                 await self._wait_frames(awaited, deadline + self.input_grace)
                 start.held = self._clock() - now
+        start.first_steps = self._first_steps(self._clock())
         return start
 
     def tick_done(self, arrivals: Sequence[tuple[Lease, float | None]], began: float) -> int:

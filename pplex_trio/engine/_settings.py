@@ -16,12 +16,20 @@ class ActorSettings:
     """What the engine actor needs to know; the server's settings extend it."""
 
     queue_size: int = setting(16, "connections that may wait for a slot", low=0, group="conversations")
-    input_backlog_frames: int = setting(
-        6, "input audio that may wait for the engine, per conversation, in 80 ms frames (the oldest goes first)",
-        low=1, group="conversations", advanced=True)
-    output_backlog_frames: int = setting(
-        8, "engine output that may wait for a slow reader, per conversation, in 80 ms frames (the oldest goes "
-        "first; its text goes out with the next frame)", low=1, group="conversations", advanced=True)
+    input_backlog_seconds: float = setting(
+        4.0, "a conversation's input that may wait for the engine: a burst after a network stall, or what a "
+        "client said before its conversation was live, is kept and caught up with over the caller's pauses (its "
+        "silent frames are skipped); beyond this the oldest goes", low=0.08, high=60, group="conversations",
+        advanced=True, metavar="SECONDS")
+    output_backlog_seconds: float = setting(
+        4.0, "a conversation's output that may wait for a client whose reading stalled: once it reads again, the "
+        "model's silent frames go first, so its words arrive without lasting delay; beyond this the oldest goes "
+        "(its text goes out with the next frame)", low=0.08, high=60, group="conversations", advanced=True,
+        metavar="SECONDS")
+    first_frame_timeout: float = setting(
+        3.0, "a conversation is stepped from its caller's first frame on, so its first words reach a client that "
+        "listens; a client that sends nothing this long after the handshake is stepped anyway (it only listens)",
+        low=0, group="conversations", advanced=True, metavar="SECONDS")
     input_grace_ms: float = setting(
         4.0, "with aligned framing, a tick may wait this long for a conversation's page that is due, rather "
         "than feed it a silent frame and a tick of delay (at most 3 ticks in 2 s); 0 turns it off",
@@ -38,3 +46,11 @@ class ActorSettings:
 
     def __post_init__(self) -> None:
         check_settings(self)
+
+    @property
+    def input_backlog_frames(self) -> int:
+        return max(1, round(self.input_backlog_seconds / self.tick_seconds))
+
+    @property
+    def output_backlog_frames(self) -> int:
+        return max(1, round(self.output_backlog_seconds / self.tick_seconds))

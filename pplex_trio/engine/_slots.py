@@ -30,7 +30,7 @@ RETURN_WINDOW = 2.0  # seconds a slot is held for the client that just left it
 SLOT_STATES = ("free", "prefill", "live", "draining", "held")
 _SLOT_STATE = {
     LeaseState.STARTING: "prefill", LeaseState.PREFILL: "prefill",
-    LeaseState.LIVE: "live", LeaseState.FLUSHING: "live", LeaseState.FLUSHED: "live",
+    LeaseState.READY: "live", LeaseState.LIVE: "live", LeaseState.FLUSHING: "live", LeaseState.FLUSHED: "live",
     LeaseState.FAILED: "draining", LeaseState.DRAINING: "draining", LeaseState.HELD: "held",
 }
 
@@ -141,6 +141,10 @@ class SlotTable:
 
     def any_live(self) -> bool:
         return any(lease is not None and lease.state in LIVE_STATES for lease in self.rows)
+
+    def ready(self) -> list[Lease]:
+        """The leases whose prompt has run, waiting for their first step (READY)."""
+        return [lease for lease in self.rows if lease is not None and lease.state is LeaseState.READY]
 
     def prompts_left(self) -> dict[int, int]:
         """Slots whose prompt runs: slot -> positions left."""

@@ -100,6 +100,7 @@ class RealtimeProtocol(WireProtocol):
         self._last_item: str | None = None  # the last committed input item
         self._pending: list[Message] = []  # go out before the next frame's deltas
         self._opening_audio: InputAudio | None = None
+        self._answer_first = False  # the opening was response.create: the model speaks without waiting
         self._response: str | None = None  # the open response and its one item
         self._item: str | None = None
         self._metadata: dict[str, str] | None = None  # the open response's (or, before it, the next one's)
@@ -124,6 +125,7 @@ class RealtimeProtocol(WireProtocol):
             self._start()
             if isinstance(event, ResponseCreate):
                 self._metadata = event.metadata  # for the first response
+                self._answer_first = True
             if isinstance(event, AudioAppend) and event.audio:
                 self._opening_audio = InputAudio(event.audio)  # heard too: see WireProtocol.opening_audio
             return self.config.conversation()
@@ -134,6 +136,9 @@ class RealtimeProtocol(WireProtocol):
     def opening_audio(self) -> InputAudio | None:
         audio, self._opening_audio = self._opening_audio, None
         return audio
+
+    def begins_at_once(self) -> bool:
+        return self._answer_first
 
     def _start(self) -> None:
         self._started = True

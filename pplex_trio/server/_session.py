@@ -35,10 +35,10 @@ from typing import Any, Protocol
 import trio
 
 from .._channel import DropOldestChannel
-from .._conversation import CloseCode, Conversation
+from .._conversation import SAMPLE_RATE, CloseCode, Conversation
 from .._lifecycle import Lifecycle
 from .._metrics import Metrics
-from ..engine import LIVE_STATES, PREPARING_STATES, EngineActor, Lease, LeaseFailed, LeaseState, QueueFull
+from ..engine import BEGUN_STATES, PREPARING_STATES, EngineActor, Lease, LeaseFailed, LeaseState, QueueFull
 from ..protocol import ProtocolError
 from ._server_state import Unready
 from ._settings import ServerSettings
@@ -224,8 +224,11 @@ class Session:
 
     async def _run_conversation(self, lease: Lease) -> None:
         s = self.settings
+        # What arrived and is not decoded yet: a burst after a stall comes whole (up to the input backlog, in
+        # float32 PCM's bytes: more than any codec's), and no client floods memory.
         inbound: DropOldestChannel[tuple[float, Any]] = DropOldestChannel(
-            s.input_backlog_frames * 2, name="inbound", on_drop=self.host.metrics.drop)
+            s.max_message_bytes + int(s.input_backlog_seconds * SAMPLE_RATE * 4), name="inbound",
+            on_drop=self.host.metrics.drop, weigh=_payload_bytes)
         audio = self.wire.opening_audio()
         if audio is not None:  # the first words may be in the message that opened the conversation
             inbound.send_nowait((self._opened_at, audio.payload))
@@ -241,6 +244,8 @@ class Session:
                 await lease.sleep_until_handshake()
             for message in self.wire.ready():
                 await self._send_control(message)
+            if self.wire.begins_at_once():
+                lease.begin()
             self._enter(SessionState.LIVE)
             nursery.start_soon(self._guard, self._send_loop, lease)
             nursery.start_soon(self._watch_failure, lease)
@@ -267,7 +272,7 @@ class Session:
         if lease.failure is not None:
             self._end_from_failure(lease)
             return False
-        return lease.state in LIVE_STATES
+        return lease.state in BEGUN_STATES
 
     def _log_notices(self) -> None:
         for notice in self.wire.take_notices():
@@ -389,4 +394,12 @@ class Session:
             "input_margin_ms": round(inputs.margin * ms, 1) if inputs else 0.0,
             "input_underruns": inputs.underruns if inputs else 0,
             "input_skipped_ms": round(inputs.skipped * ms, 1) if inputs else 0.0,
+            "input_behind_ms": round(inputs.behind * ms, 1) if inputs else 0.0,
+            "input_caught_up_ms": round(inputs.caught_up * ms, 1) if inputs else 0.0,
         }
+
+
+def _payload_bytes(item: tuple[float, Any]) -> int:
+    """What an undecoded message weighs in the inbound queue (a message's bytes, or a raw array's)."""
+    payload = item[1]
+    return int(payload.nbytes) if hasattr(payload, "nbytes") else len(payload)

@@ -76,6 +76,11 @@ class WireProtocol(abc.ABC):
 
     subprotocol: str | None = None  # the WebSocket subprotocol to accept, if any
 
+    def begins_at_once(self) -> bool:
+        """The opening asked the model to speak now (a Realtime ``response.create``): the conversation is stepped
+        from the handshake on, without waiting for the caller's first frame."""
+        return False
+
     def opening_audio(self) -> InputAudio | None:
         """Audio carried by the message that completed the opening (``early_audio`` protocols), once."""
         return None

@@ -90,7 +90,8 @@ def make_host(monkeypatch: Any, engine: Engine | None = None, *, prompt_position
               **overrides: Any) -> ServerContext:
     """A ServerContext whose actor runs the engine inline (deterministic under the virtual clock: see
     ``engine_calls``), 5 ms a call; its system prompts cost ``prompt_position_seconds`` per position."""
-    options: dict[str, Any] = dict(slots=1, echo_prefill_steps=2, keepalive_interval=0.5, input_grace_ms=0)
+    options: dict[str, Any] = dict(slots=1, echo_prefill_steps=2, keepalive_interval=0.5, input_grace_ms=0,
+                                   first_frame_timeout=0)  # (stepped from the handshake unless a test says)
     options.update(overrides)
     settings = ServerSettings(**options)
     engine = engine or EchoEngine(settings.slots, delay_frames=settings.echo_delay_frames,

@@ -15,6 +15,7 @@ import trio
 import trio.testing
 
 from pplex_trio.engine import (
+    BEGUN_STATES,
     ActorSettings,
     Conversation,
     EchoEngine,
@@ -31,6 +32,10 @@ from _helpers.engine_calls import inline_runner, run_engine_calls
 INPUT_GRACE = ActorSettings().input_grace_ms / 1000
 EARLY_START = ActorSettings().early_start_ms / 1000
 NO_EARLY_START = ActorSettings(early_start_ms=0)
+# Stepped from the moment the prompt has run, not from the caller's first frame: for the tests of a grid
+# that is running when a client starts streaming (as it is when other conversations are live).
+STEP_AT_ONCE = ActorSettings(first_frame_timeout=0)
+STEP_AT_ONCE_NO_EARLY_START = ActorSettings(first_frame_timeout=0, early_start_ms=0)
 
 TICK = 0.080
 
@@ -87,6 +92,12 @@ async def wait_state(lease, state):
         await lease.wait_changed()
 
 
+async def wait_begun(lease):
+    """Until its prompt has run (READY: the caller may talk; its first frame makes it LIVE)."""
+    while lease.state not in BEGUN_STATES:
+        await lease.wait_changed()
+
+
 async def test_prompt_at_once_then_live_in_lockstep(nursery, autojump_clock, monkeypatch):
     engine = RecordingEcho(2, prefill_steps=3, delay_frames=0)
     run_engine_calls(monkeypatch, inline_runner())
@@ -96,7 +107,7 @@ async def test_prompt_at_once_then_live_in_lockstep(nursery, autojump_clock, mon
     with actor.lease(Conversation(persona="a")) as lease:
         assert lease.state is LeaseState.STARTING and lease.slot == 0
         t0 = trio.current_time()
-        await wait_state(lease, LeaseState.LIVE)
+        await wait_begun(lease)
         # Nobody else live: the start, then the whole prompt in one call at once, no tick before it is live.
         assert trio.current_time() == t0 and engine.steps == []
         assert engine.prefills == [({0: 3}, {0: 3})]
@@ -134,7 +145,7 @@ async def test_queue_positions_admission_and_full_queue(nursery, autojump_clock,
             assert actor.statistics().queued == 2
             # `first` leaves: its slot drains, then goes to `second`; `third` moves up.
             first.end()
-            await wait_state(second, LeaseState.LIVE)
+            await wait_begun(second)
             assert third.position == 1 and second.slot == 0
         stats = actor.statistics()
     assert stats.queued == 0
@@ -165,7 +176,7 @@ async def test_overrun_starts_next_tick_at_once_and_far_behind_skips(nursery, au
         return fn(*args)
 
     run_engine_calls(monkeypatch, runner)
-    actor = EngineActor(engine)
+    actor = EngineActor(engine, STEP_AT_ONCE)
     await nursery.start(actor.run)
     with actor.lease(Conversation()):
         await trio.sleep(0.5)
@@ -211,7 +222,7 @@ async def test_engine_exception_fails_its_conversations_and_the_engine_recovers(
     actor = EngineActor(engine)
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as a, actor.lease(Conversation()) as b:
-        await wait_state(a, LeaseState.LIVE)
+        await wait_begun(a)
         engine.explode = True
         while a.failure is None:
             await a.wait_changed()
@@ -220,7 +231,7 @@ async def test_engine_exception_fails_its_conversations_and_the_engine_recovers(
         assert engine.reset_all_calls == 1
     assert actor.metrics.errors.labels("engine")._value.get() == 1
     with actor.lease(Conversation()) as c:
-        await wait_state(c, LeaseState.LIVE)
+        await wait_begun(c)
         out = await next_frame(c)
         assert out.text == " 0"  # a fresh conversation on a reset engine
         assert c.failure is None
@@ -242,7 +253,7 @@ async def test_rejected_start_fails_only_that_conversation(nursery, autojump_clo
         while bad.failure is None:
             await bad.wait_changed()
         assert bad.failure.code == 1008 and "pick another" in bad.failure.message
-        await wait_state(good, LeaseState.LIVE)
+        await wait_begun(good)
         assert (await next_frame(good)).text == " 0"
         assert good.failure is None
 
@@ -279,7 +290,7 @@ async def test_drain_before_release(nursery):
     actor = EngineActor(engine, ActorSettings(queue_size=1))  # real worker thread, real clock
     await nursery.start(actor.run)
     with actor.lease(Conversation(persona="old")) as old:
-        await wait_state(old, LeaseState.LIVE)
+        await wait_begun(old)
         engine.block = True
         await trio.to_thread.run_sync(engine.entered.wait)
         assert actor.engine_busy
@@ -293,7 +304,7 @@ async def test_drain_before_release(nursery):
             calls_before = len(engine.calls)
             engine.block = False
             engine.release.set()
-            await wait_state(new, LeaseState.LIVE)
+            await wait_begun(new)
             assert new.slot == 0
             # After the blocked step: reset of the old row, then the new start, then steps.
             assert engine.calls[calls_before : calls_before + 2] == [("reset", 0), ("start", 0)]
@@ -309,7 +320,7 @@ async def test_idle_actor_does_not_tick(nursery, autojump_clock, monkeypatch):
     await trio.sleep(1.0)
     assert log == [] and actor.ticks == 0
     with actor.lease(Conversation()) as lease:
-        await wait_state(lease, LeaseState.LIVE)
+        await wait_begun(lease)
         await trio.sleep(0.4)
     await trio.sleep(1.0)
     ticks = actor.ticks
@@ -322,11 +333,11 @@ async def test_a_dropped_output_frame_keeps_its_text(nursery, autojump_clock, mo
     """When a slow reader lets the outbox overflow, audio is dropped but text never is."""
     engine = EchoEngine(1, prefill_steps=0)
     run_engine_calls(monkeypatch, inline_runner())
-    actor = EngineActor(engine, ActorSettings(output_backlog_frames=2))
+    actor = EngineActor(engine, ActorSettings(first_frame_timeout=0, output_backlog_seconds=0.16))
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
-        await wait_state(lease, LeaseState.LIVE)
-        await trio.sleep(6 * TICK + TICK / 2)  # nobody reads: 6 frames into a 2-frame outbox
+        await wait_begun(lease)
+        await trio.sleep(6 * TICK)  # nobody reads: 6 frames (from the first tick, a margin away) into a 2-frame outbox
         frames = await lease.frames().__anext__()  # everything that waited
         assert len(frames) == 2
     delivered = lease.frames_delivered
@@ -341,10 +352,10 @@ async def test_the_tick_grid_moves_to_just_after_the_audio_arrives(nursery, auto
     """
     engine = RecordingEcho(1, prefill_steps=0)
     run_engine_calls(monkeypatch, inline_runner(compute_seconds=0.010))
-    actor = EngineActor(engine, NO_EARLY_START)
+    actor = EngineActor(engine, STEP_AT_ONCE_NO_EARLY_START)
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
-        await wait_state(lease, LeaseState.LIVE)
+        await wait_begun(lease)
         first = trio.current_time()
         waits = []
 
@@ -366,10 +377,10 @@ async def test_a_client_that_starts_at_the_handshake_lands_just_ahead_of_the_tic
     """Sending the handshake `lead` before a tick: the client's frames wait ~lead, from the first one (no early start)."""
     engine = RecordingEcho(1, prefill_steps=3)
     run_engine_calls(monkeypatch, inline_runner())
-    actor = EngineActor(engine, NO_EARLY_START)
+    actor = EngineActor(engine, STEP_AT_ONCE_NO_EARLY_START)
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
-        await wait_state(lease, LeaseState.LIVE)
+        await wait_begun(lease)
         await trio.sleep(0.023)  # the prefill's last tick was a while ago: an arbitrary phase
         await sleep_until_before_tick(actor, lease, 0.010)
         handshake = trio.current_time()
@@ -396,10 +407,10 @@ async def _steady_client(lease, first_at, frames, period=TICK):
 async def test_a_tick_starts_as_soon_as_its_frame_is_in(nursery, autojump_clock, monkeypatch):
     """The same client as above, early start on: once steered within the window, no frame waits at all."""
     run_engine_calls(monkeypatch, inline_runner(compute_seconds=0.010))
-    actor = EngineActor(RecordingEcho(1, prefill_steps=0))
+    actor = EngineActor(RecordingEcho(1, prefill_steps=0), STEP_AT_ONCE)
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
-        await wait_state(lease, LeaseState.LIVE)
+        await wait_begun(lease)
         first = trio.current_time()
         ticks_before = actor.ticks
         waits = []
@@ -419,7 +430,7 @@ async def test_a_flooding_client_gets_no_more_ticks_than_the_period_allows(nurse
     actor = EngineActor(RecordingEcho(1, prefill_steps=0))
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
-        await wait_state(lease, LeaseState.LIVE)
+        await wait_begun(lease)
         nursery.start_soon(_record_waits, lease, [])
         await trio.sleep(0.001)
         ticks_before, started = actor.ticks, trio.current_time()
@@ -435,10 +446,10 @@ async def test_a_flooding_client_gets_no_more_ticks_than_the_period_allows(nurse
 async def test_an_early_start_waits_for_every_streaming_conversation(nursery, autojump_clock, monkeypatch):
     """Two streaming clients 25 ms apart and one silent: once steered, ticks start when the later one's frame is in."""
     run_engine_calls(monkeypatch, inline_runner(compute_seconds=0.010))
-    actor = EngineActor(RecordingEcho(3, prefill_steps=0))
+    actor = EngineActor(RecordingEcho(3, prefill_steps=0), STEP_AT_ONCE)
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as a, actor.lease(Conversation()) as b, actor.lease(Conversation()):
-        await wait_state(b, LeaseState.LIVE)
+        await wait_begun(b)
         first = trio.current_time()
         waits_a, waits_b = [], []
         nursery.start_soon(_record_waits, a, waits_a)
@@ -456,12 +467,12 @@ async def test_an_early_start_waits_for_every_streaming_conversation(nursery, au
 async def test_the_grid_starts_afresh_after_idling(nursery, autojump_clock, monkeypatch):
     """A second conversation, after the first left the actor idle, is not steered by the first one's timing."""
     run_engine_calls(monkeypatch, inline_runner(compute_seconds=0.010))
-    actor = EngineActor(RecordingEcho(1, prefill_steps=0), NO_EARLY_START)
+    actor = EngineActor(RecordingEcho(1, prefill_steps=0), STEP_AT_ONCE_NO_EARLY_START)
     await nursery.start(actor.run)
     all_waits = []
     for phase in (0.075, 0.030):  # the first conversation pulls the grid 70 ms earlier; the second needs none of it
         with actor.lease(Conversation()) as lease:
-            await wait_state(lease, LeaseState.LIVE)
+            await wait_begun(lease)
             waits = []
             nursery.start_soon(_record_waits, lease, waits)
             await _steady_client(lease, trio.current_time() + phase, 150)
@@ -496,7 +507,7 @@ async def _stream_pages(actor, lease, handshake, pages, delay):
 
 async def _aligned_client(actor, nursery, pages, delay):
     with actor.lease(Conversation(), align=True) as lease:
-        await wait_state(lease, LeaseState.LIVE)
+        await wait_begun(lease)
         await sleep_until_before_tick(actor, lease, actor.schedule.steering.margin)
         waits = []
         nursery.start_soon(_record_waits, lease, waits)
@@ -552,10 +563,10 @@ async def test_flush_ends_the_output_once_every_input_frame_is_answered(nursery,
 
     engine = EchoEngine(1, prefill_steps=0, delay_frames=0)
     run_engine_calls(monkeypatch, inline_runner())
-    actor = EngineActor(engine, ActorSettings(output_backlog_frames=2))
+    actor = EngineActor(engine, ActorSettings(output_backlog_seconds=0.16))
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
-        await wait_state(lease, LeaseState.LIVE)
+        await wait_begun(lease)
         for k in range(3):
             assert lease.push_input(np.full(1920, k + 1, np.float32), trio.current_time())
         lease.flush()
@@ -575,7 +586,7 @@ async def test_input_before_live_is_refused(nursery, autojump_clock, monkeypatch
     with actor.lease(Conversation()) as lease:
         assert lease.state is LeaseState.STARTING
         assert not lease.push_input(np.ones(1920, np.float32), trio.current_time())
-        await wait_state(lease, LeaseState.LIVE)
+        await wait_begun(lease)
         assert lease.input_stats().pending == 0
     assert lease.state is LeaseState.DRAINING  # given back; its slot is freed at the next engine call
     lease.end()  # ending twice is harmless
@@ -598,7 +609,7 @@ async def test_a_step_past_the_engine_timeout_stalls_the_actor_until_it_returns(
     actor = EngineActor(engine, ActorSettings(engine_timeout=10.0))
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
-        await wait_state(lease, LeaseState.LIVE)
+        await wait_begun(lease)
         while lease.failure is None:
             await lease.wait_changed()
         stalled_at = trio.current_time()
@@ -609,7 +620,7 @@ async def test_a_step_past_the_engine_timeout_stalls_the_actor_until_it_returns(
     assert trio.current_time() - stalled_at == pytest.approx(20.0, abs=0.2)  # it waited for the call
     assert engine.reset_all_calls == 1 and actor.metrics.engine_stalled._value.get() == 0
     with actor.lease(Conversation()) as fresh:
-        await wait_state(fresh, LeaseState.LIVE)
+        await wait_begun(fresh)
         assert (await next_frame(fresh)).text == " 0"
 
 
@@ -624,7 +635,7 @@ async def test_a_client_that_stops_sending_is_no_late_page(nursery, autojump_clo
     margins = []
     for _ in range(3):
         with actor.lease(Conversation()) as lease:
-            await wait_state(lease, LeaseState.LIVE)
+            await wait_begun(lease)
             nursery.start_soon(_record_waits, lease, [])
             await _steady_client(lease, trio.current_time() + 0.030, 40)
             await trio.sleep(5 * TICK)  # no more audio, still connected (a client draining before it closes)
@@ -640,7 +651,7 @@ async def test_a_page_that_comes_after_its_tick_widens_the_margin(nursery, autoj
     actor = EngineActor(RecordingEcho(1, prefill_steps=0), NO_EARLY_START)
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
-        await wait_state(lease, LeaseState.LIVE)
+        await wait_begun(lease)
         nursery.start_soon(_record_waits, lease, [])
         first = trio.current_time() + 0.030
         await _steady_client(lease, first, 60)
@@ -682,7 +693,7 @@ async def test_prompts_run_between_ticks_and_never_make_a_tick_late(nursery, aut
     actor = EngineActor(engine)
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as talker:
-        await wait_state(talker, LeaseState.LIVE)
+        await wait_begun(talker)
         nursery.start_soon(_record_waits, talker, [])
         nursery.start_soon(_steady_client, talker, trio.current_time() + 0.030, 60)
         await trio.sleep(1.0)
@@ -690,7 +701,7 @@ async def test_prompts_run_between_ticks_and_never_make_a_tick_late(nursery, aut
         before = _histogram(lateness, "_count"), _histogram(lateness, "_sum")
         joined = trio.current_time()
         with actor.lease(Conversation()) as joiner:
-            await wait_state(joiner, LeaseState.LIVE)
+            await wait_begun(joiner)
             ready = trio.current_time() - joined
             await trio.sleep(0.5)
         count = _histogram(lateness, "_count") - before[0]
@@ -715,7 +726,7 @@ async def test_a_prompt_alone_runs_back_to_back(nursery, autojump_clock, monkeyp
     actor = EngineActor(engine)
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
-        await wait_state(lease, LeaseState.LIVE)
+        await wait_begun(lease)
         ready = trio.current_time()
     # Nobody live: calls of about a tick each (the first one measures the cost), one after the other.
     assert ready == pytest.approx(sum(cost for *_, cost in log), abs=1e-9)
@@ -734,7 +745,7 @@ async def test_a_client_leaving_mid_prompt_frees_its_slot_and_leaks_nothing(nurs
         with actor.lease(Conversation(persona="second")) as second:
             assert second.state is LeaseState.QUEUED
             first.end()
-            await wait_state(second, LeaseState.LIVE)
+            await wait_begun(second)
             assert second.slot == 0 and second.prompt_total == 600
     # The second prompt ran whole, on a reset row: nothing of the first one's progress carried over.
     assert [conversation.persona for _, conversation in engine.started] == ["first", "second"]
@@ -751,7 +762,7 @@ async def test_a_flood_of_joins_queues_and_never_starves_the_live_rows(nursery, 
     actor = EngineActor(engine, ActorSettings(queue_size=20))
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as talker:
-        await wait_state(talker, LeaseState.LIVE)
+        await wait_begun(talker)
         waits = []
         nursery.start_soon(_record_waits, talker, waits)
         nursery.start_soon(_steady_client, talker, trio.current_time() + 0.030, 80)
@@ -762,10 +773,10 @@ async def test_a_flood_of_joins_queues_and_never_starves_the_live_rows(nursery, 
             joiners = [stack.enter_context(actor.lease(Conversation())) for _ in range(12)]
             assert [j.state for j in joiners[:3]] == [LeaseState.STARTING] * 3
             assert [j.position for j in joiners[3:]] == list(range(1, 10))  # the queue, in order
-            await wait_state(joiners[0], LeaseState.LIVE)
+            await wait_begun(joiners[0])
             for j in joiners[:3]:
                 j.end()  # three talk briefly and leave: the queue moves up
-            await wait_state(joiners[3], LeaseState.LIVE)
+            await wait_begun(joiners[3])
             assert joiners[11].position == 6
         assert _histogram(lateness, "_sum") == late_before  # the talker's ticks were never late
     assert talker.input_stats().underruns <= 1
@@ -789,7 +800,7 @@ async def test_voices_are_made_between_ticks_and_never_make_a_tick_late(nursery,
         made.append((i, await actor.run_job(actor.engine.make_voice(_clip(4.0)))))
 
     with actor.lease(Conversation()) as talker:
-        await wait_state(talker, LeaseState.LIVE)
+        await wait_begun(talker)
         nursery.start_soon(_record_waits, talker, [])
         nursery.start_soon(_steady_client, talker, trio.current_time() + 0.030, 200)
         await trio.sleep(1.0)
@@ -820,7 +831,7 @@ async def test_a_voice_waits_for_a_joining_conversations_prompt(nursery, autojum
     actor = EngineActor(RecordingEcho(2, prefill_steps=400))
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as talker:
-        await wait_state(talker, LeaseState.LIVE)
+        await wait_begun(talker)
         nursery.start_soon(_steady_client, talker, trio.current_time() + 0.030, 100)
         await trio.sleep(0.5)
         nursery.start_soon(actor.run_job, actor.engine.make_voice(_clip(20.0)))
@@ -828,7 +839,7 @@ async def test_a_voice_waits_for_a_joining_conversations_prompt(nursery, autojum
         assert 0 < actor.jobs_waiting
         with actor.lease(Conversation()) as joiner:
             joined = trio.current_time()
-            await wait_state(joiner, LeaseState.LIVE)
+            await wait_begun(joiner)
             live = trio.current_time()
     between = [kind for t, kind, _, _ in log if joined <= t < live and kind != "tick"]
     assert between and set(between) == {"prompt"}  # no voice frame ran until the prompt was done
@@ -849,7 +860,7 @@ async def test_a_voice_that_fails_is_its_callers_error_alone(nursery, autojump_c
     actor = EngineActor(BadVoiceEcho(1))
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as talker:
-        await wait_state(talker, LeaseState.LIVE)
+        await wait_begun(talker)
         nursery.start_soon(_steady_client, talker, trio.current_time() + 0.030, 50)
         with pytest.raises(ValueError, match="no voice"):
             await actor.run_job(actor.engine.make_voice(_clip(0.5)))
@@ -893,13 +904,13 @@ async def test_an_idle_actor_hands_a_held_slot_on_when_its_hold_lapses(nursery, 
     actor = EngineActor(EchoEngine(1, prefill_steps=0), ActorSettings(queue_size=1))
     await nursery.start(actor.run)
     with actor.lease(Conversation(), client="10.0.0.1") as first:
-        await wait_state(first, LeaseState.LIVE)
+        await wait_begun(first)
         with actor.lease(Conversation(), client="10.0.0.2") as waiting:
             assert waiting.state is LeaseState.QUEUED
             first.end(client_left=True)
             left = trio.current_time()
             await wait_state(first, LeaseState.HELD)
             assert actor.statistics().slots == {"free": 0, "prefill": 0, "live": 0, "draining": 0, "held": 1}
-            await wait_state(waiting, LeaseState.LIVE)
+            await wait_begun(waiting)
             assert trio.current_time() - left == pytest.approx(RETURN_WINDOW, abs=TICK)
             assert first.state is LeaseState.ENDED and waiting.slot == 0

@@ -88,17 +88,23 @@ def test_one_huge_push_keeps_only_the_newest_frames():
     np.testing.assert_array_equal(framer.pop_frame(), stream(FRAME * 10)[FRAME * 8 : FRAME * 9])
 
 
-def simulate(align, phase_ms, ticks=200, page=960, late_pages=()):
+def simulate(align, phase_ms, ticks=200, page=960, late_pages=(), pause=None, stall=None):
     """Pages of `page` samples every 40 ms at `phase_ms` past each tick; one pop per 80 ms tick.
 
-    Returns the latency of each popped frame (tick time - arrival of its last
-    sample, ms), the popped audio, and the framer.
+    The audio is a loud ramp (speech to the framer), silent over the frames of
+    ``pause`` (a range of frame numbers, the caller pausing).  Returns the
+    latency of each popped frame (tick time - arrival of its last sample, ms),
+    the popped audio, and the framer.
     """
     framer = InputFramer(1920, max_frames=6, align=align)
-    data = np.arange(ticks * 1920 + page * 4, dtype=np.float32)
+    data = np.arange(1, ticks * 1920 + page * 4 + 1, dtype=np.float32)
+    if pause is not None:
+        data[pause.start * 1920 : pause.stop * 1920] = 0.0
     pages = []  # (arrival ms, samples)
     for k in range(ticks * 2 + 2):
         arrival = phase_ms + 40 * k + (30 if k in late_pages else 0)
+        if stall is not None and stall[0] <= k < stall[1]:
+            arrival = phase_ms + 40 * stall[1]  # held by the network, then delivered with page stall[1], in order
         pages.append((arrival, data[k * page : (k + 1) * page]))
     pages.sort(key=lambda p: p[0])
     latencies, popped, row, i = [], [], np.zeros(1920, np.float32), 0
@@ -140,9 +146,21 @@ def test_a_late_page_holds_off_further_skips():
     # The first late page costs one underrun (a tick of silence); the margin
     # it leaves is then kept for a while, so the later late pages cost nothing.
     assert jittery.underruns == 1
-    # Once calm again, the framer catches up that one frame, and no more.
-    assert jittery.skipped_samples <= calm.skipped_samples + 1920
+    # Once calm again, phase alignment catches up that one frame (less than a frame at a time), and no more;
+    # the caller never paused, so no silence was skipped.
+    assert jittery.skipped_samples <= calm.skipped_samples + 1920 and jittery.caught_up_samples == 0
     assert latencies[-20:].max() < 40
+
+
+def test_a_lag_of_frames_is_caught_up_over_a_pause_never_over_speech():
+    """Pages held back 240 ms put an unaligned caller three frames behind: the speech that follows is heard
+    whole, three ticks late; the lag goes in the caller's next pause (frames 330 to 345), and no further."""
+    latencies, audio, framer = simulate(False, 30, ticks=400, stall=(480, 486), pause=range(330, 345))
+    assert framer.skipped_samples == 0  # (naive framing never skips for alignment)
+    assert 0 < framer.caught_up_samples <= 15 * 1920
+    loud = audio[audio > 0]
+    assert np.all(np.diff(loud[loud < 330 * 1920]) == 1) and np.all(np.diff(loud[loud > 345 * 1920]) == 1)
+    assert latencies[-20:].max() == latencies[:200].max()  # back to the latency it had before the lag
 
 
 def test_naive_framing_reports_arrival_of_the_last_sample():
@@ -191,29 +209,59 @@ def _frames(values, frame=FRAME):
 
 
 def test_early_audio_is_heard_and_silence_skipped_until_back_to_real_time():
-    framer = InputFramer(FRAME, max_frames=2)
+    framer = InputFramer(FRAME, max_frames=10)
     for i, pcm in enumerate(_frames([0.5, 0.6, 0, 0, 0, 0.7, 0, 0.8])):  # said before the conversation was live
         assert framer.keep_early(pcm, float(i)) == 0
     assert framer.pending_frames == 0 and framer.catch_up()
-    assert framer.pending_frames == 8  # all kept, beyond the usual backlog of 2
+    assert framer.pending_frames == 8  # all kept
     heard = []
     for tick in range(8):
         framer.push(np.full(FRAME, 0.1 + tick, np.float32), 100.0 + tick)  # live audio goes on, a frame a tick
         heard.append(float(framer.pop_frame()[0]))
-    # Speech is never skipped; the silences at the head are, while over the backlog.
+    # Speech is never skipped; the silences are, while behind real time.
     assert heard[:4] == pytest.approx([0.5, 0.6, 0.7, 0.8])
     assert heard[4:] == pytest.approx([0.1, 1.1, 2.1, 3.1])  # then live, in order, nothing lost
-    assert framer.caught_up_samples == 4 * FRAME and framer.pending_frames == 4  # still 2 frames behind
+    assert framer.caught_up_samples == 4 * FRAME and framer.pending_frames == 4  # still 3 frames behind
+    assert framer.stats().behind == 3 * FRAME
     for tick in range(8, 12):  # the caller pauses: the live silence is what gets skipped now
         framer.push(np.zeros(FRAME, np.float32), 100.0 + tick)
         assert float(framer.pop_frame()[0]) == pytest.approx(tick - 3.9)  # the speech before it, in order
     framer.push(np.zeros(FRAME, np.float32), 112.0)
-    assert framer.pop_frame()[0] == 0.0 and framer.pending_frames <= 2  # the pause skipped: back to real time ...
-    assert framer.push(np.ones(5 * FRAME, np.float32), 200.0) > 0 and framer.pending_frames <= 3  # ... its limits
+    assert framer.pop_frame()[0] == 0.0 and framer.pending_frames == 0  # the pause skipped: back to real time
+    assert framer.caught_up_samples == 8 * FRAME and framer.stats().behind == 0
+
+
+def test_a_burst_after_a_stall_is_kept_whole_and_caught_up_over_the_pauses():
+    """A second of the caller's audio held back by the network, then delivered at once: nothing is lost, and
+    the lag is gone after the caller's next pause (the speech right after the stall waits, none is skipped)."""
+    framer = InputFramer(FRAME, max_frames=50)
+    speech, pause = 0.3, 0.0
+    script = [speech] * 20 + [speech] * 12 + [speech] * 10 + [pause] * 20 + [speech] * 30  # frames, in order
+    stream = np.concatenate([np.full(FRAME, v if v else 0.0, np.float32) + (k if v else 0) * 1e-6
+                             for k, v in enumerate(script)])
+    heard, delays = [], []
+    for tick in range(len(script) + 20):
+        if tick < 20 or tick >= 32:  # frames 20-31 are held by the network for 12 ticks (0.96 s) ...
+            if tick == 32:
+                framer.push(stream[20 * FRAME : 33 * FRAME], tick)  # ... and arrive at once with the next one
+            elif tick < len(script):
+                framer.push(stream[tick * FRAME : (tick + 1) * FRAME], tick)
+        out = np.zeros(FRAME, np.float32)
+        arrived = framer.pop_frame_into(out)
+        if arrived is not None:
+            heard.append(out.copy())
+            delays.append(tick - round(float(np.max(out) - speech) * 1e6) if np.max(out) > 0.1 else None)
+    loud = [h for h in heard if np.max(h) > 0.1]
+    assert len(loud) == 20 + 12 + 10 + 30  # every speech frame heard, in order
+    assert all(np.max(b) > np.max(a) for a, b in zip(loud, loud[1:]))
+    assert framer.caught_up_samples == 12 * FRAME  # twelve frames of the pause were not fed to the model
+    talk = [d for d in delays if d is not None]
+    assert talk[:20] == [0] * 20 and talk[20] == 12  # on time; then the held frames, a tick each, 12 behind ...
+    assert talk[-30:] == [0] * 30  # ... and on time again after the pause
 
 
 def test_catching_up_holds_phase_alignment_off():
-    framer = InputFramer(FRAME, max_frames=2, align=True, window=3)
+    framer = InputFramer(FRAME, max_frames=10, align=True, window=3)
     for pcm in _frames([0.5] * 6):
         framer.keep_early(pcm, 0.0)
     framer.catch_up()
@@ -223,9 +271,16 @@ def test_catching_up_holds_phase_alignment_off():
     assert framer.skipped_samples == 0
 
 
-def test_early_audio_keeps_the_last_seconds_only():
-    framer = InputFramer(1920, max_frames=6)
+def test_early_audio_keeps_the_backlog_s_newest_frames_only():
+    framer = InputFramer(1920, max_frames=50)  # 4 s
     second = np.full(24_000, 0.5, np.float32)
     dropped = sum(framer.keep_early(second, float(t)) for t in range(6))  # six seconds before "live"
     assert dropped == 2 * 13 and framer.early_samples == 4 * 24_000  # the oldest two seconds went (12.5 frames each)
     assert framer.catch_up() and framer.pending_samples == 4 * 24_000 and not framer.catch_up()
+
+
+def test_a_burst_longer_than_the_backlog_loses_its_oldest_frames_counted():
+    framer = InputFramer(FRAME, max_frames=10)
+    burst = np.arange(1, 13 * FRAME + 1, dtype=np.float32)
+    assert framer.push(burst, 1.0) == 2  # 13 frames into room for 10 (and one frame's room for a partial one)
+    assert framer.pending_frames == 11 and framer.pop_frame()[0] == burst[2 * FRAME]  # the oldest two went

@@ -35,10 +35,13 @@ class Owner:
     def lease_ended(self, lease, client_left):
         self.table.release(lease, self.now, client_left=client_left)
 
-    def lease_restarted(self, lease):
+    def lease_changed(self, lease):
         self.restarted.append(lease)
 
     def count_drop(self, reason, count):
+        pass
+
+    def silence_skipped(self, direction, samples):
         pass
 
 
@@ -63,8 +66,9 @@ def between_calls(owner: Owner) -> list[int]:
 def test_the_moves_a_lease_may_make():
     moves = LEASE_LIFECYCLE.moves
     assert moves[S.QUEUED] == {S.QUEUED, S.STARTING, S.ENDED}
-    assert moves[S.STARTING] == {S.PREFILL, S.LIVE, S.FLUSHING, S.FAILED, S.DRAINING}
-    assert moves[S.PREFILL] == {S.STARTING, S.LIVE, S.FLUSHING, S.FAILED, S.DRAINING}
+    assert moves[S.STARTING] == {S.PREFILL, S.READY, S.FLUSHING, S.FAILED, S.DRAINING}
+    assert moves[S.PREFILL] == {S.STARTING, S.READY, S.FLUSHING, S.FAILED, S.DRAINING}
+    assert moves[S.READY] == {S.STARTING, S.LIVE, S.FLUSHING, S.FAILED, S.DRAINING}  # (LIVE: its first step)
     assert moves[S.LIVE] == {S.STARTING, S.FLUSHING, S.FAILED, S.DRAINING}  # (STARTING: the prompt again)
     assert moves[S.FLUSHING] == {S.FLUSHED, S.FAILED, S.DRAINING}
     assert moves[S.FAILED] == {S.DRAINING, S.ENDED} and moves[S.DRAINING] == {S.HELD, S.ENDED}
@@ -75,7 +79,8 @@ def test_the_moves_a_lease_may_make():
 def test_a_move_the_lifecycle_does_not_have_is_refused():
     owner = Owner(SlotTable(1, queue_size=1))
     lease = new_lease(owner)
-    assert lease.started(0) and lease.state is S.LIVE
+    assert lease.started(0, 0.0) and lease.state is S.READY
+    lease.first_step()
     with pytest.raises(IllegalTransition, match="lease: no transition from live to queued"):
         lease.queued(1)
     lease.end()
@@ -87,7 +92,7 @@ def test_a_move_the_lifecycle_does_not_have_is_refused():
 def test_a_failed_lease_refuses_input_with_its_reason_and_its_slot_drains():
     owner = Owner(SlotTable(1, queue_size=1))
     lease = new_lease(owner)
-    lease.started(0)
+    lease.started(0, 0.0)
     owner.table.fail(0, LeaseFailure(CloseCode.INTERNAL_ERROR, "the model failed"))
     assert lease.state is S.FAILED and lease.failure.message == "the model failed"
     assert owner.table.slot_states(0.0)["draining"] == 1
@@ -105,14 +110,14 @@ def test_a_failed_lease_refuses_input_with_its_reason_and_its_slot_drains():
 def test_a_live_flush_ends_the_output_once_every_frame_taken_is_answered():
     owner = Owner(SlotTable(1, queue_size=1))
     lease = new_lease(owner)
-    lease.started(0)
-    assert lease.push_input(np.ones(FRAME + 100, np.float32), 0.0)
+    lease.started(0, 0.0)
+    assert lease.push_input(np.ones(FRAME + 100, np.float32), 0.0)  # (READY takes input, as LIVE does)
     lease.flush()
     assert lease.state is S.FLUSHING  # two frames to answer (the second padded)
     assert not lease.push_input(np.ones(FRAME, np.float32), 0.1)  # nothing after the end of input
     out = np.zeros(FRAME, np.float32)
     for tick in (1, 2):
-        lease.take_frame(out, tick)
+        lease.take_frame(out, tick, 0.0)
         lease.deliver(output(tick))
     assert lease.state is S.FLUSHED
     lease.deliver(output(3))  # nothing follows the end
@@ -126,10 +131,10 @@ def test_a_flush_before_live_takes_effect_when_the_prompt_is_done():
     assert lease.push_input(np.ones(FRAME, np.float32), 0.0)  # kept for when it is live
     lease.flush()
     assert lease.state is S.STARTING
-    assert not lease.started(3) and lease.state is S.PREFILL and lease.prompt_left == 3
-    assert lease.prefilled(3)
+    assert not lease.started(3, 0.0) and lease.state is S.PREFILL and lease.prompt_left == 3
+    assert lease.prefilled(3, 0.0)
     assert lease.state is S.FLUSHING  # the early frame still to answer
-    lease.take_frame(np.zeros(FRAME, np.float32), 1)
+    lease.take_frame(np.zeros(FRAME, np.float32), 1, 0.0)
     lease.deliver(output(1))
     assert lease.state is S.FLUSHED
 
@@ -214,7 +219,8 @@ def test_nothing_is_held_when_nobody_waits():
 async def test_a_restart_runs_the_prompt_again_in_the_same_slot_and_keeps_what_was_said():
     owner = Owner(SlotTable(2, queue_size=1))
     lease = new_lease(owner, early_audio=True)
-    lease.started(0)
+    lease.started(0, 0.0)
+    lease.first_step()
     assert lease.state is S.LIVE
     said = np.arange(FRAME + 5, dtype=np.float32)
     lease.push_input(said, 1.0)
@@ -226,13 +232,13 @@ async def test_a_restart_runs_the_prompt_again_in_the_same_slot_and_keeps_what_w
     call = plan_call(owner.table, 0.0)
     assert call.starts == [(0, pirate)]  # its prompt runs anew (the engine's start resets the row)
     lease.push_input(np.full(FRAME, 7.0, np.float32), 1.1)  # said while the prompt runs: kept
-    lease.started(4)
-    lease.prefilled(4)
-    assert lease.state is S.LIVE and lease.slot == 0
+    lease.started(4, 0.0)
+    lease.prefilled(4, 0.0)
+    assert lease.state is S.READY and lease.slot == 0
     out = np.zeros(FRAME, np.float32)
-    lease.take_frame(out, 1)
+    lease.take_frame(out, 1, 0.0)
     assert np.array_equal(out, said[:FRAME])  # what waited when the prompt began comes first, then the rest
-    lease.take_frame(out, 2)
+    lease.take_frame(out, 2, 0.0)
     assert np.array_equal(out[:5], said[FRAME:]) and np.all(out[5:] == 7.0)
 
 
@@ -242,6 +248,6 @@ def test_a_restart_while_queued_changes_the_settings_only_and_none_after_the_end
     waiting = new_lease(owner)
     pirate = Conversation(persona="You are a pirate.")
     assert waiting.restart(pirate) and waiting.conversation is pirate and waiting.state is S.QUEUED
-    first.started(0)
+    first.started(0, 0.0)
     first.flush()
     assert not first.restart(pirate)  # the input has ended: too late

@@ -197,7 +197,8 @@ async def test_the_golden_conversation_through_a_server_session(voice, nursery, 
     from _helpers.fake_ws import running_host, start_session
 
     engine = PersonaPlexEngine(golden_model, 2)
-    host = await running_host(monkeypatch, nursery, engine=engine, slots=2, prompt_position_seconds=0.001)
+    host = await running_host(monkeypatch, nursery, engine=engine, slots=2, prompt_position_seconds=0.001,
+                              first_frame_timeout=3.0)  # the first step takes the first frame, as the reference
     run = await start_session(nursery, host, "raw")
     run.ws.client_send(_json.dumps({"type": "open", "text_prompt": golden.persona, "voice_prompt": voice,
                                     "text_temperature": 0, "audio_temperature": 0}))

@@ -91,7 +91,7 @@ async def test_raw_session_walks_every_state_and_flushes_everything(nursery, aut
 
 async def test_flush_with_a_full_output_queue_ends_with_done_after_what_survived(nursery, autojump_clock, monkeypatch):
     """The client stops reading; its output queue overflows (oldest audio first, text kept); then it reads."""
-    host = await running_host(monkeypatch, nursery, slots=1, output_backlog_frames=2, client_timeout=30)
+    host = await running_host(monkeypatch, nursery, slots=1, output_backlog_seconds=0.16, client_timeout=30)
     run = await start_session(nursery, host, "raw")
     run.ws.client_send(OPEN)
     await run.ws.wait_for(of_type("ready"))
@@ -112,7 +112,7 @@ async def test_flush_with_a_full_output_queue_ends_with_done_after_what_survived
 
 
 async def test_a_client_that_never_reads_again_is_dropped_after_the_client_timeout(nursery, autojump_clock, monkeypatch):
-    host = await running_host(monkeypatch, nursery, slots=1, output_backlog_frames=2, client_timeout=3)
+    host = await running_host(monkeypatch, nursery, slots=1, output_backlog_seconds=0.16, client_timeout=3)
     run = await start_session(nursery, host, "raw")
     run.ws.client_send(OPEN)
     await run.ws.wait_for(of_type("ready"))
