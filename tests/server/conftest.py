@@ -12,17 +12,17 @@ from pplex_trio.server import ServerSettings, serve
 
 @pytest.fixture
 def start_server(nursery, tmp_path):
-    """``await start_server(engine=None, voice_limits=None, **settings)`` → a ServerHandle on a free port (its voice
-    store in the test's own folder); without ``engine``, the one ``pplex-trio serve`` makes of the settings (the
-    echo test engine unless ``model`` says otherwise)."""
+    """``await start_server(engine=None, **settings)`` → a ServerHandle on a free port (its voice store in the
+    test's own folder); without ``engine``, the one ``pplex-trio serve`` makes of the settings (the echo test
+    engine unless ``model`` says otherwise)."""
 
-    async def start(engine=None, voice_limits=None, **overrides):
+    async def start(engine=None, **overrides):
         defaults = dict(host="127.0.0.1", port=0, model="echo", slots=2, echo_prefill_steps=2, echo_delay_frames=1,
                         voice_store=tmp_path / "voice-store")
         defaults.update(overrides)
         settings = ServerSettings(**defaults)
         if engine is None:
             engine = create_engine(settings)
-        return await nursery.start(functools.partial(serve, settings, engine, voice_limits=voice_limits))
+        return await nursery.start(functools.partial(serve, settings, engine))
 
     return start

@@ -35,6 +35,12 @@ def wav_bytes(seconds: float, rate: int = RATE, level: float = 0.2, channels: in
     return header + pcm16
 
 
+def with_limits(handle, **limits):
+    """The server's voice store, held to ``limits`` instead of the defaults (the routes read them per request)."""
+    handle.server.voice_store.limits = VoiceLimits(**limits)
+    return handle
+
+
 def store_files(handle) -> list[str]:
     folder = handle.server.voice_store.folder
     return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
@@ -135,7 +141,7 @@ BAD_UPLOADS = [
 
 
 async def test_every_bad_upload_gets_its_answer_and_harms_nothing(start_server, caplog):
-    handle = await start_server(voice_limits=VoiceLimits(per_minute=1000))
+    handle = with_limits(await start_server(), per_minute=1000)
     witness = RawWitness(handle.ws_url)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(witness.run)
@@ -183,7 +189,7 @@ async def test_a_body_without_its_length_is_refused(start_server):
 
 
 async def test_a_body_that_never_finishes_is_cut_off(start_server, caplog):
-    handle = await start_server(voice_limits=VoiceLimits(body_seconds=0.5))
+    handle = with_limits(await start_server(), body_seconds=0.5)
     witness = RawWitness(handle.ws_url)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(witness.run)
@@ -211,7 +217,7 @@ async def test_a_body_that_never_finishes_is_cut_off(start_server, caplog):
 
 
 async def test_limits_of_the_store_and_of_each_address(start_server):
-    handle = await start_server(voice_limits=VoiceLimits(max_voices=2, per_minute=4))
+    handle = with_limits(await start_server(), max_voices=2, per_minute=4)
     assert (await upload(handle, "One", wav_bytes(1.5))).status_code == 201
     taken = await upload(handle, "One", wav_bytes(1.5))
     assert taken.status_code == 409 and "already a voice One.pt" in taken.json()["error"]
@@ -225,7 +231,7 @@ async def test_limits_of_the_store_and_of_each_address(start_server):
 
 
 async def test_a_hundred_uploads_at_once_each_get_a_clear_answer(start_server, caplog):
-    handle = await start_server(voice_limits=VoiceLimits(per_minute=1000, at_once=4))
+    handle = with_limits(await start_server(), per_minute=1000, at_once=4)
     witness = RawWitness(handle.ws_url)
     answers = {}
     body = wav_bytes(1.5)
