@@ -146,6 +146,11 @@ class VirtualServer:
         """As ``pplex_trio.client.open_websocket``; ``url`` may be a path of this server."""
         return open_websocket(self.network, self._url(url), **options)
 
+    async def open_tcp_stream(self, host: str, port: int, **_options: Any) -> VirtualStream:
+        """``trio.open_tcp_stream`` on the virtual network: a test of code that opens its own connections (our
+        command-line client) patches it in."""
+        return await self.network.connect(host, port)
+
     async def connect(self, *, source: str = "127.0.0.1", receive_buffer: int | None = None) -> VirtualStream:
         """A bare connection to the server (the client's end)."""
         return await self.network.connect("127.0.0.1", self.port, source=source, receive_buffer=receive_buffer)
