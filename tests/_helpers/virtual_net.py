@@ -13,8 +13,10 @@ together), so:
   then ``b""``;
 * a reset (:meth:`VirtualStream.reset`, or the server's abort: ``SO_LINGER``
   0 then ``close`` on the fake socket) breaks the connection for both sides at
-  once: whatever was buffered is lost, and every read and write on either side
-  raises ``trio.BrokenResourceError``;
+  once: every write on either side raises ``trio.BrokenResourceError``, and so
+  does every read once the bytes that had reached that side are read (as on
+  Linux, where the bytes already in a receive queue are read before the reset
+  is reported: a close frame written just before an abort still arrives);
 * closing an end with bytes from the peer still unread is a reset too, as a
   real TCP stack answers such a close with RST;
 * writing to an end the peer has closed raises ``trio.BrokenResourceError``;
@@ -61,10 +63,7 @@ class _Connection:
         self.changed = trio.lowlevel.ParkingLot()
 
     def reset(self) -> None:
-        if not self.broken:
-            self.broken = True
-            self.to_server.data.clear()
-            self.to_client.data.clear()
+        self.broken = True
         self.changed.unpark_all()
 
 
@@ -187,15 +186,15 @@ class VirtualStream(trio.abc.HalfCloseableStream):
             while True:
                 if self._closed:
                     raise trio.ClosedResourceError("this end is closed")
-                if self._connection.broken:
-                    raise trio.BrokenResourceError("the connection was reset") from ConnectionResetError()
                 if not self._frozen:
-                    if self._in.data:
+                    if self._in.data:  # (after a reset too: these bytes had reached this side)
                         size = min(len(self._in.data), max_bytes or READ_BYTES)
                         chunk = bytes(self._in.data[:size])
                         del self._in.data[:size]
                         self._connection.changed.unpark_all()  # room for the writer
                         return chunk
+                    if self._connection.broken:
+                        raise trio.BrokenResourceError("the connection was reset") from ConnectionResetError()
                     if self._in.eof:
                         return b""
                 await self._connection.changed.park()

@@ -113,6 +113,7 @@ async def test_a_client_that_stops_reading_blocks_the_writer_once_the_buffers_ar
 async def test_an_abort_breaks_both_ends_at_once(kind, clock, connected):
     server, client = await connected()
     await client.send_all(b"unread")
+    await server.send_all(b"last words")  # (a refusal's close frame, written just before the abort)
     woken = []
 
     async def blocked_read() -> None:  # the server's own reader, waiting when the abort comes
@@ -128,8 +129,9 @@ async def test_an_abort_breaks_both_ends_at_once(kind, clock, connected):
         abort(server)
     assert woken == ["closed"]
     await trio.sleep(0.05)  # (the reset crosses the loopback)
+    assert await client.receive_some(100) == b"last words"  # what had reached the client is read first ...
     with pytest.raises(trio.BrokenResourceError):
-        await client.receive_some(100)
+        await client.receive_some(100)  # ... then the reset
     with pytest.raises(OSError):
         client.socket.getpeername()  # no peer any more
     with pytest.raises(trio.BrokenResourceError):
