@@ -79,12 +79,13 @@ async def moshi_handshake(ws, timeout: float = 10.0) -> int:
             raise AssertionError(f"unexpected message before the handshake: {message[:60]!r}")
 
 
-async def moshi_talk(url: str, pcm: np.ndarray, want: int, timeout: float = 60.0) -> list[np.ndarray]:
+async def moshi_talk(url: str, pcm: np.ndarray, want: int, timeout: float = 60.0, *,
+                     opener: Any = open_websocket) -> list[np.ndarray]:
     """A Moshi conversation at ``url``: stream ``pcm`` in real time (40 ms Ogg pages) and return the first
-    ``want`` decoded audio chunks that came back."""
+    ``want`` decoded audio chunks that came back (``opener``: as :class:`RawWitness`'s)."""
     decoder = sphn.OpusStreamReader(SR)
     out: list[np.ndarray] = []
-    async with open_websocket(url) as ws:
+    async with opener(url) as ws:
         await moshi_handshake(ws, timeout=timeout)
 
         async def send() -> None:
