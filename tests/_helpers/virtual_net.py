@@ -43,6 +43,11 @@ DEFAULT_BUFFER = 64 * 1024  # bytes one direction of a connection holds before t
 READ_BYTES = 65536  # what receive_some returns at most when not told
 
 
+def _reset() -> ConnectionResetError:
+    """The error a socket reports for a reset (with its errno and text: TLS code reads them)."""
+    return ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+
+
 class _Pipe:
     """One direction of a connection: the bytes written and not yet read, and whether the writer is done."""
 
@@ -173,7 +178,7 @@ class VirtualStream(trio.abc.HalfCloseableStream):
         if self._closed:
             raise trio.ClosedResourceError("this end is closed")
         if self._connection.broken:
-            raise trio.BrokenResourceError("the connection was reset") from ConnectionResetError()
+            raise trio.BrokenResourceError("the connection was reset") from _reset()
         self._out.eof = True
         self._connection.changed.unpark_all()
 
@@ -194,7 +199,7 @@ class VirtualStream(trio.abc.HalfCloseableStream):
                         self._connection.changed.unpark_all()  # room for the writer
                         return chunk
                     if self._connection.broken:
-                        raise trio.BrokenResourceError("the connection was reset") from ConnectionResetError()
+                        raise trio.BrokenResourceError("the connection was reset") from _reset()
                     if self._in.eof:
                         return b""
                 await self._connection.changed.park()
@@ -211,11 +216,12 @@ class VirtualStream(trio.abc.HalfCloseableStream):
         if self._closed:
             raise trio.ClosedResourceError("this end is closed")
         if self._connection.broken:
-            raise trio.BrokenResourceError("the connection was reset") from ConnectionResetError()
+            raise trio.BrokenResourceError("the connection was reset") from _reset()
         if self._out.eof:
             raise trio.ClosedResourceError("this end has sent its EOF")
         if self._out.reader_gone:
-            raise trio.BrokenResourceError("the peer closed the connection") from BrokenPipeError()
+            raise trio.BrokenResourceError("the peer closed the connection") from BrokenPipeError(
+                errno.EPIPE, "Broken pipe")
 
     def _close(self, *, reset: bool) -> None:
         if self._closed:
