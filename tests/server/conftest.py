@@ -1,4 +1,5 @@
-"""A real server on a loopback port, in the test's own nursery."""
+"""A real server on a loopback port, in the test's own nursery: for the few cases where the real network is the
+point (most server tests use the ``virtual_server`` fixture of ``tests/conftest.py`` instead)."""
 
 from __future__ import annotations
 
