@@ -138,11 +138,6 @@ class VirtualStream(trio.abc.HalfCloseableStream):
         """Vanish with a reset, as ``SO_LINGER`` 0 then ``close`` does."""
         self._close(reset=True)
 
-    @property
-    def unread(self) -> int:
-        """Bytes the peer sent that this end has not read yet."""
-        return len(self._in.data)
-
     # -- trio.abc.HalfCloseableStream --------------------------------------------
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
