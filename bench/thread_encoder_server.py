@@ -20,6 +20,7 @@ from pplex_trio._cli import build_parser, log_level
 from pplex_trio._cli._engines import create_engine
 from pplex_trio._cli._settings_cli import settings_from_args
 from pplex_trio.server import ServerSettings, serve
+from pplex_trio.server import _context as server_context
 
 
 def main(argv: list[str]) -> int:
@@ -31,7 +32,10 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=log_level(args), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from_args(ServerSettings, args)
     engine = create_engine(settings)
-    trio.run(lambda: serve(settings, engine, handle_signals=True, encoders=ThreadEncoders(kind)))
+    # The one difference from `pplex-trio serve`: the server's context makes these encoders, whatever
+    # --opus-encoder says (a benchmark's substitution, not an option the server offers).
+    server_context.make_encoders = lambda placement, inline_streams=0: ThreadEncoders(kind)
+    trio.run(lambda: serve(settings, engine, handle_signals=True))
     return 0
 
 

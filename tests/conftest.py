@@ -7,6 +7,8 @@ import pathlib
 
 import pytest
 
+from _helpers.virtual_server import VirtualServers
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # Real speech and golden data live beside the checkout, on every developer
 # machine and in CI (see the developers' guide); tests never copy them in.
@@ -23,6 +25,14 @@ def shared_dir() -> pathlib.Path:
 @pytest.fixture(scope="session")
 def golden_dir(shared_dir: pathlib.Path) -> pathlib.Path:
     return shared_dir / "golden" / "tiny-public"
+
+
+@pytest.fixture
+def virtual_server(nursery, monkeypatch, tmp_path) -> VirtualServers:
+    """``await virtual_server(engine=None, *, prefill_steps=2, delay_frames=1, compute_seconds=0, **settings)`` →
+    the real server on an in-memory network, run in the test's own Trio run (a ``VirtualServer``: its handle,
+    and clients that reach it).  The test asks for ``autojump_clock`` too: see ``_helpers/virtual_server.py``."""
+    return VirtualServers(nursery, monkeypatch, tmp_path)
 
 
 @pytest.fixture(scope="session")

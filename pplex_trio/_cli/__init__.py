@@ -165,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from ..server import ServerSettings, serve
-    from ..server import ListenError, bind_sockets, tls_certificate
+    from ..server import ListenError, bind_sockets, socket_listeners, tls_certificate
     from ..protocol import AUTH_TOKEN_ENV
     from ._engines import ModelUnavailable, create_engine
 
@@ -190,7 +190,8 @@ def _serve(args: argparse.Namespace) -> int:
         for sock in sockets:
             sock.close()
         return 2
-    trio.run(lambda: serve(settings, engine, handle_signals=True, sockets=sockets, certificate=certificate))
+    listeners = socket_listeners(sockets)
+    trio.run(lambda: serve(settings, engine, handle_signals=True, listeners=listeners, certificate=certificate))
     logger.info("server stopped")
     return 0
 

@@ -5,6 +5,7 @@ from ._serve import ListenError as ListenError
 from ._serve import ServerHandle as ServerHandle
 from ._serve import bind_sockets as bind_sockets
 from ._serve import serve as serve
+from ._serve import socket_listeners as socket_listeners
 from ._serve import tls_certificate as tls_certificate
 from ._settings import ServerSettings as ServerSettings
 from ._context import ServerContext as ServerContext

@@ -14,7 +14,7 @@ from ._encoders import Encoders, make_encoders
 from ._server_state import SERVER_LIFECYCLE, ServerState, Unready
 from ._session import Session
 from ._settings import ServerSettings
-from ._voice_store import VoiceLimits, VoiceStore, default_folder
+from ._voice_store import VoiceStore, default_folder
 
 
 @dataclasses.dataclass(eq=False)
@@ -30,15 +30,12 @@ class ServerContext:
     _drain_scope: trio.CancelScope | None = dataclasses.field(default=None, repr=False)
 
     @classmethod
-    def create(cls, settings: ServerSettings, engine: Engine, *, encoders: Encoders | None = None,
-               voice_limits: VoiceLimits | None = None) -> ServerContext:
-        """A new server's context; ``encoders`` replaces the ``--opus-encoder`` choice (benchmarks),
-        ``voice_limits`` the voice store's defaults (tests)."""
+    def create(cls, settings: ServerSettings, engine: Engine) -> ServerContext:
+        """A new server's context, as the settings ask."""
         metrics = Metrics()
         actor = EngineActor(engine, settings, metrics=metrics)
-        if encoders is None:
-            encoders = make_encoders(settings.opus_encoder, settings.inline_encoders)
-        store = VoiceStore(settings.voice_store or default_folder(engine.name), voice_limits)
+        encoders = make_encoders(settings.opus_encoder, settings.inline_encoders)
+        store = VoiceStore(settings.voice_store or default_folder(engine.name))
         engine.use_voice_store(store.folder)
         return cls(settings=settings, engine=engine, actor=actor, metrics=metrics, encoders=encoders,
                    voice_store=store)

@@ -45,7 +45,7 @@ class MoshiProtocol(WireProtocol):
         return conversation_from_params(parse_query(query), max_prompt_chars=self._max_prompt_chars,
                                         voices=None if self._voices is None else self._voices())
 
-    def parse(self, message: bytes | str | None) -> InputEvent:
+    def parse(self, message: Message) -> InputEvent:
         event = moshi.parse_client_message(message, max_bytes=self._max_bytes)
         if isinstance(event, moshi.AudioReceived) and event.ogg:
             return InputAudio(event.ogg)

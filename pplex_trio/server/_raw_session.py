@@ -35,7 +35,7 @@ class RawProtocol(WireProtocol):
         return conversation_from_params(event.params, max_prompt_chars=self._max_prompt_chars,
                                         voices=None if self._voices is None else self._voices())
 
-    def parse(self, message: bytes | str | None) -> InputEvent:
+    def parse(self, message: Message) -> InputEvent:
         event = raw.parse_client_message(message, max_bytes=self._max_bytes)
         if isinstance(event, raw.PcmReceived):
             if self._closing:

@@ -147,10 +147,8 @@ class RealtimeProtocol(WireProtocol):
 
     # -- client events ---------------------------------------------------------------
 
-    def _parse(self, message: bytes | str | None) -> Any:
+    def _parse(self, message: Message) -> Any:
         """An event, or the ``error`` event that answers a bad one."""
-        if message is None:
-            return Replies([])
         try:
             return parse_realtime_event(message, max_bytes=self._max_bytes)
         except RealtimeError as exc:
@@ -170,7 +168,7 @@ class RealtimeProtocol(WireProtocol):
         notices, self._notices = self._notices, []
         return notices
 
-    def parse(self, message: bytes | str | None) -> InputEvent:
+    def parse(self, message: Message) -> InputEvent:
         event = self._parse(message)
         if isinstance(event, Replies):
             return event

@@ -95,11 +95,12 @@ class Sender:
             if message is not None:
                 await self.ws.send(self.wire.error(message, code))
             await self.ws.close(code, close_reason(message))
-            # Read on until the client answers the close (Quart then cancels
-            # us): a socket closed with the client's audio still unread would
-            # be reset, and the client might never see why it ended.
-            while await self.ws.receive() is not None:
-                pass
+            # Read on until the client answers the close (its disconnect then
+            # cancels us, as Quart would): a socket closed with the client's
+            # audio still unread would be reset, and the client might never
+            # see why it ended.
+            while True:
+                await self.ws.receive()
 
 
 def close_reason(message: str | None) -> str:

@@ -21,6 +21,7 @@ import ipaddress
 import logging
 import signal
 import socket
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -31,12 +32,10 @@ from ..engine import Engine
 from ._app import CONVERSATION_PATHS, create_app
 from ..protocol import AccessPolicy, Refused
 from ._access_log import AccessLog
-from ._encoders import Encoders
 from ._gate import AccessGate
 from ._server_state import ServerState
 from ._settings import ServerSettings
 from ._context import ServerContext
-from ._voice_store import VoiceLimits
 from ._tls import Certificate, prepare_certificate
 from ._transport import serve_http
 
@@ -134,27 +133,32 @@ def bind_sockets(settings: ServerSettings) -> list[socket.socket]:
     return sockets
 
 
+def socket_listeners(sockets: list[socket.socket]) -> list[trio.SocketListener]:
+    """Trio listeners on the sockets :func:`bind_sockets` bound."""
+    return [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets]
+
+
 async def serve(
     settings: ServerSettings,
     engine: Engine,
     *,
     handle_signals: bool = False,
-    encoders: Encoders | None = None,
-    sockets: list[socket.socket] | None = None,
+    listeners: Sequence[trio.abc.Listener[trio.SocketStream]] | None = None,
     certificate: Certificate | None = None,
-    voice_limits: VoiceLimits | None = None,
     task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until shut down (by a signal if ``handle_signals``, or the handle).
 
-    ``encoders`` replaces the ``--opus-encoder`` choice (for benchmarks);
-    ``voice_limits`` the limits of the voice store (tests);
-    ``sockets`` are listening sockets from :func:`bind_sockets` (default: bound here);
+    ``listeners`` give the connections: by default sockets bound here for
+    ``--host``/``--port``; the command binds them first (:func:`bind_sockets`,
+    :func:`socket_listeners`), so that a port in use is said before a model
+    loads.  Any listener whose streams behave as socket streams will do (see
+    ``_transport.serve_http``); the tests serve over an in-memory network.
     ``certificate`` is the one :func:`prepare_certificate` gave (default: prepared here).
     """
     if certificate is None:
         certificate = tls_certificate(settings)
-    server = ServerContext.create(settings, engine, encoders=encoders, voice_limits=voice_limits)
+    server = ServerContext.create(settings, engine)
     policy = AccessPolicy(token=settings.auth_token, allowed_origins=settings.origins,
                           max_connections_per_address=settings.max_connections_per_ip,
                           open_paths=OPEN_PATHS, secure=certificate is not None)
@@ -164,8 +168,8 @@ async def serve(
     if settings.access_log:
         app = AccessLog(app)
     stop = trio.Event()
-    if sockets is None:
-        sockets = bind_sockets(settings)
+    if listeners is None:
+        listeners = socket_listeners(bind_sockets(settings))
     _quiet_garbage_collector()
     async with trio.open_nursery() as nursery:
         if handle_signals:  # before anything listens: a Ctrl-C at any moment from here is a clean stop
@@ -174,7 +178,7 @@ async def serve(
         await nursery.start(server.encoders.run)
         # The transport's write deadline comes a second after the session's own, so a session that gives
         # up on a client says so (and tries to tell it) before the transport drops the connection.
-        http = partial(serve_http, app, hypercorn_config(settings), sockets, write_timeout=settings.client_timeout + 1,
+        http = partial(serve_http, app, hypercorn_config(settings), listeners, write_timeout=settings.client_timeout + 1,
                        read_timeout=settings.client_timeout,
                        max_message_bytes=settings.max_message_bytes, shutdown_trigger=stop.wait,
                        on_refusal=lambda refusal: server.metrics.errors.labels("transport").inc(),

@@ -31,7 +31,7 @@ import socket
 import ssl
 import struct
 from http import HTTPStatus
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -273,7 +273,7 @@ class Connections:
 async def serve_http(
     app: Any,
     config: Config,
-    sockets: list[socket.socket],
+    listeners: Sequence[trio.abc.Listener[trio.SocketStream]],
     *,
     write_timeout: float,
     read_timeout: float = math.inf,
@@ -283,8 +283,12 @@ async def serve_http(
     ssl_context: ssl.SSLContext | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``app`` on ``sockets`` (bound and listening) until ``shutdown_trigger`` returns.
+    """Serve ``app`` on the connections ``listeners`` accept until ``shutdown_trigger`` returns.
 
+    A listener is a ``trio.SocketListener``, or any listener whose streams
+    behave as socket streams (the tests' in-memory network): the guard reads
+    the peer's address from ``stream.socket`` and aborts the connection
+    through it, and the listener's own ``socket`` says where it listens.
     With ``ssl_context``, every connection is TLS.
 
     A connection whose writes wait on its client for ``write_timeout``, or whose
@@ -315,14 +319,14 @@ async def serve_http(
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
-        listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets]
         scheme = "http" if ssl_context is None else "https"
-        binds = [f"{scheme}://{repr_socket_addr(sock.family, sock.getsockname())}" for sock in sockets]
+        binds = [f"{scheme}://{_address(listener)}" for listener in listeners]
         for bind in binds:
             await config.log.info(f"Running on {bind} (CTRL + C to quit)")
         async with trio.open_nursery() as connection_nursery:
             async with trio.open_nursery() as accepting:
-                accepting.start_soon(partial(trio.serve_listeners, handle, listeners, handler_nursery=connection_nursery))
+                accepting.start_soon(partial(trio.serve_listeners, handle, list(listeners),
+                                             handler_nursery=connection_nursery))
                 shortest = min(write_timeout, read_timeout)
                 lifespan_nursery.start_soon(_watch_deadlines, connections, shortest)
                 task_status.started(binds)
@@ -335,6 +339,13 @@ async def serve_http(
             lifespan_nursery.start_soon(_abort_after, config.graceful_timeout, connections)
         await lifespan.wait_for_shutdown()
         lifespan_nursery.cancel_scope.cancel()
+
+
+def _address(listener: trio.abc.Listener[trio.SocketStream]) -> str:
+    """Where ``listener`` listens, as ``host:port``: from its socket (not part of ``trio.abc.Listener``, but a
+    ``trio.SocketListener`` has one, and so must any other listener served here)."""
+    sock = getattr(listener, "socket")
+    return repr_socket_addr(sock.family, sock.getsockname())
 
 
 WATCH_INTERVAL = 0.25  # s: a connection is aborted within this much of its deadline

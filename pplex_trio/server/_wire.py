@@ -30,7 +30,7 @@ class WebSocket(Protocol):
     client: str | None  # the peer's address (None: unknown)
 
     async def accept(self, subprotocol: str | None = None) -> None: ...
-    async def receive(self) -> bytes | str | None: ...
+    async def receive(self) -> bytes | str: ...  # a client that is gone unwinds the handler instead
     async def send(self, data: bytes | str) -> None: ...
     async def close(self, code: int, reason: str = "") -> None: ...
 
@@ -102,7 +102,7 @@ class WireProtocol(abc.ABC):
         return self.conversation(query, message)
 
     @abc.abstractmethod
-    def parse(self, message: bytes | str | None) -> InputEvent:
+    def parse(self, message: Message) -> InputEvent:
         """One client message after the opening."""
 
     def decode(self, payloads: list[Any]) -> list[np.ndarray]:

@@ -1,9 +1,12 @@
-"""A WebSocket client on a bare socket that misbehaves at the transport level, as broken networks do.
+"""A WebSocket client on a bare connection that misbehaves at the transport level, as broken networks do.
 
 wsproto does the framing; the test decides what reaches the wire and when:
 stop reading (with a small receive buffer, so the server's writes back up),
 freeze, reset the connection (SO_LINGER 0), send fragments forever, send a
-frame header and nothing else, half-send the HTTP request.
+frame header and nothing else, half-send the HTTP request.  The connection is
+a real socket (:meth:`BadClient.connect`) or any stream whose ``socket``
+takes ``SO_LINGER`` and ``close`` (:meth:`BadClient.over`: the virtual
+network's, ``virtual_net.py``).
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ class Refused(Exception):
 
 
 class BadClient:
-    def __init__(self, stream: trio.abc.Stream, ws: WSConnection, raw: trio.SocketStream):
-        self.stream = stream  # the socket stream, or TLS over it
+    def __init__(self, stream: trio.abc.Stream, ws: WSConnection, raw: Any):
+        self.stream = stream  # the connection, or TLS over it
         self.raw = raw
         self.ws = ws
         self.closed: CloseConnection | None = None
@@ -50,19 +53,26 @@ class BadClient:
     async def connect(cls, port: int, path: str, *, rcvbuf: int | None = None, answer_pings: bool = True,
                       timeout: float = 10.0, headers: list[tuple[str, str]] | None = None,
                       tls: ssl.SSLContext | None = None, source: str | None = None) -> BadClient:
-        """Open a WebSocket; ``headers`` go with the upgrade; ``tls``: over TLS with this context; ``source``: from
-        this loopback address (``127.0.0.2``: another client than the tests' others, as the server sees it)."""
+        """Open a WebSocket over a real socket to ``port``; ``source``: from this loopback address (``127.0.0.2``:
+        another client than the tests' others, as the server sees it); the rest as :meth:`over`."""
         sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if source is not None:
             await sock.bind((source, 0))
         if rcvbuf is not None:  # before connect, so the window is small from the start
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         await sock.connect(("127.0.0.1", port))
-        raw = trio.SocketStream(sock)
+        return await cls.over(trio.SocketStream(sock), path, host=f"127.0.0.1:{port}", answer_pings=answer_pings,
+                              timeout=timeout, headers=headers, tls=tls)
+
+    @classmethod
+    async def over(cls, raw: Any, path: str, *, host: str, answer_pings: bool = True, timeout: float = 10.0,
+                   headers: list[tuple[str, str]] | None = None, tls: ssl.SSLContext | None = None) -> BadClient:
+        """Open a WebSocket over the connection ``raw``: ``headers`` go with the upgrade; ``tls``: over TLS with
+        this context.  Raises :class:`Refused` if the server refuses the upgrade."""
         stream: trio.abc.Stream = raw if tls is None else trio.SSLStream(raw, tls, server_hostname="127.0.0.1")
         client = cls(stream, WSConnection(ConnectionType.CLIENT), raw)
         client.answer_pings = answer_pings
-        request = Request(host=f"127.0.0.1:{port}", target=path, extra_headers=[
+        request = Request(host=host, target=path, extra_headers=[
             (name.encode(), value.encode()) for name, value in headers or []])
         await client.send_raw(client.ws.send(request))
         with trio.fail_after(timeout):
@@ -151,6 +161,12 @@ class BadClient:
         """Vanish with a TCP reset: SO_LINGER 0, then close."""
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.socket.close()
+
+    def freeze(self) -> None:
+        """Read and send nothing from now on.  A real socket's client just stops; a virtual connection's end is
+        told to, so that nothing this client still does can reach the wire."""
+        if hasattr(self.raw, "freeze"):
+            self.raw.freeze()
 
     def close(self) -> None:
         """Close the socket (no matter what state it is in)."""

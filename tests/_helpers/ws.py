@@ -79,12 +79,13 @@ async def moshi_handshake(ws, timeout: float = 10.0) -> int:
             raise AssertionError(f"unexpected message before the handshake: {message[:60]!r}")
 
 
-async def moshi_talk(url: str, pcm: np.ndarray, want: int, timeout: float = 60.0) -> list[np.ndarray]:
+async def moshi_talk(url: str, pcm: np.ndarray, want: int, timeout: float = 60.0, *,
+                     opener: Any = open_websocket) -> list[np.ndarray]:
     """A Moshi conversation at ``url``: stream ``pcm`` in real time (40 ms Ogg pages) and return the first
-    ``want`` decoded audio chunks that came back."""
+    ``want`` decoded audio chunks that came back (``opener``: as :class:`RawWitness`'s)."""
     decoder = sphn.OpusStreamReader(SR)
     out: list[np.ndarray] = []
-    async with open_websocket(url) as ws:
+    async with opener(url) as ws:
         await moshi_handshake(ws, timeout=timeout)
 
         async def send() -> None:
@@ -123,12 +124,14 @@ class RawWitness:
     """A raw-protocol conversation that streams a known signal and checks it all comes back.
 
     Used beside bad clients: the server must keep serving it without losing
-    a single frame.
+    a single frame.  ``opener`` opens its WebSocket (by default over a real
+    socket; a virtual server passes its own).
     """
 
-    def __init__(self, base: str, delay_frames: int = 1, **connect: Any):
+    def __init__(self, base: str, delay_frames: int = 1, *, opener: Any = open_websocket, **connect: Any):
         self.base = base
-        self.connect = connect  # open_websocket's ssl_context, token
+        self.opener = opener
+        self.connect = connect  # the opener's ssl_context, token
         self.delay = delay_frames
         rng = np.random.default_rng(7)
         self.sent: list[np.ndarray] = []
@@ -139,7 +142,7 @@ class RawWitness:
         self.stop = trio.Event()
 
     async def run(self) -> None:
-        async with open_websocket(f"{self.base}/v1/audio/duplex", **self.connect) as ws:
+        async with self.opener(f"{self.base}/v1/audio/duplex", **self.connect) as ws:
             await raw_open(ws, persona="witness")
             self.ready.set()
 

@@ -12,7 +12,6 @@ import json
 
 import numpy as np
 import sphn
-import pytest
 import trio
 import trio.testing
 from hypothesis import HealthCheck, given, settings
@@ -20,8 +19,6 @@ from hypothesis import strategies as st
 
 from _helpers.fake_ws import running_host, start_session
 from pplex_trio.protocol import ogg
-
-pytestmark = pytest.mark.serial  # their witnesses need the CPU: they run after the parallel suite
 
 LIMIT = 4096
 DOCUMENTED = {1000, 1003, 1007, 1008, 1009}

@@ -1,4 +1,5 @@
-"""A real server on a loopback port, in the test's own nursery."""
+"""A real server on a loopback port, in the test's own nursery: for the few cases where the real network is the
+point (most server tests use the ``virtual_server`` fixture of ``tests/conftest.py`` instead)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from pplex_trio.server import ServerSettings, serve
 
 @pytest.fixture
 def start_server(nursery, tmp_path):
-    """``await start_server(engine=None, voice_limits=None, **settings)`` → a ServerHandle on a free port (its voice
-    store in the test's own folder); without ``engine``, the one ``pplex-trio serve`` makes of the settings (the
-    echo test engine unless ``model`` says otherwise)."""
+    """``await start_server(engine=None, **settings)`` → a ServerHandle on a free port (its voice store in the
+    test's own folder); without ``engine``, the one ``pplex-trio serve`` makes of the settings (the echo test
+    engine unless ``model`` says otherwise)."""
 
-    async def start(engine=None, voice_limits=None, **overrides):
+    async def start(engine=None, **overrides):
         defaults = dict(host="127.0.0.1", port=0, model="echo", slots=2, echo_prefill_steps=2, echo_delay_frames=1,
                         first_frame_timeout=0,  # (stepped from the handshake: tests of the first frame set it)
                         voice_store=tmp_path / "voice-store")
@@ -24,6 +25,6 @@ def start_server(nursery, tmp_path):
         settings = ServerSettings(**defaults)
         if engine is None:
             engine = create_engine(settings)
-        return await nursery.start(functools.partial(serve, settings, engine, voice_limits=voice_limits))
+        return await nursery.start(functools.partial(serve, settings, engine))
 
     return start

@@ -1,4 +1,8 @@
-"""The door of a real server: the token, origins, connections per address, the session time limit."""
+"""The door of the server: the token, origins, connections per address, the session time limit.
+
+The real server on the virtual network and clock; our own command-line client is
+tested against it too, its connections routed onto the virtual network.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,10 @@ import json
 import logging
 import re
 
-import httpx
 import pytest
 import trio
 
-from _helpers.bad_client import BadClient, Refused
+from _helpers.bad_client import Refused
 from _helpers.ws import errors_in, moshi_handshake, read_until_closed
 from pplex_trio.client import Refused as ClientRefused
 from pplex_trio.client import open_websocket
@@ -35,24 +38,24 @@ def protected_routes(handle) -> tuple[list[str], list[str]]:
     return http, websockets
 
 
-async def status_of_upgrade(port: int, path: str, headers: list[tuple[str, str]] | None = None) -> int:
+async def status_of_upgrade(handle, path: str, headers: list[tuple[str, str]] | None = None) -> int:
     """101 when the upgrade is accepted, else the refusal's status."""
     try:
-        client = await BadClient.connect(port, path, headers=headers)
+        client = await handle.bad_client(path, headers=headers)
     except Refused as refused:
         return refused.status
     client.close()
     return 101
 
 
-async def test_every_route_but_the_probes_needs_the_token(start_server):
-    handle = await start_server(auth_token=TOKEN)
+async def test_every_route_but_the_probes_needs_the_token(virtual_server, autojump_clock):
+    handle = await virtual_server(auth_token=TOKEN)
     http_paths, ws_paths = protected_routes(handle)
     assert {"/", "/metrics", "/api/info", "/api/sessions", "/api/voices", "/api/queue", "/v1/models"} <= set(http_paths)
     assert sorted(ws_paths) == ["/api/chat", "/v1/audio/duplex", "/v1/realtime"]
     wrong_ways = [{}, {"headers": {"authorization": "Bearer wrong"}}, {"params": {"token": "wrong"}},
                   {"headers": {"authorization": f"Basic {TOKEN}"}}, {"headers": {"cookie": f"{COOKIE}={TOKEN}"}}]
-    async with httpx.AsyncClient(base_url=handle.http_url) as http:
+    async with handle.http() as http:
         assert (await http.get("/health")).status_code == 200
         assert (await http.get("/ready")).status_code == 200
         assert OPEN_PATHS == {"/health", "/ready"}
@@ -67,17 +70,17 @@ async def test_every_route_but_the_probes_needs_the_token(start_server):
             ok = await http.get(path, headers={"authorization": f"Bearer {TOKEN}"}, params={"ticket": "t"})
             assert ok.status_code != 401, path
     for path in ws_paths:
-        assert await status_of_upgrade(handle.port, path) == 401
-        assert await status_of_upgrade(handle.port, path, [("Authorization", "Bearer nope")]) == 401
-        assert await status_of_upgrade(handle.port, path + "?token=nope") == 401
-        assert await status_of_upgrade(handle.port, path, [("Authorization", f"Bearer {TOKEN}")]) == 101
-        assert await status_of_upgrade(handle.port, f"{path}?token={TOKEN}") == 101
+        assert await status_of_upgrade(handle, path) == 401
+        assert await status_of_upgrade(handle, path, [("Authorization", "Bearer nope")]) == 401
+        assert await status_of_upgrade(handle, path + "?token=nope") == 401
+        assert await status_of_upgrade(handle, path, [("Authorization", f"Bearer {TOKEN}")]) == 101
+        assert await status_of_upgrade(handle, f"{path}?token={TOKEN}") == 101
 
 
-async def test_a_refused_upgrade_says_why_and_never_reaches_a_session(start_server):
-    handle = await start_server(auth_token=TOKEN)
+async def test_a_refused_upgrade_says_why_and_never_reaches_a_session(virtual_server, autojump_clock):
+    handle = await virtual_server(auth_token=TOKEN)
     with pytest.raises(Refused) as refused:
-        await BadClient.connect(handle.port, WS_PATHS["moshi"])
+        await handle.bad_client(WS_PATHS["moshi"])
     assert refused.value.status == 401 and "token" in json.loads(refused.value.body)["error"]
     metrics = handle.server.metrics.render().decode()
     assert 'pplex_refused_total{reason="unauthorized"} 1.0' in metrics
@@ -85,8 +88,9 @@ async def test_a_refused_upgrade_says_why_and_never_reaches_a_session(start_serv
         .replace("# TYPE pplex_sessions_started_total", "")
 
 
-async def test_our_client_sends_the_token_and_reports_a_refusal(start_server):
-    handle = await start_server(auth_token=TOKEN)
+async def test_our_client_sends_the_token_and_reports_a_refusal(virtual_server, autojump_clock, monkeypatch):
+    handle = await virtual_server(auth_token=TOKEN)
+    monkeypatch.setattr(trio, "open_tcp_stream", handle.open_tcp_stream)  # the client's connections: virtual
     url = handle.ws_url + WS_PATHS["moshi"]
     with pytest.raises(ClientRefused, match=r"\(401\).*token"):
         async with open_websocket(url):
@@ -95,9 +99,9 @@ async def test_our_client_sends_the_token_and_reports_a_refusal(start_server):
         await moshi_handshake(ws)
 
 
-async def test_the_cookie_from_a_page_opened_with_the_token(start_server):
-    handle = await start_server(auth_token=TOKEN)
-    async with httpx.AsyncClient(base_url=handle.http_url) as http:
+async def test_the_cookie_from_a_page_opened_with_the_token(virtual_server, autojump_clock):
+    handle = await virtual_server(auth_token=TOKEN)
+    async with handle.http() as http:
         response = await http.get("/", params={"official": "", "token": TOKEN})
         assert response.status_code == 303
         assert response.headers["location"] == "/?official="  # the token leaves the address bar
@@ -110,13 +114,13 @@ async def test_the_cookie_from_a_page_opened_with_the_token(start_server):
         assert (await http.get("/")).status_code == 200
         value = attributes[0].split("=", 1)[1]
     headers = [("Cookie", f"{COOKIE}={value}")]
-    assert await status_of_upgrade(handle.port, WS_PATHS["moshi"], headers) == 101
-    assert await status_of_upgrade(handle.port, WS_PATHS["raw"], headers) == 101
+    assert await status_of_upgrade(handle, WS_PATHS["moshi"], headers) == 101
+    assert await status_of_upgrade(handle, WS_PATHS["raw"], headers) == 101
 
 
-async def test_a_page_without_the_token_asks_for_it(start_server):
-    handle = await start_server(auth_token=TOKEN)
-    async with httpx.AsyncClient(base_url=handle.http_url) as http:
+async def test_a_page_without_the_token_asks_for_it(virtual_server, autojump_clock):
+    handle = await virtual_server(auth_token=TOKEN)
+    async with handle.http() as http:
         page = await http.get("/", params={"official": ""}, headers={"accept": "text/html"})
         assert page.status_code == 401 and page.headers["content-type"].startswith("text/html")
         assert '<input name="token" type="password"' in page.text
@@ -129,22 +133,22 @@ async def test_a_page_without_the_token_asks_for_it(start_server):
 
 
 @pytest.mark.parametrize("access_log", [False, True])
-async def test_the_token_never_reaches_the_logs(start_server, caplog, access_log):
+async def test_the_token_never_reaches_the_logs(virtual_server, autojump_clock, caplog, access_log):
     caplog.set_level(logging.DEBUG)
-    handle = await start_server(auth_token=TOKEN, access_log=access_log)
-    async with httpx.AsyncClient(base_url=handle.http_url) as http:
+    handle = await virtual_server(auth_token=TOKEN, access_log=access_log)
+    async with handle.http() as http:
         await http.get("/", params={"token": TOKEN})
         await http.get("/", params={"token": TOKEN + "x"})
         await http.get("/api/sessions", headers={"authorization": f"Bearer {TOKEN}x"})
         await http.get("/nothing-here", params={"token": TOKEN})
     for path in (f"/api/chat?voice_prompt=nope&token={TOKEN}", f"/v1/audio/duplex?token={TOKEN}x"):
         try:
-            bad = await BadClient.connect(handle.port, path)
+            bad = await handle.bad_client(path)
         except Refused:
             continue
         await bad.read_until_closed(timeout=5)
         bad.close()
-    async with open_websocket(handle.ws_url + "/api/chat", token=TOKEN) as ws:
+    async with handle.open_websocket(handle.ws_url + "/api/chat", token=TOKEN) as ws:
         await moshi_handshake(ws)
         await ws.send_message("a text frame, refused")  # a protocol error, logged
         await read_until_closed(ws)
@@ -164,9 +168,9 @@ async def test_the_token_never_reaches_the_logs(start_server, caplog, access_log
         assert access == []
 
 
-async def test_the_token_form_escapes_what_it_echoes(start_server):
-    handle = await start_server(auth_token=TOKEN)
-    async with httpx.AsyncClient(base_url=handle.http_url) as http:
+async def test_the_token_form_escapes_what_it_echoes(virtual_server, autojump_clock):
+    handle = await virtual_server(auth_token=TOKEN)
+    async with handle.http() as http:
         page = await http.get('/"><script>alert(1)</script>', params={'"><img src=x>': '"><script>x</script>'},
                               headers={"accept": "text/html"})
     assert page.status_code == 401
@@ -178,57 +182,57 @@ async def test_the_token_form_escapes_what_it_echoes(start_server):
 
 
 @pytest.mark.parametrize("protocol", ["moshi", "raw"])
-async def test_origins(start_server, protocol):
-    handle = await start_server(allowed_origins="https://app.example.com")
+async def test_origins(virtual_server, autojump_clock, protocol):
+    handle = await virtual_server(allowed_origins="https://app.example.com")
     port, path = handle.port, WS_PATHS[protocol]
-    assert await status_of_upgrade(port, path) == 101  # a program: no Origin
-    assert await status_of_upgrade(port, path, [("Origin", f"http://127.0.0.1:{port}")]) == 101  # our own page
-    assert await status_of_upgrade(port, path, [("Origin", "https://app.example.com")]) == 101  # allowed
+    assert await status_of_upgrade(handle, path) == 101  # a program: no Origin
+    assert await status_of_upgrade(handle, path, [("Origin", f"http://127.0.0.1:{port}")]) == 101  # our own page
+    assert await status_of_upgrade(handle, path, [("Origin", "https://app.example.com")]) == 101  # allowed
     for foreign in ("https://evil.example", f"http://localhost:{port}", f"http://127.0.0.1:{port + 1}", "null"):
-        assert await status_of_upgrade(port, path, [("Origin", foreign)]) == 403, foreign
+        assert await status_of_upgrade(handle, path, [("Origin", foreign)]) == 403, foreign
     assert 'pplex_refused_total{reason="forbidden_origin"} 4.0' in handle.server.metrics.render().decode()
 
 
-async def test_any_origin_with_a_star(start_server):
-    handle = await start_server(allowed_origins="*")
-    assert await status_of_upgrade(handle.port, WS_PATHS["raw"], [("Origin", "https://evil.example")]) == 101
+async def test_any_origin_with_a_star(virtual_server, autojump_clock):
+    handle = await virtual_server(allowed_origins="*")
+    assert await status_of_upgrade(handle, WS_PATHS["raw"], [("Origin", "https://evil.example")]) == 101
 
 
 # -- connections per address -------------------------------------------------------------
 
 
-async def test_connections_per_address_are_limited_and_come_back(start_server):
-    handle = await start_server(max_connections_per_ip=2)
-    first = await BadClient.connect(handle.port, WS_PATHS["raw"])
-    second = await BadClient.connect(handle.port, WS_PATHS["moshi"])
+async def test_connections_per_address_are_limited_and_come_back(virtual_server, autojump_clock):
+    handle = await virtual_server(max_connections_per_ip=2)
+    first = await handle.bad_client(WS_PATHS["raw"])
+    second = await handle.bad_client(WS_PATHS["moshi"])
     with pytest.raises(Refused) as refused:
-        await BadClient.connect(handle.port, WS_PATHS["raw"])
+        await handle.bad_client(WS_PATHS["raw"])
     assert refused.value.status == 429 and "limit" in json.loads(refused.value.body)["error"]
-    async with httpx.AsyncClient(base_url=handle.http_url) as http:
+    async with handle.http() as http:
         assert (await http.get("/health")).status_code == 200  # plain HTTP is not counted
     first.close()
     with trio.fail_after(5):  # the slot of the address comes back once the server sees the connection end
-        while (status := await status_of_upgrade(handle.port, WS_PATHS["raw"])) == 429:
+        while (status := await status_of_upgrade(handle, WS_PATHS["raw"])) == 429:
             await trio.sleep(0.05)
     assert status == 101
     second.close()
     assert 'pplex_refused_total{reason="too_many_connections"}' in handle.server.metrics.render().decode()
 
 
-async def test_refused_connections_do_not_count_against_the_address(start_server):
-    handle = await start_server(max_connections_per_ip=1, auth_token=TOKEN)
+async def test_refused_connections_do_not_count_against_the_address(virtual_server, autojump_clock):
+    handle = await virtual_server(max_connections_per_ip=1, auth_token=TOKEN)
     for _ in range(5):
-        assert await status_of_upgrade(handle.port, WS_PATHS["raw"]) == 401
-    assert await status_of_upgrade(handle.port, WS_PATHS["raw"], [("Authorization", f"Bearer {TOKEN}")]) == 101
+        assert await status_of_upgrade(handle, WS_PATHS["raw"]) == 401
+    assert await status_of_upgrade(handle, WS_PATHS["raw"], [("Authorization", f"Bearer {TOKEN}")]) == 101
 
 
 # -- the session time limit ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize("protocol", ["moshi", "raw"])
-async def test_a_conversation_is_closed_at_the_time_limit(start_server, protocol):
-    handle = await start_server(max_session_seconds=0.6)
-    async with open_websocket(handle.ws_url + WS_PATHS[protocol]) as ws:
+async def test_a_conversation_is_closed_at_the_time_limit(virtual_server, autojump_clock, protocol):
+    handle = await virtual_server(max_session_seconds=0.6)
+    async with handle.open_websocket(handle.ws_url + WS_PATHS[protocol]) as ws:
         if protocol == "raw":
             await ws.send_message(json.dumps({"type": "open"}))
         else:
@@ -238,7 +242,7 @@ async def test_a_conversation_is_closed_at_the_time_limit(start_server, protocol
         lasted = trio.current_time() - started
     assert closed.code == 1000
     assert any("time limit of 0.6 s" in error for error in errors_in(closed.messages))
-    assert 0.5 <= lasted < 2.5
+    assert lasted == pytest.approx(0.6)  # (its system prompt takes no time here): at the limit, not later
     metrics = handle.server.metrics.render().decode()
     assert f'pplex_sessions_ended_total{{outcome="time_limit",protocol="{protocol}"}} 1.0' in metrics
 

@@ -1,8 +1,9 @@
 """The conversation routes on ASGI (ConversationRouter, AsgiWebSocket): Quart's semantics, no Quart.
 
 Driven with a fake ASGI server (two channels standing for hypercorn's
-receive and send), so each case is exact: what the handler reads, what goes
-out, what a disconnect does.
+receive and send) on the virtual clock, so each case is exact: what the
+handler reads, what goes out, what a disconnect does, and no wait (a close
+budget) costs real time.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class RecordingApp:
         self.scopes.append(scope)
 
 
-async def test_the_socket_reads_the_scope_and_skips_the_connect_event():
+async def test_the_socket_reads_the_scope_and_skips_the_connect_event(autojump_clock):
     server = FakeAsgiServer({"type": "websocket.connect"}, {"type": "websocket.receive", "bytes": b"\x01ogg"},
                             {"type": "websocket.receive", "bytes": None, "text": '{"type": "open"}'},
                             {"type": "websocket.receive", "bytes": b"", "text": None})
@@ -59,7 +60,7 @@ async def test_the_socket_reads_the_scope_and_skips_the_connect_event():
     assert [await ws.receive() for _ in range(3)] == [b"\x01ogg", '{"type": "open"}', b""]
 
 
-async def test_accept_send_and_close_become_asgi_events():
+async def test_accept_send_and_close_become_asgi_events(autojump_clock):
     server = FakeAsgiServer()
     ws = AsgiWebSocket(SCOPE, server.receive, server.send)
     await ws.accept(subprotocol="b")
@@ -76,7 +77,7 @@ async def test_accept_send_and_close_become_asgi_events():
     ]
 
 
-async def test_a_disconnect_cancels_the_whole_handler():
+async def test_a_disconnect_cancels_the_whole_handler(autojump_clock):
     server = FakeAsgiServer({"type": "websocket.connect"})
     reached: list[str] = []
 
@@ -99,7 +100,7 @@ async def test_a_disconnect_cancels_the_whole_handler():
     assert server.sent == [{"type": "websocket.accept", "subprotocol": None, "headers": []}]  # no close: gone
 
 
-async def test_a_handler_that_returns_without_closing_closes_with_1000():
+async def test_a_handler_that_returns_without_closing_closes_with_1000(autojump_clock):
     server = FakeAsgiServer()
 
     async def handler(ws: AsgiWebSocket) -> None:
@@ -109,7 +110,7 @@ async def test_a_handler_that_returns_without_closing_closes_with_1000():
     assert server.sent[-1] == {"type": "websocket.close", "code": 1000}
 
 
-async def test_a_handler_that_closed_is_not_closed_again():
+async def test_a_handler_that_closed_is_not_closed_again(autojump_clock):
     server = FakeAsgiServer()
 
     async def handler(ws: AsgiWebSocket) -> None:
@@ -120,7 +121,7 @@ async def test_a_handler_that_closed_is_not_closed_again():
     assert [e["type"] for e in server.sent] == ["websocket.accept", "websocket.close"]
 
 
-async def test_everything_else_goes_to_the_app():
+async def test_everything_else_goes_to_the_app(autojump_clock):
     app = RecordingApp()
 
     async def handler(ws: AsgiWebSocket) -> None:

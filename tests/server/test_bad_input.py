@@ -2,7 +2,7 @@
 
 Each case runs beside a *witness*: a raw-protocol conversation on the same
 server that streams known audio throughout and must get every frame back,
-bit-exact and in order.
+bit-exact and in order.  The real server on the virtual network and clock.
 """
 
 import json
@@ -11,33 +11,32 @@ import numpy as np
 import pytest
 import trio
 
-from _helpers.ws import RawWitness, errors_in, moshi_handshake, moshi_url, raw_open, read_until_closed
-from pplex_trio.client import open_websocket
+from _helpers.ws import errors_in, moshi_handshake, moshi_url, raw_open, read_until_closed
 
 LIMIT = 64 * 1024  # the test server's max message size
 
 
 async def moshi_send_after_handshake(handle, message):
-    async with open_websocket(moshi_url(handle.ws_url)) as ws:
+    async with handle.open_websocket(moshi_url(handle.ws_url)) as ws:
         await moshi_handshake(ws)
         await ws.send_message(message)
         return await read_until_closed(ws)
 
 
 async def moshi_connect_with(handle, params):
-    async with open_websocket(moshi_url(handle.ws_url, **params)) as ws:
+    async with handle.open_websocket(moshi_url(handle.ws_url, **params)) as ws:
         return await read_until_closed(ws)
 
 
 async def raw_send_after_open(handle, message):
-    async with open_websocket(handle.ws_url + "/v1/audio/duplex") as ws:
+    async with handle.open_websocket(handle.ws_url + "/v1/audio/duplex") as ws:
         await raw_open(ws)
         await ws.send_message(message)
         return await read_until_closed(ws)
 
 
 async def raw_open_with(handle, message):
-    async with open_websocket(handle.ws_url + "/v1/audio/duplex") as ws:
+    async with handle.open_websocket(handle.ws_url + "/v1/audio/duplex") as ws:
         await ws.send_message(message)
         return await read_until_closed(ws)
 
@@ -64,10 +63,10 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-async def test_bad_input_is_answered_and_others_keep_every_frame(start_server, nursery, case):
+async def test_bad_input_is_answered_and_others_keep_every_frame(virtual_server, autojump_clock, nursery, case):
     action, args, code, words = CASES[case]
-    handle = await start_server(slots=2, max_message_bytes=LIMIT, echo_prefill_steps=1)
-    witness = RawWitness(handle.ws_url)
+    handle = await virtual_server(slots=2, max_message_bytes=LIMIT, prefill_steps=1)
+    witness = handle.witness()
     done = trio.Event()
 
     async def run_witness():
@@ -90,9 +89,9 @@ async def test_bad_input_is_answered_and_others_keep_every_frame(start_server, n
     witness.check()
 
 
-async def test_unknown_kinds_and_control_are_ignored(start_server):
-    handle = await start_server(slots=1, echo_prefill_steps=1)
-    async with open_websocket(moshi_url(handle.ws_url)) as ws:
+async def test_unknown_kinds_and_control_are_ignored(virtual_server, autojump_clock):
+    handle = await virtual_server(slots=1, prefill_steps=1)
+    async with handle.open_websocket(moshi_url(handle.ws_url)) as ws:
         await moshi_handshake(ws)
         for message in (b"\x42what", b"\x03\x00", b"\x06", b"\x02client text", b"\x07\x01x"):
             await ws.send_message(message)
@@ -103,19 +102,17 @@ async def test_unknown_kinds_and_control_are_ignored(start_server):
                 if message[0] == 2:
                     texts.append(message[1:].decode())
         assert texts == [f" {i}" for i in range(5)]  # still live, nothing skipped
-    from _helpers.http import get_json
-
     with trio.fail_after(3):
-        while (await get_json(handle, "/health"))["sessions"]:
+        while (await handle.get_json("/health"))["sessions"]:
             await trio.sleep(0.02)
 
 
-async def test_a_message_far_over_the_limit_is_refused_at_its_frame_header(start_server):
+async def test_a_message_far_over_the_limit_is_refused_at_its_frame_header(virtual_server, autojump_clock):
     """The transport guard closes with 1009 as the header arrives, often while the client is still sending."""
     from trio_websocket import ConnectionClosed
 
-    handle = await start_server(slots=1, max_message_bytes=LIMIT, echo_prefill_steps=1)
-    async with open_websocket(moshi_url(handle.ws_url), max_message_size=4 * LIMIT) as ws:
+    handle = await virtual_server(slots=1, max_message_bytes=LIMIT, prefill_steps=1)
+    async with handle.open_websocket(moshi_url(handle.ws_url), max_message_size=4 * LIMIT) as ws:
         await moshi_handshake(ws)
         try:
             await ws.send_message(b"\x01" + bytes(3 * LIMIT))

@@ -1,12 +1,14 @@
-"""End to end, both protocols, real sockets and (for Moshi) real Ogg Opus."""
+"""End to end, both protocols, (for Moshi) real Ogg Opus: the real server on the virtual network and clock.
+
+The clients stream in exact real time on the virtual clock, so what comes back
+is the same at every run, however loaded the machine.
+"""
 
 import json
 
 import numpy as np
-import pytest
 import sphn
 import trio
-from pplex_trio.client import open_websocket
 
 from _helpers.audio import best_lag, correlation_at
 from _helpers.ws import FRAME, SR, moshi_handshake, moshi_url, opus_messages, raw_open, read_until_closed
@@ -25,23 +27,23 @@ def opus_pass(pcm):
     return np.concatenate(out)
 
 
-@pytest.mark.serial
-async def test_moshi_echo_of_real_speech(start_server, speech_wav):
+async def test_moshi_echo_of_real_speech(virtual_server, autojump_clock, speech_wav):
     """Speech sent as Ogg Opus comes back at the engine's delay after two Opus passes.
 
     Threshold: one sphn Opus pass of this speech measures a correlation of
     ~0.94-0.95 (computed below, independently of the server), two passes
-    ~0.89.  0.8 leaves room for timing jitter while any misalignment (even a
-    frame off, or reordered pages) drops far below it: wrong lags score < 0.3.
+    ~0.89.  0.8 leaves room for the server's encoder differing from sphn's,
+    while any misalignment (even a frame off, or reordered pages) drops far
+    below it: wrong lags score < 0.3.
     """
     pcm = speech(speech_wav, 6.0)
     # Opus's own delay, measured on one local pass: the expected lag adds it twice.
     single_lag, single_corr = best_lag(pcm, opus_pass(pcm), 0, 600)
     assert single_corr > 0.9
-    handle = await start_server(echo_delay_frames=1)
+    handle = await virtual_server(delay_frames=1)
     decoder = sphn.OpusStreamReader(SR)
     received, texts = [], []
-    async with open_websocket(moshi_url(handle.ws_url, text_prompt="Echo me.", voice_prompt="NATF0.pt")) as ws:
+    async with handle.open_websocket(moshi_url(handle.ws_url, text_prompt="Echo me.", voice_prompt="NATF0.pt")) as ws:
         await moshi_handshake(ws)
 
         async def send():
@@ -80,13 +82,13 @@ async def test_moshi_echo_of_real_speech(start_server, speech_wav):
     assert texts == [f" {i}" for i in range(len(texts))]
 
 
-async def test_raw_echo_is_exact(start_server):
-    handle = await start_server(echo_delay_frames=2)
+async def test_raw_echo_is_exact(virtual_server, autojump_clock):
+    handle = await virtual_server(delay_frames=2)
     rng = np.random.default_rng(1)
     frames = [rng.uniform(-1, 1, FRAME).astype(np.float32) for _ in range(20)]
     stream = np.concatenate(frames + [np.zeros(2 * FRAME, np.float32)])
     received, texts = [], []
-    async with open_websocket(handle.ws_url + "/v1/audio/duplex") as ws:
+    async with handle.open_websocket(handle.ws_url + "/v1/audio/duplex") as ws:
         assert await raw_open(ws, persona="exact", voice="NATM1.pt") == []
 
         async def send():
@@ -115,20 +117,20 @@ async def test_raw_echo_is_exact(start_server):
     # client ran late); every input frame must come back bit-exact, in order,
     # at least the echo's delay later, and close must flush them all.
     voiced = [i for i, r in enumerate(received) if r.any()]
-    assert voiced[0] >= 2
+    assert voiced[0] == 2  # the echo's delay exactly: on the virtual clock the first frame is in time for its tick
     assert len(voiced) == len(frames)
     for index, frame in zip(voiced, frames):
         np.testing.assert_array_equal(received[index], frame)
     assert texts == [f" {i}" for i in range(len(received))]
 
 
-async def test_each_slot_gets_its_own_conversation(start_server):
+async def test_each_slot_gets_its_own_conversation(virtual_server, autojump_clock):
     """Two concurrent conversations on two slots: no crosstalk."""
-    handle = await start_server(slots=2, echo_delay_frames=0)
+    handle = await virtual_server(slots=2, delay_frames=0)
     results = {}
 
     async def talk(value):
-        async with open_websocket(handle.ws_url + "/v1/audio/duplex") as ws:
+        async with handle.open_websocket(handle.ws_url + "/v1/audio/duplex") as ws:
             await raw_open(ws, persona=f"p{value}")
             for _ in range(8):
                 await ws.send_message(np.full(FRAME, value, np.float32).tobytes())

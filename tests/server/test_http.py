@@ -1,26 +1,23 @@
-"""Health, info, voices, metrics and static files."""
+"""Health, info, voices, metrics and static files (the real server on the virtual network and clock)."""
 
-import httpx
 import pytest
 
-from _helpers.http import get_json
 
-
-async def test_health_info_voices(start_server):
-    handle = await start_server(slots=3)
-    health = await get_json(handle, "/health")
+async def test_health_info_voices(virtual_server, autojump_clock):
+    handle = await virtual_server(slots=3)
+    health = await handle.get_json("/health")
     assert health["status"] == "ok"
     assert (health["slots_total"], health["slots_free"], health["queued"]) == (3, 3, 0)
-    info = await get_json(handle, "/api/info")
+    info = await handle.get_json("/api/info")
     assert info["slots"] == 3 and info["max_prompt_chars"] == 1000
     assert "echo" in info["model"] and info["version"]
-    voices = (await get_json(handle, "/api/voices"))["voices"]
+    voices = (await handle.get_json("/api/voices"))["voices"]
     assert "NATF0.pt" in voices and "VARM4.pt" in voices
 
 
-async def test_metrics_are_prometheus_text(start_server):
-    handle = await start_server()
-    async with httpx.AsyncClient() as client:
+async def test_metrics_are_prometheus_text(virtual_server, autojump_clock):
+    handle = await virtual_server()
+    async with handle.http() as client:
         response = await client.get(handle.http_url + "/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
@@ -37,13 +34,13 @@ async def test_metrics_are_prometheus_text(start_server):
         assert name in text, name
 
 
-async def test_static_index_and_path_tricks(start_server, tmp_path):
+async def test_static_index_and_path_tricks(virtual_server, autojump_clock, tmp_path):
     (tmp_path / "index.html").write_text("<h1>hello</h1>")
     (tmp_path / "app.js").write_text("console.log(1)")
     secret = tmp_path.parent / "secret.txt"
     secret.write_text("do not serve")
-    handle = await start_server(static_dir=tmp_path)
-    async with httpx.AsyncClient() as client:
+    handle = await virtual_server(static_dir=tmp_path)
+    async with handle.http() as client:
         assert (await client.get(handle.http_url + "/")).text == "<h1>hello</h1>"
         assert (await client.get(handle.http_url + "/app.js")).text == "console.log(1)"
         for path in ("/../secret.txt", "/%2e%2e/secret.txt", "/..%2fsecret.txt", "/nothing.html"):
@@ -52,17 +49,17 @@ async def test_static_index_and_path_tricks(start_server, tmp_path):
             assert "do not serve" not in response.text
 
 
-async def test_default_static_serves_the_web_ui(start_server):
-    handle = await start_server()
-    async with httpx.AsyncClient() as client:
+async def test_default_static_serves_the_web_ui(virtual_server, autojump_clock):
+    handle = await virtual_server()
+    async with handle.http() as client:
         response = await client.get(handle.http_url + "/")
     assert response.status_code == 200
     assert "<html" in response.text.lower()
 
 
 @pytest.mark.parametrize("path", ["/api/chat", "/v1/audio/duplex"])
-async def test_plain_http_on_websocket_routes_is_refused(start_server, path):
-    handle = await start_server()
-    async with httpx.AsyncClient() as client:
+async def test_plain_http_on_websocket_routes_is_refused(virtual_server, autojump_clock, path):
+    handle = await virtual_server()
+    async with handle.http() as client:
         response = await client.get(handle.http_url + path)
     assert response.status_code >= 400

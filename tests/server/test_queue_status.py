@@ -1,4 +1,4 @@
-"""``GET /api/queue?ticket=``: the web UI's view of its own place in the queue."""
+"""``GET /api/queue?ticket=``: the web UI's view of its own place in the queue (the virtual network and clock)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,10 @@ import httpx
 import trio
 
 from _helpers.ws import moshi_handshake, moshi_url
-from pplex_trio.client import open_websocket
 
 
 async def status(handle, ticket: str | None) -> httpx.Response:
-    async with httpx.AsyncClient() as client:
-        params = {} if ticket is None else {"ticket": ticket}
-        return await client.get(handle.http_url + "/api/queue", params=params)
+    return await handle.get("/api/queue", params={} if ticket is None else {"ticket": ticket})
 
 
 async def wait_for_state(handle, ticket: str, state: str) -> dict:
@@ -24,14 +21,14 @@ async def wait_for_state(handle, ticket: str, state: str) -> dict:
             await trio.sleep(0.02)
 
 
-async def test_queue_position_by_ticket(start_server):
-    handle = await start_server(slots=1, queue_size=2)
-    async with open_websocket(moshi_url(handle.ws_url, ticket="first")) as first:
+async def test_queue_position_by_ticket(virtual_server, autojump_clock):
+    handle = await virtual_server(slots=1, queue_size=2)
+    async with handle.open_websocket(moshi_url(handle.ws_url, ticket="first")) as first:
         await moshi_handshake(first)
         assert await wait_for_state(handle, "first", "live") == {"state": "live", "position": None, "queued": 0}
-        async with open_websocket(moshi_url(handle.ws_url, ticket="second", text_prompt="hi")) as second:
+        async with handle.open_websocket(moshi_url(handle.ws_url, ticket="second", text_prompt="hi")) as second:
             assert await wait_for_state(handle, "second", "queued") == {"state": "queued", "position": 1, "queued": 1}
-            async with open_websocket(moshi_url(handle.ws_url, ticket="third")):
+            async with handle.open_websocket(moshi_url(handle.ws_url, ticket="third")):
                 assert (await wait_for_state(handle, "third", "queued"))["position"] == 2
             # The third left: the second is still first in line.
             with trio.fail_after(5):
@@ -43,8 +40,8 @@ async def test_queue_position_by_ticket(start_server):
             assert (await wait_for_state(handle, "second", "live"))["position"] is None
 
 
-async def test_unknown_missing_and_oversized_tickets(start_server):
-    handle = await start_server()
+async def test_unknown_missing_and_oversized_tickets(virtual_server, autojump_clock):
+    handle = await virtual_server()
     response = await status(handle, "nobody-has-this")
     assert response.status_code == 404 and "no open conversation" in response.json()["error"]
     for bad in (None, "", "x" * 129):

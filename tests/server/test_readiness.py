@@ -4,6 +4,9 @@
 ``--refuse-busy-upgrades`` a conversation it cannot take is answered 503
 before the upgrade (so a balancer tries another replica); a drain refuses new
 conversations while the live ones go on.
+
+The real server on the virtual network and clock; the real command (signals
+to its process group, the encoder child) over real sockets at the end.
 """
 
 import json
@@ -15,6 +18,7 @@ import httpx
 import numpy as np
 import pytest
 import trio
+import trio.testing
 
 from _helpers.process import start_serve
 from _helpers.ws import FRAME, moshi_handshake, moshi_url, raw_open, read_until_closed
@@ -24,26 +28,25 @@ DUPLEX = "/v1/audio/duplex"
 
 
 async def ready(handle) -> tuple[int, dict]:
-    async with httpx.AsyncClient() as client:
-        response = await client.get(handle.http_url + "/ready")
+    response = await handle.get("/ready")
     return response.status_code, response.json()
 
 
-async def refused_upgrade(url: str) -> Refused:
+async def refused_upgrade(url: str, opener=open_websocket) -> Refused:
     with pytest.raises(Refused) as caught:
-        async with open_websocket(url):
+        async with opener(url):
             pass
     return caught.value
 
 
-async def test_ready_while_a_slot_or_a_queue_place_is_free(start_server):
-    handle = await start_server(slots=1, queue_size=1)
+async def test_ready_while_a_slot_or_a_queue_place_is_free(virtual_server, autojump_clock):
+    handle = await virtual_server(slots=1, queue_size=1)
     status, body = await ready(handle)
     assert status == 200 and body["ready"] is True and body["slots_free"] == 1
-    async with open_websocket(handle.ws_url + DUPLEX) as first:
+    async with handle.open_websocket(handle.ws_url + DUPLEX) as first:
         await raw_open(first)
         assert (await ready(handle))[0] == 200  # the queue place is still free
-        async with open_websocket(handle.ws_url + DUPLEX) as second:
+        async with handle.open_websocket(handle.ws_url + DUPLEX) as second:
             await second.send_message(json.dumps({"type": "open"}))
             with trio.fail_after(5):
                 while (await ready(handle))[0] != 503:  # the second one has taken the queue place
@@ -55,53 +58,52 @@ async def test_ready_while_a_slot_or_a_queue_place_is_free(start_server):
             await trio.sleep(0.01)
 
 
-async def test_ready_needs_no_token(start_server):
-    handle = await start_server(auth_token="a-long-test-token")
+async def test_ready_needs_no_token(virtual_server, autojump_clock):
+    handle = await virtual_server(auth_token="a-long-test-token")
     assert (await ready(handle))[0] == 200  # a probe carries no token
-    async with httpx.AsyncClient() as client:
-        assert (await client.get(handle.http_url + "/api/info")).status_code == 401
+    assert (await handle.get("/api/info")).status_code == 401
 
 
 @pytest.mark.parametrize("path", [DUPLEX, "/api/chat", "/v1/realtime"])
-async def test_a_full_server_refuses_the_upgrade_with_503_when_asked_to(start_server, path):
-    handle = await start_server(slots=1, queue_size=0, refuse_busy_upgrades=True)
-    async with open_websocket(handle.ws_url + DUPLEX) as first:
+async def test_a_full_server_refuses_the_upgrade_with_503_when_asked_to(virtual_server, autojump_clock, path):
+    handle = await virtual_server(slots=1, queue_size=0, refuse_busy_upgrades=True)
+    async with handle.open_websocket(handle.ws_url + DUPLEX) as first:
         await raw_open(first)
-        refusal = await refused_upgrade(handle.ws_url + path)
+        refusal = await refused_upgrade(handle.ws_url + path, handle.open_websocket)
         assert refusal.status == 503 and "slot" in str(refusal)
         await first.send_message(np.zeros(FRAME, np.float32).tobytes())  # the live one is untouched
         with trio.fail_after(5):
             while not isinstance(await first.get_message(), bytes):
                 pass
-    metrics = await _metrics(handle)
+    metrics = await handle.metrics()
     assert 'pplex_refused_total{reason="full"} 1.0' in metrics
 
 
-async def test_the_refusal_carries_retry_after(start_server):
-    handle = await start_server(slots=1, queue_size=0, refuse_busy_upgrades=True)
-    async with open_websocket(handle.ws_url + DUPLEX) as first:
+async def test_the_refusal_carries_retry_after(virtual_server, autojump_clock):
+    handle = await virtual_server(slots=1, queue_size=0, refuse_busy_upgrades=True)
+    async with handle.open_websocket(handle.ws_url + DUPLEX) as first:
         await raw_open(first)
         headers = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
                    "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
-        async with httpx.AsyncClient() as client:
-            response = await client.get(handle.http_url + DUPLEX, headers=headers)
+        async with handle.http() as client:
+            response = await client.get(DUPLEX, headers=headers)
         assert response.status_code == 503 and response.headers["retry-after"] == "1"
         assert "taken" in response.json()["error"]
 
 
-async def test_without_the_flag_a_full_server_accepts_and_closes_with_1013(start_server):
-    handle = await start_server(slots=1, queue_size=0)
-    async with open_websocket(handle.ws_url + DUPLEX) as first:
+async def test_without_the_flag_a_full_server_accepts_and_closes_with_1013(virtual_server, autojump_clock):
+    handle = await virtual_server(slots=1, queue_size=0)
+    async with handle.open_websocket(handle.ws_url + DUPLEX) as first:
         await raw_open(first)
-        async with open_websocket(handle.ws_url + DUPLEX) as second:
+        async with handle.open_websocket(handle.ws_url + DUPLEX) as second:
             await second.send_message(json.dumps({"type": "open"}))
             closed = await read_until_closed(second, timeout=2)
     assert closed.code == 1013  # a browser can show this reason; an HTTP 503 it cannot
 
 
-async def test_drain_refuses_new_conversations_and_lets_the_live_one_finish(start_server, nursery):
-    handle = await start_server(slots=2, refuse_busy_upgrades=True)
-    async with open_websocket(handle.ws_url + DUPLEX) as live:
+async def test_drain_refuses_new_conversations_and_lets_the_live_one_finish(virtual_server, autojump_clock, nursery):
+    handle = await virtual_server(slots=2, refuse_busy_upgrades=True)
+    async with handle.open_websocket(handle.ws_url + DUPLEX) as live:
         await raw_open(live)
         drained = trio.Event()
 
@@ -110,48 +112,40 @@ async def test_drain_refuses_new_conversations_and_lets_the_live_one_finish(star
             drained.set()
 
         nursery.start_soon(drain)
-        with trio.fail_after(5):
-            while (await ready(handle))[0] != 503:
-                await trio.sleep(0.01)
-        assert (await ready(handle))[1]["reason"] == "draining"
-        assert (await refused_upgrade(moshi_url(handle.ws_url))).status == 503
+        await trio.testing.wait_all_tasks_blocked()  # (the drain has begun)
+        status, body = await ready(handle)
+        assert status == 503 and body["reason"] == "draining"
+        assert (await refused_upgrade(moshi_url(handle.ws_url), handle.open_websocket)).status == 503
         for _ in range(3):  # the live conversation goes on: audio still flows both ways
             await live.send_message(np.zeros(FRAME, np.float32).tobytes())
         with trio.fail_after(5):
             while not isinstance(await live.get_message(), bytes):
                 pass
         assert not drained.is_set()
-    with trio.fail_after(5):  # the last conversation ended: the drain is over well before its 30 s
+    with trio.fail_after(0.1):  # the last conversation ended: the drain is over at its next look (every 50 ms)
         await drained.wait()
 
 
-async def test_without_the_flag_a_draining_server_closes_new_conversations_with_1001(start_server, nursery):
-    handle = await start_server(slots=2)
-    async with open_websocket(handle.ws_url + DUPLEX) as live:
+async def test_without_the_flag_a_draining_server_closes_new_conversations_with_1001(virtual_server, autojump_clock, nursery):
+    handle = await virtual_server(slots=2)
+    async with handle.open_websocket(handle.ws_url + DUPLEX) as live:
         await raw_open(live)
         nursery.start_soon(handle.drain_then_shutdown, 30)
-        with trio.fail_after(5):
-            while (await ready(handle))[0] != 503:
-                await trio.sleep(0.01)
-        async with open_websocket(handle.ws_url + DUPLEX) as late:
+        await trio.testing.wait_all_tasks_blocked()  # (the drain has begun)
+        async with handle.open_websocket(handle.ws_url + DUPLEX) as late:
             closed = await read_until_closed(late, timeout=2)
         assert closed.code == 1001 and "draining" in closed.reason
 
 
-async def test_a_drain_that_runs_out_closes_the_live_ones_with_1001(start_server, nursery):
-    handle = await start_server(slots=1, shutdown_grace=1.0)
-    async with open_websocket(handle.ws_url + DUPLEX) as live:
+async def test_a_drain_that_runs_out_closes_the_live_ones_with_1001(virtual_server, autojump_clock, nursery):
+    handle = await virtual_server(slots=1, shutdown_grace=1.0)
+    async with handle.open_websocket(handle.ws_url + DUPLEX) as live:
         await raw_open(live)
         started = trio.current_time()
         nursery.start_soon(handle.drain_then_shutdown, 0.5)
         closed = await read_until_closed(live, timeout=5)
     assert closed.code == 1001
-    assert trio.current_time() - started >= 0.5  # not before the drain ran out
-
-
-async def _metrics(handle) -> str:
-    async with httpx.AsyncClient() as client:
-        return (await client.get(handle.http_url + "/metrics")).text
+    assert trio.current_time() - started == pytest.approx(0.5)  # when the drain ran out: not before, not later
 
 
 def test_sigterm_to_the_whole_service_drains_then_exits_0():

@@ -1,4 +1,4 @@
-"""`/v1/realtime` in the server's own terms: queue, shutdown, cuts, answered events, the tiny model."""
+"""`/v1/realtime` in the server's own terms: queue, shutdown, cuts, answered events (the virtual network and clock)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import numpy as np
 import pytest
 import trio
 
-from _helpers.http import get_json
 from _helpers.ws import read_until_closed
-from pplex_trio.client import open_websocket
 
 SILENCE = base64.b64encode(bytes(1920 * 2)).decode()
 
@@ -43,13 +41,13 @@ async def queue_position(ws) -> int:
     return (await next_event(ws, "pplex.queued"))["position"]
 
 
-async def test_queued_then_live_and_a_full_queue(start_server, nursery):
-    handle = await start_server(slots=1, queue_size=1)
+async def test_queued_then_live_and_a_full_queue(virtual_server, autojump_clock, nursery):
+    handle = await virtual_server(slots=1, queue_size=1)
     url = handle.ws_url + "/v1/realtime"
-    async with open_websocket(url) as first, open_websocket(url) as second:
+    async with handle.open_websocket(url) as first, handle.open_websocket(url) as second:
         await live(first)
         assert await queue_position(second) == 1
-        async with open_websocket(url) as third:
+        async with handle.open_websocket(url) as third:
             await next_event(third, "session.created")
             await third.send_message(append())
             closed = await read_until_closed(third)
@@ -60,9 +58,9 @@ async def test_queued_then_live_and_a_full_queue(start_server, nursery):
         await next_event(second, "response.created")  # the slot came free: live
 
 
-async def test_shutdown_is_an_error_event_then_1001(start_server):
-    handle = await start_server()
-    async with open_websocket(handle.ws_url + "/v1/realtime") as ws:
+async def test_shutdown_is_an_error_event_then_1001(virtual_server, autojump_clock):
+    handle = await virtual_server()
+    async with handle.open_websocket(handle.ws_url + "/v1/realtime") as ws:
         await live(ws)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(handle.shutdown)
@@ -72,9 +70,9 @@ async def test_shutdown_is_an_error_event_then_1001(start_server):
                for m in closed.messages)
 
 
-async def test_cancel_and_create_cut_the_response_and_the_next_begins(start_server):
-    handle = await start_server()
-    async with open_websocket(handle.ws_url + "/v1/realtime") as ws:
+async def test_cancel_and_create_cut_the_response_and_the_next_begins(virtual_server, autojump_clock):
+    handle = await virtual_server()
+    async with handle.open_websocket(handle.ws_url + "/v1/realtime") as ws:
         first = (await live(ws))["response"]["id"]
         await ws.send_message(json.dumps({"type": "response.cancel"}))
         done = await next_event(ws, "response.done")
@@ -88,9 +86,9 @@ async def test_cancel_and_create_cut_the_response_and_the_next_begins(start_serv
         assert delta["response_id"] == third["response"]["id"] != second != first
 
 
-async def test_commit_clear_and_output_clear_are_answered(start_server):
-    handle = await start_server()
-    async with open_websocket(handle.ws_url + "/v1/realtime") as ws:
+async def test_commit_clear_and_output_clear_are_answered(virtual_server, autojump_clock):
+    handle = await virtual_server()
+    async with handle.open_websocket(handle.ws_url + "/v1/realtime") as ws:
         await live(ws)
         for sent, answer in (("input_audio_buffer.commit", "input_audio_buffer.committed"),
                              ("input_audio_buffer.commit", "input_audio_buffer.committed"),
@@ -103,10 +101,10 @@ async def test_commit_clear_and_output_clear_are_answered(start_server):
         await next_event(ws, "response.output_audio.delta")  # and the audio goes on
 
 
-async def test_the_caller_speaking_cuts_the_response(start_server):
-    handle = await start_server()
+async def test_the_caller_speaking_cuts_the_response(virtual_server, autojump_clock):
+    handle = await virtual_server()
     loud = base64.b64encode((0.2 * np.sin(np.arange(1920) / 5) * 32767).astype("<i2").tobytes()).decode()
-    async with open_websocket(handle.ws_url + "/v1/realtime") as ws:
+    async with handle.open_websocket(handle.ws_url + "/v1/realtime") as ws:
         first = (await live(ws))["response"]["id"]
         for _ in range(4):
             await ws.send_message(append(loud))
@@ -117,18 +115,18 @@ async def test_the_caller_speaking_cuts_the_response(start_server):
         assert nxt["response"]["id"] != first and started["item_id"]
 
 
-async def test_binary_frames_close_with_1003(start_server):
-    handle = await start_server()
-    async with open_websocket(handle.ws_url + "/v1/realtime") as ws:
+async def test_binary_frames_close_with_1003(virtual_server, autojump_clock):
+    handle = await virtual_server()
+    async with handle.open_websocket(handle.ws_url + "/v1/realtime") as ws:
         await next_event(ws, "session.created")
         await ws.send_message(b"\x00\x01")
         closed = await read_until_closed(ws)
     assert closed.code == 1003
 
 
-async def test_an_idle_opening_times_out(start_server):
-    handle = await start_server(open_timeout=0.3)
-    async with open_websocket(handle.ws_url + "/v1/realtime") as ws:
+async def test_an_idle_opening_times_out(virtual_server, autojump_clock):
+    handle = await virtual_server(open_timeout=0.3)
+    async with handle.open_websocket(handle.ws_url + "/v1/realtime") as ws:
         await next_event(ws, "session.created")
         closed = await read_until_closed(ws)
     assert closed.code == 1008
@@ -136,31 +134,27 @@ async def test_an_idle_opening_times_out(start_server):
 
 
 @pytest.mark.parametrize("subprotocols, accepted", [(["realtime"], "realtime"), ([], None)])
-async def test_the_realtime_subprotocol_is_accepted(start_server, subprotocols, accepted):
-    from trio_websocket import open_websocket_url
-
-    handle = await start_server()
-    async with open_websocket_url(handle.ws_url + "/v1/realtime", subprotocols=subprotocols) as ws:
+async def test_the_realtime_subprotocol_is_accepted(virtual_server, autojump_clock, subprotocols, accepted):
+    handle = await virtual_server()
+    async with handle.open_websocket("/v1/realtime", subprotocols=subprotocols) as ws:
         assert ws.subprotocol == accepted
         await next_event(ws, "session.created")
 
 
-async def test_a_browser_carries_the_token_in_a_subprotocol(start_server):
-    from trio_websocket import open_websocket_url
-
-    handle = await start_server(auth_token="browser-key-123456")
+async def test_a_browser_carries_the_token_in_a_subprotocol(virtual_server, autojump_clock):
+    handle = await virtual_server(auth_token="browser-key-123456")
     offered = ["realtime", "openai-insecure-api-key.browser-key-123456", "openai-beta.realtime-v1"]
-    async with open_websocket_url(handle.ws_url + "/v1/realtime", subprotocols=offered) as ws:
+    async with handle.open_websocket("/v1/realtime", subprotocols=offered) as ws:
         assert ws.subprotocol == "realtime"
         created = await next_event(ws, "session.created")
         assert "modalities" in created["session"]  # the beta marker chose the beta dialect
 
 
-async def test_pipecat_opening_context_message_then_response_create(start_server, caplog):
+async def test_pipecat_opening_context_message_then_response_create(virtual_server, autojump_clock, caplog):
     """Pipecat's template: a context message first, then response.create: answered, and the conversation starts."""
     caplog.set_level(logging.INFO, logger="pplex_trio")
-    handle = await start_server()
-    async with open_websocket(handle.ws_url + "/v1/realtime") as ws:
+    handle = await virtual_server()
+    async with handle.open_websocket(handle.ws_url + "/v1/realtime") as ws:
         await next_event(ws, "session.created")
         await ws.send_message(json.dumps({"type": "conversation.item.create", "event_id": "ctx", "item": {
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say hello."}]}}))
@@ -175,11 +169,11 @@ async def test_pipecat_opening_context_message_then_response_create(start_server
     assert len(notices) == 1 and notices[0].startswith("session ") and r"without effect" in notices[0]
 
 
-async def test_barge_in_truncate_and_a_matched_reply(start_server, caplog):
+async def test_barge_in_truncate_and_a_matched_reply(virtual_server, autojump_clock, caplog):
     """Pipecat's truncate at a barge-in and LiveKit's generate_reply (matched by metadata) both get their answers."""
     caplog.set_level(logging.INFO, logger="pplex_trio")
-    handle = await start_server()
-    async with open_websocket(handle.ws_url + "/v1/realtime") as ws:
+    handle = await virtual_server()
+    async with handle.open_websocket(handle.ws_url + "/v1/realtime") as ws:
         first = (await live(ws))["response"]
         played = first["output"][0]["id"] if first["output"] else (await next_event(ws, "response.output_item.added")
                                                                    )["item"]["id"]
@@ -203,9 +197,9 @@ async def test_barge_in_truncate_and_a_matched_reply(start_server, caplog):
     assert len(refused) == 1 and refused[0].levelname == "INFO"
 
 
-async def test_openai_voice_names_and_an_unknown_voice(start_server):
-    handle = await start_server()
-    async with open_websocket(handle.ws_url + "/v1/realtime") as ws:
+async def test_openai_voice_names_and_an_unknown_voice(virtual_server, autojump_clock):
+    handle = await virtual_server()
+    async with handle.open_websocket(handle.ws_url + "/v1/realtime") as ws:
         await next_event(ws, "session.created")
         await ws.send_message(json.dumps({"type": "session.update", "session": {
             "type": "realtime", "audio": {"output": {"voice": "marin"}}}}))
@@ -219,12 +213,12 @@ async def test_openai_voice_names_and_an_unknown_voice(start_server):
         assert error["param"] == "session.audio.output.voice" and "nova2" in error["message"]
 
 
-async def test_a_new_persona_runs_the_prompt_again_in_the_same_slot(start_server):
+async def test_a_new_persona_runs_the_prompt_again_in_the_same_slot(virtual_server, autojump_clock):
     """A persona change on a full server (LiveKit's update_instructions, or Pipecat's first update arriving after
     its first audio): answered, the prompt runs again in the conversation's own slot, and the audio goes on."""
-    handle = await start_server(slots=1, echo_prefill_steps=3)
+    handle = await virtual_server(slots=1, prefill_steps=3)
     url = handle.ws_url + "/v1/realtime"
-    async with open_websocket(url) as ws, open_websocket(url) as waiting:
+    async with handle.open_websocket(url) as ws, handle.open_websocket(url) as waiting:
         await live(ws)
         assert await queue_position(waiting) == 1
         before = [(await next_event(ws, "response.output_audio_transcript.delta"))["delta"] for _ in range(3)]
@@ -238,5 +232,5 @@ async def test_a_new_persona_runs_the_prompt_again_in_the_same_slot(start_server
         while " 0" not in after:  # the echo engine counts its frames anew from a fresh prompt
             after.append((await next_event(ws, "response.output_audio_transcript.delta"))["delta"])
         assert before == [" 0", " 1", " 2"] and len(after) < 12
-        sessions = (await get_json(handle, "/api/sessions"))["sessions"]
+        sessions = (await handle.get_json("/api/sessions"))["sessions"]
         assert sorted((s["state"], s["slot"]) for s in sessions) == [("live", 0), ("queued", None)]

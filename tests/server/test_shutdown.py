@@ -1,4 +1,9 @@
-"""Graceful shutdown: every open conversation is closed with 1001 within 1 s."""
+"""Graceful shutdown: every open conversation is closed with 1001 within 1 s.
+
+The server's own shutdown on the virtual network and clock; the real command's
+signals (SIGTERM, a terminal's Ctrl-C to the process group with its encoder
+child) over real sockets.
+"""
 
 import os
 import signal
@@ -8,47 +13,43 @@ import trio
 from _helpers.process import start_serve
 from _helpers.ws import moshi_handshake, moshi_url, raw_open, read_until_closed
 from pplex_trio.client import open_websocket
-from pplex_trio.engine import EchoEngine
-from pplex_trio.server import ServerSettings, serve
 
 
-async def test_shutdown_closes_live_queued_and_prefilling_conversations_with_1001():
-    settings = ServerSettings(host="127.0.0.1", port=0, slots=2, echo_prefill_steps=1)
-    engine = EchoEngine(2, prefill_steps=1)
+async def test_shutdown_closes_live_queued_and_prefilling_conversations_with_1001(virtual_server, autojump_clock):
+    handle = await virtual_server(slots=2, prefill_steps=1)
     results = {}
-    async with trio.open_nursery() as outer:
-        handle = await outer.start(serve, settings, engine)
-        connected = trio.Semaphore(0)
+    connected = trio.Semaphore(0)
 
-        async def live_moshi():
-            async with open_websocket(moshi_url(handle.ws_url)) as ws:
-                await moshi_handshake(ws)
-                connected.release()
-                results["moshi"] = await read_until_closed(ws, timeout=3)
+    async def live_moshi():
+        async with handle.open_websocket(moshi_url(handle.ws_url)) as ws:
+            await moshi_handshake(ws)
+            connected.release()
+            results["moshi"] = await read_until_closed(ws, timeout=3)
 
-        async def live_raw():
-            async with open_websocket(handle.ws_url + "/v1/audio/duplex") as ws:
-                await raw_open(ws)
-                connected.release()
-                results["raw"] = await read_until_closed(ws, timeout=3)
+    async def live_raw():
+        async with handle.open_websocket(handle.ws_url + "/v1/audio/duplex") as ws:
+            await raw_open(ws)
+            connected.release()
+            results["raw"] = await read_until_closed(ws, timeout=3)
 
-        async def queued():
-            async with open_websocket(moshi_url(handle.ws_url)) as ws:
-                connected.release()
-                results["queued"] = await read_until_closed(ws, timeout=3)
+    async def queued():
+        async with handle.open_websocket(moshi_url(handle.ws_url)) as ws:
+            connected.release()
+            results["queued"] = await read_until_closed(ws, timeout=3)
 
-        async with trio.open_nursery() as clients:
-            clients.start_soon(live_moshi)
-            clients.start_soon(live_raw)
-            for _ in range(2):
-                await connected.acquire()
-            clients.start_soon(queued)
+    async with trio.open_nursery() as clients:
+        clients.start_soon(live_moshi)
+        clients.start_soon(live_raw)
+        for _ in range(2):
             await connected.acquire()
-            await trio.sleep(0.2)
-            started = trio.current_time()
-            await handle.shutdown()
-            assert trio.current_time() - started <= 1.1
-        # serve() returns once hypercorn and the actor have stopped.
+        clients.start_soon(queued)
+        await connected.acquire()
+        await trio.sleep(0.2)
+        started = trio.current_time()
+        await handle.shutdown()
+        assert trio.current_time() - started <= 0.05  # its clients read: every conversation closed at once
+    with trio.fail_after(started + 1.0 + 0.05 - trio.current_time()):  # the connections get the grace, no more
+        await handle.stopped.wait()  # serve() returns once hypercorn and the actor have stopped
     assert {name: r.code for name, r in results.items()} == {"moshi": 1001, "raw": 1001, "queued": 1001}
     assert any(m.startswith(b"\x05this server is shutting down;") for m in results["moshi"].messages)
 

@@ -1,27 +1,25 @@
-"""Admission, the queue and the slots over real sockets.
+"""Admission, the queue and the slots: the real server on the virtual network and clock.
 
 A client that vanishes in each phase is tested on the fake socket and the virtual clock
-(``test_session_states.py``) and, against a real server, by the fault suite (``tests/faults``).
+(``test_session_states.py``) and, against the whole server, by the fault suite (``tests/faults``).
 """
 
 import json
 
 import numpy as np
+import pytest
 import trio
 import trio.testing
 
-from _helpers.bad_client import BadClient
 from _helpers.ws import FRAME, errors_in, moshi_handshake, moshi_url, raw_open, read_until_closed
-from _helpers.http import get_json
-from pplex_trio.client import open_websocket
 from pplex_trio.engine import EchoEngine
 
 
-async def test_a_browser_waits_in_queue_with_pings_then_is_served(start_server):
-    handle = await start_server(slots=1, keepalive_interval=0.1)
-    async with open_websocket(moshi_url(handle.ws_url)) as first:
+async def test_a_browser_waits_in_queue_with_pings_then_is_served(virtual_server, autojump_clock):
+    handle = await virtual_server(slots=1, keepalive_interval=0.1)
+    async with handle.open_websocket(moshi_url(handle.ws_url)) as first:
         await moshi_handshake(first)
-        second = await BadClient.connect(handle.port, "/api/chat", headers=[("Origin", handle.http_url)])
+        second = await handle.bad_client("/api/chat", headers=[("Origin", handle.http_url)])
         # Queued: 0x06 pings keep the official client's 10 s inactivity timer alive (a page's script sees
         # no WebSocket pings).
         for _ in range(3):
@@ -34,28 +32,28 @@ async def test_a_browser_waits_in_queue_with_pings_then_is_served(start_server):
         second.close()
 
 
-async def test_a_program_waits_in_queue_on_websocket_pings_alone(start_server):
+async def test_a_program_waits_in_queue_on_websocket_pings_alone(virtual_server, autojump_clock):
     """NVIDIA's server sends no 0x06, and LiveKit's PersonaPlex plugin warns at each: a client without an
     Origin (a program) is kept alive by WebSocket pings, which every client library answers."""
-    handle = await start_server(slots=1, keepalive_interval=0.1, client_timeout=0.6)  # a ping every 0.2 s
-    async with open_websocket(moshi_url(handle.ws_url)) as first:
+    handle = await virtual_server(slots=1, keepalive_interval=0.1, client_timeout=0.6)  # a ping every 0.2 s
+    async with handle.open_websocket(moshi_url(handle.ws_url)) as first:
         await moshi_handshake(first)
-        second = await BadClient.connect(handle.port, "/api/chat")
-        with trio.move_on_after(1.0):
+        second = await handle.bad_client("/api/chat")
+        with trio.move_on_after(0.9):
             message = await second.receive(timeout=2)
             raise AssertionError(f"a queued program got {message!r}")
-        assert second.pings >= 3
+        assert second.pings == 5  # one at the upgrade, then one every 0.2 s, and nothing else
         await first.aclose()
         assert await second.receive() == b"\x00"  # the handshake is its first message
         second.close()
 
 
-async def test_raw_queue_reports_positions(start_server):
-    handle = await start_server(slots=1, keepalive_interval=0.1)
-    async with open_websocket(handle.ws_url + "/v1/audio/duplex") as first:
+async def test_raw_queue_reports_positions(virtual_server, autojump_clock):
+    handle = await virtual_server(slots=1, keepalive_interval=0.1)
+    async with handle.open_websocket(handle.ws_url + "/v1/audio/duplex") as first:
         await raw_open(first)
-        async with open_websocket(handle.ws_url + "/v1/audio/duplex") as second:
-            async with open_websocket(handle.ws_url + "/v1/audio/duplex") as third:
+        async with handle.open_websocket(handle.ws_url + "/v1/audio/duplex") as second:
+            async with handle.open_websocket(handle.ws_url + "/v1/audio/duplex") as third:
                 await second.send_message(json.dumps({"type": "open"}))
                 assert json.loads(await second.get_message()) == {"type": "queued", "position": 1}
                 await third.send_message(json.dumps({"type": "open"}))
@@ -70,61 +68,46 @@ async def test_raw_queue_reports_positions(start_server):
                         pass
 
 
-async def test_queue_timeout_closes_with_1013(start_server):
-    handle = await start_server(slots=1, queue_timeout=0.3)
-    async with open_websocket(moshi_url(handle.ws_url)) as first:
+async def test_queue_timeout_closes_with_1013(virtual_server, autojump_clock):
+    handle = await virtual_server(slots=1, queue_timeout=0.3)
+    async with handle.open_websocket(moshi_url(handle.ws_url)) as first:
         await moshi_handshake(first)
-        async with open_websocket(moshi_url(handle.ws_url)) as second:
+        async with handle.open_websocket(moshi_url(handle.ws_url)) as second:
+            queued = trio.current_time()
             closed = await read_until_closed(second, timeout=3)
+    assert trio.current_time() - queued == pytest.approx(0.3)  # at the queue timeout: not before, not later
     assert closed.code == 1013
     assert "no conversation slot became free" in errors_in(closed.messages)[0]
 
 
-async def test_full_queue_closes_with_1013_at_once(start_server):
-    handle = await start_server(slots=1, queue_size=0)
-    async with open_websocket(handle.ws_url + "/v1/audio/duplex") as first:
+async def test_full_queue_closes_with_1013_at_once(virtual_server, autojump_clock):
+    handle = await virtual_server(slots=1, queue_size=0)
+    async with handle.open_websocket(handle.ws_url + "/v1/audio/duplex") as first:
         await raw_open(first)
-        async with open_websocket(handle.ws_url + "/v1/audio/duplex") as second:
+        async with handle.open_websocket(handle.ws_url + "/v1/audio/duplex") as second:
             await second.send_message(json.dumps({"type": "open"}))
+            asked = trio.current_time()
             closed = await read_until_closed(second, timeout=1)
+            assert trio.current_time() == asked  # at once: no time passes
     assert closed.code == 1013
     assert "queue is full" in errors_in(closed.messages)[0]
 
 
-class GatedEcho(EchoEngine):
-    """Its step blocks (on the worker thread) while `gate` is closed."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        import threading
-
-        self.gate = threading.Event()
-        self.gate.set()
-        self.blocked = threading.Event()
-
-    def step(self, modes, pcm):
-        if not self.gate.is_set():
-            self.blocked.set()
-            self.gate.wait(10)
-        return super().step(modes, pcm)
-
-
-async def test_drain_before_release_end_to_end(start_server):
-    engine = GatedEcho(1, prefill_steps=1)
-    handle = await start_server(engine=engine, slots=1)
-    async with open_websocket(moshi_url(handle.ws_url)) as old:
+async def test_drain_before_release_end_to_end(virtual_server, autojump_clock):
+    handle = await virtual_server(slots=1, prefill_steps=1)
+    async with handle.open_websocket(moshi_url(handle.ws_url)) as old:
         await moshi_handshake(old)
-        engine.gate.clear()
-        await trio.to_thread.run_sync(engine.blocked.wait)
+        handle.threads.hold_engine()  # the next step does not come back until released (a slow GPU call)
+        await handle.threads.engine_held.wait()
         await old.aclose()  # leaves while its step is still running
-        async with open_websocket(moshi_url(handle.ws_url), origin=handle.http_url) as new:
+        async with handle.open_websocket(moshi_url(handle.ws_url), origin=handle.http_url) as new:
             assert await new.get_message() == b"\x06"  # queued: the slot is not free
-            await trio.testing.wait_all_tasks_blocked(0.05)  # the server is idle: the actor waits on the gated step
-            health = await get_json(handle, "/health")
+            await trio.testing.wait_all_tasks_blocked()  # the server is idle: the actor waits on the held step
+            health = await handle.get_json("/health")
             assert health["queued"] == 1 and health["slots"]["draining"] == 1 and health["slots_free"] == 0
             await trio.sleep(0.3)
-            assert (await get_json(handle, "/health"))["slots"]["draining"] == 1  # still in flight
-            engine.gate.set()
+            assert (await handle.get_json("/health"))["slots"]["draining"] == 1  # still in flight
+            handle.threads.release_engine()
             await moshi_handshake(new)
             texts = []
             with trio.fail_after(2):
@@ -147,16 +130,16 @@ class ExplodingEcho(EchoEngine):
         return super().step(modes, pcm)
 
 
-async def test_engine_exception_closes_with_1011_and_the_next_connection_works(start_server):
+async def test_engine_exception_closes_with_1011_and_the_next_connection_works(virtual_server, autojump_clock):
     engine = ExplodingEcho(1, prefill_steps=1)
-    handle = await start_server(engine=engine, slots=1)
-    async with open_websocket(moshi_url(handle.ws_url)) as ws:
+    handle = await virtual_server(engine, slots=1)
+    async with handle.open_websocket(moshi_url(handle.ws_url)) as ws:
         await moshi_handshake(ws)
         engine.explode_at = 3
         closed = await read_until_closed(ws, timeout=3)
     assert closed.code == 1011
     assert "internal error" in errors_in(closed.messages)[0]
-    async with open_websocket(handle.ws_url + "/v1/audio/duplex") as ws:
+    async with handle.open_websocket(handle.ws_url + "/v1/audio/duplex") as ws:
         await raw_open(ws)
         await ws.send_message(np.full(FRAME * 3, 0.5, np.float32).tobytes())
         pcm = []
@@ -166,48 +149,41 @@ async def test_engine_exception_closes_with_1011_and_the_next_connection_works(s
                 if isinstance(message, bytes):
                     pcm.append(np.frombuffer(message, "<f4"))
         assert any((p == 0.5).all() for p in pcm)
-    metrics = (await _text(handle, "/metrics"))
+    metrics = await handle.metrics()
     assert 'pplex_errors_total{kind="engine"} 1.0' in metrics
     assert 'outcome="engine_error"' in metrics
 
 
-async def _text(handle, path):
-    import httpx
-
-    async with httpx.AsyncClient() as client:
-        return (await client.get(handle.http_url + path)).text
-
-
-async def test_protocol_error_while_queued_is_answered_at_once(start_server):
-    handle = await start_server(slots=1, queue_timeout=30)
-    async with open_websocket(moshi_url(handle.ws_url)) as first:
+async def test_protocol_error_while_queued_is_answered_at_once(virtual_server, autojump_clock):
+    handle = await virtual_server(slots=1, queue_timeout=30)
+    async with handle.open_websocket(moshi_url(handle.ws_url)) as first:
         await moshi_handshake(first)
-        async with open_websocket(moshi_url(handle.ws_url), origin=handle.http_url) as second:
+        async with handle.open_websocket(moshi_url(handle.ws_url), origin=handle.http_url) as second:
             assert await second.get_message() == b"\x06"  # a keepalive: it waits in the queue
             for _ in range(20):  # more than the framework's own buffer of 10 messages
                 await second.send_message(b"\x01")
             await second.send_message("not binary")
             closed = await read_until_closed(second, timeout=2)
         assert closed.code == 1003
-    assert (await get_json(handle, "/health"))["queued"] == 0  # it left the queue before its close went out
+    assert (await handle.get_json("/health"))["queued"] == 0  # it left the queue before its close went out
 
 
-async def test_a_persona_change_by_reconnecting_keeps_the_slot(start_server):
+async def test_a_persona_change_by_reconnecting_keeps_the_slot(virtual_server, autojump_clock):
     """LiveKit's PersonaPlex plugin changes persona by reconnecting at once: on a full server it gets its slot
     back ahead of the queue, while another client waits on."""
-    handle = await start_server(slots=1, echo_prefill_steps=1)
+    handle = await virtual_server(slots=1, prefill_steps=1)
     url = "/api/chat?voice_prompt=NATF2.pt&text_prompt="
-    agent = await BadClient.connect(handle.port, url + "Be+kind.", source="127.0.0.2")
+    agent = await handle.bad_client(url + "Be+kind.", source="127.0.0.2")
     assert await agent.receive() == b"\x00"
-    other = await BadClient.connect(handle.port, "/api/chat", source="127.0.0.3")
-    await trio.testing.wait_all_tasks_blocked(0.05)  # (queued: the agent's ticks are 80 ms apart)
-    assert (await get_json(handle, "/health"))["queued"] == 1
+    other = await handle.bad_client("/api/chat", source="127.0.0.3")
+    await trio.testing.wait_all_tasks_blocked()  # (queued)
+    assert (await handle.get_json("/health"))["queued"] == 1
     await agent.close_cleanly()
-    agent = await BadClient.connect(handle.port, url + "Be+brief.", source="127.0.0.2")
+    agent = await handle.bad_client(url + "Be+brief.", source="127.0.0.2")
     assert await agent.receive() == b"\x00"  # served first: the slot was held for it
-    health = await get_json(handle, "/health")
+    health = await handle.get_json("/health")
     assert health["queued"] == 1 and health["sessions"] == 2
-    sessions = (await get_json(handle, "/api/sessions"))["sessions"]
+    sessions = (await handle.get_json("/api/sessions"))["sessions"]
     assert sorted(s["state"] for s in sessions) == ["live", "queued"]
     agent.close()
     other.close()

@@ -3,7 +3,10 @@
 The tiny model has random weights, so its audio is noise; what is checked is
 that the server drives the real engine exactly: a greedy raw conversation's
 output equals a direct run of the engine with the same persona, voice and
-input frames, whatever the other slot is doing.
+input frames, whatever the other slot is doing.  The real server on the
+virtual network and clock: the engine's calls run inline, so however long a
+step takes on this machine, the clients' frames and the ticks keep their
+time.
 """
 
 import json
@@ -14,8 +17,6 @@ import sphn
 import trio
 
 from _helpers.ws import FRAME, moshi_talk, moshi_url, raw_open
-from _helpers.http import get_json
-from pplex_trio.client import open_websocket
 from pplex_trio.engine import Conversation, Sampling, SlotMode
 
 PIRATE = "You are a pirate captain. Speak with salt and swagger."
@@ -47,7 +48,7 @@ def speech_frames(speech_wav):
 async def raw_conversation(handle, frames, **params):
     """Stream `frames` (three ahead, then one per tick) and collect every output frame and text piece."""
     pcm, texts = [], []
-    async with open_websocket(handle.ws_url + "/v1/audio/duplex") as ws:
+    async with handle.open_websocket(handle.ws_url + "/v1/audio/duplex") as ws:
         await raw_open(ws, timeout=60, **params)
 
         async def send():
@@ -86,14 +87,14 @@ def direct_run(engine, conversation, frames, lead_silence):
     return np.stack(out)
 
 
-async def test_two_slots_two_protocols_each_with_its_persona_and_voice(start_server, engine, speech_frames):
-    handle = await start_server(engine=engine, slots=2)
-    assert set((await get_json(handle, "/api/voices"))["voices"]) >= {"NATF1.pt", "NATM0.pt"}
+async def test_two_slots_two_protocols_each_with_its_persona_and_voice(virtual_server, autojump_clock, engine, speech_frames):
+    handle = await virtual_server(engine, slots=2)
+    assert set((await handle.get_json("/api/voices"))["voices"]) >= {"NATF1.pt", "NATM0.pt"}
     moshi_audio, raw_result = [], {}
 
     async def moshi_conversation():
         url = moshi_url(handle.ws_url, text_prompt=PIRATE, voice_prompt="NATF1.pt", text_seed=1, audio_seed=2)
-        moshi_audio.extend(await moshi_talk(url, speech_frames, FRAMES))
+        moshi_audio.extend(await moshi_talk(url, speech_frames, FRAMES, opener=handle.open_websocket))
 
     async def raw_talk():
         raw_result["pcm"], raw_result["text"] = await raw_conversation(
@@ -126,10 +127,10 @@ async def test_two_slots_two_protocols_each_with_its_persona_and_voice(start_ser
     assert not np.array_equal(pirate[: len(served)], served[: len(pirate)])
 
 
-async def test_a_seed_makes_a_sampled_conversation_reproducible(start_server, engine, speech_frames):
+async def test_a_seed_makes_a_sampled_conversation_reproducible(virtual_server, autojump_clock, engine, speech_frames):
     """NVIDIA's ``seed`` (what LiveKit's PersonaPlex plugin sends): sampled output, the same for the same seed
     and input, whatever the batch; another seed gives other output."""
-    handle = await start_server(engine=engine, slots=2)
+    handle = await virtual_server(engine, slots=2)
     served = {}
 
     async def talk(name, seed):

@@ -1,4 +1,9 @@
-"""TLS: the self-signed pair ``--ssl DIR`` makes, an existing pair, ``--certfile``; HTTPS and WSS end to end."""
+"""TLS: the self-signed pair ``--ssl DIR`` makes, an existing pair, ``--certfile``; HTTPS and WSS end to end.
+
+End to end, one case over real sockets (a real certificate, our command-line
+client's stream over the kernel's TCP, as users run it); the others on the
+virtual network and clock (the same TLS code, over in-memory connections).
+"""
 
 from __future__ import annotations
 
@@ -112,7 +117,7 @@ def tone(seconds: float = 1.2) -> np.ndarray:
     return (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
 
 
-async def test_https_and_wss_with_a_real_certificate(start_server, tmp_path):
+async def test_https_and_wss_with_a_real_certificate(start_server, tmp_path):  # (real sockets)
     issued = issue(tmp_path / "pki", names=("127.0.0.1",))
     handle = await start_server(certfile=issued.cert, keyfile=issued.key)
     assert handle.http_url.startswith("https://") and handle.ws_url.startswith("wss://")
@@ -127,17 +132,21 @@ async def test_https_and_wss_with_a_real_certificate(start_server, tmp_path):
             pass
 
 
-async def test_wss_with_the_self_signed_pair_and_the_client_options(start_server, tmp_path):
-    handle = await start_server(ssl_dir=tmp_path / "tls")
+async def test_wss_with_the_self_signed_pair_and_the_client_options(virtual_server, autojump_clock, tmp_path):
+    handle = await virtual_server(ssl_dir=tmp_path / "tls")
     url = handle.ws_url + "/api/chat"
+    assert url.startswith("wss://")
     for context in (client_ssl_context(cafile=tmp_path / "tls" / "cert.pem"), client_ssl_context(insecure=True)):
-        async with open_websocket(url, ssl_context=context) as ws:
+        async with handle.open_websocket(url, ssl_context=context) as ws:
             await moshi_handshake(ws)
+    with pytest.raises(ssl.SSLCertVerificationError):  # the system's authorities do not know a self-signed pair
+        async with handle.open_websocket(url):
+            pass
 
 
-async def test_plain_http_on_the_tls_port_is_redirected_to_https(start_server, tmp_path):
-    handle = await start_server(ssl_dir=tmp_path / "tls")
-    stream = await trio.open_tcp_stream("127.0.0.1", handle.port)
+async def test_plain_http_on_the_tls_port_is_redirected_to_https(virtual_server, autojump_clock, tmp_path):
+    handle = await virtual_server(ssl_dir=tmp_path / "tls")
+    stream = await handle.connect()
     await stream.send_all(f"GET /api/info?x=1 HTTP/1.1\r\nHost: 127.0.0.1:{handle.port}\r\n\r\n".encode())
     answer = b""
     with trio.fail_after(5):
@@ -147,5 +156,5 @@ async def test_plain_http_on_the_tls_port_is_redirected_to_https(start_server, t
     head = answer.decode().split("\r\n")
     assert head[0] == "HTTP/1.1 301 Moved Permanently"
     assert f"location: https://127.0.0.1:{handle.port}/api/info?x=1" in head
-    async with httpx.AsyncClient(verify=False) as http:  # and the server goes on serving TLS
-        assert (await http.get(handle.http_url + "/health")).status_code == 200
+    async with handle.http(ssl_context=client_ssl_context(insecure=True)) as http:  # and it goes on serving TLS
+        assert (await http.get("/health")).status_code == 200

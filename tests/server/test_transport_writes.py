@@ -1,15 +1,14 @@
 """The guarded transport's write and read deadlines: one watchdog, no cancel scope per write or read.
 
-Real loopback sockets: a client end that never reads, so the kernel's buffers
-fill and a write blocks (on Trio's virtual clock, so the deadline is checked
-exactly), and one that reads.
+On the virtual network (whose bounded buffers fill as a kernel's do, checked
+against loopback in ``test_virtual_net.py``) and the virtual clock, so every
+deadline is checked exactly: a client end that never reads, so a write blocks,
+and one that reads.
 """
 
 from __future__ import annotations
 
 import math
-import select
-import socket
 
 import pytest
 import trio
@@ -17,26 +16,24 @@ import trio.testing
 
 from pplex_trio.server._transport import WATCH_INTERVAL, Connections, GuardedStream, _watch_deadlines
 
+from _helpers.virtual_net import VirtualNetwork, VirtualStream
+
 WRITE_TIMEOUT = 3.0
 
 
-def guarded_pair(write_timeout: float = WRITE_TIMEOUT, *, read_timeout: float = math.inf,
-                 small_buffers: bool = True) -> tuple[GuardedStream, socket.socket]:
-    """Our end of a loopback TCP connection, guarded, and the client's end (a plain socket)."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        theirs = socket.create_connection(listener.getsockname())
-        ours, _ = listener.accept()
-    ours.setblocking(False)
-    for sock in (ours, theirs) if small_buffers else ():
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
-    return GuardedStream(stream, write_timeout=write_timeout, read_timeout=read_timeout,
+async def guarded_pair(write_timeout: float = WRITE_TIMEOUT, *, read_timeout: float = math.inf,
+                       buffer: int = 4096) -> tuple[GuardedStream, VirtualStream]:
+    """Our end of a connection, guarded, and the client's end; ``buffer`` bytes each way."""
+    network = VirtualNetwork(buffer=buffer)
+    listener = network.listen("127.0.0.1", 8998)
+    theirs = await network.connect("127.0.0.1", 8998)
+    ours = await listener.accept()
+    return GuardedStream(ours, write_timeout=write_timeout, read_timeout=read_timeout,
                          max_message_bytes=1 << 20), theirs
 
 
 async def test_a_write_the_client_never_reads_is_aborted_at_its_deadline(autojump_clock):
-    guarded, theirs = guarded_pair()
+    guarded, theirs = await guarded_pair()
     connections = Connections()
     connections.open.add(guarded)
     async with trio.open_nursery() as nursery:
@@ -48,22 +45,24 @@ async def test_a_write_the_client_never_reads_is_aborted_at_its_deadline(autojum
         nursery.cancel_scope.cancel()
     assert WRITE_TIMEOUT <= waited <= WRITE_TIMEOUT + WATCH_INTERVAL + 1e-6
     assert guarded.aborted and guarded.write_started is None
+    with pytest.raises(trio.BrokenResourceError):  # the abort was a reset: the client sees it too
+        while True:
+            await theirs.receive_some(65536)
     await guarded.aclose()
-    theirs.close()
+    await theirs.aclose()
 
 
-async def test_writes_that_complete_and_idle_connections_are_left_alone():
-    # The real clock: TCP's window updates take real time, which a virtual clock would jump past.
+async def test_writes_that_complete_and_idle_connections_are_left_alone(autojump_clock):
     timeout = 0.3
-    guarded, theirs = guarded_pair(timeout, small_buffers=False)
+    guarded, theirs = await guarded_pair(timeout, buffer=16_384)
     connections = Connections()
     connections.open.add(guarded)
     received = bytearray()
 
-    async def read() -> None:
-        peer = trio.socket.from_stdlib_socket(theirs)
+    async def read() -> None:  # a slow reader: each write waits on it, but never for as long as the deadline
         while len(received) < 400_000:
-            received.extend(await peer.recv(65536))
+            await trio.sleep(timeout / 10)
+            received.extend(await theirs.receive_some(65536))
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_deadlines, connections, timeout)
@@ -74,27 +73,20 @@ async def test_writes_that_complete_and_idle_connections_are_left_alone():
         nursery.cancel_scope.cancel()
     assert len(received) == 400_000 and not guarded.aborted
     await guarded.aclose()
-    theirs.close()
+    await theirs.aclose()
 
 
 READ_TIMEOUT = 4.0
 REQUEST = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"  # (the guard passes on whole request heads)
 
 
-def send_from_client(theirs: socket.socket, guarded: GuardedStream, data: bytes) -> None:
-    """The client sends ``data``; return once it has reached our socket (loopback delivery takes real time,
-    which the virtual clock would otherwise jump past)."""
-    theirs.sendall(data)
-    assert select.select([guarded.socket.fileno()], [], [], 5.0)[0], "the client's bytes did not arrive"
-
-
 async def test_a_client_that_sends_nothing_is_aborted_at_the_read_deadline(autojump_clock):
     """hypercorn's pings give a live client something to answer; one silent for the read timeout (dead, frozen,
     half-open) is dropped, whether or not it ever sent anything, and a read waiting on it wakes."""
-    guarded, theirs = guarded_pair(read_timeout=READ_TIMEOUT)
+    guarded, theirs = await guarded_pair(read_timeout=READ_TIMEOUT)
     connections = Connections()
     connections.open.add(guarded)
-    send_from_client(theirs, guarded, REQUEST)
+    await theirs.send_all(REQUEST)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_deadlines, connections, READ_TIMEOUT)
         assert await guarded.receive_some(1024) == REQUEST
@@ -105,35 +97,35 @@ async def test_a_client_that_sends_nothing_is_aborted_at_the_read_deadline(autoj
         nursery.cancel_scope.cancel()
     assert READ_TIMEOUT <= waited <= READ_TIMEOUT + WATCH_INTERVAL + 1e-6
     assert guarded.aborted and not guarded.write_timed_out
-    theirs.close()
+    await theirs.aclose()
 
-    silent, theirs = guarded_pair(read_timeout=READ_TIMEOUT)  # never sends a byte
+    silent, theirs = await guarded_pair(read_timeout=READ_TIMEOUT)  # never sends a byte
     connections.open = {silent}
     with trio.move_on_after(READ_TIMEOUT + WATCH_INTERVAL + 0.01):
         await _watch_deadlines(connections, READ_TIMEOUT)
     assert silent.aborted
-    theirs.close()
+    await theirs.aclose()
 
 
 async def test_a_client_that_keeps_sending_is_left_alone(autojump_clock):
-    guarded, theirs = guarded_pair(read_timeout=READ_TIMEOUT)
+    guarded, theirs = await guarded_pair(read_timeout=READ_TIMEOUT)
     connections = Connections()
     connections.open.add(guarded)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_deadlines, connections, READ_TIMEOUT)
         for _ in range(10):  # 30 s in all, never more than 3 s apart (as a pong now and then)
             await trio.sleep(READ_TIMEOUT - 1)
-            send_from_client(theirs, guarded, REQUEST)
+            await theirs.send_all(REQUEST)
             assert await guarded.receive_some(1024) == REQUEST
         nursery.cancel_scope.cancel()
     assert not guarded.aborted
     await guarded.aclose()
-    theirs.close()
+    await theirs.aclose()
 
 
-async def test_a_write_waits_for_a_refusal_being_written():
+async def test_a_write_waits_for_a_refusal_being_written(autojump_clock):
     # The lock keeps our own refusal (written from the reading side) and hypercorn's writes apart.
-    guarded, theirs = guarded_pair()
+    guarded, theirs = await guarded_pair()
     order: list[str] = []
     async with trio.open_nursery() as nursery:
         await guarded._lock.acquire()
@@ -147,16 +139,16 @@ async def test_a_write_waits_for_a_refusal_being_written():
         order.append("refusal done")
         guarded._lock.release()
     assert order == ["refusal done", "write"]
-    assert theirs.recv(16) == b"after"
+    assert await theirs.receive_some(16) == b"after"
     await guarded.aclose()
-    theirs.close()
+    await theirs.aclose()
 
 
-async def test_a_close_while_an_answer_is_being_written_waits_for_it():
+async def test_a_close_while_an_answer_is_being_written_waits_for_it(autojump_clock):
     """hypercorn closes (``send_eof``) outside its own send lock: a close that came while a write was blocked
     on the client collided with it (``trio.BusyResourceError`` in the log, the answer cut).  The close now
     waits for the write, and the client gets the whole answer, then the end of the stream."""
-    guarded, theirs = guarded_pair()
+    guarded, theirs = await guarded_pair()
     answer = bytes(range(256)) * 384  # 96 KiB: more than the small buffers hold, so the write blocks
     received = bytearray()
     async with trio.open_nursery() as nursery:
@@ -165,13 +157,9 @@ async def test_a_close_while_an_answer_is_being_written_waits_for_it():
         assert guarded.write_started is not None  # the write is blocked on the client
         nursery.start_soon(guarded.send_eof)
         await trio.testing.wait_all_tasks_blocked()  # (before: BusyResourceError here)
-        for sock in (theirs, guarded.socket):  # the client reads at last, quickly
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
-        peer = trio.socket.from_stdlib_socket(theirs)
-        with trio.fail_after(10):
-            while chunk := await peer.recv(65536):
+        with trio.fail_after(10):  # the client reads at last
+            while chunk := await theirs.receive_some(65536):
                 received += chunk
     assert bytes(received) == answer  # all of it, then EOF
     await guarded.aclose()
-    theirs.close()
+    await theirs.aclose()

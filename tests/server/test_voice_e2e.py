@@ -1,5 +1,8 @@
 """A voice added over HTTP, end to end on real models: made as the reference makes it, spoken on every
-protocol in one server run, kept across a restart, deleted while in use without ending the conversation."""
+protocol in one server run, kept across a restart, deleted while in use without ending the conversation.
+
+The real server on the virtual network and clock (the models' calls run inline).
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,6 @@ import sphn
 import torch
 import trio
 
-from pplex_trio.client import open_websocket
 from pplex_trio.engine import Conversation, Sampling
 from pplex_trio.model import VoicePrompt
 
@@ -46,17 +48,17 @@ def clip(speech, tmp_path):
 
 
 async def post_voice(handle, name: str, body: bytes) -> httpx.Response:
-    async with httpx.AsyncClient(timeout=60) as client:
-        return await client.post(handle.http_url + "/api/voices", params={"name": name}, content=body,
-                                  headers={"content-type": "audio/wav"})
+    async with handle.http(timeout=60) as client:
+        return await client.post("/api/voices", params={"name": name}, content=body,
+                                 headers={"content-type": "audio/wav"})
 
 
-async def test_the_reference_voice_comes_out_of_an_upload(start_server, golden_dir, tmp_path):
+async def test_the_reference_voice_comes_out_of_an_upload(virtual_server, autojump_clock, golden_dir, tmp_path):
     """The golden checkpoint's TINY0.wav, uploaded: the kept voice is NVIDIA's voices/TINY0.pt."""
     from pplex_trio.engine._personaplex import PersonaPlexEngine
 
     engine = PersonaPlexEngine.load(str(golden_dir), num_slots=1)
-    handle = await start_server(engine=engine, slots=1, voice_store=tmp_path / "store")
+    handle = await virtual_server(engine, slots=1, voice_store=tmp_path / "store")
     response = await post_voice(handle, "Uploaded", (golden_dir / "voices" / "TINY0.wav").read_bytes())
     assert response.status_code == 201 and response.json() == {"voice": "Uploaded.pt", "seconds": 2.0}
     kept = torch.load(tmp_path / "store" / "Uploaded.pt", weights_only=True)
@@ -67,13 +69,14 @@ async def test_the_reference_voice_comes_out_of_an_upload(start_server, golden_d
 
 
 async def moshi_frames(handle, voice: str, frames: np.ndarray, want: int = 5) -> list[np.ndarray]:
-    return await moshi_talk(moshi_url(handle.ws_url, voice_prompt=voice, text_seed=1, audio_seed=2), frames, want)
+    return await moshi_talk(moshi_url(handle.ws_url, voice_prompt=voice, text_seed=1, audio_seed=2), frames, want,
+                            opener=handle.open_websocket)
 
 
 async def realtime_voice(handle, voice: str) -> tuple[dict, dict]:
     """session.update to ``voice``, then talk: (the session.updated event, the first audio delta)."""
     silence = base64.b64encode(bytes(1920 * 2)).decode()
-    async with open_websocket(handle.ws_url + "/v1/realtime") as ws:
+    async with handle.open_websocket(handle.ws_url + "/v1/realtime") as ws:
         async def event(kind):
             with trio.fail_after(60):
                 while True:
@@ -93,10 +96,10 @@ async def realtime_voice(handle, voice: str) -> tuple[dict, dict]:
 
 
 async def test_an_added_voice_on_every_protocol_then_a_restart_then_deleted_in_use(
-        start_server, tiny_engine, clip, speech, tmp_path):
+        virtual_server, autojump_clock, tiny_engine, clip, speech, tmp_path):
     store = tmp_path / "store"
     frames = speech[24_000: 24_000 + FRAMES * 1920].reshape(FRAMES, 1920)
-    handle = await start_server(engine=tiny_engine, slots=2, voice_store=store)
+    handle = await virtual_server(tiny_engine, slots=2, voice_store=store)
     response = await post_voice(handle, "Mine", clip.read_bytes())
     assert response.status_code == 201 and response.json() == {"voice": "Mine.pt", "seconds": 3.0}
     assert VoicePrompt.from_file(store / "Mine.pt").num_steps == 38 - 1  # 72 000 samples: 38 frames, the first unused
@@ -117,10 +120,9 @@ async def test_an_added_voice_on_every_protocol_then_a_restart_then_deleted_in_u
     await handle.shutdown()
 
     # A new server on the same store has it, and a conversation that uses it outlives its deletion.
-    again = await start_server(engine=tiny_engine, slots=2, voice_store=store)
-    async with httpx.AsyncClient() as client:
-        assert (await client.get(again.http_url + "/api/voices")).json()["added"] == ["Mine.pt"]
-    async with open_websocket(again.ws_url + "/v1/audio/duplex") as ws:
+    again = await virtual_server(tiny_engine, slots=2, voice_store=store)
+    assert (await again.get("/api/voices")).json()["added"] == ["Mine.pt"]
+    async with again.open_websocket(again.ws_url + "/v1/audio/duplex") as ws:
         await raw_open(ws, timeout=60, voice="Mine.pt")
         got = 0
 
@@ -135,10 +137,9 @@ async def test_an_added_voice_on_every_protocol_then_a_restart_then_deleted_in_u
                         got += 1
 
         await talk(5)
-        async with httpx.AsyncClient() as client:
-            assert (await client.delete(again.http_url + "/api/voices/Mine")).status_code == 200
+        async with again.http() as client:
+            assert (await client.delete("/api/voices/Mine")).status_code == 200
         before = got
         await talk(10)
         assert got >= before + 5  # it talks on after its voice is gone
-    async with httpx.AsyncClient() as client:
-        assert (await client.get(again.http_url + "/api/voices")).json()["added"] == []
+    assert (await again.get("/api/voices")).json()["added"] == []
