@@ -38,6 +38,7 @@ class FakeWebSocket:
         self.closed: tuple[int, str] | None = None
         self.reading = True
         self._changed = trio.lowlevel.ParkingLot()
+        self.disconnected = trio.CancelScope()  # cancelled when the client is gone, as AsgiWebSocket's
 
     # -- the server's side ---------------------------------------------------
 
@@ -45,8 +46,12 @@ class FakeWebSocket:
         self.accepted = True
         self.subprotocol = subprotocol
 
-    async def receive(self) -> bytes | str | None:
-        return await self._inbox.receive()
+    async def receive(self) -> bytes | str:
+        message = await self._inbox.receive()
+        if message is None:  # the client answered the close: the ASGI server says so, which unwinds the handler
+            self.disconnected.cancel()
+            await trio.lowlevel.checkpoint()  # raises Cancelled
+        return message
 
     async def send(self, data: bytes | str) -> None:
         while not self.reading:
@@ -58,7 +63,7 @@ class FakeWebSocket:
     async def close(self, code: int, reason: str = "") -> None:
         self.closed = (code, reason)
         self._changed.unpark_all()
-        self.client_send(None)  # the client answers the close: Quart's receive then yields nothing more
+        self.client_send(None)  # the client answers the close (the next receive unwinds the handler)
 
     # -- the client's side ---------------------------------------------------
 
@@ -131,7 +136,7 @@ async def start_session(nursery: trio.Nursery, host: ServerContext, protocol: st
         wire = MoshiProtocol(host.encoders, max_message_bytes=s.max_message_bytes,
                              max_prompt_chars=s.max_prompt_chars, align=s.framing == "aligned", voices=host.voices)
     session = Session(ws, wire, host)
-    scope = trio.CancelScope()
+    scope = ws.disconnected
     done = trio.Event()
 
     async def run() -> None:

@@ -10,6 +10,8 @@ import numpy as np
 import sphn
 import trio
 
+from pplex_trio.server import ServerSettings
+
 from _helpers.audio import best_lag, correlation_at
 from _helpers.ws import FRAME, SR, moshi_handshake, moshi_url, opus_messages, raw_open, read_until_closed
 
@@ -83,7 +85,7 @@ async def test_moshi_echo_of_real_speech(virtual_server, autojump_clock, speech_
 
 
 async def test_raw_echo_is_exact(virtual_server, autojump_clock):
-    handle = await virtual_server(delay_frames=2)
+    handle = await virtual_server(delay_frames=2, first_frame_timeout=ServerSettings().first_frame_timeout)
     rng = np.random.default_rng(1)
     frames = [rng.uniform(-1, 1, FRAME).astype(np.float32) for _ in range(20)]
     stream = np.concatenate(frames + [np.zeros(2 * FRAME, np.float32)])
@@ -117,7 +119,7 @@ async def test_raw_echo_is_exact(virtual_server, autojump_clock):
     # client ran late); every input frame must come back bit-exact, in order,
     # at least the echo's delay later, and close must flush them all.
     voiced = [i for i, r in enumerate(received) if r.any()]
-    assert voiced[0] == 2  # the echo's delay exactly: on the virtual clock the first frame is in time for its tick
+    assert voiced[0] == 2  # the echo's delay exactly: the first step takes the first frame
     assert len(voiced) == len(frames)
     for index, frame in zip(voiced, frames):
         np.testing.assert_array_equal(received[index], frame)
