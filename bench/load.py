@@ -63,13 +63,14 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "tests"))
 
+from _helpers import ogg  # noqa: E402
 from _metrics import Histogram, fetch_text, parse  # noqa: E402
 from _serverproc import ServerProcess  # noqa: E402
 
 from pplex_trio.client import open_websocket  # noqa: E402
 from pplex_trio.codec import pcm16_encode  # noqa: E402
-from pplex_trio.protocol import ogg  # noqa: E402
 
 logger = logging.getLogger("bench.load")
 SR, FRAME = 24_000, 1920

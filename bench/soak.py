@@ -66,7 +66,7 @@ class Tally:
 def moshi_pages(seconds: float) -> list[bytes]:
     import sphn
 
-    from pplex_trio.protocol import ogg
+    from _helpers import ogg
 
     writer = sphn.OpusStreamWriter(24000)
     tone = (0.2 * np.sin(2 * np.pi * 220 * np.arange(int(seconds * 24000)) / 24000)).astype(np.float32)

@@ -29,7 +29,7 @@ def test_histogram_quantile_interpolates_like_prometheus():
 def test_pre_encoded_stream_starts_with_its_headers():
     from load import encode_pages
 
-    from pplex_trio.protocol._ogg import is_bos, page_sequence
+    from _helpers.ogg import is_bos, page_sequence
 
     pages = encode_pages(2.0, 40)
     assert is_bos(pages[0]) and pages[0][28:36] == b"OpusHead"

@@ -12,7 +12,7 @@ import pytest
 from playwright.sync_api import expect
 
 from pplex_trio.engine import EchoEngine
-from pplex_trio.protocol import ogg
+from _helpers import ogg
 
 from _helpers.browser import (
     ARTIFACTS,

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _helpers.fake_ws import running_host, start_session
-from pplex_trio.protocol import ogg
+from _helpers import ogg
 
 pytestmark = pytest.mark.serial  # their witnesses need the CPU: they run after the parallel suite
 

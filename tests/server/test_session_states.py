@@ -15,7 +15,7 @@ import trio
 
 from _helpers.fake_ws import FakeWebSocket, make_host, running_host, start_session
 from pplex_trio.engine import EchoEngine, SlotPhase
-from pplex_trio.protocol import ogg
+from _helpers import ogg
 from pplex_trio.server._session import Ending, Session, SessionState
 from pplex_trio.server._raw_session import RawProtocol
 
