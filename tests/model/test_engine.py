@@ -91,7 +91,8 @@ EXPORTS = {
     "convert_kyutai_state_dict", "ensure_tiny_checkpoint", "expand_depformer_steps", "load_config", "load_model",
     "lm_dtype_for",
     "load_state_dict_strict", "lm_config_from_kwargs", "make_voice_prompt", "mimi_config_from_dict",
-    "persona_tokens", "random_model", "resolve_checkpoint", "ring_attention_mask", "sample", "wrap_persona",
+    "persona_tokens", "random_model", "resolve_checkpoint", "ring_attention_mask", "sample", "voice_from_recording",
+    "wrap_persona", "write_quantized",
 }
 
 

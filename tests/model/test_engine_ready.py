@@ -102,7 +102,7 @@ def test_a_failed_capture_falls_back_to_eager_once_and_loudly(tiny_model, caplog
 def test_new_voices_and_resets_never_recapture(tiny_model, tmp_path):
     graphs = FakeGraphs()
     engine = PersonaPlexEngine(tiny_model, 2, cuda_graph=True, graphs=graphs)
-    buffers = {name: t.data_ptr() for name, t in vars(engine._device_tick).items() if isinstance(t, torch.Tensor)}
+    buffers = {name: t.data_ptr() for name, t in vars(engine._tick).items() if isinstance(t, torch.Tensor)}
     silence = np.zeros((2, 1920), np.float32)
     for voice in engine.voices():
         engine.prefill({0: engine.start(0, Conversation(voice=voice))})
@@ -110,15 +110,15 @@ def test_new_voices_and_resets_never_recapture(tiny_model, tmp_path):
     engine.reset(0)
     engine.reset_all()
     assert graphs.recorded == 1
-    assert {name: t.data_ptr() for name, t in vars(engine._device_tick).items() if isinstance(t, torch.Tensor)} == buffers
+    assert {name: t.data_ptr() for name, t in vars(engine._tick).items() if isinstance(t, torch.Tensor)} == buffers
 
 
 def test_reset_all_is_in_place_and_leaves_fresh_rows(tiny_model):
     engine = PersonaPlexEngine(tiny_model, 3)
     _drive(engine, frames=4)
-    before = {name: t.data_ptr() for name, t in vars(engine._device_tick).items() if isinstance(t, torch.Tensor)}
+    before = {name: t.data_ptr() for name, t in vars(engine._tick).items() if isinstance(t, torch.Tensor)}
     engine.reset_all()
-    assert {name: t.data_ptr() for name, t in vars(engine._device_tick).items() if isinstance(t, torch.Tensor)} == before
+    assert {name: t.data_ptr() for name, t in vars(engine._tick).items() if isinstance(t, torch.Tensor)} == before
     for a, b in zip(_drive(engine), _drive(PersonaPlexEngine(tiny_model, 3)), strict=True):
         np.testing.assert_array_equal(a, b)
 

@@ -72,8 +72,8 @@ def busy_engine(any_model) -> PersonaPlexEngine:
     for _ in range(3):
         engine.prefill({1: 2})
         engine.step([LIVE, IDLE, IDLE], audio)
-    engine._device_tick.host_live[:] = torch.tensor([1, 0, 0])
-    engine._device_tick.upload()
+    engine._tick.host_live[:] = torch.tensor([1, 0, 0])
+    engine._tick.upload()
     return engine
 
 
@@ -88,7 +88,7 @@ def test_no_tensor_is_reallocated_between_ticks(any_model):
     engine = PersonaPlexEngine(any_model, 3)
     audio = (0.1 * np.random.RandomState(1).randn(3, 1920)).astype(np.float32)
     left = [engine.start(0, Conversation(voice="NATF0.pt")), engine.start(1, Conversation(voice="NATF1.pt")), None]
-    before = layout(tick_tensors(engine._device_tick))
+    before = layout(tick_tensors(engine._tick))
     assert len(before) > 50 and {"tick.packed", "tick.gen.state.keys", "tick.encoder.transformer.keys"} <= set(before)
     for tick in range(60):
         if tick == 30:  # a row (re)starts mid-way: reset and a new voice, in place
@@ -99,13 +99,13 @@ def test_no_tensor_is_reallocated_between_ticks(any_model):
             left[i] -= done
         modes = [LIVE if n == 0 else IDLE for n in left]
         engine.step(modes, audio)
-        assert layout(tick_tensors(engine._device_tick)) == before, f"tick {tick}"
+        assert layout(tick_tensors(engine._tick)) == before, f"tick {tick}"
     assert modes == [LIVE, LIVE, LIVE]  # the third went live mid-way
 
 
 def test_tick_is_a_function_of_its_buffers(busy_engine):
     """Same buffers in, same buffers out: nothing of a tick lives outside them (no Python-side state)."""
-    tick = busy_engine._device_tick
+    tick = busy_engine._tick
     tensors = tick_tensors(tick)
     snapshot = {name: t.clone() for name, t in tensors.items()}
     tick.run()
@@ -148,7 +148,7 @@ def staging_of(tick: DeviceTick) -> dict[str, torch.Tensor]:
 
 def test_tick_reads_nothing_back(busy_engine):
     """What the CUDA graph records: no host read, no host data turned into a tensor, no host buffer touched."""
-    tick = busy_engine._device_tick
+    tick = busy_engine._tick
     with HostTraffic(staging_of(tick)) as traffic:
         tick.run()
     assert len(traffic.events) > 200
@@ -157,7 +157,7 @@ def test_tick_reads_nothing_back(busy_engine):
 
 
 def test_step_uploads_first_and_reads_back_once(busy_engine):
-    tick = busy_engine._device_tick
+    tick = busy_engine._tick
     audio = (0.1 * np.random.RandomState(2).randn(3, 1920)).astype(np.float32)
     with HostTraffic(staging_of(tick)) as traffic:
         busy_engine.step([LIVE, IDLE, IDLE], audio)

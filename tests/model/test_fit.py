@@ -29,7 +29,7 @@ def _distinct_bytes(tensors) -> int:
 
 def _engine_state_bytes(engine: PersonaPlexEngine) -> int:
     """Every tensor the engine's tick holds, found by walking it (host staging buffers aside)."""
-    return _distinct_bytes(t for name, t in tick_tensors(engine._device_tick).items() if not name.startswith("tick.host_"))
+    return _distinct_bytes(t for name, t in tick_tensors(engine._tick).items() if not name.startswith("tick.host_"))
 
 
 def test_the_plan_matches_what_the_engine_allocates(tiny_model):

@@ -189,4 +189,4 @@ def test_serve_builds_its_engine_with_both_options(tiny_model):
                                       "--kv-cache", "fp8"])
     engine = create_engine(settings_from_args(ServerSettings, args))
     assert engine.model.lm.precision == INT8_FP8 and engine.num_slots == 2
-    assert isinstance(engine._device_tick.gen.state, Fp8TransformerState)
+    assert isinstance(engine._tick.gen.state, Fp8TransformerState)
