@@ -53,8 +53,8 @@ def test_mimi_streaming_encode_matches_input_codes(golden_model, golden):
 @torch.no_grad()
 def test_mimi_streaming_decode_matches_output_pcm(golden_model, golden):
     mimi = golden_model.mimi
-    mimi.start_streaming(1)
-    pcm = [mimi.decode_step(torch.from_numpy(golden.output_tokens[i: i + 1, 1:9]))[0].numpy()
+    state = mimi.init_decoder_state(1)
+    pcm = [mimi.decode_frame(torch.from_numpy(golden.output_tokens[i: i + 1, 1:9]), state)[0].numpy()
            for i in range(len(golden.output_tokens))]
     assert np.abs(np.concatenate(pcm) - golden.output_pcm).max() <= 1e-4
 
