@@ -18,7 +18,7 @@ from pplex_trio.engine._interface import Conversation, Sampling, SlotMode
 from pplex_trio.engine._personaplex import PersonaPlexEngine
 from pplex_trio.model import persona_tokens
 
-from _model_flows import LMRun, run_lm
+from _model_flows import LMRun, every_part, run_lm
 
 GREEDY = Sampling(greedy=True)
 
@@ -105,7 +105,7 @@ def run_engine(model, golden, num_slots: int, golden_row: int, other_joins_at: i
     every part on, as the CUDA graph records it.
     """
     engine = PersonaPlexEngine(model, num_slots)
-    engine._shortcuts = shortcuts
+    every_part(engine, on=not shortcuts)
     frames = len(golden.input_codes)
     other = 1 - golden_row
     rng = np.random.RandomState(7)
