@@ -21,7 +21,7 @@ Usage (from the repository root)::
 packets two per Ogg page (a message every 40 ms), streaming from the handshake,
 with ``--random-phase-share`` (0.25) of the clients starting at a random phase
 as a telephony bridge would, and an echo engine that emits text on 30 % of
-frames (``--echo-text-share``), about what a speaking model produces.  The
+frames (``--text-share``), about what a speaking model produces.  The
 default ``mixed`` traffic is the one of the earlier figures: every client at a
 random phase (``--start-phase``), text on every frame.
 
@@ -322,10 +322,10 @@ async def load_run(http_url: str, clients: int, duration: float, page_ms: int, p
 
 
 def start_server(args: argparse.Namespace, slots: int, framing: str) -> ServerProcess:
-    flags = ["--model", args.model, "--slots", str(slots), "--port", "0", "--queue-size", "0", "--framing", framing]
-    if args.model == "echo":
-        flags += ["--echo-step-ms", str(args.echo_step_ms), "--echo-prefill-steps", "12",
-                  "--echo-text-share", str(echo_text_share(args))]
+    model = args.model
+    if model == "echo":
+        model = f"echo:step_ms={args.step_ms:g},prompt=12,text_share={text_share(args):g}"
+    flags = ["--model", model, "--slots", str(slots), "--port", "0", "--queue-size", "0", "--framing", framing]
     if args.opus_encoder.startswith("thread-"):  # the comparison variant: a bench-only server entry
         cmd = [str(BENCH / "thread_encoder_server.py"), args.opus_encoder.removeprefix("thread-"), *flags]
     else:
@@ -342,9 +342,9 @@ def random_phase_share(args: argparse.Namespace) -> float:
     return 1.0 if args.start_phase == "random" else 0.0
 
 
-def echo_text_share(args: argparse.Namespace) -> float:
-    if args.echo_text_share is not None:
-        return args.echo_text_share
+def text_share(args: argparse.Namespace) -> float:
+    if args.text_share is not None:
+        return args.text_share
     return 0.3 if args.traffic == "official" else 1.0
 
 
@@ -437,8 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=30.0, help="measured window in seconds (default 30)")
     parser.add_argument("--warmup", type=float, default=4.0, help="seconds after all are live, before measuring")
     parser.add_argument("--url", help="an already running server (http://host:port); else one is started")
-    parser.add_argument("--model", default="echo", help="model for the started server: echo or tiny (default echo)")
-    parser.add_argument("--echo-step-ms", type=float, default=20.0, help="echo engine compute stand-in (default 20)")
+    parser.add_argument("--model", default="echo", help="model for the started server: echo or tiny (default echo: "
+                        "the echo engine with --step-ms and --text-share, and a 12-position prompt), or "
+                        "echo:OPTIONS as given")
+    parser.add_argument("--step-ms", type=float, default=20.0,
+                        help="with --model echo: the echo engine's compute stand-in per tick (default 20)")
     parser.add_argument("--framing", choices=("aligned", "naive"), default="aligned")
     parser.add_argument("--opus-encoder", default="auto",
                         help="the started server's --opus-encoder (auto, process, inline, sphn), or thread-libopus / "
@@ -448,13 +451,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traffic", choices=("mixed", "official"), default="mixed",
                         help="mixed: every client per --start-phase, a text piece every frame; official: like the "
                         "official web client (two 20 ms packets per page, streaming from the handshake) with "
-                        "--random-phase-share of them at a random phase, and --echo-text-share 0.3 (default mixed)")
+                        "--random-phase-share of them at a random phase, and --text-share 0.3 (default mixed)")
     parser.add_argument("--random-phase-share", type=float, default=0.25,
                         help="with --traffic official: the share of clients starting at a random phase, like a "
                         "telephony bridge (default 0.25)")
-    parser.add_argument("--echo-text-share", type=float,
-                        help="the started echo server's share of frames with text (default 0.3 with --traffic "
-                        "official, else 1)")
+    parser.add_argument("--text-share", type=float,
+                        help="with --model echo: the echo engine's share of frames with text (default 0.3 with "
+                        "--traffic official, else 1)")
     parser.add_argument("--protocol", choices=("moshi", "realtime"), default="moshi",
                         help="/api/chat (Ogg Opus) or /v1/realtime (base64 PCM16 JSON events); default moshi")
     parser.add_argument("--compare-protocols", action="store_true",

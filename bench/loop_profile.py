@@ -97,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-raw", type=pathlib.Path, help="also keep py-spy's collapsed stacks here")
     args = parser.parse_args(argv)
 
-    server = ServerProcess(["-m", "pplex_trio", "serve", "--model", "echo", "--slots", str(args.clients),
-                            "--port", "0", "--queue-size", "0", "--echo-step-ms", "20",
-                            "--echo-text-share", "0.3" if args.traffic == "official" else "1.0"])
+    text_share = 0.3 if args.traffic == "official" else 1.0
+    server = ServerProcess(["-m", "pplex_trio", "serve", "--model", f"echo:step_ms=20,text_share={text_share:g}",
+                            "--slots", str(args.clients), "--port", "0", "--queue-size", "0"])
     url = f"http://{server.address}"
     load = subprocess.Popen(
         [sys.executable, str(ROOT / "bench" / "load.py"), "--url", url, "--clients", str(args.clients),

@@ -281,9 +281,9 @@ def main() -> int:
     args = parser.parse_args()
     args.slots = args.slots or max(1, args.clients * 3 // 4)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    server = ServerProcess(["-m", "pplex_trio", "serve", "--model", "echo", "--slots", str(args.slots), "--port", "0",
-                            "--queue-size", str(args.clients), "--client-timeout", str(CLIENT_TIMEOUT),
-                            "--echo-step-ms", "5", "--echo-prefill-steps", "12"])
+    server = ServerProcess(["-m", "pplex_trio", "serve", "--model", "echo:step_ms=5,prompt=12", "--slots",
+                            str(args.slots), "--port", "0", "--queue-size", str(args.clients),
+                            "--client-timeout", str(CLIENT_TIMEOUT)])
     port = int(server.address.rsplit(":", 1)[1])
     try:
         samples, tally, before, after = trio.run(run, args, server, port)

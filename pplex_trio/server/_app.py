@@ -83,7 +83,12 @@ def create_app(server: ServerContext) -> ConversationRouter:
 
 
 def _model_id(server: ServerContext) -> str:
-    return server.settings.model if server.settings.model != "auto" else server.engine.name.split(" ")[0]
+    """The model's name for OpenAI clients: ``--model``, with auto's choice (the engine's name) and without
+    the echo engine's options (``echo:delay=2`` is ``echo``)."""
+    model = server.settings.model
+    if model == "auto" or model.startswith("echo:"):
+        return server.engine.name.split(" ")[0]
+    return model
 
 
 def create_http_app(server: ServerContext) -> QuartTrio:

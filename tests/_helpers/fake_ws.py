@@ -8,8 +8,9 @@ from typing import Any
 
 import trio
 
+from pplex_trio._cli._engines import create_engine
 from pplex_trio._metrics import Metrics
-from pplex_trio.engine import EchoEngine, Engine, EngineActor
+from pplex_trio.engine import Engine, EngineActor
 from pplex_trio.server import ServerSettings, ServerContext
 from pplex_trio.server._encoders import InlineEncoders
 from pplex_trio.server._moshi_session import MoshiProtocol
@@ -101,11 +102,10 @@ def inline_runner(compute_seconds: float = 0.0, prompt_position_seconds: float =
 def make_host(engine: Engine | None = None, *, prompt_position_seconds: float = 0.0, **overrides: Any) -> ServerContext:
     """A ServerContext whose actor runs the engine inline (deterministic under the virtual clock); its system
     prompts cost ``prompt_position_seconds`` per position."""
-    options: dict[str, Any] = dict(slots=1, echo_prefill_steps=2, keepalive_interval=0.5, input_grace_ms=0)
+    options: dict[str, Any] = dict(slots=1, model="echo:delay=1,prompt=2", keepalive_interval=0.5, input_grace_ms=0)
     options.update(overrides)
     settings = ServerSettings(**options)
-    engine = engine or EchoEngine(settings.slots, delay_frames=settings.echo_delay_frames,
-                                  prefill_steps=settings.echo_prefill_steps)
+    engine = engine or create_engine(settings)
     metrics = Metrics()
     actor = EngineActor(engine, settings, metrics=metrics,
                         run_sync=inline_runner(0.005, prompt_position_seconds=prompt_position_seconds))

@@ -44,11 +44,11 @@ def fault_server(nursery):
     """``await fault_server(**settings)`` → a Running server (slots 2, echo, 1.5 s client timeout)."""
 
     async def start(engine=None, **overrides):
-        options = dict(host="127.0.0.1", port=0, slots=2, echo_prefill_steps=8, client_timeout=CLIENT_TIMEOUT,
+        options = dict(host="127.0.0.1", port=0, slots=2, client_timeout=CLIENT_TIMEOUT,
                        keepalive_interval=0.5, max_message_bytes=LIMIT, shutdown_grace=0.5, queue_size=4)
         options.update(overrides)
         settings = ServerSettings(**options)
-        engine = engine or EchoEngine(settings.slots, prefill_steps=settings.echo_prefill_steps)
+        engine = engine or EchoEngine(settings.slots, prefill_steps=8)
         stopped = trio.Event()
         ready: list = []
         got_handle = trio.Event()

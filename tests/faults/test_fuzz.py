@@ -99,7 +99,7 @@ def run_session(protocol: str, messages: list[bytes | str]) -> tuple[object, int
 
     async def main():
         async with trio.open_nursery() as nursery:
-            host = await running_host(nursery, slots=1, echo_prefill_steps=1, max_message_bytes=LIMIT)
+            host = await running_host(nursery, slots=1, model="echo:delay=1,prompt=1", max_message_bytes=LIMIT)
             run = await start_session(nursery, host, protocol)
             if protocol == "moshi":
                 await run.ws.wait_for(lambda sent: b"\x00" in sent)

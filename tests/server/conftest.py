@@ -17,7 +17,7 @@ def start_server(nursery, tmp_path):
     echo test engine unless ``model`` says otherwise)."""
 
     async def start(engine=None, voice_limits=None, **overrides):
-        defaults = dict(host="127.0.0.1", port=0, model="echo", slots=2, echo_prefill_steps=2, echo_delay_frames=1,
+        defaults = dict(host="127.0.0.1", port=0, model="echo:delay=1,prompt=2", slots=2,
                         voice_store=tmp_path / "voice-store")
         defaults.update(overrides)
         settings = ServerSettings(**defaults)

@@ -66,7 +66,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 async def test_bad_input_is_answered_and_others_keep_every_frame(start_server, nursery, case):
     action, args, code, words = CASES[case]
-    handle = await start_server(slots=2, max_message_bytes=LIMIT, echo_prefill_steps=1)
+    handle = await start_server(slots=2, max_message_bytes=LIMIT, model="echo:delay=1,prompt=1")
     witness = RawWitness(handle.ws_url)
     done = trio.Event()
 
@@ -91,7 +91,7 @@ async def test_bad_input_is_answered_and_others_keep_every_frame(start_server, n
 
 
 async def test_unknown_kinds_and_control_are_ignored(start_server):
-    handle = await start_server(slots=1, echo_prefill_steps=1)
+    handle = await start_server(slots=1, model="echo:delay=1,prompt=1")
     async with open_websocket(moshi_url(handle.ws_url)) as ws:
         await moshi_handshake(ws)
         for message in (b"\x42what", b"\x03\x00", b"\x06", b"\x02client text", b"\x07\x01x"):
@@ -114,7 +114,7 @@ async def test_a_message_far_over_the_limit_is_refused_at_its_frame_header(start
     """The transport guard closes with 1009 as the header arrives, often while the client is still sending."""
     from trio_websocket import ConnectionClosed
 
-    handle = await start_server(slots=1, max_message_bytes=LIMIT, echo_prefill_steps=1)
+    handle = await start_server(slots=1, max_message_bytes=LIMIT, model="echo:delay=1,prompt=1")
     async with open_websocket(moshi_url(handle.ws_url), max_message_size=4 * LIMIT) as ws:
         await moshi_handshake(ws)
         try:

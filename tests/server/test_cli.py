@@ -83,6 +83,49 @@ def test_unknown_model_fails_with_a_clear_message():
     assert "nonexistent" in proc.stderr
 
 
+def test_the_echo_engine_takes_its_options_in_the_model_name():
+    from pplex_trio._cli._engines import create_engine
+    from pplex_trio.server import ServerSettings
+
+    engine = create_engine(ServerSettings(model="echo:delay=3, prompt=5,step_ms=40,text_share=0.25", slots=2))
+    assert (engine.num_slots, engine.delay_frames, engine.prefill_steps, engine.text_share) == (2, 3, 5, 0.25)
+    assert engine.step_seconds == pytest.approx(0.040) and engine.prefill_seconds == pytest.approx(0.040 / 50)
+    plain = create_engine(ServerSettings(model="echo", slots=1))  # the defaults the README gives
+    assert (plain.delay_frames, plain.prefill_steps, plain.step_seconds, plain.text_share) == (1, 12, 0.0, 1.0)
+
+
+@pytest.mark.parametrize("model,problem", [
+    ("echo:dealy=2", "unknown option 'dealy'"),
+    ("echo:delay", "delay needs a value, as in delay=1"),
+    ("echo:delay=soon", "delay must be a whole number, not 'soon'"),
+    ("echo:prompt=2.5", "prompt must be a whole number, not '2.5'"),
+    ("echo:step_ms=-5", "step_ms must be at least 0, got -5"),
+    ("echo:step_ms=inf", "step_ms must be finite, got inf"),
+    ("echo:text_share=1.5", "text_share must be between 0 and 1, got 1.5"),
+    ("echo:delay=1,delay=2", "delay is given twice"),
+    ("echo:delay=1,", "an empty option"),
+])
+def test_a_bad_echo_option_stops_the_server_with_one_line(model, problem):
+    proc = subprocess.run([sys.executable, "-m", "pplex_trio", "serve", "--model", model, "--port", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.splitlines()
+    assert f"--model {model}: {problem} " in line
+    assert line.endswith("(the echo engine's options and their defaults: delay=1, prompt=12, step_ms=0, text_share=1)")
+
+
+def test_the_model_flag_names_every_echo_option_with_its_default():
+    import dataclasses
+
+    from pplex_trio._cli._engines import EchoOptions
+    from pplex_trio.server import ServerSettings
+
+    (model,) = [f for f in dataclasses.fields(ServerSettings) if f.name == "model"]
+    options = ",".join(f"{f.name}={f.default:g}" for f in dataclasses.fields(EchoOptions))
+    assert options == "delay=1,prompt=12,step_ms=0,text_share=1"
+    assert model.metadata["help"].startswith(f"echo or echo:{options} (the test engine)")
+
+
 def test_client_reports_a_refused_conversation(server_process, golden_dir, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "pplex_trio", "client", server_process, "--input", str(golden_dir / "input.wav"),
@@ -122,12 +165,12 @@ def test_every_setting_is_a_flag_with_the_dataclass_default():
     assert settings_from_args(ServerSettings, build_parser().parse_args(["serve"])) == ServerSettings()
     flags = {f.name: f.metadata.get("flag") or "--" + f.name.replace("_", "-")
              for f in dataclasses.fields(ServerSettings) if f.metadata["cli"]}
-    assert {"--input-grace-ms", "--static", "--opus-encoder", "--framing", "--echo-step-ms"} <= set(flags.values())
+    assert {"--input-grace-ms", "--static", "--opus-encoder", "--framing", "--inline-encoders"} <= set(flags.values())
     args = build_parser().parse_args(["serve", "--framing", "naive", "--opus-encoder", "inline", "--cuda-graph",
-                                      "--static", "/srv/ui", "--echo-step-ms", "20"])
+                                      "--static", "/srv/ui", "--inline-encoders", "7"])
     settings = settings_from_args(ServerSettings, args)
     assert (settings.framing, settings.opus_encoder, settings.cuda_graph) == ("naive", "inline", True)
-    assert str(settings.static_dir) == "/srv/ui" and settings.echo_step_ms == 20.0
+    assert str(settings.static_dir) == "/srv/ui" and settings.inline_encoders == 7
 
 
 def test_a_choice_outside_its_enum_is_refused_with_the_choices(capsys):

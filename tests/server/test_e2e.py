@@ -38,7 +38,7 @@ async def test_moshi_echo_of_real_speech(start_server, speech_wav):
     # Opus's own delay, measured on one local pass: the expected lag adds it twice.
     single_lag, single_corr = best_lag(pcm, opus_pass(pcm), 0, 600)
     assert single_corr > 0.9
-    handle = await start_server(echo_delay_frames=1)
+    handle = await start_server(model="echo:delay=1,prompt=2")
     decoder = sphn.OpusStreamReader(SR)
     received, texts = [], []
     async with open_websocket(moshi_url(handle.ws_url, text_prompt="Echo me.", voice_prompt="NATF0.pt")) as ws:
@@ -81,7 +81,7 @@ async def test_moshi_echo_of_real_speech(start_server, speech_wav):
 
 
 async def test_raw_echo_is_exact(start_server):
-    handle = await start_server(echo_delay_frames=2)
+    handle = await start_server(model="echo:delay=2,prompt=2")
     rng = np.random.default_rng(1)
     frames = [rng.uniform(-1, 1, FRAME).astype(np.float32) for _ in range(20)]
     stream = np.concatenate(frames + [np.zeros(2 * FRAME, np.float32)])
@@ -124,7 +124,7 @@ async def test_raw_echo_is_exact(start_server):
 
 async def test_each_slot_gets_its_own_conversation(start_server):
     """Two concurrent conversations on two slots: no crosstalk."""
-    handle = await start_server(slots=2, echo_delay_frames=0)
+    handle = await start_server(slots=2, model="echo:delay=0,prompt=2")
     results = {}
 
     async def talk(value):

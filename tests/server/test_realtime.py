@@ -222,7 +222,7 @@ async def test_openai_voice_names_and_an_unknown_voice(start_server):
 async def test_a_new_persona_runs_the_prompt_again_in_the_same_slot(start_server):
     """A persona change on a full server (LiveKit's update_instructions, or Pipecat's first update arriving after
     its first audio): answered, the prompt runs again in the conversation's own slot, and the audio goes on."""
-    handle = await start_server(slots=1, echo_prefill_steps=3)
+    handle = await start_server(slots=1, model="echo:delay=1,prompt=3")
     url = handle.ws_url + "/v1/realtime"
     async with open_websocket(url) as ws, open_websocket(url) as waiting:
         await live(ws)

@@ -195,7 +195,7 @@ async def test_protocol_error_while_queued_is_answered_at_once(start_server):
 async def test_a_persona_change_by_reconnecting_keeps_the_slot(start_server):
     """LiveKit's PersonaPlex plugin changes persona by reconnecting at once: on a full server it gets its slot
     back ahead of the queue, while another client waits on."""
-    handle = await start_server(slots=1, echo_prefill_steps=1)
+    handle = await start_server(slots=1, model="echo:delay=1,prompt=1")
     url = "/api/chat?voice_prompt=NATF2.pt&text_prompt="
     agent = await BadClient.connect(handle.port, url + "Be+kind.", source="127.0.0.2")
     assert await agent.receive() == b"\x00"
