@@ -46,7 +46,7 @@ class MoshiProtocol(WireProtocol):
                                         voices=None if self._voices is None else self._voices())
 
     def parse(self, message: bytes | str | None) -> InputEvent:
-        event = moshi.parse_client_message(message, max_bytes=self._max_bytes)
+        event = moshi.parse_client_message(message)
         if isinstance(event, moshi.AudioReceived) and event.ogg:
             return InputAudio(event.ogg)
         return None

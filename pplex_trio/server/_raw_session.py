@@ -29,14 +29,14 @@ class RawProtocol(WireProtocol):
         self._closing = False
 
     def conversation(self, query: bytes, opening: bytes | str | None) -> Conversation:
-        event = raw.parse_client_message(opening, max_bytes=self._max_bytes)
+        event = raw.parse_client_message(opening)
         if not isinstance(event, raw.Open):
             raise ProtocolError('the first message must be {"type": "open", ...}', CloseCode.POLICY)
         return conversation_from_params(event.params, max_prompt_chars=self._max_prompt_chars,
                                         voices=None if self._voices is None else self._voices())
 
     def parse(self, message: bytes | str | None) -> InputEvent:
-        event = raw.parse_client_message(message, max_bytes=self._max_bytes)
+        event = raw.parse_client_message(message)
         if isinstance(event, raw.PcmReceived):
             if self._closing:
                 raise ProtocolError('audio after "close": nothing may follow a close', CloseCode.POLICY)

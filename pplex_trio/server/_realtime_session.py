@@ -147,7 +147,7 @@ class RealtimeProtocol(WireProtocol):
         if message is None:
             return Replies([])
         try:
-            return parse_realtime_event(message, max_bytes=self._max_bytes)
+            return parse_realtime_event(message)
         except RealtimeError as exc:
             return Replies([self._refuse(exc)])
 
