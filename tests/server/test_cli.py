@@ -7,10 +7,11 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import sphn
 
-from _helpers.audio import best_lag
+from _helpers.audio import best_window
 
 SR = 24_000
 FRAME = 1920
@@ -43,10 +44,16 @@ def run_client(url, wav, out, text, protocol):
     )
 
 
+def voiced_frames(pcm):
+    """The frames (1920 samples from the start) that are not silence."""
+    return [i for i in range(pcm.size // FRAME) if pcm[i * FRAME : (i + 1) * FRAME].std() > 1e-3]
+
+
 def test_client_round_trips_a_wav_file_with_every_protocol(server_process, golden_dir, tmp_path):
     wav = golden_dir / "input.wav"  # 8 s of real speech
     sent, _ = sphn.read(str(wav))
     sent = sent[0]
+    assert len(voiced_frames(sent)) > 50
     procs = {p: run_client(server_process, wav, tmp_path / f"{p}.wav", tmp_path / f"{p}.json", p) for p in ("moshi", "raw", "realtime")}
     for protocol, proc in procs.items():
         _, err = proc.communicate(timeout=60)
@@ -59,19 +66,21 @@ def test_client_round_trips_a_wav_file_with_every_protocol(server_process, golde
         pieces = [t["text"] for t in texts]
         assert pieces[: len(pieces)] == [f" {i}" for i in range(len(pieces))]
         assert len(pieces) >= sent.size // FRAME - 2
-        # The echo is the input, some frames late (16-bit wav rounding aside).  A
-        # tick whose input came late carries silence and shifts the rest by a
-        # frame, so compare half-second windows, each at its own lag: on a loaded
-        # machine a few shifts come, and each spoils only the window it falls in.
-        # raw is exact, realtime is 16-bit PCM both ways; Moshi has two Opus passes
-        threshold = {"raw": 0.999, "realtime": 0.99, "moshi": 0.8}[protocol]
-        window = SR // 2
-        starts = [i for i in range(0, sent.size - window - 6 * FRAME, window) if sent[i : i + window].std() > 1e-3]
-        scores = [best_lag(sent[i : i + window], out[i : i + window + 6 * FRAME], FRAME, 6 * FRAME)[1]
-                  for i in starts]
-        assert len(scores) >= 8
-        good = sum(score > threshold for score in scores)
-        assert good >= 0.75 * len(scores), (protocol, [round(x, 3) for x in scores])
+        # Each frame the echo sends is a frame of what it was given, later.  How much later changes with load
+        # (a tick whose input came late carries silence, a frame a slow reader could not take is dropped), so
+        # every voiced output frame is found in the input on its own, wherever it is: the check is the same
+        # on an idle machine and a loaded one.
+        voiced = voiced_frames(out)
+        assert len(voiced) >= len(voiced_frames(sent)) // 2, protocol  # most of it came back
+        got = [out[i * FRAME : (i + 1) * FRAME] for i in voiced]
+        matches = [best_window(frame, sent) for frame in got]
+        want = [sent[offset : offset + FRAME] for offset, _ in matches]
+        in_order = [offset for offset, similarity in matches if similarity > 0.9]
+        assert in_order == sorted(in_order) and len(set(in_order)) == len(in_order), protocol  # none twice
+        if protocol == "moshi":  # two lossy Opus passes, so the frames beside their matches as one signal
+            assert np.corrcoef(np.concatenate(got), np.concatenate(want))[0, 1] > 0.9
+        else:  # raw float32 and 16-bit PCM are exact, but for the 16-bit wav files at both ends
+            assert all(np.abs(a - b).max() <= 2 / 32768 for a, b in zip(got, want)), protocol
 
 
 def test_unknown_model_fails_with_a_clear_message():
