@@ -470,14 +470,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--page-ms", type=int, choices=(20, 40, 80), default=40,
                         help="audio per message: 40 = one Ogg page of two 20 ms packets, like the browser")
     parser.add_argument("--decode-every", type=int, default=8, help="decode the audio of every k-th client")
-    parser.add_argument("--name", default="load", help="file name stem under bench/results/")
+    parser.add_argument("--name", default="load", help="file name stem under --results")
+    parser.add_argument("--results", type=pathlib.Path, default=RESULTS,
+                        help="folder of the NAME.json and NAME.png (default bench/results)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     random.seed(args.seed)
     if args.page_ms == 20:
         parser.error("--page-ms 20 needs 20 ms pages, which sphn's writer does not produce")
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.results.mkdir(parents=True, exist_ok=True)
     seconds = args.duration + args.warmup + 30
     streams = {"moshi": encode_pages(seconds, args.page_ms) if args.protocol == "moshi" or args.compare_protocols
                else [], "realtime": encode_appends(seconds, args.page_ms)
@@ -500,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(one(args, args.clients, args.framing, pages))
     print()
     print(table(results))
-    stem = RESULTS / args.name
+    stem = args.results / args.name
     stem.with_suffix(".json").write_text(json.dumps(
         {"command": " ".join(["python", "bench/load.py", *(argv if argv is not None else sys.argv[1:])]),
          "date": time.strftime("%Y-%m-%d %H:%M:%S"),
