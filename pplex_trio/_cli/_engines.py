@@ -21,7 +21,7 @@ from ..server import ServerSettings
 logger = logging.getLogger(__name__)
 
 
-class _EchoOptions(TypedDict, total=False):
+class _EchoVoices(TypedDict, total=False):
     voices: Sequence[str]  # given: the voices of --voice-dir; not: EchoEngine's default
 
 
@@ -115,7 +115,7 @@ def create_engine(settings: ServerSettings) -> Engine:
     model = resolve_model(settings.model)
     echo = EchoOptions.from_model(model)
     if echo is not None:
-        kwargs: _EchoOptions = {}
+        kwargs: _EchoVoices = {}
         if settings.voice_dir is not None:
             kwargs["voices"] = voices_in_directory(settings.voice_dir)
         return EchoEngine(
