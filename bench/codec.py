@@ -25,8 +25,9 @@ import sphn
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
 
-from pplex_trio.protocol._ogg import split_pages  # noqa: E402
+from _helpers.ogg import split_pages  # noqa: E402
 from pplex_trio.codec._libopus import LibopusWriter  # noqa: E402
 
 SR, FRAME = 24_000, 1920

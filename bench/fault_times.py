@@ -109,7 +109,7 @@ async def shutdown_case(settings: ServerSettings) -> dict:
 
 
 async def main(args: argparse.Namespace) -> dict:
-    settings = ServerSettings(host="127.0.0.1", port=0, slots=2, echo_prefill_steps=8,
+    settings = ServerSettings(host="127.0.0.1", port=0, slots=2,
                               client_timeout=args.client_timeout, max_message_bytes=args.max_message_bytes)
     cases = []
     for protocol in ("raw", "moshi"):

@@ -21,7 +21,7 @@ Usage (from the repository root)::
 packets two per Ogg page (a message every 40 ms), streaming from the handshake,
 with ``--random-phase-share`` (0.25) of the clients starting at a random phase
 as a telephony bridge would, and an echo engine that emits text on 30 % of
-frames (``--echo-text-share``), about what a speaking model produces.  The
+frames (``--text-share``), about what a speaking model produces.  The
 default ``mixed`` traffic is the one of the earlier figures: every client at a
 random phase (``--start-phase``), text on every frame.
 
@@ -63,13 +63,14 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "tests"))
 
+from _helpers import ogg  # noqa: E402
 from _metrics import Histogram, fetch_text, parse  # noqa: E402
 from _serverproc import ServerProcess  # noqa: E402
 
 from pplex_trio.client import open_websocket  # noqa: E402
 from pplex_trio.codec import pcm16_encode  # noqa: E402
-from pplex_trio.protocol import ogg  # noqa: E402
 
 logger = logging.getLogger("bench.load")
 SR, FRAME = 24_000, 1920
@@ -321,10 +322,10 @@ async def load_run(http_url: str, clients: int, duration: float, page_ms: int, p
 
 
 def start_server(args: argparse.Namespace, slots: int, framing: str) -> ServerProcess:
-    flags = ["--model", args.model, "--slots", str(slots), "--port", "0", "--queue-size", "0", "--framing", framing]
-    if args.model == "echo":
-        flags += ["--echo-step-ms", str(args.echo_step_ms), "--echo-prefill-steps", "12",
-                  "--echo-text-share", str(echo_text_share(args))]
+    model = args.model
+    if model == "echo":
+        model = f"echo:step_ms={args.step_ms:g},prompt=12,text_share={text_share(args):g}"
+    flags = ["--model", model, "--slots", str(slots), "--port", "0", "--queue-size", "0", "--framing", framing]
     if args.opus_encoder.startswith("thread-"):  # the comparison variant: a bench-only server entry
         cmd = [str(BENCH / "thread_encoder_server.py"), args.opus_encoder.removeprefix("thread-"), *flags]
     else:
@@ -341,9 +342,9 @@ def random_phase_share(args: argparse.Namespace) -> float:
     return 1.0 if args.start_phase == "random" else 0.0
 
 
-def echo_text_share(args: argparse.Namespace) -> float:
-    if args.echo_text_share is not None:
-        return args.echo_text_share
+def text_share(args: argparse.Namespace) -> float:
+    if args.text_share is not None:
+        return args.text_share
     return 0.3 if args.traffic == "official" else 1.0
 
 
@@ -436,8 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=30.0, help="measured window in seconds (default 30)")
     parser.add_argument("--warmup", type=float, default=4.0, help="seconds after all are live, before measuring")
     parser.add_argument("--url", help="an already running server (http://host:port); else one is started")
-    parser.add_argument("--model", default="echo", help="model for the started server: echo or tiny (default echo)")
-    parser.add_argument("--echo-step-ms", type=float, default=20.0, help="echo engine compute stand-in (default 20)")
+    parser.add_argument("--model", default="echo", help="model for the started server: echo or tiny (default echo: "
+                        "the echo engine with --step-ms and --text-share, and a 12-position prompt), or "
+                        "echo:OPTIONS as given")
+    parser.add_argument("--step-ms", type=float, default=20.0,
+                        help="with --model echo: the echo engine's compute stand-in per tick (default 20)")
     parser.add_argument("--framing", choices=("aligned", "naive"), default="aligned")
     parser.add_argument("--opus-encoder", default="auto",
                         help="the started server's --opus-encoder (auto, process, inline, sphn), or thread-libopus / "
@@ -447,13 +451,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traffic", choices=("mixed", "official"), default="mixed",
                         help="mixed: every client per --start-phase, a text piece every frame; official: like the "
                         "official web client (two 20 ms packets per page, streaming from the handshake) with "
-                        "--random-phase-share of them at a random phase, and --echo-text-share 0.3 (default mixed)")
+                        "--random-phase-share of them at a random phase, and --text-share 0.3 (default mixed)")
     parser.add_argument("--random-phase-share", type=float, default=0.25,
                         help="with --traffic official: the share of clients starting at a random phase, like a "
                         "telephony bridge (default 0.25)")
-    parser.add_argument("--echo-text-share", type=float,
-                        help="the started echo server's share of frames with text (default 0.3 with --traffic "
-                        "official, else 1)")
+    parser.add_argument("--text-share", type=float,
+                        help="with --model echo: the echo engine's share of frames with text (default 0.3 with "
+                        "--traffic official, else 1)")
     parser.add_argument("--protocol", choices=("moshi", "realtime"), default="moshi",
                         help="/api/chat (Ogg Opus) or /v1/realtime (base64 PCM16 JSON events); default moshi")
     parser.add_argument("--compare-protocols", action="store_true",
@@ -466,14 +470,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--page-ms", type=int, choices=(20, 40, 80), default=40,
                         help="audio per message: 40 = one Ogg page of two 20 ms packets, like the browser")
     parser.add_argument("--decode-every", type=int, default=8, help="decode the audio of every k-th client")
-    parser.add_argument("--name", default="load", help="file name stem under bench/results/")
+    parser.add_argument("--name", default="load", help="file name stem under --results")
+    parser.add_argument("--results", type=pathlib.Path, default=RESULTS,
+                        help="folder of the NAME.json and NAME.png (default bench/results)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     random.seed(args.seed)
     if args.page_ms == 20:
         parser.error("--page-ms 20 needs 20 ms pages, which sphn's writer does not produce")
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.results.mkdir(parents=True, exist_ok=True)
     seconds = args.duration + args.warmup + 30
     streams = {"moshi": encode_pages(seconds, args.page_ms) if args.protocol == "moshi" or args.compare_protocols
                else [], "realtime": encode_appends(seconds, args.page_ms)
@@ -496,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(one(args, args.clients, args.framing, pages))
     print()
     print(table(results))
-    stem = RESULTS / args.name
+    stem = args.results / args.name
     stem.with_suffix(".json").write_text(json.dumps(
         {"command": " ".join(["python", "bench/load.py", *(argv if argv is not None else sys.argv[1:])]),
          "date": time.strftime("%Y-%m-%d %H:%M:%S"),

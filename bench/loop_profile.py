@@ -97,18 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-raw", type=pathlib.Path, help="also keep py-spy's collapsed stacks here")
     args = parser.parse_args(argv)
 
-    server = ServerProcess(["-m", "pplex_trio", "serve", "--model", "echo", "--slots", str(args.clients),
-                            "--port", "0", "--queue-size", "0", "--echo-step-ms", "20",
-                            "--echo-text-share", "0.3" if args.traffic == "official" else "1.0"])
+    text_share = 0.3 if args.traffic == "official" else 1.0
+    server = ServerProcess(["-m", "pplex_trio", "serve", "--model", f"echo:step_ms=20,text_share={text_share:g}",
+                            "--slots", str(args.clients), "--port", "0", "--queue-size", "0"])
     url = f"http://{server.address}"
-    load = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "load.py"), "--url", url, "--clients", str(args.clients),
-         "--duration", str(args.duration + 10), "--traffic", args.traffic, "--name", "tmp-profile"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        time.sleep(8)  # connect, run the system prompts, settle
-        with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:  # the load's results and py-spy's stacks are not kept
+        load = subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "load.py"), "--url", url, "--clients", str(args.clients),
+             "--duration", str(args.duration + 10), "--traffic", args.traffic, "--results", tmp],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        try:
+            time.sleep(8)  # connect, run the system prompts, settle
             out = pathlib.Path(tmp) / "profile.txt"
             subprocess.run(
                 [args.py_spy, "record", "--pid", str(server.pid), "--duration", str(int(args.duration)),
@@ -120,9 +120,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.save_raw is not None:
                 args.save_raw.write_text(raw)
             counts, total = summarize(raw)
-    finally:
-        load.wait(timeout=120)
-        server.stop()
+        finally:
+            load.wait(timeout=120)
+            server.stop()
     if not total:
         print("no samples of the main thread (does py-spy have ptrace rights?)")
         return 1

@@ -20,7 +20,7 @@ listen.  Three measurements:
   and the live ones' tick lateness p99 over the joining intervals (while the
   prompts run) and over as many ticks alone just after each, from the
   server's own histograms.
-  The echo engine with ``--echo-step-ms`` stands in for the GPU (a prompt
+  The echo engine with ``--step-ms`` stands in for the GPU (a prompt
   of ``--prompt-positions`` positions, each costing a fiftieth of a tick
   there).  The same joins are run again with prompts of no positions (the
   control): what the joiners' own traffic costs the live ones, beside what
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load", action="store_true", help="measure joins under load instead (ours, the echo engine)")
     p.add_argument("--live", type=int, default=32)
     p.add_argument("--joiners", type=int, default=8)
-    p.add_argument("--echo-step-ms", type=float, default=20.0, help="with --load: the echo engine's tick compute")
+    p.add_argument("--step-ms", type=float, default=20.0, help="with --load: the echo engine's tick compute")
     p.add_argument("--rounds", type=int, default=8, help="with --load: how many times the joiners join")
     p.add_argument("--prompt-positions", type=int, default=100, help="with --load: each joiner's prompt (default 100)")
     p.add_argument("--first-words", action="store_true", help="measure how much of a Realtime client's first 3 s "
@@ -339,9 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.load:
         result["load"] = {}
         for label, positions in (("prompts", args.prompt_positions), ("control, no prompt", 0)):
-            server = start_ours(pathlib.Path("echo"), "--slots", str(args.live + args.joiners), "--queue-size", "0",
-                                "--echo-step-ms", str(args.echo_step_ms), "--echo-text-share", "0.3",
-                                "--echo-prefill-steps", str(positions))
+            echo = pathlib.Path(f"echo:step_ms={args.step_ms:g},text_share=0.3,prompt={positions}")
+            server = start_ours(echo, "--slots", str(args.live + args.joiners), "--queue-size", "0")
             try:
                 result["load"][label] = trio.run(joins_under_load, "http://" + server.address, args.live,
                                                  args.joiners, args.rounds, pages, persona(100), "NATF0.pt")
@@ -351,8 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.first_words:
         commit = subprocess.run(["git", "-C", str(args.server_checkout), "rev-parse", "--short", "HEAD"],
                                 capture_output=True, text=True).stdout.strip()
-        server = start_ours(pathlib.Path("echo"), "--slots", "1", "--echo-step-ms", "10",
-                            source=args.server_checkout)
+        server = start_ours(pathlib.Path("echo:step_ms=10"), "--slots", "1", source=args.server_checkout)
         try:
             speech = load.speech(10.0)
             import asyncio

@@ -66,7 +66,7 @@ class Tally:
 def moshi_pages(seconds: float) -> list[bytes]:
     import sphn
 
-    from pplex_trio.protocol import ogg
+    from _helpers import ogg
 
     writer = sphn.OpusStreamWriter(24000)
     tone = (0.2 * np.sin(2 * np.pi * 220 * np.arange(int(seconds * 24000)) / 24000)).astype(np.float32)
@@ -277,13 +277,14 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=60, help="seconds before RSS growth is counted (default 60)")
     parser.add_argument("--every", type=float, default=5, help="seconds between samples (default 5)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--name", default="tmp-soak", help="results under bench/results/NAME.json/.png")
+    parser.add_argument("--name", default="soak", help="results: NAME.json and NAME.png under --results")
+    parser.add_argument("--results", type=pathlib.Path, default=RESULTS, help="their folder (default bench/results)")
     args = parser.parse_args()
     args.slots = args.slots or max(1, args.clients * 3 // 4)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    server = ServerProcess(["-m", "pplex_trio", "serve", "--model", "echo", "--slots", str(args.slots), "--port", "0",
-                            "--queue-size", str(args.clients), "--client-timeout", str(CLIENT_TIMEOUT),
-                            "--echo-step-ms", "5", "--echo-prefill-steps", "12"])
+    server = ServerProcess(["-m", "pplex_trio", "serve", "--model", "echo:step_ms=5,prompt=12", "--slots",
+                            str(args.slots), "--port", "0", "--queue-size", str(args.clients),
+                            "--client-timeout", str(CLIENT_TIMEOUT)])
     port = int(server.address.rsplit(":", 1)[1])
     try:
         samples, tally, before, after = trio.run(run, args, server, port)
@@ -297,8 +298,8 @@ def main() -> int:
     summary["session_outcomes"] = dict(collections.Counter(
         line.rsplit("ended: ", 1)[1].strip() for line in server.log if " ended: " in line))
     summary["connections_aborted"] = sum(" aborted" in line for line in server.log)
-    RESULTS.mkdir(exist_ok=True)
-    stem = RESULTS / args.name
+    args.results.mkdir(parents=True, exist_ok=True)
+    stem = args.results / args.name
     stem.with_suffix(".json").write_text(json.dumps({"summary": summary, "samples": samples}, indent=1))
     plot(samples, stem.with_suffix(".png"), f"bench/soak: {args.clients} churning clients, {args.slots} slots")
     print(json.dumps(summary, indent=1))

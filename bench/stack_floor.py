@@ -62,9 +62,8 @@ KEPT_UP = 0.98  # a server that sent less did less work: its CPU figure is not c
 def server_command(variant: str, clients: int) -> list[str]:
     if variant in ("ours", "ours-inline"):
         placement = ["--opus-encoder", "inline"] if variant == "ours-inline" else []
-        return ["-m", "pplex_trio", "serve", "--model", "echo", "--slots", str(clients), "--port", "0",
-                "--queue-size", "0", "--echo-step-ms", "20", "--echo-prefill-steps", "12",
-                "--echo-text-share", "0.3", *placement]
+        return ["-m", "pplex_trio", "serve", "--model", "echo:step_ms=20,prompt=12,text_share=0.3",
+                "--slots", str(clients), "--port", "0", "--queue-size", "0", *placement]
     framework, _, codecs = variant.partition("+")  # e.g. "asgi+codecs", or "asgi+codecs0" for complexity 0
     options = ["--codecs"] if codecs else []
     if codecs.removeprefix("codecs"):

@@ -39,7 +39,6 @@ import enum
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -63,14 +62,8 @@ class TickPath(enum.StrEnum):
     EAGER_AFTER_FAILED_CAPTURE = "eager_after_failed_capture"  # asked for a graph; its capture failed
 
 
-class GraphRecorder(Protocol):
-    """Records a function once and returns what replays it (CUDA graphs; tests pass a fake)."""
-
-    def record(self, fn: Callable[[], None], stream: torch.cuda.Stream | None) -> Callable[[], None]: ...
-
-
 class CudaGraphs:
-    """:class:`GraphRecorder` of ``torch.cuda.graph``, capturing on the engine's own stream."""
+    """Records a function once as a ``torch.cuda.graph``, on the engine's own stream, and returns its replay."""
 
     def __init__(self, device: torch.device):
         if device.type != "cuda" or not torch.cuda.is_available():
@@ -104,7 +97,7 @@ class DeviceTick:
     :meth:`run` or :meth:`replay`, then :meth:`download`.
 
     Call :meth:`prepare` once before the first tick: it warms up and, given
-    a :class:`GraphRecorder`, records the tick (``path`` says what runs).
+    a :class:`CudaGraphs`, records the tick (``path`` says what runs).
     """
 
     def __init__(self, model: LoadedModel, batch_size: int, *, depformer_steps: int | None = None):
@@ -150,7 +143,7 @@ class DeviceTick:
 
     # --- at load ----------------------------------------------------------------------
 
-    def prepare(self, recorder: GraphRecorder | None = None) -> TickPath:
+    def prepare(self, recorder: CudaGraphs | None = None) -> TickPath:
         """Warm up (two ticks with every row masked: CUDA's lazy set-up), then record the graph if asked.
 
         A capture that fails leaves the engine eager: one loud log line, and

@@ -37,8 +37,8 @@ from .._precision import Precision
 from ..model import (LoadedModel, PromptPlan, StreamDecoder, VoiceMaking, VoiceNotFoundError, VoicePrompt,
                      build_prompt_plan, lm_dtype_for, load_config, load_model)
 from ._fit import GIB, NotEnoughMemory, auto_slots, out_of_memory_message
-from ._interface import Conversation, ConversationRejected, Engine, SlotMode, StepOutput, Job
-from ._device_tick import PASS_POSITIONS, CudaGraphs, DeviceTick, GraphRecorder
+from ._interface import Conversation, ConversationRejected, Engine, Job, SlotMode, StepOutput
+from ._device_tick import PASS_POSITIONS, CudaGraphs, DeviceTick
 
 logger = logging.getLogger(__name__)
 
@@ -82,19 +82,17 @@ class PersonaPlexEngine(Engine):
     skipped.  It therefore always runs the sampling code, which the eager
     path skips when every LIVE row is greedy; the results are the same.  A
     capture that fails leaves the engine eager (:attr:`tick_path` says so).
-    ``graphs`` replaces the CUDA graph recorder (tests).  Prompts run eagerly
-    (:meth:`prefill`), outside the graph.
+    Prompts run eagerly (:meth:`prefill`), outside the graph.
 
     Error handling: ``ValueError`` for ``cuda_graph=True`` on a model that
     is not on a CUDA device.
     """
 
     def __init__(self, model: LoadedModel, num_slots: int, *, default_voice: str | None = None,
-                 depformer_steps: int | None = None, cuda_graph: bool = False, graphs: GraphRecorder | None = None):
+                 depformer_steps: int | None = None, cuda_graph: bool = False):
         if num_slots < 1:
             raise ValueError("num_slots must be at least 1")
-        if cuda_graph and graphs is None:
-            graphs = CudaGraphs(model.device)
+        graphs = CudaGraphs(model.device) if cuda_graph else None
         self.model = model
         self.num_slots = num_slots
         self.device = model.device
@@ -107,13 +105,12 @@ class PersonaPlexEngine(Engine):
         elif default_voice and default_voice not in names:
             raise ValueError(f"default voice {default_voice!r} is not in the voice library ({', '.join(names) or 'empty'})")
         self.default_voice = default_voice or None
-        self._shortcuts = True  # eager ticks skip the parts they do not need (tests turn this off)
         self._rows = [_Row() for _ in range(num_slots)]
         self.last_tokens = np.full((num_slots, cfg.lm.num_streams), -2, dtype=np.int64)
         self._plans: collections.OrderedDict[tuple[str | None, str], PromptPlan] = collections.OrderedDict()
         self._voice_embeddings: dict[str, tuple[VoicePrompt, torch.Tensor]] = {}  # on the device, LM's dtype
         self._tick = DeviceTick(model, num_slots, depformer_steps=depformer_steps)
-        self._tick.prepare(graphs if cuda_graph else None)
+        self._tick.prepare(graphs)
 
     @classmethod
     def load(cls, source: str, num_slots: int | None, device: str = "cpu", voice_dir: str | None = None,
@@ -276,7 +273,8 @@ class PersonaPlexEngine(Engine):
         np.copyto(tick.host_pcm.numpy(), pcm, casting="same_kind")
         tick.upload()
         if not tick.replay():  # else the recorded graph ran: every part, every row
-            tick.run(sample=not self._shortcuts or any(not self._rows[i].greedy for i in live_rows))
+            # Eagerly, the sampling noise is drawn only when a LIVE row samples (greedy rows never read it).
+            tick.run(sample=any(not self._rows[i].greedy for i in live_rows))
         return tick.unpack(tick.download())  # the tick's one read back to the host
 
     # --- helpers ------------------------------------------------------------------

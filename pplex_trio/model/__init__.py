@@ -27,11 +27,10 @@ theirs.state_dict()))``.
 
 Mimi (``Mimi``)
 ---------------
-``mimi.start_streaming(B)``; ``mimi.encode_step(pcm[B, 1920]) -> codes[B, 8]``;
-``mimi.decode_step(codes[B, 8]) -> pcm[B, 1920]``; ``mimi.reset(mask[B])``.
-Functional form: ``init_encoder_state(B)`` / ``encode_frame(pcm, state,
-exec_mask)``, ``init_decoder_state(B)`` / ``decode_frame(codes, state,
-exec_mask)``, ``encode_latent`` (before quantization).
+``state = mimi.init_encoder_state(B)``; ``mimi.encode_frame(pcm[B, 1920],
+state, exec_mask) -> codes[B, 8]``; ``state = mimi.init_decoder_state(B)``;
+``mimi.decode_frame(codes[B, 8], state, exec_mask) -> pcm[B, 1920]``;
+``state.reset(mask[B])``; ``encode_latent`` (before quantization).
 
 LM (``LMModel`` + ``LMGen``)
 ----------------------------

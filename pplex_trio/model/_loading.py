@@ -244,10 +244,6 @@ def write_quantized(source: str, folder: Path) -> Path:
     return folder / names["lm"]
 
 
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def load_model(source: str = DEFAULT_REPO, device: str | torch.device = "cpu",
                voice_dir: str | os.PathLike | None = None, dtype: torch.dtype | None = None,
                precision: Precision = Precision()) -> LoadedModel:

@@ -5,13 +5,10 @@ per frame), learnt strided conv down to 12.5 Hz, split RVQ.  Decode: the
 mirror image (RVQ lookup, channel-wise transposed conv up to 25 Hz, decoder
 transformer, SEANet decoder).
 
-Two ways to drive it:
-
-* functional: ``state = mimi.init_encoder_state(B)`` then
-  ``mimi.encode_frame(pcm, state, exec_mask)`` (same for the decoder); the
-  engine uses this;
-* stateful convenience: ``mimi.start_streaming(B)``, ``mimi.encode_step(pcm)``,
-  ``mimi.decode_step(codes)``, ``mimi.reset(mask)``.
+The streams' state lives outside the module: ``state =
+mimi.init_encoder_state(B)``, then ``mimi.encode_frame(pcm, state,
+exec_mask)`` per frame (the same for the decoder); ``state.reset(mask)``
+makes the masked rows fresh streams.
 
 Streaming differs from a one-shot encode of a whole file (first-chunk
 padding, the ring attention window); the streaming result is the reference.
@@ -71,8 +68,6 @@ class Mimi(nn.Module):
         self.downsample = Named("conv", StreamingConv1d(dim, dim, 2 * stride, stride, bias=False, pad_mode="replicate"))
         self.upsample = Named("convtr", StreamingConvTranspose1d(
             dim, dim, 2 * stride, stride, groups=dim if cfg.upsample_channel_wise else 1, bias=False))
-        self._encoder_state: MimiEncoderState | None = None
-        self._decoder_state: MimiDecoderState | None = None
 
     @property
     def frame_size(self) -> int:
@@ -85,8 +80,6 @@ class Mimi(nn.Module):
     def refresh(self) -> None:
         """Recompute derived tensors (codebook vectors); call after loading weights."""
         self.quantizer.refresh()
-
-    # --- functional API -----------------------------------------------------------
 
     def init_encoder_state(self, batch_size: int) -> MimiEncoderState:
         return MimiEncoderState(
@@ -129,27 +122,3 @@ class Mimi(nn.Module):
         x = self.upsample.convtr(x, state.upsample, exec_mask)
         x = self.decoder_transformer.transformer(x.transpose(1, 2), state.transformer, exec_mask).transpose(1, 2)
         return self.decoder(x, state.seanet, exec_mask)[:, 0]
-
-    # --- stateful convenience API --------------------------------------------------
-
-    def start_streaming(self, batch_size: int) -> None:
-        """Create fresh encoder and decoder states for ``batch_size`` rows."""
-        self._encoder_state = self.init_encoder_state(batch_size)
-        self._decoder_state = self.init_decoder_state(batch_size)
-
-    def _states(self) -> tuple[MimiEncoderState, MimiDecoderState]:
-        if self._encoder_state is None or self._decoder_state is None:
-            raise RuntimeError("call mimi.start_streaming(batch_size) first")
-        return self._encoder_state, self._decoder_state
-
-    def encode_step(self, pcm: torch.Tensor, exec_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.encode_frame(pcm, self._states()[0], exec_mask)
-
-    def decode_step(self, codes: torch.Tensor, exec_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.decode_frame(codes, self._states()[1], exec_mask)
-
-    def reset(self, mask: torch.Tensor) -> None:
-        """Make the masked rows fresh streams (encoder and decoder); others are untouched."""
-        enc, dec = self._states()
-        enc.reset(mask)
-        dec.reset(mask)

@@ -1,7 +1,6 @@
 """Wire protocols, free of I/O: bytes in, events out (see ``docs/PROTOCOL.md``)."""
 
 from . import _moshi as moshi
-from . import _ogg as ogg
 from . import _raw as raw
 from ._access import AUTH_TOKEN_ENV, TOKEN_PARAMETER, AccessPolicy, Allowed, Refused, RequestHead, parse_origins
 from ._access import query_without_token
@@ -15,8 +14,8 @@ from ._realtime_items import ConversationItems
 from ._ws_guard import InboundGuard, Refusal
 
 __all__ = [
-    # the Moshi and raw protocols' messages, and Ogg pages
-    "moshi", "raw", "ogg",
+    # the Moshi and raw protocols' messages
+    "moshi", "raw",
     # who may connect
     "AUTH_TOKEN_ENV", "TOKEN_PARAMETER", "AccessPolicy", "Allowed", "Refused", "RequestHead", "parse_origins",
     "query_without_token",

@@ -41,11 +41,13 @@ class Ignored:
 ClientEvent = AudioReceived | Ignored
 
 
-def parse_client_message(message: bytes | str | None, *, max_bytes: int) -> ClientEvent:
+def parse_client_message(message: bytes | str | None) -> ClientEvent:
     """Decode one client frame; raise :class:`ProtocolError` for bad input.
 
     Unknown kinds and ``0x03`` control messages are ignored, as Kyutai's
     protocol note asks: a newer client must not be cut off by an older server.
+    (A message over the size limit never gets here: the inbound guard refuses
+    it at its frame header, ``_ws_guard.py``.)
     """
     if isinstance(message, str):
         raise ProtocolError(
@@ -56,11 +58,6 @@ def parse_client_message(message: bytes | str | None, *, max_bytes: int) -> Clie
     if not message:
         raise ProtocolError(
             "empty message: every Moshi message starts with a kind byte", CloseCode.INVALID_PAYLOAD
-        )
-    if len(message) > max_bytes:
-        raise ProtocolError(
-            f"message of {len(message)} bytes is over the limit of {max_bytes} bytes",
-            CloseCode.MESSAGE_TOO_BIG,
         )
     kind = message[0]
     if kind == Kind.AUDIO:

@@ -37,15 +37,13 @@ class PcmReceived:
 ClientEvent = Open | Close | PcmReceived
 
 
-def parse_client_message(message: bytes | str | None, *, max_bytes: int) -> ClientEvent:
-    """Decode one client frame; raise :class:`ProtocolError` for bad input."""
+def parse_client_message(message: bytes | str | None) -> ClientEvent:
+    """Decode one client frame; raise :class:`ProtocolError` for bad input.
+
+    (A message over the size limit never gets here: the inbound guard refuses it at its frame header.)
+    """
     if message is None:
         message = b""
-    if len(message) > max_bytes:
-        raise ProtocolError(
-            f"message of {len(message)} bytes is over the limit of {max_bytes} bytes",
-            CloseCode.MESSAGE_TOO_BIG,
-        )
     if isinstance(message, str):
         return _parse_control(message)
     return PcmReceived(decode_pcm(message))

@@ -189,16 +189,15 @@ MAX_METADATA = 16  # OpenAI's limits on a response's metadata: 16 pairs of strin
 MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 512
 
 
-def parse_client_event(message: bytes | str, *, max_bytes: int) -> ClientEvent:
+def parse_client_event(message: bytes | str) -> ClientEvent:
     """One client message → an event; :class:`RealtimeError` for what is not a valid event.
 
     Binary frames are not part of the protocol (it is JSON text): a :class:`ProtocolError` (1003).
+    A message over the size limit never gets here: the inbound guard refuses it at its frame header.
     """
     if isinstance(message, bytes):
         raise ProtocolError("binary frames are not part of the Realtime protocol: send JSON events as text",
                             CloseCode.UNSUPPORTED_DATA)
-    if len(message) > max_bytes:
-        raise ProtocolError(f"message over {max_bytes} bytes", CloseCode.MESSAGE_TOO_BIG)
     try:
         event = json.loads(message)
     except ValueError:

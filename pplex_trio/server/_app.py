@@ -50,7 +50,6 @@ def _count_tasks(task: trio.lowlevel.Task) -> int:
 class _Limits(TypedDict):
     """What every protocol of a conversation is built with."""
 
-    max_message_bytes: int
     max_prompt_chars: int
     voices: Callable[[], Sequence[str]]
 
@@ -59,8 +58,7 @@ def create_app(server: ServerContext) -> ConversationRouter:
     """The whole ASGI application: the conversation WebSockets, then Quart (``.app``) for the rest."""
     settings = server.settings
     model_id = _model_id(server)
-    limits = _Limits(max_message_bytes=settings.max_message_bytes, max_prompt_chars=settings.max_prompt_chars,
-                     voices=server.voices)
+    limits = _Limits(max_prompt_chars=settings.max_prompt_chars, voices=server.voices)
 
     async def chat(ws: AsgiWebSocket) -> None:
         wire = MoshiProtocol(server.encoders, align=settings.framing is Framing.ALIGNED,
@@ -83,7 +81,12 @@ def create_app(server: ServerContext) -> ConversationRouter:
 
 
 def _model_id(server: ServerContext) -> str:
-    return server.settings.model if server.settings.model != "auto" else server.engine.name.split(" ")[0]
+    """The model's name for OpenAI clients: ``--model``, with auto's choice (the engine's name) and without
+    the echo engine's options (``echo:delay=2`` is ``echo``)."""
+    model = server.settings.model
+    if model == "auto" or model.startswith("echo:"):
+        return server.engine.name.split(" ")[0]
+    return model
 
 
 def create_http_app(server: ServerContext) -> QuartTrio:

@@ -30,11 +30,10 @@ from ._wire import InputAudio, InputEvent, Message, WireProtocol
 class MoshiProtocol(WireProtocol):
     name = "moshi"
 
-    def __init__(self, encoders: Encoders, *, max_message_bytes: int, max_prompt_chars: int, align: bool,
+    def __init__(self, encoders: Encoders, *, max_prompt_chars: int, align: bool,
                  voices: Callable[[], Collection[str]] | None = None, pings: bool = True):
         self._encoders = encoders
         self._pings = pings  # 0x06 while waiting: for a browser page
-        self._max_bytes = max_message_bytes
         self._max_prompt_chars = max_prompt_chars
         self._voices = voices  # the voices a conversation may name (None: not checked here)
         self.align_input = align
@@ -46,7 +45,7 @@ class MoshiProtocol(WireProtocol):
                                         voices=None if self._voices is None else self._voices())
 
     def parse(self, message: Message) -> InputEvent:
-        event = moshi.parse_client_message(message, max_bytes=self._max_bytes)
+        event = moshi.parse_client_message(message)
         if isinstance(event, moshi.AudioReceived) and event.ogg:
             return InputAudio(event.ogg)
         return None

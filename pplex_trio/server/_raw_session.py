@@ -21,22 +21,21 @@ class RawProtocol(WireProtocol):
     early_audio = True
     opening_hint = 'send {"type": "open", ...} first'
 
-    def __init__(self, *, max_message_bytes: int, max_prompt_chars: int,
+    def __init__(self, *, max_prompt_chars: int,
                  voices: Callable[[], Collection[str]] | None = None):
-        self._max_bytes = max_message_bytes
         self._max_prompt_chars = max_prompt_chars
         self._voices = voices  # the voices a conversation may name (None: not checked here)
         self._closing = False
 
     def conversation(self, query: bytes, opening: bytes | str | None) -> Conversation:
-        event = raw.parse_client_message(opening, max_bytes=self._max_bytes)
+        event = raw.parse_client_message(opening)
         if not isinstance(event, raw.Open):
             raise ProtocolError('the first message must be {"type": "open", ...}', CloseCode.POLICY)
         return conversation_from_params(event.params, max_prompt_chars=self._max_prompt_chars,
                                         voices=None if self._voices is None else self._voices())
 
     def parse(self, message: Message) -> InputEvent:
-        event = raw.parse_client_message(message, max_bytes=self._max_bytes)
+        event = raw.parse_client_message(message)
         if isinstance(event, raw.PcmReceived):
             if self._closing:
                 raise ProtocolError('audio after "close": nothing may follow a close', CloseCode.POLICY)

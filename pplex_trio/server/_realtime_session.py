@@ -83,14 +83,13 @@ class RealtimeProtocol(WireProtocol):
     opening_hint = "send input_audio_buffer.append (or response.create) to start the conversation"
 
     def __init__(self, dialect: Dialect, *, model: str, voices: Callable[[], Sequence[str]],
-                 max_message_bytes: int, max_prompt_chars: int, align: bool, subprotocol: str | None = None):
+                 max_prompt_chars: int, align: bool, subprotocol: str | None = None):
         self.dialect = dialect
         self.events = ServerEvents(dialect, model=model)
         self.config = SessionConfig()
         self.subprotocol = subprotocol
         self.align_input = align
         self._voices = voices
-        self._max_bytes = max_message_bytes
         self._max_prompt_chars = max_prompt_chars
         self._started = False
         self._audio_in: _AudioIn | None = None
@@ -150,7 +149,7 @@ class RealtimeProtocol(WireProtocol):
     def _parse(self, message: Message) -> Any:
         """An event, or the ``error`` event that answers a bad one."""
         try:
-            return parse_realtime_event(message, max_bytes=self._max_bytes)
+            return parse_realtime_event(message)
         except RealtimeError as exc:
             return Replies([self._refuse(exc)])
 

@@ -62,8 +62,7 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 class ServerSettings(ActorSettings):
     # How ``serve --help`` presents the settings: its groups in this order (the advanced ones: --help-all).
     help_groups: ClassVar[tuple[str, ...]] = (
-        "listening", "model and GPU", "conversations", "voices", "security", "observability", "timing",
-        "echo test engine")
+        "listening", "model and GPU", "conversations", "voices", "security", "observability", "timing")
 
     host: str = setting("127.0.0.1", "address to listen on, 0.0.0.0 for all", group="listening",
                         metavar="ADDRESS")
@@ -79,8 +78,9 @@ class ServerSettings(ActorSettings):
         None, "serve another web UI build from this folder instead of the one shipped", flag="--static",
         group="listening", advanced=True, metavar="DIR")
     model: str = setting(
-        "auto", "echo (test engine), tiny (random CPU model), a Hugging Face repo id such as "
-        "nvidia/personaplex-7b-v1, or a checkpoint folder; auto: the real model when torch sees a GPU, else tiny",
+        "auto", "echo or echo:delay=1,prompt=12,step_ms=0,text_share=1 (the test engine), tiny (random CPU "
+        "model), a Hugging Face repo id, a checkpoint folder, or auto: the real model when torch sees a GPU, "
+        "else tiny",
         group="model and GPU", metavar="NAME")
     device: str = setting("auto", "torch device: auto, cpu, cuda, cuda:1 …", group="model and GPU",
                           metavar="DEVICE")
@@ -154,17 +154,6 @@ class ServerSettings(ActorSettings):
     framing: Framing = setting(
         Framing.ALIGNED, "Moshi input framing: aligned (frames end at the newest audio before each tick, "
         "lower latency) or naive (fixed 1920-sample boundaries)", group="timing", advanced=True)
-    # The echo test engine (--model echo): tests and benchmarks set these.
-    echo_delay_frames: int = setting(1, "output delay in 80 ms frames", low=0, group="echo test engine",
-                                     advanced=True, metavar="N")
-    echo_prefill_steps: int = setting(12, "system-prompt positions (run between ticks, instantly)", low=0,
-                                      group="echo test engine", advanced=True, metavar="N")
-    echo_step_ms: float = setting(0.0, "sleep per step, standing in for GPU time (and a fiftieth of it per "
-                                  "system-prompt position)", low=0, group="echo test engine", advanced=True,
-                                  metavar="MS")
-    echo_text_share: float = setting(1.0, "the share of frames with a text piece (the frame number); a speaking "
-                                     "model gives about 0.3", low=0, high=1, group="echo test engine",
-                                     advanced=True, metavar="SHARE")
 
     def __post_init__(self) -> None:
         # Strings are welcome where a choice or a path is expected (tests, callers).

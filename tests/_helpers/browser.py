@@ -23,8 +23,6 @@ from pplex_trio.engine import Engine
 from pplex_trio.server import ServerSettings, serve
 
 CHROMIUM = pathlib.Path("/usr/bin/chromium")
-REPO = pathlib.Path(__file__).resolve().parents[2]
-ARTIFACTS = REPO / "test-artifacts"
 
 TONE_HZ = 873.0  # the fake microphone's tone: an odd number no frame size divides
 TONE_RATE = 48_000

@@ -8,8 +8,9 @@ from typing import Any
 
 import trio
 
+from pplex_trio._cli._engines import create_engine
 from pplex_trio._metrics import Metrics
-from pplex_trio.engine import EchoEngine, Engine, EngineActor
+from pplex_trio.engine import Engine, EngineActor
 from pplex_trio.server import ServerSettings, ServerContext
 from pplex_trio.server._encoders import InlineEncoders
 from pplex_trio.server._moshi_session import MoshiProtocol
@@ -95,12 +96,11 @@ def make_host(monkeypatch: Any, engine: Engine | None = None, *, prompt_position
               **overrides: Any) -> ServerContext:
     """A ServerContext whose actor runs the engine inline (deterministic under the virtual clock: see
     ``engine_calls``), 5 ms a call; its system prompts cost ``prompt_position_seconds`` per position."""
-    options: dict[str, Any] = dict(slots=1, echo_prefill_steps=2, keepalive_interval=0.5, input_grace_ms=0,
+    options: dict[str, Any] = dict(slots=1, model="echo:delay=1,prompt=2", keepalive_interval=0.5, input_grace_ms=0,
                                    first_frame_timeout=0)  # (stepped from the handshake unless a test says)
     options.update(overrides)
     settings = ServerSettings(**options)
-    engine = engine or EchoEngine(settings.slots, delay_frames=settings.echo_delay_frames,
-                                  prefill_steps=settings.echo_prefill_steps)
+    engine = engine or create_engine(settings)
     metrics = Metrics()
     run_engine_calls(monkeypatch, inline_runner(0.005, prompt_position_seconds=prompt_position_seconds))
     actor = EngineActor(engine, settings, metrics=metrics)
@@ -130,11 +130,10 @@ async def start_session(nursery: trio.Nursery, host: ServerContext, protocol: st
     ws = FakeWebSocket(query)
     s = host.settings
     if protocol == "raw":
-        wire: Any = RawProtocol(max_message_bytes=s.max_message_bytes, max_prompt_chars=s.max_prompt_chars,
-                                voices=host.voices)
+        wire: Any = RawProtocol(max_prompt_chars=s.max_prompt_chars, voices=host.voices)
     else:
-        wire = MoshiProtocol(host.encoders, max_message_bytes=s.max_message_bytes,
-                             max_prompt_chars=s.max_prompt_chars, align=s.framing == "aligned", voices=host.voices)
+        wire = MoshiProtocol(host.encoders, max_prompt_chars=s.max_prompt_chars, align=s.framing == "aligned",
+                             voices=host.voices)
     session = Session(ws, wire, host)
     scope = ws.disconnected
     done = trio.Event()

@@ -14,7 +14,7 @@ from trio_websocket import ConnectionClosed
 
 from pplex_trio.client import open_websocket
 
-from pplex_trio.protocol import ogg
+from _helpers import ogg
 
 SR = 24_000
 FRAME = 1920

@@ -29,7 +29,7 @@ def test_histogram_quantile_interpolates_like_prometheus():
 def test_pre_encoded_stream_starts_with_its_headers():
     from load import encode_pages
 
-    from pplex_trio.protocol._ogg import is_bos, page_sequence
+    from _helpers.ogg import is_bos, page_sequence
 
     pages = encode_pages(2.0, 40)
     assert is_bos(pages[0]) and pages[0][28:36] == b"OpusHead"
@@ -40,26 +40,26 @@ def test_pre_encoded_stream_starts_with_its_headers():
 @pytest.mark.serial
 def test_short_load_run_reports_every_session(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "bench/load.py", "--clients", "2", "--duration", "2", "--warmup", "1", "--name", "test-smoke"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        [sys.executable, "bench/load.py", "--clients", "2", "--duration", "2", "--warmup", "1", "--name", "smoke",
+         "--results", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads((REPO / "bench" / "results" / "test-smoke.json").read_text())
+    report = json.loads((tmp_path / "smoke.json").read_text())
     result = report["results"][0]
     assert result["sessions_ok"] == 2
     assert result["received_frames"] > 0 and result["sent_frames"] > 0
     assert "real time" in proc.stdout
-    assert (REPO / "bench" / "results" / "test-smoke.png").stat().st_size > 0
+    assert (tmp_path / "smoke.png").stat().st_size > 0
 
 
 @pytest.mark.serial
-def test_the_protocols_side_by_side():
+def test_the_protocols_side_by_side(tmp_path):
     proc = subprocess.run(
         [sys.executable, "bench/load.py", "--clients", "2", "--duration", "2", "--warmup", "1", "--compare-protocols",
-         "--name", "test-protocols"], cwd=REPO, capture_output=True, text=True, timeout=180,
+         "--name", "protocols", "--results", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=180,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    moshi, realtime = json.loads((REPO / "bench" / "results" / "test-protocols.json").read_text())["results"]
+    moshi, realtime = json.loads((tmp_path / "protocols.json").read_text())["results"]
     assert moshi["label"].startswith("moshi") and realtime["label"].startswith("realtime")
     for result in (moshi, realtime):
         assert result["sessions_ok"] == 2 and result["received_frames"] > 0.8 * result["sent_frames"] > 0

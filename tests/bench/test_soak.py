@@ -20,14 +20,13 @@ RSS_GROWTH_BOUND_PCT = 8.0
 
 @pytest.mark.serial
 def test_a_one_minute_soak_leaks_nothing(tmp_path):
-    name = "tmp-soak-ci"
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "soak.py"), "--clients", "6", "--duration", "50", "--warmup", "20",
-         "--every", "5", "--name", name],
+         "--every", "5", "--results", str(tmp_path)],
         capture_output=True, text=True, timeout=400, cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((REPO / "bench" / "results" / f"{name}.json").read_text())["summary"]
+    summary = json.loads((tmp_path / "soak.json").read_text())["summary"]
     assert summary["server_exit_code"] == 0
     assert summary["slots_free_end"] == summary["slots"] and summary["sessions_end"] == 0
     assert summary["queued_end"] == 0

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pplex_trio.protocol import ogg
+from _helpers import ogg
 
 pytestmark = pytest.mark.browser
 

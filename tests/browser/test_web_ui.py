@@ -12,10 +12,9 @@ import pytest
 from playwright.sync_api import expect
 
 from pplex_trio.engine import EchoEngine
-from pplex_trio.protocol import ogg
+from _helpers import ogg
 
 from _helpers.browser import (
-    ARTIFACTS,
     TONE_HZ,
     disable_voice_processing,
     download_recording,
@@ -286,21 +285,21 @@ def test_keyboard_and_labels(context, start_server):
     wait_phase(page, "live")
 
 
-def test_live_page_screenshots(context, start_server):
-    """Screenshots of a live conversation, desktop and phone, for a person to look at."""
+def test_live_page_screenshots(context, start_server, tmp_path):
+    """Screenshots of a live conversation, desktop and phone, for a person to look at (in the test's tmp_path:
+    pytest keeps its last three runs' folders under the system's temporary folder, pytest-of-USER/)."""
     server = start_server()
     page = open_ui(context, server)
-    ARTIFACTS.mkdir(exist_ok=True)
     page.get_by_text("Advanced settings").click()
-    page.screenshot(path=str(ARTIFACTS / "web-ui-ready.png"))
+    page.screenshot(path=str(tmp_path / "web-ui-ready.png"))
     page.get_by_text("Advanced settings").click()
     page.get_by_role("button", name="Airline").click()
     page.get_by_role("button", name="Connect").click()
     wait_phase(page, "live")
     wait_stat_above(page, "played", 2.5)
-    page.screenshot(path=str(ARTIFACTS / "web-ui-live.png"))
+    page.screenshot(path=str(tmp_path / "web-ui-live.png"))
 
     page.set_viewport_size({"width": 390, "height": 844})  # a phone
     overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
     assert overflow <= 0, f"the page is {overflow} px wider than a phone screen"
-    page.screenshot(path=str(ARTIFACTS / "web-ui-phone.png"), full_page=True)
+    page.screenshot(path=str(tmp_path / "web-ui-phone.png"), full_page=True)

@@ -49,7 +49,7 @@ def free_port() -> int:
 class Replica:
     """``pplex-trio serve --model echo`` in a child process, as one GPU's replica would run."""
 
-    ARGS = ("--model", "echo", "--echo-prefill-steps", "1", "--refuse-busy-upgrades", "--drain-seconds", "60")
+    ARGS = ("--model", "echo:prompt=1", "--refuse-busy-upgrades", "--drain-seconds", "60")
 
     def __init__(self, *args: str):
         self.proc, port, self.lines = start_serve(*self.ARGS, *args)

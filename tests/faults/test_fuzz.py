@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _helpers.fake_ws import running_host, start_session
-from pplex_trio.protocol import ogg
+from _helpers import ogg
 
 LIMIT = 4096
 DOCUMENTED = {1000, 1003, 1007, 1008, 1009}
@@ -97,7 +97,7 @@ def run_session(protocol: str, messages: list[bytes | str]) -> tuple[object, int
 
     async def main():
         async with trio.open_nursery() as nursery:
-            host = await running_host(patch, nursery, slots=1, echo_prefill_steps=1, max_message_bytes=LIMIT)
+            host = await running_host(patch, nursery, slots=1, model="echo:delay=1,prompt=1", max_message_bytes=LIMIT)
             run = await start_session(nursery, host, protocol)
             if protocol == "moshi":
                 await run.ws.wait_for(lambda sent: b"\x00" in sent)

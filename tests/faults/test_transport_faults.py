@@ -345,7 +345,7 @@ async def test_sigterm_with_a_frozen_and_a_non_reading_client_exits_within_5_s()
 
     from _helpers.process import start_serve
 
-    proc, port, _ = start_serve("--model", "echo", "--slots", "2", "--echo-prefill-steps", "2")
+    proc, port, _ = start_serve("--model", "echo:prompt=2", "--slots", "2")
     try:
         clients = []
         for protocol, rcvbuf in (("raw", 4096), ("moshi", None)):

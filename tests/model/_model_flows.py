@@ -7,7 +7,21 @@ import dataclasses
 import numpy as np
 import torch
 
+from pplex_trio.engine._device_tick import DeviceTick
 from pplex_trio.model import FREE, LMGen, StepInputs, build_prompt_plan
+
+
+def every_part(engine, on: bool = True) -> None:
+    """Make ``engine``'s eager ticks run every part, as ``cuda_graph=True`` records the tick (``on=False`` undoes it).
+
+    The engine draws the sampling noise only when a LIVE row samples; with this it is drawn every tick, so
+    a test can show that skipping it changes nothing.
+    """
+    tick = engine._tick
+    if on:
+        tick.run = lambda *, sample: DeviceTick.run(tick, sample=True)
+    else:
+        vars(tick).pop("run", None)
 
 
 @dataclasses.dataclass

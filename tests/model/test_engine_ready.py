@@ -1,7 +1,8 @@
 """The engine is ready for its first caller: warm-up and capture at load, fallback, no re-capture.
 
 No GPU here.  The capture's orchestration runs with a fake graph recorder
-(it records the tick function and replays it eagerly); what the real
+put where the engine takes its ``CudaGraphs`` from (it records the tick
+function and replays it eagerly); what the real
 capture needs of the tick (one graph, no breaks, no host reads, static
 buffers, rows that a masked tick leaves alone) is checked on the CPU and on
 the ``meta`` device at the real 7B widths.
@@ -19,6 +20,7 @@ import torch
 
 from pplex_trio._precision import KVFormat, Precision, WeightFormat
 
+from pplex_trio.engine import _personaplex
 from pplex_trio.engine._interface import Conversation, ConversationRejected, Sampling, SlotMode
 from pplex_trio.engine._personaplex import PersonaPlexEngine
 from pplex_trio.engine._device_tick import DeviceTick, TickPath
@@ -48,6 +50,18 @@ class FakeGraphs:
         return replay
 
 
+@pytest.fixture
+def fake_graphs(monkeypatch):
+    """``fake_graphs(fail=None)``: engines built with ``cuda_graph=True`` from now on record with this fake."""
+
+    def install(fail: Exception | None = None) -> FakeGraphs:
+        graphs = FakeGraphs(fail)
+        monkeypatch.setattr(_personaplex, "CudaGraphs", lambda device: graphs)
+        return graphs
+
+    return install
+
+
 def _meta_model(cfg, precision: Precision = Precision()) -> LoadedModel:
     with torch.device("meta"):
         lm = LMModel(cfg.lm).to(torch.bfloat16)
@@ -70,10 +84,10 @@ def _drive(engine: PersonaPlexEngine, frames: int = 12, seed: int = 0) -> list[n
     return outputs
 
 
-def test_capture_happens_at_load_and_every_tick_replays_it(tiny_model, caplog):
-    graphs = FakeGraphs()
+def test_capture_happens_at_load_and_every_tick_replays_it(tiny_model, caplog, fake_graphs):
+    graphs = fake_graphs()
     with caplog.at_level(logging.INFO, logger="pplex_trio.engine._device_tick"):
-        engine = PersonaPlexEngine(tiny_model, 3, cuda_graph=True, graphs=graphs)
+        engine = PersonaPlexEngine(tiny_model, 3, cuda_graph=True)
     assert graphs.recorded == 1 and graphs.replays == 0  # before any conversation
     assert engine.tick_path == "cuda_graph"
     assert any("engine tick ready (3 rows, cuda_graph)" in r.message for r in caplog.records)
@@ -85,10 +99,10 @@ def test_capture_happens_at_load_and_every_tick_replays_it(tiny_model, caplog):
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_failed_capture_falls_back_to_eager_once_and_loudly(tiny_model, caplog):
-    graphs = FakeGraphs(fail=RuntimeError("operation not permitted when stream is capturing"))
+def test_a_failed_capture_falls_back_to_eager_once_and_loudly(tiny_model, caplog, fake_graphs):
+    graphs = fake_graphs(fail=RuntimeError("operation not permitted when stream is capturing"))
     with caplog.at_level(logging.INFO):
-        engine = PersonaPlexEngine(tiny_model, 3, cuda_graph=True, graphs=graphs)
+        engine = PersonaPlexEngine(tiny_model, 3, cuda_graph=True)
     assert engine.tick_path == "eager_after_failed_capture"
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "CUDA graph capture of the engine tick FAILED" in errors[0].getMessage()
@@ -99,9 +113,9 @@ def test_a_failed_capture_falls_back_to_eager_once_and_loudly(tiny_model, caplog
         np.testing.assert_array_equal(a, b)
 
 
-def test_new_voices_and_resets_never_recapture(tiny_model, tmp_path):
-    graphs = FakeGraphs()
-    engine = PersonaPlexEngine(tiny_model, 2, cuda_graph=True, graphs=graphs)
+def test_new_voices_and_resets_never_recapture(tiny_model, fake_graphs):
+    graphs = fake_graphs()
+    engine = PersonaPlexEngine(tiny_model, 2, cuda_graph=True)
     buffers = {name: t.data_ptr() for name, t in vars(engine._tick).items() if isinstance(t, torch.Tensor)}
     silence = np.zeros((2, 1920), np.float32)
     for voice in engine.voices():

@@ -24,6 +24,8 @@ from pplex_trio.engine._personaplex import PersonaPlexEngine
 from pplex_trio.engine._device_tick import DeviceTick
 from pplex_trio.model import load_model
 
+from _model_flows import every_part
+
 IDLE, LIVE = SlotMode.IDLE, SlotMode.LIVE
 
 
@@ -93,7 +95,7 @@ def test_no_tensor_is_reallocated_between_ticks(any_model):
     for tick in range(60):
         if tick == 30:  # a row (re)starts mid-way: reset and a new voice, in place
             left[2] = engine.start(2, Conversation(voice="NATM0.pt", sampling=Sampling(text_seed=5, audio_seed=6)))
-        engine._shortcuts = tick % 2 == 0  # eager ticks with and without the parts they skip
+        every_part(engine, on=tick % 2 == 1)  # eager ticks with and without the parts they skip
         work = {i: 2 for i, n in enumerate(left) if n}
         for i, done in (engine.prefill(work) if work else {}).items():
             left[i] -= done

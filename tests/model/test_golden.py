@@ -18,7 +18,7 @@ from pplex_trio.engine._interface import Conversation, Sampling, SlotMode
 from pplex_trio.engine._personaplex import PersonaPlexEngine
 from pplex_trio.model import persona_tokens
 
-from _model_flows import LMRun, run_lm
+from _model_flows import LMRun, every_part, run_lm
 
 GREEDY = Sampling(greedy=True)
 
@@ -53,8 +53,8 @@ def test_mimi_streaming_encode_matches_input_codes(golden_model, golden):
 @torch.no_grad()
 def test_mimi_streaming_decode_matches_output_pcm(golden_model, golden):
     mimi = golden_model.mimi
-    mimi.start_streaming(1)
-    pcm = [mimi.decode_step(torch.from_numpy(golden.output_tokens[i: i + 1, 1:9]))[0].numpy()
+    state = mimi.init_decoder_state(1)
+    pcm = [mimi.decode_frame(torch.from_numpy(golden.output_tokens[i: i + 1, 1:9]), state)[0].numpy()
            for i in range(len(golden.output_tokens))]
     assert np.abs(np.concatenate(pcm) - golden.output_pcm).max() <= 1e-4
 
@@ -105,7 +105,7 @@ def run_engine(model, golden, num_slots: int, golden_row: int, other_joins_at: i
     every part on, as the CUDA graph records it.
     """
     engine = PersonaPlexEngine(model, num_slots)
-    engine._shortcuts = shortcuts
+    every_part(engine, on=not shortcuts)
     frames = len(golden.input_codes)
     other = 1 - golden_row
     rng = np.random.RandomState(7)

@@ -4,31 +4,29 @@ import pytest
 
 from pplex_trio.protocol import CloseCode, ProtocolError, moshi
 
-LIMIT = 1024
-
 
 def test_audio_message_carries_ogg_bytes():
-    event = moshi.parse_client_message(b"\x01OggS-payload", max_bytes=LIMIT)
+    event = moshi.parse_client_message(b"\x01OggS-payload")
     assert event == moshi.AudioReceived(b"OggS-payload")
 
 
 def test_audio_with_empty_payload_is_audio_of_nothing():
-    assert moshi.parse_client_message(b"\x01", max_bytes=LIMIT) == moshi.AudioReceived(b"")
+    assert moshi.parse_client_message(b"\x01") == moshi.AudioReceived(b"")
 
 
 @pytest.mark.parametrize("kind", [0x00, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x42, 0xFF])
 def test_every_other_kind_is_ignored_not_fatal(kind):
-    event = moshi.parse_client_message(bytes([kind]) + b"\x01\x02", max_bytes=LIMIT)
+    event = moshi.parse_client_message(bytes([kind]) + b"\x01\x02")
     assert event == moshi.Ignored(kind)
 
 
 def test_control_message_is_ignored():
-    assert moshi.parse_client_message(b"\x03\x01", max_bytes=LIMIT) == moshi.Ignored(3)
+    assert moshi.parse_client_message(b"\x03\x01") == moshi.Ignored(3)
 
 
 def test_text_frame_is_unsupported_data():
     with pytest.raises(ProtocolError) as info:
-        moshi.parse_client_message("hello", max_bytes=LIMIT)
+        moshi.parse_client_message("hello")
     assert info.value.code == CloseCode.UNSUPPORTED_DATA
     assert "binary" in info.value.message
 
@@ -36,16 +34,8 @@ def test_text_frame_is_unsupported_data():
 @pytest.mark.parametrize("empty", [b"", None])
 def test_empty_frame_is_invalid_payload(empty):
     with pytest.raises(ProtocolError) as info:
-        moshi.parse_client_message(empty, max_bytes=LIMIT)
+        moshi.parse_client_message(empty)
     assert info.value.code == CloseCode.INVALID_PAYLOAD
-
-
-def test_oversized_message_is_refused_with_1009():
-    moshi.parse_client_message(b"\x01" + b"x" * (LIMIT - 1), max_bytes=LIMIT)
-    with pytest.raises(ProtocolError) as info:
-        moshi.parse_client_message(b"\x01" + b"x" * LIMIT, max_bytes=LIMIT)
-    assert info.value.code == CloseCode.MESSAGE_TOO_BIG
-    assert str(LIMIT) in info.value.message
 
 
 def test_server_messages_have_the_official_layout():
@@ -57,4 +47,4 @@ def test_server_messages_have_the_official_layout():
 
 
 def test_server_audio_round_trips_through_the_client_parser():
-    assert moshi.parse_client_message(moshi.audio(b"pages"), max_bytes=LIMIT) == moshi.AudioReceived(b"pages")
+    assert moshi.parse_client_message(moshi.audio(b"pages")) == moshi.AudioReceived(b"pages")

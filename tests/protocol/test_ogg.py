@@ -7,7 +7,7 @@ import pytest
 import sphn
 
 from pplex_trio.codec._ogg_writer import OggOpusMuxer, build_page, ogg_crc
-from pplex_trio.protocol._ogg import is_bos, page_sequence, split_pages
+from _helpers.ogg import is_bos, page_sequence, split_pages
 
 
 def crc_bitwise(data: bytes) -> int:

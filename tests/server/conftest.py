@@ -18,7 +18,7 @@ def start_server(nursery, tmp_path):
     engine unless ``model`` says otherwise)."""
 
     async def start(engine=None, **overrides):
-        defaults = dict(host="127.0.0.1", port=0, model="echo", slots=2, echo_prefill_steps=2, echo_delay_frames=1,
+        defaults = dict(host="127.0.0.1", port=0, model="echo:delay=1,prompt=2", slots=2,
                         first_frame_timeout=0,  # (stepped from the handshake: tests of the first frame set it)
                         voice_store=tmp_path / "voice-store")
         defaults.update(overrides)

@@ -7,10 +7,11 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import sphn
 
-from _helpers.audio import best_lag
+from _helpers.audio import best_window
 
 SR = 24_000
 FRAME = 1920
@@ -43,10 +44,16 @@ def run_client(url, wav, out, text, protocol):
     )
 
 
+def voiced_frames(pcm):
+    """The frames (1920 samples from the start) that are not silence."""
+    return [i for i in range(pcm.size // FRAME) if pcm[i * FRAME : (i + 1) * FRAME].std() > 1e-3]
+
+
 def test_client_round_trips_a_wav_file_with_every_protocol(server_process, golden_dir, tmp_path):
     wav = golden_dir / "input.wav"  # 8 s of real speech
     sent, _ = sphn.read(str(wav))
     sent = sent[0]
+    assert len(voiced_frames(sent)) > 50
     procs = {p: run_client(server_process, wav, tmp_path / f"{p}.wav", tmp_path / f"{p}.json", p) for p in ("moshi", "raw", "realtime")}
     for protocol, proc in procs.items():
         _, err = proc.communicate(timeout=60)
@@ -59,19 +66,21 @@ def test_client_round_trips_a_wav_file_with_every_protocol(server_process, golde
         pieces = [t["text"] for t in texts]
         assert pieces[: len(pieces)] == [f" {i}" for i in range(len(pieces))]
         assert len(pieces) >= sent.size // FRAME - 2
-        # The echo is the input, some frames late (16-bit wav rounding aside).  A
-        # tick whose input came late carries silence and shifts the rest by a
-        # frame, so compare half-second windows, each at its own lag: on a loaded
-        # machine a few shifts come, and each spoils only the window it falls in.
-        # raw is exact, realtime is 16-bit PCM both ways; Moshi has two Opus passes
-        threshold = {"raw": 0.999, "realtime": 0.99, "moshi": 0.8}[protocol]
-        window = SR // 2
-        starts = [i for i in range(0, sent.size - window - 6 * FRAME, window) if sent[i : i + window].std() > 1e-3]
-        scores = [best_lag(sent[i : i + window], out[i : i + window + 6 * FRAME], FRAME, 6 * FRAME)[1]
-                  for i in starts]
-        assert len(scores) >= 8
-        good = sum(score > threshold for score in scores)
-        assert good >= 0.75 * len(scores), (protocol, [round(x, 3) for x in scores])
+        # Each frame the echo sends is a frame of what it was given, later.  How much later changes with load
+        # (a tick whose input came late carries silence, a frame a slow reader could not take is dropped), so
+        # every voiced output frame is found in the input on its own, wherever it is: the check is the same
+        # on an idle machine and a loaded one.
+        voiced = voiced_frames(out)
+        assert len(voiced) >= len(voiced_frames(sent)) // 2, protocol  # most of it came back
+        got = [out[i * FRAME : (i + 1) * FRAME] for i in voiced]
+        matches = [best_window(frame, sent) for frame in got]
+        want = [sent[offset : offset + FRAME] for offset, _ in matches]
+        in_order = [offset for offset, similarity in matches if similarity > 0.9]
+        assert in_order == sorted(in_order) and len(set(in_order)) == len(in_order), protocol  # none twice
+        if protocol == "moshi":  # two lossy Opus passes, so the frames beside their matches as one signal
+            assert np.corrcoef(np.concatenate(got), np.concatenate(want))[0, 1] > 0.9
+        else:  # raw float32 and 16-bit PCM are exact, but for the 16-bit wav files at both ends
+            assert all(np.abs(a - b).max() <= 2 / 32768 for a, b in zip(got, want)), protocol
 
 
 def test_unknown_model_fails_with_a_clear_message():
@@ -81,6 +90,49 @@ def test_unknown_model_fails_with_a_clear_message():
     )
     assert proc.returncode == 2
     assert "nonexistent" in proc.stderr
+
+
+def test_the_echo_engine_takes_its_options_in_the_model_name():
+    from pplex_trio._cli._engines import create_engine
+    from pplex_trio.server import ServerSettings
+
+    engine = create_engine(ServerSettings(model="echo:delay=3, prompt=5,step_ms=40,text_share=0.25", slots=2))
+    assert (engine.num_slots, engine.delay_frames, engine.prefill_steps, engine.text_share) == (2, 3, 5, 0.25)
+    assert engine.step_seconds == pytest.approx(0.040) and engine.prefill_seconds == pytest.approx(0.040 / 50)
+    plain = create_engine(ServerSettings(model="echo", slots=1))  # the defaults the README gives
+    assert (plain.delay_frames, plain.prefill_steps, plain.step_seconds, plain.text_share) == (1, 12, 0.0, 1.0)
+
+
+@pytest.mark.parametrize("model,problem", [
+    ("echo:dealy=2", "unknown option 'dealy'"),
+    ("echo:delay", "delay needs a value, as in delay=1"),
+    ("echo:delay=soon", "delay must be a whole number, not 'soon'"),
+    ("echo:prompt=2.5", "prompt must be a whole number, not '2.5'"),
+    ("echo:step_ms=-5", "step_ms must be at least 0, got -5"),
+    ("echo:step_ms=inf", "step_ms must be finite, got inf"),
+    ("echo:text_share=1.5", "text_share must be between 0 and 1, got 1.5"),
+    ("echo:delay=1,delay=2", "delay is given twice"),
+    ("echo:delay=1,", "an empty option"),
+])
+def test_a_bad_echo_option_stops_the_server_with_one_line(model, problem):
+    proc = subprocess.run([sys.executable, "-m", "pplex_trio", "serve", "--model", model, "--port", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.splitlines()
+    assert f"--model {model}: {problem} " in line
+    assert line.endswith("(the echo engine's options and their defaults: delay=1, prompt=12, step_ms=0, text_share=1)")
+
+
+def test_the_model_flag_names_every_echo_option_with_its_default():
+    import dataclasses
+
+    from pplex_trio._cli._engines import EchoOptions
+    from pplex_trio.server import ServerSettings
+
+    (model,) = [f for f in dataclasses.fields(ServerSettings) if f.name == "model"]
+    options = ",".join(f"{f.name}={f.default:g}" for f in dataclasses.fields(EchoOptions))
+    assert options == "delay=1,prompt=12,step_ms=0,text_share=1"
+    assert model.metadata["help"].startswith(f"echo or echo:{options} (the test engine)")
 
 
 def test_client_reports_a_refused_conversation(server_process, golden_dir, tmp_path):
@@ -122,12 +174,12 @@ def test_every_setting_is_a_flag_with_the_dataclass_default():
     assert settings_from_args(ServerSettings, build_parser().parse_args(["serve"])) == ServerSettings()
     flags = {f.name: f.metadata.get("flag") or "--" + f.name.replace("_", "-")
              for f in dataclasses.fields(ServerSettings) if f.metadata["cli"]}
-    assert {"--input-grace-ms", "--static", "--opus-encoder", "--framing", "--echo-step-ms"} <= set(flags.values())
+    assert {"--input-grace-ms", "--static", "--opus-encoder", "--framing", "--inline-encoders"} <= set(flags.values())
     args = build_parser().parse_args(["serve", "--framing", "naive", "--opus-encoder", "inline", "--cuda-graph",
-                                      "--static", "/srv/ui", "--echo-step-ms", "20"])
+                                      "--static", "/srv/ui", "--inline-encoders", "7"])
     settings = settings_from_args(ServerSettings, args)
     assert (settings.framing, settings.opus_encoder, settings.cuda_graph) == ("naive", "inline", True)
-    assert str(settings.static_dir) == "/srv/ui" and settings.echo_step_ms == 20.0
+    assert str(settings.static_dir) == "/srv/ui" and settings.inline_encoders == 7
 
 
 def test_a_choice_outside_its_enum_is_refused_with_the_choices(capsys):

@@ -6,7 +6,7 @@ import sphn
 import trio
 
 from _helpers.audio import best_lag
-from pplex_trio.protocol._ogg import page_sequence, split_pages
+from _helpers.ogg import page_sequence, split_pages
 from pplex_trio.codec import LibopusWriter, libopus_available, make_writer
 from pplex_trio.server._encoders import InlineEncoders, ProcessEncoderPool, make_encoders
 from pplex_trio.server._settings import OpusEncoderPlacement

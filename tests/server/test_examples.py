@@ -60,7 +60,7 @@ def test_the_telephony_bridge_returns_the_caller_through_mu_law(tmp_path):
     t = np.arange(16_000 * 2) / 16_000  # a 16 kHz file: the bridge brings it to the phone's 8 kHz
     caller = (0.3 * np.sin(2 * np.pi * 500 * t)).astype(np.float32)
     write_wav(tmp_path / "caller.wav", caller, 16_000)
-    with server_process("--model", "echo", "--echo-prefill-steps", "2") as url:
+    with server_process("--model", "echo:prompt=2") as url:
         run_example("telephony_bridge.py", url, str(tmp_path / "caller.wav"), str(tmp_path / "reply.wav"))
     reply, rate = read_wav(tmp_path / "reply.wav")
     assert rate == 8_000 and reply.size >= 8_000 * 3

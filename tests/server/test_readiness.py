@@ -150,7 +150,7 @@ async def test_a_drain_that_runs_out_closes_the_live_ones_with_1001(virtual_serv
 
 def test_sigterm_to_the_whole_service_drains_then_exits_0():
     """The real command, as systemd stops it (SIGTERM to every process of the group): drain, then exit."""
-    proc, port, _ = start_serve("--model", "echo", "--slots", "2", "--echo-prefill-steps", "1",
+    proc, port, _ = start_serve("--model", "echo:prompt=1", "--slots", "2",
                                 "--drain-seconds", "30", "--refuse-busy-upgrades", new_session=True)
     try:
         base = f"127.0.0.1:{port}"
@@ -181,7 +181,7 @@ def test_sigterm_to_the_whole_service_drains_then_exits_0():
 
 
 def test_a_second_sigterm_ends_the_drain():
-    proc, port, _ = start_serve("--model", "echo", "--echo-prefill-steps", "1", "--drain-seconds", "60")
+    proc, port, _ = start_serve("--model", "echo:prompt=1", "--drain-seconds", "60")
     try:
         base = f"127.0.0.1:{port}"
 

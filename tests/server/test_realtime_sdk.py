@@ -41,10 +41,10 @@ def server() -> Iterator[Any]:
     servers: list[ThreadServer] = []
 
     def start(engine: Any = None, **overrides: Any) -> ThreadServer:
-        options = dict(host="127.0.0.1", port=0, slots=2, echo_prefill_steps=4, echo_delay_frames=1)
+        options = dict(host="127.0.0.1", port=0, slots=2)
         options.update(overrides)
         settings = ServerSettings(**options)
-        engine = engine or EchoEngine(settings.slots, delay_frames=1, prefill_steps=settings.echo_prefill_steps)
+        engine = engine or EchoEngine(settings.slots, delay_frames=1, prefill_steps=4)
         servers.append(ThreadServer(settings, engine).start())
         return servers[-1]
 

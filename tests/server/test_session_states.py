@@ -15,7 +15,7 @@ import trio
 
 from _helpers.fake_ws import FakeWebSocket, make_host, running_host, start_session
 from pplex_trio.engine import EchoEngine
-from pplex_trio.protocol import ogg
+from _helpers import ogg
 from pplex_trio.server._session import Ending, Session, SessionState
 from pplex_trio.server._raw_session import RawProtocol
 
@@ -53,7 +53,7 @@ async def wait_state(session, state):
 
 
 async def test_raw_session_walks_every_state_and_flushes_everything(nursery, autojump_clock, monkeypatch):
-    host = await running_host(monkeypatch, nursery, slots=1, echo_delay_frames=0)
+    host = await running_host(monkeypatch, nursery, slots=1, model="echo:delay=0,prompt=2")
     first = await start_session(nursery, host, "raw")
     first.ws.client_send(OPEN)
     await first.ws.wait_for(of_type("ready"))
@@ -129,7 +129,7 @@ async def test_a_client_that_never_reads_again_is_dropped_after_the_client_timeo
 @pytest.mark.parametrize("phase", ["admitting", "queued", "preparing", "live"])
 @pytest.mark.parametrize("protocol", ["raw", "moshi"])
 async def test_a_client_that_vanishes_in_any_phase_frees_everything(nursery, autojump_clock, phase, protocol, monkeypatch):
-    host = await running_host(monkeypatch, nursery, slots=1, echo_prefill_steps=50)
+    host = await running_host(monkeypatch, nursery, slots=1, model="echo:prompt=50")
     blocker = None
     if phase == "queued":
         blocker = await start_session(nursery, host, "raw")
@@ -182,7 +182,7 @@ async def test_raw_bad_messages_while_live_end_with_their_code(nursery, autojump
 
 
 async def test_audio_after_close_is_refused(nursery, autojump_clock, monkeypatch):
-    host = await running_host(monkeypatch, nursery, echo_prefill_steps=1)
+    host = await running_host(monkeypatch, nursery, model="echo:prompt=1")
     run = await start_session(nursery, host, "raw")
     run.ws.client_send(OPEN)
     await run.ws.wait_for(of_type("ready"))
@@ -195,7 +195,7 @@ async def test_audio_after_close_is_refused(nursery, autojump_clock, monkeypatch
 
 
 async def test_closing_before_the_conversation_is_live_ends_normally(nursery, autojump_clock, monkeypatch):
-    host = await running_host(monkeypatch, nursery, echo_prefill_steps=20)
+    host = await running_host(monkeypatch, nursery, model="echo:prompt=20")
     run = await start_session(nursery, host, "raw")
     run.ws.client_send(OPEN)
     await wait_state(run.session, SessionState.PREPARING)
@@ -210,7 +210,7 @@ def moshi_pages(pcm):
 
 
 async def test_moshi_session_pings_while_preparing_then_handshakes_and_echoes(nursery, autojump_clock, monkeypatch):
-    host = await running_host(monkeypatch, nursery, echo_prefill_steps=20, keepalive_interval=0.5, prompt_position_seconds=0.08)
+    host = await running_host(monkeypatch, nursery, keepalive_interval=0.5, prompt_position_seconds=0.08, model="echo:prompt=20")
     run = await start_session(nursery, host, "moshi", b"text_prompt=hello&voice_prompt=NATF0.pt")
     await run.ws.wait_for(lambda sent: sent.count(b"\x06") >= 2)  # pings while the prompt runs (a slow 1.6 s)
     assert run.session.state is SessionState.PREPARING
@@ -298,7 +298,7 @@ async def test_an_engine_failure_ends_live_sessions_with_1011(nursery, autojump_
 
 @pytest.mark.parametrize("phase", [SessionState.QUEUED, SessionState.PREPARING, SessionState.LIVE])
 async def test_shutdown_tells_every_phase_going_away(nursery, autojump_clock, phase, monkeypatch):
-    host = await running_host(monkeypatch, nursery, slots=1, echo_prefill_steps=30)
+    host = await running_host(monkeypatch, nursery, slots=1, model="echo:prompt=30")
     first = await start_session(nursery, host, "moshi")
     second = await start_session(nursery, host, "moshi")
     target = first if phase is not SessionState.QUEUED else second
@@ -313,7 +313,7 @@ async def test_shutdown_tells_every_phase_going_away(nursery, autojump_clock, ph
 
 
 def test_a_session_refuses_a_transition_its_state_machine_does_not_have(monkeypatch):
-    session = Session(FakeWebSocket(), RawProtocol(max_message_bytes=1024, max_prompt_chars=10), make_host(monkeypatch))
+    session = Session(FakeWebSocket(), RawProtocol(max_prompt_chars=10), make_host(monkeypatch))
     with pytest.raises(RuntimeError, match="no transition from admitting to queued"):
         session._enter(SessionState.QUEUED)  # the lease's state, never the session's own
     session._enter(SessionState.LIVE)
@@ -324,7 +324,7 @@ def test_a_session_refuses_a_transition_its_state_machine_does_not_have(monkeypa
 
 async def test_raw_audio_sent_before_ready_is_heard(nursery, autojump_clock, monkeypatch):
     """A client that talks at once: what it says while the prompt runs (0.8 s here) reaches the model."""
-    host = await running_host(monkeypatch, nursery, echo_delay_frames=0, echo_prefill_steps=20, prompt_position_seconds=0.04)
+    host = await running_host(monkeypatch, nursery, prompt_position_seconds=0.04, model="echo:delay=0,prompt=20")
     run = await start_session(nursery, host, "raw")
     run.ws.client_send(OPEN)
     for frame in loud(6):  # said before "ready"
@@ -341,7 +341,7 @@ async def test_raw_audio_sent_before_ready_is_heard(nursery, autojump_clock, mon
 
 
 async def test_raw_audio_then_close_before_ready_is_still_answered(nursery, autojump_clock, monkeypatch):
-    host = await running_host(monkeypatch, nursery, echo_delay_frames=0, echo_prefill_steps=20, prompt_position_seconds=0.04)
+    host = await running_host(monkeypatch, nursery, prompt_position_seconds=0.04, model="echo:delay=0,prompt=20")
     run = await start_session(nursery, host, "raw")
     run.ws.client_send(OPEN)
     for frame in loud(3):
@@ -354,7 +354,7 @@ async def test_raw_audio_then_close_before_ready_is_still_answered(nursery, auto
 
 async def test_moshi_audio_before_the_handshake_is_not_heard(nursery, autojump_clock, monkeypatch):
     """The Moshi protocol keeps its semantics: the client waits for 0x00 (audio before it is dropped)."""
-    host = await running_host(monkeypatch, nursery, echo_delay_frames=0, echo_prefill_steps=20, prompt_position_seconds=0.04)
+    host = await running_host(monkeypatch, nursery, prompt_position_seconds=0.04, model="echo:delay=0,prompt=20")
     run = await start_session(nursery, host, "moshi", b"text_prompt=hello&voice_prompt=NATF0.pt")
     tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(FRAME * 6) / 24000)).astype(np.float32)
     for page in moshi_pages(tone):

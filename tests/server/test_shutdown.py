@@ -56,7 +56,7 @@ async def test_shutdown_closes_live_queued_and_prefilling_conversations_with_100
 
 def test_sigterm_closes_conversations_with_1001_and_exits_0():
     """The real command: `pplex-trio serve`, a client, then SIGTERM."""
-    proc, port, _ = start_serve("--model", "echo", "--slots", "1", "--echo-prefill-steps", "1")
+    proc, port, _ = start_serve("--model", "echo:prompt=1", "--slots", "1")
     try:
 
         async def talk():

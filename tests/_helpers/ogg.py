@@ -1,8 +1,10 @@
-"""Reading Ogg framing (RFC 3533) of Ogg Opus streams (RFC 7845), sans-IO.
+"""Reading Ogg framing (RFC 3533) of Ogg Opus streams (RFC 7845), for the tests and the benches.
 
 Pure byte arithmetic: splitting a byte string into whole pages (clients that
 mimic the browser send one page per message) and reading a page's header
-fields.  Writing pages is the encoder's business (``codec/_ogg_writer.py``).
+fields.  The server never needs it: it decodes Opus with sphn, and writes
+pages with ``codec/_ogg_writer.py``.  The benches import it as the tests do,
+with ``tests/`` on ``sys.path`` (``from _helpers import ogg``).
 """
 
 from __future__ import annotations
