@@ -19,6 +19,10 @@ together), so:
   is reported: a close frame written just before an abort still arrives);
 * closing an end with bytes from the peer still unread is a reset too, as a
   real TCP stack answers such a close with RST;
+* a **stall** (:meth:`VirtualStream.stall`) holds the bytes one end sends on
+  their way (a Wi-Fi retry, a handover, a retransmission): they pile up (the
+  writer blocks once the buffer is full) and arrive all at once, in order,
+  when the stall ends;
 * writing to an end the peer has closed raises ``trio.BrokenResourceError``;
   closing an end wakes its own blocked reads and writes with
   ``trio.ClosedResourceError``, as closing a Trio socket does.
@@ -56,6 +60,7 @@ class _Pipe:
         self.data = bytearray()
         self.eof = False  # the writer half-closed (or closed): after the data, the reader gets b""
         self.reader_gone = False  # the reading end is closed: writing is a broken pipe
+        self.stalled = False  # the bytes are held on their way: the reader sees none of them yet
 
 
 class _Connection:
@@ -138,6 +143,15 @@ class VirtualStream(trio.abc.HalfCloseableStream):
         """Vanish with a reset, as ``SO_LINGER`` 0 then ``close`` does."""
         self._close(reset=True)
 
+    def stall(self, *, sending: bool = True) -> None:
+        """What this end sends (``sending=False``: what it receives) is held on its way until :meth:`unstall`."""
+        (self._out if sending else self._in).stalled = True
+
+    def unstall(self) -> None:
+        """The stall is over: what was held arrives at once, in order."""
+        self._out.stalled = self._in.stalled = False
+        self._connection.changed.unpark_all()
+
     # -- trio.abc.HalfCloseableStream --------------------------------------------
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
@@ -186,7 +200,7 @@ class VirtualStream(trio.abc.HalfCloseableStream):
             while True:
                 if self._closed:
                     raise trio.ClosedResourceError("this end is closed")
-                if not self._frozen:
+                if not self._frozen and not self._in.stalled:
                     if self._in.data:  # (after a reset too: these bytes had reached this side)
                         size = min(len(self._in.data), max_bytes or READ_BYTES)
                         chunk = bytes(self._in.data[:size])
