@@ -182,6 +182,7 @@ class EngineActor:
                 schedule.stop()
             await self._between_ticks()
             if not schedule.wants_tick() and not self._work_waiting():
+                schedule.stop()  # (the next conversation to step gets a fresh grid)
                 self._wakeup = trio.Event()
                 # (a held slot's hold lapses, a READY conversation's wait for its first frame ends)
                 with trio.move_on_at(min(self.table.next_change(), schedule.next_first_step())):

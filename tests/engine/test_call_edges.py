@@ -176,3 +176,25 @@ async def test_an_uplink_stall_loses_no_speech_and_leaves_no_lasting_latency(nur
     before = turnaround(out, start + 1.0, stall_at)
     after = turnaround(out, stall_at + seconds + 4.0, start + len(speech) / 24_000)
     assert after <= before + 0.040, (before, after)
+
+
+async def test_the_grid_of_a_conversation_that_ended_is_not_the_next_ones(nursery, autojump_clock, monkeypatch,
+                                                                          caplog):
+    """One conversation ends; the next one's caller sends its first frame seconds later: its ticks start then,
+    with no stale deadline to catch up with (no tick skipped, no warning)."""
+    run_engine_calls(monkeypatch, inline_runner())
+    actor = EngineActor(CountingEcho(1, prefill_steps=0, delay_frames=0))
+    await nursery.start(actor.run)
+    with actor.lease(Conversation()) as first:
+        await begun(first)
+        first.push_input(np.full(FRAME, 0.5, np.float32), trio.current_time())
+        await trio.sleep(1.0)
+    with actor.lease(Conversation()) as second:
+        await begun(second)
+        await trio.sleep(2.0)  # its caller starts late
+        out = []
+        nursery.start_soon(collect, second, out)
+        second.push_input(np.full(FRAME, 0.5, np.float32), trio.current_time())
+        await trio.sleep(1.0)
+    assert actor.ticks_skipped == 0 and "behind" not in caplog.text
+    assert len(out) == 13  # a tick at its first frame, then one every 80 ms
