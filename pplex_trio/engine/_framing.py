@@ -256,7 +256,7 @@ class InputFramer:
             self._discard(frame)
             self.caught_up_samples += frame
         behind = self.behind
-        if self.min_skip <= behind < frame and is_silent(self._buf[:behind]):
+        if self.min_skip <= behind < frame and is_silent(self._buf[:frame]):  # (within a silent frame only)
             self._discard(behind)
             self.caught_up_samples += behind
             behind = 0
