@@ -43,6 +43,7 @@ import math
 import pathlib
 import statistics
 import sys
+import urllib.parse
 from functools import partial
 
 import numpy as np
@@ -61,6 +62,10 @@ from pplex_trio.codec import is_silent  # noqa: E402
 logger = logging.getLogger("bench.stalls")
 SR, FRAME, PAGE = 24_000, 1920, 960
 DATA = REPO.parent / "shared" / "data"
+# What the official client asks NVIDIA's server for (it needs every one of them), with the golden checkpoint's voice.
+NVIDIA_QUERY = urllib.parse.urlencode({"text_prompt": "You enjoy having a good conversation.", "voice_prompt": "TINY0.pt",
+                                       "text_temperature": 0.7, "text_topk": 25, "audio_temperature": 0.8,
+                                       "audio_topk": 250})
 
 
 # The caller's side of a conversation: the spoken stretches of the two recordings (80 ms frames; the rest of
@@ -116,14 +121,15 @@ async def call(url: str, messages: list[bytes], stall_at: float, stall: float, *
             for at, message in zip(times, messages):
                 await trio.sleep_until(at)
                 await ws.send_message(message)
-            await trio.sleep(1.5)
+            await trio.sleep(1.5 + stall)  # (a server that stays late by the stall answers the rest meanwhile)
             nursery.cancel_scope.cancel()
     return times, received
 
 
 def report(name: str, pcm: np.ndarray, times: list[float], answers: list[tuple[float, int]], stall_at: float,
-           stall: float, during: str = "") -> dict:
-    """The table's row from ``answers``: when each output came, and the input sample its step's frame ended at."""
+           stall: float, during: str = "", page_ends: list[int] | None = None) -> dict:
+    """The table's row from ``answers``: when each output came, and the input sample its step's frame ended at
+    (``page_ends``: the input samples sent once each message is in; by default, 40 ms of PCM each)."""
     frames = len(pcm) // FRAME
     silent = [is_silent(pcm[i * FRAME:(i + 1) * FRAME]) for i in range(frames)]
     heard = np.zeros(pcm.size, bool)
@@ -132,8 +138,9 @@ def report(name: str, pcm: np.ndarray, times: list[float], answers: list[tuple[f
     lost = [i for i in range(frames) if not silent[i] and heard[i * FRAME:(i + 1) * FRAME].mean() < 0.5]
     start = times[0]
     turn = []  # (when the frame's last page was sent, from the start; its turnaround)
+    ends = np.array(page_ends if page_ends is not None else [(k + 1) * PAGE for k in range(len(times))])
     for at, end in answers:
-        page = (end - 1) // PAGE
+        page = int(np.searchsorted(ends, end, side="left"))
         if page < len(times) and not silent[min(frames - 1, (end - 1) // FRAME)]:
             turn.append((times[page] - start, at - times[page]))
     end_of_stall = stall_at + stall
@@ -161,16 +168,27 @@ def echo_raw(received: list[tuple[float, bytes]], pcm: np.ndarray) -> list[tuple
     return answers
 
 
-def lockstep(received: list[tuple[float, bytes]], pcm: np.ndarray) -> list[tuple[float, int]]:
-    """NVIDIA's server: its ``j``-th output frame (as decoded) is the step that consumed input frame ``j + 1``."""
+def lockstep(received: list[tuple[float, bytes]], pcm: np.ndarray, frames_sent: int) -> list[tuple[float, int]]:
+    """NVIDIA's server steps once per complete input frame, in order: its output frames (as decoded) are the steps
+    of the last ones of the frames sent (the first steps may return nothing: as many as outputs are missing)."""
     reader = sphn.OpusStreamReader(SR)
-    answers: list[tuple[float, int]] = []
+    arrivals: list[float] = []
     samples = 0
     for at, data in received:
         samples += reader.append_bytes(data).size
-        while (len(answers) + 1) * FRAME <= samples and len(answers) + 1 < len(pcm) // FRAME:
-            answers.append((at, (len(answers) + 2) * FRAME))  # (the end of frame j + 1)
-    return answers
+        while (len(arrivals) + 1) * FRAME <= samples:
+            arrivals.append(at)
+    first = max(0, frames_sent - len(arrivals))
+    return [(at, (first + j + 1) * FRAME) for j, at in enumerate(arrivals)]
+
+
+def decoded_ends(messages: list[bytes]) -> list[int]:
+    """The input samples a server can have decoded once each Moshi message is in (sphn's reader, as it has)."""
+    reader, total, ends = sphn.OpusStreamReader(SR), 0, []
+    for message in messages:
+        total += reader.append_bytes(message[1:]).size
+        ends.append(total)
+    return ends
 
 
 def pages_for(pcm: np.ndarray, *, raw: bool) -> list[bytes]:
@@ -212,10 +230,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             url = "ws://" + nvidia.address
             for during, stall_at, stall in runs:
-                times, received = trio.run(partial(call, raw=False), url + "/api/chat?voice_prompt=TINY0.pt",
+                times, received = trio.run(partial(call, raw=False), url + "/api/chat?" + NVIDIA_QUERY,
                                            pages_for(pcm, raw=False), stall_at, stall)
-                rows.append(report("NVIDIA's, Moshi (tiny)", pcm, times[2:], lockstep(received, pcm), stall_at, stall,
-                                   during))
+                messages = pages_for(pcm, raw=False)
+                ends = decoded_ends(messages)
+                rows.append(report("NVIDIA's, Moshi (tiny)", pcm, times, lockstep(received, pcm, ends[-1] // FRAME),
+                                   stall_at, stall, during, page_ends=ends))
         finally:
             nvidia.stop()
     print(f"{'server':24} {'stall':>15} {'speech lost':>12} {'turnaround before → after':>27} {'caught up after':>16}")

@@ -39,12 +39,12 @@ async def begun(lease):
         await lease.wait_changed()
 
 
-async def collect(lease, out, *, stalled=None):
-    """Read the lease's output like a send task; ``stalled`` (a trio.Event) held while the reader is stuck."""
+async def collect(lease, out, held=lambda: False):
+    """Read the lease's output like a send task (nothing while ``held()``: a reader that is stuck)."""
     async for batch in lease.frames():
-        out.extend((trio.current_time(), frame) for frame in batch if hasattr(frame, "pcm"))
-        while stalled is not None and stalled.is_set():
+        while held():
             await trio.sleep(0.01)
+        out.extend((trio.current_time(), frame) for frame in batch if hasattr(frame, "pcm"))
 
 
 @pytest.fixture(scope="module")
@@ -198,3 +198,40 @@ async def test_the_grid_of_a_conversation_that_ended_is_not_the_next_ones(nurser
         await trio.sleep(1.0)
     assert actor.ticks_skipped == 0 and "behind" not in caplog.text
     assert len(out) == 13  # a tick at its first frame, then one every 80 ms
+
+
+# -- the way back: a reader that stalls ----------------------------------------------------------------------
+
+
+async def test_a_reader_that_stalls_gets_every_spoken_frame_and_every_text_then_real_time(
+        nursery, autojump_clock, monkeypatch, speech):
+    """The session's reader is stuck for 2.5 s (its client's downlink held), then reads again: nothing the
+    model said is lost, its silent frames go instead, and from then on the reader keeps up with the ticks."""
+    run_engine_calls(monkeypatch, inline_runner())
+    actor = EngineActor(EchoEngine(1, prefill_steps=0, delay_frames=0), ActorSettings(output_backlog_seconds=4.0))
+    await nursery.start(actor.run)
+    held = [False]
+    out = []
+    with actor.lease(Conversation()) as lease:
+        await begun(lease)
+        nursery.start_soon(collect, lease, out, lambda: held[0])
+        start = trio.current_time() + 0.010
+
+        async def downlink() -> None:
+            await trio.sleep_until(start + 2.0)
+            held[0] = True
+            await trio.sleep(2.5)
+            held[0] = False
+
+        nursery.start_soon(downlink)
+        await stream(lease, speech, start)
+        await trio.sleep(1.0)
+    frames = [frame for _, frame in out]
+    texts = "".join(frame.text or "" for frame in frames)
+    assert texts == "".join(f" {n}" for n in range(lease.frames_delivered))  # every text piece, in order
+    said = {speech[i * FRAME:(i + 1) * FRAME].tobytes() for i in range(len(speech) // FRAME)
+            if not is_silent(speech[i * FRAME:(i + 1) * FRAME])}
+    assert said <= {frame.pcm.tobytes() for frame in frames}  # every spoken frame of the model's reached it
+    assert lease.output_skipped > 0 and lease.output_dropped == 0  # silence went instead, nothing else
+    late = [at - frame.delivered for at, frame in out if at > start + 4.5 + 4.0]
+    assert late and max(late) < TICK  # from 4 s after it reads again, it gets each frame as it is made

@@ -201,3 +201,55 @@ async def test_a_stall_costs_no_speech_and_no_lasting_latency_on_every_protocol(
     assert max(view["input_behind_ms"] for at, view in views if at > ended + 4.0) == 0
     if during == "silence":
         assert caught_up >= seconds * 1000 - 80  # worked off in the pause it fell in
+
+
+@pytest.mark.parametrize("protocol", ["raw", "moshi"])
+async def test_a_downlink_stall_costs_no_text_nor_speech_and_no_lasting_delay(virtual_server, autojump_clock,
+                                                                               speech, protocol):
+    """What the client receives is held by the network for 2.5 s while it talks on, and once the network's
+    buffers are full the server's writes wait: every text piece comes, the model's silent frames are what is
+    left out, and 4 s after the stall the client is back in real time.  (A Moshi stream is small: 8 KiB of
+    buffers hold a few seconds of it.)"""
+    handle = await virtual_server(first_frame_timeout=DEFAULTS.first_frame_timeout, compute_seconds=0.005)
+    pages = pages_of(protocol, speech)
+    texts: list[str] = []
+    arrivals: list[float] = []
+    buffer = 8 * 1024 if protocol == "moshi" else None
+    async with handle.open_websocket(handle.ws_url + PATHS[protocol], receive_buffer=buffer) as ws:
+        await open_conversation(handle, protocol, ws)
+        start = trio.current_time()
+
+        async def read() -> None:
+            while True:
+                message = await ws.get_message()
+                if protocol == "raw":
+                    if isinstance(message, bytes):
+                        arrivals.append(trio.current_time())
+                    elif json.loads(message)["type"] == "text":
+                        texts.append(json.loads(message)["text"])
+                elif message[:1] == b"\x01":
+                    arrivals.append(trio.current_time())
+                elif message[:1] == b"\x02":
+                    texts.append(message[1:].decode())
+
+        async def network() -> None:
+            await trio.sleep_until(start + 2.0)
+            ws._stream.stall(sending=False)  # what the client receives is held on its way
+            await trio.sleep(2.5)
+            ws._stream.unstall()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            nursery.start_soon(network)
+            for k, page in enumerate(pages):
+                await trio.sleep_until(start + k * PAGE / SR)
+                await ws.send_message(page)
+            await trio.sleep(1.0)
+            session = (await handle.get_json("/api/sessions"))["sessions"][0]
+            nursery.cancel_scope.cancel()
+    pieces = "".join(texts).split()
+    assert pieces == [str(n) for n in range(len(pieces))] and len(pieces) >= len(speech) // FRAME  # every piece, in order
+    assert session["output_caught_up_frames"] > 0
+    assert 'pplex_frames_dropped_total{reason="output_backlog"} 0.0' in await handle.metrics()
+    steady = [b - a for a, b in zip(arrivals, arrivals[1:]) if a > start + 4.5 + 4.0]
+    assert steady and max(steady) < 0.2  # a frame about every tick again, not a backlog played out

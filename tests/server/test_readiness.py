@@ -58,6 +58,30 @@ async def test_ready_while_a_slot_or_a_queue_place_is_free(virtual_server, autoj
             await trio.sleep(0.01)
 
 
+async def test_health_and_ready_count_a_slot_held_for_a_returning_client_as_held(virtual_server, autojump_clock):
+    """A client leaves while another waits: its slot is held for it a moment (it may come back to change its
+    persona), and /health and /ready agree that it is held, not free; then it goes to the one waiting."""
+    handle = await virtual_server(slots=1, queue_size=1)
+    async with handle.open_websocket(handle.ws_url + DUPLEX, source="10.0.0.2") as waiting_client:
+        async with handle.open_websocket(handle.ws_url + DUPLEX, source="10.0.0.1") as first:
+            await raw_open(first)
+            await waiting_client.send_message(json.dumps({"type": "open"}))
+            with trio.fail_after(5):
+                while (await handle.get_json("/health"))["queued"] != 1:
+                    await trio.sleep(0.01)
+        left = trio.current_time()
+        with trio.fail_after(1):
+            while (health := await handle.get_json("/health"))["slots"]["held"] != 1:
+                await trio.sleep(0.01)
+        assert health["slots"] == {"free": 0, "prefill": 0, "live": 0, "draining": 0, "held": 1}
+        assert health["slots_free"] == 0 and (await ready(handle))[1]["slots_free"] == 0
+        with trio.fail_after(5):  # the hold lapses: the one waiting gets the slot
+            while json.loads(await waiting_client.get_message())["type"] != "ready":
+                pass
+        assert trio.current_time() - left == pytest.approx(2.0, abs=0.1)
+        assert (await handle.get_json("/health"))["slots"]["live"] == 1
+
+
 async def test_ready_needs_no_token(virtual_server, autojump_clock):
     handle = await virtual_server(auth_token="a-long-test-token")
     assert (await ready(handle))[0] == 200  # a probe carries no token
