@@ -1,11 +1,14 @@
 """Wire protocols, free of I/O: bytes in, events out (see ``docs/PROTOCOL.md``)."""
 
+from . import _live as live
 from . import _moshi as moshi
 from . import _raw as raw
 from ._access import AUTH_TOKEN_ENV, TOKEN_PARAMETER, AccessPolicy, Allowed, Refused, RequestHead, parse_origins
 from ._access import query_without_token
-from ._errors import CloseCode, ProtocolError, RealtimeError
-from ._params import conversation_from_params, parse_query, persona_text, temperature, voice_name
+from ._audio import Encoding, SampleFormat
+from ._live_events import LiveEvents
+from ._errors import CloseCode, ProtocolError, EventError
+from ._params import conversation_from_params, parse_query, persona_text, temperature, voice_choice, voice_name
 from ._realtime import AudioAppend, AudioFormat, Dialect, ItemEvent, ResponseCreate, SessionConfig, SessionUpdate
 from ._realtime import apply_session_update
 from ._realtime import parse_client_event as parse_realtime_event
@@ -21,10 +24,14 @@ __all__ = [
     "query_without_token",
     # a conversation's settings, and what a bad one is told
     "CloseCode", "ProtocolError", "conversation_from_params", "parse_query", "persona_text", "temperature",
-    "voice_name",
+    "voice_choice", "voice_name",
+    # the audio a JSON protocol carries
+    "Encoding", "SampleFormat",
     # the OpenAI Realtime protocol
-    "AudioAppend", "AudioFormat", "ConversationItems", "Dialect", "ItemEvent", "RealtimeError", "ResponseCreate",
+    "AudioAppend", "AudioFormat", "ConversationItems", "Dialect", "ItemEvent", "EventError", "ResponseCreate",
     "ServerEvents", "SessionConfig", "SessionUpdate", "apply_session_update", "parse_realtime_event",
+    # the OpenAI Live protocol (its client events in ``live``)
+    "live", "LiveEvents",
     # the inbound guard on a client's bytes
     "InboundGuard", "Refusal",
 ]

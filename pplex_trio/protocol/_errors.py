@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .._conversation import CloseCode
 
-__all__ = ["CloseCode", "ProtocolError", "RealtimeError"]
+__all__ = ["CloseCode", "ProtocolError", "EventError"]
 
 
 class ProtocolError(Exception):
@@ -24,8 +24,9 @@ class ProtocolError(Exception):
         self.kind = kind
 
 
-class RealtimeError(Exception):
-    """A Realtime client event the server cannot take: answered with an ``error`` event; the session goes on."""
+class EventError(Exception):
+    """A client event the server cannot take (OpenAI Realtime, Live): answered with an ``error`` event that
+    names it (``event_id``, the client's); the session goes on."""
 
     def __init__(self, message: str, *, param: str | None = None, code: str = "invalid_value",
                  event_id: str | None = None, kind: str = "invalid_request_error"):

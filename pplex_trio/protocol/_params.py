@@ -15,7 +15,7 @@ import urllib.parse
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from .._voice_catalogue import is_bare_voice_name
+from .._voice_catalogue import OPENAI_VOICES, is_bare_voice_name
 from .._conversation import Conversation, Sampling
 from ._errors import CloseCode, ProtocolError
 
@@ -103,6 +103,22 @@ def voice_name(value: Any, *, param: str, voices: Collection[str] | None = None)
     if voices is not None and name not in voices:
         raise ProtocolError(f"unknown {param} {name!r}: see /api/voices for the voices this server has", param=param)
     return name
+
+
+def voice_choice(value: Any, *, param: str, voices: Collection[str]) -> str | None:
+    """A voice an OpenAI client names (Realtime, Live): one of ``voices``, ``{"id": name}``, or one of OpenAI's
+    voice names, which stands for a voice of :data:`OPENAI_VOICES` (None: the engine's default, where the server
+    lacks that voice)."""
+    if isinstance(value, Mapping):
+        value = value.get("id")
+    if isinstance(value, str) and value.strip().lower() in OPENAI_VOICES:
+        stand_in = OPENAI_VOICES[value.strip().lower()]
+        return stand_in if stand_in in voices else None
+    try:
+        return voice_name(value, param=param, voices=voices)
+    except ProtocolError as exc:
+        raise ProtocolError(f"{exc.message}; OpenAI's voice names ({', '.join(OPENAI_VOICES)}) work too",
+                            param=param) from None
 
 
 def temperature(value: Any, *, param: str) -> float:

@@ -23,9 +23,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._conversation import CloseCode, Conversation, Sampling
-from .._voice_catalogue import OPENAI_VOICES
-from ._errors import ProtocolError, RealtimeError
-from ._params import persona_text, temperature, voice_name
+from ._audio import Encoding, SampleFormat
+from ._errors import ProtocolError, EventError
+from ._params import persona_text, temperature, voice_choice
 
 
 class Dialect(enum.Enum):
@@ -44,6 +44,10 @@ class AudioFormat(enum.Enum):
         self.ga = ga
         self.beta = beta
         self.rate = rate
+
+    @property
+    def sample_format(self) -> SampleFormat:
+        return SampleFormat(Encoding(self.ga), self.rate)
 
     @classmethod
     def named(cls, name: str) -> AudioFormat | None:
@@ -76,16 +80,16 @@ def _object(parent: Mapping[str, Any], key: str) -> Mapping[str, Any]:
 
 def apply_session_update(config: SessionConfig, session: Any, *, started: bool, max_prompt_chars: int,
                          voices: Callable[[], Sequence[str]],
-                         event_id: str | None = None) -> tuple[SessionConfig, RealtimeError | None]:
+                         event_id: str | None = None) -> tuple[SessionConfig, EventError | None]:
     """``config`` with a ``session.update``'s ``session`` applied; both dialects' field names are read.
 
     Unknown fields are ignored. OpenAI's voice names stand for the voices of :data:`OPENAI_VOICES`.
-    Raises :class:`RealtimeError` (with ``param``) for a bad value, and for a change of audio
+    Raises :class:`EventError` (with ``param``) for a bad value, and for a change of audio
     format once the conversation has ``started``; an unknown voice alone is not applied, the rest
     is, and its error is returned beside the new config.
     """
     if not isinstance(session, Mapping):
-        raise RealtimeError("session must be an object", param="session", event_id=event_id)
+        raise EventError("session must be an object", param="session", event_id=event_id)
     changes: dict[str, Any] = {}
     audio = _object(session, "audio")
     audio_in = _object(audio, "input")
@@ -93,14 +97,12 @@ def apply_session_update(config: SessionConfig, session: Any, *, started: bool, 
 
     voice_param, voice = ("session.audio.output.voice", audio_out["voice"]) if "voice" in audio_out else \
         ("session.voice", session["voice"]) if "voice" in session else (None, None)
-    if isinstance(voice, Mapping):
-        voice = voice.get("id")
     voice_error = None
     if voice_param is not None:
         try:
-            changes["voice"] = _voice(voice, voice_param, voices())
+            changes["voice"] = voice_choice(voice, param=voice_param, voices=voices())
         except ProtocolError as exc:
-            voice_error = RealtimeError(exc.message, param=exc.param, code=exc.kind, event_id=event_id)
+            voice_error = EventError(exc.message, param=exc.param, code=exc.kind, event_id=event_id)
     try:
         if "instructions" in session:
             changes["instructions"] = persona_text(session["instructions"], param="session.instructions",
@@ -108,7 +110,7 @@ def apply_session_update(config: SessionConfig, session: Any, *, started: bool, 
         if "temperature" in session:
             changes["temperature"] = temperature(session["temperature"], param="session.temperature")
     except ProtocolError as exc:
-        raise RealtimeError(exc.message, param=exc.param, code=exc.kind, event_id=event_id) from None
+        raise EventError(exc.message, param=exc.param, code=exc.kind, event_id=event_id) from None
     for side, ga_block, beta_name in (("input", audio_in, "input_audio_format"),
                                       ("output", audio_out, "output_audio_format")):
         if "format" in ga_block:
@@ -121,21 +123,9 @@ def apply_session_update(config: SessionConfig, session: Any, *, started: bool, 
     if started:  # (a new persona, voice or temperature runs the prompt again: the session's to do)
         for side in ("input_format", "output_format"):
             if side in changes and changes[side] != getattr(config, side):
-                raise RealtimeError(f"the {side.replace('_', ' ')} cannot change once audio flows; open a new "
+                raise EventError(f"the {side.replace('_', ' ')} cannot change once audio flows; open a new "
                                     "session", param=f"session.{side}", code="session_started", event_id=event_id)
     return dataclasses.replace(config, **changes), voice_error
-
-
-def _voice(value: Any, param: str, voices: Sequence[str]) -> str | None:
-    """A voice a session names: one of ``voices``, or an OpenAI voice's stand-in (None: the engine's default)."""
-    if isinstance(value, str) and value.strip().lower() in OPENAI_VOICES:
-        stand_in = OPENAI_VOICES[value.strip().lower()]
-        return stand_in if stand_in in voices else None
-    try:
-        return voice_name(value, param=param, voices=voices)
-    except ProtocolError as exc:
-        raise ProtocolError(f"{exc.message}; OpenAI's voice names ({', '.join(OPENAI_VOICES)}) work too",
-                            param=param) from None
 
 
 def _audio_format(value: Any, param: str, event_id: str | None) -> AudioFormat:
@@ -143,7 +133,7 @@ def _audio_format(value: Any, param: str, event_id: str | None) -> AudioFormat:
     found = AudioFormat.named(name) if isinstance(name, str) else None
     if found is None or rate not in (None, found.rate):
         supported = ", ".join(f"{f.ga} / {f.beta} ({f.rate} Hz)" for f in AudioFormat)
-        raise RealtimeError(f"unsupported audio format {json.dumps(value)[:80]}: this server speaks {supported}",
+        raise EventError(f"unsupported audio format {json.dumps(value)[:80]}: this server speaks {supported}",
                             param=param, event_id=event_id)
     return found
 
@@ -190,7 +180,7 @@ MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 512
 
 
 def parse_client_event(message: bytes | str) -> ClientEvent:
-    """One client message → an event; :class:`RealtimeError` for what is not a valid event.
+    """One client message → an event; :class:`EventError` for what is not a valid event.
 
     Binary frames are not part of the protocol (it is JSON text): a :class:`ProtocolError` (1003).
     A message over the size limit never gets here: the inbound guard refuses it at its frame header.
@@ -201,9 +191,9 @@ def parse_client_event(message: bytes | str) -> ClientEvent:
     try:
         event = json.loads(message)
     except ValueError:
-        raise RealtimeError("the message is not valid JSON", code="invalid_json") from None
+        raise EventError("the message is not valid JSON", code="invalid_json") from None
     if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-        raise RealtimeError("an event must be a JSON object with a string 'type'", param="type",
+        raise EventError("an event must be a JSON object with a string 'type'", param="type",
                             code="invalid_event")
     kind, event_id = event["type"], event.get("event_id")
     event_id = event_id if isinstance(event_id, str) else None
@@ -212,11 +202,11 @@ def parse_client_event(message: bytes | str) -> ClientEvent:
     if kind == "input_audio_buffer.append":
         audio = event.get("audio")
         if not isinstance(audio, str):
-            raise RealtimeError("audio must be a base64 string", param="audio", event_id=event_id)
+            raise EventError("audio must be a base64 string", param="audio", event_id=event_id)
         try:
             return AudioAppend(kind, event_id, base64.b64decode(audio, validate=True))
         except (binascii.Error, ValueError):
-            raise RealtimeError("audio is not valid base64", param="audio", event_id=event_id) from None
+            raise EventError("audio is not valid base64", param="audio", event_id=event_id) from None
     if kind == "response.create":
         return ResponseCreate(kind, event_id, _metadata(_object(event, "response").get("metadata"), event_id))
     if kind in ITEM_EVENTS:
@@ -224,10 +214,10 @@ def parse_client_event(message: bytes | str) -> ClientEvent:
     if kind in ANSWERED:
         return ClientEvent(kind, event_id)
     if kind in REFUSED:
-        raise RealtimeError(f"{kind} is not supported: this server transcribes nothing; PersonaPlex is a "
+        raise EventError(f"{kind} is not supported: this server transcribes nothing; PersonaPlex is a "
                             "full-duplex speech model (see docs/PROTOCOL.md)", param="type",
                             code="unsupported_event", event_id=event_id)
-    raise RealtimeError(f"unknown event type {kind[:80]!r}", param="type", code="invalid_event_type",
+    raise EventError(f"unknown event type {kind[:80]!r}", param="type", code="invalid_event_type",
                         event_id=event_id)
 
 
@@ -237,7 +227,7 @@ def _metadata(value: Any, event_id: str | None) -> dict[str, str] | None:
     if not isinstance(value, Mapping) or len(value) > MAX_METADATA or not all(
             isinstance(k, str) and isinstance(v, str) and len(k) <= MAX_METADATA_KEY and len(v) <= MAX_METADATA_VALUE
             for k, v in value.items()):
-        raise RealtimeError(f"response.metadata must be an object of at most {MAX_METADATA} string pairs (keys up "
+        raise EventError(f"response.metadata must be an object of at most {MAX_METADATA} string pairs (keys up "
                             f"to {MAX_METADATA_KEY} characters, values up to {MAX_METADATA_VALUE})",
                             param="response.metadata", event_id=event_id)
     return dict(value)

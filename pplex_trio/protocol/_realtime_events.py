@@ -13,7 +13,7 @@ import itertools
 import json
 from typing import Any
 
-from ._errors import RealtimeError
+from ._errors import EventError
 from ._realtime import AudioFormat, Dialect, SessionConfig
 
 # GA names, and beta's where they differ.
@@ -75,7 +75,7 @@ class ServerEvents:
         return self._event("error", error={"type": kind, "code": code, "message": message, "param": param,
                                            "event_id": event_id})
 
-    def error_from(self, exc: RealtimeError) -> str:
+    def error_from(self, exc: EventError) -> str:
         return self.error(exc.message, kind=exc.kind, code=exc.code, param=exc.param, event_id=exc.event_id)
 
     # -- input

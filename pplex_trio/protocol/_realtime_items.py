@@ -18,7 +18,7 @@ import collections
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ._errors import RealtimeError
+from ._errors import EventError
 
 MAX_ITEMS = 256
 ITEM_TYPES = ("message", "function_call", "function_call_output")
@@ -48,21 +48,21 @@ class ConversationItems:
         """``conversation.item.create``: the item as kept (with its id and status) and the id before it."""
         item = event.get("item")
         if not isinstance(item, Mapping):
-            raise RealtimeError("item must be an object", param="item", event_id=event_id)
+            raise EventError("item must be an object", param="item", event_id=event_id)
         if item.get("type") not in ITEM_TYPES:
-            raise RealtimeError(f"item.type must be one of {', '.join(ITEM_TYPES)}", param="item.type",
+            raise EventError(f"item.type must be one of {', '.join(ITEM_TYPES)}", param="item.type",
                                 event_id=event_id)
         if item.get("type") == "message" and item.get("role") not in ROLES:
-            raise RealtimeError(f"a message item's role must be one of {', '.join(ROLES)}", param="item.role",
+            raise EventError(f"a message item's role must be one of {', '.join(ROLES)}", param="item.role",
                                 event_id=event_id)
         item_id = item.get("id")
         if item_id is None:
             item_id = self._new_id("item")
         elif not isinstance(item_id, str) or not 0 < len(item_id) <= MAX_ID_CHARS:
-            raise RealtimeError(f"item.id must be a string of 1 to {MAX_ID_CHARS} characters", param="item.id",
+            raise EventError(f"item.id must be a string of 1 to {MAX_ID_CHARS} characters", param="item.id",
                                 event_id=event_id)
         elif item_id in self._items:
-            raise RealtimeError(f"an item with id {item_id!r} already exists", param="item.id",
+            raise EventError(f"an item with id {item_id!r} already exists", param="item.id",
                                 code="item_already_exists", event_id=event_id)
         previous = event.get("previous_item_id")
         if not isinstance(previous, str):
@@ -87,9 +87,9 @@ class ConversationItems:
     def _existing(self, event: Mapping[str, Any], event_id: str | None) -> str:
         item_id = event.get("item_id")
         if not isinstance(item_id, str):
-            raise RealtimeError("item_id must be a string", param="item_id", event_id=event_id)
+            raise EventError("item_id must be a string", param="item_id", event_id=event_id)
         if item_id not in self._items:
-            raise RealtimeError(f"no item with id {item_id[:MAX_ID_CHARS]!r} in this conversation", param="item_id",
+            raise EventError(f"no item with id {item_id[:MAX_ID_CHARS]!r} in this conversation", param="item_id",
                                 code="item_not_found", event_id=event_id)
         return item_id
 
@@ -97,5 +97,5 @@ class ConversationItems:
 def _count(event: Mapping[str, Any], name: str, default: int | None, event_id: str | None) -> int:
     value = event.get(name, default)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise RealtimeError(f"{name} must be a whole number of 0 or more", param=name, event_id=event_id)
+        raise EventError(f"{name} must be a whole number of 0 or more", param=name, event_id=event_id)
     return value

@@ -1,6 +1,6 @@
 """The application: Quart-Trio's HTTP routes, and the conversation WebSockets beside it.
 
-The three conversation routes and the voice upload are served on ASGI directly
+The conversation routes and the voice upload are served on ASGI directly
 (``_asgi_websocket.py``, ``_voice_routes.py``); every other route is Quart's.  Routes only: the work lives elsewhere.
 """
 
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import pathlib
+import secrets
+import time
 from collections.abc import Callable, Sequence
 from typing import TypedDict
 
@@ -19,6 +21,7 @@ from quart_trio import QuartTrio
 
 from .._version import __version__
 from ._asgi_websocket import AsgiWebSocket, ConversationRouter
+from ._live_session import LiveProtocol
 from ._moshi_session import MoshiProtocol
 from ._official import ROOT_QUERY, find_official_client, official_index
 from ._queue_status import MAX_TICKET_CHARS, queue_status
@@ -33,7 +36,8 @@ from ._voice_routes import VoiceUpload, add_voice_routes
 logger = logging.getLogger(__name__)
 
 PACKAGE_DIR = pathlib.Path(__file__).resolve().parent.parent
-CONVERSATION_PATHS = frozenset({"/api/chat", "/v1/audio/duplex", "/v1/realtime"})  # the WebSocket routes
+# The WebSocket routes (Live's also without /v1: the openai SDK's path under a websocket_base_url without it).
+CONVERSATION_PATHS = frozenset({"/api/chat", "/v1/audio/duplex", "/v1/realtime", "/v1/live/sessions", "/live/sessions"})
 
 
 def default_static_dir() -> pathlib.Path:
@@ -75,7 +79,15 @@ def create_app(server: ServerContext) -> ConversationRouter:
                                 subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None, **limits)
         await Session(ws, wire, server).run()
 
-    routes = {"/api/chat": chat, "/v1/audio/duplex": duplex, "/v1/realtime": realtime}
+    async def live(ws: AsgiWebSocket) -> None:
+        limit = settings.max_session_seconds
+        wire = LiveProtocol(model=model_id, session_id=f"sess_{secrets.token_hex(12)}",
+                            expires_at=int(time.time() + limit) if limit else 0,
+                            align=settings.framing is Framing.ALIGNED, **limits)
+        await Session(ws, wire, server).run()
+
+    routes = {"/api/chat": chat, "/v1/audio/duplex": duplex, "/v1/realtime": realtime, "/v1/live/sessions": live,
+              "/live/sessions": live}
     assert frozenset(routes) == CONVERSATION_PATHS
     return ConversationRouter(create_http_app(server), routes, uploads={"/api/voices": VoiceUpload(server)})
 
@@ -102,7 +114,8 @@ def create_http_app(server: ServerContext) -> QuartTrio:
 
     @app.get("/v1/models")
     async def models() -> Response:
-        # What OpenAI clients list before they connect; any ``model`` is accepted by /v1/realtime.
+        # What OpenAI clients list before they connect; any ``model`` is accepted by /v1/realtime and
+        # /v1/live/sessions.
         return jsonify(object="list", data=[{"id": model_id, "object": "model", "created": 0,
                                              "owned_by": "pplex-trio"}])
 

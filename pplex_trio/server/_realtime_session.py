@@ -27,16 +27,15 @@ from typing import Any
 import numpy as np
 
 from .._conversation import SAMPLE_RATE, CloseCode, Conversation
-from ..codec import alaw_decode, alaw_encode, pcm16_decode, pcm16_encode, ulaw_decode, ulaw_encode
-from ..codec import EnergyVAD, StreamResampler
+from ..codec import EnergyVAD
 from ..engine import OutputFrame
-from ..protocol import (AudioAppend, AudioFormat, ConversationItems, Dialect, ItemEvent, ProtocolError, RealtimeError,
+from ..protocol import (AudioAppend, AudioFormat, ConversationItems, Dialect, ItemEvent, ProtocolError, EventError,
                         ResponseCreate, ServerEvents, SessionConfig, SessionUpdate, apply_session_update,
                         parse_realtime_event)
-from ._wire import InputAudio, InputEvent, Message, Replies, Restart, WireProtocol
+from ._audio_io import AudioIn, AudioOut
+from ._wire import MAX_PENDING_EVENTS, InputAudio, InputEvent, Message, Notices, Replies, Restart, WireProtocol
 
 SUBPROTOCOL = "realtime"  # what browsers offer (with the token and beta markers beside it)
-MAX_PENDING_EVENTS = 256  # server events waiting for the next frame; more means the client floods us
 
 
 def dialect_of(headers: Any, subprotocols: Sequence[str]) -> Dialect:
@@ -44,36 +43,6 @@ def dialect_of(headers: Any, subprotocols: Sequence[str]) -> Dialect:
     beta = "realtime=v1" in (headers.get("OpenAI-Beta") or "").replace(" ", "") or \
         any(p.startswith("openai-beta.realtime-v1") for p in subprotocols)
     return Dialect.BETA if beta else Dialect.GA
-
-
-class _AudioIn:
-    """The session's input format → float32 at 24 kHz."""
-
-    def __init__(self, audio_format: AudioFormat):
-        self.format = audio_format
-        self._resample = StreamResampler(audio_format.rate, SAMPLE_RATE)  # a pass-through for PCM16
-
-    def __call__(self, data: bytes) -> np.ndarray:
-        if self.format is AudioFormat.PCM16:
-            if len(data) % 2:
-                raise RealtimeError("pcm16 audio must be whole 16-bit samples (an even number of bytes)",
-                                    param="audio")
-            return pcm16_decode(data)
-        return self._resample(ulaw_decode(data) if self.format is AudioFormat.PCMU else alaw_decode(data))
-
-
-class _AudioOut:
-    """float32 at 24 kHz → the session's output format."""
-
-    def __init__(self, audio_format: AudioFormat):
-        self.format = audio_format
-        self._resample = StreamResampler(SAMPLE_RATE, audio_format.rate)  # a pass-through for PCM16
-
-    def __call__(self, pcm: np.ndarray) -> bytes:
-        if self.format is AudioFormat.PCM16:
-            return pcm16_encode(pcm)
-        resampled = self._resample(pcm)
-        return ulaw_encode(resampled) if self.format is AudioFormat.PCMU else alaw_encode(resampled)
 
 
 class RealtimeProtocol(WireProtocol):
@@ -92,8 +61,8 @@ class RealtimeProtocol(WireProtocol):
         self._voices = voices
         self._max_prompt_chars = max_prompt_chars
         self._started = False
-        self._audio_in: _AudioIn | None = None
-        self._audio_out: _AudioOut | None = None
+        self._audio_in: AudioIn | None = None
+        self._audio_out: AudioOut | None = None
         self._vad = EnergyVAD(SAMPLE_RATE)
         self._speech_item: str | None = None  # the caller's speech in progress, as an input item
         self._last_item: str | None = None  # the last committed input item
@@ -105,8 +74,7 @@ class RealtimeProtocol(WireProtocol):
         self._metadata: dict[str, str] | None = None  # the open response's (or, before it, the next one's)
         self._transcript: list[str] = []
         self.items = ConversationItems(self.events.new_id)
-        self._noted: set[str] = set()
-        self._notices: list[str] = []
+        self.notices = Notices()
 
     # -- the opening -----------------------------------------------------------------
 
@@ -141,8 +109,8 @@ class RealtimeProtocol(WireProtocol):
 
     def _start(self) -> None:
         self._started = True
-        self._audio_in = _AudioIn(self.config.input_format)
-        self._audio_out = _AudioOut(self.config.output_format)
+        self._audio_in = AudioIn(self.config.input_format.sample_format)
+        self._audio_out = AudioOut(self.config.output_format.sample_format)
 
     # -- client events ---------------------------------------------------------------
 
@@ -150,22 +118,15 @@ class RealtimeProtocol(WireProtocol):
         """An event, or the ``error`` event that answers a bad one."""
         try:
             return parse_realtime_event(message)
-        except RealtimeError as exc:
+        except EventError as exc:
             return Replies([self._refuse(exc)])
 
-    def _refuse(self, exc: RealtimeError) -> Message:
-        self._note(f"refused{'' if exc.param is None else ' ' + exc.param}: {exc.message}", key=exc.code)
+    def _refuse(self, exc: EventError) -> Message:
+        self.notices.note(f"refused{'' if exc.param is None else ' ' + exc.param}: {exc.message}", key=exc.code)
         return self.events.error_from(exc)
 
-    def _note(self, text: str, key: str) -> None:
-        """Tell the operator, once per session and kind, what was refused or taken without effect."""
-        if key not in self._noted:
-            self._noted.add(key)
-            self._notices.append(text)
-
     def take_notices(self) -> list[str]:
-        notices, self._notices = self._notices, []
-        return notices
+        return self.notices.take()
 
     def parse(self, message: Message) -> InputEvent:
         event = self._parse(message)
@@ -184,7 +145,7 @@ class RealtimeProtocol(WireProtocol):
                 self.config, voice_error = apply_session_update(
                     self.config, event.session, started=self._started, max_prompt_chars=self._max_prompt_chars,
                     voices=self._voices, event_id=event.event_id)
-            except RealtimeError as exc:
+            except EventError as exc:
                 return Replies([self._refuse(exc)])
             updated: list[Message] = [events.session_updated(self.config)]
             if voice_error is not None:
@@ -200,11 +161,11 @@ class RealtimeProtocol(WireProtocol):
             else:
                 self._queue(*self._cut("completed" if created else "cancelled", event.metadata if created else None))
             return Replies([])
-        self._note(f"{event.type}: answered, without effect on the model (docs/PROTOCOL.md)", key=event.type)
+        self.notices.note(f"{event.type}: answered, without effect on the model (docs/PROTOCOL.md)", key=event.type)
         if isinstance(event, ItemEvent):
             try:
                 return Replies(self._item_event(event))
-            except RealtimeError as exc:
+            except EventError as exc:
                 return Replies([self._refuse(exc)])
         if event.type == "input_audio_buffer.commit":
             item = self._speech_item or events.new_id("item")
@@ -241,7 +202,7 @@ class RealtimeProtocol(WireProtocol):
         for data in payloads:
             try:
                 pcm = self._audio_in(data)
-            except RealtimeError as exc:
+            except EventError as exc:
                 self._queue(self._refuse(exc))
                 pcm = np.zeros(0, dtype=np.float32)
             for speech in self._vad.feed(pcm):

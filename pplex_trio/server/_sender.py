@@ -88,12 +88,12 @@ class Sender:
             return StreamEnd.CLIENT_TIMEOUT
         return StreamEnd.COMPLETE if complete else StreamEnd.LEASE_ENDED
 
-    async def close(self, code: CloseCode, message: str | None) -> None:
+    async def close(self, code: CloseCode, message: str | None, outcome: str) -> None:
         """CLOSING: tell the client why, close, and read until it answers the close."""
         # The client may be gone or stuck: never wait long on it.
         with trio.move_on_after(CLOSE_BUDGET):
-            if message is not None:
-                await self.ws.send(self.wire.error(message, code))
+            for last in self.wire.closing(message, code, outcome):
+                await self.ws.send(last)
             await self.ws.close(code, close_reason(message))
             # Read on until the client answers the close (its disconnect then
             # cancels us, as Quart would): a socket closed with the client's

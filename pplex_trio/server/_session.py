@@ -161,7 +161,7 @@ class Session:
             if self.ending is not None:
                 outcome = self.ending.outcome
                 self._enter(SessionState.CLOSING)
-                await self._sender.close(self.ending.code, self.ending.message)
+                await self._sender.close(self.ending.code, self.ending.message, outcome)
         finally:
             self._enter(SessionState.CLOSED)
             host.sessions.discard(self)

@@ -21,6 +21,7 @@ from .._conversation import Conversation
 from ..engine import OutputFrame
 
 Message = bytes | str  # one WebSocket message
+MAX_PENDING_EVENTS = 256  # server events waiting for the next frame (JSON protocols); more: the client floods us
 
 
 class WebSocket(Protocol):
@@ -63,6 +64,24 @@ class Restart:
 
 
 InputEvent = InputAudio | EndOfInput | Replies | Restart | None  # None: a well-formed message the server ignores
+
+
+class Notices:
+    """What an operator should hear of a session's protocol, once per session and kind (an event refused or
+    taken without effect): the protocol notes them, the session core logs them."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        self._new: list[str] = []
+
+    def note(self, text: str, key: str) -> None:
+        if key not in self._seen:
+            self._seen.add(key)
+            self._new.append(text)
+
+    def take(self) -> list[str]:
+        new, self._new = self._new, []
+        return new
 
 
 class WireProtocol(abc.ABC):
@@ -132,3 +151,8 @@ class WireProtocol(abc.ABC):
     @abc.abstractmethod
     def error(self, message: str, code: int) -> Message:
         """Tell the client why the session ends (``code``: the close code to follow), before the close frame."""
+
+    def closing(self, message: str | None, code: int, outcome: str) -> list[Message]:
+        """What goes out before the close frame (``outcome``: the metrics' label of why the session ends):
+        by default the error that says why, when there is one."""
+        return [self.error(message, code)] if message is not None else []

@@ -13,6 +13,7 @@ from pplex_trio._metrics import Metrics
 from pplex_trio.engine import Engine, EngineActor
 from pplex_trio.server import ServerSettings, ServerContext
 from pplex_trio.server._encoders import InlineEncoders
+from pplex_trio.server._live_session import LiveProtocol
 from pplex_trio.server._moshi_session import MoshiProtocol
 from pplex_trio.server._raw_session import RawProtocol
 from pplex_trio.server._session import Session
@@ -131,6 +132,9 @@ async def start_session(nursery: trio.Nursery, host: ServerContext, protocol: st
     s = host.settings
     if protocol == "raw":
         wire: Any = RawProtocol(max_prompt_chars=s.max_prompt_chars, voices=host.voices)
+    elif protocol == "live":
+        wire = LiveProtocol(model="gpt-live-1", session_id="sess_fuzz", expires_at=0, voices=host.voices,
+                            max_prompt_chars=s.max_prompt_chars, align=False)
     else:
         wire = MoshiProtocol(host.encoders, max_prompt_chars=s.max_prompt_chars, align=s.framing == "aligned",
                              voices=host.voices)

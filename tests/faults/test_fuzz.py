@@ -1,13 +1,16 @@
 """Protocol fuzzing: random client messages against the session core, on a fake socket.
 
 Every sequence must end in a documented close code (1000, 1003, 1007, 1008,
-1009) or be ignored, never in an internal error, on both protocols: message
-kinds and lengths up to the limit and just past it, Ogg streams with corrupted
-pages, wrong CRCs and chained streams, JSON of random shape and depth.
+1009) or be ignored, never in an internal error, on the raw, Moshi and Live
+protocols: message kinds and lengths up to the limit and just past it, Ogg
+streams with corrupted pages, wrong CRCs and chained streams, JSON of random
+shape and depth, Live events with random fields; and every Live server event
+is one the openai SDK's types accept.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 
 import numpy as np
@@ -19,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _helpers.fake_ws import running_host, start_session
+from _helpers.live import checked
 from _helpers import ogg
 
 LIMIT = 4096
@@ -92,8 +96,36 @@ def moshi_messages(draw) -> bytes | str:
     return b"\x01" + bytes(draw(st.sampled_from([LIMIT - 1, LIMIT, LIMIT + 1])) - 1)
 
 
+LIVE_KINDS = ["session.start", "session.input_audio.append", "session.input_audio.mute", "session.input_audio.unmute",
+              "session.close", "session.update", "session.commentary.append", "response.create", "x"]
+
+
+@st.composite
+def live_messages(draw) -> bytes | str:
+    kind = draw(st.sampled_from(["event", "start", "audio", "json", "bytes"]))
+    if kind == "json":
+        return json.dumps(draw(json_values), allow_nan=True)
+    if kind == "bytes":
+        return draw(st.binary(max_size=64))
+    if kind == "audio":
+        audio = draw(st.binary(max_size=96))
+        return json.dumps({"type": "session.input_audio.append", "audio": base64.b64encode(audio).decode()})
+    if kind == "start":
+        audio = {"format": draw(st.fixed_dictionaries({"type": st.sampled_from(
+            ["audio/pcm", "audio/pcmu", "audio/pcma", "x"]), "rate": st.sampled_from([8000, 16000, 24000, 0])})),
+                 "output": {"voice": draw(json_values | st.sampled_from(["marin", "NATF0.pt"]))}}
+        session = {"model": draw(json_values), "instructions": draw(json_values), "audio": audio,
+                   "delegation": draw(json_values), "input": draw(json_values)}
+        return json.dumps({"type": "session.start", "session": session, "event_id": draw(json_values)},
+                          allow_nan=True)
+    fields = draw(st.dictionaries(st.sampled_from(["event_id", "audio", "content", "session", "delegation_id"]),
+                                  json_values, max_size=3))
+    return json.dumps({**fields, "type": draw(st.sampled_from(LIVE_KINDS))}, allow_nan=True)
+
+
 def run_session(protocol: str, messages: list[bytes | str]) -> tuple[object, int]:
-    """Feed ``messages`` to one session; return how it ended and how many internal errors were counted."""
+    """Feed ``messages`` to one session; return how it ended and how many internal errors were counted (a Live
+    session's server events each checked against the openai SDK's types)."""
 
     async def main():
         async with trio.open_nursery() as nursery:
@@ -110,6 +142,9 @@ def run_session(protocol: str, messages: list[bytes | str]) -> tuple[object, int
                 await run.done.wait()
             errors = host.metrics.errors.labels("session")._value.get()
             ending = run.session.ending
+            if protocol == "live":
+                for sent in run.ws.sent:
+                    checked(sent)
             nursery.cancel_scope.cancel()
             return ending, errors
 
@@ -135,4 +170,13 @@ def test_moshi_sessions_end_in_a_documented_way_or_go_on(messages):
     ending, errors = run_session("moshi", messages)
     assert errors == 0
     if ending is not None:  # else: every message was ignored or taken, and the conversation went on
+        assert ending.outcome != "internal_error" and ending.code in DOCUMENTED, ending
+
+
+@fuzz
+@given(st.lists(live_messages(), min_size=1, max_size=6))
+def test_live_sessions_end_in_a_documented_way_or_go_on(messages):
+    ending, errors = run_session("live", messages)
+    assert errors == 0
+    if ending is not None:  # else: every message was answered or taken, and the conversation went on
         assert ending.outcome != "internal_error" and ending.code in DOCUMENTED, ending

@@ -38,10 +38,12 @@ from _helpers.ws import RawWitness, raw_open
 from pplex_trio._conversation import CLOSE_BUDGET
 from pplex_trio.server._transport import WATCH_INTERVAL
 
-PATHS = {"raw": "/v1/audio/duplex", "moshi": "/api/chat?voice_prompt=NATF0.pt", "realtime": "/v1/realtime"}
+PATHS = {"raw": "/v1/audio/duplex", "moshi": "/api/chat?voice_prompt=NATF0.pt", "realtime": "/v1/realtime",
+         "live": "/v1/live/sessions"}
 OPEN = json.dumps({"type": "open"})
 APPEND = json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(3840)).decode()})
-PROTOCOLS = ["raw", "moshi", "realtime"]
+START = json.dumps({"type": "session.start", "session": {"model": "gpt-live-1"}})
+PROTOCOLS = ["raw", "moshi", "realtime", "live"]
 PHASES = ["connected", "queued", "preparing", "live", "closing"]
 BEHAVIOURS = ["stop_reading", "freeze", "reset", "fragments", "header_only"]
 POLL = 0.05  # how often the tests look (a session that ends at once may still be unwinding at the first look)
@@ -108,6 +110,8 @@ async def bring_to(phase: str, protocol: str, bad: BadClient, server, after: int
         await bad.send(OPEN)
     if protocol == "realtime":
         await bad.send(APPEND)  # the first audio starts the conversation
+    if protocol == "live":
+        await bad.send(START)
     if phase in ("queued", "preparing"):
         await wait_for_state(server, after, phase)
         return
@@ -115,13 +119,13 @@ async def bring_to(phase: str, protocol: str, bad: BadClient, server, after: int
         while True:
             message = await bad.receive()
             if message == b"\x00" or (isinstance(message, str) and
-                                        json.loads(message)["type"] in ("ready", "response.created")):
+                                        json.loads(message)["type"] in ("ready", "response.created", "session.started")):
                 break
     if phase == "closing":
         if protocol == "raw":
             await bad.send(np.zeros(1920 * 3, "<f4").tobytes())
             await bad.send(json.dumps({"type": "close"}))  # the flush is still running when it misbehaves
-        elif protocol == "realtime":
+        elif protocol in ("realtime", "live"):
             await bad.send(b"binary frames are refused")  # the server starts closing (1003)
         else:
             await bad.send("text frames are refused")  # the server starts closing (1003)

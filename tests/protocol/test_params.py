@@ -138,7 +138,7 @@ def test_invalid_utf8_query():
 ])
 def test_a_bad_persona_or_voice_gets_the_same_answer_on_every_protocol(persona, voice, words, kind):
     """The official client's query, the raw open message and a Realtime session.update: one check each."""
-    from pplex_trio.protocol._realtime import RealtimeError, SessionConfig, apply_session_update
+    from pplex_trio.protocol._realtime import EventError, SessionConfig, apply_session_update
 
     voices = ["NATF0.pt", "Mine.pt"]
     answers = []
@@ -152,7 +152,7 @@ def test_a_bad_persona_or_voice_gets_the_same_answer_on_every_protocol(persona, 
     try:  # (a bad voice alone is reported beside the rest of the update, applied)
         error = apply_session_update(SessionConfig(), session, started=False, max_prompt_chars=50,
                                      voices=lambda: voices)[1]
-    except RealtimeError as exc:
+    except EventError as exc:
         error = exc
     param = "session.instructions" if persona is not None else "session.voice"
     assert error is not None and error.param == param

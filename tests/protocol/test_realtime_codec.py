@@ -14,7 +14,7 @@ import pytest
 from pydantic import TypeAdapter
 
 from pplex_trio.protocol import ProtocolError
-from pplex_trio.protocol._realtime import (AudioAppend, AudioFormat, ClientEvent, Dialect, ItemEvent, RealtimeError,
+from pplex_trio.protocol._realtime import (AudioAppend, AudioFormat, ClientEvent, Dialect, ItemEvent, EventError,
                                            ResponseCreate, SessionConfig, SessionUpdate, apply_session_update,
                                            parse_client_event)
 from pplex_trio.protocol._realtime_events import ServerEvents
@@ -62,7 +62,7 @@ def test_every_supported_client_event_is_parsed():
     ('{"type": "input_audio_buffer.append"}', "audio", "invalid_value"),
 ])
 def test_bad_client_events_are_errors_that_name_the_field(message, param, code):
-    with pytest.raises(RealtimeError) as error:
+    with pytest.raises(EventError) as error:
         parse(message)
     assert (error.value.param, error.value.code) == (param, code)
 
@@ -114,7 +114,7 @@ def test_unknown_fields_are_ignored():
     ({"temperature": 99}, "session.temperature"),
 ])
 def test_bad_values_are_errors_with_their_param(session, param):
-    with pytest.raises(RealtimeError) as error:
+    with pytest.raises(EventError) as error:
         update(session)
     assert error.value.param == param and error.value.kind == "invalid_request_error"
 
@@ -141,7 +141,7 @@ def test_once_started_a_new_persona_is_taken_and_the_formats_are_fixed():
     changed = update({"instructions": "B.", "voice": "NATF2.pt", "temperature": 0.5}, config, started=True)
     assert (changed.instructions, changed.voice, changed.temperature) == ("B.", "NATF2.pt", 0.5)  # (the prompt reruns)
     for session in ({"input_audio_format": "g711_ulaw"}, {"audio": {"output": {"format": {"type": "audio/pcma"}}}}):
-        with pytest.raises(RealtimeError) as error:
+        with pytest.raises(EventError) as error:
             update(session, config, started=True)
         assert error.value.code == "session_started"
 
@@ -246,7 +246,7 @@ def test_items_are_kept_named_and_chained():
     ({"item": {"type": "message", "role": "user", "id": "x" * 65}}, "item.id", "invalid_value"),
 ])
 def test_bad_items_are_refused_by_field(event, param, code):
-    with pytest.raises(RealtimeError) as error:
+    with pytest.raises(EventError) as error:
         new_items().create(event, "e1")
     assert (error.value.param, error.value.code, error.value.event_id) == (param, code, "e1")
 
@@ -254,16 +254,16 @@ def test_bad_items_are_refused_by_field(event, param, code):
 def test_unknown_item_ids_and_bad_offsets_are_refused():
     items = new_items()
     items.create({"item": {"id": "a", "type": "message", "role": "user"}}, None)
-    with pytest.raises(RealtimeError) as twice:
+    with pytest.raises(EventError) as twice:
         items.create({"item": {"id": "a", "type": "message", "role": "user"}}, None)
     assert twice.value.code == "item_already_exists"
     for bad in ({"item_id": "zzz", "audio_end_ms": 0}, {"item_id": 3}):
-        with pytest.raises(RealtimeError) as missing:
+        with pytest.raises(EventError) as missing:
             items.truncate(bad, None)
         assert missing.value.param == "item_id"
     for bad in ({"audio_end_ms": -1}, {"audio_end_ms": 1.5}, {"audio_end_ms": True}, {"content_index": -2,
                                                                                        "audio_end_ms": 0}):
-        with pytest.raises(RealtimeError):
+        with pytest.raises(EventError):
             items.truncate({"item_id": "a", **bad}, None)
 
 
@@ -271,6 +271,6 @@ def test_only_the_last_items_are_kept():
     items = new_items()
     for _ in range(MAX_ITEMS + 5):
         items.create({"item": {"type": "message", "role": "user"}}, None)
-    with pytest.raises(RealtimeError):
+    with pytest.raises(EventError):
         items.retrieve({"item_id": "item_5"}, None)  # forgotten
     assert items.retrieve({"item_id": "item_6"}, None)["id"] == "item_6"

@@ -4,7 +4,7 @@ latency.
 
 The echo engine hands back what the model heard (one frame later), so on the
 raw protocol the output says exactly which of the caller's frames were heard.
-On the Moshi and Realtime protocols (lossy codecs) the server's own accounts
+On the Moshi, Realtime and Live protocols (lossy codecs, or PCM16) the server's own accounts
 say it: nothing dropped, silence only skipped, and no lag left.
 """
 
@@ -106,6 +106,28 @@ async def test_a_realtime_conversation_opened_by_response_create_is_stepped_at_o
         assert trio.current_time() - created < 0.1  # the model speaks first, as asked: no wait for a frame
 
 
+async def test_a_live_client_that_talks_a_second_after_session_started_hears_the_models_first_words(
+        virtual_server, autojump_clock, speech):
+    """Live's model, too, is first stepped on the caller's first frame: nothing comes before it, and the echo's
+    first frame is the caller's first, one frame late."""
+    handle = await virtual_server(first_frame_timeout=DEFAULTS.first_frame_timeout)
+    async with handle.open_websocket(handle.ws_url + "/v1/live/sessions") as ws:
+        await open_conversation(handle, "live", ws)
+        with trio.move_on_after(1.0):
+            early = await ws.get_message()
+            pytest.fail(f"the server sent {early[:80]} before the client's first frame")
+        for page in pages_of("live", speech[: 10 * FRAME]):
+            await ws.send_message(page)
+            await trio.sleep(PAGE / SR)
+        heard = []
+        while len(heard) < 8:
+            event = json.loads(await ws.get_message())
+            if event["type"] == "session.output_audio.delta":
+                heard.append(np.frombuffer(base64.b64decode(event["delta"]), "<i2"))
+    sent = (np.clip(speech[: 7 * FRAME], -1, 1) * 32767).astype("<i2")
+    assert not heard[0].any() and np.array_equal(np.concatenate(heard[1:]), sent)
+
+
 # -- stalls ------------------------------------------------------------------------------------------------
 
 
@@ -113,9 +135,15 @@ def raw_payload(pcm: np.ndarray) -> bytes:
     return pcm.astype("<f4").tobytes()
 
 
-def realtime_payload(pcm: np.ndarray) -> str:
-    pcm16 = (np.clip(pcm, -1, 1) * 32767).astype("<i2").tobytes()
-    return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm16).decode()})
+def json_payload(kind: str):
+    def encode(pcm: np.ndarray) -> str:
+        pcm16 = (np.clip(pcm, -1, 1) * 32767).astype("<i2").tobytes()
+        return json.dumps({"type": kind, "audio": base64.b64encode(pcm16).decode()})
+    return encode
+
+
+ENCODERS = {"raw": raw_payload, "realtime": json_payload("input_audio_buffer.append"),
+            "live": json_payload("session.input_audio.append")}
 
 
 async def open_conversation(handle, protocol: str, ws) -> None:
@@ -123,6 +151,9 @@ async def open_conversation(handle, protocol: str, ws) -> None:
         await raw_open(ws)
     elif protocol == "moshi":
         await moshi_handshake(ws)
+    elif protocol == "live":
+        await ws.send_message(json.dumps({"type": "session.start", "session": {"model": "gpt-live-1"}}))
+        assert json.loads(await ws.get_message())["type"] == "session.started"
     else:
         assert json.loads(await ws.get_message())["type"] == "session.created"
 
@@ -130,11 +161,11 @@ async def open_conversation(handle, protocol: str, ws) -> None:
 def pages_of(protocol: str, pcm: np.ndarray) -> list[bytes | str]:
     if protocol == "moshi":
         return [b"\x01" + page for frame in opus_messages(pcm) for page in frame]
-    encode = raw_payload if protocol == "raw" else realtime_payload
-    return [encode(pcm[i:i + PAGE]) for i in range(0, pcm.size, PAGE)]
+    return [ENCODERS[protocol](pcm[i:i + PAGE]) for i in range(0, pcm.size, PAGE)]
 
 
-PATHS = {"raw": "/v1/audio/duplex", "moshi": "/api/chat?voice_prompt=NATF0.pt", "realtime": "/v1/realtime"}
+PATHS = {"raw": "/v1/audio/duplex", "moshi": "/api/chat?voice_prompt=NATF0.pt", "realtime": "/v1/realtime",
+         "live": "/v1/live/sessions"}
 
 
 async def stalled_call(handle, protocol: str, speech: np.ndarray, stall_at: int, seconds: float):
@@ -177,7 +208,7 @@ async def stalled_call(handle, protocol: str, speech: np.ndarray, stall_at: int,
     return views, stalled_from + seconds
 
 
-@pytest.mark.parametrize("protocol", ["raw", "moshi", "realtime"])
+@pytest.mark.parametrize("protocol", ["raw", "moshi", "realtime", "live"])
 @pytest.mark.parametrize("during", ["speech", "silence"])
 @pytest.mark.parametrize("seconds", [0.5, 1.0, 2.5])
 async def test_a_stall_costs_no_speech_and_no_lasting_latency_on_every_protocol(
@@ -203,7 +234,7 @@ async def test_a_stall_costs_no_speech_and_no_lasting_latency_on_every_protocol(
         assert caught_up >= seconds * 1000 - 80  # worked off in the pause it fell in
 
 
-@pytest.mark.parametrize("protocol", ["raw", "moshi"])
+@pytest.mark.parametrize("protocol", ["raw", "moshi", "live"])
 async def test_a_downlink_stall_costs_no_text_nor_speech_and_no_lasting_delay(virtual_server, autojump_clock,
                                                                                speech, protocol):
     """What the client receives is held by the network for 2.5 s while it talks on, and once the network's
@@ -213,6 +244,7 @@ async def test_a_downlink_stall_costs_no_text_nor_speech_and_no_lasting_delay(vi
     handle = await virtual_server(first_frame_timeout=DEFAULTS.first_frame_timeout, compute_seconds=0.005)
     pages = pages_of(protocol, speech)
     texts: list[str] = []
+    stamps: list[tuple[str, int, int]] = []  # (Live) each text delta and its place on the session timeline
     arrivals: list[float] = []
     buffer = 8 * 1024 if protocol == "moshi" else None
     async with handle.open_websocket(handle.ws_url + PATHS[protocol], receive_buffer=buffer) as ws:
@@ -227,6 +259,13 @@ async def test_a_downlink_stall_costs_no_text_nor_speech_and_no_lasting_delay(vi
                         arrivals.append(trio.current_time())
                     elif json.loads(message)["type"] == "text":
                         texts.append(json.loads(message)["text"])
+                elif protocol == "live":
+                    event = json.loads(message)
+                    if event["type"] == "session.output_audio.delta":
+                        arrivals.append(trio.current_time())
+                    elif event["type"] == "session.output_transcript.delta":
+                        texts.append(event["delta"])
+                        stamps.append((event["delta"], event["start_ms"], event["end_ms"]))
                 elif message[:1] == b"\x01":
                     arrivals.append(trio.current_time())
                 elif message[:1] == b"\x02":
@@ -250,6 +289,12 @@ async def test_a_downlink_stall_costs_no_text_nor_speech_and_no_lasting_delay(vi
     pieces = "".join(texts).split()
     assert pieces == [str(n) for n in range(len(pieces))] and len(pieces) >= len(speech) // FRAME  # every piece, in order
     assert session["output_caught_up_frames"] > 0
+    if protocol == "live":
+        # Each delta is stamped with the frame it came with: its own piece (the last) is that frame's number, and
+        # the pieces of frames left out for the stalled reader ride on it (so the frames left out are gaps on
+        # the timeline, and the text keeps its order).
+        assert all(end - start == 80 and start == 80 * int(delta.split()[-1]) for delta, start, end in stamps)
+        assert any(len(delta.split()) > 1 for delta, _, _ in stamps)  # (the stall left frames out)
     assert 'pplex_frames_dropped_total{reason="output_backlog"} 0.0' in await handle.metrics()
     steady = [b - a for a, b in zip(arrivals, arrivals[1:]) if a > start + 4.5 + 4.0]
     assert steady and max(steady) < 0.2  # a frame about every tick again, not a backlog played out

@@ -1,0 +1,178 @@
+"""The OpenAI Live protocol (``/v1/live/sessions``) on the session core: JSON events, base64 audio, no turns.
+
+The client opens with ``session.start`` (anything else first is answered with an
+``error``, and the connection waits on); the conversation is queued and its
+prompt run, an ``info`` event telling the caller's place in the queue, and
+``session.started`` goes out once it is live.  What the caller appends from
+``session.start`` on is heard, in order.  From then on:
+
+* appended audio (PCM16 at 24 or 16 kHz, or G.711 at 8 kHz) feeds the model;
+  while muted the model hears silence of the same length, so the call keeps
+  its pace;
+* every 80 ms frame of the model's voice goes out as an audio delta, silence
+  included, and its text as a transcript delta stamped with that frame's place
+  on the session timeline (which starts at the model's first step); usage
+  goes out every :data:`USAGE_MS` of it;
+* ``session.close`` flushes the model's last words, then ``session.closed``
+  and a 1000 close; any other end says why with its reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .._conversation import FRAME_SIZE, SAMPLE_RATE, CloseCode, Conversation
+from ..engine import OutputFrame
+from ..protocol import EventError, LiveEvents, ProtocolError, live
+from ._audio_io import AudioIn, AudioOut
+from ._wire import MAX_PENDING_EVENTS, EndOfInput, InputAudio, InputEvent, Message, Notices, Replies, WireProtocol
+
+FRAME_MS = FRAME_SIZE * 1000 // SAMPLE_RATE
+USAGE_MS = 5_000  # of the session timeline between session.usage.updated events
+
+# Why a session ended (the session core's outcome) → session.closed's reason.
+CLOSE_REASONS = {"completed": "close_requested", "client_closed": "close_requested", "time_limit": "expired",
+                 "client_timeout": "connection_lost"}  # else: the server hung up (remote_hangup)
+CALM_OUTCOMES = frozenset({"completed", "client_closed", "time_limit", "shutdown", "draining"})  # said as info
+
+
+class LiveProtocol(WireProtocol):
+    name = "live"
+    opens_with_message = True
+    early_audio = True
+    opening_hint = "send session.start to start the session"
+
+    def __init__(self, *, model: str, session_id: str, expires_at: int, voices: Callable[[], Sequence[str]],
+                 max_prompt_chars: int, align: bool):
+        self.events = LiveEvents(session_id=session_id, expires_at=expires_at)
+        self.config = live.LiveConfig(model=model)
+        self.align_input = align
+        self.notices = Notices()
+        self._voices = voices
+        self._max_prompt_chars = max_prompt_chars
+        self._start_event: str | None = None  # the client's session.start, answered by session.started
+        self._close_event: str | None = None  # and its session.close, by session.closed
+        self._not_applied: list[EventError] = []  # parts of session.start told once the session has started
+        self._audio_in: AudioIn | None = None
+        self._audio_out: AudioOut | None = None
+        self._muted = False
+        self._pending: list[Message] = []  # go out before the next frame's deltas
+        self._first_tick: int | None = None  # the session timeline's origin
+        self._frames = 0  # the timeline's length in frames, to the end of the last frame sent
+        self._opening_audio: InputAudio | None = None
+
+    # -- the opening ---------------------------------------------------------------
+
+    def conversation(self, query: bytes, opening: bytes | str | None) -> Conversation:
+        return self.config.conversation()
+
+    def opening(self, query: bytes, message: bytes | str) -> Conversation | Replies:
+        try:
+            event = live.parse_client_event(message)
+            if not isinstance(event, live.SessionStart):
+                raise EventError(f"send session.start first: {event.type} needs a started session",
+                                 param="type", code="session_not_started", event_id=event.event_id)
+            self.config, self._not_applied = live.start_config(
+                event.session, default_model=self.config.model, max_prompt_chars=self._max_prompt_chars,
+                voices=self._voices(), event_id=event.event_id)
+        except EventError as exc:
+            return Replies([self._refuse(exc)])
+        self._start_event = event.event_id
+        self._audio_in = AudioIn(self.config.audio_format)
+        self._audio_out = AudioOut(self.config.audio_format)
+        return self.config.conversation()
+
+    # -- client events ---------------------------------------------------------------
+
+    def _refuse(self, exc: EventError) -> Message:
+        self.notices.note(f"refused{'' if exc.param is None else ' ' + exc.param}: {exc.message}", key=exc.code)
+        return self.events.error_from(exc)
+
+    def take_notices(self) -> list[str]:
+        return self.notices.take()
+
+    def parse(self, message: Message) -> InputEvent:
+        try:
+            event = live.parse_client_event(message)
+        except EventError as exc:
+            return Replies([self._refuse(exc)])
+        if isinstance(event, live.AudioAppend):
+            return InputAudio((event.audio, self._muted)) if event.audio else None
+        if isinstance(event, live.SessionStart):
+            return Replies([self._refuse(EventError("the session has started already; open a new connection for "
+                                                    "another", param="type", code="session_already_started",
+                                                    event_id=event.event_id))])
+        return self._control(event)
+
+    def _control(self, event: live.ClientEvent) -> InputEvent:
+        if event.type == "session.close":
+            self._close_event = event.event_id
+            return EndOfInput()  # the model's last words go out, then session.closed
+        self._muted = event.type == "session.input_audio.mute"
+        return Replies([self.events.muted(self._muted, event.event_id)])
+
+    # -- audio in ---------------------------------------------------------------------
+
+    def decode(self, payloads: list[Any]) -> list[np.ndarray]:
+        assert self._audio_in is not None
+        out = []
+        for data, muted in payloads:
+            try:
+                pcm = self._audio_in(data)
+            except EventError as exc:
+                self._queue(self._refuse(exc))
+                pcm = np.zeros(0, dtype=np.float32)
+            out.append(np.zeros_like(pcm) if muted else pcm)  # muted: silence as long as what was said
+        return out
+
+    def _queue(self, message: Message) -> None:
+        if len(self._pending) >= MAX_PENDING_EVENTS:
+            raise ProtocolError("too many bad events in one frame's time; slow down", CloseCode.POLICY)
+        self._pending.append(message)
+
+    # -- output -----------------------------------------------------------------------
+
+    def keepalive(self, position: int | None) -> Message | None:
+        if not position:
+            return None
+        return self.events.info("queued", f"waiting for a conversation slot: number {position} in the queue; what "
+                                "you send meanwhile is heard once the session starts")
+
+    def ready(self) -> list[Message]:
+        started = self.events.started(self.config, self._start_event)
+        return [started, *(self._refuse(exc) for exc in self._not_applied)]
+
+    async def encode(self, frames: list[OutputFrame]) -> list[tuple[Message, OutputFrame | None]]:
+        assert self._audio_out is not None
+        messages: list[tuple[Message, OutputFrame | None]] = [(m, None) for m in self._pending]
+        self._pending = []
+        for frame in frames:
+            if self._first_tick is None:
+                self._first_tick = frame.tick
+            index = frame.tick - self._first_tick  # (frames left out for a slow reader leave a gap)
+            messages.append((self.events.audio_delta(self._audio_out(frame.pcm)), frame))
+            if frame.text:
+                messages.append((self.events.transcript_delta(frame.text, index * FRAME_MS, (index + 1) * FRAME_MS),
+                                 None))
+            if (index + 1) * FRAME_MS // USAGE_MS > self._frames * FRAME_MS // USAGE_MS:
+                messages.append((self.events.usage(self._seconds(index + 1)), None))
+            self._frames = index + 1
+        return messages
+
+    def _seconds(self, frames: int) -> float:
+        return frames * FRAME_MS / 1000
+
+    def error(self, message: str, code: int) -> Message:
+        kind = "server_error" if code in (CloseCode.INTERNAL_ERROR, CloseCode.TRY_AGAIN_LATER,
+                                          CloseCode.GOING_AWAY) else "invalid_request_error"
+        return self.events.error(message, kind=kind, code=f"close_{int(code)}")
+
+    def closing(self, message: str | None, code: int, outcome: str) -> list[Message]:
+        said: list[Message] = []
+        if message is not None:
+            said.append(self.events.info(outcome, message) if outcome in CALM_OUTCOMES else self.error(message, code))
+        reason = CLOSE_REASONS.get(outcome, "remote_hangup")
+        return [*said, self.events.closed(reason, self.config, self._seconds(self._frames), self._close_event)]
