@@ -34,9 +34,9 @@ FRAME_MS = FRAME_SIZE * 1000 // SAMPLE_RATE
 USAGE_MS = 5_000  # of the session timeline between session.usage.updated events
 
 # Why a session ended (the session core's outcome) → session.closed's reason.
-CLOSE_REASONS = {"completed": "close_requested", "client_closed": "close_requested", "time_limit": "expired",
+CLOSE_REASONS = {"completed": "close_requested", "time_limit": "expired",
                  "client_timeout": "connection_lost"}  # else: the server hung up (remote_hangup)
-CALM_OUTCOMES = frozenset({"completed", "client_closed", "time_limit", "shutdown", "draining"})  # said as info
+CALM_OUTCOMES = frozenset({"time_limit", "shutdown", "draining"})  # their message is an info, not an error
 
 
 class LiveProtocol(WireProtocol):
