@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""bench/load: N concurrent clients against a pplex-trio server, over /api/chat or /v1/realtime.
+"""bench/load: N concurrent clients against a pplex-trio server, over /api/chat, /v1/realtime or /v1/live/sessions.
 
 Each client streams real speech (``../shared/data/*.wav``) at real-time pace:
 with ``--protocol moshi`` as Ogg Opus pages, one page (two 20 ms packets) per
 message like the browser; with ``--protocol realtime`` as OpenAI Realtime
 ``input_audio_buffer.append`` events of base64 PCM16, one per page's worth of
-audio.  Either is pre-encoded once and replayed so the generator stays cheap.
-It receives everything, decodes a sample of the clients' audio (Moshi), and
-counts frames.
+audio; with ``--protocol live`` the same as OpenAI Live
+``session.input_audio.append`` events (after ``session.start``).  Each is
+pre-encoded once and replayed so the generator stays cheap (the clients are in
+``_load_clients.py``).  It receives everything, decodes a sample of the
+clients' audio (Moshi), and counts frames (an audio delta is a frame).
 
 Usage (from the repository root)::
 
@@ -15,7 +17,7 @@ Usage (from the repository root)::
     python bench/load.py --clients 64 --compare-framing        # naive vs aligned framing, one run
     python bench/load.py --find-max --duration 30              # largest N that holds real time
     python bench/load.py --url http://127.0.0.1:8998 --clients 8   # a server you started
-    python bench/load.py --clients 32 --compare-protocols      # /api/chat vs /v1/realtime, one run
+    python bench/load.py --clients 32 --compare-protocols      # /api/chat, /v1/realtime, /v1/live/sessions, one run
 
 ``--traffic official`` behaves like the official web client: 20 ms Opus
 packets two per Ogg page (a message every 40 ms), streaming from the handshake,
@@ -36,13 +38,14 @@ Real time held = no frame lost (dropped by a full queue anywhere in the
 server) and p99 tick lateness <= 10 ms over the window.  Late input frames
 (a tick that came before its frame: the frame is heard one tick later) and
 the aligned framer's catch-up skips are counted in their own columns.
-Prints a table, writes JSON and PNG plots under bench/results/.
+``cpu ratio`` (with ``--compare-protocols``) is a run's CPU per
+conversation-second over the Moshi run's, and for Live also over Realtime's.
+Prints a table, writes JSON and PNG plots under bench/results/ (``--results``).
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import dataclasses
 import functools
 import gc
@@ -55,8 +58,6 @@ import sys
 import time
 from typing import Any
 
-import numpy as np
-import sphn
 import trio
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -65,136 +66,16 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests"))
 
-from _helpers import ogg  # noqa: E402
+from _load_clients import (  # noqa: E402, F401 (ClientStats, encode_pages, run_client, speech: ready.py, voices.py)
+    PATHS, PROTOCOLS, SR, ClientStats, encode_pages, encode_stream, run_client, speech)
 from _metrics import Histogram, fetch_text, parse  # noqa: E402
 from _serverproc import ServerProcess  # noqa: E402
 
-from pplex_trio.client import open_websocket  # noqa: E402
-from pplex_trio.codec import pcm16_encode  # noqa: E402
-
 logger = logging.getLogger("bench.load")
-SR, FRAME = 24_000, 1920
-GENERATOR_LAG = 0.005  # a page sent this late was delayed by the generator, not the server
-DATA = REPO.parent / "shared" / "data"
 RESULTS = REPO / "bench" / "results"
 
 
 # --- the load ----------------------------------------------------------------------
-
-
-def speech(seconds: float, folder: pathlib.Path = DATA) -> np.ndarray:
-    """Real speech (``folder``'s ``speech_*.wav``), repeated to ``seconds`` (whole frames)."""
-    recordings = [sphn.read(str(p), sample_rate=SR)[0][0] for p in sorted(folder.glob("speech_*.wav"))]
-    if not recordings:
-        raise SystemExit(f"no speech recordings (speech_*.wav) in {folder}: bench/load streams real speech from "
-                         "the shared data folder next to the repository")
-    pcm = np.concatenate(recordings)
-    repeats = math.ceil(seconds * SR / pcm.size)
-    return np.tile(pcm, repeats)[: int(seconds * SR) // FRAME * FRAME]
-
-
-def encode_appends(seconds: float, page_ms: int) -> list[str]:
-    """The same speech as Realtime append events: base64 PCM16, ``page_ms`` each (two leading silent ones,
-    standing in for the Moshi stream's two header pages)."""
-    pcm = speech(seconds)
-    step = SR * page_ms // 1000
-    chunks = [np.zeros(step, np.float32)] * 2 + [pcm[i:i + step] for i in range(0, pcm.size, step)]
-    return [json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm16_encode(c)).decode()})
-            for c in chunks]
-
-
-def encode_pages(seconds: float, page_ms: int, folder: pathlib.Path = DATA) -> list[bytes]:
-    """Real speech as the Ogg pages of one continuous stream (headers first)."""
-    pcm = speech(seconds, folder)
-    writer = sphn.OpusStreamWriter(SR)
-    pages: list[bytes] = []
-    for i in range(0, pcm.size, FRAME):
-        pages.extend(ogg.split_pages(writer.append_pcm(pcm[i : i + FRAME])))
-    header, audio = pages[:2], pages[2:]
-    if page_ms == 80:  # one message per frame (two pages), like `pplex-trio client`
-        audio = [audio[i] + audio[i + 1] for i in range(0, len(audio) - 1, 2)]
-    return header + audio
-
-
-@dataclasses.dataclass
-class ClientStats:
-    index: int
-    sent_frames: float = 0.0
-    audio_received: int = 0
-    text_received: int = 0
-    decoded_samples: int = 0
-    decode_errors: int = 0
-    handshake_s: float = math.nan
-    error: str = ""
-    window_sent: float = 0.0
-    window_received: int = 0
-    late_sends: int = 0  # pages this generator sent over 5 ms behind schedule (its own stalls)
-    window_late_sends: int = 0
-
-
-REALTIME_AUDIO = '{"type":"response.output_audio.delta"'  # how the server writes an audio event (compact JSON)
-REALTIME_TEXT = '{"type":"response.output_audio_transcript.delta"'
-
-
-async def run_client(url: str, pages: list[Any], page_ms: int, stats: ClientStats, *, decode: bool,
-                     live: trio.Semaphore, stop: trio.Event, started_at: float, random_phase: bool) -> None:
-    realtime = url.endswith("/v1/realtime")
-    reader = sphn.OpusStreamReader(SR) if decode and not realtime else None
-    frames_per_message = page_ms / 80
-    try:
-        async with open_websocket(url) as ws:
-            if realtime:  # start the conversation; it is live at the first response
-                await ws.send_message('{"type":"response.create"}')
-                while not (await ws.get_message()).startswith('{"type":"response.created"'):
-                    pass
-            else:
-                while (await ws.get_message()) != b"\x00":
-                    pass
-            stats.handshake_s = trio.current_time() - started_at
-            live.release()
-            frame = (lambda page: page) if realtime else (lambda page: b"\x01" + page)  # noqa: E731
-
-            async def receive() -> None:
-                while True:
-                    message = await ws.get_message()
-                    if realtime:
-                        if message.startswith(REALTIME_AUDIO):
-                            stats.audio_received += 1
-                        elif message.startswith(REALTIME_TEXT):
-                            stats.text_received += 1
-                    elif message[:1] == b"\x01":
-                        stats.audio_received += 1
-                        if reader is not None:
-                            try:
-                                stats.decoded_samples += reader.append_bytes(message[1:]).size
-                            except ValueError:
-                                stats.decode_errors += 1
-                    elif message[:1] == b"\x02":
-                        stats.text_received += 1
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(receive)
-                if random_phase:  # like clients whose recorder starts at an arbitrary moment
-                    await trio.sleep(random.uniform(0, 0.080))
-                for page in pages[:2]:
-                    await ws.send_message(frame(page))
-                # Like a recorder: the first page goes out once its audio has been recorded.
-                deadline = trio.current_time() + page_ms / 1000
-                await trio.sleep_until(deadline)
-                for page in pages[2:]:
-                    if stop.is_set():
-                        break
-                    if trio.current_time() - deadline > GENERATOR_LAG:
-                        stats.late_sends += 1
-                    await ws.send_message(frame(page))
-                    stats.sent_frames += frames_per_message
-                    deadline += page_ms / 1000
-                    await trio.sleep_until(deadline)
-                await trio.sleep(0.3)  # let the last frames come back
-                nursery.cancel_scope.cancel()
-    except Exception as exc:  # noqa: BLE001 - a load test reports, never crashes
-        stats.error = f"{type(exc).__name__}: {exc}"
-        live.release()
 
 
 @dataclasses.dataclass
@@ -226,6 +107,7 @@ class RunResult:
     stages_p50_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     ticks_held: float = 0.0  # ticks held up to the input grace for a page that was due
     tree_cpu_percent: float = math.nan  # the server with its child processes (the Opus encoder child)
+    cpu_ratios: dict[str, float] = dataclasses.field(default_factory=dict)  # protocol → this CPU / that run's
 
     @property
     def cpu_ms_per_conversation_second(self) -> float:
@@ -258,7 +140,7 @@ async def load_run(http_url: str, clients: int, duration: float, page_ms: int, p
                    random_phase_share: float = 1.0, protocol: str = "moshi", query: str = "") -> RunResult:
     """``query`` (Moshi only, such as ``text_prompt=...&voice_prompt=NATF2.pt``) starts each conversation
     with that system prompt; without it the server's defaults apply."""
-    ws_url = http_url.replace("http://", "ws://") + ("/v1/realtime" if protocol == "realtime" else "/api/chat")
+    ws_url = http_url.replace("http://", "ws://") + PATHS[protocol]
     if query and protocol == "moshi":
         ws_url += "?" + query
     stats = [ClientStats(i) for i in range(clients)]
@@ -387,6 +269,7 @@ COLUMNS = [
     ("cpu %", lambda r: r.cpu_percent, "{:.0f}"),
     ("+child %", lambda r: r.tree_cpu_percent, "{:.0f}"),
     ("cpu ms/conv-s", lambda r: r.cpu_ms_per_conversation_second, "{:.1f}"),
+    ("cpu ratio", lambda r: ", ".join(f"{v:.2f}x {k}" for k, v in r.cpu_ratios.items()) or "-", "{}"),
     ("rss MB", lambda r: r.peak_rss_mb, "{:.0f}"),
     ("real time", lambda r: "yes" if r.real_time else "NO", "{}"),
 ]
@@ -458,10 +341,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--text-share", type=float,
                         help="with --model echo: the echo engine's share of frames with text (default 0.3 with "
                         "--traffic official, else 1)")
-    parser.add_argument("--protocol", choices=("moshi", "realtime"), default="moshi",
-                        help="/api/chat (Ogg Opus) or /v1/realtime (base64 PCM16 JSON events); default moshi")
+    parser.add_argument("--protocol", choices=PROTOCOLS, default="moshi",
+                        help="/api/chat (Ogg Opus), /v1/realtime or /v1/live/sessions (base64 PCM16 JSON events); "
+                        "default moshi")
     parser.add_argument("--compare-protocols", action="store_true",
-                        help="run moshi then realtime, side by side, with the realtime/moshi CPU ratio")
+                        help="run moshi, realtime and live, one server each, side by side, with each one's CPU "
+                        "relative to moshi's and live's relative to realtime's")
     parser.add_argument("--find-max", action="store_true", help="search the largest N that holds real time")
     parser.add_argument("--max-clients", type=int, default=160, help="upper bound for --find-max")
     parser.add_argument("--start-phase", choices=("random", "handshake"), default="random",
@@ -481,13 +366,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--page-ms 20 needs 20 ms pages, which sphn's writer does not produce")
     args.results.mkdir(parents=True, exist_ok=True)
     seconds = args.duration + args.warmup + 30
-    streams = {"moshi": encode_pages(seconds, args.page_ms) if args.protocol == "moshi" or args.compare_protocols
-               else [], "realtime": encode_appends(seconds, args.page_ms)
-               if args.protocol == "realtime" or args.compare_protocols else []}
-    pages = streams[args.protocol]
+    streams = {protocol: encode_stream(protocol, seconds, args.page_ms)
+               for protocol in (PROTOCOLS if args.compare_protocols else (args.protocol,))}
+    pages = streams.get(args.protocol, [])
     gc.freeze()  # the generator's own collections would delay every client's pages at once
 
     results: list[RunResult] = []
+    runs: dict[str, RunResult] = {}  # with --compare-protocols, by protocol
     if args.find_max:
         results = find_max(args, pages)
     elif args.compare_framing:
@@ -495,8 +380,10 @@ def main(argv: list[str] | None = None) -> int:
             results.append(one(args, args.clients, framing, pages))
             print(table(results[-1:]), flush=True)
     elif args.compare_protocols:
-        for protocol in ("moshi", "realtime"):
-            results.append(one(args, args.clients, args.framing, streams[protocol], protocol))
+        for protocol in PROTOCOLS:
+            runs[protocol] = one(args, args.clients, args.framing, streams[protocol], protocol)
+            runs[protocol].cpu_ratios = cpu_ratios(runs, protocol)
+            results.append(runs[protocol])
             print(table(results[-1:]), flush=True)
     else:
         results.append(one(args, args.clients, args.framing, pages))
@@ -515,12 +402,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.find_max:
         best = max((r.clients for r in results if r.real_time), default=0)
         print(f"largest N holding real time: {best}")
-    if args.compare_protocols:
-        moshi, realtime = results
-        print(f"server CPU per conversation-second: moshi {moshi.cpu_ms_per_conversation_second:.1f} ms, "
-              f"realtime {realtime.cpu_ms_per_conversation_second:.1f} ms, ratio "
-              f"{realtime.cpu_ms_per_conversation_second / moshi.cpu_ms_per_conversation_second:.2f}")
+    if runs:
+        print(protocols_summary(runs))
     return 0
+
+
+RATIO_BASES = {"realtime": ("moshi",), "live": ("moshi", "realtime")}  # whose CPU each protocol's is set against
+RATIO_TARGETS = {("realtime", "moshi"): 1.2, ("live", "realtime"): 1.1}  # issue 13's, and the Live endpoint's
+
+
+def cpu_ratios(runs: dict[str, RunResult], protocol: str) -> dict[str, float]:
+    """``protocol``'s CPU per conversation-second over that of each of its bases already in ``runs``."""
+    mine = runs[protocol].cpu_ms_per_conversation_second
+    return {base: mine / runs[base].cpu_ms_per_conversation_second
+            for base in RATIO_BASES.get(protocol, ()) if base in runs}
+
+
+def protocols_summary(runs: dict[str, RunResult]) -> str:
+    """One line per protocol: its CPU per conversation-second, and its ratios against their targets."""
+    lines = ["server CPU per conversation-second:"]
+    for protocol, run in runs.items():
+        ratios = [f"{ratio:.2f}x {base}" + (f" (target <= {RATIO_TARGETS[protocol, base]:g}: "
+                                            f"{'met' if ratio <= RATIO_TARGETS[protocol, base] else 'NOT met'})"
+                                            if (protocol, base) in RATIO_TARGETS else "")
+                  for base, ratio in run.cpu_ratios.items()]
+        lines.append(f"  {protocol:8} {run.cpu_ms_per_conversation_second:5.1f} ms"
+                     + (f"  ratio {', '.join(ratios)}" if ratios else "")
+                     + ("" if run.real_time else "  (NOT real time)"))
+    return "\n".join(lines)
 
 
 def find_max(args: argparse.Namespace, pages: list[bytes]) -> list[RunResult]:

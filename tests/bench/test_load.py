@@ -1,4 +1,4 @@
-"""bench/load: its percentile arithmetic, its pre-encoded stream, and a short real run."""
+"""bench/load: its percentile and CPU-ratio arithmetic, its pre-encoded streams, and short real runs."""
 
 import json
 import pathlib
@@ -37,6 +37,43 @@ def test_pre_encoded_stream_starts_with_its_headers():
     assert len(pages) == 2 + 2 * 25  # headers + two 40 ms pages per 80 ms frame
 
 
+def test_json_streams_carry_40_ms_of_pcm16_per_append():
+    import base64
+    import json
+
+    from load import encode_stream
+
+    for protocol, event in (("realtime", "input_audio_buffer.append"), ("live", "session.input_audio.append")):
+        appends = [json.loads(m) for m in encode_stream(protocol, 2.0, 40)]
+        assert {a["type"] for a in appends} == {event}
+        assert len(appends) == 2 + 50  # two silent ones standing in for the headers, then 2 s of 40 ms
+        assert {len(base64.b64decode(a["audio"])) for a in appends} == {960 * 2}  # 40 ms at 24 kHz, PCM16
+
+
+def test_cpu_ratios_set_each_protocol_against_moshi_and_live_against_realtime():
+    from load import RunResult, cpu_ratios, protocols_summary
+
+    def run(protocol, tree_cpu_percent):
+        fields = {f: 0 for f in RunResult.__dataclass_fields__ if f not in ("label", "per_session", "latency_cdf",
+                                                                             "stages_p50_ms", "cpu_ratios")}
+        return RunResult(**(fields | dict(label=protocol, clients=10, tree_cpu_percent=tree_cpu_percent,
+                                          sessions_ok=10)))
+
+    runs = {"moshi": run("moshi", 100.0)}  # 100 % over 10 conversations: 100 ms per conversation-second
+    assert runs["moshi"].cpu_ms_per_conversation_second == pytest.approx(100.0)
+    assert cpu_ratios(runs, "moshi") == {}
+    runs["realtime"] = run("realtime", 80.0)
+    runs["realtime"].cpu_ratios = cpu_ratios(runs, "realtime")
+    runs["live"] = run("live", 92.0)
+    runs["live"].cpu_ratios = cpu_ratios(runs, "live")
+    assert runs["realtime"].cpu_ratios == pytest.approx({"moshi": 0.8})
+    assert runs["live"].cpu_ratios == pytest.approx({"moshi": 0.92, "realtime": 1.15})
+    assert list(runs["live"].cpu_ratios) == ["moshi", "realtime"]
+    summary = protocols_summary(runs)
+    assert "0.80x moshi (target <= 1.2: met)" in summary
+    assert "1.15x realtime (target <= 1.1: NOT met)" in summary
+
+
 @pytest.mark.serial
 def test_short_load_run_reports_every_session(tmp_path):
     proc = subprocess.run(
@@ -59,8 +96,10 @@ def test_the_protocols_side_by_side(tmp_path):
          "--name", "protocols", "--results", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=180,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    moshi, realtime = json.loads((tmp_path / "protocols.json").read_text())["results"]
-    assert moshi["label"].startswith("moshi") and realtime["label"].startswith("realtime")
-    for result in (moshi, realtime):
+    moshi, realtime, live = json.loads((tmp_path / "protocols.json").read_text())["results"]
+    assert [r["label"].split(",")[0] for r in (moshi, realtime, live)] == ["moshi", "realtime", "live"]
+    for result in (moshi, realtime, live):
         assert result["sessions_ok"] == 2 and result["received_frames"] > 0.8 * result["sent_frames"] > 0
-    assert "server CPU per conversation-second: moshi" in proc.stdout and "ratio" in proc.stdout
+    assert moshi["cpu_ratios"] == {} and list(realtime["cpu_ratios"]) == ["moshi"]
+    assert list(live["cpu_ratios"]) == ["moshi", "realtime"]
+    assert "server CPU per conversation-second:" in proc.stdout and "x realtime (target <= 1.1" in proc.stdout
