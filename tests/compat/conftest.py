@@ -63,13 +63,15 @@ class EchoServer:
         return counts
 
     def wait_closed(self, protocol: str, before: collections.Counter[str], count: int = 1,
-                    within: float = 1.0) -> None:
+                    within: float = 1.0, outcome: str = "client_closed") -> None:
         """``count`` conversation(s) of ``protocol`` ended since ``before``, as closed by the client, within
         ``within`` s of now (the moment the client's close returned), and none is left open.
 
         The server counts a conversation as ended once its socket is closed and
         its slot freed, by outcome: a clean close is ``client_closed``, not a
-        ``client_timeout`` nor a ``protocol_error`` (or any other).
+        ``client_timeout`` nor a ``protocol_error`` (or any other); a Live
+        client's ``session.close`` is ``completed`` (its last words flushed,
+        then ``session.closed``).
         """
         deadline = time.monotonic() + within
         while True:
@@ -77,8 +79,8 @@ class EchoServer:
             if sum(new.values()) >= count or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        assert new == collections.Counter(client_closed=count), \
-            f"within {within} s of the client closing, the server ended: {dict(new)} (want {count} client_closed)"
+        assert new == collections.Counter({outcome: count}), \
+            f"within {within} s of the client closing, the server ended: {dict(new)} (want {count} {outcome})"
         assert self.get("/api/sessions")["sessions"] == []
 
     def problems_since(self, mark: int) -> list[str]:
