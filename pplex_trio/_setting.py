@@ -27,19 +27,21 @@ def setting(
     parse: Callable[[str], Any] | None = None,
     advanced: bool = False,
     metavar: str | None = None,
+    env: str | None = None,
 ) -> Any:
     """A dataclass field with its command-line ``flag`` (default ``--field-name``), ``help`` and bounds.
 
     A ``secret`` is left out of the dataclass's ``repr`` (so a logged settings object never shows it).
     ``parse`` turns the flag's text into the value (default: the field's type); it raises ``ValueError``
-    with a message for the user. An ``advanced`` setting (a test engine's or a tuning knob) is left out of
+    with a message for the user. ``env`` names the environment variable that gives the value when the
+    command line does not (for secrets: ``ps`` shows flags, not the environment). An ``advanced`` setting (a test engine's or a tuning knob) is left out of
     ``--help`` and shown by ``--help-all``; ``metavar`` names the flag's value there (``DIR``, ``SECONDS``).
     """
     return dataclasses.field(
         default=default,
         repr=not secret,
         metadata={"help": help, "flag": flag, "low": low, "high": high, "group": group, "cli": cli,
-                  "parse": parse, "advanced": advanced, "metavar": metavar},
+                  "parse": parse, "advanced": advanced, "metavar": metavar, "env": env},
     )
 
 

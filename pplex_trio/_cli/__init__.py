@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import pathlib
@@ -166,12 +167,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from ..server import ServerSettings, serve
     from ..server import ListenError, bind_sockets, socket_listeners, tls_certificate
-    from ..protocol import AUTH_TOKEN_ENV
     from ._engines import ModelUnavailable, create_engine
 
-    if not hasattr(args, "auth_token") and AUTH_TOKEN_ENV in os.environ:
-        # The recommended way (ps shows flags, not the environment); it wins over a --config file's.
-        args.auth_token = os.environ[AUTH_TOKEN_ENV]
+    for field in dataclasses.fields(ServerSettings):
+        env = field.metadata.get("env")
+        if env and not hasattr(args, field.name) and env in os.environ:
+            # The recommended way for a secret (ps shows flags, not the environment); it wins over a --config file's.
+            setattr(args, field.name, os.environ[env])
     try:
         settings = settings_from_args(ServerSettings, args)
     except ValueError as exc:

@@ -3,8 +3,10 @@
 from . import _live as live
 from . import _moshi as moshi
 from . import _raw as raw
+from . import _telephony as telephony
+from . import _twilio as twilio
 from ._access import AUTH_TOKEN_ENV, TOKEN_PARAMETER, AccessPolicy, Allowed, Refused, RequestHead, parse_origins
-from ._access import query_without_token
+from ._access import query_without_token, same_secret
 from ._audio import Encoding, SampleFormat
 from ._live_events import LiveEvents
 from ._errors import CloseCode, ProtocolError, EventError
@@ -21,7 +23,7 @@ __all__ = [
     "moshi", "raw",
     # who may connect
     "AUTH_TOKEN_ENV", "TOKEN_PARAMETER", "AccessPolicy", "Allowed", "Refused", "RequestHead", "parse_origins",
-    "query_without_token",
+    "query_without_token", "same_secret",
     # a conversation's settings, and what a bad one is told
     "CloseCode", "ProtocolError", "conversation_from_params", "parse_query", "persona_text", "temperature",
     "voice_choice", "voice_name",
@@ -32,6 +34,8 @@ __all__ = [
     "ServerEvents", "SessionConfig", "SessionUpdate", "apply_session_update", "parse_realtime_event",
     # the OpenAI Live protocol (its client events in ``live``)
     "live", "LiveEvents",
+    # phone carriers' media streams: the events common to all (``telephony``), Twilio's own (``twilio``)
+    "telephony", "twilio",
     # the inbound guard on a client's bytes
     "InboundGuard", "Refusal",
 ]

@@ -18,6 +18,10 @@ The checks, in order:
    cookie that a page opened with ``?token=`` received, or (browser Realtime
    clients) an ``openai-insecure-api-key.<token>`` WebSocket subprotocol.  Compared in constant
    time; never echoed back.
+   A WebSocket upgrade to one of ``in_session_paths`` is let through without
+   it: that protocol carries the token in its own opening, where its session
+   checks it before it takes a slot (a phone carrier's media stream, whose URL
+   cannot carry a query: ``docs/TELEPHONY.md``).
 3. **Connections per address** (WebSocket upgrades only): the next upgrade from
    an address at its limit is refused with 429 until one of its connections ends.
 """
@@ -58,7 +62,8 @@ class RequestHead:
 
 @dataclasses.dataclass(frozen=True)
 class Allowed:
-    via: str | None  # "header", "query", "cookie", or None when no token is needed
+    via: str | None  # "header", "query", "cookie", "subprotocol", "session" (to be checked there), or None: no
+    # token is needed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +126,8 @@ def cookie_value(token: str) -> str:
     return hmac.new(token.encode(), b"pplex-trio browser cookie", hashlib.sha256).hexdigest()
 
 
-def _same(candidate: str, expected: str) -> bool:
+def same_secret(candidate: str, expected: str) -> bool:
+    """Whether ``candidate`` is the secret ``expected``, compared in constant time."""
     return hmac.compare_digest(candidate.encode("utf-8", "surrogateescape"), expected.encode())
 
 
@@ -143,11 +149,12 @@ class AccessPolicy:
 
     def __init__(self, *, token: str | None = None, allowed_origins: frozenset[str] = frozenset(),
                  max_connections_per_address: int = 0, open_paths: frozenset[str] = frozenset(),
-                 secure: bool = False):
+                 in_session_paths: frozenset[str] = frozenset(), secure: bool = False):
         self.token = token or None
         self.allowed_origins = allowed_origins
         self.max_connections_per_address = max_connections_per_address
         self.open_paths = open_paths  # never need the token (health checks)
+        self.in_session_paths = in_session_paths  # their WebSockets give the token in their opening
         self.secure = secure  # TLS: the cookie is marked Secure
         self._cookie = cookie_value(self.token) if self.token else None
         self._connections: Counter[str] = Counter()
@@ -163,6 +170,8 @@ class AccessPolicy:
         if self.token is None or request.path in self.open_paths:
             return Allowed(None)
         via = self._credential(request)
+        if via is None and request.websocket and request.path in self.in_session_paths:
+            return Allowed("session")  # checked by the session, before it takes a slot
         if via is None:
             return Refused(401, "unauthorized",
                            "this server needs its access token: send 'Authorization: Bearer <token>', add "
@@ -191,18 +200,18 @@ class AccessPolicy:
         authorization = request.header(b"authorization")
         if authorization is not None:
             scheme, _, value = authorization.strip().partition(" ")
-            if scheme.lower() == "bearer" and _same(value.strip(), self.token):
+            if scheme.lower() == "bearer" and same_secret(value.strip(), self.token):
                 return "header"
         for name, value in urllib.parse.parse_qsl(request.query.decode("latin-1"), keep_blank_values=True):
-            if name == TOKEN_PARAMETER and _same(value, self.token):
+            if name == TOKEN_PARAMETER and same_secret(value, self.token):
                 return "query"
         for name, value in _cookies(request.header(b"cookie")):
-            if name == COOKIE_NAME and _same(value, self._cookie):
+            if name == COOKIE_NAME and same_secret(value, self._cookie):
                 return "cookie"
         for offered in (request.header(b"sec-websocket-protocol") or "").split(","):
             # How a browser's OpenAI Realtime client carries its key: a WebSocket subprotocol.
             name, _, value = offered.strip().partition(".")
-            if name == REALTIME_KEY_SUBPROTOCOL and _same(value, self.token):
+            if name == REALTIME_KEY_SUBPROTOCOL and same_secret(value, self.token):
                 return "subprotocol"
         return None
 

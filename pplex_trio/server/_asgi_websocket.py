@@ -32,7 +32,11 @@ class AsgiWebSocket:
     """One WebSocket of the ASGI server, with the calls a session makes (see ``_wire.WebSocket``)."""
 
     def __init__(self, scope: Scope, receive: Receive, send: Send):
+        self.scheme: str = scope.get("scheme", "ws")  # wss behind TLS
+        self.path: str = scope["path"]
         self.query_string: bytes = scope.get("query_string", b"")
+        self.raw_headers: list[tuple[bytes, bytes]] = list(scope.get("headers", ()))
+        self._http_response = "websocket.http.response" in scope.get("extensions", {})
         self.headers = Headers([(name.decode("latin-1"), value.decode("latin-1"))
                                 for name, value in scope.get("headers", ())])
         self.requested_subprotocols: list[str] = list(scope.get("subprotocols", ()))
@@ -48,6 +52,18 @@ class AsgiWebSocket:
         if not self.accepted:
             await self._send({"type": "websocket.accept", "subprotocol": subprotocol, "headers": []})
             self.accepted = True
+
+    async def refuse(self, status: int, body: bytes, content_type: bytes = b"application/json") -> None:
+        """Answer the upgrade with an HTTP error instead of accepting it (a server without ASGI's
+        ``websocket.http.response`` answers 403)."""
+        self.closed = True
+        if not self._http_response:
+            await self._send({"type": "websocket.close", "code": 1008})
+            return
+        await self._send({"type": "websocket.http.response.start", "status": status, "headers": [
+            (b"content-type", content_type), (b"content-length", str(len(body)).encode()),
+            (b"cache-control", b"no-store")]})
+        await self._send({"type": "websocket.http.response.body", "body": body, "more_body": False})
 
     async def receive(self) -> bytes | str:
         while True:

@@ -29,7 +29,7 @@ import hypercorn.config
 import trio
 
 from ..engine import Engine
-from ._app import CONVERSATION_PATHS, create_app
+from ._app import CONVERSATION_PATHS, TOKEN_IN_SESSION_PATHS, create_app
 from ..protocol import AccessPolicy, Refused
 from ._access_log import AccessLog
 from ._gate import AccessGate
@@ -161,7 +161,8 @@ async def serve(
     server = ServerContext.create(settings, engine)
     policy = AccessPolicy(token=settings.auth_token, allowed_origins=settings.origins,
                           max_connections_per_address=settings.max_connections_per_ip,
-                          open_paths=OPEN_PATHS, secure=certificate is not None)
+                          open_paths=OPEN_PATHS, in_session_paths=TOKEN_IN_SESSION_PATHS,
+                          secure=certificate is not None)
     app: Any = AccessGate(create_app(server), policy,
                           on_refusal=lambda reason: server.metrics.refused.labels(reason).inc(),
                           busy=partial(_busy, server) if settings.refuse_busy_upgrades else None)

@@ -43,7 +43,7 @@ from ..protocol import ProtocolError
 from ._server_state import Unready
 from ._settings import ServerSettings
 from ._sender import Sender, StreamEnd
-from ._wire import EndOfInput, InputAudio, Message, Replies, Restart, WebSocket, WireProtocol
+from ._wire import EndOfInput, Hangup, InputAudio, Message, Replies, Restart, WebSocket, WireProtocol
 
 logger = logging.getLogger(__name__)
 _ids = itertools.count(1)
@@ -193,12 +193,15 @@ class Session:
             for message in self.wire.greeting():
                 await self._send_control(message)
             if self.wire.opens_with_message:
-                conversation = None
+                conversation: Conversation | Hangup | None = None
                 timeout = self.settings.open_timeout
                 with trio.move_on_after(timeout):
                     conversation = await self._opening()
                 if conversation is None:
                     raise ProtocolError(f"no opening message within {timeout:g} s: {self.wire.opening_hint}")
+                if isinstance(conversation, Hangup):
+                    self.end(CloseCode.NORMAL, None, "hangup")
+                    return None
             else:
                 conversation = self.wire.conversation(self.ws.query_string, None)
         except ProtocolError as exc:
@@ -207,13 +210,15 @@ class Session:
             return None
         return conversation
 
-    async def _opening(self) -> Conversation:
-        """Read the opening messages until the protocol has the conversation's settings."""
+    async def _opening(self) -> Conversation | Hangup:
+        """Read the opening messages until the protocol has the conversation's settings (or the call ended)."""
         while True:
             message = await self.ws.receive()
             self.stats.messages_received += 1
             step = self.wire.opening(self.ws.query_string, message)
             self._log_notices()
+            if isinstance(step, Hangup):
+                return step
             if isinstance(step, Conversation):
                 self._opened_at = trio.current_time()
                 return step
@@ -309,6 +314,9 @@ class Session:
                 inbound.send_nowait((arrived, event.payload))
             elif isinstance(event, EndOfInput):
                 inbound.close()  # the process task flushes once it has passed everything on
+            elif isinstance(event, Hangup):
+                self.end(CloseCode.NORMAL, None, "hangup")  # nothing to flush: nobody is listening
+                return
             elif isinstance(event, Replies):
                 for reply in event.messages:
                     await self._send_control(reply)

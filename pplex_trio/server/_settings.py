@@ -19,6 +19,7 @@ from ..engine import ActorSettings
 from ..protocol import AUTH_TOKEN_ENV, parse_origins
 
 MIB = 1024 * 1024
+TWILIO_AUTH_TOKEN_ENV = "PPLEX_TRIO_TWILIO_AUTH_TOKEN"
 
 
 def parse_slots(text: str) -> int | None:
@@ -132,7 +133,12 @@ class ServerSettings(ActorSettings):
         group="voices", metavar="DIR")
     auth_token: str | None = setting(
         None, f"every route but /health and /ready needs this token; prefer the {AUTH_TOKEN_ENV} environment "
-        "variable, which ps does not show", group="security", secret=True, metavar="TOKEN")
+        "variable, which ps does not show", group="security", secret=True, metavar="TOKEN", env=AUTH_TOKEN_ENV)
+    twilio_auth_token: str | None = setting(
+        None, f"your Twilio account's auth token: Twilio's requests to /telephony/twilio (the answer and the "
+        f"stream) must then carry its X-Twilio-Signature; prefer the {TWILIO_AUTH_TOKEN_ENV} environment "
+        "variable (docs/TELEPHONY.md)", group="security", secret=True, advanced=True, metavar="TOKEN",
+        env=TWILIO_AUTH_TOKEN_ENV)
     allowed_origins: str = setting(
         "", "web pages at these origins (comma-separated, like https://app.example.com; * for any) may open "
         "WebSockets besides the server's own pages", group="security", metavar="ORIGINS")
@@ -173,6 +179,9 @@ class ServerSettings(ActorSettings):
         if self.auth_token is not None and not self.auth_token.strip():
             raise ValueError(f"--auth-token (or {AUTH_TOKEN_ENV}) is empty; give a long random token, such as "
                              "the output of: python3 -c 'import secrets; print(secrets.token_urlsafe(24))'")
+        if self.twilio_auth_token is not None and not self.twilio_auth_token.strip():
+            raise ValueError(f"--twilio-auth-token (or {TWILIO_AUTH_TOKEN_ENV}) is empty: give your Twilio account's "
+                             "auth token (Twilio's console, Account info), or leave it unset")
         parse_origins(self.allowed_origins)  # a mistake is said now, not at the first browser
 
     @property

@@ -63,7 +63,13 @@ class Restart:
     messages: list[Message]
 
 
-InputEvent = InputAudio | EndOfInput | Replies | Restart | None  # None: a well-formed message the server ignores
+@dataclasses.dataclass(frozen=True)
+class Hangup:
+    """The caller hung up (a carrier's ``stop``): the session ends at once, normally, with nothing flushed, and
+    its slot is given back (outcome ``hangup``)."""
+
+
+InputEvent = InputAudio | EndOfInput | Replies | Restart | Hangup | None  # None: a well-formed message the server ignores
 
 
 class Notices:
@@ -87,7 +93,7 @@ class Notices:
 class WireProtocol(abc.ABC):
     """One connection's protocol: parse, decode, encode.  Raise ``ProtocolError`` for bad input."""
 
-    name: ClassVar[str]  # the ``protocol`` label of the metrics
+    name: str  # the ``protocol`` label of the metrics
     opens_with_message: ClassVar[bool] = False  # the settings come in a first message, not the query
     opening_hint: ClassVar[str] = ""  # what that message should be, for the timeout's error
     align_input: bool = False  # phase-aligned framing of the input (see InputFramer)
@@ -116,8 +122,9 @@ class WireProtocol(abc.ABC):
     def conversation(self, query: bytes, opening: bytes | str | None) -> Conversation:
         """The conversation's settings from the query string and the opening message (if any)."""
 
-    def opening(self, query: bytes, message: bytes | str) -> Conversation | Replies:
-        """One message of the opening (``opens_with_message``): the conversation, or replies and wait for more."""
+    def opening(self, query: bytes, message: bytes | str) -> Conversation | Replies | Hangup:
+        """One message of the opening (``opens_with_message``): the conversation, or replies and wait for more,
+        or the end of the call before it began."""
         return self.conversation(query, message)
 
     @abc.abstractmethod

@@ -89,15 +89,18 @@ async def open_websocket(
     network: VirtualNetwork, url: str, *, token: str | None = None, origin: str | None = None,
     ssl_context: ssl.SSLContext | None = None, subprotocols: Iterable[str] | None = None,
     max_message_size: int = 16 * 1024 * 1024, message_queue_size: int = 64, source: str = "127.0.0.1",
-    receive_buffer: int | None = None,
+    receive_buffer: int | None = None, headers: Iterable[tuple[str, str]] = (),
 ) -> AsyncIterator[WebSocketConnection]:
     """A WebSocket to ``url`` (``ws://`` or ``wss://``) over ``network``; ``Refused`` if the upgrade is refused.
-    ``receive_buffer``: the bytes the network holds towards this client (a small one fills fast)."""
+    ``receive_buffer``: the bytes the network holds towards this client (a small one fills fast); ``headers``:
+    more headers for the upgrade."""
     parts = urllib.parse.urlsplit(url)
     secure = parts.scheme == "wss"
     host = parts.hostname or "127.0.0.1"
     resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    extra = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
     headers = [(b"Authorization", f"Bearer {token}".encode("ascii"))] if token else []
+    headers += extra
     if origin is not None:
         headers.append((b"Origin", origin.encode("ascii")))
     stream: trio.abc.Stream = await network.connect(host, _port(parts, secure), source=source,

@@ -1,10 +1,10 @@
 """Protocol fuzzing: random client messages against the session core, on a fake socket.
 
 Every sequence must end in a documented close code (1000, 1003, 1007, 1008,
-1009) or be ignored, never in an internal error, on the raw, Moshi and Live
-protocols: message kinds and lengths up to the limit and just past it, Ogg
+1009) or be ignored, never in an internal error, on the raw, Moshi, Live and
+Twilio protocols: message kinds and lengths up to the limit and just past it, Ogg
 streams with corrupted pages, wrong CRCs and chained streams, JSON of random
-shape and depth, Live events with random fields; and every Live server event
+shape and depth, Live and Twilio events with random fields; and every Live server event
 is one the openai SDK's types accept.
 """
 
@@ -123,6 +123,36 @@ def live_messages(draw) -> bytes | str:
     return json.dumps({**fields, "type": draw(st.sampled_from(LIVE_KINDS))}, allow_nan=True)
 
 
+TWILIO_EVENTS = ["connected", "start", "media", "mark", "dtmf", "stop", "x"]
+
+
+@st.composite
+def twilio_messages(draw) -> bytes | str:
+    """Twilio's events, well-formed or not: starts with random parameters and formats, media of any bytes."""
+    kind = draw(st.sampled_from(["start", "media", "event", "json", "bytes"]))
+    if kind == "json":
+        return json.dumps(draw(json_values), allow_nan=True)
+    if kind == "bytes":
+        return draw(st.binary(max_size=64))
+    if kind == "start":
+        media_format = draw(st.fixed_dictionaries({
+            "encoding": st.sampled_from(["audio/x-mulaw", "audio/x-alaw", "audio/l16", 5]),
+            "sampleRate": st.sampled_from([8000, 16000, "8000"])}) | json_values)
+        parameters = draw(st.dictionaries(st.sampled_from(["persona", "voice", "text_prompt", "voice_prompt", "token",
+                                                           "text_temperature", "x"]), st.text(max_size=20) | json_values,
+                                          max_size=3))
+        start = {"streamSid": draw(st.sampled_from(["MZ1", 5, None])), "callSid": "CA1", "customParameters":
+                 parameters, "mediaFormat": media_format}
+        return json.dumps({"event": "start", "start": start}, allow_nan=True)
+    if kind == "media":
+        payload = draw(st.binary(max_size=400).map(lambda b: base64.b64encode(b).decode()) | json_values)
+        return json.dumps({"event": "media", "media": {"payload": payload,
+                                                       "track": draw(st.sampled_from(["inbound", "outbound", None]))}},
+                          allow_nan=True)
+    fields = draw(st.dictionaries(st.sampled_from(["mark", "dtmf", "media", "start", "stop"]), json_values, max_size=2))
+    return json.dumps({**fields, "event": draw(st.sampled_from(TWILIO_EVENTS))}, allow_nan=True)
+
+
 def run_session(protocol: str, messages: list[bytes | str]) -> tuple[object, int]:
     """Feed ``messages`` to one session; return how it ended and how many internal errors were counted (a Live
     session's server events each checked against the openai SDK's types)."""
@@ -179,4 +209,13 @@ def test_live_sessions_end_in_a_documented_way_or_go_on(messages):
     ending, errors = run_session("live", messages)
     assert errors == 0
     if ending is not None:  # else: every message was answered or taken, and the conversation went on
+        assert ending.outcome != "internal_error" and ending.code in DOCUMENTED, ending
+
+
+@fuzz
+@given(st.lists(twilio_messages(), min_size=1, max_size=6))
+def test_twilio_streams_end_in_a_documented_way_or_go_on(messages):
+    ending, errors = run_session("twilio", messages)
+    assert errors == 0
+    if ending is not None:  # else: every event was taken or ignored, and the call went on
         assert ending.outcome != "internal_error" and ending.code in DOCUMENTED, ending

@@ -1,4 +1,4 @@
-"""Clients that misbehave at the transport level, at every phase of a session, on all three protocols.
+"""Clients that misbehave at the transport level, at every phase of a session, on every protocol.
 
 Each case runs beside a *witness*: a raw conversation that streams known audio
 the whole time and must get every frame back, exactly.  A bad client is
@@ -15,7 +15,7 @@ buffers, so a client that stops reading fills them, a frozen one sends
 nothing and a reset breaks both ends, and every deadline is exact whatever the
 machine's load.  A sample runs on real loopback sockets and the real clock as
 well (``serial``: their witnesses need the CPU): each behaviour once, live,
-on the three protocols in turn.  The behaviours are the transport's (the
+on the protocols in turn.  The behaviours are the transport's (the
 kernel's buffers, resets, silences), the phases and protocols the session
 core's, which the virtual matrix covers; the sample shows that the virtual
 network is the kernel's TCP as far as the server can tell.  The real command
@@ -39,11 +39,18 @@ from pplex_trio._conversation import CLOSE_BUDGET
 from pplex_trio.server._transport import WATCH_INTERVAL
 
 PATHS = {"raw": "/v1/audio/duplex", "moshi": "/api/chat?voice_prompt=NATF0.pt", "realtime": "/v1/realtime",
-         "live": "/v1/live/sessions"}
+         "live": "/v1/live/sessions", "twilio": "/telephony/twilio"}
 OPEN = json.dumps({"type": "open"})
 APPEND = json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(3840)).decode()})
 START = json.dumps({"type": "session.start", "session": {"model": "gpt-live-1"}})
-PROTOCOLS = ["raw", "moshi", "realtime", "live"]
+TWILIO_OPEN = [json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}),
+               json.dumps({"event": "start", "sequenceNumber": "1", "streamSid": "MZ1", "start": {
+                   "streamSid": "MZ1", "callSid": "CA1", "accountSid": "AC1", "tracks": ["inbound"],
+                   "customParameters": {}, "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000,
+                                                           "channels": 1}}})]
+TWILIO_MEDIA = json.dumps({"event": "media", "streamSid": "MZ1", "media": {
+    "track": "inbound", "payload": base64.b64encode(b"\xff" * 160).decode()}})
+PROTOCOLS = ["raw", "moshi", "realtime", "live", "twilio"]
 PHASES = ["connected", "queued", "preparing", "live", "closing"]
 BEHAVIOURS = ["stop_reading", "freeze", "reset", "fragments", "header_only"]
 POLL = 0.05  # how often the tests look (a session that ends at once may still be unwinding at the first look)
@@ -112,20 +119,25 @@ async def bring_to(phase: str, protocol: str, bad: BadClient, server, after: int
         await bad.send(APPEND)  # the first audio starts the conversation
     if protocol == "live":
         await bad.send(START)
+    if protocol == "twilio":
+        for message in TWILIO_OPEN:
+            await bad.send(message)
     if phase in ("queued", "preparing"):
         await wait_for_state(server, after, phase)
         return
     with trio.fail_after(10):
+        if protocol == "twilio":  # a call says nothing when it is live: its first media out shows it
+            await bad.send(TWILIO_MEDIA)
         while True:
             message = await bad.receive()
-            if message == b"\x00" or (isinstance(message, str) and
-                                        json.loads(message)["type"] in ("ready", "response.created", "session.started")):
+            if message == b"\x00" or (isinstance(message, str) and (json.loads(message).get("type") in (
+                    "ready", "response.created", "session.started") or json.loads(message).get("event") == "media")):
                 break
     if phase == "closing":
         if protocol == "raw":
             await bad.send(np.zeros(1920 * 3, "<f4").tobytes())
             await bad.send(json.dumps({"type": "close"}))  # the flush is still running when it misbehaves
-        elif protocol in ("realtime", "live"):
+        elif protocol in ("realtime", "live", "twilio"):
             await bad.send(b"binary frames are refused")  # the server starts closing (1003)
         else:
             await bad.send("text frames are refused")  # the server starts closing (1003)

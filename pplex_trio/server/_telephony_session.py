@@ -1,0 +1,154 @@
+"""A phone call's media stream on the session core, for any carrier (Twilio now; see ``docs/TELEPHONY.md``).
+
+The carrier (a :class:`~pplex_trio.protocol.telephony.Carrier`) says what its
+events mean; this adapter is the same for all of them:
+
+* the opening: the carrier's ``connected`` is taken; its ``start`` gives the
+  conversation, persona and voice from the answer document's parameters,
+  checked as on every endpoint, and, when the server has a token, the
+  ``token`` parameter, which must be the server's (the stream's URL cannot
+  carry one: the gate lets the upgrade through for this check, made before a
+  slot is taken);
+* the caller's audio (G.711 at 8 kHz, 20 ms a message) feeds the model through
+  the session core's framer, which cuts 80 ms frames from whatever it is given;
+* every 80 ms frame of the model's voice goes out as one ``media`` message;
+* barge-in: when the caller starts speaking (an energy VAD on their audio) a
+  ``clear`` goes out before the next frame, so the carrier drops the model's
+  audio it still holds; after that next frame, a ``mark`` (``barge-in-N``),
+  which the carrier echoes once the model's new audio starts playing.  The
+  echoes, and the keys a caller presses (``dtmf``), are taken without effect;
+* the carrier's ``stop`` (the caller hung up) ends the session at once, with
+  nothing flushed: the slot is free at the next engine call.
+
+Media Streams have no error event: why a call was closed is its close frame's
+code and reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .._conversation import SAMPLE_RATE, CloseCode, Conversation
+from ..codec import EnergyVAD
+from ..engine import OutputFrame
+from ..protocol import ProtocolError, conversation_from_params, same_secret, telephony
+from ._audio_io import AudioIn, AudioOut
+from ._wire import MAX_PENDING_EVENTS, Hangup, InputAudio, InputEvent, Message, Notices, Replies, WireProtocol
+
+TOKEN_PARAMETER = "token"  # the answer document's parameter that carries the server's token
+
+
+class TelephonyProtocol(WireProtocol):
+    opens_with_message = True
+    early_audio = True  # what the caller says from the start on is heard, in order
+    opening_hint = "a carrier's stream opens with its start event"
+
+    def __init__(self, carrier: telephony.Carrier, *, token: str | None, voices: Callable[[], Sequence[str]],
+                 max_prompt_chars: int, align: bool):
+        self.carrier = carrier
+        self.name = carrier.name
+        self.align_input = align
+        self.notices = Notices()
+        self.call: telephony.CallStart | None = None
+        self._token = token
+        self._voices = voices
+        self._max_prompt_chars = max_prompt_chars
+        self._audio_in: AudioIn | None = None
+        self._audio_out: AudioOut | None = None
+        self._vad = EnergyVAD(SAMPLE_RATE)
+        self._pending: list[Message] = []  # go out before the next frame's media
+        self._mark_after_next_frame = False
+        self._marks = itertools.count(1)
+
+    # -- the opening ---------------------------------------------------------------
+
+    def conversation(self, query: bytes, opening: bytes | str | None) -> Conversation:
+        raise AssertionError("a call's conversation comes from its start event (opening)")
+
+    def opening(self, query: bytes, message: bytes | str) -> Conversation | Replies | Hangup:
+        event = self.carrier.parse(message)
+        if isinstance(event, telephony.CallStop):
+            return Hangup()
+        if isinstance(event, telephony.CallAudio):
+            raise ProtocolError(f"{self.name}: media before the start event; a stream starts with its start event",
+                                CloseCode.POLICY)
+        if not isinstance(event, telephony.CallStart):
+            self._note(event)
+            return Replies([])
+        params = event.parameters
+        if self._token is not None and not same_secret(params.get(TOKEN_PARAMETER, ""), self._token):
+            raise ProtocolError(f"this server needs its access token as the stream's '{TOKEN_PARAMETER}' parameter: "
+                                "give it in the answer URL (see docs/TELEPHONY.md)", CloseCode.POLICY)
+        conversation = conversation_from_params(params, max_prompt_chars=self._max_prompt_chars,
+                                                voices=self._voices())
+        self.call = event
+        self._audio_in = AudioIn(event.audio_format)
+        self._audio_out = AudioOut(event.audio_format)
+        return conversation
+
+    def _note(self, event: telephony.CallEvent | None) -> None:
+        if isinstance(event, telephony.CallDtmf):
+            self.notices.note("dtmf: taken without effect (the model hears the call's audio only)", key="dtmf")
+        elif event is None:
+            self.notices.note("an event this server does not use: ignored", key="unknown")
+
+    def take_notices(self) -> list[str]:
+        return self.notices.take()
+
+    # -- the call ---------------------------------------------------------------------
+
+    def parse(self, message: Message) -> InputEvent:
+        event = self.carrier.parse(message)
+        if isinstance(event, telephony.CallAudio):
+            return InputAudio(event.audio) if event.audio else None
+        if isinstance(event, telephony.CallStop):
+            return Hangup()
+        if isinstance(event, telephony.CallStart):
+            raise ProtocolError(f"{self.name}: a second start event on one stream", CloseCode.POLICY)
+        self._note(event)  # (a mark's echo, connected again: nothing to do)
+        return None
+
+    def decode(self, payloads: list[Any]) -> list[np.ndarray]:
+        assert self._audio_in is not None
+        out = []
+        for data in payloads:
+            pcm = self._audio_in(data)
+            if any(speech.started for speech in self._vad.feed(pcm)):
+                self._queue(self.carrier.clear())  # barge-in: the carrier drops the model's audio it holds
+                self._mark_after_next_frame = True
+            out.append(pcm)
+        return out
+
+    def _queue(self, message: Message) -> None:
+        if len(self._pending) >= MAX_PENDING_EVENTS:
+            raise ProtocolError("too many events in one frame's time", CloseCode.POLICY)
+        self._pending.append(message)
+
+    # -- output -----------------------------------------------------------------------
+
+    def keepalive(self, position: int | None) -> Message | None:
+        return None  # (a phone line has nothing to say while the call waits: the caller hears silence)
+
+    def ready(self) -> list[Message]:
+        return []
+
+    async def encode(self, frames: list[OutputFrame]) -> list[tuple[Message, OutputFrame | None]]:
+        assert self._audio_out is not None
+        messages: list[tuple[Message, OutputFrame | None]] = [(m, None) for m in self._pending]
+        self._pending = []
+        for frame in frames:
+            messages.append((self.carrier.media(self._audio_out(frame.pcm)), frame))
+            if self._mark_after_next_frame:
+                self._mark_after_next_frame = False
+                messages.append((self.carrier.mark(f"barge-in-{next(self._marks)}"), None))
+        return messages
+
+    def error(self, message: str, code: int) -> Message:
+        raise AssertionError("media streams have no error event (see closing)")
+
+    def closing(self, message: str | None, code: int, outcome: str) -> list[Message]:
+        return []  # why the call ends is the close frame's reason
