@@ -56,8 +56,10 @@ def best_correlation(piece: np.ndarray, received: np.ndarray) -> tuple[int, floa
 
 
 @pytest.mark.parametrize("wire", [WIRES["telnyx"], WIRES["plivo"], pytest.param(WIRES["exotel"], marks=pytest.mark.xfail(
-    strict=True, reason="Exotel's 100 ms media against the model's 80 ms ticks: the framer underruns (silence "
-    "inserted, the echo's lag grows by a frame at a time); the framer needs a cushion of one carrier chunk"))],
+    strict=True, reason="Exotel's 100 ms media at 8 kHz: libsoxr (MQ) hands the 24 kHz audio on in blocks of 1576 "
+    "samples, one or two per message, and the framer underruns again and again (measured over 60 s: 10 silent "
+    "frames after the first second, the echo's lag 160 → 960 ms; at 24 kHz, no resampling, once at the start "
+    "only): docs/TELEPHONY.md, Not yet"))],
     ids=["telnyx", "plivo", "exotel"])
 async def test_a_call_hears_its_caller_echoed_back(virtual_server, autojump_clock, speech_wav, wire):
     handle = await virtual_server(first_frame_timeout=FIRST_FRAME)
