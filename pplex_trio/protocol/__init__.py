@@ -3,7 +3,10 @@
 from . import _live as live
 from . import _moshi as moshi
 from . import _raw as raw
+from . import _exotel as exotel
+from . import _plivo as plivo
 from . import _telephony as telephony
+from . import _telnyx as telnyx
 from . import _twilio as twilio
 from ._access import AUTH_TOKEN_ENV, TOKEN_PARAMETER, AccessPolicy, Allowed, Refused, RequestHead, parse_origins
 from ._access import query_without_token, same_secret
@@ -34,8 +37,8 @@ __all__ = [
     "ServerEvents", "SessionConfig", "SessionUpdate", "apply_session_update", "parse_realtime_event",
     # the OpenAI Live protocol (its client events in ``live``)
     "live", "LiveEvents",
-    # phone carriers' media streams: the events common to all (``telephony``), Twilio's own (``twilio``)
-    "telephony", "twilio",
+    # phone carriers' media streams: the events common to all (``telephony``), each carrier's own
+    "telephony", "twilio", "telnyx", "plivo", "exotel",
     # the inbound guard on a client's bytes
     "InboundGuard", "Refusal",
 ]

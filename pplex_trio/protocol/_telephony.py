@@ -1,19 +1,32 @@
 """What a phone carrier's media stream says, in words common to every carrier (sans-IO).
 
 Twilio, Telnyx, Plivo and Exotel each stream a call over a WebSocket as JSON
-events with base64 G.711 audio at 8 kHz; they differ in names and shapes.  A
-carrier module (``_twilio.py``) turns its events into these and builds its own
-outbound messages (:class:`Carrier`), so the server's telephony session is
-written once for all of them.
+events with base64 audio (G.711 or 16-bit PCM) at 8 kHz; they differ in names
+and shapes.  A carrier module (``_twilio.py``, ``_telnyx.py``, ``_plivo.py``,
+``_exotel.py``) turns its events into these and builds its own outbound
+messages (:class:`Carrier`), so the server's telephony session is written once
+for all of them.  The helpers below are what the carrier modules share: reading
+a JSON event and its fields, and the TwiML-like answer document that Twilio
+and Telnyx both take.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
+import json
+import re
+import xml.etree.ElementTree as ET
 from collections.abc import Mapping
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
+from .._conversation import CloseCode
 from ._audio import SampleFormat
+from ._errors import ProtocolError
+
+# Characters XML 1.0 cannot carry (most C0 controls): such a parameter cannot go into an XML answer.
+NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,12 +42,13 @@ class CallStart:
     stream_id: str
     account_id: str | None
     parameters: Mapping[str, str]  # the answer document's (persona, voice, token)
-    audio_format: SampleFormat  # G.711 at 8 kHz, both ways
+    audio_format: SampleFormat  # the caller's audio (and ours, unless reply_format says otherwise)
+    reply_format: SampleFormat | None = None  # what the carrier plays, when it differs (Telnyx: its RTP codec)
 
 
 @dataclasses.dataclass(frozen=True)
 class CallAudio:
-    """A chunk of the caller's audio (20 ms on Twilio), in the call's format."""
+    """A chunk of the caller's audio (20 ms on Twilio, Telnyx and Plivo, 100 ms on Exotel), in the call's format."""
 
     audio: bytes
 
@@ -77,3 +91,80 @@ class Carrier(Protocol):
     def media(self, audio: bytes) -> str: ...  # our audio, in the call's format
     def clear(self) -> str: ...  # drop what the carrier has buffered of our audio (barge-in)
     def mark(self, name: str) -> str: ...  # echo ``name`` back once what was sent before it has played
+
+
+# -- what the carrier modules share ------------------------------------------------------------
+
+
+class EventReader:
+    """Reads one carrier's JSON events, with errors that name the carrier (``label``: its stream's name)."""
+
+    def __init__(self, label: str):
+        self.label = label
+
+    def malformed(self, what: str) -> ProtocolError:
+        return ProtocolError(f"malformed {self.label} event: {what}", CloseCode.INVALID_PAYLOAD)
+
+    def load(self, message: bytes | str) -> dict[str, Any]:
+        """The event: a JSON object with a string ``event`` (1003 for a binary frame, 1007 for anything else)."""
+        if isinstance(message, bytes):
+            raise ProtocolError(f"binary frames are not part of {self.label}: its events are JSON text",
+                                CloseCode.UNSUPPORTED_DATA)
+        try:
+            event = json.loads(message)
+        except ValueError:
+            raise self.malformed("not JSON") from None
+        if not isinstance(event, dict) or not isinstance(event.get("event"), str):
+            raise self.malformed("an event must be a JSON object with a string 'event'")
+        return event
+
+    def object(self, event: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+        value = event.get(key)
+        if not isinstance(value, dict):
+            raise self.malformed(f"'{key}' must be an object")
+        return value
+
+    def text(self, fields: Mapping[str, Any], key: str, where: str) -> str:
+        value = fields.get(key)
+        if not isinstance(value, str):
+            raise self.malformed(f"{where}.{key} must be a string")
+        return value
+
+    def optional_text(self, fields: Mapping[str, Any], *keys: str) -> str | None:
+        """The first of ``keys`` that is a string (carriers name their ids differently), or None."""
+        for key in keys:
+            if isinstance(fields.get(key), str):
+                return str(fields[key])
+        return None
+
+    def payload(self, media: Mapping[str, Any], sample_bytes: int = 1) -> bytes:
+        """``media.payload``: base64 of whole samples."""
+        try:
+            audio = base64.b64decode(self.text(media, "payload", "media"), validate=True)
+        except (binascii.Error, ValueError):
+            raise self.malformed("media.payload is not base64") from None
+        if len(audio) % sample_bytes:
+            raise self.malformed("media.payload must be whole 16-bit samples (an even number of bytes)")
+        return audio
+
+    def parameters(self, fields: Mapping[str, Any], key: str, where: str) -> Mapping[str, str]:
+        parameters = fields.get(key) or {}
+        if not isinstance(parameters, dict) or not all(isinstance(v, str) for v in parameters.values()):
+            raise self.malformed(f"{where}.{key} must be an object of strings")
+        return parameters
+
+
+def connect_stream_document(stream_url: str, parameters: Mapping[str, str], **attributes: str) -> str:
+    """``<Response><Connect><Stream url=…>`` with a ``<Parameter>`` for each of ``parameters``: the answer
+    of Twilio (TwiML) and Telnyx (TeXML), whose stream hands them back in its start event.
+
+    Raises :class:`ProtocolError` (``param``: the parameter) for a value XML cannot carry.
+    """
+    response = ET.Element("Response")
+    stream = ET.SubElement(ET.SubElement(response, "Connect"), "Stream", {"url": stream_url, **attributes})
+    for name, value in parameters.items():
+        if NOT_XML.search(value):
+            raise ProtocolError(f"{name} has control characters, which the answer document cannot carry",
+                                param=name)
+        ET.SubElement(stream, "Parameter", name=name, value=value)
+    return '<?xml version="1.0" encoding="UTF-8"?>' + ET.tostring(response, encoding="unicode")

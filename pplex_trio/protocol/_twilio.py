@@ -13,12 +13,9 @@ request with ``X-Twilio-Signature`` (:func:`signature`).
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 import json
-import re
-import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
@@ -26,30 +23,12 @@ from .._conversation import CloseCode
 from ._audio import Encoding, SampleFormat
 from ._errors import ProtocolError
 from ._telephony import CallAudio, CallConnected, CallDtmf, CallEvent, CallMark, CallStart, CallStop
+from ._telephony import EventReader, connect_stream_document
 
 RATE = 8_000
 ENCODINGS = {"audio/x-mulaw": Encoding.PCMU, "audio/x-alaw": Encoding.PCMA}  # Twilio's media types
 SIGNATURE_HEADER = "X-Twilio-Signature"
-# Characters XML 1.0 cannot carry (most C0 controls): such a parameter cannot go into TwiML.
-_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
-
-
-def _malformed(what: str) -> ProtocolError:
-    return ProtocolError(f"malformed Twilio Media Streams event: {what}", CloseCode.INVALID_PAYLOAD)
-
-
-def _object(event: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    value = event.get(key)
-    if not isinstance(value, dict):
-        raise _malformed(f"'{key}' must be an object")
-    return value
-
-
-def _text(fields: Mapping[str, Any], key: str, where: str) -> str:
-    value = fields.get(key)
-    if not isinstance(value, str):
-        raise _malformed(f"{where}.{key} must be a string")
-    return value
+_read = EventReader("Twilio Media Streams")
 
 
 class TwilioCarrier:
@@ -61,31 +40,20 @@ class TwilioCarrier:
         self.stream_sid: str | None = None  # from the start event; our messages name it
 
     def parse(self, message: bytes | str) -> CallEvent | None:
-        if isinstance(message, bytes):
-            raise ProtocolError("binary frames are not part of Twilio Media Streams: its events are JSON text",
-                                CloseCode.UNSUPPORTED_DATA)
-        try:
-            event = json.loads(message)
-        except ValueError:
-            raise _malformed("not JSON") from None
-        if not isinstance(event, dict) or not isinstance(event.get("event"), str):
-            raise _malformed("an event must be a JSON object with a string 'event'")
+        event = _read.load(message)
         kind = event["event"]
         if kind == "media":
-            media = _object(event, "media")
+            media = _read.object(event, "media")
             track = media.get("track")
             if track is not None and track != "inbound":
                 return None  # (a stream that forks both tracks: only the caller's is heard)
-            try:
-                return CallAudio(base64.b64decode(_text(media, "payload", "media"), validate=True))
-            except (binascii.Error, ValueError):
-                raise _malformed("media.payload is not base64") from None
+            return CallAudio(_read.payload(media))
         if kind == "start":
             return self._start(event)
         if kind == "mark":
-            return CallMark(_text(_object(event, "mark"), "name", "mark"))
+            return CallMark(_read.text(_read.object(event, "mark"), "name", "mark"))
         if kind == "dtmf":
-            return CallDtmf(_text(_object(event, "dtmf"), "digit", "dtmf"))
+            return CallDtmf(_read.text(_read.object(event, "dtmf"), "digit", "dtmf"))
         if kind == "stop":
             return CallStop()
         if kind == "connected":
@@ -93,22 +61,19 @@ class TwilioCarrier:
         return None  # an event Twilio may add later
 
     def _start(self, event: Mapping[str, Any]) -> CallStart:
-        start = _object(event, "start")
-        stream_sid = _text(start, "streamSid", "start")
-        parameters = start.get("customParameters") or {}
-        if not isinstance(parameters, dict) or not all(isinstance(v, str) for v in parameters.values()):
-            raise _malformed("start.customParameters must be an object of strings")
+        start = _read.object(event, "start")
+        stream_sid = _read.text(start, "streamSid", "start")
+        parameters = _read.parameters(start, "customParameters", "start")
         media_format = start.get("mediaFormat") or {"encoding": "audio/x-mulaw", "sampleRate": RATE}
         if not isinstance(media_format, dict):
-            raise _malformed("start.mediaFormat must be an object")
+            raise _read.malformed("start.mediaFormat must be an object")
         encoding = ENCODINGS.get(str(media_format.get("encoding")))
         if encoding is None or media_format.get("sampleRate", RATE) != RATE or media_format.get("channels", 1) != 1:
             raise ProtocolError(f"unsupported media format {json.dumps(media_format)[:120]}: this server takes "
                                 f"mono audio/x-mulaw or audio/x-alaw at {RATE} Hz", CloseCode.UNSUPPORTED_DATA)
         self.stream_sid = stream_sid
-        call_sid, account_sid = start.get("callSid"), start.get("accountSid")
-        return CallStart(call_id=call_sid if isinstance(call_sid, str) else "", stream_id=stream_sid,
-                         account_id=account_sid if isinstance(account_sid, str) else None,
+        return CallStart(call_id=_read.optional_text(start, "callSid") or "", stream_id=stream_sid,
+                         account_id=_read.optional_text(start, "accountSid"),
                          parameters=parameters, audio_format=SampleFormat(encoding, RATE))
 
     # -- our messages -------------------------------------------------------------
@@ -133,13 +98,7 @@ def answer_document(stream_url: str, parameters: Mapping[str, str]) -> str:
 
     Raises :class:`ProtocolError` (``param``: the parameter) for a value XML cannot carry.
     """
-    response = ET.Element("Response")
-    stream = ET.SubElement(ET.SubElement(response, "Connect"), "Stream", url=stream_url)
-    for name, value in parameters.items():
-        if _NOT_XML.search(value):
-            raise ProtocolError(f"{name} has control characters, which TwiML cannot carry", param=name)
-        ET.SubElement(stream, "Parameter", name=name, value=value)
-    return '<?xml version="1.0" encoding="UTF-8"?>' + ET.tostring(response, encoding="unicode")
+    return connect_stream_document(stream_url, parameters)
 
 
 def signature(auth_token: str, url: str, params: Iterable[tuple[str, str]] = ()) -> str:

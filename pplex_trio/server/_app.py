@@ -32,7 +32,7 @@ from ._server_state import Unready
 from ._session import Session
 from ._settings import Framing
 from ._context import ServerContext
-from ._telephony_routes import TWILIO_STREAM_PATH, add_telephony_routes, twilio_upgrade_signed
+from ._telephony_routes import CARRIERS, STREAM_PATHS, add_telephony_routes, twilio_upgrade_signed
 from ._telephony_session import TelephonyProtocol
 from ._voice_routes import VoiceUpload, add_voice_routes
 
@@ -41,9 +41,9 @@ logger = logging.getLogger(__name__)
 PACKAGE_DIR = pathlib.Path(__file__).resolve().parent.parent
 # The WebSocket routes (Live's also without /v1: the openai SDK's path under a websocket_base_url without it).
 CONVERSATION_PATHS = frozenset({"/api/chat", "/v1/audio/duplex", "/v1/realtime", "/v1/live/sessions", "/live/sessions",
-                                TWILIO_STREAM_PATH})
-# Those whose session checks the token (a carrier's stream: its URL cannot carry one; the gate lets it through).
-TOKEN_IN_SESSION_PATHS = frozenset({TWILIO_STREAM_PATH})
+                                *STREAM_PATHS})
+# Those whose session checks the token (a carrier's stream: its URL may carry none; the gate lets it through).
+TOKEN_IN_SESSION_PATHS = frozenset(STREAM_PATHS)
 
 
 def default_static_dir() -> pathlib.Path:
@@ -92,18 +92,19 @@ def create_app(server: ServerContext) -> ConversationRouter:
                             align=settings.framing is Framing.ALIGNED, **limits)
         await Session(ws, wire, server).run()
 
-    async def twilio_stream(ws: AsgiWebSocket) -> None:
-        if not twilio_upgrade_signed(ws, settings.twilio_auth_token):
+    async def telephony_stream(ws: AsgiWebSocket) -> None:
+        carrier = STREAM_PATHS[ws.path]
+        if carrier == "twilio" and not twilio_upgrade_signed(ws, settings.twilio_auth_token):
             logger.info("refused WebSocket %s from %s: no valid %s (403)", ws.path, ws.client,
                         twilio.SIGNATURE_HEADER)
             await ws.refuse(403, b'{"error": "no valid X-Twilio-Signature"}')
             return
-        wire = TelephonyProtocol(twilio.TwilioCarrier(), token=settings.auth_token,
+        wire = TelephonyProtocol(CARRIERS[carrier].new(), token=settings.auth_token,
                                  align=settings.framing is Framing.ALIGNED, **limits)
         await Session(ws, wire, server).run()
 
     routes = {"/api/chat": chat, "/v1/audio/duplex": duplex, "/v1/realtime": realtime, "/v1/live/sessions": live,
-              "/live/sessions": live, TWILIO_STREAM_PATH: twilio_stream}
+              "/live/sessions": live, **{path: telephony_stream for path in STREAM_PATHS}}
     assert frozenset(routes) == CONVERSATION_PATHS
     return ConversationRouter(create_http_app(server), routes, uploads={"/api/voices": VoiceUpload(server)})
 

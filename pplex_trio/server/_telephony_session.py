@@ -1,14 +1,16 @@
-"""A phone call's media stream on the session core, for any carrier (Twilio now; see ``docs/TELEPHONY.md``).
+"""A phone call's media stream on the session core, for any carrier (Twilio, Telnyx, Plivo, Exotel: ``docs/TELEPHONY.md``).
 
 The carrier (a :class:`~pplex_trio.protocol.telephony.Carrier`) says what its
 events mean; this adapter is the same for all of them:
 
 * the opening: the carrier's ``connected`` is taken; its ``start`` gives the
-  conversation, persona and voice from the answer document's parameters,
+  conversation, persona and voice from the answer document's parameters
+  (the start event's, over those of the stream URL's query, where carriers
+  that cannot hand parameters to the start event put them: Plivo, Exotel),
   checked as on every endpoint, and, when the server has a token, the
-  ``token`` parameter, which must be the server's (the stream's URL cannot
-  carry one: the gate lets the upgrade through for this check, made before a
-  slot is taken);
+  ``token`` parameter, which must be the server's (most streams' URLs carry
+  none: the gate lets the upgrade through for this check, made before a slot
+  is taken);
 * the caller's audio (G.711 at 8 kHz, 20 ms a message) feeds the model through
   the session core's framer, which cuts 80 ms frames from whatever it is given;
 * every 80 ms frame of the model's voice goes out as one ``media`` message;
@@ -35,7 +37,7 @@ import numpy as np
 from .._conversation import SAMPLE_RATE, CloseCode, Conversation
 from ..codec import EnergyVAD
 from ..engine import OutputFrame
-from ..protocol import ProtocolError, conversation_from_params, same_secret, telephony
+from ..protocol import ProtocolError, conversation_from_params, parse_query, same_secret, telephony
 from ._audio_io import AudioIn, AudioOut
 from ._wire import MAX_PENDING_EVENTS, Hangup, InputAudio, InputEvent, Message, Notices, Replies, WireProtocol
 
@@ -79,7 +81,7 @@ class TelephonyProtocol(WireProtocol):
         if not isinstance(event, telephony.CallStart):
             self._note(event)
             return Replies([])
-        params = event.parameters
+        params = {**parse_query(query), **event.parameters}
         if self._token is not None and not same_secret(params.get(TOKEN_PARAMETER, ""), self._token):
             raise ProtocolError(f"this server needs its access token as the stream's '{TOKEN_PARAMETER}' parameter: "
                                 "give it in the answer URL (see docs/TELEPHONY.md)", CloseCode.POLICY)
@@ -87,7 +89,7 @@ class TelephonyProtocol(WireProtocol):
                                                 voices=self._voices())
         self.call = event
         self._audio_in = AudioIn(event.audio_format)
-        self._audio_out = AudioOut(event.audio_format)
+        self._audio_out = AudioOut(event.reply_format or event.audio_format)
         return conversation
 
     def _note(self, event: telephony.CallEvent | None) -> None:

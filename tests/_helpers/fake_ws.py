@@ -18,7 +18,7 @@ from pplex_trio.server._moshi_session import MoshiProtocol
 from pplex_trio.server._raw_session import RawProtocol
 from pplex_trio.server._session import Session
 from pplex_trio.server._telephony_session import TelephonyProtocol
-from pplex_trio.protocol import twilio
+from pplex_trio.protocol import exotel, plivo, telnyx, twilio
 
 from .engine_calls import inline_runner, run_engine_calls
 
@@ -120,6 +120,10 @@ async def running_host(monkeypatch: Any, nursery: trio.Nursery, engine: Engine |
     return host
 
 
+CARRIERS: dict[str, Any] = {"twilio": twilio.TwilioCarrier, "telnyx": telnyx.TelnyxCarrier,
+                            "plivo": plivo.PlivoCarrier, "exotel": exotel.ExotelCarrier}
+
+
 @dataclasses.dataclass
 class Running:
     session: Session
@@ -137,8 +141,8 @@ async def start_session(nursery: trio.Nursery, host: ServerContext, protocol: st
     elif protocol == "live":
         wire = LiveProtocol(model="gpt-live-1", session_id="sess_fuzz", expires_at=0, voices=host.voices,
                             max_prompt_chars=s.max_prompt_chars, align=False)
-    elif protocol == "twilio":
-        wire = TelephonyProtocol(twilio.TwilioCarrier(), token=s.auth_token, voices=host.voices,
+    elif protocol in CARRIERS:
+        wire = TelephonyProtocol(CARRIERS[protocol](), token=s.auth_token, voices=host.voices,
                                  max_prompt_chars=s.max_prompt_chars, align=False)
     else:
         wire = MoshiProtocol(host.encoders, max_prompt_chars=s.max_prompt_chars, align=s.framing == "aligned",

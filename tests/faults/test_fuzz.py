@@ -1,10 +1,10 @@
 """Protocol fuzzing: random client messages against the session core, on a fake socket.
 
 Every sequence must end in a documented close code (1000, 1003, 1007, 1008,
-1009) or be ignored, never in an internal error, on the raw, Moshi, Live and
-Twilio protocols: message kinds and lengths up to the limit and just past it, Ogg
+1009) or be ignored, never in an internal error, on the raw, Moshi, Live,
+Twilio, Telnyx, Plivo and Exotel protocols: message kinds and lengths up to the limit and just past it, Ogg
 streams with corrupted pages, wrong CRCs and chained streams, JSON of random
-shape and depth, Live and Twilio events with random fields; and every Live server event
+shape and depth, Live and carriers' events with random fields; and every Live server event
 is one the openai SDK's types accept.
 """
 
@@ -124,6 +124,10 @@ def live_messages(draw) -> bytes | str:
 
 
 TWILIO_EVENTS = ["connected", "start", "media", "mark", "dtmf", "stop", "x"]
+# The parameters a carrier's start hands on (persona, voice, token), and media payloads, well-formed or not.
+carrier_parameters = st.dictionaries(st.sampled_from(["persona", "voice", "text_prompt", "voice_prompt", "token",
+                                                      "text_temperature", "x"]), st.text(max_size=20), max_size=3)
+payloads = st.binary(max_size=1600).map(lambda b: base64.b64encode(b).decode()) | json_values
 
 
 @st.composite
@@ -151,6 +155,87 @@ def twilio_messages(draw) -> bytes | str:
                           allow_nan=True)
     fields = draw(st.dictionaries(st.sampled_from(["mark", "dtmf", "media", "start", "stop"]), json_values, max_size=2))
     return json.dumps({**fields, "event": draw(st.sampled_from(TWILIO_EVENTS))}, allow_nan=True)
+
+
+TELNYX_EVENTS = ["connected", "start", "media", "mark", "dtmf", "stop", "error", "x"]
+
+
+@st.composite
+def telnyx_messages(draw) -> bytes | str:
+    """Telnyx's events, well-formed or not: starts with random ids, parameters and formats, media of any bytes."""
+    kind = draw(st.sampled_from(["start", "media", "event", "json", "bytes"]))
+    if kind == "json":
+        return json.dumps(draw(json_values), allow_nan=True)
+    if kind == "bytes":
+        return draw(st.binary(max_size=64))
+    if kind == "start":
+        media_format = draw(st.fixed_dictionaries({
+            "encoding": st.sampled_from(["PCMU", "PCMA", "audio/x-mulaw", "L16", 5]),
+            "sample_rate": st.sampled_from([8000, 16000, "8000"]), "channels": st.sampled_from([1, 2])})
+            | json_values)
+        start = {"call_control_id": draw(st.sampled_from(["v3:C1", 5, None])),
+                 "custom_parameters": draw(carrier_parameters), "media_format": media_format}
+        return json.dumps({"event": "start", "stream_id": draw(st.sampled_from(["S1", 5, None])), "start": start},
+                          allow_nan=True)
+    if kind == "media":
+        return json.dumps({"event": "media", "media": {"payload": draw(payloads), "track": draw(st.sampled_from(
+            ["inbound", "inbound_track", "outbound", None]))}}, allow_nan=True)
+    fields = draw(st.dictionaries(st.sampled_from(["mark", "dtmf", "media", "start", "stop", "payload"]), json_values,
+                                  max_size=2))
+    return json.dumps({**fields, "event": draw(st.sampled_from(TELNYX_EVENTS))}, allow_nan=True)
+
+
+PLIVO_EVENTS = ["start", "media", "playedStream", "clearedAudio", "dtmf", "stop", "x"]
+
+
+@st.composite
+def plivo_messages(draw) -> bytes | str:
+    """Plivo's events, well-formed or not: starts with random formats and extra headers (any of their shapes),
+    media of any bytes (odd lengths too, for 16-bit PCM)."""
+    kind = draw(st.sampled_from(["start", "media", "event", "json", "bytes"]))
+    if kind == "json":
+        return json.dumps(draw(json_values), allow_nan=True)
+    if kind == "bytes":
+        return draw(st.binary(max_size=64))
+    if kind == "start":
+        media_format = draw(st.fixed_dictionaries({
+            "encoding": st.sampled_from(["audio/x-mulaw", "audio/x-l16", "audio/x-alaw", 5]),
+            "sampleRate": st.sampled_from([8000, 16000, 24000, "8000", 8000.0, True])}) | json_values)
+        headers = draw(carrier_parameters.map(json.dumps) | st.text(max_size=40) | carrier_parameters | json_values)
+        start = {"callId": "C1", "streamId": draw(st.sampled_from(["S1", 5, None])), "mediaFormat": media_format}
+        return json.dumps({"event": "start", "start": start, "extra_headers": headers}, allow_nan=True)
+    if kind == "media":
+        return json.dumps({"event": "media", "media": {"payload": draw(payloads), "track": draw(st.sampled_from(
+            ["inbound", "outbound", None]))}}, allow_nan=True)
+    fields = draw(st.dictionaries(st.sampled_from(["name", "dtmf", "media", "start", "streamId"]), json_values,
+                                  max_size=2))
+    return json.dumps({**fields, "event": draw(st.sampled_from(PLIVO_EVENTS))}, allow_nan=True)
+
+
+EXOTEL_EVENTS = ["connected", "start", "media", "mark", "dtmf", "stop", "clear", "x"]
+
+
+@st.composite
+def exotel_messages(draw) -> bytes | str:
+    """Exotel's events, well-formed or not: starts with random rates (strings, numbers, nonsense) and encodings,
+    media of any bytes (odd lengths too: its audio is 16-bit PCM)."""
+    kind = draw(st.sampled_from(["start", "media", "event", "json", "bytes"]))
+    if kind == "json":
+        return json.dumps(draw(json_values), allow_nan=True)
+    if kind == "bytes":
+        return draw(st.binary(max_size=64))
+    if kind == "start":
+        media_format = draw(st.fixed_dictionaries({
+            "encoding": st.sampled_from(["audio/x-raw", "base64", "slin", "audio/x-mulaw", 5]),
+            "sample_rate": st.sampled_from(["8000", "16000", "24000", 8000, "44100", 8000.0, True, "x"])})
+            | json_values)
+        start = {"stream_sid": draw(st.sampled_from(["S1", 5, None])), "call_sid": "C1",
+                 "custom_parameters": draw(carrier_parameters), "media_format": media_format}
+        return json.dumps({"event": "start", "start": start}, allow_nan=True)
+    if kind == "media":
+        return json.dumps({"event": "media", "media": {"payload": draw(payloads), "chunk": "1"}}, allow_nan=True)
+    fields = draw(st.dictionaries(st.sampled_from(["mark", "dtmf", "media", "start", "stop"]), json_values, max_size=2))
+    return json.dumps({**fields, "event": draw(st.sampled_from(EXOTEL_EVENTS))}, allow_nan=True)
 
 
 def run_session(protocol: str, messages: list[bytes | str]) -> tuple[object, int]:
@@ -219,3 +304,28 @@ def test_twilio_streams_end_in_a_documented_way_or_go_on(messages):
     assert errors == 0
     if ending is not None:  # else: every event was taken or ignored, and the call went on
         assert ending.outcome != "internal_error" and ending.code in DOCUMENTED, ending
+
+
+def _a_carrier_stream_ends_in_a_documented_way_or_goes_on(carrier: str, messages: list[bytes | str]) -> None:
+    ending, errors = run_session(carrier, messages)
+    assert errors == 0
+    if ending is not None:  # else: every event was taken or ignored, and the call went on
+        assert ending.outcome != "internal_error" and ending.code in DOCUMENTED, ending
+
+
+@fuzz
+@given(st.lists(telnyx_messages(), min_size=1, max_size=6))
+def test_telnyx_streams_end_in_a_documented_way_or_go_on(messages):
+    _a_carrier_stream_ends_in_a_documented_way_or_goes_on("telnyx", messages)
+
+
+@fuzz
+@given(st.lists(plivo_messages(), min_size=1, max_size=6))
+def test_plivo_streams_end_in_a_documented_way_or_go_on(messages):
+    _a_carrier_stream_ends_in_a_documented_way_or_goes_on("plivo", messages)
+
+
+@fuzz
+@given(st.lists(exotel_messages(), min_size=1, max_size=6))
+def test_exotel_streams_end_in_a_documented_way_or_go_on(messages):
+    _a_carrier_stream_ends_in_a_documented_way_or_goes_on("exotel", messages)

@@ -39,7 +39,8 @@ from pplex_trio._conversation import CLOSE_BUDGET
 from pplex_trio.server._transport import WATCH_INTERVAL
 
 PATHS = {"raw": "/v1/audio/duplex", "moshi": "/api/chat?voice_prompt=NATF0.pt", "realtime": "/v1/realtime",
-         "live": "/v1/live/sessions", "twilio": "/telephony/twilio"}
+         "live": "/v1/live/sessions", "twilio": "/telephony/twilio", "telnyx": "/telephony/telnyx",
+         "plivo": "/telephony/plivo", "exotel": "/telephony/exotel"}
 OPEN = json.dumps({"type": "open"})
 APPEND = json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(3840)).decode()})
 START = json.dumps({"type": "session.start", "session": {"model": "gpt-live-1"}})
@@ -50,7 +51,27 @@ TWILIO_OPEN = [json.dumps({"event": "connected", "protocol": "Call", "version": 
                                                            "channels": 1}}})]
 TWILIO_MEDIA = json.dumps({"event": "media", "streamSid": "MZ1", "media": {
     "track": "inbound", "payload": base64.b64encode(b"\xff" * 160).decode()}})
-PROTOCOLS = ["raw", "moshi", "realtime", "live", "twilio"]
+TELNYX_OPEN = [json.dumps({"event": "connected", "version": "1.0.0"}),
+               json.dumps({"event": "start", "sequence_number": "1", "stream_id": "S1", "start": {
+                   "user_id": "U1", "call_control_id": "v3:C1", "custom_parameters": {},
+                   "media_format": {"encoding": "PCMU", "sample_rate": 8000, "channels": 1}}})]
+TELNYX_MEDIA = json.dumps({"event": "media", "stream_id": "S1", "media": {
+    "track": "inbound", "payload": base64.b64encode(b"\xff" * 160).decode()}})
+PLIVO_OPEN = [json.dumps({"event": "start", "sequenceNumber": 0, "start": {
+    "callId": "C1", "streamId": "S1", "accountId": "A1", "tracks": ["inbound"],
+    "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000}}, "extra_headers": "{}"})]
+PLIVO_MEDIA = json.dumps({"event": "media", "streamId": "S1", "media": {
+    "track": "inbound", "payload": base64.b64encode(b"\xff" * 160).decode()}})
+EXOTEL_OPEN = [json.dumps({"event": "connected"}),
+               json.dumps({"event": "start", "sequence_number": "1", "stream_sid": "S1", "start": {
+                   "stream_sid": "S1", "call_sid": "C1", "account_sid": "A1", "custom_parameters": {},
+                   "media_format": {"encoding": "audio/x-raw", "sample_rate": "8000", "bit_rate": "16"}}})]
+EXOTEL_MEDIA = json.dumps({"event": "media", "stream_sid": "S1", "media": {
+    "chunk": "1", "payload": base64.b64encode(bytes(1600)).decode()}})
+# What opens a carrier's stream, and a media event of the caller's (a call says nothing until it hears something).
+CARRIER_OPEN = {"twilio": (TWILIO_OPEN, TWILIO_MEDIA), "telnyx": (TELNYX_OPEN, TELNYX_MEDIA),
+                "plivo": (PLIVO_OPEN, PLIVO_MEDIA), "exotel": (EXOTEL_OPEN, EXOTEL_MEDIA)}
+PROTOCOLS = ["raw", "moshi", "realtime", "live", "twilio", "telnyx", "plivo", "exotel"]
 PHASES = ["connected", "queued", "preparing", "live", "closing"]
 BEHAVIOURS = ["stop_reading", "freeze", "reset", "fragments", "header_only"]
 POLL = 0.05  # how often the tests look (a session that ends at once may still be unwinding at the first look)
@@ -119,25 +140,25 @@ async def bring_to(phase: str, protocol: str, bad: BadClient, server, after: int
         await bad.send(APPEND)  # the first audio starts the conversation
     if protocol == "live":
         await bad.send(START)
-    if protocol == "twilio":
-        for message in TWILIO_OPEN:
+    if protocol in CARRIER_OPEN:
+        for message in CARRIER_OPEN[protocol][0]:
             await bad.send(message)
     if phase in ("queued", "preparing"):
         await wait_for_state(server, after, phase)
         return
     with trio.fail_after(10):
-        if protocol == "twilio":  # a call says nothing when it is live: its first media out shows it
-            await bad.send(TWILIO_MEDIA)
+        if protocol in CARRIER_OPEN:  # a call says nothing when it is live: its first media out shows it
+            await bad.send(CARRIER_OPEN[protocol][1])
         while True:
             message = await bad.receive()
             if message == b"\x00" or (isinstance(message, str) and (json.loads(message).get("type") in (
-                    "ready", "response.created", "session.started") or json.loads(message).get("event") == "media")):
+                    "ready", "response.created", "session.started") or json.loads(message).get("event") in ("media", "playAudio"))):
                 break
     if phase == "closing":
         if protocol == "raw":
             await bad.send(np.zeros(1920 * 3, "<f4").tobytes())
             await bad.send(json.dumps({"type": "close"}))  # the flush is still running when it misbehaves
-        elif protocol in ("realtime", "live", "twilio"):
+        elif protocol in ("realtime", "live", *CARRIER_OPEN):
             await bad.send(b"binary frames are refused")  # the server starts closing (1003)
         else:
             await bad.send("text frames are refused")  # the server starts closing (1003)

@@ -52,12 +52,15 @@ async def test_every_route_but_the_probes_needs_the_token(virtual_server, autoju
     handle = await virtual_server(auth_token=TOKEN)
     http_paths, ws_paths = protected_routes(handle)
     assert {"/", "/metrics", "/api/info", "/api/sessions", "/api/voices", "/api/queue", "/v1/models"} <= set(http_paths)
-    assert sorted(ws_paths) == ["/api/chat", "/live/sessions", "/telephony/twilio", "/v1/audio/duplex",
-                                "/v1/live/sessions", "/v1/realtime"]
-    # A phone carrier's stream cannot carry the token in its URL: its session checks the one in its start event
-    # (tests/server/test_twilio.py); the gate lets the upgrade through.
-    ws_paths.remove("/telephony/twilio")
-    assert await status_of_upgrade(handle, "/telephony/twilio") == 101
+    carriers = ["/telephony/exotel", "/telephony/plivo", "/telephony/telnyx", "/telephony/twilio"]
+    assert sorted(ws_paths) == ["/api/chat", "/live/sessions", *carriers, "/v1/audio/duplex", "/v1/live/sessions",
+                                "/v1/realtime"]
+    # A phone carrier's stream cannot always carry the token in its URL: its session checks the one in its start
+    # event's parameters or its URL's query (tests/server/test_twilio.py, test_carriers.py); the gate lets the
+    # upgrade through.
+    for path in carriers:
+        ws_paths.remove(path)
+        assert await status_of_upgrade(handle, path) == 101
     wrong_ways = [{}, {"headers": {"authorization": "Bearer wrong"}}, {"params": {"token": "wrong"}},
                   {"headers": {"authorization": f"Basic {TOKEN}"}}, {"headers": {"cookie": f"{COOKIE}={TOKEN}"}}]
     async with handle.http() as http:

@@ -1,0 +1,110 @@
+"""Exotel voice streaming (the Voicebot applet), sans-IO: the stream's events, our messages, the applet's URL.
+
+A flow's Voicebot applet opens a bidirectional stream to a WebSocket URL, given
+in the applet or fetched from an HTTPS endpoint that answers ``{"url": "wss://…"}``
+(our answer route).  Exotel sends ``connected``, ``start`` (``call_sid``,
+``stream_sid``, the URL's query parameters as ``custom_parameters``: up to 3,
+256 characters in all, and ``media_format``: raw 16-bit little-endian PCM at
+8 kHz, or 16 or 24 kHz when the URL asks with ``sample-rate``), then ``media``
+(base64, ~100 ms), ``dtmf``, ``mark`` when what we sent before a mark has
+played, and ``stop`` when the call ends.  We send ``media``, ``mark`` and
+``clear``, each naming the stream; Exotel wants our audio in multiples of 320
+bytes (20 ms at 8 kHz), which our 80 ms frames are, give or take the
+resampler's blocks: what is left over goes out with the next frame.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from .._conversation import CloseCode
+from ._audio import Encoding, SampleFormat
+from ._errors import ProtocolError
+from ._telephony import CallAudio, CallConnected, CallDtmf, CallEvent, CallMark, CallStart, CallStop, EventReader
+
+RATES = (8_000, 16_000, 24_000)
+ENCODINGS = ("audio/x-raw", "base64", "raw", "slin")  # what Exotel's documents have called its raw PCM
+CHUNK_BYTES = 320  # Exotel plays our audio in multiples of this
+_read = EventReader("Exotel voice streaming")
+
+
+def _rate(value: Any) -> int | None:
+    try:
+        rate = int(value)
+    except (TypeError, ValueError):
+        return None
+    return rate if rate in RATES and not isinstance(value, (bool, float)) else None
+
+
+class ExotelCarrier:
+    """One Exotel stream (a :class:`~pplex_trio.protocol.telephony.Carrier`): parse its events, build ours."""
+
+    name: ClassVar[str] = "exotel"
+
+    def __init__(self) -> None:
+        self.stream_sid: str | None = None
+        self._held = b""  # our audio short of a whole CHUNK_BYTES, sent with the next frame
+
+    def parse(self, message: bytes | str) -> CallEvent | None:
+        event = _read.load(message)
+        kind = event["event"]
+        if kind == "media":
+            return CallAudio(_read.payload(_read.object(event, "media"), 2))
+        if kind == "start":
+            return self._start(event)
+        if kind == "mark":
+            return CallMark(_read.text(_read.object(event, "mark"), "name", "mark"))
+        if kind == "dtmf":
+            return CallDtmf(_read.text(_read.object(event, "dtmf"), "digit", "dtmf"))
+        if kind == "stop":
+            return CallStop()
+        if kind == "connected":
+            return CallConnected()
+        return None  # events Exotel may add
+
+    def _start(self, event: Mapping[str, Any]) -> CallStart:
+        start = _read.object(event, "start")
+        stream_sid = _read.optional_text(start, "stream_sid") or _read.optional_text(event, "stream_sid")
+        if stream_sid is None:
+            raise _read.malformed("start.stream_sid must be a string")
+        media_format = start.get("media_format") or {"encoding": "audio/x-raw", "sample_rate": "8000"}
+        if not isinstance(media_format, dict):
+            raise _read.malformed("start.media_format must be an object")
+        rate = _rate(media_format.get("sample_rate", "8000"))
+        if rate is None or media_format.get("encoding", "audio/x-raw") not in ENCODINGS:
+            raise ProtocolError(f"unsupported media format {json.dumps(media_format)[:120]}: this server takes "
+                                "raw 16-bit PCM (audio/x-raw) at 8000, 16000 or 24000 Hz", CloseCode.UNSUPPORTED_DATA)
+        self.stream_sid = stream_sid
+        return CallStart(call_id=_read.optional_text(start, "call_sid") or "", stream_id=stream_sid,
+                         account_id=_read.optional_text(start, "account_sid"),
+                         parameters=_read.parameters(start, "custom_parameters", "start"),
+                         audio_format=SampleFormat(Encoding.PCM16, rate))
+
+    # -- our messages -------------------------------------------------------------
+
+    def _message(self, kind: str, **fields: Any) -> str:
+        assert self.stream_sid is not None, "the stream has not started"
+        return json.dumps({"event": kind, "stream_sid": self.stream_sid, **fields}, separators=(",", ":"))
+
+    def media(self, audio: bytes) -> str:
+        audio = self._held + audio
+        whole = len(audio) - len(audio) % CHUNK_BYTES
+        audio, self._held = audio[:whole], audio[whole:]
+        return self._message("media", media={"payload": base64.b64encode(audio).decode("ascii")})
+
+    def clear(self) -> str:
+        self._held = b""
+        return self._message("clear")
+
+    def mark(self, name: str) -> str:
+        return self._message("mark", mark={"name": name})
+
+
+def answer_document(stream_url: str, parameters: Mapping[str, str]) -> str:
+    """The Voicebot applet's dynamic URL answer: ``{"url": …}``, the stream's URL with ``parameters`` in its
+    query (Exotel hands them to the start event as ``custom_parameters``)."""
+    return json.dumps({"url": stream_url + ("?" + urllib.parse.urlencode(parameters) if parameters else "")})

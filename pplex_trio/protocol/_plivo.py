@@ -1,0 +1,127 @@
+"""Plivo audio streams, sans-IO: the stream's events, our messages, the Plivo XML answer.
+
+A call answered with ``<Stream bidirectional="true" keepCallAlive="true">wss://…/telephony/plivo?…</Stream>``
+opens a bidirectional stream: Plivo sends ``start`` (``callId``, ``streamId``,
+``mediaFormat``: μ-law at 8 kHz, or 16-bit linear PCM at 8 or 16 kHz, and the
+answer's ``extraHeaders``), then ``media`` (base64, 20 ms), ``dtmf``,
+``playedStream`` when what we sent before a ``checkpoint`` has played,
+``clearedAudio`` after our ``clearAudio``, and ``stop`` when the call ends.
+We send ``playAudio``, ``checkpoint`` and ``clearAudio``, each naming the
+stream.  Plivo's ``extraHeaders`` are ``key=value`` pairs joined by commas,
+which a persona cannot safely be; so the answer puts persona, voice and token
+in the stream URL's query, and a start event's extra headers, when given,
+override them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.parse
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from .._conversation import CloseCode
+from ._audio import Encoding, SampleFormat
+from ._errors import ProtocolError
+from ._telephony import CallAudio, CallConnected, CallDtmf, CallEvent, CallMark, CallStart, CallStop, EventReader
+
+# Plivo's content types, and the rates each may stream at.
+FORMATS = {("audio/x-mulaw", 8_000): SampleFormat(Encoding.PCMU, 8_000),
+           ("audio/x-l16", 8_000): SampleFormat(Encoding.PCM16, 8_000),
+           ("audio/x-l16", 16_000): SampleFormat(Encoding.PCM16, 16_000)}
+CONTENT_TYPE = "audio/x-mulaw;rate=8000"  # what the answer asks for
+_read = EventReader("Plivo audio streams")
+
+
+def _extra_headers(value: Any) -> Mapping[str, str]:
+    """The start event's extra headers: an object, a JSON object's text, or ``k=v,k=v`` (each shape is seen)."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            pairs = (item.partition("=") for item in value.split(",") if item)
+            return {k.strip(): v.strip() for k, sep, v in pairs if sep}
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise _read.malformed("extra_headers must be an object of strings")
+    return value
+
+
+class PlivoCarrier:
+    """One Plivo stream (a :class:`~pplex_trio.protocol.telephony.Carrier`): parse its events, build ours."""
+
+    name: ClassVar[str] = "plivo"
+
+    def __init__(self) -> None:
+        self.stream_id: str | None = None
+        self._format: tuple[str, int] = ("audio/x-mulaw", 8_000)
+
+    def parse(self, message: bytes | str) -> CallEvent | None:
+        event = _read.load(message)
+        kind = event["event"]
+        if kind == "media":
+            media = _read.object(event, "media")
+            track = media.get("track")
+            if track is not None and track != "inbound":
+                return None
+            return CallAudio(_read.payload(media, 2 if self._format[0] == "audio/x-l16" else 1))
+        if kind == "start":
+            return self._start(event)
+        if kind == "playedStream":
+            return CallMark(_read.text(event, "name", "playedStream"))
+        if kind == "dtmf":
+            return CallDtmf(_read.text(_read.object(event, "dtmf"), "digit", "dtmf"))
+        if kind == "stop":
+            return CallStop()
+        if kind == "connected":
+            return CallConnected()
+        return None  # clearedAudio (our clear's echo), and events Plivo may add
+
+    def _start(self, event: Mapping[str, Any]) -> CallStart:
+        start = _read.object(event, "start")
+        stream_id = _read.optional_text(start, "streamId") or _read.optional_text(event, "streamId")
+        if stream_id is None:
+            raise _read.malformed("start.streamId must be a string")
+        media_format = start.get("mediaFormat") or {"encoding": "audio/x-mulaw", "sampleRate": 8_000}
+        if not isinstance(media_format, dict):
+            raise _read.malformed("start.mediaFormat must be an object")
+        encoding, rate = str(media_format.get("encoding")), media_format.get("sampleRate", 8_000)
+        audio_format = FORMATS.get((encoding, rate)) if type(rate) is int else None
+        if audio_format is None:
+            raise ProtocolError(f"unsupported media format {json.dumps(media_format)[:120]}: this server takes "
+                                "audio/x-mulaw at 8000 Hz or audio/x-l16 at 8000 or 16000 Hz",
+                                CloseCode.UNSUPPORTED_DATA)
+        headers = event.get("extra_headers", start.get("extraHeaders", event.get("extraHeaders")))
+        self.stream_id, self._format = stream_id, (encoding, audio_format.rate)
+        return CallStart(call_id=_read.optional_text(start, "callId") or "", stream_id=stream_id,
+                         account_id=_read.optional_text(start, "accountId"), parameters=_extra_headers(headers),
+                         audio_format=audio_format)
+
+    # -- our messages -------------------------------------------------------------
+
+    def _message(self, kind: str, **fields: Any) -> str:
+        assert self.stream_id is not None, "the stream has not started"
+        return json.dumps({"event": kind, "streamId": self.stream_id, **fields}, separators=(",", ":"))
+
+    def media(self, audio: bytes) -> str:
+        content_type, rate = self._format
+        return self._message("playAudio", media={"contentType": content_type, "sampleRate": rate,
+                                                 "payload": base64.b64encode(audio).decode("ascii")})
+
+    def clear(self) -> str:
+        return self._message("clearAudio")
+
+    def mark(self, name: str) -> str:
+        return self._message("checkpoint", name=name)
+
+
+def answer_document(stream_url: str, parameters: Mapping[str, str]) -> str:
+    """The Plivo XML that connects a call to a bidirectional stream at ``stream_url``, with ``parameters``
+    in the URL's query (the session reads them there; see the module's docstring)."""
+    response = ET.Element("Response")
+    stream = ET.SubElement(response, "Stream", bidirectional="true", keepCallAlive="true", contentType=CONTENT_TYPE)
+    stream.text = stream_url + ("?" + urllib.parse.urlencode(parameters) if parameters else "")
+    return '<?xml version="1.0" encoding="UTF-8"?>' + ET.tostring(response, encoding="unicode")

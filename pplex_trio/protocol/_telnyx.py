@@ -1,0 +1,105 @@
+"""Telnyx media streaming, sans-IO: the stream's events, our messages, the TeXML answer.
+
+A call answered with TeXML ``<Connect><Stream url="wss://…/telephony/telnyx"
+bidirectionalMode="rtp">`` opens a bidirectional stream: Telnyx sends
+``connected``, ``start`` (``call_control_id``, the ``<Parameter>``s of the
+answer as ``custom_parameters``, ``media_format``: PCMU or PCMA at 8 kHz), then
+``media`` (base64 RTP payloads, 20 ms), ``dtmf``, ``mark`` when what we sent
+before a mark has played, ``error`` when it could not take one of our messages,
+and ``stop`` when the call ends.  We send ``media`` (in the RTP codec the
+answer asked for: PCMU), ``mark`` and ``clear``.  Telnyx's messages name the
+stream (``stream_id``); ours need not.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from .._conversation import CloseCode
+from ._audio import Encoding, SampleFormat
+from ._errors import ProtocolError
+from ._telephony import CallAudio, CallConnected, CallDtmf, CallEvent, CallMark, CallStart, CallStop
+from ._telephony import EventReader, connect_stream_document
+
+RATE = 8_000
+# The start event's media_format.encoding (Telnyx's codec names; the media types too, as some of its docs show).
+ENCODINGS = {"PCMU": Encoding.PCMU, "PCMA": Encoding.PCMA, "audio/x-mulaw": Encoding.PCMU,
+             "audio/x-alaw": Encoding.PCMA}
+REPLY_CODEC = "PCMU"  # the answer's bidirectionalCodec: what Telnyx plays of ours, whatever the call's codec
+_read = EventReader("Telnyx media streaming")
+
+
+class TelnyxCarrier:
+    """One Telnyx stream (a :class:`~pplex_trio.protocol.telephony.Carrier`): parse its events, build ours."""
+
+    name: ClassVar[str] = "telnyx"
+
+    def __init__(self) -> None:
+        self.stream_id: str | None = None
+
+    def parse(self, message: bytes | str) -> CallEvent | None:
+        event = _read.load(message)
+        kind = event["event"]
+        if kind == "media":
+            media = _read.object(event, "media")
+            track = media.get("track")
+            if track is not None and track not in ("inbound", "inbound_track"):
+                return None  # (both tracks streamed: only the caller's is heard)
+            return CallAudio(_read.payload(media))
+        if kind == "start":
+            return self._start(event)
+        if kind == "mark":
+            return CallMark(_read.text(_read.object(event, "mark"), "name", "mark"))
+        if kind == "dtmf":
+            return CallDtmf(_read.text(_read.object(event, "dtmf"), "digit", "dtmf"))
+        if kind == "stop":
+            return CallStop()
+        if kind == "connected":
+            return CallConnected()
+        return None  # error (Telnyx could not take one of ours: noted), and events Telnyx may add
+
+    def _start(self, event: Mapping[str, Any]) -> CallStart:
+        start = _read.object(event, "start")
+        stream_id = _read.optional_text(event, "stream_id") or _read.optional_text(start, "stream_id")
+        if stream_id is None:
+            raise _read.malformed("the start event must carry a string stream_id")
+        parameters = _read.parameters(start, "custom_parameters", "start")
+        media_format = start.get("media_format") or {"encoding": "PCMU", "sample_rate": RATE}
+        if not isinstance(media_format, dict):
+            raise _read.malformed("start.media_format must be an object")
+        encoding = ENCODINGS.get(str(media_format.get("encoding")))
+        if encoding is None or media_format.get("sample_rate", RATE) != RATE or media_format.get("channels", 1) != 1:
+            raise ProtocolError(f"unsupported media format {json.dumps(media_format)[:120]}: this server takes "
+                                f"mono PCMU or PCMA at {RATE} Hz", CloseCode.UNSUPPORTED_DATA)
+        self.stream_id = stream_id
+        return CallStart(call_id=_read.optional_text(start, "call_control_id", "call_sid") or "",
+                         stream_id=stream_id, account_id=_read.optional_text(start, "user_id", "account_sid"),
+                         parameters=parameters, audio_format=SampleFormat(encoding, RATE),
+                         reply_format=SampleFormat(ENCODINGS[REPLY_CODEC], RATE))
+
+    # -- our messages -------------------------------------------------------------
+
+    def _message(self, kind: str, **fields: Any) -> str:
+        assert self.stream_id is not None, "the stream has not started"
+        return json.dumps({"event": kind, **fields}, separators=(",", ":"))
+
+    def media(self, audio: bytes) -> str:
+        return self._message("media", media={"payload": base64.b64encode(audio).decode("ascii")})
+
+    def clear(self) -> str:
+        return self._message("clear")
+
+    def mark(self, name: str) -> str:
+        return self._message("mark", mark={"name": name})
+
+
+def answer_document(stream_url: str, parameters: Mapping[str, str]) -> str:
+    """The TeXML that connects a call to a bidirectional RTP stream at ``stream_url`` (our audio in
+    :data:`REPLY_CODEC`), handing it ``parameters`` (``custom_parameters`` in its start event).
+
+    Raises :class:`ProtocolError` (``param``: the parameter) for a value XML cannot carry.
+    """
+    return connect_stream_document(stream_url, parameters, bidirectionalMode="rtp", bidirectionalCodec=REPLY_CODEC)
