@@ -24,11 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from .._conversation import FRAME_SIZE, SAMPLE_RATE, CloseCode, Conversation
+from .._conversation import FRAME_SIZE, SAMPLE_RATE, Conversation
 from ..engine import OutputFrame
-from ..protocol import EventError, LiveEvents, ProtocolError, live
+from ..protocol import EventError, LiveEvents, live
 from ._audio_io import AudioIn, AudioOut
-from ._wire import MAX_PENDING_EVENTS, EndOfInput, InputAudio, InputEvent, Message, Notices, Replies, WireProtocol
+from ._wire import (EndOfInput, InputAudio, InputEvent, Message, Notices, PendingEvents, Replies, WireProtocol,
+                    error_type)
 
 FRAME_MS = FRAME_SIZE * 1000 // SAMPLE_RATE
 USAGE_MS = 5_000  # of the session timeline between session.usage.updated events
@@ -59,7 +60,7 @@ class LiveProtocol(WireProtocol):
         self._audio_in: AudioIn | None = None
         self._audio_out: AudioOut | None = None
         self._muted = False
-        self._pending: list[Message] = []  # go out before the next frame's deltas
+        self._pending = PendingEvents()  # errors met while decoding
         self._first_tick: int | None = None  # the session timeline's origin
         self._frames = 0  # the timeline's length in frames, to the end of the last frame sent
         self._opening_audio: InputAudio | None = None
@@ -88,7 +89,7 @@ class LiveProtocol(WireProtocol):
     # -- client events ---------------------------------------------------------------
 
     def _refuse(self, exc: EventError) -> Message:
-        self.notices.note(f"refused{'' if exc.param is None else ' ' + exc.param}: {exc.message}", key=exc.code)
+        self.notices.refused(exc)
         return self.events.error_from(exc)
 
     def take_notices(self) -> list[str]:
@@ -123,15 +124,10 @@ class LiveProtocol(WireProtocol):
             try:
                 pcm = self._audio_in(data)
             except EventError as exc:
-                self._queue(self._refuse(exc))
+                self._pending.add(self._refuse(exc))
                 pcm = np.zeros(0, dtype=np.float32)
             out.append(np.zeros_like(pcm) if muted else pcm)  # muted: silence as long as what was said
         return out
-
-    def _queue(self, message: Message) -> None:
-        if len(self._pending) >= MAX_PENDING_EVENTS:
-            raise ProtocolError("too many bad events in one frame's time; slow down", CloseCode.POLICY)
-        self._pending.append(message)
 
     # -- output -----------------------------------------------------------------------
 
@@ -147,8 +143,7 @@ class LiveProtocol(WireProtocol):
 
     async def encode(self, frames: list[OutputFrame]) -> list[tuple[Message, OutputFrame | None]]:
         assert self._audio_out is not None
-        messages: list[tuple[Message, OutputFrame | None]] = [(m, None) for m in self._pending]
-        self._pending = []
+        messages: list[tuple[Message, OutputFrame | None]] = [*self._pending.take()]
         for frame in frames:
             if self._first_tick is None:
                 self._first_tick = frame.tick
@@ -166,9 +161,7 @@ class LiveProtocol(WireProtocol):
         return frames * FRAME_MS / 1000
 
     def error(self, message: str, code: int) -> Message:
-        kind = "server_error" if code in (CloseCode.INTERNAL_ERROR, CloseCode.TRY_AGAIN_LATER,
-                                          CloseCode.GOING_AWAY) else "invalid_request_error"
-        return self.events.error(message, kind=kind, code=f"close_{int(code)}")
+        return self.events.error(message, kind=error_type(code), code=f"close_{int(code)}")
 
     def closing(self, message: str | None, code: int, outcome: str) -> list[Message]:
         said: list[Message] = []

@@ -26,14 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from .._conversation import SAMPLE_RATE, CloseCode, Conversation
+from .._conversation import SAMPLE_RATE, Conversation
 from ..codec import EnergyVAD
 from ..engine import OutputFrame
-from ..protocol import (AudioAppend, AudioFormat, ConversationItems, Dialect, ItemEvent, ProtocolError, EventError,
+from ..protocol import (AudioAppend, AudioFormat, ConversationItems, Dialect, ItemEvent, EventError,
                         ResponseCreate, ServerEvents, SessionConfig, SessionUpdate, apply_session_update,
                         parse_realtime_event)
 from ._audio_io import AudioIn, AudioOut
-from ._wire import MAX_PENDING_EVENTS, InputAudio, InputEvent, Message, Notices, Replies, Restart, WireProtocol
+from ._wire import (InputAudio, InputEvent, Message, Notices, PendingEvents, Replies, Restart, WireProtocol,
+                    error_type)
 
 SUBPROTOCOL = "realtime"  # what browsers offer (with the token and beta markers beside it)
 
@@ -66,7 +67,7 @@ class RealtimeProtocol(WireProtocol):
         self._vad = EnergyVAD(SAMPLE_RATE)
         self._speech_item: str | None = None  # the caller's speech in progress, as an input item
         self._last_item: str | None = None  # the last committed input item
-        self._pending: list[Message] = []  # go out before the next frame's deltas
+        self._pending = PendingEvents()
         self._opening_audio: InputAudio | None = None
         self._answer_first = False  # the opening was response.create: the model speaks without waiting
         self._response: str | None = None  # the open response and its one item
@@ -122,7 +123,7 @@ class RealtimeProtocol(WireProtocol):
             return Replies([self._refuse(exc)])
 
     def _refuse(self, exc: EventError) -> Message:
-        self.notices.note(f"refused{'' if exc.param is None else ' ' + exc.param}: {exc.message}", key=exc.code)
+        self.notices.refused(exc)
         return self.events.error_from(exc)
 
     def take_notices(self) -> list[str]:
@@ -159,7 +160,7 @@ class RealtimeProtocol(WireProtocol):
                 if created:
                     self._metadata = event.metadata
             else:
-                self._queue(*self._cut("completed" if created else "cancelled", event.metadata if created else None))
+                self._pending.add(*self._cut("completed" if created else "cancelled", event.metadata if created else None))
             return Replies([])
         self.notices.note(f"{event.type}: answered, without effect on the model (docs/PROTOCOL.md)", key=event.type)
         if isinstance(event, ItemEvent):
@@ -189,11 +190,6 @@ class RealtimeProtocol(WireProtocol):
             return [events.item_deleted(items.delete(event.fields, event.event_id))]
         return [events.item_retrieved(items.retrieve(event.fields, event.event_id))]
 
-    def _queue(self, *messages: Message) -> None:
-        if len(self._pending) + len(messages) > MAX_PENDING_EVENTS:
-            raise ProtocolError("too many events in one frame's time; slow down", CloseCode.POLICY)
-        self._pending.extend(messages)
-
     # -- audio in ---------------------------------------------------------------------
 
     def decode(self, payloads: list[Any]) -> list[np.ndarray]:
@@ -203,16 +199,16 @@ class RealtimeProtocol(WireProtocol):
             try:
                 pcm = self._audio_in(data)
             except EventError as exc:
-                self._queue(self._refuse(exc))
+                self._pending.add(self._refuse(exc))
                 pcm = np.zeros(0, dtype=np.float32)
             for speech in self._vad.feed(pcm):
                 if speech.started:
                     self._speech_item = self.events.new_id("item")
-                    self._queue(self.events.speech_started(speech.at_ms, self._speech_item))
+                    self._pending.add(self.events.speech_started(speech.at_ms, self._speech_item))
                     if self._response is not None:
-                        self._queue(*self._cut("completed"))  # the caller's turn starts: so does the next response
+                        self._pending.add(*self._cut("completed"))  # the caller's turn starts: so does the next response
                 elif self._speech_item is not None:
-                    self._queue(self.events.speech_stopped(speech.at_ms, self._speech_item))
+                    self._pending.add(self.events.speech_stopped(speech.at_ms, self._speech_item))
             out.append(pcm)
         return out
 
@@ -243,8 +239,7 @@ class RealtimeProtocol(WireProtocol):
 
     async def encode(self, frames: list[OutputFrame]) -> list[tuple[Message, OutputFrame | None]]:
         assert self._audio_out is not None
-        messages: list[tuple[Message, OutputFrame | None]] = [(m, None) for m in self._pending]
-        self._pending = []
+        messages: list[tuple[Message, OutputFrame | None]] = [*self._pending.take()]
         for frame in frames:
             assert self._response is not None and self._item is not None
             audio = self._audio_out(frame.pcm)
@@ -255,6 +250,4 @@ class RealtimeProtocol(WireProtocol):
         return messages
 
     def error(self, message: str, code: int) -> Message:
-        kind = "server_error" if code in (CloseCode.INTERNAL_ERROR, CloseCode.TRY_AGAIN_LATER,
-                                          CloseCode.GOING_AWAY) else "invalid_request_error"
-        return self.events.error(message, kind=kind, code=f"close_{int(code)}")
+        return self.events.error(message, kind=error_type(code), code=f"close_{int(code)}")

@@ -39,7 +39,7 @@ from ..codec import EnergyVAD
 from ..engine import OutputFrame
 from ..protocol import ProtocolError, conversation_from_params, parse_query, same_secret, telephony
 from ._audio_io import AudioIn, AudioOut
-from ._wire import MAX_PENDING_EVENTS, Hangup, InputAudio, InputEvent, Message, Notices, Replies, WireProtocol
+from ._wire import Hangup, InputAudio, InputEvent, Message, Notices, PendingEvents, Replies, WireProtocol
 
 TOKEN_PARAMETER = "token"  # the answer document's parameter that carries the server's token
 
@@ -62,7 +62,7 @@ class TelephonyProtocol(WireProtocol):
         self._audio_in: AudioIn | None = None
         self._audio_out: AudioOut | None = None
         self._vad = EnergyVAD(SAMPLE_RATE)
-        self._pending: list[Message] = []  # go out before the next frame's media
+        self._pending = PendingEvents()  # a barge-in's clear
         self._mark_after_next_frame = False
         self._marks = itertools.count(1)
 
@@ -120,15 +120,10 @@ class TelephonyProtocol(WireProtocol):
         for data in payloads:
             pcm = self._audio_in(data)
             if any(speech.started for speech in self._vad.feed(pcm)):
-                self._queue(self.carrier.clear())  # barge-in: the carrier drops the model's audio it holds
+                self._pending.add(self.carrier.clear())  # barge-in: the carrier drops the model's audio it holds
                 self._mark_after_next_frame = True
             out.append(pcm)
         return out
-
-    def _queue(self, message: Message) -> None:
-        if len(self._pending) >= MAX_PENDING_EVENTS:
-            raise ProtocolError("too many events in one frame's time", CloseCode.POLICY)
-        self._pending.append(message)
 
     # -- output -----------------------------------------------------------------------
 
@@ -140,8 +135,7 @@ class TelephonyProtocol(WireProtocol):
 
     async def encode(self, frames: list[OutputFrame]) -> list[tuple[Message, OutputFrame | None]]:
         assert self._audio_out is not None
-        messages: list[tuple[Message, OutputFrame | None]] = [(m, None) for m in self._pending]
-        self._pending = []
+        messages: list[tuple[Message, OutputFrame | None]] = [*self._pending.take()]
         for frame in frames:
             messages.append((self.carrier.media(self._audio_out(frame.pcm)), frame))
             if self._mark_after_next_frame:

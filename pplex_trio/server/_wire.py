@@ -17,11 +17,11 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from .._conversation import Conversation
+from .._conversation import CloseCode, Conversation
 from ..engine import OutputFrame
+from ..protocol import EventError, ProtocolError
 
 Message = bytes | str  # one WebSocket message
-MAX_PENDING_EVENTS = 256  # server events waiting for the next frame (JSON protocols); more: the client floods us
 
 
 class WebSocket(Protocol):
@@ -88,6 +88,39 @@ class Notices:
     def take(self) -> list[str]:
         new, self._new = self._new, []
         return new
+
+    def refused(self, exc: EventError) -> None:
+        """A client event answered with an error (noted once per kind of refusal)."""
+        self.note(f"refused{'' if exc.param is None else ' ' + exc.param}: {exc.message}", key=exc.code)
+
+
+SERVER_SIDE = frozenset({CloseCode.INTERNAL_ERROR, CloseCode.TRY_AGAIN_LATER, CloseCode.GOING_AWAY})
+
+
+def error_type(code: int) -> str:
+    """An OpenAI ``error`` event's type for an ending with close ``code``: the server's side, or the request's."""
+    return "server_error" if code in SERVER_SIDE else "invalid_request_error"
+
+
+class PendingEvents:
+    """Events a protocol has to send before the next frame's audio (answers made while decoding, a VAD's,
+    a barge-in's): ``encode`` takes them, so they go out from the send task, in order.  More than
+    ``MAX`` in one frame's time means the client floods us: 1008."""
+
+    MAX = 256
+
+    def __init__(self) -> None:
+        self._messages: list[Message] = []
+
+    def add(self, *messages: Message) -> None:
+        if len(self._messages) + len(messages) > self.MAX:
+            raise ProtocolError("too many events in one frame's time; slow down", CloseCode.POLICY)
+        self._messages.extend(messages)
+
+    def take(self) -> list[tuple[Message, None]]:
+        """What waits, as ``encode``'s messages that carry no frame."""
+        messages, self._messages = self._messages, []
+        return [(message, None) for message in messages]
 
 
 class WireProtocol(abc.ABC):
