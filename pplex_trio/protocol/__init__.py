@@ -14,7 +14,8 @@ from ._audio import Encoding, SampleFormat
 from ._live_events import LiveEvents
 from ._errors import CloseCode, ProtocolError, EventError
 from ._params import conversation_from_params, parse_query, persona_text, temperature, voice_choice, voice_name
-from ._realtime import AudioAppend, AudioFormat, Dialect, ItemEvent, ResponseCreate, SessionConfig, SessionUpdate
+from ._openai_events import AudioAppend, ClientEvent
+from ._realtime import AudioFormat, Dialect, ItemEvent, ResponseCreate, SessionConfig, SessionUpdate
 from ._realtime import apply_session_update
 from ._realtime import parse_client_event as parse_realtime_event
 from ._realtime_events import ServerEvents
@@ -33,7 +34,7 @@ __all__ = [
     # the audio a JSON protocol carries
     "Encoding", "SampleFormat",
     # the OpenAI Realtime protocol
-    "AudioAppend", "AudioFormat", "ConversationItems", "Dialect", "ItemEvent", "EventError", "ResponseCreate",
+    "AudioAppend", "AudioFormat", "ClientEvent", "ConversationItems", "Dialect", "ItemEvent", "EventError", "ResponseCreate",
     "ServerEvents", "SessionConfig", "SessionUpdate", "apply_session_update", "parse_realtime_event",
     # the OpenAI Live protocol (its client events in ``live``)
     "live", "LiveEvents",

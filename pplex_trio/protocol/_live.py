@@ -11,16 +11,15 @@ event; ``docs/PROTOCOL.md`` has the table.  The server's events are
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import json
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from .._conversation import CloseCode, Conversation
+from .._conversation import Conversation
 from ._audio import Encoding, SampleFormat
 from ._errors import EventError, ProtocolError
+from ._openai_events import ClientEvent, audio_append, load_event
 from ._params import persona_text, voice_choice
 
 PCM_RATES = (24_000, 16_000)  # Live's PCM rates; G.711 is 8 kHz
@@ -59,55 +58,27 @@ class LiveConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class ClientEvent:
-    type: str
-    event_id: str | None
-
-
-@dataclasses.dataclass(frozen=True)
 class SessionStart(ClientEvent):
     session: Mapping[str, Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class AudioAppend(ClientEvent):
-    audio: bytes  # decoded from base64, still in the session's format
 
 
 SIMPLE = frozenset({"session.input_audio.mute", "session.input_audio.unmute", "session.close"})
 
 
 def parse_client_event(message: bytes | str) -> ClientEvent:
-    """One client message → an event; :class:`EventError` for one the server does not take.
-
-    Binary frames are not part of the protocol (it is JSON text): a :class:`ProtocolError` (1003).
-    """
-    if isinstance(message, bytes):
-        raise ProtocolError("binary frames are not part of the Live protocol: send JSON events as text",
-                            CloseCode.UNSUPPORTED_DATA)
-    try:
-        event = json.loads(message)
-    except ValueError:
-        raise EventError("the message is not valid JSON", code="invalid_json") from None
-    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-        raise EventError("an event must be a JSON object with a string 'type'", param="type", code="invalid_event")
-    kind, event_id = event["type"], event.get("event_id")
-    event_id = event_id if isinstance(event_id, str) else None
+    """One client message → an event; :class:`EventError` for one the server does not take (see
+    :func:`load_event`)."""
+    event, head = load_event(message, "Live")
+    kind, event_id = head.type, head.event_id
     if kind == "session.start":
         session = event.get("session")
         if not isinstance(session, Mapping):
             raise EventError("session must be an object", param="session", event_id=event_id)
         return SessionStart(kind, event_id, session)
     if kind == "session.input_audio.append":
-        audio = event.get("audio")
-        if not isinstance(audio, str):
-            raise EventError("audio must be a base64 string", param="audio", event_id=event_id)
-        try:
-            return AudioAppend(kind, event_id, base64.b64decode(audio, validate=True))
-        except (binascii.Error, ValueError):
-            raise EventError("audio is not valid base64", param="audio", event_id=event_id) from None
+        return audio_append(event, head)
     if kind in SIMPLE:
-        return ClientEvent(kind, event_id)
+        return head
     if kind in REFUSED:
         raise EventError(f"{kind} is not supported: {REFUSED[kind]}; {WHY}", param="type",
                          code="unsupported_event", event_id=event_id)

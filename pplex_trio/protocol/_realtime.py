@@ -14,17 +14,16 @@ this module reads client events and checks the values of a session update
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import enum
 import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._conversation import CloseCode, Conversation, Sampling
+from .._conversation import Conversation, Sampling
 from ._audio import Encoding, SampleFormat
 from ._errors import ProtocolError, EventError
+from ._openai_events import ClientEvent, audio_append, load_event
 from ._params import persona_text, temperature, voice_choice
 
 
@@ -142,19 +141,8 @@ def _audio_format(value: Any, param: str, event_id: str | None) -> AudioFormat:
 
 
 @dataclasses.dataclass(frozen=True)
-class ClientEvent:
-    type: str
-    event_id: str | None
-
-
-@dataclasses.dataclass(frozen=True)
 class SessionUpdate(ClientEvent):
     session: Any
-
-
-@dataclasses.dataclass(frozen=True)
-class AudioAppend(ClientEvent):
-    audio: bytes  # decoded from base64, still in the session's input format
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,33 +168,13 @@ MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 512
 
 
 def parse_client_event(message: bytes | str) -> ClientEvent:
-    """One client message → an event; :class:`EventError` for what is not a valid event.
-
-    Binary frames are not part of the protocol (it is JSON text): a :class:`ProtocolError` (1003).
-    A message over the size limit never gets here: the inbound guard refuses it at its frame header.
-    """
-    if isinstance(message, bytes):
-        raise ProtocolError("binary frames are not part of the Realtime protocol: send JSON events as text",
-                            CloseCode.UNSUPPORTED_DATA)
-    try:
-        event = json.loads(message)
-    except ValueError:
-        raise EventError("the message is not valid JSON", code="invalid_json") from None
-    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-        raise EventError("an event must be a JSON object with a string 'type'", param="type",
-                            code="invalid_event")
-    kind, event_id = event["type"], event.get("event_id")
-    event_id = event_id if isinstance(event_id, str) else None
+    """One client message → an event; :class:`EventError` for what is not a valid event (see :func:`load_event`)."""
+    event, head = load_event(message, "Realtime")
+    kind, event_id = head.type, head.event_id
     if kind == "session.update":
         return SessionUpdate(kind, event_id, event.get("session"))
     if kind == "input_audio_buffer.append":
-        audio = event.get("audio")
-        if not isinstance(audio, str):
-            raise EventError("audio must be a base64 string", param="audio", event_id=event_id)
-        try:
-            return AudioAppend(kind, event_id, base64.b64decode(audio, validate=True))
-        except (binascii.Error, ValueError):
-            raise EventError("audio is not valid base64", param="audio", event_id=event_id) from None
+        return audio_append(event, head)
     if kind == "response.create":
         return ResponseCreate(kind, event_id, _metadata(_object(event, "response").get("metadata"), event_id))
     if kind in ITEM_EVENTS:

@@ -26,7 +26,7 @@ import numpy as np
 
 from .._conversation import FRAME_SIZE, SAMPLE_RATE, Conversation
 from ..engine import OutputFrame
-from ..protocol import EventError, LiveEvents, live
+from ..protocol import AudioAppend, ClientEvent, EventError, LiveEvents, live
 from ._audio_io import AudioIn, AudioOut
 from ._wire import (EndOfInput, InputAudio, InputEvent, Message, Notices, PendingEvents, Replies, WireProtocol,
                     error_type)
@@ -100,7 +100,7 @@ class LiveProtocol(WireProtocol):
             event = live.parse_client_event(message)
         except EventError as exc:
             return Replies([self._refuse(exc)])
-        if isinstance(event, live.AudioAppend):
+        if isinstance(event, AudioAppend):
             return InputAudio((event.audio, self._muted)) if event.audio else None
         if isinstance(event, live.SessionStart):
             return Replies([self._refuse(EventError("the session has started already; open a new connection for "
@@ -108,7 +108,7 @@ class LiveProtocol(WireProtocol):
                                                     event_id=event.event_id))])
         return self._control(event)
 
-    def _control(self, event: live.ClientEvent) -> InputEvent:
+    def _control(self, event: ClientEvent) -> InputEvent:
         if event.type == "session.close":
             self._close_event = event.event_id
             return EndOfInput()  # the model's last words go out, then session.closed

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pplex_trio.protocol import CloseCode, Encoding, EventError, LiveEvents, ProtocolError, SampleFormat, live
+from pplex_trio.protocol import AudioAppend, ClientEvent, CloseCode, Encoding, EventError, LiveEvents, ProtocolError, SampleFormat, live
 
 from _helpers.live import checked
 
@@ -74,8 +74,8 @@ def test_client_events():
     audio = base64.b64encode(b"\x01\x02").decode()
     event = live.parse_client_event(json.dumps({"type": "session.input_audio.append", "audio": audio,
                                                 "event_id": "a"}))
-    assert event == live.AudioAppend("session.input_audio.append", "a", b"\x01\x02")
-    assert live.parse_client_event('{"type": "session.close"}') == live.ClientEvent("session.close", None)
+    assert event == AudioAppend("session.input_audio.append", "a", b"\x01\x02")
+    assert live.parse_client_event('{"type": "session.close"}') == ClientEvent("session.close", None)
     with pytest.raises(ProtocolError) as binary:
         live.parse_client_event(b"{}")
     assert binary.value.code == CloseCode.UNSUPPORTED_DATA

@@ -13,8 +13,8 @@ import json
 import pytest
 from pydantic import TypeAdapter
 
-from pplex_trio.protocol import ProtocolError
-from pplex_trio.protocol._realtime import (AudioAppend, AudioFormat, ClientEvent, Dialect, ItemEvent, EventError,
+from pplex_trio.protocol import AudioAppend, ClientEvent, ProtocolError
+from pplex_trio.protocol._realtime import (AudioFormat, Dialect, ItemEvent, EventError,
                                            ResponseCreate, SessionConfig, SessionUpdate, apply_session_update,
                                            parse_client_event)
 from pplex_trio.protocol._realtime_events import ServerEvents
