@@ -33,8 +33,9 @@ __all__ = [
     "voice_choice", "voice_name",
     # the audio a JSON protocol carries
     "Encoding", "SampleFormat",
-    # the OpenAI Realtime protocol
-    "AudioAppend", "AudioFormat", "ClientEvent", "ConversationItems", "Dialect", "ItemEvent", "EventError", "ResponseCreate",
+    # the OpenAI Realtime protocol (its client events shared with Live's)
+    "AudioAppend", "AudioFormat", "ClientEvent", "ConversationItems", "Dialect", "ItemEvent", "EventError",
+    "ResponseCreate",
     "ServerEvents", "SessionConfig", "SessionUpdate", "apply_session_update", "parse_realtime_event",
     # the OpenAI Live protocol (its client events in ``live``)
     "live", "LiveEvents",

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 from .._conversation import CloseCode
 from ._audio import Encoding, SampleFormat
 from ._errors import ProtocolError
-from ._telephony import CallAudio, CallConnected, CallDtmf, CallEvent, CallMark, CallStart, CallStop, EventReader
+from ._telephony import CallAudio, CallEvent, CallStart, EventReader
 
 RATES = (8_000, 16_000, 24_000)
 ENCODINGS = ("audio/x-raw", "base64", "raw", "slin")  # what Exotel's documents have called its raw PCM
@@ -56,15 +56,7 @@ class ExotelCarrier:
             return CallAudio(_read.payload(_read.object(event, "media"), 2))
         if kind == "start":
             return self._start(event)
-        if kind == "mark":
-            return CallMark(_read.text(_read.object(event, "mark"), "name", "mark"))
-        if kind == "dtmf":
-            return CallDtmf(_read.text(_read.object(event, "dtmf"), "digit", "dtmf"))
-        if kind == "stop":
-            return CallStop()
-        if kind == "connected":
-            return CallConnected()
-        return None  # events Exotel may add
+        return _read.common(event, kind)  # (else None: events Exotel may add)
 
     def _start(self, event: Mapping[str, Any]) -> CallStart:
         start = _read.object(event, "start")

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 from .._conversation import CloseCode
 from ._audio import Encoding, SampleFormat
 from ._errors import ProtocolError
-from ._telephony import CallAudio, CallConnected, CallDtmf, CallEvent, CallMark, CallStart, CallStop, EventReader
+from ._telephony import CallAudio, CallEvent, CallMark, CallStart, EventReader
 
 # Plivo's content types, and the rates each may stream at.
 FORMATS = {("audio/x-mulaw", 8_000): SampleFormat(Encoding.PCMU, 8_000),
@@ -72,13 +72,8 @@ class PlivoCarrier:
             return self._start(event)
         if kind == "playedStream":
             return CallMark(_read.text(event, "name", "playedStream"))
-        if kind == "dtmf":
-            return CallDtmf(_read.text(_read.object(event, "dtmf"), "digit", "dtmf"))
-        if kind == "stop":
-            return CallStop()
-        if kind == "connected":
-            return CallConnected()
-        return None  # clearedAudio (our clear's echo), and events Plivo may add
+        return _read.common(event, kind, marks=False)  # (else None: clearedAudio, our clear's echo, and
+        # events Plivo may add)
 
     def _start(self, event: Mapping[str, Any]) -> CallStart:
         start = _read.object(event, "start")

@@ -147,6 +147,19 @@ class EventReader:
             raise self.malformed("media.payload must be whole 16-bit samples (an even number of bytes)")
         return audio
 
+    def common(self, event: Mapping[str, Any], kind: str, *, marks: bool = True) -> CallEvent | None:
+        """The events most carriers send alike: ``mark`` (``mark.name``; ``marks=False`` for a carrier that
+        echoes marks its own way), ``dtmf`` (``dtmf.digit``), ``stop``, ``connected``; None for the rest."""
+        if kind == "mark" and marks:
+            return CallMark(self.text(self.object(event, "mark"), "name", "mark"))
+        if kind == "dtmf":
+            return CallDtmf(self.text(self.object(event, "dtmf"), "digit", "dtmf"))
+        if kind == "stop":
+            return CallStop()
+        if kind == "connected":
+            return CallConnected()
+        return None
+
     def parameters(self, fields: Mapping[str, Any], key: str, where: str) -> Mapping[str, str]:
         parameters = fields.get(key) or {}
         if not isinstance(parameters, dict) or not all(isinstance(v, str) for v in parameters.values()):

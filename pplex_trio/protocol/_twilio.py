@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from .._conversation import CloseCode
 from ._audio import Encoding, SampleFormat
 from ._errors import ProtocolError
-from ._telephony import CallAudio, CallConnected, CallDtmf, CallEvent, CallMark, CallStart, CallStop
+from ._telephony import CallAudio, CallEvent, CallStart
 from ._telephony import EventReader, connect_stream_document
 
 RATE = 8_000
@@ -50,15 +50,7 @@ class TwilioCarrier:
             return CallAudio(_read.payload(media))
         if kind == "start":
             return self._start(event)
-        if kind == "mark":
-            return CallMark(_read.text(_read.object(event, "mark"), "name", "mark"))
-        if kind == "dtmf":
-            return CallDtmf(_read.text(_read.object(event, "dtmf"), "digit", "dtmf"))
-        if kind == "stop":
-            return CallStop()
-        if kind == "connected":
-            return CallConnected()
-        return None  # an event Twilio may add later
+        return _read.common(event, kind)  # (else None: an event Twilio may add later)
 
     def _start(self, event: Mapping[str, Any]) -> CallStart:
         start = _read.object(event, "start")
