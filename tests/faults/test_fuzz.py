@@ -270,6 +270,13 @@ def run_session(protocol: str, messages: list[bytes | str]) -> tuple[object, int
 fuzz = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+def ends_in_a_documented_way_or_goes_on(protocol: str, messages: list[bytes | str]) -> None:
+    ending, errors = run_session(protocol, messages)
+    assert errors == 0
+    if ending is not None:  # else: every message was taken, answered or ignored, and the conversation went on
+        assert ending.outcome != "internal_error" and ending.code in DOCUMENTED, ending
+
+
 @fuzz
 @given(st.lists(raw_messages(), min_size=1, max_size=6))
 def test_raw_sessions_end_in_a_documented_way(messages):
@@ -282,50 +289,34 @@ def test_raw_sessions_end_in_a_documented_way(messages):
 @fuzz
 @given(st.lists(moshi_messages(), min_size=1, max_size=6))
 def test_moshi_sessions_end_in_a_documented_way_or_go_on(messages):
-    ending, errors = run_session("moshi", messages)
-    assert errors == 0
-    if ending is not None:  # else: every message was ignored or taken, and the conversation went on
-        assert ending.outcome != "internal_error" and ending.code in DOCUMENTED, ending
+    ends_in_a_documented_way_or_goes_on("moshi", messages)
 
 
 @fuzz
 @given(st.lists(live_messages(), min_size=1, max_size=6))
 def test_live_sessions_end_in_a_documented_way_or_go_on(messages):
-    ending, errors = run_session("live", messages)
-    assert errors == 0
-    if ending is not None:  # else: every message was answered or taken, and the conversation went on
-        assert ending.outcome != "internal_error" and ending.code in DOCUMENTED, ending
+    ends_in_a_documented_way_or_goes_on("live", messages)
 
 
 @fuzz
 @given(st.lists(twilio_messages(), min_size=1, max_size=6))
 def test_twilio_streams_end_in_a_documented_way_or_go_on(messages):
-    ending, errors = run_session("twilio", messages)
-    assert errors == 0
-    if ending is not None:  # else: every event was taken or ignored, and the call went on
-        assert ending.outcome != "internal_error" and ending.code in DOCUMENTED, ending
-
-
-def _a_carrier_stream_ends_in_a_documented_way_or_goes_on(carrier: str, messages: list[bytes | str]) -> None:
-    ending, errors = run_session(carrier, messages)
-    assert errors == 0
-    if ending is not None:  # else: every event was taken or ignored, and the call went on
-        assert ending.outcome != "internal_error" and ending.code in DOCUMENTED, ending
+    ends_in_a_documented_way_or_goes_on("twilio", messages)
 
 
 @fuzz
 @given(st.lists(telnyx_messages(), min_size=1, max_size=6))
 def test_telnyx_streams_end_in_a_documented_way_or_go_on(messages):
-    _a_carrier_stream_ends_in_a_documented_way_or_goes_on("telnyx", messages)
+    ends_in_a_documented_way_or_goes_on("telnyx", messages)
 
 
 @fuzz
 @given(st.lists(plivo_messages(), min_size=1, max_size=6))
 def test_plivo_streams_end_in_a_documented_way_or_go_on(messages):
-    _a_carrier_stream_ends_in_a_documented_way_or_goes_on("plivo", messages)
+    ends_in_a_documented_way_or_goes_on("plivo", messages)
 
 
 @fuzz
 @given(st.lists(exotel_messages(), min_size=1, max_size=6))
 def test_exotel_streams_end_in_a_documented_way_or_go_on(messages):
-    _a_carrier_stream_ends_in_a_documented_way_or_goes_on("exotel", messages)
+    ends_in_a_documented_way_or_goes_on("exotel", messages)
