@@ -53,6 +53,7 @@ FRAME_BYTES = FRAME_SIZE * 2 * 2  # one frame of the WAV: two channels of 16-bit
 WRITE_EVERY = 1.0  # s between the writer's moves to disk
 MAX_QUEUED_FRAMES = 30 * 1000 // FRAME_MS  # 30 s not yet written; beyond, the oldest are lost
 FINISH_SECONDS = 5.0  # the most a session's end waits for its record to be written
+BUSY_POLL = 0.05  # s: how often the end looks whether a write left behind is done
 SILENCE_PIECE = 1000 // FRAME_MS  # frames of silence per write when a gap is filled
 MAX_CUE_MS = 5000  # a text cue shows at most this long
 _SILENCE = np.zeros(FRAME_SIZE, np.float32)
@@ -105,14 +106,16 @@ class Recorder:
     # -- the lease's observer (the actor's task: O(1), never raises) ---------
 
     def on_frame(self, frame: OutputFrame) -> None:
-        if self._finished or self.files.error is not None:
+        if self._finished:
             return
         if self._first_tick is None:
             self._first_tick = frame.tick
         position = frame.tick - self._first_tick
-        self._frames = position + 1
+        self._frames = position + 1  # (the call's length, and its text, even once its audio cannot be written)
         if frame.text:
             self._text.append((position, frame.text))
+        if self.files.error is not None:
+            return
         queue = self.files.queue
         if len(queue) >= MAX_QUEUED_FRAMES:  # the disk is 30 s behind: the oldest frame goes
             with contextlib.suppress(IndexError):  # (the writer may have just taken it)
@@ -131,15 +134,27 @@ class Recorder:
                 self._tell_failure()
 
     async def finish(self, ending: CallEnding) -> None:
-        """The call is over: write the rest, close the files (shielded; at most :data:`FINISH_SECONDS`)."""
+        """The call is over: write the rest, close the files (shielded; at most :data:`FINISH_SECONDS`).
+
+        A write of this record that is still stuck on the disk is waited for
+        without a thread of the limiter; if it is still stuck at the deadline,
+        the record is closed by a thread of its own once the disk answers (its
+        JSON then says it is incomplete), and the session goes.
+        """
         self._finished = True
+        description = self._description(ending)
+        closed: Closed | None = None
         try:
-            with trio.CancelScope(shield=True), trio.move_on_after(FINISH_SECONDS) as timer:
-                closed = await self._in_thread(self.files.close, self._description(ending), self._text)
-            if timer.cancelled_caught:
+            with trio.CancelScope(shield=True), trio.move_on_after(FINISH_SECONDS):
+                while self.files.busy:  # (a write the session's end left behind: a slow or hung disk)
+                    await trio.sleep(BUSY_POLL)
+                closed = await self._in_thread(self.files.close, description, self._text)
+            if closed is None:
+                stuck = self.files.busy
                 self.files.error = self.files.error or f"the disk did not answer within {FINISH_SECONDS:g} s"
-                self._tell_failure()
-                return
+                if stuck:  # (else the close itself is stuck, on its abandoned thread)
+                    threading.Thread(target=self.files.close, args=(description, self._text), daemon=True,
+                                     name=f"call record {self.id}").start()
             self._tell_failure()
             if self.frames_lost:
                 self._metrics.record_frames_lost.inc(self.frames_lost)
@@ -197,6 +212,11 @@ class RecordFiles:
         self._wav: wave.Wave_write | None = None
         self._written = 0  # timeline positions in the WAV, silence included
 
+    @property
+    def busy(self) -> bool:
+        """A thread is writing (or stuck writing) this record."""
+        return self._lock.locked()
+
     @staticmethod
     def _open(path: Path) -> IO[bytes]:
         """The one place a record's file is opened for writing."""
@@ -214,6 +234,7 @@ class RecordFiles:
             if self._wav is None and self.error is None:
                 return Closed.EMPTY
             self._guarded(self._close_wav)
+            self._drop_files()  # (what a failure, or a finish that gave up on this thread, left open)
             if self.error is None:
                 self._guarded(self._write_whole, self.vtt_path, webvtt(text).encode())
             description.update(complete=self.error is None, error=self.error,
@@ -245,6 +266,10 @@ class RecordFiles:
     def _stop(self, error: str) -> None:
         self.error = error
         self.queue.clear()
+        self._drop_files()
+
+    def _drop_files(self) -> None:
+        """Close what is open, quietly (after a failure: the error is known already)."""
         wav, file, self._wav, self._file = self._wav, self._file, None, None
         for closing in (wav, file):
             if closing is not None:

@@ -161,7 +161,7 @@ class RecordStore:
         finished = await self._in_thread(self._list_finished)
         current = [recorder.describe() for recorder in self._recording.values()]
         listed = [summary for summary in finished if summary["id"] not in self._recording] + current
-        return sorted(listed, key=lambda s: (s.get("started") or "", s["id"]), reverse=True)
+        return sorted(listed, key=_age, reverse=True)
 
     async def describe(self, record_id: str) -> dict[str, Any] | None:
         """A record's JSON, text included (None: no such record)."""
@@ -254,6 +254,12 @@ class RecordStore:
             summaries[record_id] = (record.changed, data)
         self._summaries = summaries
         return [summary for _, summary in summaries.values()]
+
+
+def _age(summary: dict[str, Any]) -> tuple[str, int, str]:
+    """Sorts records by their start (within a second: by their sessions' order)."""
+    record_id = str(summary["id"])
+    return str(summary.get("started") or ""), int(record_id.split("-")[1][1:]), record_id
 
 
 def _unfinished(record_id: str) -> dict[str, Any]:

@@ -27,7 +27,9 @@ import soxr
 import trio
 from trio_websocket import ConnectionClosed
 
-from pplex_trio.server import ServerSettings
+from pplex_trio._cli import build_parser
+from pplex_trio._cli._settings_cli import settings_from_args
+from pplex_trio.server import RecordFolderError, ServerSettings, prepare_record_folder
 from pplex_trio.server._recorder import RecordFiles
 
 from _helpers.live import PATH as LIVE_PATH
@@ -245,3 +247,388 @@ async def test_every_protocol_gets_its_record(virtual_server, autojump_clock, tm
     listed = (await handle.get_json("/api/recordings"))["recordings"]
     assert [entry["id"] for entry in listed] == [record_id] and "text" not in listed[0]
     assert listed[0]["in_progress"] is False and listed[0]["protocol"] == record["protocol"]
+
+
+# -- a client that stops reading -------------------------------------------------------------------------------
+
+
+async def test_a_client_that_stalls_its_reading_gets_fewer_frames_but_the_record_has_every_one(
+        virtual_server, autojump_clock, tmp_path, speech_wav):
+    folder = tmp_path / "records"
+    handle = await virtual_server(record_dir=folder, output_backlog_seconds=0.4)
+    said = speech_frames(speech_wav, seconds=4.0)
+    received = 0
+    async with handle.open_websocket(handle.ws_url + "/v1/audio/duplex", receive_buffer=16 * 1024) as ws:
+        await raw_open(ws)
+        start = trio.current_time()
+
+        async def read() -> None:
+            nonlocal received
+            while True:
+                message = await ws.get_message()
+                if isinstance(message, bytes):
+                    received += 1
+                elif json.loads(message)["type"] == "done":
+                    return
+
+        async def network() -> None:  # what the client receives is held on its way for 2 s
+            await trio.sleep_until(start + 1.0)
+            ws._stream.stall(sending=False)
+            await trio.sleep(2.0)
+            ws._stream.unstall()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(network)
+            nursery.start_soon(read)
+            for i in range(0, said.size, FRAME):
+                await ws.send_message((said[i:i + FRAME].astype(np.float32) / 32768).astype("<f4").tobytes())
+                await trio.sleep(FRAME / SR)
+            await ws.send_message(json.dumps({"type": "close"}))
+        await read_until_closed(ws)
+    await until(lambda: any(name.endswith(".json") for name in os.listdir(folder)))
+    record_id = only_record(folder)
+    record = json.loads((folder / f"{record_id}.json").read_text())
+    audio, _ = read_wav(folder / f"{record_id}.wav")
+    frames = said.size // FRAME
+    assert received < frames and record["frames_sent"] == received
+    assert record["output_dropped"] + record["output_skipped"] == frames - received
+    # Every frame is in the record: the caller's whole, and the echo of each (one frame later) on the right.
+    assert record["frames"] == frames and audio.shape[0] == frames * FRAME
+    caller, agent = audio[:, CALLER], audio[:, AGENT]
+    assert np.array_equal(caller, said)
+    assert not agent[:FRAME].any() and np.array_equal(agent[FRAME:], said[:-FRAME])
+
+
+# -- retention, quota, deletion ----------------------------------------------------------------------------------
+
+DAY = 86_400
+
+
+def old_record(folder, n: int, *, days: float, size: int = 1000) -> str:
+    """A finished record as an earlier server left it, last written ``days`` ago."""
+    folder.mkdir(parents=True, exist_ok=True)
+    record_id = f"20261101T1200{n:02d}Z-s{n}-abcdef"
+    (folder / f"{record_id}.wav").write_bytes(bytes(size))
+    (folder / f"{record_id}.vtt").write_text("WEBVTT\n")
+    (folder / f"{record_id}.json").write_text(json.dumps({"id": record_id, "started": f"2026-11-01T12:00:{n:02d}Z",
+                                                          "protocol": "raw", "complete": True}))
+    when = time.time() - days * DAY
+    for suffix in (".wav", ".vtt", ".json"):
+        os.utime(folder / f"{record_id}{suffix}", (when, when))
+    return record_id
+
+
+def ids_in(folder) -> set[str]:
+    return {name.split(".", 1)[0] for name in os.listdir(folder) if re.match(r"\d{8}T", name)}
+
+
+async def test_records_past_retention_are_deleted_at_start_and_after_each_call(virtual_server, autojump_clock,
+                                                                              tmp_path, speech_wav):
+    folder = tmp_path / "records"
+    stale, fresh = old_record(folder, 1, days=8), old_record(folder, 2, days=6)
+    (folder / "notes.txt").write_text("the operator's own file")
+    os.utime(folder / "notes.txt", (0, 0))
+    handle = await virtual_server(record_dir=folder, record_retention_days=7)
+    assert ids_in(folder) == {fresh} and (folder / "notes.txt").exists()  # (what is not a record is left alone)
+    when = time.time() - 8 * DAY  # a week has passed for the other one
+    for suffix in (".wav", ".vtt", ".json"):
+        os.utime(folder / f"{fresh}{suffix}", (when, when))
+    await raw_call(handle, speech_frames(speech_wav, seconds=0.5))
+    await until(lambda: fresh not in ids_in(folder))
+    assert len(ids_in(folder)) == 1 and stale not in ids_in(folder)
+    assert 'pplex_records_deleted_total{reason="retention"} 2.0' in await handle.metrics()
+
+
+async def test_beyond_the_quota_the_oldest_go_first_never_a_call_in_progress(virtual_server, autojump_clock,
+                                                                           tmp_path, speech_wav):
+    folder = tmp_path / "records"
+    oldest, older, old = (old_record(folder, n, days=3 - n, size=100_000) for n in range(3))
+    # 250 kB: the three (300 kB) are too many, and a second of a call is 96 kB.
+    handle = await virtual_server(record_dir=folder, record_quota_gib=250_000 / 2**30)
+    assert ids_in(folder) == {older, old}
+    said = speech_frames(speech_wav, seconds=3.0)
+    long_call_done = trio.Event()
+
+    async def long_call() -> None:
+        await raw_call(handle, said)
+        long_call_done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(long_call)
+        await trio.sleep(2.0)  # ~190 kB of it written
+        [in_progress] = ids_in(folder) - {older, old}
+        await raw_call(handle, said[: said.size // 6 // FRAME * FRAME])  # a short call ends meanwhile
+        [short] = ids_in(folder) - {older, old, in_progress}
+        await until(lambda: older not in ids_in(folder) and old not in ids_in(folder))
+        listed = (await handle.get_json("/api/recordings"))["recordings"]
+        assert ids_in(folder) == {in_progress, short}  # 2 s of the call in progress, and the short one: 250 kB
+        assert [(entry["id"], entry["in_progress"]) for entry in listed] == [(short, False), (in_progress, True)]
+        await long_call_done.wait()
+    # Once over, the long call's 3 s (288 kB) is beyond the quota on its own: the short one goes, then it.
+    await until(lambda: not ids_in(folder))
+    assert 'pplex_records_deleted_total{reason="quota"} 5.0' in await handle.metrics()
+
+
+async def test_a_record_is_deleted_on_request_but_not_while_its_call_goes_on(virtual_server, autojump_clock,
+                                                                             tmp_path, speech_wav):
+    folder = tmp_path / "records"
+    handle = await virtual_server(record_dir=folder)
+    said = speech_frames(speech_wav, seconds=2.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(raw_call, handle, said)
+        await trio.sleep(1.5)
+        [record_id] = ids_in(folder)
+        async with handle.http() as http:
+            assert (await http.delete(f"/api/recordings/{record_id}")).status_code == 409
+            assert (await http.get(f"/api/recordings/{record_id}/audio")).status_code == 409
+            assert (await http.get(f"/api/recordings/{record_id}")).json()["in_progress"] is True
+    await until(lambda: (folder / f"{record_id}.json").exists())
+    async with handle.http() as http:
+        record = (await http.get(f"/api/recordings/{record_id}")).json()
+        assert record["id"] == record_id and record["in_progress"] is False and record["text"]
+        audio = await http.get(f"/api/recordings/{record_id}/audio")
+        assert audio.status_code == 200 and audio.headers["content-type"] == "audio/wav"
+        assert audio.content == (folder / f"{record_id}.wav").read_bytes()
+        assert audio.headers["cache-control"] == "no-store"
+        text = await http.get(f"/api/recordings/{record_id}/text")
+        assert text.headers["content-type"].startswith("text/vtt") and text.text.startswith("WEBVTT")
+        deleted = await http.delete(f"/api/recordings/{record_id}")
+        assert deleted.status_code == 204 and not os.listdir(folder)
+        assert (await http.get(f"/api/recordings/{record_id}")).status_code == 404
+        assert (await http.get(f"/api/recordings/{record_id}/audio")).status_code == 404
+        assert (await http.delete(f"/api/recordings/{record_id}")).status_code == 404
+        assert (await http.get("/api/recordings")).json() == {"recordings": []}
+    assert 'pplex_records_deleted_total{reason="request"} 1.0' in await handle.metrics()
+
+
+@pytest.mark.parametrize("bad", ["..%2F..%2Foutside", "..%2Foutside.json", "%2E%2E", "x" * 5000,
+                                 "20261101T120001Z-s1-abcdef.json", "20261101T120001Z-s1-ABCDEF",
+                                 "20261101T120001Z-s1-abcdef%00"])
+async def test_an_id_that_is_not_a_records_is_404_and_touches_nothing(virtual_server, autojump_clock, tmp_path,
+                                                                      bad):
+    folder = tmp_path / "deep" / "records"
+    kept = old_record(folder, 1, days=0)
+    (tmp_path / "deep" / "outside.json").write_text("{}")
+    (tmp_path / "deep" / "outside.wav").write_text("")
+    handle = await virtual_server(record_dir=folder)
+    async with handle.http() as http:
+        for path in (f"/api/recordings/{bad}", f"/api/recordings/{bad}/audio", f"/api/recordings/{bad}/text"):
+            response = await http.get(path)
+            assert response.status_code == 404 and "outside" not in response.text, path
+        assert (await http.delete(f"/api/recordings/{bad}")).status_code in (404, 405)
+    assert ids_in(folder) == {kept} and sorted(os.listdir(tmp_path / "deep")) == ["outside.json", "outside.wav",
+                                                                                   "records"]
+
+
+async def test_the_records_need_the_token(virtual_server, autojump_clock, tmp_path):
+    folder = tmp_path / "records"
+    record_id = old_record(folder, 1, days=0)
+    handle = await virtual_server(record_dir=folder, auth_token=TOKEN)
+    async with handle.http() as http:
+        for path in ("/api/recordings", f"/api/recordings/{record_id}", f"/api/recordings/{record_id}/audio",
+                     f"/api/recordings/{record_id}/text"):
+            assert (await http.get(path)).status_code == 401, path
+            assert (await http.get(path, headers={"Authorization": f"Bearer {TOKEN}"})).status_code == 200, path
+        assert (await http.delete(f"/api/recordings/{record_id}")).status_code == 401
+        assert ids_in(folder) == {record_id}
+        assert (await http.delete(f"/api/recordings/{record_id}",
+                                  headers={"Authorization": f"Bearer {TOKEN}"})).status_code == 204
+
+
+async def test_with_recording_off_the_routes_say_how_to_turn_it_on(virtual_server, autojump_clock, speech_wav):
+    handle = await virtual_server()
+    await raw_call(handle, speech_frames(speech_wav, seconds=0.5))
+    async with handle.http() as http:
+        for method, path in (("GET", "/api/recordings"), ("GET", "/api/recordings/20261101T120001Z-s1-abcdef"),
+                             ("GET", "/api/recordings/20261101T120001Z-s1-abcdef/audio"),
+                             ("DELETE", "/api/recordings/20261101T120001Z-s1-abcdef")):
+            response = await http.request(method, path)
+            assert response.status_code == 404 and "--record DIR" in response.json()["error"], path
+
+
+# -- a disk that fails ----------------------------------------------------------------------------------------
+
+
+class FakeDisk:
+    """Stands in for the filesystem where the recorder opens its files: a write that would pass ``room`` bytes
+    (of the files ``failing`` picks) fails with ``error``; one of a file ``hanging`` picks waits for ``release``."""
+
+    def __init__(self, room: int = 1 << 40, error: int = errno.ENOSPC, failing=lambda path: True,
+                 hanging=lambda path: False):
+        self.room, self.error, self.failing, self.hanging = room, error, failing, hanging
+        self.release = threading.Event()
+        self.hung = threading.Event()
+
+    def open(self, path):
+        return FakeFile(open(path, "wb"), self, self.failing(path), self.hanging(path))
+
+
+class FakeFile:
+    def __init__(self, file, disk: FakeDisk, failing: bool, hanging: bool):
+        self._file, self._disk, self._failing, self._hanging = file, disk, failing, hanging
+
+    def write(self, data) -> int:
+        if self._hanging:
+            self._disk.hung.set()
+            assert self._disk.release.wait(20), "the test never released the hung disk"
+        if self._failing:
+            if len(data) > self._disk.room:
+                self._disk.room = 0  # (full: nothing fits any more)
+                raise OSError(self._disk.error, os.strerror(self._disk.error))
+            self._disk.room -= len(data)
+        return self._file.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._file.close()
+
+
+def lateness(arrivals: list[float]) -> float:
+    """How far behind the 80 ms grid of the first frame the latest frame arrived."""
+    return max(at - (arrivals[0] + k * FRAME / SR) for k, at in enumerate(arrivals))
+
+
+async def timed_raw_call(handle, samples: np.ndarray) -> list[float]:
+    """A raw conversation that says ``samples`` and closes; when each of its frames arrived."""
+    arrivals: list[float] = []
+    async with handle.open_websocket(handle.ws_url + "/v1/audio/duplex") as ws:
+        await raw_open(ws)
+
+        async def talk() -> None:
+            for i in range(0, samples.size, FRAME):
+                await ws.send_message((samples[i:i + FRAME].astype(np.float32) / 32768).astype("<f4").tobytes())
+                await trio.sleep(FRAME / SR)
+            await ws.send_message(json.dumps({"type": "close"}))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(talk)
+            while not isinstance(message := await ws.get_message(), str) or json.loads(message)["type"] != "done":
+                if isinstance(message, bytes):
+                    arrivals.append(trio.current_time())
+        await read_until_closed(ws)
+    return arrivals
+
+
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EIO])
+async def test_a_disk_that_fails_loses_the_record_never_the_call(virtual_server, autojump_clock, tmp_path, caplog,
+                                                                 monkeypatch, speech_wav, error):
+    """A full disk (every write fails once 150 kB are written) loses the whole record; an I/O error in the audio
+    alone leaves a JSON that says so.  Either way the call goes on to its end, on time, and one line says why."""
+    caplog.set_level(logging.INFO, logger="pplex_trio")
+    disk = FakeDisk(room=150_000, error=error,
+                    failing=(lambda path: True) if error == errno.ENOSPC else (lambda path: path.suffix == ".wav"))
+    monkeypatch.setattr(RecordFiles, "_open", staticmethod(disk.open))
+    folder = tmp_path / "records"
+    handle = await virtual_server(record_dir=folder)
+    said = speech_frames(speech_wav, seconds=4.0)
+    arrivals = await timed_raw_call(handle, said)
+    assert len(arrivals) == said.size // FRAME and lateness(arrivals) < 0.01
+    await until(lambda: not handle.server.records._recording)
+    warnings = [r for r in caplog.records if "call record" in r.getMessage() and r.levelno >= logging.WARNING]
+    reason = os.strerror(error)
+    assert [r.getMessage().split(": ", 1)[1] for r in warnings] == [
+        f"cannot write ({reason}); the call goes on unrecorded"]
+    assert not any(r.exc_info for r in caplog.records) and "Traceback" not in caplog.text
+    metrics = await handle.metrics()
+    assert "pplex_records_failed_total 1.0" in metrics and "pplex_records_written_total 0.0" in metrics
+    if error == errno.ENOSPC:
+        assert not os.listdir(folder)  # not even its JSON fitted: nothing is kept
+    else:
+        [record_id] = ids_in(folder)
+        record = json.loads((folder / f"{record_id}.json").read_text())
+        assert record["complete"] is False and record["error"] == reason and record["frames"] == len(arrivals)
+        listed = (await handle.get_json("/api/recordings"))["recordings"]
+        assert listed[0]["complete"] is False
+
+
+async def test_a_hung_disk_holds_neither_the_other_calls_nor_the_end_of_its_own(virtual_server, autojump_clock,
+                                                                                 tmp_path, caplog, monkeypatch,
+                                                                                 speech_wav):
+    """The first call's audio file hangs on its first write (a disk that stopped answering), on a real thread;
+    a second call at the same time keeps its frames on time and its record; the first ends on time, its session
+    is gone within the recorder's 5 s, and it holds one of the records' threads, not two.  (The second call's
+    writes run inline, as the fixture runs threads: a real thread would let the virtual clock run past its
+    deadline while it worked.)"""
+    hung_files: list[RecordFiles] = []  # the first record to be written: on a real thread, and its audio hangs
+    disk = FakeDisk(hanging=lambda path: path == hung_files[0].wav_path)
+    monkeypatch.setattr(RecordFiles, "_open", staticmethod(disk.open))
+    folder = tmp_path / "records"
+    handle = await virtual_server(record_dir=folder)
+    inline = trio.to_thread.run_sync
+
+    async def threads(fn, *args, **options):  # the first record's work on real threads, the rest inline
+        files = getattr(fn, "__self__", None)
+        if isinstance(files, RecordFiles) and not hung_files:
+            hung_files.append(files)
+        run = REAL_RUN_SYNC if hung_files and files is hung_files[0] else inline
+        return await run(fn, *args, **options)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", threads)
+    said = speech_frames(speech_wav, seconds=3.0)
+    timings: dict[str, list[float]] = {}
+    ended: dict[str, float] = {}
+
+    async def call(name: str) -> None:
+        timings[name] = await timed_raw_call(handle, said)
+        ended[name] = trio.current_time()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call, "first")
+            await trio.sleep(0.2)
+            nursery.start_soon(call, "second")
+        assert disk.hung.is_set()
+        for name in ("first", "second"):
+            assert len(timings[name]) == said.size // FRAME and lateness(timings[name]) < 0.01, name
+        await until(lambda: not handle.server.sessions and not handle.server.records._recording)
+        assert trio.current_time() - ended["first"] <= 5.5
+        assert handle.server.records.limiter.borrowed_tokens == 1  # (the stuck write's; its end took none)
+        assert "pplex_records_failed_total 1.0" in await handle.metrics()
+        first = hung_files[0].wav_path.stem
+        [second] = ids_in(folder) - {first}
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+            f"call record {first}: cannot write (the disk did not answer within 5 s); the call goes on unrecorded"]
+        assert json.loads((folder / f"{second}.json").read_text())["complete"] is True
+    finally:
+        disk.release.set()
+    # Once the disk answers, the first record is closed all the same (by a thread of its own), and says so.
+    deadline = time.monotonic() + 10
+    while not (folder / f"{first}.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    record = json.loads((folder / f"{first}.json").read_text())
+    assert record["complete"] is False and record["error"] == "the disk did not answer within 5 s"
+
+
+REAL_RUN_SYNC = trio.to_thread.run_sync
+
+
+# -- the settings ------------------------------------------------------------------------------------------------
+
+
+def test_the_record_flags_parse_and_a_folder_that_cannot_be_used_is_said_at_start(tmp_path):
+    args = build_parser().parse_args(["serve", "--record", str(tmp_path / "r"), "--record-retention", "7",
+                                      "--record-quota", "1GiB"])
+    settings = settings_from_args(ServerSettings, args)
+    assert settings.record_dir == tmp_path / "r" and settings.record_retention_days == 7
+    assert settings.record_quota == 2**30
+    assert parse("--record-quota", "512MiB").record_quota == 512 * 2**20
+    defaults = ServerSettings()
+    assert defaults.record_dir is None and defaults.record_retention_days == 30 and defaults.record_quota == 10 * 2**30
+    config = tmp_path / "serve.toml"
+    config.write_text(f'record = "{tmp_path / "r"}"\nrecord-retention = 0\nrecord-quota = "0"\n')
+    settings = parse("--config", str(config))
+    assert (settings.record_dir, settings.record_retention_days, settings.record_quota) == (tmp_path / "r", 0, 0)
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(RecordFolderError, match=r"--record .*a-file/records: cannot create the folder"):
+        prepare_record_folder(tmp_path / "a-file" / "records")
+    with pytest.raises(ValueError, match="--record-retention must be at least 0"):
+        ServerSettings(record_retention_days=-1)
+
+
+def parse(*args: str) -> ServerSettings:
+    return settings_from_args(ServerSettings, build_parser().parse_args(["serve", *args]))
