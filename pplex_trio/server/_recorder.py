@@ -76,7 +76,8 @@ class CallEnding:
     outcome: str  # the session's outcome label (``completed``, ``hangup``, ``client_closed`` …)
     close_code: int | None  # None: the client left without a close from us
     conversation: Conversation  # the settings it ended with (a persona change may have replaced the first)
-    counters: dict[str, Any]  # the lease's and the sender's: frames sent, dropped, skipped, input underruns …
+    details: dict[str, Any]  # the protocol's (a carrier's call ids); the lease's and the sender's counters: frames
+    # sent, dropped, skipped, input underruns …
 
 
 def utc_stamp(moment: datetime.datetime) -> str:
@@ -177,7 +178,7 @@ class Recorder:
             "id": self.id, "protocol": self.protocol, "persona": conversation.persona, "voice": conversation.voice,
             "started": utc_stamp(self.started), "seconds": self._frames * FRAME_MS / 1000, "frames": self._frames,
             "sample_rate": SAMPLE_RATE, "channels": ["caller", "agent"],
-            "ending": ending.outcome, "close_code": ending.close_code, **ending.counters,
+            "ending": ending.outcome, "close_code": ending.close_code, **ending.details,
             "frames_lost": self.frames_lost,
         }
 

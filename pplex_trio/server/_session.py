@@ -402,12 +402,13 @@ class Session:
         lease, code = self.lease, None if self.ending is None else int(self.ending.code)
         if lease is None:  # (the queue was full: nothing was recorded)
             assert self.recorder is not None
-            return CallEnding(outcome=outcome, close_code=code, conversation=self.recorder.conversation, counters={})
+            return CallEnding(outcome=outcome, close_code=code, conversation=self.recorder.conversation,
+                              details=self.wire.call_details())
         inputs = lease.input_stats()
         ms = 1000 / self.host.actor.engine.sample_rate
         return CallEnding(
             outcome=outcome, close_code=code, conversation=lease.conversation,
-            counters={"restarts": lease.restarts, "frames_sent": self._sender.frames_sent,
+            details={**self.wire.call_details(), "restarts": lease.restarts, "frames_sent": self._sender.frames_sent,
                       "output_dropped": lease.output_dropped, "output_skipped": lease.output_skipped,
                       "input_underruns": inputs.underruns, "input_skipped_ms": round(inputs.skipped * ms, 1),
                       "input_caught_up_ms": round(inputs.caught_up * ms, 1)})

@@ -30,12 +30,15 @@ from trio_websocket import ConnectionClosed
 from pplex_trio._cli import build_parser
 from pplex_trio._cli._settings_cli import settings_from_args
 from pplex_trio.server import RecordFolderError, ServerSettings, prepare_record_folder
-from pplex_trio.server._recorder import RecordFiles
+from pplex_trio._conversation import Conversation
+from pplex_trio._metrics import Metrics
+from pplex_trio.engine import OutputFrame
+from pplex_trio.server._recorder import MAX_QUEUED_FRAMES, CallEnding, Recorder, RecordFiles
 
 from _helpers.live import PATH as LIVE_PATH
 from _helpers.live import LiveClient
 from _helpers.twilio import PATH as TWILIO_PATH
-from _helpers.twilio import TwilioCall, float_to_ulaw
+from _helpers.twilio import ACCOUNT_SID, CALL_SID, STREAM_SID, TwilioCall, float_to_ulaw
 from _helpers.ws import FRAME, SR, moshi_handshake, moshi_url, opus_messages, raw_open, read_until_closed
 
 TOKEN = "records-token-5e7a1c"
@@ -244,6 +247,8 @@ async def test_every_protocol_gets_its_record(virtual_server, autojump_clock, tm
     audio, shape = read_wav(folder / f"{record_id}.wav")
     assert shape == (24_000, 2, 2) and audio.shape[0] == record["frames"] * FRAME
     assert np.abs(audio[:, CALLER]).max() > 1000 and np.abs(audio[:, AGENT]).max() > 1000  # speech both ways
+    if protocol == "twilio":  # a carrier's call: its ids are kept too
+        assert record["call"] == {"id": CALL_SID, "stream": STREAM_SID, "account": ACCOUNT_SID}
     listed = (await handle.get_json("/api/recordings"))["recordings"]
     assert [entry["id"] for entry in listed] == [record_id] and "text" not in listed[0]
     assert listed[0]["in_progress"] is False and listed[0]["protocol"] == record["protocol"]
@@ -444,6 +449,36 @@ async def test_with_recording_off_the_routes_say_how_to_turn_it_on(virtual_serve
                              ("DELETE", "/api/recordings/20261101T120001Z-s1-abcdef")):
             response = await http.request(method, path)
             assert response.status_code == 404 and "--record DIR" in response.json()["error"], path
+
+
+async def test_a_disk_that_falls_behind_loses_the_oldest_frames_and_a_gap_stays_silent(tmp_path):
+    """The recorder alone (no writer task: a disk that has not answered for 40 s): 500 frames wait, the oldest
+    beyond 30 s are lost and counted; ticks the conversation was not stepped in (its prompt running again) are
+    silence; the WAV stays on the timeline."""
+    done = []
+    metrics = Metrics()
+    recorder = Recorder("20261205T220102Z-s1-abcdef", tmp_path, protocol="raw", conversation=Conversation(),
+                        limiter=trio.CapacityLimiter(1), metrics=metrics, on_done=done.append)
+    ticks = [*range(100, 400), *range(420, 620)]  # 20 ticks without it at 400-419
+    for n, tick in enumerate(ticks):
+        level = (n % 100 + 1) / 128
+        recorder.on_frame(OutputFrame(np.full(FRAME, -level, np.float32), f" {tick}", tick,
+                                      heard=np.full(FRAME, level, np.float32)))
+    await recorder.finish(CallEnding("completed", 1000, Conversation(), {}))
+    assert done == [recorder]
+    lost = len(ticks) - MAX_QUEUED_FRAMES
+    audio, _ = read_wav(tmp_path / f"{recorder.id}.wav")
+    assert audio.shape[0] == 520 * FRAME
+    levels = audio[::FRAME, CALLER]
+    assert not levels[:lost].any() and not levels[300:320].any()  # the lost frames, and the gap
+    expected = [int((n % 100 + 1) / 128 * 32768) for n in range(len(ticks))]
+    assert list(levels[lost:300]) == expected[lost:300] and list(levels[320:]) == expected[300:]
+    assert np.array_equal(audio[:, AGENT], -audio[:, CALLER])
+    record = json.loads((tmp_path / f"{recorder.id}.json").read_text())
+    assert record["frames_lost"] == lost and record["frames"] == 520 and record["complete"] is True
+    assert [piece["text"] for piece in record["text"]] == [f" {tick}" for tick in ticks]  # (text is never lost)
+    assert record["text"][-1]["t"] == pytest.approx(519 * 0.08)
+    assert f"pplex_record_frames_lost_total {float(lost)}" in metrics.render().decode()
 
 
 # -- a disk that fails ----------------------------------------------------------------------------------------
