@@ -74,6 +74,14 @@ async def until(predicate, timeout: float = 10.0) -> None:
             await trio.sleep(0.05)
 
 
+async def say_and_close(ws, samples: np.ndarray) -> None:
+    """Say int16 ``samples`` over the raw protocol at real-time pace, a frame a message, then close."""
+    for i in range(0, samples.size, FRAME):
+        await ws.send_message((samples[i:i + FRAME].astype(np.float32) / 32768).astype("<f4").tobytes())
+        await trio.sleep(FRAME / SR)
+    await ws.send_message(json.dumps({"type": "close"}))
+
+
 async def raw_call(handle, samples: np.ndarray, **params) -> tuple[list[np.ndarray], list[str], list[int]]:
     """A raw conversation that says ``samples`` in real time, then closes: the frames it got, the text pieces, and
     for each piece the number of the frame it came after."""
@@ -83,14 +91,8 @@ async def raw_call(handle, samples: np.ndarray, **params) -> tuple[list[np.ndarr
     async with handle.open_websocket(handle.ws_url + "/v1/audio/duplex") as ws:
         await raw_open(ws, **params)
 
-        async def talk() -> None:
-            for i in range(0, samples.size, FRAME):
-                await ws.send_message((samples[i:i + FRAME].astype(np.float32) / 32768).astype("<f4").tobytes())
-                await trio.sleep(FRAME / SR)
-            await ws.send_message(json.dumps({"type": "close"}))
-
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(talk)
+            nursery.start_soon(say_and_close, ws, samples)
             while True:
                 message = await ws.get_message()
                 if isinstance(message, bytes):
@@ -534,14 +536,8 @@ async def timed_raw_call(handle, samples: np.ndarray) -> list[float]:
     async with handle.open_websocket(handle.ws_url + "/v1/audio/duplex") as ws:
         await raw_open(ws)
 
-        async def talk() -> None:
-            for i in range(0, samples.size, FRAME):
-                await ws.send_message((samples[i:i + FRAME].astype(np.float32) / 32768).astype("<f4").tobytes())
-                await trio.sleep(FRAME / SR)
-            await ws.send_message(json.dumps({"type": "close"}))
-
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(talk)
+            nursery.start_soon(say_and_close, ws, samples)
             while not isinstance(message := await ws.get_message(), str) or json.loads(message)["type"] != "done":
                 if isinstance(message, bytes):
                     arrivals.append(trio.current_time())
