@@ -434,6 +434,7 @@ class Session:
             "input_behind_ms": round(inputs.behind * ms, 1) if inputs else 0.0,
             "input_caught_up_ms": round(inputs.caught_up * ms, 1) if inputs else 0.0,
             "output_caught_up_frames": lease.output_skipped if lease else 0,
+            **self.wire.call_details(),  # (a phone call: the carrier's call, stream and account ids)
         }
 
 
