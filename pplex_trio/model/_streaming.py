@@ -85,14 +85,16 @@ def prefill_attention_mask(start: torch.Tensor, count: torch.Tensor, num_new: in
 
 
 def rope_rotation(positions: torch.Tensor, dim: int, max_period: float) -> torch.Tensor:
-    """Complex rotations ``[B, 1, T, dim/2]`` for RoPE at ``positions`` ``[B, T]`` (shared by all layers)."""
+    """Complex rotations ``[B, T, 1, 1, dim/2]`` for RoPE at ``positions`` ``[B, T]`` (shared by all layers):
+    they broadcast over a projection's ``[B, T, parts, H, dim/2]`` pairs."""
     ds = torch.arange(dim // 2, device=positions.device, dtype=torch.float32)
     freqs = torch.exp(ds * (-math.log(max_period) * 2 / dim))
-    angles = positions.to(torch.float32)[:, None, :, None] * freqs
+    angles = positions.to(torch.float32)[:, :, None, None, None] * freqs
     return torch.polar(torch.ones_like(angles), angles)
 
 
-def apply_rope(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of ``x`` ``[B, H, T, D]``, (real, imag) pairs interleaved, computed in fp32."""
-    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-    return torch.view_as_real(pairs * rotation).flatten(-2).to(x.dtype)
+def apply_rope_(x: torch.Tensor, rotation: torch.Tensor) -> None:
+    """In place: the rotary embedding of ``x`` ``[B, T, parts, H, D]``, (real, imag) pairs interleaved, computed
+    in fp32 (queries and keys in one go: one cast, one product and one copy back for both)."""
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    x.copy_(torch.view_as_real(pairs * rotation).flatten(-2))

@@ -23,7 +23,7 @@ from torch import nn
 from ._config import TransformerConfig, gated_hidden
 from ._modules import ModuleList
 from ._quant import KVFormat, dequantize_fp8, project, quantize_fp8
-from ._streaming import apply_rope, prefill_attention_mask, reset_rows_, ring_attention_mask, rope_rotation
+from ._streaming import apply_rope_, prefill_attention_mask, reset_rows_, ring_attention_mask, rope_rotation
 
 
 class RMSNorm(nn.Module):
@@ -91,9 +91,14 @@ class Attention(nn.Module):
         self.register_buffer("in_proj_scale", None)  # the per-row scales once quantized (int8 weights)
         self.out_proj = nn.Linear(dim, dim, bias=False)
 
-    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(self, x: torch.Tensor, rotation: torch.Tensor | None = None,
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values ``[B, H, T, Dh]`` of ``x`` ``[B, T, dim]``; with a RoPE ``rotation``
+        (:func:`~pplex_trio.model._streaming.rope_rotation`), queries and keys rotated together."""
         b, t, _ = x.shape
         qkv = project(x, self.in_proj_weight, self.in_proj_scale).view(b, t, 3, self.num_heads, -1)
+        if rotation is not None:
+            apply_rope_(qkv[:, :, :2], rotation)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [B, H, T, Dh]
         return q, k, v
 
@@ -236,15 +241,12 @@ class StreamingTransformer(nn.Module):
         slots = (positions % capacity).view(b, 1, t, 1)
         new_end = state.end + t
         mask = ring_attention_mask(new_end, t, capacity, self.cfg.reference)
-        rope = self.cfg.positional_embedding == "rope"
-        if rope:
+        rotation = None
+        if self.cfg.positional_embedding == "rope":
             rotation = rope_rotation(positions, self.cfg.d_model // self.cfg.num_heads, self.cfg.max_period)
         keep = None if exec_mask is None else ~exec_mask.view(-1, 1, 1, 1)
         for i, layer in enumerate(self.layers):
-            h = layer.norm1(x)
-            q, k, v = layer.self_attn.qkv(h)
-            if rope:
-                q, k = apply_rope(q, rotation), apply_rope(k, rotation)
+            q, k, v = layer.self_attn.qkv(layer.norm1(x), rotation)
             state.write(i, slots, k, v, keep)  # rows that do not execute rewrite what their slots hold
             att = F.scaled_dot_product_attention(q, *state.read(i, q.dtype), mask)
             att = layer.self_attn.out_proj(att.transpose(1, 2).reshape(b, t, -1))
@@ -293,14 +295,11 @@ class StreamingTransformer(nn.Module):
         positions = start[:, None] + torch.arange(t, device=device)  # [R, T]
         mask = prefill_attention_mask(start, count, t, capacity, self.cfg.reference)  # [R, 1, T, C]
         slots = [torch.arange(s, s + n, device=device) % capacity for s, n in zip(starts, counts, strict=True)]
-        rope = self.cfg.positional_embedding == "rope"
-        if rope:
+        rotation = None
+        if self.cfg.positional_embedding == "rope":
             rotation = rope_rotation(positions, self.cfg.d_model // self.cfg.num_heads, self.cfg.max_period)
         for i, layer in enumerate(self.layers):
-            h = layer.norm1(x)
-            q, k, v = layer.self_attn.qkv(h)
-            if rope:
-                q, k = apply_rope(q, rotation), apply_rope(k, rotation)
+            q, k, v = layer.self_attn.qkv(layer.norm1(x), rotation)
             outputs = []
             for j, row in enumerate(rows):
                 state.write_row(i, row, slots[j], k[j, :, : counts[j]], v[j, :, : counts[j]])
