@@ -170,8 +170,9 @@ def quantize_lm_(lm: nn.Module, scale_dtype: torch.dtype) -> int:
 
 def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` ``[..., D]`` -> (fp8 bytes as ``uint8`` ``[..., D]``, float32 scale ``[...]``), one scale per vector."""
-    scale = (x.float().abs().amax(dim=-1) / FP8_MAX).clamp(min=_TINY)
-    return (x.float() / scale[..., None]).to(FP8).view(torch.uint8), scale
+    x = x.float()
+    scale = (x.abs().amax(dim=-1) / FP8_MAX).clamp(min=_TINY)
+    return (x / scale[..., None]).to(FP8).view(torch.uint8), scale
 
 
 def dequantize_fp8(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
