@@ -84,6 +84,12 @@ def prefill_attention_mask(start: torch.Tensor, count: torch.Tensor, num_new: in
     return ok.unsqueeze(1)
 
 
+def additive_mask(ok: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The boolean mask ``ok`` as attention turns it into an additive one (0 where seen, -inf elsewhere), in
+    ``dtype``: made once per step for every layer, not again inside each layer's attention."""
+    return torch.full(ok.shape, float("-inf"), dtype=dtype, device=ok.device).masked_fill_(ok, 0.0)
+
+
 def rope_rotation(positions: torch.Tensor, dim: int, max_period: float) -> torch.Tensor:
     """Complex rotations ``[B, T, 1, 1, dim/2]`` for RoPE at ``positions`` ``[B, T]`` (shared by all layers):
     they broadcast over a projection's ``[B, T, parts, H, dim/2]`` pairs."""

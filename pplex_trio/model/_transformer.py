@@ -23,7 +23,8 @@ from torch import nn
 from ._config import TransformerConfig, gated_hidden
 from ._modules import ModuleList
 from ._quant import KVFormat, dequantize_fp8, project, quantize_fp8
-from ._streaming import apply_rope_, prefill_attention_mask, reset_rows_, ring_attention_mask, rope_rotation
+from ._streaming import (additive_mask, apply_rope_, prefill_attention_mask, reset_rows_, ring_attention_mask,
+                         rope_rotation)
 
 
 class RMSNorm(nn.Module):
@@ -241,7 +242,7 @@ class StreamingTransformer(nn.Module):
         if exec_mask is not None:
             slots = torch.where(exec_mask.view(-1, 1), slots, capacity)  # the spare slot
         new_end = state.end + t
-        mask = ring_attention_mask(new_end, t, capacity, self.cfg.reference)
+        mask = additive_mask(ring_attention_mask(new_end, t, capacity, self.cfg.reference), x.dtype)
         rotation = None
         if self.cfg.positional_embedding == "rope":
             rotation = rope_rotation(positions, self.cfg.d_model // self.cfg.num_heads, self.cfg.max_period)
@@ -294,6 +295,7 @@ class StreamingTransformer(nn.Module):
         count = torch.tensor(counts, device=device)
         positions = start[:, None] + torch.arange(t, device=device)  # [R, T]
         mask = prefill_attention_mask(start, count, t, capacity, self.cfg.reference)  # [R, 1, T, C]
+        mask = additive_mask(mask, x.dtype)
         slots = [torch.arange(s, s + n, device=device) % capacity for s, n in zip(starts, counts, strict=True)]
         rotation = None
         if self.cfg.positional_embedding == "rope":
