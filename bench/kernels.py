@@ -58,6 +58,7 @@ from pplex_trio.engine._personaplex import PersonaPlexEngine  # noqa: E402
 from pplex_trio.model import (CONFIGS, LMModel, Mimi, ModelConfig, RowNoise, SEANetConfig,  # noqa: E402
                               StreamingTransformer, TransformerConfig, VoiceMaking, random_model)
 from pplex_trio.model import _lockstep  # noqa: E402
+from pplex_trio.model._sampling import RowChoice  # noqa: E402
 
 NOT_KERNELS = frozenset({
     "view", "_unsafe_view", "reshape", "_reshape_alias", "expand", "slice", "select", "t", "transpose",
@@ -182,8 +183,8 @@ def counting(host: Callable[[torch.Tensor], bool] = lambda t: False) -> Iterator
                (LMModel, "embed", "temporal"), (LMModel, "temporal", "temporal"),
                (StreamingTransformer, "prefill", "temporal"),
                (LMModel, "depformer_step", "depformer"), (RowNoise, "draw", "sampling"),
-               (_lockstep, "sample", "sampling")]
-    saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in patches]
+               (RowChoice, "of", "sampling"), (_lockstep, "choose", "sampling")]
+    saved = [(owner, attr, vars(owner)[attr]) for owner, attr, _ in patches]
     for owner, attr, stage in patches:
         setattr(owner, attr, staged(stage, getattr(owner, attr)))
     try:

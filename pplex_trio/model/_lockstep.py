@@ -49,7 +49,7 @@ import torch
 
 from ._config import LMConfig
 from ._lm import LMModel
-from ._sampling import RowSampling, sample
+from ._sampling import RowChoice, RowSampling, choose
 from ._streaming import reset_rows_, where_rows
 
 FREE = -1
@@ -268,9 +268,14 @@ class LMGen:
         if inputs.embeddings is not None and inputs.embed_mask is not None:  # as restore_cache/restore_mask
             x = where_rows(inputs.embed_mask, inputs.embeddings.to(x.dtype), x)
         hidden, text_logits = lm.temporal(x, self.state, exec_mask)
-        text_noise, audio_noise = noise if noise is not None else (None, None)
-        s = sampling
-        text = sample(text_logits, s.text_temperature, s.text_topk, s.greedy, text_noise) if s else text_logits.argmax(-1)
+        s = sampling if noise is not None else None
+        if s is not None and noise is not None:  # each kind's settings made once, for all its steps
+            text_noise, audio_noise = noise
+            text = choose(text_logits, RowChoice.of(s.text_temperature, s.text_topk, s.greedy, lm.cfg.text_card),
+                          text_noise)
+            audio_choice = RowChoice.of(s.audio_temperature, s.audio_topk, s.greedy, lm.cfg.card)
+        else:
+            text = text_logits.argmax(-1)
 
         # 3. Depformer, teacher-forced wherever a token was provided.
         audio = target[:, 1: 1 + self.depformer_steps]
@@ -280,9 +285,8 @@ class LMGen:
             previous = torch.where(provided[:, 0], target[:, 0], text)
             for step in range(self.depformer_steps):
                 step_logits = lm.depformer_step(hidden, previous, step, self.depformer_cache)
-                step_noise = audio_noise[:, step] if audio_noise is not None and step < audio_noise.shape[1] else None
-                if s:
-                    token = sample(step_logits, s.audio_temperature, s.audio_topk, s.greedy, step_noise)
+                if s is not None and step < audio_noise.shape[1]:
+                    token = choose(step_logits, audio_choice, audio_noise[:, step])
                 else:
                     token = step_logits.argmax(-1)
                 chosen.append(token)

@@ -53,6 +53,29 @@ class RowSampling:
         self.greedy[row] = sampling.greedy
 
 
+@dataclasses.dataclass
+class RowChoice:
+    """One kind of token's sampling settings, per row, in the form :func:`choose` uses (made once per step)."""
+
+    temperature: torch.Tensor  # [B, 1] float, > 0
+    kth: torch.Tensor  # [B, 1] long: where the top-k threshold is in the descending order
+    argmax: torch.Tensor  # [B] bool: the rows that take the argmax (greedy, or a temperature <= 0)
+
+    @classmethod
+    def of(cls, temperature: torch.Tensor, topk: torch.Tensor, greedy: torch.Tensor, vocab: int) -> "RowChoice":
+        k = torch.where((topk <= 0) | (topk > vocab), torch.full_like(topk, vocab), topk)
+        return cls(temperature.clamp(min=1e-6)[:, None], (k - 1)[:, None], greedy | (temperature <= 0))
+
+
+def choose(logits: torch.Tensor, choice: RowChoice, noise: torch.Tensor) -> torch.Tensor:
+    """One token per row from ``logits`` ``[B, V]`` and ``Exp(1)`` ``noise`` of the same shape."""
+    best = logits.argmax(dim=-1)
+    scaled = logits / choice.temperature  # in float32, the temperature's dtype
+    kth = scaled.sort(dim=-1, descending=True).values.gather(1, choice.kth)
+    score = (scaled - noise.log()).masked_fill(scaled < kth, float("-inf"))
+    return torch.where(choice.argmax, best, score.argmax(dim=-1))
+
+
 def sample(logits: torch.Tensor, temperature: torch.Tensor, topk: torch.Tensor, greedy: torch.Tensor,
            noise: torch.Tensor | None) -> torch.Tensor:
     """One token per row from ``logits`` ``[B, V]``; ``noise`` is ``Exp(1)`` of the same shape.
@@ -60,24 +83,18 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, topk: torch.Tensor, 
     Rows that are greedy, or have a temperature <= 0, take the argmax (as
     does every row when ``noise`` is None).
     """
-    best = logits.argmax(dim=-1)
     if noise is None:
-        return best
-    vocab = logits.shape[-1]
-    scaled = logits.float() / temperature.clamp(min=1e-6)[:, None]
-    k = torch.where((topk <= 0) | (topk > vocab), torch.full_like(topk, vocab), topk)
-    kth = scaled.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
-    score = (scaled - noise.log()).masked_fill(scaled < kth, float("-inf"))
-    drawn = score.argmax(dim=-1)
-    return torch.where(greedy | (temperature <= 0), best, drawn)
+        return logits.argmax(dim=-1)
+    return choose(logits, RowChoice.of(temperature, topk, greedy, logits.shape[-1]), noise)
 
 
 _LOW32 = 0xFFFF_FFFF
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """``x * c mod 2**32`` for ``x`` in ``[0, 2**32)`` (int64), in halves so no product overflows 63 bits."""
-    return ((x & 0xFFFF) * c + ((((x >> 16) * c) & 0xFFFF) << 16)) & _LOW32
+    """``x * c mod 2**32`` for ``x`` in ``[0, 2**32)`` (int64), by the halves of ``c`` so no product overflows
+    63 bits: ``x * c = x * low + (x * high) * 2**16``, where only the low 16 bits of ``x * high`` matter."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _LOW32
 
 
 def mix32(x: torch.Tensor) -> torch.Tensor:
@@ -89,13 +106,12 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def exponential_noise(keys: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``Exp(1)`` noise, float32, a pure function of a per-row key ``[B]`` and an element index (any shape).
+def exponential_noise(key: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``Exp(1)`` noise, float32, a pure function of a key and an element index (broadcast together).
 
     ``u = (top 24 bits of mix32(mix32(index ^ key) + key) + 0.5) / 2**24`` lies strictly inside ``(0, 1)``,
     so ``-log(u)`` is finite (at most ~17.3).
     """
-    key = keys.view(-1, *([1] * index.dim()))
     bits = mix32((mix32(index ^ key) + key) & _LOW32)
     return -torch.log(((bits >> 8).to(torch.float32) + 0.5) * (1.0 / 2**24))
 
@@ -106,40 +122,43 @@ class RowNoise:
     A row's noise at its ``n``-th sampled step depends only on its seeds and
     ``n``: never on the other rows, the batch position or the time its
     prompt took.  No generator objects and no per-row launches: one
-    :meth:`draw` is a few elementwise kernels over the whole batch, which a
-    CUDA graph records like any other part of the tick (the counters advance
-    on the device).
+    :meth:`draw` is a few elementwise kernels over the whole batch, text and
+    audio together, which a CUDA graph records like any other part of the
+    tick (the counters advance on the device).
     """
 
     def __init__(self, batch_size: int, text_card: int, num_audio: int, card: int, device: torch.device | str):
         self.device = torch.device(device)
         self.seeds = torch.zeros(batch_size, 2, dtype=torch.long, device=self.device)  # text, audio
+        self.bases = torch.zeros_like(self.seeds)  # each seed's hash: the part of a step's key that never changes
         self.steps = torch.zeros(batch_size, dtype=torch.long, device=self.device)
-        self._text_index = torch.arange(text_card, device=self.device)
-        self._audio_index = torch.arange(num_audio * card, device=self.device).view(num_audio, card)
+        self._shapes = (text_card, num_audio, card)
+        self._index = torch.cat([torch.arange(text_card, device=self.device),
+                                 torch.arange(num_audio * card, device=self.device)])
+        self._column = torch.zeros_like(self._index)  # each entry's seed: text 0, audio 1
+        self._column[text_card:] = 1
 
     def seed(self, row: int, text_seed: int | None, audio_seed: int | None) -> tuple[int, int]:
         """Seed row ``row`` and restart its counter; ``None`` picks a random seed.  Returns the seeds used."""
         text_seed = secrets.randbits(63) if text_seed is None else text_seed
         audio_seed = secrets.randbits(63) if audio_seed is None else audio_seed
-        self.seeds[row] = torch.tensor([text_seed % 2**63, audio_seed % 2**63])
+        seed = torch.tensor([text_seed % 2**63, audio_seed % 2**63], device=self.device)
+        self.seeds[row] = seed
+        self.bases[row] = mix32(mix32(seed & _LOW32) ^ (seed >> 32))
         self.steps[row] = 0
         return text_seed, audio_seed
 
     def reset(self) -> None:
         self.seeds.zero_()
+        self.bases.zero_()  # the hash of a zero seed
         self.steps.zero_()
 
-    def _keys(self, column: int) -> torch.Tensor:
-        seed = self.seeds[:, column]
-        return mix32((mix32(mix32(seed & _LOW32) ^ (seed >> 32)) + self.steps) & _LOW32)
-
     def draw(self, advance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(text [B, text_card], audio [B, num_audio, card])`` noise of each row's current step.
-
-        Then the rows in ``advance`` (bool ``[B]``) move on to their next step.
+        """``(text [B, text_card], audio [B, num_audio, card])`` noise of each row's current step (views of one
+        tensor).  Then the rows in ``advance`` (bool ``[B]``) move on to their next step.
         """
-        text = exponential_noise(self._keys(0), self._text_index)
-        audio = exponential_noise(self._keys(1), self._audio_index)
-        self.steps.add_(advance.long())
-        return text, audio
+        keys = mix32((self.bases + self.steps[:, None]) & _LOW32)  # [B, 2]: text, audio
+        noise = exponential_noise(keys[:, self._column], self._index)
+        self.steps.add_(advance)
+        text_card, num_audio, card = self._shapes
+        return noise[:, :text_card], noise[:, text_card:].view(-1, num_audio, card)
