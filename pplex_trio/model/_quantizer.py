@@ -24,6 +24,7 @@ class Codebook(nn.Module):
     cluster_usage: torch.Tensor
     embedding_sum: torch.Tensor
     centroids: torch.Tensor
+    norms: torch.Tensor
 
     def __init__(self, dim: int, bins: int, epsilon: float):
         super().__init__()
@@ -32,17 +33,18 @@ class Codebook(nn.Module):
         self.register_buffer("cluster_usage", torch.ones(bins))
         self.register_buffer("embedding_sum", torch.zeros(bins, dim))
         self.register_buffer("centroids", torch.zeros(bins, dim), persistent=False)
+        self.register_buffer("norms", torch.zeros(bins), persistent=False)  # |c|^2 of each vector
 
     def refresh(self) -> None:
         """Recompute the codebook vectors from the stored statistics (call after loading)."""
         usage = self.cluster_usage.clamp(min=self.epsilon)[:, None]
         self.centroids = self.embedding_sum / usage
+        self.norms = (self.centroids * self.centroids).sum(-1)
 
     def nearest(self, x: torch.Tensor) -> torch.Tensor:
         """Index of the nearest codebook vector for each row of ``x`` [N, dim]."""
-        c = self.centroids
         # |x - c|^2 = |x|^2 - 2 x.c + |c|^2; |x|^2 does not change the argmin.
-        scores = (c * c).sum(-1) - 2 * x @ c.t()
+        scores = self.norms - 2 * x @ self.centroids.t()
         return scores.argmin(dim=-1)
 
 
