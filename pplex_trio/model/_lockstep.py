@@ -50,7 +50,7 @@ import torch
 from ._config import LMConfig
 from ._lm import LMModel
 from ._sampling import RowChoice, RowSampling, choose
-from ._streaming import reset_rows_, where_rows
+from ._streaming import reset_rows_, set_rows_, where_rows
 
 FREE = -1
 """Marker for "not forced: let the model choose" in :attr:`StepInputs.tokens`."""
@@ -191,10 +191,9 @@ class CacheRules:
         out = _gather(cache.tokens, (o[:, None] - self.max_delay + self.delays) % self.slots)
         valid = o > self.max_delay
         out = torch.where(valid[:, None], out, torch.full_like(out, UNGENERATED))
-        cache.offset.copy_(torch.where(exec_mask, o + 1, o))
+        cache.offset.add_(exec_mask)
         if restore is not None and restore_mask is not None:
-            restore_mask = restore_mask & exec_mask
-            cache.tokens.copy_(where_rows(restore_mask, restore.expand_as(cache.tokens), cache.tokens))
+            set_rows_(cache.tokens, restore_mask & exec_mask, restore)
         return out, valid
 
 

@@ -24,10 +24,14 @@ def where_rows(mask: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torc
     return torch.where(mask.view(-1, *([1] * (new.dim() - 1))), new, old)
 
 
+def set_rows_(tensor: torch.Tensor, mask: torch.Tensor, new: torch.Tensor) -> None:
+    """In place, one operation: rows of ``tensor`` selected by ``mask`` [B] become ``new`` (broadcast)."""
+    torch.where(mask.view(-1, *([1] * (tensor.dim() - 1))), new, tensor, out=tensor)
+
+
 def reset_rows_(tensor: torch.Tensor, mask: torch.Tensor, value: torch.Tensor | float) -> None:
     """In place: rows of ``tensor`` selected by ``mask`` [B] become ``value``."""
-    tensor.copy_(where_rows(mask, torch.as_tensor(value, dtype=tensor.dtype, device=tensor.device)
-                            .expand_as(tensor), tensor))
+    set_rows_(tensor, mask, torch.as_tensor(value, dtype=tensor.dtype, device=tensor.device))
 
 
 def ring_attention_mask(end: torch.Tensor, num_new: int, capacity: int, reference: str) -> torch.Tensor:
@@ -103,4 +107,7 @@ def apply_rope_(x: torch.Tensor, rotation: torch.Tensor) -> None:
     """In place: the rotary embedding of ``x`` ``[B, T, parts, H, D]``, (real, imag) pairs interleaved, computed
     in fp32 (queries and keys in one go: one cast, one product and one copy back for both)."""
     pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
-    x.copy_(torch.view_as_real(pairs * rotation).flatten(-2))
+    if x.dtype == torch.float32:
+        pairs.mul_(rotation)  # pairs is a view of x
+    else:
+        x.copy_(torch.view_as_real(pairs * rotation).flatten(-2))

@@ -24,7 +24,7 @@ from ._config import TransformerConfig, gated_hidden
 from ._modules import ModuleList
 from ._quant import KVFormat, dequantize_fp8, project, quantize_fp8
 from ._streaming import (additive_mask, apply_rope_, prefill_attention_mask, reset_rows_, ring_attention_mask,
-                         rope_rotation)
+                         rope_rotation, set_rows_)
 
 
 class RMSNorm(nn.Module):
@@ -257,7 +257,7 @@ class StreamingTransformer(nn.Module):
         if exec_mask is None:
             state.end.copy_(new_end)
         else:
-            state.end.copy_(torch.where(exec_mask, new_end, state.end))
+            set_rows_(state.end, exec_mask, new_end)
         return x
 
     def prefill_limit(self, start: int, wanted: int) -> int:
