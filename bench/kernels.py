@@ -183,7 +183,7 @@ def counting(host: Callable[[torch.Tensor], bool] = lambda t: False) -> Iterator
                (LMModel, "embed", "temporal"), (LMModel, "temporal", "temporal"),
                (StreamingTransformer, "prefill", "temporal"),
                (LMModel, "depformer_step", "depformer"), (RowNoise, "draw", "sampling"),
-               (RowChoice, "of", "sampling"), (_lockstep, "choose", "sampling")]
+               (RowChoice, "gumbel", "sampling"), (_lockstep, "choose", "sampling")]
     saved = [(owner, attr, vars(owner)[attr]) for owner, attr, _ in patches]
     for owner, attr, stage in patches:
         setattr(owner, attr, staged(stage, getattr(owner, attr)))

@@ -115,7 +115,7 @@ class DeviceTick:
         self.gen = LMGen(model.lm, b, depformer_steps=depformer_steps)
         self.encoder = model.mimi.init_encoder_state(b)
         self.decoder = model.mimi.init_decoder_state(b)
-        self.sampling = RowSampling.greedy_rows(b, dev)
+        self.sampling = RowSampling.greedy_rows(b, cfg.text_card, cfg.card, dev)
         self.noise = RowNoise(b, cfg.text_card, self.gen.depformer_steps, cfg.card, dev)
         self.free_tokens = torch.full((b, self.first_user), FREE, dtype=torch.long, device=dev)
 

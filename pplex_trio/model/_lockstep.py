@@ -49,7 +49,7 @@ import torch
 
 from ._config import LMConfig
 from ._lm import LMModel
-from ._sampling import RowChoice, RowSampling, choose
+from ._sampling import RowSampling, choose
 from ._streaming import reset_rows_, set_rows_, where_rows
 
 FREE = -1
@@ -268,11 +268,9 @@ class LMGen:
             x = where_rows(inputs.embed_mask, inputs.embeddings.to(x.dtype), x)
         hidden, text_logits = lm.temporal(x, self.state, exec_mask)
         s = sampling if noise is not None else None
-        if s is not None and noise is not None:  # each kind's settings made once, for all its steps
-            text_noise, audio_noise = noise
-            text = choose(text_logits, RowChoice.of(s.text_temperature, s.text_topk, s.greedy, lm.cfg.text_card),
-                          text_noise)
-            audio_choice = RowChoice.of(s.audio_temperature, s.audio_topk, s.greedy, lm.cfg.card)
+        if s is not None and noise is not None:
+            text = choose(text_logits, s.text, s.text.gumbel(noise[0]))
+            audio_gumbel = s.audio.gumbel(noise[1])  # every step's at once
         else:
             text = text_logits.argmax(-1)
 
@@ -284,8 +282,8 @@ class LMGen:
             previous = torch.where(provided[:, 0], target[:, 0], text)
             for step in range(self.depformer_steps):
                 step_logits = lm.depformer_step(hidden, previous, step, self.depformer_cache)
-                if s is not None and step < audio_noise.shape[1]:
-                    token = choose(step_logits, audio_choice, audio_noise[:, step])
+                if s is not None and step < audio_gumbel.shape[1]:
+                    token = choose(step_logits, s.audio, audio_gumbel[:, step])
                 else:
                     token = step_logits.argmax(-1)
                 chosen.append(token)

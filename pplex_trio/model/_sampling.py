@@ -25,55 +25,45 @@ from .._conversation import Sampling
 
 
 @dataclasses.dataclass
-class RowSampling:
-    """Per-row sampling settings as device tensors (see :meth:`set_row`)."""
-
-    text_temperature: torch.Tensor  # [B] float
-    text_topk: torch.Tensor  # [B] long (<= 0: no top-k)
-    audio_temperature: torch.Tensor  # [B] float
-    audio_topk: torch.Tensor  # [B] long
-    greedy: torch.Tensor  # [B] bool
-
-    @classmethod
-    def greedy_rows(cls, batch_size: int, device: torch.device | str) -> "RowSampling":
-        f = lambda v: torch.full((batch_size,), v, device=device)  # noqa: E731
-        return cls(f(0.0), f(0).long(), f(0.0), f(0).long(), f(True).bool())
-
-    def set_greedy(self) -> None:
-        """Every row greedy (as after :meth:`greedy_rows`), in place."""
-        for t in (self.text_temperature, self.audio_temperature, self.text_topk, self.audio_topk):
-            t.zero_()
-        self.greedy.fill_(True)
-
-    def set_row(self, row: int, sampling: Sampling) -> None:
-        self.text_temperature[row] = sampling.text_temperature
-        self.text_topk[row] = sampling.text_topk
-        self.audio_temperature[row] = sampling.audio_temperature
-        self.audio_topk[row] = sampling.audio_topk
-        self.greedy[row] = sampling.greedy
-
-
-@dataclasses.dataclass
 class RowChoice:
-    """One kind of token's sampling settings, per row, in the form :func:`choose` uses (made once per step)."""
+    """One kind of token's sampling settings per row, as :func:`choose` uses them.
 
-    temperature: torch.Tensor  # [B, 1] float, > 0
+    The rows that take the argmax (greedy, or a temperature <= 0) get a
+    temperature of 1, no top-k and no noise (:meth:`gumbel`): their score is
+    their logits, so every row goes through the same few operations.
+    """
+
+    temperature: torch.Tensor  # [B, 1] float32, > 0
     kth: torch.Tensor  # [B, 1] long: where the top-k threshold is in the descending order
-    argmax: torch.Tensor  # [B] bool: the rows that take the argmax (greedy, or a temperature <= 0)
+    argmax: torch.Tensor  # [B] bool
+    vocab: int
 
     @classmethod
     def of(cls, temperature: torch.Tensor, topk: torch.Tensor, greedy: torch.Tensor, vocab: int) -> "RowChoice":
-        k = torch.where((topk <= 0) | (topk > vocab), torch.full_like(topk, vocab), topk)
-        return cls(temperature.clamp(min=1e-6)[:, None], (k - 1)[:, None], greedy | (temperature <= 0))
+        """From per-row ``temperature`` [B] float32, ``topk`` [B] long (<= 0: none) and ``greedy`` [B] bool."""
+        argmax = greedy | (temperature <= 0)
+        k = torch.where((topk <= 0) | (topk > vocab) | argmax, torch.full_like(topk, vocab), topk)
+        temperature = torch.where(argmax, torch.ones_like(temperature), temperature.clamp(min=1e-6))
+        return cls(temperature[:, None], (k - 1)[:, None], argmax, vocab)
+
+    def set_row(self, row: int, temperature: float, topk: int, greedy: bool) -> None:
+        """Row ``row``'s settings, in place (between steps)."""
+        one = RowChoice.of(torch.tensor([temperature], dtype=torch.float32), torch.tensor([topk]),
+                           torch.tensor([greedy]), vocab=self.vocab)
+        for mine, new in ((self.temperature, one.temperature), (self.kth, one.kth), (self.argmax, one.argmax)):
+            mine[row] = new[0]
+
+    def gumbel(self, noise: torch.Tensor) -> torch.Tensor:
+        """``log E`` of ``Exp(1)`` ``noise`` ``[B, ...]``, zero on the argmax rows."""
+        return torch.where(self.argmax.view(-1, *([1] * (noise.dim() - 1))), 0.0, noise.log())
 
 
-def choose(logits: torch.Tensor, choice: RowChoice, noise: torch.Tensor) -> torch.Tensor:
-    """One token per row from ``logits`` ``[B, V]`` and ``Exp(1)`` ``noise`` of the same shape."""
-    best = logits.argmax(dim=-1)
+def choose(logits: torch.Tensor, choice: RowChoice, gumbel: torch.Tensor) -> torch.Tensor:
+    """One token per row from ``logits`` ``[B, V]``: ``argmax(logits / T - log E)`` over the top k, with
+    ``gumbel`` = ``choice.gumbel(E)`` of the same shape."""
     scaled = logits / choice.temperature  # in float32, the temperature's dtype
     kth = scaled.sort(dim=-1, descending=True).values.gather(1, choice.kth)
-    score = (scaled - noise.log()).masked_fill(scaled < kth, float("-inf"))
-    return torch.where(choice.argmax, best, score.argmax(dim=-1))
+    return (scaled - gumbel).masked_fill(scaled < kth, float("-inf")).argmax(dim=-1)
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, topk: torch.Tensor, greedy: torch.Tensor,
@@ -85,7 +75,35 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, topk: torch.Tensor, 
     """
     if noise is None:
         return logits.argmax(dim=-1)
-    return choose(logits, RowChoice.of(temperature, topk, greedy, logits.shape[-1]), noise)
+    choice = RowChoice.of(temperature, topk, greedy, logits.shape[-1])
+    return choose(logits, choice, choice.gumbel(noise))
+
+
+@dataclasses.dataclass
+class RowSampling:
+    """Per-row sampling settings as device tensors, text and audio each ready for :func:`choose`
+    (see :meth:`set_row`)."""
+
+    text: RowChoice
+    audio: RowChoice
+
+    @classmethod
+    def greedy_rows(cls, batch_size: int, text_card: int, card: int, device: torch.device | str) -> "RowSampling":
+        def greedy(vocab: int) -> RowChoice:
+            zero = torch.zeros(batch_size, device=device)
+            return RowChoice.of(zero, zero.long(), torch.ones(batch_size, dtype=torch.bool, device=device), vocab)
+        return cls(greedy(text_card), greedy(card))
+
+    def set_greedy(self) -> None:
+        """Every row greedy (as after :meth:`greedy_rows`), in place."""
+        for choice in (self.text, self.audio):
+            choice.temperature.fill_(1.0)
+            choice.kth.fill_(choice.vocab - 1)
+            choice.argmax.fill_(True)
+
+    def set_row(self, row: int, sampling: Sampling) -> None:
+        self.text.set_row(row, sampling.text_temperature, sampling.text_topk, sampling.greedy)
+        self.audio.set_row(row, sampling.audio_temperature, sampling.audio_topk, sampling.greedy)
 
 
 _LOW32 = 0xFFFF_FFFF
