@@ -122,6 +122,7 @@ class DeviceTick:
         self.live = torch.zeros(b, dtype=torch.long, device=dev)
         self.pcm = torch.zeros(b, frame, dtype=torch.float32, device=dev)
         self.packed = torch.zeros(b, k + 1 + frame, dtype=torch.float32, device=dev)
+        self.silence = torch.zeros((), dtype=torch.float32, device=dev)
         pin = dev.type == "cuda"
         self.host_live = torch.zeros(self.live.shape, dtype=torch.long, pin_memory=pin)
         self.host_pcm = torch.zeros(self.pcm.shape, dtype=torch.float32, pin_memory=pin)
@@ -216,7 +217,7 @@ class DeviceTick:
         agent = result.tokens[:, 1: self.first_user]
         speak = live & ((agent >= 0) & (agent < card)).all(dim=1)
         pcm = self.model.mimi.decode_frame(agent.clamp(0, card - 1), self.decoder, speak)
-        self.packed[:, k + 1:].copy_(torch.where(speak[:, None], pcm, 0.0))
+        torch.where(speak[:, None], pcm, self.silence, out=self.packed[:, k + 1:])
 
     def replay(self) -> bool:
         """Run the tick as the recorded graph; False (nothing run) when there is none."""

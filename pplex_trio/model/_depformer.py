@@ -112,7 +112,8 @@ class Depformer(nn.Module):
             qkv = cache.qkv[i, :, : step + 1]  # steps 0..step
             attn.project_in(layer.norm1(x), step, qkv[:, step])
             q, k, v = qkv.view(b, step + 1, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)  # [B, H, steps, Dh]
-            att = F.scaled_dot_product_attention(q[:, :, step:], k, v)
+            # One key: its softmax weight is exactly 1, the output its value.
+            att = v if step == 0 else F.scaled_dot_product_attention(q[:, :, step:], k, v)
             x = x + attn.project_out(att.reshape(b, -1), step)
             x = x + layer.ffn(step)(layer.norm2(x))
         return x

@@ -113,6 +113,11 @@ def _scatter(t: torch.Tensor, pos: torch.Tensor, value: torch.Tensor, mask: torc
     t.scatter_(2, pos.unsqueeze(-1), torch.where(mask, value, old).unsqueeze(-1))
 
 
+def _mark(flags: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> None:
+    """In place: ``flags[b, k, pos[b, k]] = True`` where ``mask[b, k]``."""
+    flags.scatter_(2, pos.unsqueeze(-1), (_gather(flags, pos) | mask).unsqueeze(-1))
+
+
 @dataclasses.dataclass
 class CacheFrame:
     """Where one step reads and writes in the token cache: the input frame ``o - 1``, the target ``o``."""
@@ -169,11 +174,11 @@ class CacheRules:
         write_pos = write_at % self.slots
         forced = (tokens >= 0) & exec_mask[:, None] & (write_at > self.delays)
         _scatter(cache.tokens, write_pos, tokens, forced)
-        _scatter(cache.provided, write_pos, torch.ones_like(forced), forced)
+        _mark(cache.provided, write_pos, forced)
         cur = (o % self.slots)[:, None].expand(b, k)
         warmup = (o[:, None] <= self.delays) & exec_mask[:, None]
         _scatter(cache.tokens, cur, cache.initial.expand(b, -1), warmup)
-        _scatter(cache.provided, cur, torch.ones_like(warmup), warmup)
+        _mark(cache.provided, cur, warmup)
         prev = ((o - 1) % self.slots)[:, None].expand_as(cur)
         return CacheFrame(prev=prev, cur=cur, model_input=_gather(cache.tokens, prev),
                           target=_gather(cache.tokens, cur), provided=_gather(cache.provided, cur))
@@ -275,10 +280,9 @@ class LMGen:
             text = text_logits.argmax(-1)
 
         # 3. Depformer, teacher-forced wherever a token was provided.
-        audio = target[:, 1: 1 + self.depformer_steps]
+        chosen = [text[:, None]]
         logits = []
         if run_depformer:
-            chosen = []
             previous = torch.where(provided[:, 0], target[:, 0], text)
             for step in range(self.depformer_steps):
                 step_logits = lm.depformer_step(hidden, previous, step, self.depformer_cache)
@@ -286,15 +290,13 @@ class LMGen:
                     token = choose(step_logits, s.audio, audio_gumbel[:, step])
                 else:
                     token = step_logits.argmax(-1)
-                chosen.append(token)
+                chosen.append(token[:, None])
                 logits.append(step_logits)
-                previous = torch.where(provided[:, 1 + step], target[:, 1 + step], token)
-            audio = torch.stack(chosen, dim=1)
+                if step + 1 < self.depformer_steps:
+                    previous = torch.where(provided[:, 1 + step], target[:, 1 + step], token)
 
         # 4-5. Sampled tokens land where nothing was provided; the de-delayed output frame.
-        sampled = target.clone()
-        sampled[:, 0] = text
-        sampled[:, 1: 1 + self.depformer_steps] = audio
+        sampled = torch.cat([*chosen, target[:, len(chosen):]], dim=1)
         out, valid = self.rules.end(cache, frame, exec_mask, sampled, inputs.restore_cache, inputs.restore_mask)
         return StepResult(
             tokens=out, valid=valid, hidden=hidden,

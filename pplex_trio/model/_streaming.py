@@ -59,10 +59,10 @@ def ring_attention_mask(end: torch.Tensor, num_new: int, capacity: int, referenc
     slots = torch.arange(capacity, device=end.device)
     last = end.view(-1, 1) - 1
     # Latest position p <= last with p == slot (mod capacity); negative if never written.
-    pos = slots + capacity * torch.div(last - slots, capacity, rounding_mode="floor")
+    pos = (last - (last - slots) % capacity).view(-1, 1, capacity)
+    first = (end - window).clamp(min=0).view(-1, 1, 1)  # the oldest position seen, never a negative one
     queries = end.view(-1, 1) - num_new + torch.arange(num_new, device=end.device)
-    pos = pos.view(-1, 1, capacity)
-    ok = (pos >= 0) & (pos >= end.view(-1, 1, 1) - window) & (pos <= queries.unsqueeze(-1))
+    ok = (pos >= first) & (pos <= queries.unsqueeze(-1))
     return ok.unsqueeze(1)
 
 
