@@ -67,6 +67,10 @@ class ResidualVQ(nn.Module):
 
     def encode(self, x: torch.Tensor, n: int) -> torch.Tensor:
         """``[B, C, T]`` latents to ``[B, n, T]`` codes."""
+        return torch.stack(self.encode_list(x, n), dim=1)
+
+    def encode_list(self, x: torch.Tensor, n: int) -> list[torch.Tensor]:
+        """:meth:`encode`'s codes, one ``[B, T]`` per codebook."""
         b, _, t = x.shape
         residual = self.input_proj(x).transpose(1, 2).reshape(b * t, -1)
         codes = []
@@ -74,7 +78,7 @@ class ResidualVQ(nn.Module):
             idx = cb.nearest(residual)
             residual = residual - cb.centroids[idx]
             codes.append(idx.view(b, t))
-        return torch.stack(codes, dim=1)
+        return codes
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """``[B, n, T]`` codes to ``[B, C_out, T]`` latents."""
@@ -100,9 +104,8 @@ class SplitResidualVQ(nn.Module):
                 module.refresh()
 
     def encode(self, x: torch.Tensor, num_codebooks: int) -> torch.Tensor:
-        first = self.rvq_first.encode(x, self.n_semantic)
-        rest = self.rvq_rest.encode(x, num_codebooks - self.n_semantic)
-        return torch.cat([first, rest], dim=1)
+        first = self.rvq_first.encode_list(x, self.n_semantic)
+        return torch.stack(first + self.rvq_rest.encode_list(x, num_codebooks - self.n_semantic), dim=1)
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         out = self.rvq_first.decode(codes[:, : self.n_semantic])

@@ -307,7 +307,7 @@ class StreamingTransformer(nn.Module):
                 state.write_row(i, row, slots[j], kv[:, j, :, : counts[j]])
                 keys, values = state.read_row(i, row, q.dtype)  # [H, C, Dh]
                 outputs.append(F.scaled_dot_product_attention(q[j: j + 1], keys[None], values[None], mask[j: j + 1]))
-            att = torch.cat(outputs).transpose(1, 2).reshape(r_count, t, -1)
+            att = (torch.cat(outputs) if len(outputs) > 1 else outputs[0]).transpose(1, 2).reshape(r_count, t, -1)
             att = layer.self_attn.out_proj(att)
             x = x + (layer.layer_scale_1(att) if layer._scaled else att)
             f = layer.ffn(layer.norm2(x))
