@@ -217,7 +217,7 @@ class DeviceTick:
         agent = result.tokens[:, 1: self.first_user]
         speak = live & ((agent >= 0) & (agent < card)).all(dim=1)
         pcm = self.model.mimi.decode_frame(agent.clamp(0, card - 1), self.decoder, speak)
-        torch.where(speak[:, None], pcm, self.silence, out=self.packed[:, k + 1:])
+        self.packed[:, k + 1:].copy_(torch.where(speak[:, None], pcm, self.silence))
 
     def replay(self) -> bool:
         """Run the tick as the recorded graph; False (nothing run) when there is none."""

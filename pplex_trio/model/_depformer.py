@@ -76,8 +76,8 @@ class DepformerLayer(nn.Module):
 
 @dataclasses.dataclass
 class DepformerCache:
-    """Per-frame queries, keys and values of every step, ``[L, B, steps, 3 * dim]`` (as the fused projection
-    makes them, which writes them in place); overwritten every frame."""
+    """Per-frame queries, keys and values of every step, ``[L, steps, B, 3 * dim]`` (as the fused projection
+    makes them, which writes them in place: one step's block is contiguous); overwritten every frame."""
 
     qkv: torch.Tensor
 
@@ -94,7 +94,7 @@ class Depformer(nn.Module):
     def init_cache(self, batch_size: int) -> DepformerCache:
         p = self.layers[0].self_attn.in_proj_weight
         dtype = next(self.layers[0].norm1.parameters()).dtype  # the weights' dtype: int8 ones say nothing
-        shape = (len(self.layers), batch_size, self.num_steps, 3 * p.shape[1])
+        shape = (len(self.layers), self.num_steps, batch_size, 3 * p.shape[1])
         return DepformerCache(torch.zeros(shape, device=p.device, dtype=dtype))
 
     def forward(self, x: torch.Tensor, step: int, cache: DepformerCache) -> torch.Tensor:
@@ -109,9 +109,9 @@ class Depformer(nn.Module):
         b = x.shape[0]
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            qkv = cache.qkv[i, :, : step + 1]  # steps 0..step
-            attn.project_in(layer.norm1(x), step, qkv[:, step])
-            q, k, v = qkv.view(b, step + 1, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)  # [B, H, steps, Dh]
+            qkv = cache.qkv[i, : step + 1]  # steps 0..step
+            attn.project_in(layer.norm1(x), step, qkv[step])
+            q, k, v = qkv.view(step + 1, b, 3, self.num_heads, -1).permute(2, 1, 3, 0, 4)  # [B, H, steps, Dh]
             # One key: its softmax weight is exactly 1, the output its value.
             att = v if step == 0 else F.scaled_dot_product_attention(q[:, :, step:], k, v)
             x = x + attn.project_out(att.reshape(b, -1), step)
