@@ -1,8 +1,11 @@
-"""bench/load's clients: one conversation of real speech over /api/chat, /v1/realtime or /v1/live/sessions.
+"""bench/load's clients: one conversation of real speech over /api/chat, /v1/realtime, /v1/live/sessions or
+/telephony/twilio.
 
 The Moshi protocol (``/api/chat``) streams Ogg Opus pages; the OpenAI Realtime
 and Live protocols stream JSON events of base64 PCM16 and differ only in their
-events' names and the opening (:class:`JsonEvents`).  Every stream is
+events' names and the opening (:class:`JsonEvents`); a Twilio call streams
+``media`` events of μ-law at 8 kHz every 20 ms, as Twilio does, after its
+``connected`` and ``start`` events.  Every stream is
 pre-encoded once and replayed, so the generator stays cheap.  ``load.py``
 imports (and re-exports) what is here; ``bench/ready.py`` and ``bench/voices.py``
 use it through ``load``.
@@ -20,14 +23,16 @@ import urllib.parse
 from typing import Any
 
 import numpy as np
+import soxr
 import sphn
 import trio
 from _helpers import ogg  # (tests/ on the path: load.py puts it there)
 
 from pplex_trio.client import open_websocket
-from pplex_trio.codec import pcm16_encode
+from pplex_trio.codec import pcm16_encode, ulaw_encode
 
 SR, FRAME = 24_000, 1920
+TWILIO_RATE = 8_000
 GENERATOR_LAG = 0.005  # a page sent this late was delayed by the generator, not the server
 DATA = pathlib.Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 
@@ -40,22 +45,32 @@ class JsonEvents:
     """
 
     path: str
-    start: str  # the client's opening event
+    start: tuple[str, ...]  # the client's opening events
     started: str  # how the event saying the conversation is live begins
     append: str  # the type of the client's audio event
     audio: str  # how the server's audio delta begins (one per 80 ms frame)
-    text: str  # and its transcript delta
+    text: str | None  # and its transcript delta (None: the protocol carries no text)
+    message_ms: int | None = None  # the audio per client message, when the protocol fixes it
 
 
 REALTIME = JsonEvents(  # live at the first response
-    path="/v1/realtime", start='{"type":"response.create"}', started='{"type":"response.created"',
+    path="/v1/realtime", start=('{"type":"response.create"}',), started='{"type":"response.created"',
     append="input_audio_buffer.append", audio='{"type":"response.output_audio.delta"',
     text='{"type":"response.output_audio_transcript.delta"')
 LIVE = JsonEvents(  # no turns: live at session.started
-    path="/v1/live/sessions", start='{"type":"session.start","session":{"model":"gpt-live-1"}}',
+    path="/v1/live/sessions", start=('{"type":"session.start","session":{"model":"gpt-live-1"}}',),
     started='{"type":"session.started"', append="session.input_audio.append",
     audio='{"type":"session.output_audio.delta"', text='{"type":"session.output_transcript.delta"')
-JSON_EVENTS = {"realtime": REALTIME, "live": LIVE}
+TWILIO_STREAM = "MZ" + "0" * 32
+TWILIO = JsonEvents(  # no handshake: live at the first media the server sends
+    path="/telephony/twilio", start=(
+        json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}),
+        json.dumps({"event": "start", "sequenceNumber": "1", "streamSid": TWILIO_STREAM, "start": {
+            "streamSid": TWILIO_STREAM, "callSid": "CA" + "0" * 32, "accountSid": "AC" + "0" * 32,
+            "tracks": ["inbound"], "customParameters": {},
+            "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}})),
+    started='{"event":"media"', append="media", audio='{"event":"media"', text=None, message_ms=20)
+JSON_EVENTS = {"realtime": REALTIME, "live": LIVE, "twilio": TWILIO}
 PATHS = {"moshi": "/api/chat", **{name: events.path for name, events in JSON_EVENTS.items()}}
 PROTOCOLS = tuple(PATHS)  # in the order --compare-protocols runs them
 ERROR = '{"type":"error"'
@@ -97,10 +112,22 @@ def encode_pages(seconds: float, page_ms: int, folder: pathlib.Path = DATA) -> l
     return header + audio
 
 
+def encode_twilio_media(seconds: float) -> list[str]:
+    """The same speech as a Twilio call's ``media`` events: μ-law at 8 kHz, 20 ms each (two leading silent ones)."""
+    pcm = soxr.resample(speech(seconds), SR, TWILIO_RATE, quality="HQ")
+    step = TWILIO_RATE * 20 // 1000
+    chunks = [np.zeros(step, np.float32)] * 2 + [pcm[i:i + step] for i in range(0, pcm.size - step + 1, step)]
+    return [json.dumps({"event": "media", "sequenceNumber": str(n + 2), "streamSid": TWILIO_STREAM, "media": {
+        "track": "inbound", "chunk": str(n + 1), "timestamp": str(20 * n),
+        "payload": base64.b64encode(ulaw_encode(c)).decode()}}) for n, c in enumerate(chunks)]
+
+
 def encode_stream(protocol: str, seconds: float, page_ms: int) -> list[Any]:
     """What a client of ``protocol`` sends: its messages, the first two before its recorder starts."""
     if protocol == "moshi":
         return encode_pages(seconds, page_ms)
+    if protocol == "twilio":
+        return encode_twilio_media(seconds)
     return encode_appends(seconds, page_ms, JSON_EVENTS[protocol].append)
 
 
@@ -131,11 +158,14 @@ async def run_client(url: str, pages: list[Any], page_ms: int, stats: ClientStat
     """
     events = next((e for e in JSON_EVENTS.values() if e.path == urllib.parse.urlsplit(url).path), None)
     reader = sphn.OpusStreamReader(SR) if decode and events is None else None
+    if events is not None and events.message_ms:
+        page_ms = events.message_ms
     frames_per_message = page_ms / 80
     try:
         async with open_websocket(url) as ws:
             if events is not None:
-                await ws.send_message(events.start)
+                for opening in events.start:
+                    await ws.send_message(opening)
                 while not (message := await ws.get_message()).startswith(events.started):
                     if message.startswith(ERROR):  # (else the run would wait for its 120 s limit)
                         raise RuntimeError(f"refused at the opening: {message[:300]}")
@@ -152,7 +182,7 @@ async def run_client(url: str, pages: list[Any], page_ms: int, stats: ClientStat
                     if events is not None:
                         if message.startswith(events.audio):
                             stats.audio_received += 1
-                        elif message.startswith(events.text):
+                        elif events.text is not None and message.startswith(events.text):
                             stats.text_received += 1
                     elif message[:1] == b"\x01":
                         stats.audio_received += 1

@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""bench/load: N concurrent clients against a pplex-trio server, over /api/chat, /v1/realtime or /v1/live/sessions.
+"""bench/load: N concurrent clients against a pplex-trio server, over /api/chat, /v1/realtime, /v1/live/sessions or
+/telephony/twilio.
 
 Each client streams real speech (``../shared/data/*.wav``) at real-time pace:
 with ``--protocol moshi`` as Ogg Opus pages, one page (two 20 ms packets) per
 message like the browser; with ``--protocol realtime`` as OpenAI Realtime
 ``input_audio_buffer.append`` events of base64 PCM16, one per page's worth of
 audio; with ``--protocol live`` the same as OpenAI Live
-``session.input_audio.append`` events (after ``session.start``).  Each is
+``session.input_audio.append`` events (after ``session.start``); with
+``--protocol twilio`` as a Twilio call's ``media`` events (μ-law at 8 kHz,
+20 ms each, as Twilio sends them, whatever ``--page-ms``).  Each is
 pre-encoded once and replayed so the generator stays cheap (the clients are in
 ``_load_clients.py``).  It receives everything, decodes a sample of the
 clients' audio (Moshi), and counts frames (an audio delta is a frame).
@@ -17,7 +20,8 @@ Usage (from the repository root)::
     python bench/load.py --clients 64 --compare-framing        # naive vs aligned framing, one run
     python bench/load.py --find-max --duration 30              # largest N that holds real time
     python bench/load.py --url http://127.0.0.1:8998 --clients 8   # a server you started
-    python bench/load.py --clients 32 --compare-protocols      # /api/chat, /v1/realtime, /v1/live/sessions, one run
+    python bench/load.py --clients 32 --compare-protocols      # /api/chat, /v1/realtime, /v1/live/sessions, twilio
+    python bench/load.py --clients 32 --compare-protocols realtime,twilio   # those two, one run
 
 ``--traffic official`` behaves like the official web client: 20 ms Opus
 packets two per Ogg page (a message every 40 ms), streaming from the handshake,
@@ -39,7 +43,8 @@ server) and p99 tick lateness <= 10 ms over the window.  Late input frames
 (a tick that came before its frame: the frame is heard one tick later) and
 the aligned framer's catch-up skips are counted in their own columns.
 ``cpu ratio`` (with ``--compare-protocols``) is a run's CPU per
-conversation-second over the Moshi run's, and for Live also over Realtime's.
+conversation-second over the Moshi run's, for Live also over Realtime's, and
+for Twilio over Realtime's.
 Prints a table, writes JSON and PNG plots under bench/results/ (``--results``).
 """
 
@@ -342,11 +347,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --model echo: the echo engine's share of frames with text (default 0.3 with "
                         "--traffic official, else 1)")
     parser.add_argument("--protocol", choices=PROTOCOLS, default="moshi",
-                        help="/api/chat (Ogg Opus), /v1/realtime or /v1/live/sessions (base64 PCM16 JSON events); "
-                        "default moshi")
-    parser.add_argument("--compare-protocols", action="store_true",
-                        help="run moshi, realtime and live, one server each, side by side, with each one's CPU "
-                        "relative to moshi's and live's relative to realtime's")
+                        help="/api/chat (Ogg Opus), /v1/realtime or /v1/live/sessions (base64 PCM16 JSON events), "
+                        "twilio (a Twilio call: μ-law 8 kHz media events every 20 ms); default moshi")
+    parser.add_argument("--compare-protocols", nargs="?", const=",".join(PROTOCOLS), type=protocol_list,
+                        metavar="P,Q,...",
+                        help=f"run these protocols (default all: {','.join(PROTOCOLS)}), one server each, side by "
+                        "side, each one's CPU relative to the others' (realtime and live to moshi, live and twilio "
+                        "to realtime)")
     parser.add_argument("--find-max", action="store_true", help="search the largest N that holds real time")
     parser.add_argument("--max-clients", type=int, default=160, help="upper bound for --find-max")
     parser.add_argument("--start-phase", choices=("random", "handshake"), default="random",
@@ -367,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     args.results.mkdir(parents=True, exist_ok=True)
     seconds = args.duration + args.warmup + 30
     streams = {protocol: encode_stream(protocol, seconds, args.page_ms)
-               for protocol in (PROTOCOLS if args.compare_protocols else (args.protocol,))}
+               for protocol in (args.compare_protocols or (args.protocol,))}
     pages = streams.get(args.protocol, [])
     gc.freeze()  # the generator's own collections would delay every client's pages at once
 
@@ -380,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(one(args, args.clients, framing, pages))
             print(table(results[-1:]), flush=True)
     elif args.compare_protocols:
-        for protocol in PROTOCOLS:
+        for protocol in args.compare_protocols:
             runs[protocol] = one(args, args.clients, args.framing, streams[protocol], protocol)
             runs[protocol].cpu_ratios = cpu_ratios(runs, protocol)
             results.append(runs[protocol])
@@ -407,8 +414,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-RATIO_BASES = {"realtime": ("moshi",), "live": ("moshi", "realtime")}  # whose CPU each protocol's is set against
+# Whose CPU each protocol's is set against.
+RATIO_BASES = {"realtime": ("moshi",), "live": ("moshi", "realtime"), "twilio": ("realtime",)}
 RATIO_TARGETS = {("realtime", "moshi"): 1.2, ("live", "realtime"): 1.1}  # issue 13's, and the Live endpoint's
+
+
+def protocol_list(text: str) -> tuple[str, ...]:
+    """``--compare-protocols realtime,twilio``: known protocols, in the order given."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in PROTOCOLS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: give protocols among {', '.join(PROTOCOLS)}")
+    return names
 
 
 def cpu_ratios(runs: dict[str, RunResult], protocol: str) -> dict[str, float]:

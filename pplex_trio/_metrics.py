@@ -18,6 +18,7 @@ _LATENESS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 
 
 DROP_REASONS = ("inbound", "input_backlog", "output_backlog")
 REFUSAL_REASONS = ("unauthorized", "forbidden_origin", "too_many_connections")
+RECORD_DELETIONS = ("retention", "quota", "request")
 ERROR_KINDS = ("bad_request", "protocol", "session", "engine", "engine_start", "engine_reset", "engine_stalled",
                "start_rejected", "transport")
 
@@ -115,6 +116,17 @@ class Metrics:
         self.voice_uploads = Counter(
             "pplex_voice_uploads_total", "Voice uploads by outcome (added, deleted, client_gone, or the HTTP status "
             "of the refusal)", ["outcome"], registry=r)
+        self.records_written = Counter(
+            "pplex_records_written_total", "Call records written whole (--record)", registry=r)
+        self.records_failed = Counter(
+            "pplex_records_failed_total", "Call records cut short by a write that failed or a disk that did not "
+            "answer in time (their calls went on, unrecorded from there)", registry=r)
+        self.record_frames_lost = Counter(
+            "pplex_record_frames_lost_total", "Frames left out of call records because the disk fell behind by more "
+            "than the recorders buffer (silence stands in for them)", registry=r)
+        self.records_deleted = Counter(
+            "pplex_records_deleted_total", "Call records deleted, by reason (retention, quota, request)", ["reason"],
+            registry=r)
         self.trio_tasks = Gauge("pplex_trio_tasks", "Trio tasks alive in the server (counted when /metrics is read)",
                                 registry=r)
 
@@ -127,6 +139,8 @@ class Metrics:
             self.errors.labels(kind)
         for reason in REFUSAL_REASONS:
             self.refused.labels(reason)
+        for reason in RECORD_DELETIONS:
+            self.records_deleted.labels(reason)
 
     def drop(self, reason: str, count: int = 1) -> None:
         if count:

@@ -166,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from ..server import ServerSettings, serve
-    from ..server import ListenError, bind_sockets, socket_listeners, tls_certificate
+    from ..server import ListenError, bind_sockets, prepare_record_folder, socket_listeners, tls_certificate
     from ._engines import ModelUnavailable, create_engine
 
     for field in dataclasses.fields(ServerSettings):
@@ -185,6 +185,8 @@ def _serve(args: argparse.Namespace) -> int:
     sockets = []
     try:
         certificate = tls_certificate(settings)
+        if settings.record_dir is not None:
+            prepare_record_folder(settings.record_dir)  # (a folder it cannot write is said before a model loads)
         sockets = bind_sockets(settings)  # first: a port in use is said at once, not after loading a model
         engine = create_engine(settings)
     except (ListenError, ModelUnavailable, FileNotFoundError, ValueError) as exc:

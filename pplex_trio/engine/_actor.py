@@ -41,6 +41,7 @@ from ._engine_call import CallResult, EngineCall, apply_result, execute, fail_ca
 from ._framing import InputFramer
 from ._interface import Engine, Job
 from ._lease import Lease, LeaseFailure, LeaseState
+from ._outbox import OutputFrame
 from ._schedule import TickSchedule
 from ._settings import ActorSettings
 from ._slots import SlotTable
@@ -82,7 +83,7 @@ class EngineActor:
 
     @contextlib.contextmanager
     def lease(self, conversation: Conversation, *, align: bool = False, early_audio: bool = False,
-              client: str | None = None) -> Iterator[Lease]:
+              client: str | None = None, on_frame: Callable[[OutputFrame], None] | None = None) -> Iterator[Lease]:
         """Claim a slot (or a place in the queue) for the duration of the block.
 
         ``align`` asks for phase-aligned framing of this conversation's input
@@ -90,14 +91,15 @@ class EngineActor:
         :class:`InputFramer`); ``early_audio`` keeps what the client says
         before the conversation is live for the model (see
         :meth:`Lease.push_input`); ``client`` (an address) names who asks, for
-        the slot held for a client that left (see :class:`SlotTable`).  Raises
+        the slot held for a client that left (see :class:`SlotTable`);
+        ``on_frame`` observes every frame delivered to it (see :class:`Lease`).  Raises
         :class:`QueueFull` at once if there is neither a slot nor a place in the
         queue.  On exit the slot drains: it is freed only between engine calls.
         """
         s = self.settings
         framer = InputFramer(self.engine.frame_size, s.input_backlog_frames, align=align)
         lease = Lease(conversation, self, framer=framer, output_capacity=s.output_backlog_frames,
-                      early_audio=early_audio, client=client)
+                      early_audio=early_audio, client=client, on_frame=on_frame)
         self.table.request(lease, trio.current_time())
         self._changed()
         try:

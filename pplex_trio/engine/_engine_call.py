@@ -183,7 +183,8 @@ def apply_result(table: SlotTable, call: EngineCall, result: CallResult, now: fl
             continue  # given back (or failed, or restarted) while the engine ran: its output is dropped
         try:
             lease.deliver(OutputFrame(
-                result.output.pcm[i].copy(), result.output.text[i], tick.tick, input_arrival=tick.arrivals[i][1],
+                result.output.pcm[i].copy(), result.output.text[i], tick.tick, heard=tick.pcm[i].copy(),
+                input_arrival=tick.arrivals[i][1],
                 step_seconds=result.step_seconds, tick_started=call.started_at, delivered=now,
             ))
             delivered += 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -107,13 +108,22 @@ class Lease:
     lease.frames()``; :meth:`flush` asks for an :class:`OutputEnd` once every
     pending input frame has had its answer; :meth:`restart` runs the system
     prompt again with new settings; :meth:`end` gives the slot back.
+
+    ``on_frame`` observes the conversation's timeline: it is called with every
+    frame the engine delivers, before the outbox (so a frame later dropped
+    for a reader that fell behind is observed all the same), on the actor's
+    task.  It must return at once and keep what it needs (a frame's ``text``
+    may change afterwards: a dropped predecessor's piece rides on it).  One
+    that raises is logged once and observes no more; the conversation goes on.
     """
 
     def __init__(self, conversation: Conversation, owner: LeaseOwner, *, framer: InputFramer,
-                 output_capacity: int, early_audio: bool = False, client: str | None = None):
+                 output_capacity: int, early_audio: bool = False, client: str | None = None,
+                 on_frame: Callable[[OutputFrame], None] | None = None):
         self.conversation = conversation
         self.client = client  # who asked (an address): a slot it leaves may be held for it (see SlotTable)
         self._owner = owner
+        self._on_frame = on_frame
         self._framer = framer
         self._early_audio = early_audio
         self._outbox: DropOldestChannel[OutputEvent] = DropOldestChannel(
@@ -380,6 +390,8 @@ class Lease:
         """A tick's output; nothing follows the end of a flushed conversation's output."""
         if self._state is LeaseState.FLUSHED:
             return
+        if self._on_frame is not None:
+            self._observe(frame)
         self._outbox.send_nowait(frame)
         self._frames_delivered += 1
         self._last_delivered_tick = frame.tick
@@ -436,6 +448,16 @@ class Lease:
             if self._behind_logged:
                 logger.info("slot %s: back to real time after %.1f s", self._slot, now - self._behind_since)
             self._behind_since, self._behind_logged = None, False
+
+    def _observe(self, frame: OutputFrame) -> None:
+        """Tell ``on_frame``; one that fails is let go, never the conversation."""
+        assert self._on_frame is not None
+        try:
+            self._on_frame(frame)
+        except Exception:
+            self._on_frame = None
+            logger.exception("slot %s: the observer of its frames failed; it is let go and the conversation goes on",
+                             self._slot)
 
     def _skipped_output(self, frames: int) -> None:
         self._output_skipped += frames

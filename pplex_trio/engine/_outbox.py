@@ -29,15 +29,18 @@ USUAL_FRAMES = 2  # what a reader keeping up finds waiting: this tick's frame, a
 class OutputFrame:
     """One engine output for one conversation.
 
-    ``input_arrival`` is when the last sample of the input frame consumed in
-    the same tick reached the server (``None`` if the tick had no input), and
-    ``step_seconds`` the engine's compute time in that tick: the send task
-    turns them into the server-added latency of this frame.
+    ``heard`` is the input frame the model consumed in the same tick (silence
+    where none waited): with ``pcm``, the conversation's timeline, what the
+    model heard and what it said.  ``input_arrival`` is when the last sample
+    of that input frame reached the server (``None`` if the tick had no
+    input), and ``step_seconds`` the engine's compute time in that tick: the
+    send task turns them into the server-added latency of this frame.
     """
 
     pcm: np.ndarray
     text: str | None
     tick: int
+    heard: np.ndarray | None = None
     input_arrival: float | None = None
     step_seconds: float = 0.0
     tick_started: float = 0.0  # when the tick that made it began

@@ -25,9 +25,16 @@ class PhaseSteering:
     whenever a streaming conversation finds no frame.  Each such miss widens
     the margin; calm stretches narrow it again, slowly.  With clients at
     random phases the smallest slack is near zero and the grid stays put.
+
+    A miss costs the caller 80 ms of lag, mostly for good; a move earlier
+    gains a few milliseconds.  So the window is long (10 s: a client's
+    rhythm and a jittery network's late pages come round in it), and after a
+    miss the grid moves earlier only once a whole window has been seen again.
+    Measured, 100 ms messages each 0-20 ms late: 6 silent frames a minute
+    with a 2 s window and no wait, 1 to 3 with both (16 seeded minutes).
     """
 
-    def __init__(self, *, margin: float = 0.003, window: int = 25, max_margin: float = 0.030,
+    def __init__(self, *, margin: float = 0.003, window: int = 125, max_margin: float = 0.030,
                  gain: float = 0.25, max_step: float = 0.005, late_step: float = 0.004, calm_ticks: int = 75):
         self.min_margin = self.margin = margin
         self.max_margin = max_margin
@@ -35,15 +42,18 @@ class PhaseSteering:
         self.max_step = max_step
         self.late_step = late_step
         self.calm_ticks = calm_ticks
+        self.window = window
         self._calm = 0
         self.moved = 0.0
         # Each recent tick's smallest slack, as ``slack - moved``: adding today's ``moved`` gives it on today's grid.
         self._recent: collections.deque[float] = collections.deque(maxlen=window)
+        self._relearning = False  # a miss: no move earlier until the window is whole again
 
     def forget(self) -> None:
         """The grid restarts: slacks measured on the old one mean nothing now."""
         self._recent.clear()
         self._calm = 0
+        self._relearning = False
 
     def adjust(self, slacks: list[float], late: int) -> float:
         """``slacks`` of the conversations that got a frame, ``late`` how many streaming ones got none."""
@@ -51,6 +61,7 @@ class PhaseSteering:
             self.margin = min(self.max_margin, self.margin + 0.002)
             self._calm = 0
             self._recent.clear()
+            self._relearning = True
             step = self.late_step
         else:
             self._calm += 1
@@ -59,7 +70,8 @@ class PhaseSteering:
                 self._calm = 0
             if slacks:
                 self._recent.append(min(slacks) - self.moved)
-            spare = min(self._recent) + self.moved - self.margin if self._recent else 0.0
+            self._relearning = self._relearning and len(self._recent) < self.window
+            spare = min(self._recent) + self.moved - self.margin if self._recent and not self._relearning else 0.0
             step = -min(self.max_step, self.gain * spare) if spare > 0 else 0.0
         self.moved += step
         return step

@@ -26,6 +26,7 @@ from ._moshi_session import MoshiProtocol
 from ..protocol import twilio
 from ._official import ROOT_QUERY, find_official_client, official_index
 from ._queue_status import MAX_TICKET_CHARS, queue_status
+from ._record_routes import add_record_routes
 from ._raw_session import RawProtocol
 from ._realtime_session import SUBPROTOCOL, RealtimeProtocol, dialect_of
 from ._server_state import Unready
@@ -190,6 +191,7 @@ def create_http_app(server: ServerContext) -> QuartTrio:
 
     add_voice_routes(app, server)
     add_telephony_routes(app, server)
+    add_record_routes(app, server)
 
     @app.get("/api/sessions")
     async def sessions() -> Response:

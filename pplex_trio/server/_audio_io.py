@@ -22,7 +22,8 @@ class AudioIn:
     def __init__(self, audio_format: SampleFormat):
         self.format = audio_format
         self._decode = _DECODE[audio_format.encoding]
-        self._resample = StreamResampler(audio_format.rate, SAMPLE_RATE)  # a pass-through at 24 kHz
+        # Steady: each message's duration at once, for the framer (a pass-through at 24 kHz).
+        self._resample = StreamResampler(audio_format.rate, SAMPLE_RATE, steady=True)
 
     def __call__(self, data: bytes) -> np.ndarray:
         if len(data) % self.format.sample_bytes:

@@ -11,6 +11,7 @@ from .._conversation import CloseCode
 from .._metrics import Metrics
 from ..engine import Engine, EngineActor
 from ._encoders import Encoders, make_encoders
+from ._records import RecordStore
 from ._server_state import SERVER_LIFECYCLE, ServerState, Unready
 from ._session import Session
 from ._settings import ServerSettings
@@ -25,6 +26,7 @@ class ServerContext:
     metrics: Metrics
     encoders: Encoders
     voice_store: VoiceStore | None = None  # voices added over HTTP (None: this server keeps none)
+    records: RecordStore | None = None  # the call records (None: --record is off)
     sessions: set[Session] = dataclasses.field(default_factory=set)
     state: ServerState = SERVER_LIFECYCLE.start  # moved only by begin_drain and begin_shutdown
     _drain_scope: trio.CancelScope | None = dataclasses.field(default=None, repr=False)
@@ -37,8 +39,11 @@ class ServerContext:
         encoders = make_encoders(settings.opus_encoder, settings.inline_encoders)
         store = VoiceStore(settings.voice_store or default_folder(engine.name))
         engine.use_voice_store(store.folder)
+        records = None if settings.record_dir is None else RecordStore(
+            settings.record_dir, retention_days=settings.record_retention_days, quota=settings.record_quota,
+            metrics=metrics)
         return cls(settings=settings, engine=engine, actor=actor, metrics=metrics, encoders=encoders,
-                   voice_store=store)
+                   voice_store=store, records=records)
 
     def voices(self) -> Sequence[str]:
         """The voices a conversation may name: the model's own, then those added over HTTP."""

@@ -177,6 +177,8 @@ async def serve(
             await nursery.start(_watch_signals, server, stop)
         await nursery.start(server.actor.run)
         await nursery.start(server.encoders.run)
+        if server.records is not None:  # (records past retention or quota are deleted before anything listens)
+            await nursery.start(server.records.run)
         # The transport's write deadline comes a second after the session's own, so a session that gives
         # up on a client says so (and tries to tell it) before the transport drops the connection.
         http = partial(serve_http, app, hypercorn_config(settings), listeners, write_timeout=settings.client_timeout + 1,

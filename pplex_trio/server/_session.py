@@ -20,6 +20,10 @@ tells the client why and closes.  A client that disconnects cancels the whole
 handler (``AsgiWebSocket`` does that); leaving the lease's block gives the slot back,
 which drains before anyone else gets it.
 
+With ``--record`` a :class:`~pplex_trio.server._recorder.Recorder` observes
+the lease's frames, writes them from a fourth task, and is finished once the
+client has been told (whatever the ending): every protocol is recorded alike.
+
 What differs between protocols is a :class:`~pplex_trio.server._wire.WireProtocol`:
 pure codec calls plus a few specifics.  See ``docs/ARCHITECTURE.md``.
 """
@@ -40,6 +44,8 @@ from .._lifecycle import Lifecycle
 from .._metrics import Metrics
 from ..engine import BEGUN_STATES, PREPARING_STATES, EngineActor, Lease, LeaseFailed, LeaseState, QueueFull
 from ..protocol import ProtocolError
+from ._recorder import CallEnding, Recorder
+from ._records import RecordStore
 from ._server_state import Unready
 from ._settings import ServerSettings
 from ._sender import Sender, StreamEnd
@@ -56,6 +62,7 @@ class SessionHost(Protocol):
     actor: EngineActor
     metrics: Metrics
     sessions: set[Session]
+    records: RecordStore | None
 
     def unready(self, *, when_full: bool = True) -> Unready | None: ...
 
@@ -112,6 +119,7 @@ class Session:
         self._step = SESSION_LIFECYCLE.start  # the session's own step; see `state`
         self.lease: Lease | None = None
         self.ending: Ending | None = None
+        self.recorder: Recorder | None = None  # (--record)
         self._scope = trio.CancelScope()
         self._samples_pushed = 0
         self._opened_at = 0.0  # when the opening message that gave the conversation arrived
@@ -167,6 +175,8 @@ class Session:
             host.sessions.discard(self)
             host.metrics.sessions_ended.labels(self.protocol, outcome).inc()
             logger.info("session %d (%s) ended: %s", self.id, self.protocol, outcome)
+            if self.recorder is not None:  # (after the close: a slow disk never delays it)
+                await self.recorder.finish(self._call_ending(outcome))
 
     async def _converse(self) -> None:
         conversation = await self._admit()
@@ -175,9 +185,12 @@ class Session:
         if self.host.unready(when_full=False) is Unready.ENGINE_STALLED:
             self.end(CloseCode.TRY_AGAIN_LATER, Unready.ENGINE_STALLED.message, "engine_stalled")
             return
+        if self.host.records is not None:
+            self.recorder = self.host.records.recorder(self.id, self.protocol, conversation)
         try:
             with self.host.actor.lease(conversation, align=self.wire.align_input, early_audio=self.wire.early_audio,
-                                       client=self.ws.client) as lease:
+                                       client=self.ws.client,
+                                       on_frame=None if self.recorder is None else self.recorder.on_frame) as lease:
                 self.lease = lease
                 try:
                     await self._run_conversation(lease)
@@ -236,6 +249,8 @@ class Session:
         if audio is not None:  # the first words may be in the message that opened the conversation
             inbound.send_nowait((self._opened_at, audio.payload))
         async with trio.open_nursery() as nursery:
+            if self.recorder is not None:
+                nursery.start_soon(self.recorder.run)
             # Read from the start: errors and disconnects are seen while waiting (early input is decoded, then dropped).
             nursery.start_soon(self._guard, self._receive_loop, inbound, lease)
             nursery.start_soon(self._guard, self._process_loop, inbound, lease)
@@ -382,6 +397,22 @@ class Session:
         outcome = "engine_error" if lease.failure.code == CloseCode.INTERNAL_ERROR else "rejected"
         self.end(lease.failure.code, lease.failure.message, outcome)
 
+    def _call_ending(self, outcome: str) -> CallEnding:
+        """What the call record says of how the call went."""
+        lease, code = self.lease, None if self.ending is None else int(self.ending.code)
+        if lease is None:  # (the queue was full: nothing was recorded)
+            assert self.recorder is not None
+            return CallEnding(outcome=outcome, close_code=code, conversation=self.recorder.conversation,
+                              details=self.wire.call_details())
+        inputs = lease.input_stats()
+        ms = 1000 / self.host.actor.engine.sample_rate
+        return CallEnding(
+            outcome=outcome, close_code=code, conversation=lease.conversation,
+            details={**self.wire.call_details(), "restarts": lease.restarts, "frames_sent": self._sender.frames_sent,
+                      "output_dropped": lease.output_dropped, "output_skipped": lease.output_skipped,
+                      "input_underruns": inputs.underruns, "input_skipped_ms": round(inputs.skipped * ms, 1),
+                      "input_caught_up_ms": round(inputs.caught_up * ms, 1)})
+
     def describe(self) -> dict[str, Any]:
         lease = self.lease
         ms = 1000 / self.host.actor.engine.sample_rate  # per sample
@@ -403,6 +434,7 @@ class Session:
             "input_behind_ms": round(inputs.behind * ms, 1) if inputs else 0.0,
             "input_caught_up_ms": round(inputs.caught_up * ms, 1) if inputs else 0.0,
             "output_caught_up_frames": lease.output_skipped if lease else 0,
+            **self.wire.call_details(),  # (a phone call: the carrier's call, stream and account ids)
         }
 
 

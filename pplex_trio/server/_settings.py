@@ -111,8 +111,8 @@ class ServerSettings(ActorSettings):
         15.0, "a client that sends or reads nothing (not even a pong) this long is dropped and its slot freed",
         low=0.1, group="conversations", metavar="SECONDS")
     drain_seconds: float = setting(
-        0.0, "on SIGTERM, refuse new conversations and let the live ones go on this long (0: close them at "
-        "once)", low=0, group="conversations", metavar="SECONDS")
+        0.0, "on SIGTERM, refuse new conversations and let the live ones go on this long (0: close at once)",
+        low=0, group="conversations", metavar="SECONDS")
     refuse_busy_upgrades: bool = setting(
         False, "answer a conversation the server cannot take with HTTP 503 before the WebSocket upgrade, so "
         "that a load balancer tries another replica (deploy/ sets it)", group="conversations")
@@ -149,6 +149,16 @@ class ServerSettings(ActorSettings):
                                      group="security", advanced=True, metavar="BYTES")
     access_log: bool = setting(
         False, "log one line per request and WebSocket (any token= masked)", group="observability")
+    record_dir: pathlib.Path | None = setting(
+        None, "record every call in DIR (README: Call records)", flag="--record", group="observability",
+        metavar="DIR")
+    record_retention_days: float = setting(
+        30.0, "days a call record is kept before it is deleted (0: for ever)", low=0, flag="--record-retention",
+        group="observability", advanced=True, metavar="DAYS")
+    record_quota_gib: float = setting(
+        10.0, "disk space the call records may take (GiB, or 512MiB …; 0: no limit): beyond it the oldest are "
+        "deleted", low=0, flag="--record-quota", group="observability", advanced=True, parse=parse_gib,
+        metavar="SIZE")
     opus_encoder: OpusEncoderPlacement = setting(
         OpusEncoderPlacement.AUTO, "where the Opus encoding of /api/chat output runs: process (libopus in a "
         "child process, off the event loop), inline (libopus on the event loop), sphn (sphn on the event "
@@ -168,7 +178,7 @@ class ServerSettings(ActorSettings):
         self.framing = Framing(self.framing)
         self.opus_encoder = OpusEncoderPlacement(self.opus_encoder)
         self.voice_uploads = VoiceUploads(self.voice_uploads)
-        for name in ("voice_dir", "voice_store", "static_dir", "ssl_dir", "certfile", "keyfile"):
+        for name in ("voice_dir", "voice_store", "static_dir", "ssl_dir", "certfile", "keyfile", "record_dir"):
             if isinstance(getattr(self, name), str):
                 setattr(self, name, pathlib.Path(getattr(self, name)))
         check_settings(self)
@@ -188,6 +198,11 @@ class ServerSettings(ActorSettings):
     def gpu_memory_reserve(self) -> int:
         """``--gpu-memory-reserve`` in bytes."""
         return int(self.gpu_memory_reserve_gib * 2**30)
+
+    @property
+    def record_quota(self) -> int:
+        """``--record-quota`` in bytes (0: no quota)."""
+        return int(self.record_quota_gib * 2**30)
 
     @property
     def voice_uploads_allowed(self) -> bool:

@@ -66,6 +66,11 @@ class TelephonyProtocol(WireProtocol):
         self._mark_after_next_frame = False
         self._marks = itertools.count(1)
 
+    def call_details(self) -> dict[str, Any]:
+        if self.call is None:
+            return {}
+        return {"call": {"id": self.call.call_id, "stream": self.call.stream_id, "account": self.call.account_id}}
+
     # -- the opening ---------------------------------------------------------------
 
     def conversation(self, query: bytes, opening: bytes | str | None) -> Conversation:

@@ -143,6 +143,10 @@ class WireProtocol(abc.ABC):
         """Audio carried by the message that completed the opening (``early_audio`` protocols), once."""
         return None
 
+    def call_details(self) -> dict[str, Any]:
+        """What a call record keeps of the call beyond the conversation's settings (a carrier's ids), if any."""
+        return {}
+
     def take_notices(self) -> list[str]:
         """What the operator should hear of since the last call (an event refused or taken without effect)."""
         return []

@@ -50,6 +50,27 @@ def test_json_streams_carry_40_ms_of_pcm16_per_append():
         assert {len(base64.b64decode(a["audio"])) for a in appends} == {960 * 2}  # 40 ms at 24 kHz, PCM16
 
 
+def test_a_twilio_stream_is_twilios_opening_then_20_ms_of_mulaw_per_media_event():
+    import base64
+    import json
+
+    from _load_clients import JSON_EVENTS, encode_stream, speech
+
+    from _helpers.twilio import reference_serializer, now, ulaw_to_float
+
+    twilio = JSON_EVENTS["twilio"]
+    assert [json.loads(m)["event"] for m in twilio.start] == ["connected", "start"]
+    media = encode_stream("twilio", 6.0, 40)  # (Twilio's pace, whatever the page size asked)
+    assert len(media) == 2 + 300 and twilio.message_ms == 20
+    serializer = reference_serializer()  # Pipecat's reading of Twilio's media events
+    frames = [now(serializer.deserialize(m)) for m in media]
+    assert all(len(f.audio) == 160 * 2 for f in frames)  # 20 ms at 8 kHz, as 16-bit PCM
+    heard = np.concatenate([ulaw_to_float(base64.b64decode(json.loads(m)["media"]["payload"])) for m in media[2:]])
+    sent = speech(6.0)[::3]  # the same speech (its first 3 s are silent), roughly at 8 kHz (the bench resamples it)
+    assert np.abs(heard[:20_000]).max() < 0.01 and np.abs(heard).max() > 0.3
+    assert np.corrcoef(heard[100:-100], sent[100:-100])[0, 1] > 0.9
+
+
 def test_cpu_ratios_set_each_protocol_against_moshi_and_live_against_realtime():
     from load import RunResult, cpu_ratios, protocols_summary
 
@@ -66,11 +87,14 @@ def test_cpu_ratios_set_each_protocol_against_moshi_and_live_against_realtime():
     runs["realtime"].cpu_ratios = cpu_ratios(runs, "realtime")
     runs["live"] = run("live", 92.0)
     runs["live"].cpu_ratios = cpu_ratios(runs, "live")
+    runs["twilio"] = run("twilio", 120.0)
+    runs["twilio"].cpu_ratios = cpu_ratios(runs, "twilio")
+    assert runs["twilio"].cpu_ratios == pytest.approx({"realtime": 1.5})
     assert runs["realtime"].cpu_ratios == pytest.approx({"moshi": 0.8})
     assert runs["live"].cpu_ratios == pytest.approx({"moshi": 0.92, "realtime": 1.15})
     assert list(runs["live"].cpu_ratios) == ["moshi", "realtime"]
     summary = protocols_summary(runs)
-    assert "0.80x moshi (target <= 1.2: met)" in summary
+    assert "0.80x moshi (target <= 1.2: met)" in summary and "1.50x realtime" in summary
     assert "1.15x realtime (target <= 1.1: NOT met)" in summary
 
 
@@ -96,10 +120,25 @@ def test_the_protocols_side_by_side(tmp_path):
          "--name", "protocols", "--results", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=180,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    moshi, realtime, live = json.loads((tmp_path / "protocols.json").read_text())["results"]
+    moshi, realtime, live, twilio = json.loads((tmp_path / "protocols.json").read_text())["results"]
     assert [r["label"].split(",")[0] for r in (moshi, realtime, live)] == ["moshi", "realtime", "live"]
     for result in (moshi, realtime, live):
         assert result["sessions_ok"] == 2 and result["received_frames"] > 0.8 * result["sent_frames"] > 0
     assert moshi["cpu_ratios"] == {} and list(realtime["cpu_ratios"]) == ["moshi"]
-    assert list(live["cpu_ratios"]) == ["moshi", "realtime"]
+    assert list(live["cpu_ratios"]) == ["moshi", "realtime"] and list(twilio["cpu_ratios"]) == ["realtime"]
     assert "server CPU per conversation-second:" in proc.stdout and "x realtime (target <= 1.1" in proc.stdout
+
+
+@pytest.mark.serial
+def test_a_twilio_call_beside_the_realtime_endpoint(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "bench/load.py", "--clients", "2", "--duration", "2", "--warmup", "1", "--compare-protocols",
+         "realtime,twilio", "--name", "calls", "--results", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    realtime, twilio = json.loads((tmp_path / "calls.json").read_text())["results"]
+    assert [r["label"].split(",")[0] for r in (realtime, twilio)] == ["realtime", "twilio"]
+    for result in (realtime, twilio):
+        assert result["sessions_ok"] == 2 and result["received_frames"] > 0.8 * result["sent_frames"] > 0
+    assert list(twilio["cpu_ratios"]) == ["realtime"]

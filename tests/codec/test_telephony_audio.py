@@ -59,6 +59,25 @@ def test_the_resampler_streams_in_80_ms_chunks_and_keeps_the_signal():
     assert max(scores) > 0.999, max(scores)
 
 
+@pytest.mark.parametrize("rate, chunk", [(8_000, 800), (8_000, 160), (16_000, 1_600)])  # Exotel's, Twilio's
+def test_a_steady_resampler_gives_each_chunk_its_duration_a_constant_delay_behind(rate, chunk):
+    sent = (0.1 * np.random.default_rng(3).standard_normal(30 * rate)).astype(np.float32)
+    plain, steady = StreamResampler(rate, 24_000), StreamResampler(rate, 24_000, steady=True)
+    blocks = [plain(sent[i:i + chunk]) for i in range(0, sent.size, chunk)]
+    pieces = [steady(sent[i:i + chunk]) for i in range(0, sent.size, chunk)]
+    # soxr alone: blocks of its own size, so chunk after chunk gives more or less than its duration.
+    ratio = 24_000 // rate if rate == 8_000 else 1.5
+    assert len({b.size for b in blocks[10:]}) > 1
+    # The most soxr held back after any chunk (3 × in - out) is what the steady one holds back always.
+    held = max(ratio * chunk * (n + 1) - sum(b.size for b in blocks[:n + 1]) for n in range(len(blocks)))
+    assert 0 <= steady.delay - held <= 3 * ratio
+    settled = next(n for n, p in enumerate(pieces) if p.size)  # (once that much is in)
+    assert {p.size for p in pieces[settled + 1:]} == {ratio * chunk}
+    # The same signal, sample for sample.
+    out, reference = np.concatenate(pieces), np.concatenate(blocks)
+    assert np.array_equal(out, reference[:out.size])
+
+
 def test_the_resampler_removes_what_8_khz_cannot_carry():
     out = StreamResampler(24_000, 8_000)(tone(6_000, 24_000, 1.0))  # above the 4 kHz Nyquist limit
     assert out[400:].std() < 1e-4

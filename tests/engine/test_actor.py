@@ -38,6 +38,7 @@ STEP_AT_ONCE = ActorSettings(first_frame_timeout=0)
 STEP_AT_ONCE_NO_EARLY_START = ActorSettings(first_frame_timeout=0, early_start_ms=0)
 
 TICK = 0.080
+FRAME = 1920
 
 
 class RecordingEcho(EchoEngine):
@@ -343,6 +344,50 @@ async def test_a_dropped_output_frame_keeps_its_text(nursery, autojump_clock, mo
     delivered = lease.frames_delivered
     assert delivered == 6 and lease.output_dropped == 4
     assert "".join(f.text for f in frames) == "".join(f" {i}" for i in range(delivered))
+
+
+async def test_an_observer_sees_every_frame_with_what_the_model_heard_even_those_the_outbox_drops(
+        nursery, autojump_clock, monkeypatch):
+    """``on_frame`` gets the conversation's timeline: each tick's input frame beside the model's output, before the
+    outbox, so a reader that stalls loses frames that the observer still has."""
+    engine = EchoEngine(1, prefill_steps=0, delay_frames=1)
+    run_engine_calls(monkeypatch, inline_runner())
+    actor = EngineActor(engine, ActorSettings(first_frame_timeout=0, output_backlog_seconds=0.16))
+    await nursery.start(actor.run)
+    seen = []
+    said = [np.full(FRAME, (k + 1) / 16, np.float32) for k in range(4)]
+    with actor.lease(Conversation(), on_frame=lambda f: seen.append((f.tick, f.heard.copy(), f.pcm.copy(), f.text))) \
+            as lease:
+        await wait_begun(lease)
+        for pcm in said:
+            lease.push_input(pcm, trio.current_time())
+        await trio.sleep(6 * TICK)  # nobody reads: 6 frames into a 2-frame outbox
+    assert lease.output_dropped == 4 and len(seen) == 6
+    assert [tick for tick, *_ in seen] == list(range(seen[0][0], seen[0][0] + 6))
+    heard = [h for _, h, _, _ in seen]
+    assert all(np.array_equal(heard[k], said[k]) for k in range(4)) and not heard[4].any() and not heard[5].any()
+    assert not seen[0][2].any() and all(np.array_equal(seen[k + 1][2], said[k]) for k in range(4))  # the echo
+    assert [text for *_, text in seen] == [f" {k}" for k in range(6)]
+
+
+async def test_an_observer_that_fails_is_let_go_and_the_conversation_goes_on(nursery, autojump_clock, monkeypatch,
+                                                                            caplog):
+    engine = EchoEngine(1, prefill_steps=0)
+    run_engine_calls(monkeypatch, inline_runner())
+    actor = EngineActor(engine, STEP_AT_ONCE)
+    await nursery.start(actor.run)
+    calls = []
+
+    def broken(frame):
+        calls.append(frame.tick)
+        raise ValueError("a bug in the observer")
+
+    with actor.lease(Conversation(), on_frame=broken) as lease:
+        await wait_begun(lease)
+        frames = [await next_frame(lease) for _ in range(5)]
+        assert lease.failure is None and lease.state is LeaseState.LIVE
+    assert len(calls) == 1 and [f.text for f in frames] == [f" {k}" for k in range(5)]
+    assert len([r for r in caplog.records if "observer of its frames failed" in r.getMessage()]) == 1
 
 
 async def test_the_tick_grid_moves_to_just_after_the_audio_arrives(nursery, autojump_clock, monkeypatch):

@@ -32,10 +32,25 @@ def test_no_move_when_some_conversation_has_no_spare_slack():
 
 
 def test_a_late_conversation_moves_the_grid_later_and_widens_the_margin():
-    steer = PhaseSteering(margin=0.008, late_step=0.004)
+    steer = PhaseSteering(margin=0.008, late_step=0.004, window=5)
     assert steer.adjust([0.050], late=1) == pytest.approx(0.004)
     assert steer.margin == pytest.approx(0.010)
+    # Then earlier only once a whole window has been seen again (a few ticks are no measure of a rhythm).
+    assert [steer.adjust([0.013], late=0) for _ in range(4)] == [0.0] * 4
     assert steer.adjust([0.013], late=0) == pytest.approx(-0.25 * (0.013 - 0.010))
+
+
+def test_a_page_that_comes_close_to_its_tick_every_4_s_keeps_the_grid_from_moving_past_it():
+    """(As soxr's blocks against 100 ms messages did, and a jittery network's late pages do.)  A 2 s window
+    forgot it between two, moved the grid past it and missed it each time."""
+    steer = PhaseSteering(margin=0.003, gain=1.0)
+    misses = 0
+    for tick in range(1500):  # 2 minutes
+        slack = (0.020 if tick % 50 else 0.001) + steer.moved  # on the original grid
+        late = int(slack < 0)
+        misses += late
+        steer.adjust([] if late else [slack], late=late)
+    assert misses == 0 and -0.002 - 1e-9 <= steer.moved <= 0
 
 
 def test_calm_narrows_the_margin_back_slowly():

@@ -94,6 +94,7 @@ def toml_value(value) -> str:
 SAMPLES = {"slots": ("auto", None), "certfile": ("c.pem", pathlib.Path("c.pem")),
            "keyfile": ("k.pem", pathlib.Path("k.pem")), "voice_dir": ("v", pathlib.Path("v")),
            "voice_store": ("s", pathlib.Path("s")), "static_dir": ("ui", pathlib.Path("ui")),
+           "record_dir": ("r", pathlib.Path("r")),
            "auth_token": ("t0ken", "t0ken"), "twilio_auth_token": ("tw1l1o", "tw1l1o")}
 
 

@@ -26,7 +26,7 @@ import trio
 from pplex_trio.client import Refused
 from pplex_trio.server import ServerSettings
 
-from _helpers.twilio import PATH, STREAM_SID, TwilioCall, float_to_ulaw, now, reference_serializer, ulaw_to_float
+from _helpers.twilio import ACCOUNT_SID, CALL_SID, PATH, STREAM_SID, TwilioCall, float_to_ulaw, now, reference_serializer, ulaw_to_float
 
 RATE = 8_000
 CHUNK = 160  # μ-law bytes in Twilio's 20 ms media message
@@ -193,6 +193,7 @@ async def test_an_hour_of_20_ms_frames_feeds_the_model_exactly_and_the_output_st
             nursery.cancel_scope.cancel()
     # Every whole frame of the caller's audio went to the model.
     assert session["frames_decoded"] == session["frames_consumed"] == frames
+    assert session["call"] == {"id": CALL_SID, "stream": STREAM_SID, "account": ACCOUNT_SID}
 
 
 async def start_witness(nursery, handle):
