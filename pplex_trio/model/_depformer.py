@@ -23,7 +23,7 @@ from torch import nn
 
 from ._config import LMConfig
 from ._modules import ModuleList
-from ._quant import Int8Linear, int8_linear, project
+from ._quant import Int8Linear, int8_linear, project_add
 from ._transformer import GatedFFN, make_norm
 
 
@@ -44,8 +44,10 @@ class DepformerAttention(nn.Module):
         else:
             out.copy_(int8_linear(x, weight, scale))
 
-    def project_out(self, x: torch.Tensor, step: int) -> torch.Tensor:
-        return project(x, *_step_rows(self.out_proj.weight, getattr(self.out_proj, "scale", None), step, 1))
+    def add_out(self, residual: torch.Tensor, x: torch.Tensor, step: int) -> torch.Tensor:
+        """``residual`` plus step ``step``'s output projection of ``x`` (one kernel: ``addmm``)."""
+        return project_add(residual, x, *_step_rows(self.out_proj.weight, getattr(self.out_proj, "scale", None),
+                                                    step, 1))
 
 
 def _step_rows(weight: torch.Tensor, scale: torch.Tensor | None, step: int,
@@ -114,6 +116,6 @@ class Depformer(nn.Module):
             q, k, v = qkv.view(step + 1, b, 3, self.num_heads, -1).permute(2, 1, 3, 0, 4)  # [B, H, steps, Dh]
             # One key: its softmax weight is exactly 1, the output its value.
             att = v if step == 0 else F.scaled_dot_product_attention(q[:, :, step:], k, v)
-            x = x + attn.project_out(att.reshape(b, -1), step)
-            x = x + layer.ffn(step)(layer.norm2(x))
+            x = attn.add_out(x, att.reshape(b, -1), step)
+            x = layer.ffn(step)(layer.norm2(x), residual=x)
         return x

@@ -22,7 +22,7 @@ from torch import nn
 
 from ._config import TransformerConfig, gated_hidden
 from ._modules import ModuleList
-from ._quant import KVFormat, dequantize_fp8, project, quantize_fp8
+from ._quant import KVFormat, dequantize_fp8, project, project_add, quantize_fp8
 from ._streaming import (additive_mask, apply_rope_, prefill_attention_mask, reset_rows_, ring_attention_mask,
                          rope_rotation, set_rows_)
 
@@ -67,7 +67,8 @@ def activation(name: str):
 
 
 class GatedFFN(nn.Module):
-    """``linear_out(act(a) * b)`` where ``[a, b] = linear_in(x)``."""
+    """``linear_out(act(a) * b)`` where ``[a, b] = linear_in(x)``; with a ``residual``, that plus it (one kernel:
+    :func:`~pplex_trio.model._quant.project_add`)."""
 
     def __init__(self, dim: int, hidden: int, act: str):
         super().__init__()
@@ -75,10 +76,13 @@ class GatedFFN(nn.Module):
         self.linear_in = nn.Linear(dim, 2 * hidden, bias=False)
         self.linear_out = nn.Linear(hidden, dim, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         h = self.linear_in(x)
         h = h.view(*h.shape[:-1], 2, -1)
-        return self.linear_out(self.act(h[..., 0, :]) * h[..., 1, :])
+        h = self.act(h[..., 0, :]) * h[..., 1, :]
+        if residual is None:
+            return self.linear_out(h)
+        return project_add(residual, h, self.linear_out.weight, getattr(self.linear_out, "scale", None))
 
 
 class Attention(nn.Module):
@@ -121,10 +125,24 @@ class TransformerLayer(nn.Module):
         self._gated = cfg.gating != "none"
         self._scaled = cfg.layer_scale is not None
 
-    def ffn(self, x: torch.Tensor) -> torch.Tensor:
+    def add_attention(self, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+        """``x`` plus the output projection of the attention ``att`` (times the layer scale): one kernel
+        (``addmm``, or ``addcmul`` after the projection where there is a layer scale)."""
+        out = self.self_attn.out_proj
+        if self._scaled:
+            return torch.addcmul(x, self.layer_scale_1.scale, out(att))
+        return project_add(x, att, out.weight, getattr(out, "scale", None))
+
+    def add_ffn(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` plus the feed-forward of its norm (times the layer scale), the add folded as in
+        :meth:`add_attention`."""
+        h = self.norm2(x)
+        if self._scaled:
+            f = self.gating(h) if self._gated else self.linear2(F.gelu(self.linear1(h)))
+            return torch.addcmul(x, self.layer_scale_2.scale, f)
         if self._gated:
-            return self.gating(x)
-        return self.linear2(F.gelu(self.linear1(x)))
+            return self.gating(h, residual=x)
+        return project_add(x, F.gelu(self.linear1(h)), self.linear2.weight, getattr(self.linear2, "scale", None))
 
 
 @dataclasses.dataclass
@@ -250,10 +268,7 @@ class StreamingTransformer(nn.Module):
             q, kv = layer.self_attn.qkv(layer.norm1(x), rotation)
             state.write(i, slots, kv)
             att = F.scaled_dot_product_attention(q, *state.read(i, q.dtype), mask)
-            att = layer.self_attn.out_proj(att.transpose(1, 2).reshape(b, t, -1))
-            x = x + (layer.layer_scale_1(att) if layer._scaled else att)
-            f = layer.ffn(layer.norm2(x))
-            x = x + (layer.layer_scale_2(f) if layer._scaled else f)
+            x = layer.add_ffn(layer.add_attention(x, att.transpose(1, 2).reshape(b, t, -1)))
         if exec_mask is None:
             state.end.copy_(new_end)
         else:
@@ -308,8 +323,5 @@ class StreamingTransformer(nn.Module):
                 keys, values = state.read_row(i, row, q.dtype)  # [H, C, Dh]
                 outputs.append(F.scaled_dot_product_attention(q[j: j + 1], keys[None], values[None], mask[j: j + 1]))
             att = (torch.cat(outputs) if len(outputs) > 1 else outputs[0]).transpose(1, 2).reshape(r_count, t, -1)
-            att = layer.self_attn.out_proj(att)
-            x = x + (layer.layer_scale_1(att) if layer._scaled else att)
-            f = layer.ffn(layer.norm2(x))
-            x = x + (layer.layer_scale_2(f) if layer._scaled else f)
+            x = layer.add_ffn(layer.add_attention(x, att))
         state.end[torch.tensor(rows, device=device)] = start + count
