@@ -9,6 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 DEFAULT_REPO = "nvidia/personaplex-7b-v1"
+RL_REPO = "kyutai/personaplex-rl-seamless"  # the same architecture, RL-tuned for turn-taking and backchannels
+
+# What each known checkpoint's card says of its licence (said at load; other models: their card's ``license``).
+LICENCES = {
+    DEFAULT_REPO: "NVIDIA Open Model License (commercial use allowed)",
+    RL_REPO: "CC BY-NC 4.0 with the NVIDIA Open Model License: NON-COMMERCIAL use only",
+}
 
 
 def is_repo_id(source: str) -> bool:

@@ -139,12 +139,12 @@ def every_part(engine: PersonaPlexEngine) -> PersonaPlexEngine:
 def equality(model, device: torch.device, frames: np.ndarray, quick: bool) -> dict[str, Any]:
     """The same script on an eager engine and on a graph engine (on CPU: eager with every part on)."""
     cuda = device.type == "cuda"
-    eager = PersonaPlexEngine(model, 4)
+    eager = PersonaPlexEngine(model, 4, cuda_graph=False)
     if cuda:
         other = PersonaPlexEngine(model, 4, cuda_graph=True)
         label = "cuda_graph"
     else:
-        other = every_part(PersonaPlexEngine(model, 4))
+        other = every_part(PersonaPlexEngine(model, 4, cuda_graph=False))
         label = "eager, every part on (no CUDA here)"
     drivers = [Driver(eager, frames, prompt_chunk=16), Driver(other, frames, prompt_chunk=16)]
     greedy, sampled = Sampling(greedy=True), Sampling(text_seed=1, audio_seed=2)
@@ -348,7 +348,7 @@ def profile(model, batch: int, frames: np.ndarray) -> dict[str, Any]:
 
     device = model.device
     cuda = device.type == "cuda"
-    engine = PersonaPlexEngine(model, batch, default_voice="")
+    engine = PersonaPlexEngine(model, batch, default_voice="", cuda_graph=False)
     driver = Driver(engine, frames)
     for row in range(batch):
         driver.start(row, Conversation(persona="Hello.", sampling=Sampling(text_seed=row, audio_seed=row)))

@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
     settings = settings_from_args(ServerSettings, args)
     model = random_model(CONFIGS[argv[0]], resolve_device(settings.device), voice_dir=Path(tempfile.mkdtemp()))
     slots = settings.slots or auto_slots(model, settings.gpu_memory_reserve)
-    engine = PersonaPlexEngine(model, slots, cuda_graph=settings.cuda_graph)
+    engine = PersonaPlexEngine(model, slots, cuda_graph=settings.cuda_graph.engine_argument)
     trio.run(lambda: serve(settings, engine, handle_signals=True))
     return 0
 

@@ -53,6 +53,14 @@ def add_settings_arguments(parser: argparse.ArgumentParser, settings_class: type
             groups[title].add_argument(flag_of(field), dest=field.name, action=argparse.BooleanOptionalAction,
                                        default=argparse.SUPPRESS, help=help_text)
             continue
+        if _switch(kind):  # --flag alone is on, --no-flag off, --flag VALUE any of its choices
+            groups[title].add_argument(flag_of(field), dest=field.name, default=argparse.SUPPRESS, help=help_text,
+                                       nargs="?", const=kind("on"), type=_flag_parser(field, kind),
+                                       metavar=_metavar(field, kind))
+            groups[title].add_argument("--no-" + flag_of(field).removeprefix("--"), dest=field.name,
+                                       action="store_const", const=kind("off"), default=argparse.SUPPRESS,
+                                       help=argparse.SUPPRESS)
+            continue
         groups[title].add_argument(flag_of(field), dest=field.name, default=argparse.SUPPRESS, help=help_text,
                                    type=_flag_parser(field, kind), metavar=_metavar(field, kind))
     return groups
@@ -132,6 +140,8 @@ def _from_toml(field: dataclasses.Field[Any], kind: Any, value: Any) -> Any:
     if kind is bool:
         if not isinstance(value, bool):
             raise ValueError(f"expected true or false, got {_shown_toml(value)}")
+    elif _switch(kind) and isinstance(value, bool):
+        value = kind("on" if value else "off")
     elif own is not None and (number or isinstance(value, str)):
         value = own(str(value))  # its own words for a mistake (slots = "many")
     elif kind in (int, float):
@@ -161,6 +171,11 @@ def _what(kind: Any) -> str:
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         return "one of " + ", ".join(member.value for member in kind)
     return {int: "a whole number", float: "a number", str: "text"}.get(kind, "a path")
+
+
+def _switch(kind: Any) -> bool:
+    """A choice with ``on`` and ``off`` among its values (and others, such as ``auto``)."""
+    return isinstance(kind, type) and issubclass(kind, enum.Enum) and {"on", "off"} <= {m.value for m in kind}
 
 
 def _plain_type(hint: Any) -> Any:

@@ -53,6 +53,12 @@ FLOAT32_EXACT = 2**24
 PASS_POSITIONS = 1024
 """System-prompt positions in one prefill pass, all rows together: bounds the pass's temporary memory."""
 
+CHECK_TICKS = 6
+"""Ticks of noise a recorded graph replays at load beside the eager tick, before it is trusted."""
+
+CHECK_PCM_TOLERANCE = 1e-3
+"""The largest difference in output PCM allowed between the replay and the eager tick (tokens: none)."""
+
 
 class TickPath(enum.StrEnum):
     """How the engine runs its ticks (``/health`` shows it)."""
@@ -60,6 +66,7 @@ class TickPath(enum.StrEnum):
     EAGER = "eager"
     CUDA_GRAPH = "cuda_graph"
     EAGER_AFTER_FAILED_CAPTURE = "eager_after_failed_capture"  # asked for a graph; its capture failed
+    EAGER_AFTER_FAILED_CHECK = "eager_after_failed_check"  # its replay did not give the eager tick's output
 
 
 class CudaGraphs:
@@ -147,8 +154,11 @@ class DeviceTick:
     def prepare(self, recorder: CudaGraphs | None = None) -> TickPath:
         """Warm up (two ticks with every row masked: CUDA's lazy set-up), then record the graph if asked.
 
-        A capture that fails leaves the engine eager: one loud log line, and
-        :attr:`path` says so.  Nothing of any row moves.  Returns :attr:`path`.
+        A recorded graph is trusted only once its replay of a few ticks of
+        noise gives what the eager tick gives from the same state (tokens
+        equal, PCM within :data:`CHECK_PCM_TOLERANCE`).  A capture or a
+        check that fails leaves the engine eager: one loud log line, and
+        :attr:`path` says which.  Every row ends fresh.  Returns :attr:`path`.
         """
         began = time.perf_counter()
         with self.on_device():
@@ -156,22 +166,63 @@ class DeviceTick:
             for _ in range(2):
                 self.run()
             if recorder is not None:
-                try:
-                    self._replay = recorder.record(self.run, self.stream)
-                except Exception as exc:  # any capture error: the eager path still works
-                    self._replay = None
-                    self.path = TickPath.EAGER_AFTER_FAILED_CAPTURE
-                    logger.error("CUDA graph capture of the engine tick FAILED (%s: %s): every tick runs eagerly, "
-                                 "with more launch overhead per tick; /health says tick_path=%s",
-                                 type(exc).__name__, exc, self.path)
-                else:
-                    self.path = TickPath.CUDA_GRAPH
+                self.path = self._record(recorder)
             self.synchronize()
-        what = {TickPath.CUDA_GRAPH: "warm-up and CUDA graph capture", TickPath.EAGER: "warm-up",
-                TickPath.EAGER_AFTER_FAILED_CAPTURE: "warm-up and a failed capture"}[self.path]
+        what = {TickPath.CUDA_GRAPH: "warm-up, CUDA graph capture and its check", TickPath.EAGER: "warm-up",
+                TickPath.EAGER_AFTER_FAILED_CAPTURE: "warm-up and a failed capture",
+                TickPath.EAGER_AFTER_FAILED_CHECK: "warm-up, capture and a failed check"}[self.path]
         logger.info("engine tick ready (%d rows, %s) after %s in %.2f s", self.batch_size, self.path, what,
                     time.perf_counter() - began)
         return self.path
+
+    def _record(self, recorder: CudaGraphs) -> TickPath:
+        try:
+            self._replay = recorder.record(self.run, self.stream)
+            problem = self._replay_differs()
+        except Exception as exc:  # any capture error: the eager path still works
+            self._replay = None
+            self.reset_all()
+            logger.error("CUDA graph capture of the engine tick FAILED (%s: %s): every tick runs eagerly, with more "
+                         "launch overhead per tick; /health says tick_path=%s", type(exc).__name__, exc,
+                         TickPath.EAGER_AFTER_FAILED_CAPTURE)
+            return TickPath.EAGER_AFTER_FAILED_CAPTURE
+        if problem is not None:
+            self._replay = None
+            logger.error("the CUDA graph of the engine tick FAILED its check (%s): every tick runs eagerly, with more "
+                         "launch overhead per tick; /health says tick_path=%s", problem,
+                         TickPath.EAGER_AFTER_FAILED_CHECK)
+            return TickPath.EAGER_AFTER_FAILED_CHECK
+        return TickPath.CUDA_GRAPH
+
+    def _replay_differs(self) -> str | None:
+        """Run :data:`CHECK_TICKS` ticks of noise on every row eagerly, then again from the same fresh state
+        as the replay; what differs (None: nothing).  Every row is left fresh."""
+        assert self._replay is not None
+        noise = torch.Generator().manual_seed(0)
+        frames = 0.1 * torch.randn((CHECK_TICKS, *self.host_pcm.shape), generator=noise)
+
+        def ticks(tick: Callable[[], None]) -> list[np.ndarray]:
+            self.reset_all()
+            outputs = []
+            for frame in frames:
+                self.host_live.fill_(1)
+                self.host_pcm.copy_(frame)
+                self.upload()
+                tick()
+                outputs.append(self.download().copy())
+            return outputs
+
+        eager, replayed = ticks(self.run), ticks(self._replay)
+        self.reset_all()
+        k = self.num_streams
+        for index, (want, got) in enumerate(zip(eager, replayed)):
+            if not np.array_equal(want[:, :k + 1], got[:, :k + 1]):
+                return f"tick {index + 1} of {CHECK_TICKS}: its tokens differ from the eager tick's"
+            difference = float(np.abs(want[:, k + 1:] - got[:, k + 1:]).max())
+            if not difference <= CHECK_PCM_TOLERANCE:
+                return (f"tick {index + 1} of {CHECK_TICKS}: its PCM differs from the eager tick's by {difference:.3g} "
+                        f"(at most {CHECK_PCM_TOLERANCE:g} allowed)")
+        return None
 
     # --- between ticks --------------------------------------------------------------
 

@@ -78,8 +78,8 @@ class Engine(abc.ABC):
 
     @property
     def tick_path(self) -> str:
-        """How the engine runs its steps (``/health`` shows it): ``eager``, ``cuda_graph``, or
-        ``eager_after_failed_capture`` when a CUDA graph was asked for and its capture failed."""
+        """How the engine runs its steps (``/health`` shows it): ``eager``, ``cuda_graph``, or, when a CUDA graph
+        was wanted, ``eager_after_failed_capture`` / ``eager_after_failed_check`` (its replay differed)."""
         return "eager"
 
     @property

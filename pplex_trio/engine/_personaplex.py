@@ -74,14 +74,15 @@ class PersonaPlexEngine(Engine):
     so this holds for any codebook size.
 
     The engine is ready for its first conversation when it is built: the
-    tick has been warmed up (CUDA's lazy set-up paid) and, with
-    ``cuda_graph=True`` (CUDA only, off by default), recorded as a CUDA
-    graph that every tick replays (see
+    tick has been warmed up (CUDA's lazy set-up paid) and, on a CUDA device
+    (``cuda_graph=None``, the default; ``True`` insists, ``False`` never),
+    recorded as a CUDA graph that every tick replays (see
     :class:`~pplex_trio.engine._device_tick.DeviceTick`): one graph for every mix
     of IDLE and LIVE rows, since rows that do not execute are masked, not
     skipped.  It therefore always runs the sampling code, which the eager
     path skips when every LIVE row is greedy; the results are the same.  A
-    capture that fails leaves the engine eager (:attr:`tick_path` says so).
+    capture that fails, or whose replay does not give the eager tick's
+    output, leaves the engine eager (:attr:`tick_path` says which).
     Prompts run eagerly (:meth:`prefill`), outside the graph.
 
     Error handling: ``ValueError`` for ``cuda_graph=True`` on a model that
@@ -89,9 +90,11 @@ class PersonaPlexEngine(Engine):
     """
 
     def __init__(self, model: LoadedModel, num_slots: int, *, default_voice: str | None = None,
-                 depformer_steps: int | None = None, cuda_graph: bool = False):
+                 depformer_steps: int | None = None, cuda_graph: bool | None = None):
         if num_slots < 1:
             raise ValueError("num_slots must be at least 1")
+        if cuda_graph is None:
+            cuda_graph = model.device.type == "cuda"
         graphs = CudaGraphs(model.device) if cuda_graph else None
         self.model = model
         self.num_slots = num_slots
@@ -114,7 +117,7 @@ class PersonaPlexEngine(Engine):
 
     @classmethod
     def load(cls, source: str, num_slots: int | None, device: str = "cpu", voice_dir: str | None = None,
-             cuda_graph: bool = False, memory_reserve: int = 2 * GIB, precision: Precision = Precision(),
+             cuda_graph: bool | None = None, memory_reserve: int = 2 * GIB, precision: Precision = Precision(),
              **kwargs: Any) -> "PersonaPlexEngine":
         """Load ``source`` (``tiny``, a Hugging Face repo id or a local folder) and build an engine.
 
@@ -124,7 +127,8 @@ class PersonaPlexEngine(Engine):
         On CPU with a small model, torch is limited to one intra-op thread:
         tiny ops gain nothing from threads, and on a busy machine each
         multi-threaded op can stall for tens of milliseconds.
-        ``cuda_graph=True`` needs a CUDA ``device`` (checked before loading).
+        ``cuda_graph``: None records the tick as a CUDA graph on a CUDA device; True needs one (checked before
+        loading); False never records.
         ``precision``: int8 weights and an fp8 KV cache (:func:`~pplex_trio.model.load_model`).
 
         Error handling: :class:`~pplex_trio.engine._fit.NotEnoughMemory` (one
@@ -141,7 +145,8 @@ class PersonaPlexEngine(Engine):
                 torch.set_num_threads(1)
             if num_slots is None:
                 num_slots = auto_slots(model, memory_reserve, depformer_steps=kwargs.get("depformer_steps"))
-            doing = "building the engine and capturing its tick" if cuda_graph else "building the engine"
+            doing = ("building the engine" if cuda_graph is False or model.device.type != "cuda"
+                     else "building the engine and capturing its tick")
             return cls(model, num_slots, cuda_graph=cuda_graph, **kwargs)
         except torch.OutOfMemoryError:
             where = torch.device(device)

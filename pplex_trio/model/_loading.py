@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -22,7 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from .._cache import cache_dir
-from .._sources import DEFAULT_REPO, is_repo_id
+from .._sources import DEFAULT_REPO, LICENCES, is_repo_id
 from ._checkpoint import expand_depformer_steps, load_state_dict_strict, read_safetensors, safetensors_metadata
 from ._config import CONFIGS, LM_FILE, MIMI_FILE, TOKENIZER_FILE, VOICES_ARCHIVE, MimiConfig, ModelConfig
 from ._kyutai_config import config_from_kyutai_dict, lm_config_from_kwargs, mimi_config_from_dict
@@ -56,6 +57,26 @@ class CheckpointFiles:
     mimi_config: dict[str, Any] | None = None
     voices_dir: Path | None = None
     voices_archive: Path | None = None
+    card: Path | None = None  # the model card (README.md), whose front matter names the licence
+
+    def licence(self) -> str:
+        """The model's licence, as the table of known checkpoints or its card's front matter says it."""
+        if self.name in LICENCES:
+            return LICENCES[self.name]
+        card = _card_metadata(self.card)
+        named = [str(card[key]) for key in ("license", "license_name", "license_link") if card.get(key)]
+        return ", ".join(named) if named else "not stated here: read the model's card before you serve it"
+
+
+def _card_metadata(card: Path | None) -> dict[str, Any]:
+    if card is None:
+        return {}
+    from huggingface_hub.repocard import metadata_load
+
+    try:
+        return metadata_load(card) or {}
+    except Exception:  # (a card's front matter that is not YAML) the licence is then not stated
+        return {}
 
 
 @dataclasses.dataclass
@@ -128,8 +149,15 @@ def resolve_checkpoint(source: str) -> CheckpointFiles:
         name=source, raw_config=raw,
         lm=_hub_download(source, files["lm"]), mimi=_hub_download(source, files["mimi"]),
         tokenizer=_hub_download(source, files["tokenizer"]), mimi_config=mimi_cfg,
-        voices_archive=_hub_download(source, VOICES_ARCHIVE, optional=True),
+        voices_archive=_hub_download(source, VOICES_ARCHIVE, optional=True), card=_model_card(source),
     )
+
+
+def _model_card(repo: str) -> Path | None:
+    try:
+        return _hub_download(repo, "README.md", optional=True)
+    except ModelAccessError:  # (offline, not in the cache) the card only names the licence
+        return None
 
 
 def load_config(source: str) -> ModelConfig:
@@ -176,11 +204,11 @@ def _files_in_folder(folder: Path, name: str) -> CheckpointFiles:
     mimi_cfg = None
     if raw.get("mimi_config_name"):
         mimi_cfg = json.loads((folder / raw["mimi_config_name"]).read_text())
-    archive = folder / VOICES_ARCHIVE
+    archive, card = folder / VOICES_ARCHIVE, folder / "README.md"
     return CheckpointFiles(
         name=name, raw_config=raw, lm=files["lm"], mimi=files["mimi"], tokenizer=files["tokenizer"],
         mimi_config=mimi_cfg, voices_dir=folder / "voices" if (folder / "voices").is_dir() else None,
-        voices_archive=archive if archive.is_file() else None,
+        voices_archive=archive if archive.is_file() else None, card=card if card.is_file() else None,
     )
 
 
@@ -271,6 +299,10 @@ def load_model(source: str = DEFAULT_REPO, device: str | torch.device = "cpu",
         logger.info("%s holds int8 weights (written by pplex-trio quantize)", files.lm.name)
     logger.info("loading %s (LM %s, %s; %s)", files.name, str(lm_dtype).removeprefix("torch."), device,
                 precision.describe())
+    if source != "tiny":
+        licence = files.licence()
+        non_commercial = re.search(r"non-commercial|by-nc", licence, flags=re.IGNORECASE) is not None
+        logger.log(logging.WARNING if non_commercial else logging.INFO, "%s: licence %s", files.name, licence)
 
     with torch.device("meta"):
         lm = LMModel(cfg.lm)

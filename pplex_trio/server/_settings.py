@@ -48,6 +48,19 @@ class OpusEncoderPlacement(enum.StrEnum):
     SPHN = "sphn"  # sphn on the event loop (holds the GIL: the fallback without libopus)
 
 
+class CudaGraphMode(enum.StrEnum):
+    """``--cuda-graph``: whether each tick's GPU work is recorded at load as a CUDA graph and replayed."""
+
+    AUTO = "auto"  # on a CUDA device; eager when the capture or its check against an eager tick fails
+    ON = "on"  # as auto, but refused on a device without CUDA
+    OFF = "off"  # every tick eager
+
+    @property
+    def engine_argument(self) -> bool | None:
+        """``PersonaPlexEngine``'s ``cuda_graph``: None (on CUDA), True, False."""
+        return {CudaGraphMode.AUTO: None, CudaGraphMode.ON: True, CudaGraphMode.OFF: False}[self]
+
+
 class VoiceUploads(enum.StrEnum):
     """``--voice-uploads``: whether clients may add (and delete) voices over HTTP."""
 
@@ -98,9 +111,9 @@ class ServerSettings(ActorSettings):
     kv_cache: KVFormat = setting(
         KVFormat.MODEL, "fp8: about twice the conversations per GPU",
         group="model and GPU")
-    cuda_graph: bool = setting(
-        False, "replay each tick's GPU work as a captured CUDA graph (CUDA only; not yet run on hardware)",
-        group="model and GPU")
+    cuda_graph: CudaGraphMode = setting(
+        CudaGraphMode.AUTO, "replay each tick as a CUDA graph recorded at load: auto (on CUDA; eager when its "
+        "capture or check fails), on, off (--no-cuda-graph)", group="model and GPU")
     queue_timeout: float = setting(60.0, "seconds one may wait in the queue for a slot", low=0,
                                    group="conversations", metavar="SECONDS")
     max_session_seconds: float = setting(
@@ -178,6 +191,7 @@ class ServerSettings(ActorSettings):
         self.framing = Framing(self.framing)
         self.opus_encoder = OpusEncoderPlacement(self.opus_encoder)
         self.voice_uploads = VoiceUploads(self.voice_uploads)
+        self.cuda_graph = CudaGraphMode(self.cuda_graph)
         for name in ("voice_dir", "voice_store", "static_dir", "ssl_dir", "certfile", "keyfile", "record_dir"):
             if isinstance(getattr(self, name), str):
                 setattr(self, name, pathlib.Path(getattr(self, name)))

@@ -20,7 +20,7 @@ import torch
 
 from pplex_trio._precision import KVFormat, Precision, WeightFormat
 
-from pplex_trio.engine import _personaplex
+from pplex_trio.engine import _device_tick, _personaplex
 from pplex_trio.engine._interface import Conversation, ConversationRejected, Sampling, SlotMode
 from pplex_trio.engine._personaplex import PersonaPlexEngine
 from pplex_trio.engine._device_tick import DeviceTick, TickPath
@@ -30,10 +30,12 @@ IDLE, LIVE = SlotMode.IDLE, SlotMode.LIVE
 
 
 class FakeGraphs:
-    """A graph recorder that replays the recorded function eagerly (or fails to record)."""
+    """A graph recorder that replays the recorded function eagerly (or fails to record, or replays it wrong:
+    ``corrupt(tick)`` runs after each replay)."""
 
-    def __init__(self, fail: Exception | None = None):
+    def __init__(self, fail: Exception | None = None, corrupt=None):
         self.fail = fail
+        self.corrupt = corrupt
         self.recorded = 0
         self.replays = 0
 
@@ -46,6 +48,8 @@ class FakeGraphs:
         def replay() -> None:
             self.replays += 1
             fn()
+            if self.corrupt is not None:
+                self.corrupt(fn.__self__)
 
         return replay
 
@@ -54,8 +58,8 @@ class FakeGraphs:
 def fake_graphs(monkeypatch):
     """``fake_graphs(fail=None)``: engines built with ``cuda_graph=True`` from now on record with this fake."""
 
-    def install(fail: Exception | None = None) -> FakeGraphs:
-        graphs = FakeGraphs(fail)
+    def install(fail: Exception | None = None, corrupt=None) -> FakeGraphs:
+        graphs = FakeGraphs(fail, corrupt)
         monkeypatch.setattr(_personaplex, "CudaGraphs", lambda device: graphs)
         return graphs
 
@@ -88,11 +92,12 @@ def test_capture_happens_at_load_and_every_tick_replays_it(tiny_model, caplog, f
     graphs = fake_graphs()
     with caplog.at_level(logging.INFO, logger="pplex_trio.engine._device_tick"):
         engine = PersonaPlexEngine(tiny_model, 3, cuda_graph=True)
-    assert graphs.recorded == 1 and graphs.replays == 0  # before any conversation
+    checked = _device_tick.CHECK_TICKS
+    assert graphs.recorded == 1 and graphs.replays == checked  # before any conversation: only its check
     assert engine.tick_path == "cuda_graph"
     assert any("engine tick ready (3 rows, cuda_graph)" in r.message for r in caplog.records)
     got = _drive(engine)
-    assert graphs.replays == len(got) and graphs.recorded == 1  # one replay per tick (prompts run outside)
+    assert graphs.replays == checked + len(got) and graphs.recorded == 1  # one replay per tick (prompts: outside)
     want = _drive(PersonaPlexEngine(tiny_model, 3))  # eager, with its shortcuts
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
@@ -111,6 +116,44 @@ def test_a_failed_capture_falls_back_to_eager_once_and_loudly(tiny_model, caplog
     assert graphs.recorded == 1  # never tried again
     for a, b in zip(got, _drive(PersonaPlexEngine(tiny_model, 3)), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_graph_is_checked_against_eager_ticks_at_load_before_any_conversation(tiny_model, fake_graphs):
+    graphs = fake_graphs()
+    engine = PersonaPlexEngine(tiny_model, 3, cuda_graph=True)
+    assert engine.tick_path == "cuda_graph" and graphs.replays == _device_tick.CHECK_TICKS
+    assert not engine._tick.live.any()  # every row left fresh (the comparison with a fresh eager engine: above)
+
+
+@pytest.mark.parametrize("corrupt, says", [
+    (lambda tick: tick.packed[:, -5:].add_(0.01), "its PCM differs from the eager tick's by 0.01"),
+    (lambda tick: tick.packed[:, 0].add_(1.0), "its tokens differ from the eager tick's"),
+    (lambda tick: None, None),
+], ids=["pcm", "tokens", "faithful"])
+def test_a_graph_whose_replay_differs_from_the_eager_tick_is_not_used(tiny_model, caplog, fake_graphs, corrupt, says):
+    graphs = fake_graphs(corrupt=corrupt)
+    with caplog.at_level(logging.INFO):
+        engine = PersonaPlexEngine(tiny_model, 3, cuda_graph=True)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    if says is None:
+        assert engine.tick_path == "cuda_graph" and not errors
+        return
+    assert engine.tick_path == "eager_after_failed_check"
+    assert len(errors) == 1 and errors[0].exc_info is None
+    assert "the CUDA graph of the engine tick FAILED its check (tick 1 of 6: " + says in errors[0].getMessage()
+    replays = graphs.replays
+    got = _drive(engine)
+    assert graphs.replays == replays  # never replayed again
+    for a, b in zip(got, _drive(PersonaPlexEngine(tiny_model, 3)), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_by_default_a_graph_is_recorded_only_on_cuda(tiny_model, fake_graphs):
+    graphs = fake_graphs()
+    assert PersonaPlexEngine(tiny_model, 2).tick_path == "eager" and graphs.recorded == 0  # (the CPU)
+    assert PersonaPlexEngine(tiny_model, 2, cuda_graph=False).tick_path == "eager" and graphs.recorded == 0
+    assert PersonaPlexEngine.load("tiny", 1, device="cpu").tick_path == "eager"  # auto: no complaint off CUDA
+    assert graphs.recorded == 0  # (cuda_graph=True off CUDA is refused: test_engine_tick.py)
 
 
 def test_new_voices_and_resets_never_recapture(tiny_model, fake_graphs):

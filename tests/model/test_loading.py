@@ -6,6 +6,8 @@ import dataclasses
 import json
 import shutil
 
+import logging
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -136,8 +138,73 @@ def test_hub_repo_files_are_fetched_by_their_configured_names(monkeypatch, golde
     files = _loading.resolve_checkpoint("someone/tiny-golden")
     assert [f for _, f in fetched] == ["config.json", "model.safetensors",
                                        "tokenizer-e351c8d8-checkpoint125.safetensors",
-                                       "tokenizer_spm_32k_3.model", "voices.tgz"]
+                                       "tokenizer_spm_32k_3.model", "voices.tgz", "README.md"]
     assert files.voices_archive is None and files.name == "someone/tiny-golden"
+
+
+RL_CARD = """---
+license: cc-by-nc-4.0
+language:
+- en
+library_name: moshi
+pipeline_tag: audio-to-audio
+---
+# A card laid out as Hugging Face's are: YAML front matter, then the text.
+"""
+
+
+def _laid_out_as_the_rl_repo(folder):
+    """The tiny checkpoint with the files of ``kyutai/personaplex-rl-seamless``, as PersonaPlex's code fetches
+    them: the LM, Mimi and the text tokenizer by their fixed names, the voices as ``voices.tgz``, and a card."""
+    import shutil
+    import tarfile
+
+    from pplex_trio.model._tiny import ensure_tiny_checkpoint
+
+    tiny = ensure_tiny_checkpoint()
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer-e351c8d8-checkpoint125.safetensors",
+                 "tokenizer_spm_32k_3.model"):
+        shutil.copy(tiny / name, folder / name)
+    with tarfile.open(folder / "voices.tgz", "w:gz") as archive:
+        archive.add(tiny / "voices", arcname="voices")
+    (folder / "README.md").write_text(RL_CARD)
+    return folder
+
+
+def test_the_rl_checkpoint_loads_by_repo_id_and_says_its_licence(monkeypatch, tmp_path, caplog):
+    repo = _laid_out_as_the_rl_repo(tmp_path / "personaplex-rl-seamless")
+    fetched = []
+
+    def hub(repo_id, filename, **kwargs):
+        fetched.append(filename)
+        assert repo_id == "kyutai/personaplex-rl-seamless"
+        return str(repo / filename)
+
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", hub)
+    monkeypatch.setenv("PPLEX_TRIO_CACHE", str(tmp_path / "cache"))
+    with caplog.at_level(logging.INFO, logger="pplex_trio.model"):
+        model = load_model("kyutai/personaplex-rl-seamless")
+    assert model.name == "kyutai/personaplex-rl-seamless" and len(model.voices.names()) >= 2
+    assert "voices.tgz" in fetched and "README.md" in fetched
+    said = [r for r in caplog.records if "licence" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    assert said[0].getMessage() == ("kyutai/personaplex-rl-seamless: licence CC BY-NC 4.0 with the NVIDIA Open Model "
+                                    "License: NON-COMMERCIAL use only")
+
+
+def test_a_folder_says_the_licence_its_card_names(tmp_path, caplog):
+    folder = _laid_out_as_the_rl_repo(tmp_path / "rl")
+    with caplog.at_level(logging.INFO, logger="pplex_trio.model"):
+        load_model(str(folder))
+    said = [r for r in caplog.records if "licence" in r.getMessage()]
+    assert [(r.levelno, r.getMessage()) for r in said] == [(logging.WARNING, "rl: licence cc-by-nc-4.0")]
+    (folder / "README.md").unlink()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pplex_trio.model"):
+        load_model(str(folder))
+    said = [r for r in caplog.records if "licence" in r.getMessage()]
+    assert [r.getMessage() for r in said] == ["rl: licence not stated here: read the model's card before you serve it"]
 
 
 def test_empty_config_means_personaplex_7b():

@@ -178,8 +178,33 @@ def test_every_setting_is_a_flag_with_the_dataclass_default():
     args = build_parser().parse_args(["serve", "--framing", "naive", "--opus-encoder", "inline", "--cuda-graph",
                                       "--static", "/srv/ui", "--inline-encoders", "7"])
     settings = settings_from_args(ServerSettings, args)
-    assert (settings.framing, settings.opus_encoder, settings.cuda_graph) == ("naive", "inline", True)
+    assert (settings.framing, settings.opus_encoder, settings.cuda_graph) == ("naive", "inline", "on")
     assert str(settings.static_dir) == "/srv/ui" and settings.inline_encoders == 7
+
+
+@pytest.mark.parametrize("flags, mode, argument", [
+    ([], "auto", None), (["--cuda-graph"], "on", True), (["--no-cuda-graph"], "off", False),
+    (["--cuda-graph", "auto"], "auto", None), (["--cuda-graph", "off"], "off", False),
+    (["--cuda-graph=on", "--port", "1"], "on", True)])
+def test_cuda_graphs_are_auto_by_default_and_either_flag_still_forces_them(flags, mode, argument):
+    from pplex_trio._cli import build_parser
+    from pplex_trio._cli._settings_cli import settings_from_args
+    from pplex_trio.server import ServerSettings
+
+    settings = settings_from_args(ServerSettings, build_parser().parse_args(["serve", *flags]))
+    assert settings.cuda_graph == mode and settings.cuda_graph.engine_argument is argument
+
+
+def test_a_config_file_may_give_cuda_graph_as_a_switch_or_a_choice(tmp_path):
+    from pplex_trio._cli._settings_cli import load_config
+    from pplex_trio.server import ServerSettings
+
+    for text, mode in (("true", "on"), ("false", "off"), ('"auto"', "auto"), ('"on"', "on")):
+        (tmp_path / "c.toml").write_text(f"cuda-graph = {text}\n")
+        assert ServerSettings(**load_config(tmp_path / "c.toml", ServerSettings)).cuda_graph == mode
+    (tmp_path / "c.toml").write_text('cuda-graph = "sometimes"\n')
+    with pytest.raises(ValueError, match="cuda-graph: expected one of auto, on, off"):
+        load_config(tmp_path / "c.toml", ServerSettings)
 
 
 def test_a_choice_outside_its_enum_is_refused_with_the_choices(capsys):

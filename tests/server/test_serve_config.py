@@ -57,7 +57,7 @@ def test_help_all_lists_every_flag_and_says_defaults_as_one_would_type_them(monk
     assert "timing:" in text and "--echo" not in text  # the echo engine's options are the model name's
     flat = " ".join(text.split())
     assert "(default )" not in flat and "Framing." not in flat and "(default None)" not in flat
-    assert "(default aligned)" in flat and "(default --no-cuda-graph)" in flat and "(default 8998)" in flat
+    assert "(default aligned)" in flat and "(default auto)" in flat and "(default 8998)" in flat
     assert "(default 60)" in flat  # --queue-timeout: 60, not 60.0
 
 
