@@ -89,8 +89,9 @@ class PersonaPlexEngine(Engine):
     load; on CUDA the graph records the compiled tick), kept only if its
     first ticks give the eager tick's tokens (``tick_path`` ``compiled`` or
     ``compiled_cuda_graph``; else ``eager_after_failed_check`` and one ERROR
-    line).  Off by default: compiling takes minutes on a GPU, and its
-    floats are not the eager tick's bit for bit (docs/BENCHMARKS.md).
+    line).  Off by default: compiling adds to the load (80-150 s for the
+    small golden model on a CPU), and its floats are not the eager tick's
+    bit for bit (docs/BENCHMARKS.md).
 
     Error handling: ``ValueError`` for ``cuda_graph=True`` on a model that
     is not on a CUDA device.

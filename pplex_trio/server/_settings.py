@@ -115,7 +115,7 @@ class ServerSettings(ActorSettings):
         CudaGraphMode.AUTO, "replay each tick as a CUDA graph recorded at load: auto (on CUDA; eager when its "
         "capture or check fails), on, off (--no-cuda-graph)", group="model and GPU")
     compile: bool = setting(
-        False, "run each tick through torch.compile, compiled at load (minutes) and kept only if its first ticks "
+        False, "run each tick through torch.compile, compiled at load (slow) and kept only if its first ticks "
         "give the eager tick's tokens (docs/BENCHMARKS.md: inexact on the CPU)", group="model and GPU",
         advanced=True)
     queue_timeout: float = setting(60.0, "seconds one may wait in the queue for a slot", low=0,
