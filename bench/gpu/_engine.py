@@ -185,14 +185,18 @@ def equality(model, device: torch.device, frames: np.ndarray, quick: bool) -> di
 
 # --- (c) the sweep -------------------------------------------------------------------
 
+MODES: dict[str, dict[str, bool]] = {"eager": {"cuda_graph": False}, "graph": {"cuda_graph": True},
+                                     "compiled": {"cuda_graph": True, "compile": True}}
+"""A sweep cell's mode -> ``PersonaPlexEngine``'s arguments ("compiled": torch.compile's tick, recorded as a graph)."""
 
-def cell(model, batch: int, graph: bool, frames: np.ndarray, timed: int, warmup: int) -> dict[str, Any]:
+
+def cell(model, batch: int, mode: str, frames: np.ndarray, timed: int, warmup: int) -> dict[str, Any]:
     device = model.device
     release(device)
     began = time.perf_counter()
-    engine = PersonaPlexEngine(model, batch, cuda_graph=graph, default_voice="")
+    engine = PersonaPlexEngine(model, batch, default_voice="", **MODES[mode])
     sync(device)
-    out: dict[str, Any] = {"B": batch, "mode": "graph" if graph else "eager", "tick_path": engine.tick_path,
+    out: dict[str, Any] = {"B": batch, "mode": mode, "tick_path": engine.tick_path,
                            "build_and_capture_s": time.perf_counter() - began}
     driver = Driver(engine, frames)
     for row in range(batch):
@@ -220,29 +224,32 @@ def cell(model, batch: int, graph: bool, frames: np.ndarray, timed: int, warmup:
     return out
 
 
-def sweep(model, frames: np.ndarray, batches: list[int], modes: list[bool], timed: int, warmup: int,
+def sweep(model, frames: np.ndarray, batches: list[int], modes: list[str], timed: int, warmup: int,
           deadline: float, results: Results) -> None:
+    """Every batch in every mode; the compiled cells (minutes of compiling each) after all the others, so that
+    the time box leaves those out first."""
     cells: list[dict[str, Any]] = []
     longest = 0.0
-    for batch in batches:
-        for graph in modes:
-            name = {"B": batch, "mode": "graph" if graph else "eager"}
-            left = deadline - time.monotonic()
-            if left < 1.5 * longest:
-                cells.append(name | {"skipped": f"time box: {left:.0f} s left, the slowest cell took {longest:.0f} s"})
-                results.put("sweep", cells)
-                continue
-            began = time.monotonic()
-            try:
-                cells.append(cell(model, batch, graph, frames, timed, warmup))
-            except Exception as exc:  # noqa: BLE001 - a failing cell is recorded, the sweep goes on
-                logger.warning("B=%d %s: %s", batch, name["mode"], exc)
-                cells.append(name | {"error": f"{type(exc).__name__}: {str(exc)[:300]}",
-                                     "out_of_memory": isinstance(exc, torch.OutOfMemoryError)})
-                release(model.device)
-            longest = max(longest, time.monotonic() - began)
-            logger.info("sweep: %s", json.dumps(cells[-1], default=str))
+    order = [(b, m) for b in batches for m in modes if m != "compiled"] + [(b, "compiled") for b in batches
+                                                                            if "compiled" in modes]
+    for batch, mode in order:
+        name = {"B": batch, "mode": mode}
+        left = deadline - time.monotonic()
+        if left < 1.5 * longest:
+            cells.append(name | {"skipped": f"time box: {left:.0f} s left, the slowest cell took {longest:.0f} s"})
             results.put("sweep", cells)
+            continue
+        began = time.monotonic()
+        try:
+            cells.append(cell(model, batch, mode, frames, timed, warmup))
+        except Exception as exc:  # noqa: BLE001 - a failing cell is recorded, the sweep goes on
+            logger.warning("B=%d %s: %s", batch, name["mode"], exc)
+            cells.append(name | {"error": f"{type(exc).__name__}: {str(exc)[:300]}",
+                                 "out_of_memory": isinstance(exc, torch.OutOfMemoryError)})
+            release(model.device)
+        longest = max(longest, time.monotonic() - began)
+        logger.info("sweep: %s", json.dumps(cells[-1], default=str))
+        results.put("sweep", cells)
 
 
 # --- (c'') the 8-bit choices: --kv-cache fp8, --quantize int8 --------------------------------
@@ -256,7 +263,7 @@ def precision_step(model, config: str, frames: np.ndarray, quick: bool, deadline
     from pplex_trio.engine._compare import compare
 
     cuda = model.device.type == "cuda"
-    batches, modes = ([1, 4], [False]) if quick else ([1, 64], [False, True] if cuda else [False])
+    batches, modes = ([1, 4], ["eager"]) if quick else ([1, 64], ["eager", "graph"] if cuda else ["eager"])
     timed, warmup = (10, 2) if quick else (100, 10)
     out: dict[str, Any] = {"cells": [], "compare": []}
     quantized = random_model(CONFIGS[config], model.device)  # the same seed: the same weights, to quantize
@@ -265,13 +272,13 @@ def precision_step(model, config: str, frames: np.ndarray, quick: bool, deadline
         target = model if precision.weights is WeightFormat.NONE else quantized
         target.lm.set_precision(precision)
         for batch in batches:
-            for graph in modes:
+            for mode in modes:
                 if time.monotonic() > deadline:
                     out["cells"].append({"precision": precision.describe(), "B": batch, "skipped": "time box"})
                     continue
                 try:
                     out["cells"].append({"precision": precision.describe(),
-                                         **cell(target, batch, graph, frames, timed, warmup)})
+                                         **cell(target, batch, mode, frames, timed, warmup)})
                 except Exception as exc:  # noqa: BLE001 - recorded, the next cell runs
                     out["cells"].append({"precision": precision.describe(), "B": batch,
                                          "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
@@ -435,9 +442,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         batches = sorted({1, 8, 16, 32, 48, 64, 80, *([built["fit"]] if built.get("fit") else [])})
         timed, warmup = 200, 20
-    modes = [False, True] if cuda else [False]
+    modes = ["eager", "graph", "compiled"] if cuda else ["eager"]
     if not cuda:
-        results.put("sweep_note", "no CUDA here: the graph cells need a GPU")
+        results.put("sweep_note", "no CUDA here: the graph and compiled cells need a GPU (torch.compile of the "
+                                  "tick is inexact on the CPU: docs/BENCHMARKS.md, Kernels per tick)")
     deadline = time.monotonic() + args.boxes["sweep"]
     began = time.monotonic()
     try:

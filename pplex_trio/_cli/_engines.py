@@ -142,6 +142,7 @@ def create_engine(settings: ServerSettings) -> Engine:
             device=resolve_device(settings.device),
             voice_dir=None if settings.voice_dir is None else str(settings.voice_dir),
             cuda_graph=settings.cuda_graph.engine_argument,
+            compile=settings.compile,
             memory_reserve=settings.gpu_memory_reserve,
             precision=Precision(settings.quantize, settings.kv_cache),
         )

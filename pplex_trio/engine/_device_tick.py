@@ -10,7 +10,9 @@ not part of a tick: the engine runs them between ticks, in chunks
 (``PersonaPlexEngine.prefill``).  No host sync, no
 Python branch on a device value, no tensor that outlives the call is
 allocated.  That is what lets a CUDA graph record it once, **at load**
-(:meth:`DeviceTick.prepare`), and replay it every tick.
+(:meth:`DeviceTick.prepare`), and replay it every tick.  It is also what
+``torch.compile`` (``compile=True``) can take whole: one graph, no breaks
+(inductor's fused kernels, then the CUDA graph records those).
 
 Host <-> device traffic per tick:
 
@@ -67,6 +69,8 @@ class TickPath(enum.StrEnum):
     CUDA_GRAPH = "cuda_graph"
     EAGER_AFTER_FAILED_CAPTURE = "eager_after_failed_capture"  # asked for a graph; its capture failed
     EAGER_AFTER_FAILED_CHECK = "eager_after_failed_check"  # its replay did not give the eager tick's output
+    COMPILED = "compiled"  # torch.compile's tick, run as it is
+    COMPILED_CUDA_GRAPH = "compiled_cuda_graph"  # torch.compile's tick recorded as a CUDA graph
 
 
 class CudaGraphs:
@@ -105,9 +109,15 @@ class DeviceTick:
 
     Call :meth:`prepare` once before the first tick: it warms up and, given
     a :class:`CudaGraphs`, records the tick (``path`` says what runs).
+
+    ``compile=True`` runs the tick through ``torch.compile`` (one graph,
+    static shapes; compiled during the warm-up), used only if a few ticks
+    of noise give the eager tick's tokens (:meth:`prepare`); on a CUDA
+    device the graph then records the compiled tick.
     """
 
-    def __init__(self, model: LoadedModel, batch_size: int, *, depformer_steps: int | None = None):
+    def __init__(self, model: LoadedModel, batch_size: int, *, depformer_steps: int | None = None,
+                 compile: bool = False):
         cfg = model.config.lm
         if max(cfg.text_card, cfg.card) + 1 >= FLOAT32_EXACT:
             raise ValueError(f"vocabularies of {cfg.text_card} / {cfg.card} tokens do not fit the float32 read-back")
@@ -122,13 +132,14 @@ class DeviceTick:
         self.gen = LMGen(model.lm, b, depformer_steps=depformer_steps)
         self.encoder = model.mimi.init_encoder_state(b)
         self.decoder = model.mimi.init_decoder_state(b)
-        self.sampling = RowSampling.greedy_rows(b, dev)
+        self.sampling = RowSampling.greedy_rows(b, cfg.text_card, cfg.card, dev)
         self.noise = RowNoise(b, cfg.text_card, self.gen.depformer_steps, cfg.card, dev)
         self.free_tokens = torch.full((b, self.first_user), FREE, dtype=torch.long, device=dev)
 
         self.live = torch.zeros(b, dtype=torch.long, device=dev)
         self.pcm = torch.zeros(b, frame, dtype=torch.float32, device=dev)
         self.packed = torch.zeros(b, k + 1 + frame, dtype=torch.float32, device=dev)
+        self.silence = torch.zeros((), dtype=torch.float32, device=dev)
         pin = dev.type == "cuda"
         self.host_live = torch.zeros(self.live.shape, dtype=torch.long, pin_memory=pin)
         self.host_pcm = torch.zeros(self.pcm.shape, dtype=torch.float32, pin_memory=pin)
@@ -138,6 +149,10 @@ class DeviceTick:
             self.stream = torch.cuda.Stream(dev)  # type: ignore[no-untyped-call]  # unannotated in torch
         self.path = TickPath.EAGER
         self._replay: Callable[[], None] | None = None
+        self._compiled: Callable[[], None] | None = None
+        if compile:
+            # Always sampling (as the CUDA graph does): one compiled graph whichever rows are greedy.
+            self._compiled = torch.compile(self._sampled, fullgraph=True, dynamic=False)
 
     @contextlib.contextmanager
     def on_device(self) -> Iterator[None]:
@@ -162,6 +177,8 @@ class DeviceTick:
         began = time.perf_counter()
         with self.on_device():
             self.live.zero_()
+            if self._compiled is not None:
+                self.path = self._compile()
             for _ in range(2):
                 self.run()
             if recorder is not None:
@@ -169,15 +186,33 @@ class DeviceTick:
             self.synchronize()
         what = {TickPath.CUDA_GRAPH: "warm-up, CUDA graph capture and its check", TickPath.EAGER: "warm-up",
                 TickPath.EAGER_AFTER_FAILED_CAPTURE: "warm-up and a failed capture",
-                TickPath.EAGER_AFTER_FAILED_CHECK: "warm-up, capture and a failed check"}[self.path]
+                TickPath.EAGER_AFTER_FAILED_CHECK: "warm-up and a failed check",
+                TickPath.COMPILED: "torch.compile and its check",
+                TickPath.COMPILED_CUDA_GRAPH: "torch.compile, CUDA graph capture and their checks"}[self.path]
         logger.info("engine tick ready (%d rows, %s) after %s in %.2f s", self.batch_size, self.path, what,
                     time.perf_counter() - began)
         return self.path
 
+    def _compile(self) -> TickPath:
+        """Compile the tick (its first call) and check it against the eager tick; uncompiled if either fails."""
+        assert self._compiled is not None
+        try:
+            self._compiled()  # compiles, every row masked: nothing of any row moves
+            problem = self._differs(self._compiled)
+        except Exception as exc:  # any compile error: the eager path still works
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem is None:
+            return TickPath.COMPILED
+        self._compiled = None
+        self.reset_all()
+        logger.error("torch.compile of the engine tick FAILED (%s): every tick runs uncompiled; /health says "
+                     "tick_path=%s", problem, TickPath.EAGER_AFTER_FAILED_CHECK)
+        return TickPath.EAGER_AFTER_FAILED_CHECK
+
     def _record(self, recorder: CudaGraphs) -> TickPath:
         try:
             self._replay = recorder.record(self.run, self.stream)
-            problem = self._replay_differs()
+            problem = self._differs(self._replay)
         except Exception as exc:  # any capture error: the eager path still works
             self._replay = None
             self.reset_all()
@@ -191,27 +226,26 @@ class DeviceTick:
                          "launch overhead per tick; /health says tick_path=%s", problem,
                          TickPath.EAGER_AFTER_FAILED_CHECK)
             return TickPath.EAGER_AFTER_FAILED_CHECK
-        return TickPath.CUDA_GRAPH
+        return TickPath.COMPILED_CUDA_GRAPH if self._compiled is not None else TickPath.CUDA_GRAPH
 
-    def _replay_differs(self) -> str | None:
+    def _differs(self, tick: Callable[[], None]) -> str | None:
         """Run :data:`CHECK_TICKS` ticks of noise on every row eagerly, then again from the same fresh state
-        as the replay; what differs (None: nothing).  Every row is left fresh."""
-        assert self._replay is not None
+        with ``tick`` (a replay, the compiled tick); what differs (None: nothing).  Every row is left fresh."""
         noise = torch.Generator().manual_seed(0)
         frames = 0.1 * torch.randn((CHECK_TICKS, *self.host_pcm.shape), generator=noise)
 
-        def ticks(tick: Callable[[], None]) -> list[np.ndarray]:
+        def run_ticks(fn: Callable[[], None]) -> list[np.ndarray]:
             self.reset_all()
             outputs = []
             for frame in frames:
                 self.host_live.fill_(1)
                 self.host_pcm.copy_(frame)
                 self.upload()
-                tick()
+                fn()
                 outputs.append(self.download().copy())
             return outputs
 
-        eager, replayed = ticks(self.run), ticks(self._replay)
+        eager, replayed = run_ticks(self._sampled), run_ticks(tick)
         self.reset_all()
         k = self.num_streams
         for index, (want, got) in enumerate(zip(eager, replayed)):
@@ -245,14 +279,24 @@ class DeviceTick:
         self.live.copy_(self.host_live, non_blocking=True)
         self.pcm.copy_(self.host_pcm, non_blocking=True)
 
-    @torch.no_grad()
     def run(self, *, sample: bool = True) -> None:
         """The tick's device work, from ``live`` / ``pcm`` (and the states) into ``packed``.
 
         With ``sample`` on this is what the CUDA graph records; the eager
         engine switches it off when every LIVE row is greedy (the result is
-        the same: the noise matters only to sampled rows).
+        the same: the noise matters only to sampled rows).  A compiled tick
+        always samples.
         """
+        if self._compiled is not None:
+            self._compiled()
+        else:
+            self._eager(sample=sample)
+
+    def _sampled(self) -> None:
+        self._eager(sample=True)
+
+    @torch.no_grad()
+    def _eager(self, *, sample: bool) -> None:
         card = self.cfg.card
         live = self.live.bool()
         codes = self.model.mimi.encode_frame(self.pcm, self.encoder, live)
@@ -267,7 +311,7 @@ class DeviceTick:
         agent = result.tokens[:, 1: self.first_user]
         speak = live & ((agent >= 0) & (agent < card)).all(dim=1)
         pcm = self.model.mimi.decode_frame(agent.clamp(0, card - 1), self.decoder, speak)
-        self.packed[:, k + 1:].copy_(torch.where(speak[:, None], pcm, 0.0))
+        self.packed[:, k + 1:].copy_(torch.where(speak[:, None], pcm, self.silence))
 
     def replay(self) -> bool:
         """Run the tick as the recorded graph; False (nothing run) when there is none."""

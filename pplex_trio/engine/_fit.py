@@ -223,7 +223,9 @@ class _EfficientAttention(TorchFunctionMode):
         mask = rest[0] if rest else kwargs.get("attn_mask")
         bias = None
         if mask is not None:
-            bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
+            bias = mask
+            if mask.dtype == torch.bool:
+                bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
             bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
         return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, False)[0]
 

@@ -85,12 +85,20 @@ class PersonaPlexEngine(Engine):
     output, leaves the engine eager (:attr:`tick_path` says which).
     Prompts run eagerly (:meth:`prefill`), outside the graph.
 
+    ``compile=True`` runs the tick through ``torch.compile`` (compiled at
+    load; on CUDA the graph records the compiled tick), kept only if its
+    first ticks give the eager tick's tokens (``tick_path`` ``compiled`` or
+    ``compiled_cuda_graph``; else ``eager_after_failed_check`` and one ERROR
+    line).  Off by default: compiling adds to the load (80-150 s for the
+    small golden model on a CPU), and its floats are not the eager tick's
+    bit for bit (docs/BENCHMARKS.md).
+
     Error handling: ``ValueError`` for ``cuda_graph=True`` on a model that
     is not on a CUDA device.
     """
 
     def __init__(self, model: LoadedModel, num_slots: int, *, default_voice: str | None = None,
-                 depformer_steps: int | None = None, cuda_graph: bool | None = None):
+                 depformer_steps: int | None = None, cuda_graph: bool | None = None, compile: bool = False):
         if num_slots < 1:
             raise ValueError("num_slots must be at least 1")
         if cuda_graph is None:
@@ -112,7 +120,7 @@ class PersonaPlexEngine(Engine):
         self.last_tokens = np.full((num_slots, cfg.lm.num_streams), -2, dtype=np.int64)
         self._plans: collections.OrderedDict[tuple[str | None, str], PromptPlan] = collections.OrderedDict()
         self._voice_embeddings: dict[str, tuple[VoicePrompt, torch.Tensor]] = {}  # on the device, LM's dtype
-        self._tick = DeviceTick(model, num_slots, depformer_steps=depformer_steps)
+        self._tick = DeviceTick(model, num_slots, depformer_steps=depformer_steps, compile=compile)
         self._tick.prepare(graphs)
 
     @classmethod

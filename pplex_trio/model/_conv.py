@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import torch
 from torch import nn
 
-from ._streaming import reset_rows_, where_rows
+from ._streaming import reset_rows_, set_rows_, where_rows
 
 
 M = TypeVar("M", bound=nn.Module)
@@ -85,10 +85,10 @@ class StreamingConv1d(nn.Module):
         previous = state.previous
         if self.pad_mode == "replicate":
             previous = where_rows(state.first, x[..., :1].expand_as(previous), previous)
-            state.first.copy_(state.first & ~exec_mask)
+            state.first.logical_and_(~exec_mask)
         x = torch.cat([previous, x], dim=-1)
         y = self.conv.conv(x)
-        state.previous.copy_(where_rows(exec_mask, x[..., -self.memory:], state.previous))
+        set_rows_(state.previous, exec_mask, x[..., -self.memory:])
         return y
 
 
@@ -111,9 +111,9 @@ class StreamingConvTranspose1d(nn.Module):
         conv = self.convtr.convtr
         y = conv(x)
         out = y[..., : -self.tail].clone()
-        out[..., : self.tail] += state.partial
+        out[..., : self.tail].add_(state.partial)
         tail = y[..., -self.tail:]
         if conv.bias is not None:
             tail = tail - conv.bias[:, None]  # the next chunk adds its own bias
-        state.partial.copy_(where_rows(exec_mask, tail, state.partial))
+        set_rows_(state.partial, exec_mask, tail)
         return out

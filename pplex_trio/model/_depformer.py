@@ -23,7 +23,7 @@ from torch import nn
 
 from ._config import LMConfig
 from ._modules import ModuleList
-from ._quant import Int8Linear, project
+from ._quant import Int8Linear, int8_linear, project_add
 from ._transformer import GatedFFN, make_norm
 
 
@@ -36,12 +36,18 @@ class DepformerAttention(nn.Module):
         self.register_buffer("in_proj_scale", None)  # the per-row scales once quantized (int8 weights)
         self.out_proj: nn.Linear | Int8Linear = nn.Linear(dim, num_weights * dim, bias=False)
 
-    def project_in(self, x: torch.Tensor, step: int) -> torch.Tensor:
-        """Step ``step``'s fused input projection of ``x``."""
-        return project(x, *_step_rows(self.in_proj_weight, self.in_proj_scale, step, 3))
+    def project_in(self, x: torch.Tensor, step: int, out: torch.Tensor) -> None:
+        """Step ``step``'s fused input projection of ``x`` ``[B, dim]``, written into ``out`` ``[B, 3 * dim]``."""
+        weight, scale = _step_rows(self.in_proj_weight, self.in_proj_scale, step, 3)
+        if scale is None:
+            torch.mm(x, weight.t(), out=out)  # F.linear's product, straight into the cache
+        else:
+            out.copy_(int8_linear(x, weight, scale))
 
-    def project_out(self, x: torch.Tensor, step: int) -> torch.Tensor:
-        return project(x, *_step_rows(self.out_proj.weight, getattr(self.out_proj, "scale", None), step, 1))
+    def add_out(self, residual: torch.Tensor, x: torch.Tensor, step: int) -> torch.Tensor:
+        """``residual`` plus step ``step``'s output projection of ``x`` (one kernel: ``addmm``)."""
+        return project_add(residual, x, *_step_rows(self.out_proj.weight, getattr(self.out_proj, "scale", None),
+                                                    step, 1))
 
 
 def _step_rows(weight: torch.Tensor, scale: torch.Tensor | None, step: int,
@@ -72,10 +78,10 @@ class DepformerLayer(nn.Module):
 
 @dataclasses.dataclass
 class DepformerCache:
-    """Per-frame keys/values: ``[L, B, H, steps, Dh]``; overwritten every frame."""
+    """Per-frame queries, keys and values of every step, ``[L, steps, B, 3 * dim]`` (as the fused projection
+    makes them, which writes them in place: one step's block is contiguous); overwritten every frame."""
 
-    keys: torch.Tensor
-    values: torch.Tensor
+    qkv: torch.Tensor
 
 
 class Depformer(nn.Module):
@@ -90,10 +96,8 @@ class Depformer(nn.Module):
     def init_cache(self, batch_size: int) -> DepformerCache:
         p = self.layers[0].self_attn.in_proj_weight
         dtype = next(self.layers[0].norm1.parameters()).dtype  # the weights' dtype: int8 ones say nothing
-        dim = p.shape[1]
-        shape = (len(self.layers), batch_size, self.num_heads, self.num_steps, dim // self.num_heads)
-        return DepformerCache(torch.zeros(shape, device=p.device, dtype=dtype),
-                              torch.zeros(shape, device=p.device, dtype=dtype))
+        shape = (len(self.layers), self.num_steps, batch_size, 3 * p.shape[1])
+        return DepformerCache(torch.zeros(shape, device=p.device, dtype=dtype))
 
     def forward(self, x: torch.Tensor, step: int, cache: DepformerCache) -> torch.Tensor:
         """One step for every row: ``x`` ``[B, dim]`` -> ``[B, dim]``; step ``s`` attends to steps ``0..s``.
@@ -105,15 +109,13 @@ class Depformer(nn.Module):
         does not see step 0; no output token depends on that step.
         """
         b = x.shape[0]
-        x = x.unsqueeze(1)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            q, k, v = attn.project_in(layer.norm1(x), step).view(b, 1, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
-            cache.keys[i, :, :, step] = k[:, :, 0]
-            cache.values[i, :, :, step] = v[:, :, 0]
-            keys = cache.keys[i, :, :, : step + 1]
-            values = cache.values[i, :, :, : step + 1]
-            att = F.scaled_dot_product_attention(q, keys, values)
-            x = x + attn.project_out(att.transpose(1, 2).reshape(b, 1, -1), step)
-            x = x + layer.ffn(step)(layer.norm2(x))
-        return x[:, 0]
+            qkv = cache.qkv[i, : step + 1]  # steps 0..step
+            attn.project_in(layer.norm1(x), step, qkv[step])
+            q, k, v = qkv.view(step + 1, b, 3, self.num_heads, -1).permute(2, 1, 3, 0, 4)  # [B, H, steps, Dh]
+            # One key: its softmax weight is exactly 1, the output its value.
+            att = v if step == 0 else F.scaled_dot_product_attention(q[:, :, step:], k, v)
+            x = attn.add_out(x, att.reshape(b, -1), step)
+            x = layer.ffn(step)(layer.norm2(x), residual=x)
+        return x

@@ -49,8 +49,8 @@ import torch
 
 from ._config import LMConfig
 from ._lm import LMModel
-from ._sampling import RowSampling, sample
-from ._streaming import reset_rows_, where_rows
+from ._sampling import RowSampling, choose
+from ._streaming import reset_rows_, set_rows_, where_rows
 
 FREE = -1
 """Marker for "not forced: let the model choose" in :attr:`StepInputs.tokens`."""
@@ -113,6 +113,11 @@ def _scatter(t: torch.Tensor, pos: torch.Tensor, value: torch.Tensor, mask: torc
     t.scatter_(2, pos.unsqueeze(-1), torch.where(mask, value, old).unsqueeze(-1))
 
 
+def _mark(flags: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> None:
+    """In place: ``flags[b, k, pos[b, k]] = True`` where ``mask[b, k]``."""
+    flags.scatter_(2, pos.unsqueeze(-1), (_gather(flags, pos) | mask).unsqueeze(-1))
+
+
 @dataclasses.dataclass
 class CacheFrame:
     """Where one step reads and writes in the token cache: the input frame ``o - 1``, the target ``o``."""
@@ -169,11 +174,11 @@ class CacheRules:
         write_pos = write_at % self.slots
         forced = (tokens >= 0) & exec_mask[:, None] & (write_at > self.delays)
         _scatter(cache.tokens, write_pos, tokens, forced)
-        _scatter(cache.provided, write_pos, torch.ones_like(forced), forced)
+        _mark(cache.provided, write_pos, forced)
         cur = (o % self.slots)[:, None].expand(b, k)
         warmup = (o[:, None] <= self.delays) & exec_mask[:, None]
         _scatter(cache.tokens, cur, cache.initial.expand(b, -1), warmup)
-        _scatter(cache.provided, cur, torch.ones_like(warmup), warmup)
+        _mark(cache.provided, cur, warmup)
         prev = ((o - 1) % self.slots)[:, None].expand_as(cur)
         return CacheFrame(prev=prev, cur=cur, model_input=_gather(cache.tokens, prev),
                           target=_gather(cache.tokens, cur), provided=_gather(cache.provided, cur))
@@ -191,10 +196,9 @@ class CacheRules:
         out = _gather(cache.tokens, (o[:, None] - self.max_delay + self.delays) % self.slots)
         valid = o > self.max_delay
         out = torch.where(valid[:, None], out, torch.full_like(out, UNGENERATED))
-        cache.offset.copy_(torch.where(exec_mask, o + 1, o))
+        cache.offset.add_(exec_mask)
         if restore is not None and restore_mask is not None:
-            restore_mask = restore_mask & exec_mask
-            cache.tokens.copy_(where_rows(restore_mask, restore.expand_as(cache.tokens), cache.tokens))
+            set_rows_(cache.tokens, restore_mask & exec_mask, restore)
         return out, valid
 
 
@@ -268,32 +272,31 @@ class LMGen:
         if inputs.embeddings is not None and inputs.embed_mask is not None:  # as restore_cache/restore_mask
             x = where_rows(inputs.embed_mask, inputs.embeddings.to(x.dtype), x)
         hidden, text_logits = lm.temporal(x, self.state, exec_mask)
-        text_noise, audio_noise = noise if noise is not None else (None, None)
-        s = sampling
-        text = sample(text_logits, s.text_temperature, s.text_topk, s.greedy, text_noise) if s else text_logits.argmax(-1)
+        s = sampling if noise is not None else None
+        if s is not None and noise is not None:
+            text = choose(text_logits, s.text, s.text.gumbel(noise[0]))
+            audio_gumbel = s.audio.gumbel(noise[1])  # every step's at once
+        else:
+            text = text_logits.argmax(-1)
 
         # 3. Depformer, teacher-forced wherever a token was provided.
-        audio = target[:, 1: 1 + self.depformer_steps]
+        chosen = [text[:, None]]
         logits = []
         if run_depformer:
-            chosen = []
             previous = torch.where(provided[:, 0], target[:, 0], text)
             for step in range(self.depformer_steps):
                 step_logits = lm.depformer_step(hidden, previous, step, self.depformer_cache)
-                step_noise = audio_noise[:, step] if audio_noise is not None and step < audio_noise.shape[1] else None
-                if s:
-                    token = sample(step_logits, s.audio_temperature, s.audio_topk, s.greedy, step_noise)
+                if s is not None and step < audio_gumbel.shape[1]:
+                    token = choose(step_logits, s.audio, audio_gumbel[:, step])
                 else:
                     token = step_logits.argmax(-1)
-                chosen.append(token)
+                chosen.append(token[:, None])
                 logits.append(step_logits)
-                previous = torch.where(provided[:, 1 + step], target[:, 1 + step], token)
-            audio = torch.stack(chosen, dim=1)
+                if step + 1 < self.depformer_steps:
+                    previous = torch.where(provided[:, 1 + step], target[:, 1 + step], token)
 
         # 4-5. Sampled tokens land where nothing was provided; the de-delayed output frame.
-        sampled = target.clone()
-        sampled[:, 0] = text
-        sampled[:, 1: 1 + self.depformer_steps] = audio
+        sampled = torch.cat([*chosen, target[:, len(chosen):]], dim=1)
         out, valid = self.rules.end(cache, frame, exec_mask, sampled, inputs.restore_cache, inputs.restore_mask)
         return StepResult(
             tokens=out, valid=valid, hidden=hidden,

@@ -129,6 +129,18 @@ def project(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -
     return F.linear(x, weight) if scale is None else int8_linear(x, weight, scale)
 
 
+def project_add(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                scale: torch.Tensor | None) -> torch.Tensor:
+    """``residual + F.linear(x, weight)``: with a float weight one kernel (``addmm``, the residual as its input)
+    instead of a product and an add.  In float32 the bits are the same (the product is added to the residual
+    as it leaves the accumulator); in bfloat16 the sum is rounded once, not twice.  An int8 weight adds its
+    product as before."""
+    if scale is not None:
+        return residual + int8_linear(x, weight, scale)
+    out = torch.addmm(residual.reshape(-1, residual.shape[-1]), x.reshape(-1, x.shape[-1]), weight.t())
+    return out.view(residual.shape)
+
+
 class Int8Linear(nn.Module):
     """A bias-free ``nn.Linear`` with an int8 ``weight`` and per-output-channel ``scale`` (buffers)."""
 
@@ -170,8 +182,9 @@ def quantize_lm_(lm: nn.Module, scale_dtype: torch.dtype) -> int:
 
 def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` ``[..., D]`` -> (fp8 bytes as ``uint8`` ``[..., D]``, float32 scale ``[...]``), one scale per vector."""
-    scale = (x.float().abs().amax(dim=-1) / FP8_MAX).clamp(min=_TINY)
-    return (x.float() / scale[..., None]).to(FP8).view(torch.uint8), scale
+    x = x.float()
+    scale = (x.abs().amax(dim=-1) / FP8_MAX).clamp(min=_TINY)
+    return (x / scale[..., None]).to(FP8).view(torch.uint8), scale
 
 
 def dequantize_fp8(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -24,6 +24,7 @@ class Codebook(nn.Module):
     cluster_usage: torch.Tensor
     embedding_sum: torch.Tensor
     centroids: torch.Tensor
+    norms: torch.Tensor
 
     def __init__(self, dim: int, bins: int, epsilon: float):
         super().__init__()
@@ -32,17 +33,18 @@ class Codebook(nn.Module):
         self.register_buffer("cluster_usage", torch.ones(bins))
         self.register_buffer("embedding_sum", torch.zeros(bins, dim))
         self.register_buffer("centroids", torch.zeros(bins, dim), persistent=False)
+        self.register_buffer("norms", torch.zeros(bins), persistent=False)  # |c|^2 of each vector
 
     def refresh(self) -> None:
         """Recompute the codebook vectors from the stored statistics (call after loading)."""
         usage = self.cluster_usage.clamp(min=self.epsilon)[:, None]
         self.centroids = self.embedding_sum / usage
+        self.norms = (self.centroids * self.centroids).sum(-1)
 
     def nearest(self, x: torch.Tensor) -> torch.Tensor:
         """Index of the nearest codebook vector for each row of ``x`` [N, dim]."""
-        c = self.centroids
         # |x - c|^2 = |x|^2 - 2 x.c + |c|^2; |x|^2 does not change the argmin.
-        scores = (c * c).sum(-1) - 2 * x @ c.t()
+        scores = self.norms - 2 * x @ self.centroids.t()
         return scores.argmin(dim=-1)
 
 
@@ -65,6 +67,10 @@ class ResidualVQ(nn.Module):
 
     def encode(self, x: torch.Tensor, n: int) -> torch.Tensor:
         """``[B, C, T]`` latents to ``[B, n, T]`` codes."""
+        return torch.stack(self.encode_list(x, n), dim=1)
+
+    def encode_list(self, x: torch.Tensor, n: int) -> list[torch.Tensor]:
+        """:meth:`encode`'s codes, one ``[B, T]`` per codebook."""
         b, _, t = x.shape
         residual = self.input_proj(x).transpose(1, 2).reshape(b * t, -1)
         codes = []
@@ -72,7 +78,7 @@ class ResidualVQ(nn.Module):
             idx = cb.nearest(residual)
             residual = residual - cb.centroids[idx]
             codes.append(idx.view(b, t))
-        return torch.stack(codes, dim=1)
+        return codes
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """``[B, n, T]`` codes to ``[B, C_out, T]`` latents."""
@@ -98,9 +104,8 @@ class SplitResidualVQ(nn.Module):
                 module.refresh()
 
     def encode(self, x: torch.Tensor, num_codebooks: int) -> torch.Tensor:
-        first = self.rvq_first.encode(x, self.n_semantic)
-        rest = self.rvq_rest.encode(x, num_codebooks - self.n_semantic)
-        return torch.cat([first, rest], dim=1)
+        first = self.rvq_first.encode_list(x, self.n_semantic)
+        return torch.stack(first + self.rvq_rest.encode_list(x, num_codebooks - self.n_semantic), dim=1)
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         out = self.rvq_first.decode(codes[:, : self.n_semantic])

@@ -44,7 +44,8 @@ def random_model(cfg: ModelConfig, device: str | torch.device = "cpu", lm_dtype:
     mimi = mimi.to_empty(device=device)
     gen = torch.Generator(device=device).manual_seed(seed)
     for module in (lm, mimi):
-        for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        stored = module.state_dict(keep_vars=True)  # not the derived buffers (codebook vectors): refresh() makes them
+        for name, tensor in [*module.named_parameters(), *((n, b) for n, b in module.named_buffers() if n in stored)]:
             leaf = name.rsplit(".", 1)[-1]
             if leaf == "alpha" or (leaf in ("scale", "weight") and tensor.dim() <= 1) or leaf in (
                     "_initialized", "cluster_usage"):

@@ -24,10 +24,14 @@ def where_rows(mask: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torc
     return torch.where(mask.view(-1, *([1] * (new.dim() - 1))), new, old)
 
 
+def set_rows_(tensor: torch.Tensor, mask: torch.Tensor, new: torch.Tensor) -> None:
+    """In place, one operation: rows of ``tensor`` selected by ``mask`` [B] become ``new`` (broadcast)."""
+    torch.where(mask.view(-1, *([1] * (tensor.dim() - 1))), new, tensor, out=tensor)
+
+
 def reset_rows_(tensor: torch.Tensor, mask: torch.Tensor, value: torch.Tensor | float) -> None:
     """In place: rows of ``tensor`` selected by ``mask`` [B] become ``value``."""
-    tensor.copy_(where_rows(mask, torch.as_tensor(value, dtype=tensor.dtype, device=tensor.device)
-                            .expand_as(tensor), tensor))
+    set_rows_(tensor, mask, torch.as_tensor(value, dtype=tensor.dtype, device=tensor.device))
 
 
 def ring_attention_mask(end: torch.Tensor, num_new: int, capacity: int, reference: str) -> torch.Tensor:
@@ -55,10 +59,10 @@ def ring_attention_mask(end: torch.Tensor, num_new: int, capacity: int, referenc
     slots = torch.arange(capacity, device=end.device)
     last = end.view(-1, 1) - 1
     # Latest position p <= last with p == slot (mod capacity); negative if never written.
-    pos = slots + capacity * torch.div(last - slots, capacity, rounding_mode="floor")
+    pos = (last - (last - slots) % capacity).view(-1, 1, capacity)
+    first = (end - window).clamp(min=0).view(-1, 1, 1)  # the oldest position seen, never a negative one
     queries = end.view(-1, 1) - num_new + torch.arange(num_new, device=end.device)
-    pos = pos.view(-1, 1, capacity)
-    ok = (pos >= 0) & (pos >= end.view(-1, 1, 1) - window) & (pos <= queries.unsqueeze(-1))
+    ok = (pos >= first) & (pos <= queries.unsqueeze(-1))
     return ok.unsqueeze(1)
 
 
@@ -84,15 +88,26 @@ def prefill_attention_mask(start: torch.Tensor, count: torch.Tensor, num_new: in
     return ok.unsqueeze(1)
 
 
+def additive_mask(ok: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The boolean mask ``ok`` as attention turns it into an additive one (0 where seen, -inf elsewhere), in
+    ``dtype``: made once per step for every layer, not again inside each layer's attention."""
+    return torch.full(ok.shape, float("-inf"), dtype=dtype, device=ok.device).masked_fill_(ok, 0.0)
+
+
 def rope_rotation(positions: torch.Tensor, dim: int, max_period: float) -> torch.Tensor:
-    """Complex rotations ``[B, 1, T, dim/2]`` for RoPE at ``positions`` ``[B, T]`` (shared by all layers)."""
+    """Complex rotations ``[B, T, 1, 1, dim/2]`` for RoPE at ``positions`` ``[B, T]`` (shared by all layers):
+    they broadcast over a projection's ``[B, T, parts, H, dim/2]`` pairs."""
     ds = torch.arange(dim // 2, device=positions.device, dtype=torch.float32)
     freqs = torch.exp(ds * (-math.log(max_period) * 2 / dim))
-    angles = positions.to(torch.float32)[:, None, :, None] * freqs
+    angles = positions.to(torch.float32)[:, :, None, None, None] * freqs
     return torch.polar(torch.ones_like(angles), angles)
 
 
-def apply_rope(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of ``x`` ``[B, H, T, D]``, (real, imag) pairs interleaved, computed in fp32."""
-    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-    return torch.view_as_real(pairs * rotation).flatten(-2).to(x.dtype)
+def apply_rope_(x: torch.Tensor, rotation: torch.Tensor) -> None:
+    """In place: the rotary embedding of ``x`` ``[B, T, parts, H, D]``, (real, imag) pairs interleaved, computed
+    in fp32 (queries and keys in one go: one cast, one product and one copy back for both)."""
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    if x.dtype == torch.float32:
+        pairs.mul_(rotation)  # pairs is a view of x
+    else:
+        x.copy_(torch.view_as_real(pairs * rotation).flatten(-2))

@@ -22,24 +22,23 @@ from torch import nn
 
 from ._config import TransformerConfig, gated_hidden
 from ._modules import ModuleList
-from ._quant import KVFormat, dequantize_fp8, project, quantize_fp8
-from ._streaming import apply_rope, prefill_attention_mask, reset_rows_, ring_attention_mask, rope_rotation
+from ._quant import KVFormat, dequantize_fp8, project, project_add, quantize_fp8
+from ._streaming import (additive_mask, apply_rope_, prefill_attention_mask, reset_rows_, ring_attention_mask,
+                         rope_rotation, set_rows_)
 
 
 class RMSNorm(nn.Module):
-    """RMS norm; with ``fp32=True`` (Helium's ``rms_norm_f32``) computed in float32."""
+    """RMS norm.  Helium's ``rms_norm_f32`` computes in float32, and so does ``F.rms_norm`` for a bfloat16
+    input: it upcasts, multiplies by the weight in float32 and rounds once, one kernel on CUDA.  Casting the
+    input and the weight first gave the same bits (checked on the CPU) for three more kernels a norm."""
 
-    def __init__(self, dim: int, eps: float, fp32: bool):
+    def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
-        self.fp32 = fp32
         self.alpha = nn.Parameter(torch.ones(1, 1, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        if self.fp32 and dtype != torch.float32:
-            return F.rms_norm(x.float(), (x.shape[-1],), self.alpha.view(-1).float(), self.eps).to(dtype)
-        return F.rms_norm(x, (x.shape[-1],), self.alpha.view(-1).to(dtype), self.eps)
+        return F.rms_norm(x, (x.shape[-1],), self.alpha.view(-1).to(x.dtype), self.eps)
 
 
 class LayerScale(nn.Module):
@@ -53,9 +52,9 @@ class LayerScale(nn.Module):
 
 def make_norm(kind: str, dim: int) -> nn.Module:
     if kind == "rms_norm_f32":
-        return RMSNorm(dim, eps=1e-8, fp32=True)
+        return RMSNorm(dim, eps=1e-8)
     if kind == "rms_norm":
-        return RMSNorm(dim, eps=1e-5, fp32=False)
+        return RMSNorm(dim, eps=1e-5)
     if kind == "layer_norm":
         return nn.LayerNorm(dim, eps=1e-5)
     raise ValueError(f"unsupported norm {kind!r}")
@@ -68,7 +67,8 @@ def activation(name: str):
 
 
 class GatedFFN(nn.Module):
-    """``linear_out(act(a) * b)`` where ``[a, b] = linear_in(x)``."""
+    """``linear_out(act(a) * b)`` where ``[a, b] = linear_in(x)``; with a ``residual``, that plus it (one kernel:
+    :func:`~pplex_trio.model._quant.project_add`)."""
 
     def __init__(self, dim: int, hidden: int, act: str):
         super().__init__()
@@ -76,10 +76,13 @@ class GatedFFN(nn.Module):
         self.linear_in = nn.Linear(dim, 2 * hidden, bias=False)
         self.linear_out = nn.Linear(hidden, dim, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         h = self.linear_in(x)
         h = h.view(*h.shape[:-1], 2, -1)
-        return self.linear_out(self.act(h[..., 0, :]) * h[..., 1, :])
+        h = self.act(h[..., 0, :]) * h[..., 1, :]
+        if residual is None:
+            return self.linear_out(h)
+        return project_add(residual, h, self.linear_out.weight, getattr(self.linear_out, "scale", None))
 
 
 class Attention(nn.Module):
@@ -93,11 +96,16 @@ class Attention(nn.Module):
         self.register_buffer("in_proj_scale", None)  # the per-row scales once quantized (int8 weights)
         self.out_proj = nn.Linear(dim, dim, bias=False)
 
-    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(self, x: torch.Tensor, rotation: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries ``[B, H, T, Dh]`` and keys and values ``[2, B, H, T, Dh]`` of ``x`` ``[B, T, dim]`` (views
+        of one projection); with a RoPE ``rotation`` (:func:`~pplex_trio.model._streaming.rope_rotation`),
+        queries and keys rotated together."""
         b, t, _ = x.shape
         qkv = project(x, self.in_proj_weight, self.in_proj_scale).view(b, t, 3, self.num_heads, -1)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [B, H, T, Dh]
-        return q, k, v
+        if rotation is not None:
+            apply_rope_(qkv[:, :, :2], rotation)
+        qkv = qkv.permute(2, 0, 3, 1, 4)
+        return qkv[0], qkv[1:]
 
 
 class TransformerLayer(nn.Module):
@@ -117,83 +125,105 @@ class TransformerLayer(nn.Module):
         self._gated = cfg.gating != "none"
         self._scaled = cfg.layer_scale is not None
 
-    def ffn(self, x: torch.Tensor) -> torch.Tensor:
+    def add_attention(self, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+        """``x`` plus the output projection of the attention ``att`` (times the layer scale): one kernel
+        (``addmm``, or ``addcmul`` after the projection where there is a layer scale)."""
+        out = self.self_attn.out_proj
+        if self._scaled:
+            return torch.addcmul(x, self.layer_scale_1.scale, out(att))
+        return project_add(x, att, out.weight, getattr(out, "scale", None))
+
+    def add_ffn(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` plus the feed-forward of its norm (times the layer scale), the add folded as in
+        :meth:`add_attention`."""
+        h = self.norm2(x)
+        if self._scaled:
+            f = self.gating(h) if self._gated else self.linear2(F.gelu(self.linear1(h)))
+            return torch.addcmul(x, self.layer_scale_2.scale, f)
         if self._gated:
-            return self.gating(x)
-        return self.linear2(F.gelu(self.linear1(x)))
+            return self.gating(h, residual=x)
+        return project_add(x, F.gelu(self.linear1(h)), self.linear2.weight, getattr(self.linear2, "scale", None))
 
 
 @dataclasses.dataclass
 class TransformerState:
     """Ring KV cache of every layer plus the number of positions each row has seen.
 
-    The transformer reads and writes the ring only through the methods below,
-    so :class:`Fp8TransformerState` can store it in 8 bits.
+    ``kv`` holds the keys and then the values, so that one operation writes
+    both.  Each ring has one slot more than the context: the last one is a
+    spare that attention never reads, where rows that do not execute write
+    (so their slots keep what they hold without being read back first).
+    The transformer reads and writes the ring only through the methods
+    below, so :class:`Fp8TransformerState` can store it in 8 bits.
     """
 
-    keys: torch.Tensor  # [L, B, H, context, Dh]
-    values: torch.Tensor  # [L, B, H, context, Dh]
+    kv: torch.Tensor  # [2, L, B, H, context + 1, Dh]: keys, values
     end: torch.Tensor  # [B] long: positions written so far
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """``[L, B, H, context, Dh]`` (a view)."""
+        return self.kv[0, ..., :-1, :]
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.kv[1, ..., :-1, :]
 
     def reset(self, mask: torch.Tensor) -> None:
         # Old keys need no clearing: positions >= end are never attended.
         reset_rows_(self.end, mask, 0)
 
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              keep: torch.Tensor | None) -> None:
-        """Every row's ``k``/``v`` ``[B, H, T, Dh]`` at ring ``slots`` ``[B, 1, T, 1]``; ``keep`` rows rewrite
-        what those slots hold."""
-        idx = slots.expand(-1, k.shape[1], -1, k.shape[-1])
-        for ring, new in ((self.keys[layer], k.to(self.keys.dtype)), (self.values[layer], v.to(self.values.dtype))):
-            if keep is not None:
-                new = torch.where(keep, ring.gather(2, idx), new)
-            ring.scatter_(2, idx, new)
+    def write(self, layer: int, slots: torch.Tensor, kv: torch.Tensor) -> None:
+        """Every row's keys and values ``kv`` ``[2, B, H, T, Dh]`` at ring ``slots`` ``[B, T]``."""
+        b, t = slots.shape
+        self.kv[:, layer].scatter_(3, slots.view(1, b, 1, t, 1).expand(kv.shape), kv.to(self.kv.dtype))
 
     def read(self, layer: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's keys and values ``[B, H, context, Dh]`` in ``dtype``."""
-        return self.keys[layer].to(dtype), self.values[layer].to(dtype)
+        return self.kv[0, layer, ..., :-1, :].to(dtype), self.kv[1, layer, ..., :-1, :].to(dtype)
 
-    def write_row(self, layer: int, row: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Row ``row``'s ``k``/``v`` ``[H, T, Dh]`` at ring ``slots`` ``[T]``."""
-        self.keys[layer, row].index_copy_(1, slots, k.to(self.keys.dtype))
-        self.values[layer, row].index_copy_(1, slots, v.to(self.values.dtype))
+    def write_row(self, layer: int, row: int, slots: torch.Tensor, kv: torch.Tensor) -> None:
+        """Row ``row``'s keys and values ``kv`` ``[2, H, T, Dh]`` at ring ``slots`` ``[T]``."""
+        self.kv[:, layer, row].index_copy_(2, slots, kv.to(self.kv.dtype))
 
     def read_row(self, layer: int, row: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.keys[layer, row].to(dtype), self.values[layer, row].to(dtype)
+        return self.kv[0, layer, row, :, :-1].to(dtype), self.kv[1, layer, row, :, :-1].to(dtype)
 
 
 @dataclasses.dataclass
 class Fp8TransformerState(TransformerState):
     """The ring in fp8 (``uint8`` storage) with one scale per position and head (``--kv-cache fp8``)."""
 
-    key_scales: torch.Tensor = dataclasses.field(default_factory=lambda: torch.empty(0))  # [L, B, H, context]
-    value_scales: torch.Tensor = dataclasses.field(default_factory=lambda: torch.empty(0))
+    scales: torch.Tensor = dataclasses.field(default_factory=lambda: torch.empty(0))  # [2, L, B, H, context + 1]
 
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              keep: torch.Tensor | None) -> None:
-        idx = slots.expand(-1, k.shape[1], -1, k.shape[-1])
-        for ring, scales, new in ((self.keys[layer], self.key_scales[layer], k),
-                                  (self.values[layer], self.value_scales[layer], v)):
-            data, scale = quantize_fp8(new)
-            if keep is not None:
-                data = torch.where(keep, ring.gather(2, idx), data)
-                scale = torch.where(keep[..., 0], scales.gather(2, idx[..., 0]), scale)
-            ring.scatter_(2, idx, data)
-            scales.scatter_(2, idx[..., 0], scale)
+    @property
+    def key_scales(self) -> torch.Tensor:
+        """``[L, B, H, context]`` (a view)."""
+        return self.scales[0, ..., :-1]
+
+    @property
+    def value_scales(self) -> torch.Tensor:
+        return self.scales[1, ..., :-1]
+
+    def write(self, layer: int, slots: torch.Tensor, kv: torch.Tensor) -> None:
+        b, t = slots.shape
+        index = slots.view(1, b, 1, t, 1).expand(kv.shape)
+        data, scale = quantize_fp8(kv)
+        self.kv[:, layer].scatter_(3, index, data)
+        self.scales[:, layer].scatter_(3, index[..., 0], scale)
 
     def read(self, layer: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        return (dequantize_fp8(self.keys[layer], self.key_scales[layer], dtype),
-                dequantize_fp8(self.values[layer], self.value_scales[layer], dtype))
+        keys, values = dequantize_fp8(self.kv[:, layer, ..., :-1, :], self.scales[:, layer, ..., :-1], dtype)
+        return keys, values
 
-    def write_row(self, layer: int, row: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        for ring, scales, new in ((self.keys, self.key_scales, k), (self.values, self.value_scales, v)):
-            data, scale = quantize_fp8(new)
-            ring[layer, row].index_copy_(1, slots, data)
-            scales[layer, row].index_copy_(1, slots, scale)
+    def write_row(self, layer: int, row: int, slots: torch.Tensor, kv: torch.Tensor) -> None:
+        data, scale = quantize_fp8(kv)
+        self.kv[:, layer, row].index_copy_(2, slots, data)
+        self.scales[:, layer, row].index_copy_(2, slots, scale)
 
     def read_row(self, layer: int, row: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        return (dequantize_fp8(self.keys[layer, row], self.key_scales[layer, row], dtype),
-                dequantize_fp8(self.values[layer, row], self.value_scales[layer, row], dtype))
+        keys, values = dequantize_fp8(self.kv[:, layer, row, :, :-1], self.scales[:, layer, row, :, :-1], dtype)
+        return keys, values
 
 
 class StreamingTransformer(nn.Module):
@@ -208,55 +238,41 @@ class StreamingTransformer(nn.Module):
                    dtype: torch.dtype | None = None, kv: KVFormat = KVFormat.MODEL) -> TransformerState:
         norm = next(self.layers[0].norm2.parameters())  # the weights' dtype: int8 ones say nothing
         c = self.cfg
-        shape = (c.num_layers, batch_size, c.num_heads, c.context, c.d_model // c.num_heads)
+        shape = (2, c.num_layers, batch_size, c.num_heads, c.context + 1, c.d_model // c.num_heads)
         device = device or norm.device
-        dtype = dtype or norm.dtype
+        end = torch.zeros(batch_size, device=device, dtype=torch.long)
         if kv is KVFormat.FP8:
-            return Fp8TransformerState(
-                keys=torch.zeros(shape, device=device, dtype=torch.uint8),
-                values=torch.zeros(shape, device=device, dtype=torch.uint8),
-                end=torch.zeros(batch_size, device=device, dtype=torch.long),
-                key_scales=torch.zeros(shape[:-1], device=device, dtype=torch.float32),
-                value_scales=torch.zeros(shape[:-1], device=device, dtype=torch.float32),
-            )
-        return TransformerState(
-            keys=torch.zeros(shape, device=device, dtype=dtype),
-            values=torch.zeros(shape, device=device, dtype=dtype),
-            end=torch.zeros(batch_size, device=device, dtype=torch.long),
-        )
+            return Fp8TransformerState(kv=torch.zeros(shape, device=device, dtype=torch.uint8), end=end,
+                                       scales=torch.zeros(shape[:-1], device=device, dtype=torch.float32))
+        return TransformerState(kv=torch.zeros(shape, device=device, dtype=dtype or norm.dtype), end=end)
 
     def forward(self, x: torch.Tensor, state: TransformerState, exec_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Run ``T = x.shape[1]`` new positions per row; returns ``[B, T, D]``.
 
-        Rows where ``exec_mask`` is False compute (garbage) but write back
-        what their ring already holds, and their ``end`` does not move: the
-        step leaves them bit for bit as they were.
+        Rows where ``exec_mask`` is False compute (garbage) but write it
+        to their ring's spare slot, and their ``end`` does not move: the
+        step leaves what they attend to bit for bit as it was.
         """
         b, t, _ = x.shape
         capacity = self.cfg.context
         positions = state.end.view(-1, 1) + torch.arange(t, device=x.device)  # [B, T]
-        slots = (positions % capacity).view(b, 1, t, 1)
+        slots = positions % capacity
+        if exec_mask is not None:
+            slots = torch.where(exec_mask.view(-1, 1), slots, capacity)  # the spare slot
         new_end = state.end + t
-        mask = ring_attention_mask(new_end, t, capacity, self.cfg.reference)
-        rope = self.cfg.positional_embedding == "rope"
-        if rope:
+        mask = additive_mask(ring_attention_mask(new_end, t, capacity, self.cfg.reference), x.dtype)
+        rotation = None
+        if self.cfg.positional_embedding == "rope":
             rotation = rope_rotation(positions, self.cfg.d_model // self.cfg.num_heads, self.cfg.max_period)
-        keep = None if exec_mask is None else ~exec_mask.view(-1, 1, 1, 1)
         for i, layer in enumerate(self.layers):
-            h = layer.norm1(x)
-            q, k, v = layer.self_attn.qkv(h)
-            if rope:
-                q, k = apply_rope(q, rotation), apply_rope(k, rotation)
-            state.write(i, slots, k, v, keep)  # rows that do not execute rewrite what their slots hold
+            q, kv = layer.self_attn.qkv(layer.norm1(x), rotation)
+            state.write(i, slots, kv)
             att = F.scaled_dot_product_attention(q, *state.read(i, q.dtype), mask)
-            att = layer.self_attn.out_proj(att.transpose(1, 2).reshape(b, t, -1))
-            x = x + (layer.layer_scale_1(att) if layer._scaled else att)
-            f = layer.ffn(layer.norm2(x))
-            x = x + (layer.layer_scale_2(f) if layer._scaled else f)
+            x = layer.add_ffn(layer.add_attention(x, att.transpose(1, 2).reshape(b, t, -1)))
         if exec_mask is None:
             state.end.copy_(new_end)
         else:
-            state.end.copy_(torch.where(exec_mask, new_end, state.end))
+            set_rows_(state.end, exec_mask, new_end)
         return x
 
     def prefill_limit(self, start: int, wanted: int) -> int:
@@ -294,23 +310,18 @@ class StreamingTransformer(nn.Module):
         count = torch.tensor(counts, device=device)
         positions = start[:, None] + torch.arange(t, device=device)  # [R, T]
         mask = prefill_attention_mask(start, count, t, capacity, self.cfg.reference)  # [R, 1, T, C]
+        mask = additive_mask(mask, x.dtype)
         slots = [torch.arange(s, s + n, device=device) % capacity for s, n in zip(starts, counts, strict=True)]
-        rope = self.cfg.positional_embedding == "rope"
-        if rope:
+        rotation = None
+        if self.cfg.positional_embedding == "rope":
             rotation = rope_rotation(positions, self.cfg.d_model // self.cfg.num_heads, self.cfg.max_period)
         for i, layer in enumerate(self.layers):
-            h = layer.norm1(x)
-            q, k, v = layer.self_attn.qkv(h)
-            if rope:
-                q, k = apply_rope(q, rotation), apply_rope(k, rotation)
+            q, kv = layer.self_attn.qkv(layer.norm1(x), rotation)
             outputs = []
             for j, row in enumerate(rows):
-                state.write_row(i, row, slots[j], k[j, :, : counts[j]], v[j, :, : counts[j]])
+                state.write_row(i, row, slots[j], kv[:, j, :, : counts[j]])
                 keys, values = state.read_row(i, row, q.dtype)  # [H, C, Dh]
                 outputs.append(F.scaled_dot_product_attention(q[j: j + 1], keys[None], values[None], mask[j: j + 1]))
-            att = torch.cat(outputs).transpose(1, 2).reshape(r_count, t, -1)
-            att = layer.self_attn.out_proj(att)
-            x = x + (layer.layer_scale_1(att) if layer._scaled else att)
-            f = layer.ffn(layer.norm2(x))
-            x = x + (layer.layer_scale_2(f) if layer._scaled else f)
+            att = (torch.cat(outputs) if len(outputs) > 1 else outputs[0]).transpose(1, 2).reshape(r_count, t, -1)
+            x = layer.add_ffn(layer.add_attention(x, att))
         state.end[torch.tensor(rows, device=device)] = start + count

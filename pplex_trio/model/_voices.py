@@ -162,9 +162,9 @@ class VoiceMaking:
         self._fixed = (zero_text_code, tuple(sine_tokens))
         self.frames_total = frames
         self._done = 0
-        self._codes: list[torch.Tensor] = []
+        self._codes: list[torch.Tensor] = []  # on the device, read back once at the end
         self._embeddings: list[torch.Tensor] = []
-        self._stream: tuple[MimiEncoderState, CacheRules, TokenCache] | None = None  # from the first advance
+        self._stream: _Stream | None = None  # from the first advance
 
     @property
     def frames_left(self) -> int:
@@ -174,44 +174,59 @@ class VoiceMaking:
     def advance(self, frames: int) -> None:
         """Make the next ``frames`` frames (at most those left)."""
         lm, mimi = self._lm, self._mimi
-        device = lm.device
         if self._stream is None:
-            encoder = mimi.init_encoder_state(1)
-            rules = CacheRules.of(lm.cfg, min(lm.cfg.dep_q, lm.cfg.num_agent_codebooks), device)
-            self._stream = (encoder, rules, rules.fresh_cache(1))
-        encoder, rules, cache = self._stream
-        zero_text, sine = self._fixed
-        ones = torch.ones(1, dtype=torch.bool, device=device)
+            self._stream = _Stream.of(lm, mimi, self._pcm, *self._fixed)
+        st = self._stream
         size = mimi.frame_size
         for i in range(self._done, min(self.frames_total, self._done + frames)):
-            codes = mimi.encode_frame(torch.from_numpy(self._pcm[i * size:(i + 1) * size]).to(device)[None],
-                                      encoder)
-            self._codes.append(codes.cpu())
+            codes = mimi.encode_frame(st.pcm[None, i * size:(i + 1) * size], st.encoder)
+            self._codes.append(codes)
             if i > 0:
-                tokens = torch.cat([torch.tensor([zero_text], device=device), codes[0],
-                                    torch.tensor(sine, device=device)])[None]
-                step = rules.begin(cache, tokens, ones)
-                self._embeddings.append(lm.embed(step.model_input)[0].cpu())
-                rules.end(cache, step, ones, step.target)  # nothing to choose: every stream is forced
+                tokens = torch.cat([st.zero_text, codes[0], st.sine])[None]
+                step = st.rules.begin(st.cache, tokens, st.ones)
+                self._embeddings.append(lm.embed(step.model_input)[0])
+                st.rules.end(st.cache, step, st.ones, step.target)  # nothing to choose: every stream is forced
             self._done = i + 1
 
     def prompt(self) -> VoicePrompt:
         """The voice prompt (once every frame is made)."""
         assert self.frames_left == 0 and self._stream is not None, "the voice is not made yet"
         dim = self._lm.cfg.dim
-        embeddings = torch.stack(self._embeddings) if self._embeddings else torch.zeros(0, dim)
-        return VoicePrompt(name=self.name, embeddings=embeddings, cache=self._stream[2].tokens.clone().cpu())
+        embeddings = torch.stack(self._embeddings).cpu() if self._embeddings else torch.zeros(0, dim)
+        return VoicePrompt(name=self.name, embeddings=embeddings, cache=self._stream.cache.tokens.clone().cpu())
 
     @property
     def codes(self) -> np.ndarray:
         """The Mimi codes of the frames made so far, ``[frames, 8]``."""
-        return torch.cat(self._codes).numpy() if self._codes else np.zeros((0, 8), dtype=np.int64)
+        return torch.cat(self._codes).cpu().numpy() if self._codes else np.zeros((0, 8), dtype=np.int64)
 
     def result(self) -> bytes:
         """The voice prompt as a ``.pt`` file in the reference's format."""
         buffer = io.BytesIO()
         self.prompt().save(buffer)
         return buffer.getvalue()
+
+
+@dataclasses.dataclass
+class _Stream:
+    """A voice's Mimi stream and token cache, with its audio and the fixed tokens on the device (copied once,
+    so that a frame waits for no transfer)."""
+
+    encoder: MimiEncoderState
+    rules: CacheRules
+    cache: TokenCache
+    pcm: torch.Tensor  # [frames * frame_size]
+    zero_text: torch.Tensor  # [1]
+    sine: torch.Tensor  # the user's streams
+    ones: torch.Tensor  # [1] bool: the one row executes
+
+    @classmethod
+    def of(cls, lm: LMModel, mimi: Mimi, pcm: np.ndarray, zero_text: int, sine: tuple[int, ...]) -> "_Stream":
+        device = lm.device
+        rules = CacheRules.of(lm.cfg, min(lm.cfg.dep_q, lm.cfg.num_agent_codebooks), device)
+        return cls(encoder=mimi.init_encoder_state(1), rules=rules, cache=rules.fresh_cache(1),
+                   pcm=torch.from_numpy(pcm).to(device), zero_text=torch.tensor([zero_text], device=device),
+                   sine=torch.tensor(sine, device=device), ones=torch.ones(1, dtype=torch.bool, device=device))
 
 
 def make_voice_prompt(lm: LMModel, mimi: Mimi, pcm: np.ndarray, sine_tokens: tuple[int, ...],

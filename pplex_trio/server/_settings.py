@@ -114,6 +114,10 @@ class ServerSettings(ActorSettings):
     cuda_graph: CudaGraphMode = setting(
         CudaGraphMode.AUTO, "replay each tick as a CUDA graph recorded at load: auto (on CUDA; eager when its "
         "capture or check fails), on, off (--no-cuda-graph)", group="model and GPU")
+    compile: bool = setting(
+        False, "run each tick through torch.compile, compiled at load (slow) and kept only if its first ticks "
+        "give the eager tick's tokens (docs/BENCHMARKS.md: inexact on the CPU)", group="model and GPU",
+        advanced=True)
     queue_timeout: float = setting(60.0, "seconds one may wait in the queue for a slot", low=0,
                                    group="conversations", metavar="SECONDS")
     max_session_seconds: float = setting(

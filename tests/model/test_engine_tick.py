@@ -91,7 +91,7 @@ def test_no_tensor_is_reallocated_between_ticks(any_model):
     audio = (0.1 * np.random.RandomState(1).randn(3, 1920)).astype(np.float32)
     left = [engine.start(0, Conversation(voice="NATF0.pt")), engine.start(1, Conversation(voice="NATF1.pt")), None]
     before = layout(tick_tensors(engine._tick))
-    assert len(before) > 50 and {"tick.packed", "tick.gen.state.keys", "tick.encoder.transformer.keys"} <= set(before)
+    assert len(before) > 50 and {"tick.packed", "tick.gen.state.kv", "tick.encoder.transformer.kv"} <= set(before)
     for tick in range(60):
         if tick == 30:  # a row (re)starts mid-way: reset and a new voice, in place
             left[2] = engine.start(2, Conversation(voice="NATM0.pt", sampling=Sampling(text_seed=5, audio_seed=6)))

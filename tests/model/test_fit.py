@@ -40,13 +40,13 @@ def test_the_plan_matches_what_the_engine_allocates(tiny_model):
     state_per_row = plan.per_conversation - plan.parts["tick_temporaries"]
     three, five = (_engine_state_bytes(PersonaPlexEngine(tiny_model, n)) for n in (3, 5))
     assert five - three == 2 * state_per_row
-    # layers x (K, V) x context x dim x float32, and the row's position
-    assert plan.parts["lm_kv_ring"] == 2 * 2 * 3000 * 64 * 4 + 8
+    # layers x (K, V) x (context + the spare slot) x dim x float32, and the row's position
+    assert plan.parts["lm_kv_ring"] == 2 * 2 * 3001 * 64 * 4 + 8
 
 
 def test_the_7b_plan_is_what_the_model_card_says():
     plan = plan_memory(CONFIGS["personaplex-7b-v1"], torch.bfloat16)
-    assert plan.parts["lm_kv_ring"] == 32 * 2 * 3000 * 4096 * 2 + 8  # 1.465 GiB
+    assert plan.parts["lm_kv_ring"] == 32 * 2 * 3001 * 4096 * 2 + 8  # 1.465 GiB (3000 positions, a spare slot)
     assert 15.5 * GIB < plan.weights < 16.5 * GIB  # 8.37 B parameters in bf16, Mimi in float32
     assert 1.46 * GIB < plan.per_conversation < 1.5 * GIB
     assert plan.conversations(141 * GIB, 2 * GIB) == int((139 * GIB - plan.weights - plan.fixed) // plan.per_conversation)
@@ -77,7 +77,7 @@ def test_fit_prints_the_figures(memory, capsys):
     plan = plan_memory(CONFIGS["personaplex-7b-v1"], torch.bfloat16)
     count = plan.conversations(int(float(memory.removesuffix("GiB")) * GIB), 2 * GIB)
     assert f"conversations that fit: {count}" in text
-    assert "per conversation           1.482 GiB" in text and "lm_kv_ring" in text
+    assert "per conversation           1.483 GiB" in text and "lm_kv_ring" in text
     assert main(["fit", "--model", "personaplex-7b-v1", "--gpu-memory", memory, "--json"]) == 0
     figures = json.loads(capsys.readouterr().out)
     assert figures["conversations"] == count and figures["gpu_memory_gib"] == float(memory.removesuffix("GiB"))
@@ -101,7 +101,7 @@ def test_int8_weights_and_an_fp8_cache_fit_a_16_gib_card(capsys):
     assert main(["fit", "--model", "personaplex-7b-v1", "--gpu-memory", "16GiB", "--quantize", "int8",
                  "--kv-cache", "fp8", "--json"]) == 0
     both = json.loads(capsys.readouterr().out)
-    fp8_ring = 32 * 2 * 3000 * 4096 * 1 + 32 * 2 * 3000 * 32 * 4 + 8  # bytes, and a float32 scale per head
+    fp8_ring = 32 * 2 * 3001 * 4096 * 1 + 32 * 2 * 3001 * 32 * 4 + 8  # bytes, and a float32 scale per head
     assert both["per_conversation_parts_gib"]["lm_kv_ring"] * GIB == fp8_ring
     assert both["per_conversation_gib"] < 0.56 * int8["per_conversation_gib"]
     assert both["conversations"] > int8["conversations"]

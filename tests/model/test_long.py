@@ -38,7 +38,7 @@ def _one_shot(lm, x: torch.Tensor, window: int) -> torch.Tensor:
             allowed = (pos[None] <= qp) & (pos[None] > qp - window)
             out[:, s: s + 500] = F.scaled_dot_product_attention(q[:, s: s + 500], k, v, allowed)
         x = x + layer.self_attn.out_proj(out.transpose(0, 1).reshape(t, -1))
-        x = x + layer.ffn(layer.norm2(x[None])[0])
+        x = x + layer.gating(layer.norm2(x[None])[0])
     return lm.out_norm(x[None])[0]
 
 
