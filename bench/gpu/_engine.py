@@ -382,6 +382,19 @@ def profile(model, batch: int, frames: np.ndarray) -> dict[str, Any]:
             "attention_kernels": attention, "math_attention": any("math" in k.lower() for k in attention)}
 
 
+# --- (f) operations, kernels and syncs per tick -----------------------------------------------
+
+
+def dispatch(model, batches: list[int]) -> dict[str, Any]:
+    """``bench/kernels.py``'s count of one steady eager tick on this device: every operation dispatched, those
+    that launch a kernel (views excluded, a fused library kernel once), and the host syncs among them."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+    import kernels
+
+    return {"what": "operations dispatched by one steady eager tick (bench/kernels.py's counter)",
+            "ticks": {str(b): kernels.count_tick(model, b).as_dict(top=8) for b in batches}}
+
+
 # --- main --------------------------------------------------------------------------------
 
 
@@ -456,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     step("prefill", prefill, model, frames, args.quick, built.get("fit"))
     profile_batch = min(64, built.get("fit") or 64) if not args.quick else 4
     step("profile", profile, model, profile_batch, frames)
+    step("dispatch", dispatch, model, [1, profile_batch])
     step("precision", precision_step, model, args.config, frames, args.quick,
          time.monotonic() + args.boxes["precision"])
     return 0

@@ -60,6 +60,8 @@ def test_the_kit_runs_end_to_end_in_a_clean_venv(tmp_path):
     assert [(c["B"], c["mode"]) for c in result["sweep"]] == [(1, "eager"), (4, "eager")]
     assert all(0 < c["p50_ms"] <= c["p99_ms"] for c in result["sweep"])
     assert result["profile"]["launches"] > 100 and result["profile"]["attention_kernels"]
+    ticks = result["dispatch"]["ticks"]
+    assert list(ticks) == ["1", "4"] and all(t["kernels"] > 100 and t["syncs"] == 0 for t in ticks.values())
     server = result["server"]
     assert server["sessions_ok"] == server["clients"] == 4 and server["server_exit_code"] == 0, server
     assert server["errors"] == [] and server["tick_path"] == "eager"  # (auto, off CUDA)
