@@ -170,7 +170,8 @@ class ConversationQuality:
 
     def _frame(self, c: bool, a: bool) -> QualityEvent | None:
         """One decided frame: the caller speaks (``c``), the agent speaks (``a``)."""
-        k, event = self._frames, None
+        k = self._frames
+        event: QualityEvent | None = None
         if c != self._caller:
             if c:  # the caller starts: no answer is awaited any more
                 self._awaiting, self._after_caller = None, False
