@@ -14,6 +14,9 @@ _TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07,
 _LATENCY_BUCKETS = tuple(x / 1000 for x in (0.5, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 18, 20, 25, 30, 35,
                                               40, 45, 50, 60, 70, 80, 90, 100, 120, 160, 200, 300, 500, 1000))
 _LATENESS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 1.0)
+_RESPONSE_BUCKETS = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0)
+_CONVERSATION_SECONDS_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+_SHARE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
 DROP_REASONS = ("inbound", "input_backlog", "output_backlog")
@@ -126,6 +129,25 @@ class Metrics:
             "than the recorders buffer (silence stands in for them)", registry=r)
         self.records_deleted = Counter(
             "pplex_records_deleted_total", "Call records deleted, by reason (retention, quota, request)", ["reason"],
+            registry=r)
+        # Conversation quality (docs/OPERATIONS.md), on the model's timeline.  No labels: the protocol would
+        # multiply each histogram's series by ten for little (a session's figures name its protocol).
+        self.response_latency = Histogram(
+            "pplex_response_latency_seconds",
+            "The caller's end of speech -> the agent's start of speech, one per response", buckets=_RESPONSE_BUCKETS,
+            registry=r)
+        self.talk_over = Histogram(
+            "pplex_talk_over_seconds", "Seconds both the caller and the agent spoke, one per conversation at its end",
+            buckets=_CONVERSATION_SECONDS_BUCKETS, registry=r)
+        self.dead_air = Histogram(
+            "pplex_dead_air_seconds",
+            "Seconds both were silent after the caller's end of speech, one per conversation at its end",
+            buckets=_CONVERSATION_SECONDS_BUCKETS, registry=r)
+        self.agent_share = Histogram(
+            "pplex_agent_speaking_share", "The agent's share of a conversation's frames spent speaking, at its end",
+            buckets=_SHARE_BUCKETS, registry=r)
+        self.barge_ins = Counter(
+            "pplex_barge_ins_total", "The caller spoke over the agent and the agent stopped within 480 ms",
             registry=r)
         self.trio_tasks = Gauge("pplex_trio_tasks", "Trio tasks alive in the server (counted when /metrics is read)",
                                 registry=r)

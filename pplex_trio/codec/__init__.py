@@ -1,5 +1,5 @@
 """Audio codecs: Opus output for the Moshi protocol (our libopus writer, its Ogg muxer, the encoder
-child), and G.711, resampling and a voice-activity detector for the Realtime protocol.
+child), and G.711, resampling and a voice-activity detector for the Realtime protocol, and the conversation-quality meter.
 
 Pure codec work, no Trio: the encoder child process imports only this
 package, numpy and opuslib, so it starts fast.  Where the encoding runs (the
@@ -18,6 +18,11 @@ from ._libopus import libopus_available as libopus_available
 from ._writers import make_writer as make_writer
 from ._resample import StreamResampler as StreamResampler
 from ._vad import EnergyVAD as EnergyVAD
+from ._quality import BARGE_IN_FRAMES as BARGE_IN_FRAMES
+from ._quality import BargeIn as BargeIn
+from ._quality import ConversationQuality as ConversationQuality
+from ._quality import QualityStatistics as QualityStatistics
+from ._quality import Response as Response
 from ._vad import is_silent as is_silent
 from ._voice_audio import load_libraries as load_libraries
 from ._voice_audio import voice_audio as voice_audio

@@ -76,8 +76,8 @@ class CallEnding:
     outcome: str  # the session's outcome label (``completed``, ``hangup``, ``client_closed`` …)
     close_code: int | None  # None: the client left without a close from us
     conversation: Conversation  # the settings it ended with (a persona change may have replaced the first)
-    details: dict[str, Any]  # the protocol's (a carrier's call ids); the lease's and the sender's counters: frames
-    # sent, dropped, skipped, input underruns …
+    details: dict[str, Any]  # the protocol's (a carrier's call ids); the conversation's ``quality`` figures; the
+    # lease's and the sender's counters: frames sent, dropped, skipped, input underruns …
 
 
 def utc_stamp(moment: datetime.datetime) -> str:

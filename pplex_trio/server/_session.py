@@ -20,6 +20,9 @@ tells the client why and closes.  A client that disconnects cancels the whole
 handler (``AsgiWebSocket`` does that); leaving the lease's block gives the slot back,
 which drains before anyone else gets it.
 
+Every session meters its conversation's quality (:class:`~pplex_trio.codec.ConversationQuality`:
+response latency, talk-over, dead air, the agent's share, barge-ins) from the lease's
+frames, for ``/api/sessions``, the metrics, the end-of-call log line and the record.
 With ``--record`` a :class:`~pplex_trio.server._recorder.Recorder` observes
 the lease's frames, writes them from a fourth task, and is finished once the
 client has been told (whatever the ending): every protocol is recorded alike.
@@ -42,7 +45,9 @@ from .._channel import DropOldestChannel
 from .._conversation import SAMPLE_RATE, CloseCode, Conversation
 from .._lifecycle import Lifecycle
 from .._metrics import Metrics
-from ..engine import BEGUN_STATES, PREPARING_STATES, EngineActor, Lease, LeaseFailed, LeaseState, QueueFull
+from ..codec import ConversationQuality, Response
+from ..engine import (BEGUN_STATES, PREPARING_STATES, EngineActor, Lease, LeaseFailed, LeaseState, OutputFrame,
+                      QueueFull)
 from ..protocol import ProtocolError
 from ._recorder import CallEnding, Recorder
 from ._records import RecordStore
@@ -120,6 +125,7 @@ class Session:
         self.lease: Lease | None = None
         self.ending: Ending | None = None
         self.recorder: Recorder | None = None  # (--record)
+        self.quality = ConversationQuality()
         self._scope = trio.CancelScope()
         self._samples_pushed = 0
         self._opened_at = 0.0  # when the opening message that gave the conversation arrived
@@ -174,7 +180,7 @@ class Session:
             self._enter(SessionState.CLOSED)
             host.sessions.discard(self)
             host.metrics.sessions_ended.labels(self.protocol, outcome).inc()
-            logger.info("session %d (%s) ended: %s", self.id, self.protocol, outcome)
+            logger.info("session %d (%s) ended: %s%s", self.id, self.protocol, outcome, self._finish_quality())
             if self.recorder is not None:  # (after the close: a slow disk never delays it)
                 await self.recorder.finish(self._call_ending(outcome))
 
@@ -189,8 +195,7 @@ class Session:
             self.recorder = self.host.records.recorder(self.id, self.protocol, conversation)
         try:
             with self.host.actor.lease(conversation, align=self.wire.align_input, early_audio=self.wire.early_audio,
-                                       client=self.ws.client,
-                                       on_frame=None if self.recorder is None else self.recorder.on_frame) as lease:
+                                       client=self.ws.client, on_frame=self._on_frame) as lease:
                 self.lease = lease
                 try:
                     await self._run_conversation(lease)
@@ -392,6 +397,33 @@ class Session:
         self.end(CloseCode.NORMAL, f"this conversation reached the server's time limit of {seconds:g} s; "
                  "start a new one to go on", "time_limit")
 
+    # -- the conversation's timeline -----------------------------------------
+
+    def _on_frame(self, frame: OutputFrame) -> None:
+        """The lease's observer (the actor's task, every frame, a few µs): the quality meter, and the recorder."""
+        if self.recorder is not None:
+            self.recorder.on_frame(frame)
+        self._count(self.quality.feed(frame.heard, frame.pcm))
+
+    def _count(self, events: tuple[object, ...]) -> None:
+        for event in events:
+            if isinstance(event, Response):
+                self.host.metrics.response_latency.observe(event.seconds)
+            else:
+                self.host.metrics.barge_ins.inc()
+
+    def _finish_quality(self) -> str:
+        """The conversation is over: its last quality figures into the metrics; what the log line adds."""
+        self._count(self.quality.finish())
+        stats = self.quality.statistics()
+        if not stats.frames:
+            return ""  # (it never went live)
+        metrics = self.host.metrics
+        metrics.talk_over.observe(stats.talk_over_s)
+        metrics.dead_air.observe(stats.dead_air_s)
+        metrics.agent_share.observe(stats.agent_share)
+        return f" ({stats.summary()})"
+
     def _end_from_failure(self, lease: Lease) -> None:
         assert lease.failure is not None
         outcome = "engine_error" if lease.failure.code == CloseCode.INTERNAL_ERROR else "rejected"
@@ -400,10 +432,11 @@ class Session:
     def _call_ending(self, outcome: str) -> CallEnding:
         """What the call record says of how the call went."""
         lease, code = self.lease, None if self.ending is None else int(self.ending.code)
+        quality = self.quality.statistics().as_dict()
         if lease is None:  # (the queue was full: nothing was recorded)
             assert self.recorder is not None
             return CallEnding(outcome=outcome, close_code=code, conversation=self.recorder.conversation,
-                              details=self.wire.call_details())
+                              details={**self.wire.call_details(), "quality": quality})
         inputs = lease.input_stats()
         ms = 1000 / self.host.actor.engine.sample_rate
         return CallEnding(
@@ -411,7 +444,7 @@ class Session:
             details={**self.wire.call_details(), "restarts": lease.restarts, "frames_sent": self._sender.frames_sent,
                       "output_dropped": lease.output_dropped, "output_skipped": lease.output_skipped,
                       "input_underruns": inputs.underruns, "input_skipped_ms": round(inputs.skipped * ms, 1),
-                      "input_caught_up_ms": round(inputs.caught_up * ms, 1)})
+                      "input_caught_up_ms": round(inputs.caught_up * ms, 1), "quality": quality})
 
     def describe(self) -> dict[str, Any]:
         lease = self.lease
@@ -434,6 +467,7 @@ class Session:
             "input_behind_ms": round(inputs.behind * ms, 1) if inputs else 0.0,
             "input_caught_up_ms": round(inputs.caught_up * ms, 1) if inputs else 0.0,
             "output_caught_up_frames": lease.output_skipped if lease else 0,
+            "quality": self.quality.statistics().as_dict(),
             **self.wire.call_details(),  # (a phone call: the carrier's call, stream and account ids)
         }
 
