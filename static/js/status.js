@@ -21,7 +21,7 @@ function niceMax(value) {
 function plot(canvas, t, series, { unit = "", floor = 0 } = {}) {
   const ctx = canvas.getContext("2d");
   const { width, height } = canvas;
-  const left = 56, right = 10, top = 10, bottom = 22;
+  const left = 56, right = 28, top = 10, bottom = 22;
   const w = width - left - right, h = height - top - bottom;
   ctx.clearRect(0, 0, width, height);
   const all = series.flatMap((s) => s.values).filter((v) => v !== null && Number.isFinite(v));
