@@ -27,8 +27,8 @@ def scrape(http_url: str) -> Snapshot:
     return parse(httpx.get(http_url + "/metrics", timeout=10).text)
 
 
-async def fetch_text(http_url: str) -> str:
-    """The raw ``/metrics`` text over a plain socket, on the caller's event loop.
+async def fetch_text(http_url: str, path: str = "/metrics") -> str:
+    """The raw ``/metrics`` text (or another GET's) over a plain socket, on the caller's event loop.
 
     For load generators: an HTTP client in a thread (TLS context, parsing)
     would hold the GIL long enough to delay every client's next page at once.
@@ -41,14 +41,14 @@ async def fetch_text(http_url: str) -> str:
     url = urllib.parse.urlsplit(http_url)
     stream = await trio.open_tcp_stream(url.hostname or "127.0.0.1", url.port or 80)
     async with stream:
-        await stream.send_all(f"GET /metrics HTTP/1.1\r\nHost: {url.netloc}\r\nConnection: close\r\n\r\n".encode())
+        await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: {url.netloc}\r\nConnection: close\r\n\r\n".encode())
         data = b""
         while b"\r\n\r\n" not in data:
             data += await _receive(stream)
         head, _, body = data.partition(b"\r\n\r\n")
         status, *headers = head.decode("latin-1").split("\r\n")
         if status.split()[1:2] != ["200"]:
-            raise RuntimeError(f"/metrics answered {status!r}")
+            raise RuntimeError(f"{path} answered {status!r}")
         fields = dict(line.lower().split(":", 1) for line in headers if ":" in line)
         length = int(fields.get("content-length", "-1"))
         # hypercorn keeps the socket open after the body: read exactly its length.

@@ -22,6 +22,7 @@ Usage (from the repository root)::
     python bench/load.py --url http://127.0.0.1:8998 --clients 8   # a server you started
     python bench/load.py --clients 32 --compare-protocols      # /api/chat, /v1/realtime, /v1/live/sessions, twilio
     python bench/load.py --clients 32 --compare-protocols realtime,twilio   # those two, one run
+    python bench/load.py --clients 16 --duration 20 --compare-status   # without, then with the status page open
 
 ``--traffic official`` behaves like the official web client: 20 ms Opus
 packets two per Ogg page (a message every 40 ms), streaming from the handshake,
@@ -30,6 +31,10 @@ as a telephony bridge would, and an echo engine that emits text on 30 % of
 frames (``--text-share``), about what a speaking model produces.  The
 default ``mixed`` traffic is the one of the earlier figures: every client at a
 random phase (``--start-phase``), text on every frame.
+
+``--compare-status`` runs twice, the second time with a client polling
+``/api/status`` once a second as the status page does (``status polls``
+counts its answers): what the page costs the tick.
 
 ``cpu %`` is the server process; ``+child %`` adds its child processes (the
 Opus encoder child), and ``cpu ms/conv-s`` divides that whole by the
@@ -107,6 +112,7 @@ class RunResult:
     peak_rss_mb: float
     decode_errors: int
     generator_late_sends: int  # pages the load generator itself sent late (its stalls, not the server's)
+    status_polls: int = 0  # /api/status answers during the window (--compare-status)
     per_session: list[dict] = dataclasses.field(default_factory=list)
     latency_cdf: tuple[list[float], list[float]] = ((), ())
     stages_p50_ms: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -142,9 +148,11 @@ def spread(index: int, share: float) -> bool:
 
 async def load_run(http_url: str, clients: int, duration: float, page_ms: int, pages: list[Any], *,
                    label: str, server: ServerProcess | None, warmup: float, decode_every: int,
-                   random_phase_share: float = 1.0, protocol: str = "moshi", query: str = "") -> RunResult:
+                   random_phase_share: float = 1.0, protocol: str = "moshi", query: str = "",
+                   poll_status: bool = False) -> RunResult:
     """``query`` (Moshi only, such as ``text_prompt=...&voice_prompt=NATF2.pt``) starts each conversation
-    with that system prompt; without it the server's defaults apply."""
+    with that system prompt; without it the server's defaults apply.  ``poll_status``: a client reads
+    ``/api/status`` once a second all along, as an open status page does."""
     ws_url = http_url.replace("http://", "ws://") + PATHS[protocol]
     if query and protocol == "moshi":
         ws_url += "?" + query
@@ -157,6 +165,9 @@ async def load_run(http_url: str, clients: int, duration: float, page_ms: int, p
                 run_client, ws_url, pages, page_ms, s,
                 decode=s.index % decode_every == 0, live=live, stop=stop, started_at=started_at,
                 random_phase=spread(s.index, random_phase_share)))
+        polls = [0]
+        if poll_status:
+            nursery.start_soon(_poll_status, http_url, stop, polls)
         with trio.fail_after(120):
             for _ in range(clients):
                 await live.acquire()
@@ -164,6 +175,7 @@ async def load_run(http_url: str, clients: int, duration: float, page_ms: int, p
         before_text = await fetch_text(http_url)  # parsed after the run, off the clock
         cpu0, t0 = (server.cpu_seconds() if server else math.nan), time.monotonic()
         tree0 = server.tree_cpu_seconds() if server else math.nan
+        polls0 = polls[0]
         sent0 = [s.sent_frames for s in stats]
         late0 = [s.late_sends for s in stats]
         recv0 = [s.audio_received for s in stats]
@@ -171,6 +183,7 @@ async def load_run(http_url: str, clients: int, duration: float, page_ms: int, p
         after_text = await fetch_text(http_url)
         cpu1, t1 = (server.cpu_seconds() if server else math.nan), time.monotonic()
         tree1 = server.tree_cpu_seconds() if server else math.nan
+        status_polls = polls[0] - polls0
         for s, a, b, c in zip(stats, sent0, recv0, late0):
             s.window_sent, s.window_received = s.sent_frames - a, s.audio_received - b
             s.window_late_sends = s.late_sends - c
@@ -195,7 +208,7 @@ async def load_run(http_url: str, clients: int, duration: float, page_ms: int, p
         tree_cpu_percent=100 * (tree1 - tree0) / window if server else math.nan,
         peak_rss_mb=server.peak_rss_mb() if server else math.nan,
         decode_errors=sum(s.decode_errors for s in stats),
-        generator_late_sends=sum(s.window_late_sends for s in stats),
+        generator_late_sends=sum(s.window_late_sends for s in stats), status_polls=status_polls,
         per_session=[dataclasses.asdict(s) for s in stats],
         latency_cdf=latency.cdf(),
         stages_p50_ms={stage: 1000 * Histogram.between(before, after, "pplex_added_latency_stage_seconds",
@@ -203,6 +216,17 @@ async def load_run(http_url: str, clients: int, duration: float, page_ms: int, p
                        for stage in ("wait_for_tick", "tick", "encode", "send")},
         ticks_held=Histogram.between(before, after, "pplex_tick_input_wait_seconds").count,
     )
+
+
+async def _poll_status(http_url: str, stop: trio.Event, polls: list[int]) -> None:
+    """What an open status page does: ``GET /api/status`` once a second (``polls[0]`` counts the answers)."""
+    due = trio.current_time()
+    while not stop.is_set():
+        json.loads(await fetch_text(http_url, "/api/status"))
+        polls[0] += 1
+        due += 1.0
+        with trio.move_on_at(due):
+            await stop.wait()
 
 
 # --- driving it ----------------------------------------------------------------------
@@ -236,13 +260,15 @@ def text_share(args: argparse.Namespace) -> float:
 
 
 def one(args: argparse.Namespace, clients: int, framing: str, pages: list[Any],
-        protocol: str | None = None) -> RunResult:
+        protocol: str | None = None, poll_status: bool = False) -> RunResult:
     protocol = protocol or args.protocol
     share = random_phase_share(args)
     start = {1.0: "random", 0.0: "handshake"}.get(share, f"{share:g} random")
     label = f"{protocol}, {args.traffic} traffic, {framing}, {start} start, N={clients}"
+    if poll_status:
+        label += ", /api/status polled 1/s"
     options = dict(warmup=args.warmup, decode_every=args.decode_every, random_phase_share=share,
-                   protocol=protocol, label=label)
+                   protocol=protocol, label=label, poll_status=poll_status)
     if args.url:
         return trio.run(lambda: load_run(args.url, clients, args.duration, args.page_ms, pages, server=None,
                                          **options))
@@ -271,6 +297,7 @@ COLUMNS = [
      lambda r: "/".join(f"{r.stages_p50_ms.get(k, math.nan):.1f}" for k in ("wait_for_tick", "tick", "encode", "send")),
      "{}"),
     ("gen late", lambda r: r.generator_late_sends, "{}"),
+    ("status polls", lambda r: r.status_polls, "{}"),
     ("cpu %", lambda r: r.cpu_percent, "{:.0f}"),
     ("+child %", lambda r: r.tree_cpu_percent, "{:.0f}"),
     ("cpu ms/conv-s", lambda r: r.cpu_ms_per_conversation_second, "{:.1f}"),
@@ -336,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
                         "thread-sphn: the worker-thread placement kept in bench/ for comparison")
     parser.add_argument("--inline-encoders", type=int, help="the started server's --inline-encoders")
     parser.add_argument("--compare-framing", action="store_true", help="run naive then aligned, side by side")
+    parser.add_argument("--compare-status", action="store_true",
+                        help="run without, then with a client polling /api/status once a second, side by side")
     parser.add_argument("--traffic", choices=("mixed", "official"), default="mixed",
                         help="mixed: every client per --start-phase, a text piece every frame; official: like the "
                         "official web client (two 20 ms packets per page, streaming from the handshake) with "
@@ -382,6 +411,10 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, RunResult] = {}  # with --compare-protocols, by protocol
     if args.find_max:
         results = find_max(args, pages)
+    elif args.compare_status:
+        for poll_status in (False, True):
+            results.append(one(args, args.clients, args.framing, pages, poll_status=poll_status))
+            print(table(results[-1:]), flush=True)
     elif args.compare_framing:
         for framing in ("naive", "aligned"):
             results.append(one(args, args.clients, framing, pages))

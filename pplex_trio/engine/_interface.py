@@ -134,6 +134,14 @@ class Engine(abc.ABC):
         """Voices added while the server runs are kept in ``folder`` (``NAME.pt``, written by the server):
         a conversation may name them like the engine's own.  Called once, before the first conversation."""
 
+    def device_memory(self) -> dict[str, int] | None:
+        """The GPU's memory in bytes, for the status page: ``allocated`` and ``reserved`` by this process's
+        allocator, ``free`` and ``total`` on the device; None when the engine runs on no GPU.
+
+        The one method called from the event loop while a step may run: it reads counters and does no
+        device work, so it never waits for the step."""
+        return None
+
     def reset_all(self) -> None:
         """Bring the engine back to a clean state after a failed step."""
         for slot in range(self.num_slots):

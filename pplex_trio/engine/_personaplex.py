@@ -174,6 +174,13 @@ class PersonaPlexEngine(Engine):
     def voices(self) -> Sequence[str]:
         return self.model.voices.names()
 
+    def device_memory(self) -> dict[str, int] | None:
+        if self.device.type != "cuda":
+            return None
+        free, total = torch.cuda.mem_get_info(self.device)
+        return {"allocated": torch.cuda.memory_allocated(self.device),
+                "reserved": torch.cuda.memory_reserved(self.device), "free": free, "total": total}
+
     def make_voice(self, pcm: np.ndarray) -> Job:
         p = self._cfg.prompt
         return _DeviceJob(VoiceMaking(self.model.lm, self.model.mimi, pcm, p.sine_tokens, p.zero_text_code),

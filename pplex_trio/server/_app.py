@@ -32,6 +32,7 @@ from ._realtime_session import SUBPROTOCOL, RealtimeProtocol, dialect_of
 from ._server_state import Unready
 from ._session import Session
 from ._settings import Framing
+from ._status import StatusSampler, status_report
 from ._context import ServerContext
 from ._telephony_routes import CARRIERS, STREAM_PATHS, add_telephony_routes, twilio_upgrade_signed
 from ._telephony_session import TelephonyProtocol
@@ -65,8 +66,9 @@ class _Limits(TypedDict):
     voices: Callable[[], Sequence[str]]
 
 
-def create_app(server: ServerContext) -> ConversationRouter:
-    """The whole ASGI application: the conversation WebSockets, then Quart (``.app``) for the rest."""
+def create_app(server: ServerContext, status: StatusSampler | None = None) -> ConversationRouter:
+    """The whole ASGI application: the conversation WebSockets, then Quart (``.app``) for the rest;
+    ``status`` is the sampler ``serve`` runs (without one, ``/api/status`` has no history)."""
     settings = server.settings
     model_id = _model_id(server)
     limits = _Limits(max_prompt_chars=settings.max_prompt_chars, voices=server.voices)
@@ -107,7 +109,7 @@ def create_app(server: ServerContext) -> ConversationRouter:
     routes = {"/api/chat": chat, "/v1/audio/duplex": duplex, "/v1/realtime": realtime, "/v1/live/sessions": live,
               "/live/sessions": live, **{path: telephony_stream for path in STREAM_PATHS}}
     assert frozenset(routes) == CONVERSATION_PATHS
-    return ConversationRouter(create_http_app(server), routes, uploads={"/api/voices": VoiceUpload(server)})
+    return ConversationRouter(create_http_app(server, status or StatusSampler(server)), routes, uploads={"/api/voices": VoiceUpload(server)})
 
 
 def _model_id(server: ServerContext) -> str:
@@ -119,7 +121,7 @@ def _model_id(server: ServerContext) -> str:
     return model
 
 
-def create_http_app(server: ServerContext) -> QuartTrio:
+def create_http_app(server: ServerContext, status: StatusSampler) -> QuartTrio:
     """The Quart app: pages, the web UI, probes, metrics and the JSON routes."""
     app = QuartTrio(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = 64 * 1024
@@ -196,6 +198,14 @@ def create_http_app(server: ServerContext) -> QuartTrio:
     @app.get("/api/sessions")
     async def sessions() -> Response:
         return jsonify(sessions=[s.describe() for s in sorted(server.sessions, key=lambda s: s.id)])
+
+    @app.get("/api/status")
+    async def status_json() -> Response:
+        return jsonify(status_report(server, status))
+
+    @app.get("/status")
+    async def status_page() -> Response:
+        return await send_from_directory(static_dir, "status.html")
 
     @app.get("/api/queue")
     async def queue() -> tuple[Response, int] | Response:

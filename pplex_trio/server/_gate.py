@@ -38,7 +38,7 @@ Receive = Callable[[], Any]
 Send = Callable[[dict[str, Any]], Any]
 
 # The pages a person opens in a browser (the cookie is handed out there).
-PAGES = frozenset({"/", "/official/"})
+PAGES = frozenset({"/", "/official/", "/status"})
 
 
 class AccessGate:

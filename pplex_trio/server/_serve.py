@@ -35,6 +35,7 @@ from ._access_log import AccessLog
 from ._gate import AccessGate
 from ._server_state import ServerState
 from ._settings import ServerSettings
+from ._status import StatusSampler
 from ._context import ServerContext
 from ._tls import Certificate, prepare_certificate
 from ._transport import serve_http
@@ -159,11 +160,12 @@ async def serve(
     if certificate is None:
         certificate = tls_certificate(settings)
     server = ServerContext.create(settings, engine)
+    status = StatusSampler(server)
     policy = AccessPolicy(token=settings.auth_token, allowed_origins=settings.origins,
                           max_connections_per_address=settings.max_connections_per_ip,
                           open_paths=OPEN_PATHS, in_session_paths=TOKEN_IN_SESSION_PATHS,
                           secure=certificate is not None)
-    app: Any = AccessGate(create_app(server), policy,
+    app: Any = AccessGate(create_app(server, status), policy,
                           on_refusal=lambda reason: server.metrics.refused.labels(reason).inc(),
                           busy=partial(_busy, server) if settings.refuse_busy_upgrades else None)
     if settings.access_log:
@@ -177,6 +179,7 @@ async def serve(
             await nursery.start(_watch_signals, server, stop)
         await nursery.start(server.actor.run)
         await nursery.start(server.encoders.run)
+        await nursery.start(status.run)  # the status page's history: reads the tick's metrics once a second
         if server.records is not None:  # (records past retention or quota are deleted before anything listens)
             await nursery.start(server.records.run)
         # The transport's write deadline comes a second after the session's own, so a session that gives

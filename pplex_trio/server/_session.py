@@ -129,6 +129,7 @@ class Session:
         self._scope = trio.CancelScope()
         self._samples_pushed = 0
         self._opened_at = 0.0  # when the opening message that gave the conversation arrived
+        self.started_at: float | None = None  # when it ran (trio.current_time): its age on the status page
 
     @property
     def protocol(self) -> str:
@@ -153,6 +154,7 @@ class Session:
 
     async def run(self) -> None:
         host = self.host
+        self.started_at = trio.current_time()
         host.metrics.sessions_started.labels(self.protocol).inc()
         host.sessions.add(self)
         outcome = "client_closed"
