@@ -76,6 +76,9 @@ class Metrics:
             "pplex_engine_stalled", "1 while an engine step has run past --engine-timeout without returning",
             registry=r)
         self.queued = Gauge("pplex_queued", "Connections waiting for a slot", registry=r)
+        self.unready = Gauge(
+            "pplex_unready", "1 for the reason /ready answers 503 (full, draining, engine_stalled, shutting_down), "
+            "0 for the others: all 0 while the replica is ready (set when /metrics is read)", ["reason"], registry=r)
         self.frames_dropped = Counter(
             "pplex_frames_dropped_total", "Audio frames or messages dropped, by reason", ["reason"], registry=r)
         self.frames_in = Counter(

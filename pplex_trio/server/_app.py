@@ -175,6 +175,9 @@ def create_http_app(server: ServerContext, status: StatusSampler) -> QuartTrio:
         root = trio.lowlevel.current_root_task()
         assert root is not None  # a handler runs inside trio.run
         server.metrics.trio_tasks.set(_count_tasks(root))
+        unready = server.unready()
+        for reason in Unready:
+            server.metrics.unready.labels(reason.value).set(reason is unready)
         return Response(server.metrics.render(), content_type=server.metrics.content_type)
 
     @app.get("/api/info")

@@ -150,6 +150,25 @@ async def test_drain_refuses_new_conversations_and_lets_the_live_one_finish(virt
         await drained.wait()
 
 
+def unready_series(metrics: str) -> dict[str, float]:
+    return {line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines() if line.startswith("pplex_unready{")}
+
+
+async def test_the_unready_gauge_says_what_ready_says(virtual_server, autojump_clock, nursery):
+    """``pplex_unready{reason}``: the alert rules' view of /ready (deploy/prometheus/alerts.yml)."""
+    handle = await virtual_server(slots=1, queue_size=0)
+    assert unready_series(await handle.metrics()) == dict.fromkeys(
+        ("shutting_down", "draining", "engine_stalled", "full"), 0.0)
+    async with handle.open_websocket(handle.ws_url + DUPLEX) as live:
+        await raw_open(live)
+        assert unready_series(await handle.metrics())["full"] == 1.0
+        nursery.start_soon(handle.drain_then_shutdown, 30)
+        await trio.testing.wait_all_tasks_blocked()
+        series = unready_series(await handle.metrics())
+        assert series["draining"] == 1.0 and sum(series.values()) == 1.0
+
+
 async def test_without_the_flag_a_draining_server_closes_new_conversations_with_1001(virtual_server, autojump_clock, nursery):
     handle = await virtual_server(slots=2)
     async with handle.open_websocket(handle.ws_url + DUPLEX) as live:
