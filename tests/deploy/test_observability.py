@@ -26,17 +26,6 @@ DASHBOARD = REPO / "deploy" / "grafana" / "pplex-trio.json"
 ALERTS = REPO / "deploy" / "prometheus" / "alerts.yml"
 ALERTS_TEST = pathlib.Path(__file__).with_name("alerts_test.yml")
 
-# The quality metrics, added on another branch: the dashboard's Quality row and PplexResponseLatencyHigh read
-# them before this branch's server exports them.  Once they are exported, test_no_pending_metric_is_exported
-# fails: then delete QUALITY_METRICS_PENDING, its use in allowed_names and that test, and every name is checked
-# against the live /metrics alone.
-QUALITY_METRICS_PENDING = {
-    "pplex_response_latency_seconds": "histogram",
-    "pplex_talk_over_seconds": "histogram",
-    "pplex_dead_air_seconds": "histogram",
-    "pplex_agent_speaking_share": "histogram",
-    "pplex_barge_ins": "counter",
-}
 PROMETHEUS_OWN = {"up"}  # series Prometheus writes itself for every target
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 
@@ -110,23 +99,17 @@ async def exported(virtual_server) -> set[str]:
 
 
 def allowed_names(exported: set[str]) -> set[str]:
-    pending = {name for family, kind in QUALITY_METRICS_PENDING.items() for name in series_names(family, kind)}
-    return exported | pending | PROMETHEUS_OWN
+    return exported | PROMETHEUS_OWN
 
 
 async def test_the_dashboard_and_the_alerts_read_only_exported_metrics(exported, autojump_clock):
     references = every_reference()
     assert {name for name in references if name.startswith("pplex_")} >= {
         "pplex_slots", "pplex_queued", "pplex_tick_lateness_seconds_bucket", "pplex_engine_stalled",
-        "pplex_added_latency_stage_seconds_bucket", "pplex_frames_dropped_total", "pplex_unready"}
+        "pplex_added_latency_stage_seconds_bucket", "pplex_frames_dropped_total", "pplex_unready",
+        "pplex_response_latency_seconds_bucket", "pplex_barge_ins_total"}
     unknown = {name: sorted(places) for name, places in references.items() if name not in allowed_names(exported)}
     assert not unknown, f"not exported by the server (or not under this name for its type): {unknown}"
-
-
-async def test_no_pending_metric_is_exported(exported, autojump_clock):
-    landed = {family for family, kind in QUALITY_METRICS_PENDING.items() if series_names(family, kind) & exported}
-    assert not landed, (f"{sorted(landed)} are exported now: delete them from QUALITY_METRICS_PENDING "
-                        "(all five landed: delete the list, its use and this test)")
 
 
 def test_the_dashboard_is_one_grafana_imports():
