@@ -78,8 +78,9 @@ class Engine(abc.ABC):
 
     @property
     def tick_path(self) -> str:
-        """How the engine runs its steps (``/health`` shows it): ``eager``, ``cuda_graph``, or, when a CUDA graph
-        was wanted, ``eager_after_failed_capture`` / ``eager_after_failed_check`` (its replay differed)."""
+        """How the engine runs its steps (``/health`` shows it): ``eager``, ``cuda_graph``, ``compiled``,
+        ``compiled_cuda_graph``, or, when one was wanted, ``eager_after_failed_capture`` /
+        ``eager_after_failed_check`` (its replay or the compiled tick differed from the eager tick)."""
         return "eager"
 
     @property
