@@ -28,3 +28,17 @@ def start_server(nursery, tmp_path):
         return await nursery.start(functools.partial(serve, settings, engine))
 
     return start
+
+
+@pytest.fixture(scope="module")
+def tiny_engine():
+    """The tiny model's engine with two slots, built once per test module (``engine`` gives it fresh)."""
+    from pplex_trio.engine import PersonaPlexEngine
+
+    return PersonaPlexEngine.load("tiny", num_slots=2)
+
+
+@pytest.fixture
+def engine(tiny_engine):
+    tiny_engine.reset_all()
+    return tiny_engine

@@ -25,19 +25,6 @@ RATE = 8_000
 SECONDS = 2
 
 
-@pytest.fixture(scope="module")
-def tiny_engine():
-    from pplex_trio.engine import PersonaPlexEngine
-
-    return PersonaPlexEngine.load("tiny", num_slots=1)
-
-
-@pytest.fixture
-def engine(tiny_engine):
-    tiny_engine.reset_all()
-    return tiny_engine
-
-
 def speech_8k(path) -> np.ndarray:
     with wave.open(str(path)) as w:
         pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32) / 32768
@@ -106,7 +93,7 @@ class OtherCarrier:
 @pytest.mark.parametrize("carrier", ["twilio", *WIRES])
 async def test_a_phone_call_reaches_the_tiny_model_and_hears_its_voice(virtual_server, autojump_clock, engine,
                                                                       speech_wav, carrier):
-    handle = await virtual_server(engine, slots=1)
+    handle = await virtual_server(engine, slots=2)
     path = TWILIO_PATH if carrier == "twilio" else WIRES[carrier].path
     async with handle.open_websocket(handle.ws_url + path) as ws:
         call = TwilioAsCarrier(ws) if carrier == "twilio" else OtherCarrier(ws, carrier)
@@ -120,7 +107,7 @@ async def test_a_phone_call_reaches_the_tiny_model_and_hears_its_voice(virtual_s
         assert session["state"] == "live" and session["frames_consumed"] >= SECONDS / 0.08 - 2
         code, _ = await call.hang_up()
         assert code == 1000
-        while (await handle.get_json("/health"))["slots_free"] != 1:  # the hang-up frees the slot at once
+        while (await handle.get_json("/health"))["slots_free"] != 2:  # the hang-up frees the slot at once
             await trio.sleep(0.001)
     frames = call.media_count()
     assert abs(frames - (SECONDS + 0.5) / 0.08) <= 3  # a frame of the model's voice every 80 ms

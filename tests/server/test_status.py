@@ -46,7 +46,8 @@ async def test_a_live_conversation_and_one_point_of_history_a_second(virtual_ser
     assert session["protocol"] == "moshi" and session["state"] == "live"
     assert session["persona"] == PERSONA[:PERSONA_CHARS] and session["voice"] == "NATF0.pt"
     assert 11.0 <= session["age_s"] <= 12.0
-    assert "quality" not in session  # (shown only where the server keeps a conversation's quality figures)
+    assert set(session["quality"]) == {"response_latency_ms", "talk_over_s", "dead_air_s", "agent_share", "barge_ins"}
+    assert session["quality"]["agent_share"] == 0.0  # (a client that never spoke: its echo is silent too)
     assert status["slots"]["live"] == 1 and status["slots"]["free"] == 1
 
     history = status["history"]

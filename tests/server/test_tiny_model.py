@@ -26,19 +26,6 @@ FRAMES = 25
 
 
 @pytest.fixture(scope="module")
-def tiny_engine():
-    from pplex_trio.engine._personaplex import PersonaPlexEngine
-
-    return PersonaPlexEngine.load("tiny", num_slots=2)
-
-
-@pytest.fixture
-def engine(tiny_engine):
-    tiny_engine.reset_all()
-    return tiny_engine
-
-
-@pytest.fixture(scope="module")
 def speech_frames(speech_wav):
     pcm, _ = sphn.read(str(speech_wav))
     pcm = pcm[0, 24000 : 24000 + FRAMES * FRAME]

@@ -26,13 +26,6 @@ HOST = "You work for SwiftPlex Appliances and your name is Farhod."
 
 
 @pytest.fixture(scope="module")
-def tiny_engine():
-    from pplex_trio.engine._personaplex import PersonaPlexEngine
-
-    return PersonaPlexEngine.load("tiny", num_slots=2)
-
-
-@pytest.fixture(scope="module")
 def speech(speech_wav):
     pcm, rate = sphn.read(str(speech_wav))
     assert rate == 24_000
