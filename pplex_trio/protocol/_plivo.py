@@ -1,4 +1,4 @@
-"""Plivo audio streams, sans-IO: the stream's events, our messages, the Plivo XML answer.
+"""Plivo audio streams, sans-IO: the stream's events, our messages, the Plivo XML answer, the signature.
 
 A call answered with ``<Stream bidirectional="true" keepCallAlive="true">wss://…/telephony/plivo?…</Stream>``
 opens a bidirectional stream: Plivo sends ``start`` (``callId``, ``streamId``,
@@ -10,16 +10,19 @@ We send ``playAudio``, ``checkpoint`` and ``clearAudio``, each naming the
 stream.  Plivo's ``extraHeaders`` are ``key=value`` pairs joined by commas,
 which a persona cannot safely be; so the answer puts persona, voice and token
 in the stream URL's query, and a start event's extra headers, when given,
-override them.
+override them.  Plivo signs its requests to the answer URL with
+``X-Plivo-Signature-V3`` (:func:`signature`).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 import urllib.parse
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 from .._conversation import CloseCode
@@ -32,6 +35,8 @@ FORMATS = {("audio/x-mulaw", 8_000): SampleFormat(Encoding.PCMU, 8_000),
            ("audio/x-l16", 8_000): SampleFormat(Encoding.PCM16, 8_000),
            ("audio/x-l16", 16_000): SampleFormat(Encoding.PCM16, 16_000)}
 CONTENT_TYPE = "audio/x-mulaw;rate=8000"  # what the answer asks for
+SIGNATURE_HEADER = "X-Plivo-Signature-V3"
+NONCE_HEADER = "X-Plivo-Signature-V3-Nonce"
 _read = EventReader("Plivo audio streams")
 
 
@@ -120,3 +125,36 @@ def answer_document(stream_url: str, parameters: Mapping[str, str]) -> str:
     stream = ET.SubElement(response, "Stream", bidirectional="true", keepCallAlive="true", contentType=CONTENT_TYPE)
     stream.text = stream_url + ("?" + urllib.parse.urlencode(parameters) if parameters else "")
     return '<?xml version="1.0" encoding="UTF-8"?>' + ET.tostring(response, encoding="unicode")
+
+
+def _signed_text(url: str, params: Iterable[tuple[str, str]]) -> str:
+    # The URL without its query, then its query's pairs decoded and sorted (name=value, joined by &); for a POST
+    # with a form, "?", the query, "." if there was one, and the form's pairs sorted (name and value run on).
+    # (Plivo's SDK decodes the query as bytes and fails on a non-ASCII escape; this reads it as UTF-8.)
+    parts = urllib.parse.urlparse(url)
+    text = f"{parts.scheme}://{parts.netloc}{parts.path}"
+    pairs = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    query = "&".join(f"{name}={value}" for name, value in sorted(pairs))
+    form = "".join(name + value for name, value in sorted(params))
+    if form:
+        return f"{text}?{query}{'.' if query else ''}{form}"
+    return f"{text}?{query}" if query else text
+
+
+def signature(auth_token: str, url: str, nonce: str, params: Iterable[tuple[str, str]] = ()) -> str:
+    """``X-Plivo-Signature-V3`` of a request to ``url`` (the full URL Plivo asked for, query included) with
+    the form ``params`` of a POST and the ``X-Plivo-Signature-V3-Nonce`` ``nonce``: base64 of HMAC-SHA256,
+    keyed with the (sub)account's auth token, over the URL with its query sorted, the form sorted, then
+    ``.`` and the nonce."""
+    data = f"{_signed_text(url, params)}.{nonce}".encode()
+    return base64.b64encode(hmac.new(auth_token.encode(), data, hashlib.sha256).digest()).decode("ascii")
+
+
+def signature_matches(given: str | None, nonce: str | None, auth_token: str, url: str,
+                      params: Iterable[tuple[str, str]] = ()) -> bool:
+    """Whether ``given`` (one signature, or several joined by commas) holds Plivo's signature of this
+    request (each compared in constant time)."""
+    if given is None or nonce is None:
+        return False
+    expected = signature(auth_token, url, nonce, params).encode()
+    return any(hmac.compare_digest(one.encode("utf-8", "surrogateescape"), expected) for one in given.split(","))

@@ -1,4 +1,4 @@
-"""Telnyx media streaming, sans-IO: the stream's events, our messages, the TeXML answer.
+"""Telnyx media streaming, sans-IO: the stream's events, our messages, the TeXML answer, the signature.
 
 A call answered with TeXML ``<Connect><Stream url="wss://…/telephony/telnyx"
 bidirectionalMode="rtp">`` opens a bidirectional stream: Telnyx sends
@@ -8,15 +8,20 @@ answer as ``custom_parameters``, ``media_format``: PCMU or PCMA at 8 kHz), then
 before a mark has played, ``error`` when it could not take one of our messages,
 and ``stop`` when the call ends.  We send ``media`` (in the RTP codec the
 answer asked for: PCMU), ``mark`` and ``clear``.  Telnyx's messages name the
-stream (``stream_id``); ours need not.
+stream (``stream_id``); ours need not.  Telnyx signs its webhooks (the TeXML
+answer's request among them) with Ed25519 (:func:`signature_matches`).
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 from collections.abc import Mapping
 from typing import Any, ClassVar
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from .._conversation import CloseCode
 from ._audio import Encoding, SampleFormat
@@ -25,6 +30,9 @@ from ._telephony import CallAudio, CallEvent, CallStart
 from ._telephony import EventReader, connect_stream_document
 
 RATE = 8_000
+SIGNATURE_HEADER = "telnyx-signature-ed25519"
+TIMESTAMP_HEADER = "telnyx-timestamp"
+SIGNATURE_TOLERANCE = 300.0  # seconds a signed request stays valid either side of now (Telnyx's SDKs: 5 min)
 # The start event's media_format.encoding (Telnyx's codec names; the media types too, as some of its docs show).
 ENCODINGS = {"PCMU": Encoding.PCMU, "PCMA": Encoding.PCMA, "audio/x-mulaw": Encoding.PCMU,
              "audio/x-alaw": Encoding.PCMA}
@@ -96,3 +104,42 @@ def answer_document(stream_url: str, parameters: Mapping[str, str]) -> str:
     Raises :class:`ProtocolError` (``param``: the parameter) for a value XML cannot carry.
     """
     return connect_stream_document(stream_url, parameters, bidirectionalMode="rtp", bidirectionalCodec=REPLY_CODEC)
+
+
+def public_key(text: str) -> Ed25519PublicKey:
+    """The account's Ed25519 public key from its base64 text (Telnyx's portal: Keys & Credentials, Public Key).
+
+    Raises :class:`ValueError`, saying what to give, when the text is not 32 bytes in base64."""
+    try:
+        raw = base64.b64decode(text.strip(), validate=True)
+    except binascii.Error:
+        raw = b""
+    if len(raw) != 32:
+        raise ValueError("a Telnyx public key is 32 bytes in base64 (44 characters, ending in =): copy it from "
+                         "Telnyx's portal, Account Settings, Keys & Credentials, Public Key")
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
+def signature_matches(signature: str | None, timestamp: str | None, body: bytes, key: Ed25519PublicKey,
+                      now: float, tolerance: float = SIGNATURE_TOLERANCE) -> bool:
+    """Whether ``signature`` (the ``telnyx-signature-ed25519`` header: base64 of 64 bytes) is Telnyx's Ed25519
+    signature of ``timestamp|body``, made with the account's key, and ``timestamp`` (``telnyx-timestamp``,
+    Unix seconds) lies within ``tolerance`` of ``now`` (a replayed request is refused once it is older).
+
+    The URL is not signed: a request's query is trusted once its body and timestamp are.
+    """
+    if signature is None or timestamp is None or not (timestamp.isascii() and timestamp.isdigit()):
+        return False
+    if abs(now - int(timestamp)) > tolerance:
+        return False
+    try:
+        raw = base64.b64decode(signature, validate=True)
+    except binascii.Error:
+        return False
+    if len(raw) != 64:
+        return False
+    try:
+        key.verify(raw, timestamp.encode("ascii") + b"|" + body)
+    except InvalidSignature:
+        return False
+    return True

@@ -16,10 +16,12 @@ from typing import ClassVar
 from .._precision import KVFormat, WeightFormat
 from .._setting import check_settings, parse_gib, setting
 from ..engine import ActorSettings
-from ..protocol import AUTH_TOKEN_ENV, parse_origins
+from ..protocol import AUTH_TOKEN_ENV, parse_origins, telnyx
 
 MIB = 1024 * 1024
 TWILIO_AUTH_TOKEN_ENV = "PPLEX_TRIO_TWILIO_AUTH_TOKEN"
+TELNYX_PUBLIC_KEY_ENV = "PPLEX_TRIO_TELNYX_PUBLIC_KEY"
+PLIVO_AUTH_TOKEN_ENV = "PPLEX_TRIO_PLIVO_AUTH_TOKEN"
 
 
 def parse_slots(text: str) -> int | None:
@@ -156,6 +158,15 @@ class ServerSettings(ActorSettings):
         f"stream) must then carry its X-Twilio-Signature; prefer the {TWILIO_AUTH_TOKEN_ENV} environment "
         "variable (docs/TELEPHONY.md)", group="security", secret=True, advanced=True, metavar="TOKEN",
         env=TWILIO_AUTH_TOKEN_ENV)
+    telnyx_public_key: str | None = setting(
+        None, f"your Telnyx account's public key (base64, Telnyx's portal: Keys & Credentials): Telnyx's requests "
+        f"to /telephony/telnyx/answer must then carry a valid, recent telnyx-signature-ed25519; or the "
+        f"{TELNYX_PUBLIC_KEY_ENV} environment variable (docs/TELEPHONY.md)", group="security", secret=True,
+        advanced=True, metavar="KEY", env=TELNYX_PUBLIC_KEY_ENV)
+    plivo_auth_token: str | None = setting(
+        None, f"your Plivo (sub)account's auth token: Plivo's requests to /telephony/plivo/answer must then carry "
+        f"its X-Plivo-Signature-V3; prefer the {PLIVO_AUTH_TOKEN_ENV} environment variable (docs/TELEPHONY.md)",
+        group="security", secret=True, advanced=True, metavar="TOKEN", env=PLIVO_AUTH_TOKEN_ENV)
     allowed_origins: str = setting(
         "", "web pages at these origins (comma-separated, like https://app.example.com; * for any) may open "
         "WebSockets besides the server's own pages", group="security", metavar="ORIGINS")
@@ -210,6 +221,14 @@ class ServerSettings(ActorSettings):
         if self.twilio_auth_token is not None and not self.twilio_auth_token.strip():
             raise ValueError(f"--twilio-auth-token (or {TWILIO_AUTH_TOKEN_ENV}) is empty: give your Twilio account's "
                              "auth token (Twilio's console, Account info), or leave it unset")
+        if self.telnyx_public_key is not None:
+            try:
+                telnyx.public_key(self.telnyx_public_key)
+            except ValueError as exc:
+                raise ValueError(f"--telnyx-public-key (or {TELNYX_PUBLIC_KEY_ENV}): {exc}") from None
+        if self.plivo_auth_token is not None and not self.plivo_auth_token.strip():
+            raise ValueError(f"--plivo-auth-token (or {PLIVO_AUTH_TOKEN_ENV}) is empty: give your Plivo account's "
+                             "auth token (Plivo's console, Overview), or leave it unset")
         parse_origins(self.allowed_origins)  # a mistake is said now, not at the first browser
 
     @property

@@ -1,4 +1,4 @@
-"""Phone carriers' HTTP side: the answer route that connects a call to its stream, and Twilio's signatures.
+"""Phone carriers' HTTP side: the answer route that connects a call to its stream, and the carriers' signatures.
 
 Each carrier (:data:`CARRIERS`) has a stream at ``/telephony/<carrier>`` and
 an answer route at ``/telephony/<carrier>/answer?token=…&persona=…&voice=…``
@@ -6,15 +6,17 @@ an answer route at ``/telephony/<carrier>/answer?token=…&persona=…&voice=…
 gets back (Twilio's TwiML, Telnyx's TeXML, Plivo's XML, the URL Exotel's
 Voicebot applet asks for) opens a stream to ``wss://HOST/telephony/<carrier>``
 that carries the persona, the voice and the token (``docs/TELEPHONY.md``).
-With ``--twilio-auth-token``, Twilio's requests must be signed: the answer
-(its URL and form) and the stream's upgrade (its URL) are refused with 403
-otherwise.
+Given the carrier's secret (``--twilio-auth-token``, ``--telnyx-public-key``,
+``--plivo-auth-token``), its requests to the answer route must be signed, and
+are refused with 403 otherwise; so must Twilio's stream upgrade (its URL), the
+only one a carrier signs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,23 +26,65 @@ from quart_trio import QuartTrio
 from ..protocol import ProtocolError, conversation_from_params, exotel, parse_query, plivo, telephony, telnyx, twilio
 from ._asgi_websocket import AsgiWebSocket
 from ._context import ServerContext
+from ._settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
+class SignedRequest:
+    """What a carrier may sign of a request to the answer route."""
+
+    url: str  # as the carrier asked for it: the public scheme and host, the path and the query
+    headers: Any
+    form: list[tuple[str, str]]  # a POST's form fields (none for a GET)
+    body: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    """How a carrier signs its requests: the header that carries the signature, the operator's secret for it
+    (None: not configured, nothing checked), and whether a request bears a valid one, given that secret."""
+
+    header: str
+    secret: Callable[[ServerSettings], str | None]
+    valid: Callable[[SignedRequest, str], bool]
+
+
+def _twilio_valid(signed: SignedRequest, auth_token: str) -> bool:
+    return twilio.signature_matches(signed.headers.get(twilio.SIGNATURE_HEADER), auth_token, signed.url,
+                                    signed.form)
+
+
+def _telnyx_valid(signed: SignedRequest, public_key: str) -> bool:
+    return telnyx.signature_matches(signed.headers.get(telnyx.SIGNATURE_HEADER),
+                                    signed.headers.get(telnyx.TIMESTAMP_HEADER), signed.body,
+                                    telnyx.public_key(public_key), now=time.time())
+
+
+def _plivo_valid(signed: SignedRequest, auth_token: str) -> bool:
+    return plivo.signature_matches(signed.headers.get(plivo.SIGNATURE_HEADER),
+                                   signed.headers.get(plivo.NONCE_HEADER), auth_token, signed.url, signed.form)
+
+
+@dataclasses.dataclass(frozen=True)
 class CarrierKind:
-    """What the server needs of a carrier: its stream's parser, its answer document and that document's type."""
+    """What the server needs of a carrier: its stream's parser, its answer document and that document's type,
+    and how it signs its requests to the answer route (None: it does not)."""
 
     new: Callable[[], telephony.Carrier]
     answer: Callable[[str, Mapping[str, str]], str]  # (the stream's URL, the parameters) → the document
     content_type: str
+    signature: Signature | None = None
 
 
 CARRIERS = {
-    "twilio": CarrierKind(twilio.TwilioCarrier, twilio.answer_document, "text/xml"),
-    "telnyx": CarrierKind(telnyx.TelnyxCarrier, telnyx.answer_document, "text/xml"),
-    "plivo": CarrierKind(plivo.PlivoCarrier, plivo.answer_document, "text/xml"),
+    "twilio": CarrierKind(twilio.TwilioCarrier, twilio.answer_document, "text/xml",
+                          Signature(twilio.SIGNATURE_HEADER, lambda s: s.twilio_auth_token, _twilio_valid)),
+    "telnyx": CarrierKind(telnyx.TelnyxCarrier, telnyx.answer_document, "text/xml",
+                          Signature(telnyx.SIGNATURE_HEADER, lambda s: s.telnyx_public_key, _telnyx_valid)),
+    "plivo": CarrierKind(plivo.PlivoCarrier, plivo.answer_document, "text/xml",
+                         Signature(plivo.SIGNATURE_HEADER, lambda s: s.plivo_auth_token, _plivo_valid)),
     "exotel": CarrierKind(exotel.ExotelCarrier, exotel.answer_document, "application/json"),
 }
 STREAM_PATHS = {f"/telephony/{name}": name for name in CARRIERS}
@@ -70,14 +114,18 @@ def twilio_upgrade_signed(ws: AsgiWebSocket, auth_token: str | None) -> bool:
     return twilio.signature_matches(ws.headers.get(twilio.SIGNATURE_HEADER), auth_token, url)
 
 
-def _twilio_answer_refused(secure: bool, host: str, form: Any, auth_token: str) -> Response | None:
-    url = _url("https" if secure else "http", host, request.path, request.query_string)
-    if twilio.signature_matches(request.headers.get(twilio.SIGNATURE_HEADER), auth_token, url, form):
+async def _answer_refused(carrier: str, signature: Signature, secure: bool, host: str,
+                          secret: str) -> Response | None:
+    body = await request.body
+    form = list((await request.form).items(multi=True)) if request.method == "POST" else []
+    signed = SignedRequest(_url("https" if secure else "http", host, request.path, request.query_string),
+                           request.headers, form, body)
+    if signature.valid(signed, secret):
         return None
     logger.info("refused %s %s from %s: no valid %s (403)", request.method, request.path, request.remote_addr,
-                twilio.SIGNATURE_HEADER)
-    return jsonify(error=f"this request has no valid {twilio.SIGNATURE_HEADER}: only Twilio, with the auth token "
-                   "this server was given, may ask for the answer")
+                signature.header)
+    return jsonify(error=f"this request has no valid {signature.header}: only {carrier.capitalize()}, with the "
+                   "secret this server was given, may ask for the answer")
 
 
 def add_telephony_routes(app: QuartTrio, server: ServerContext) -> None:
@@ -89,9 +137,9 @@ def add_telephony_routes(app: QuartTrio, server: ServerContext) -> None:
         if kind is None:
             return jsonify(error=f"no carrier {carrier[:40]!r} here: one of {', '.join(CARRIERS)}"), 404
         secure, host = public_base(request.scheme, request.headers)
-        if carrier == "twilio" and settings.twilio_auth_token is not None:
-            form = (await request.form).items(multi=True) if request.method == "POST" else ()
-            refused = _twilio_answer_refused(secure, host, form, settings.twilio_auth_token)
+        secret = kind.signature.secret(settings) if kind.signature is not None else None
+        if kind.signature is not None and secret is not None:
+            refused = await _answer_refused(carrier, kind.signature, secure, host, secret)
             if refused is not None:
                 return refused, 403
         try:

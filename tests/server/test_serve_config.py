@@ -95,7 +95,8 @@ SAMPLES = {"slots": ("auto", None), "certfile": ("c.pem", pathlib.Path("c.pem"))
            "keyfile": ("k.pem", pathlib.Path("k.pem")), "voice_dir": ("v", pathlib.Path("v")),
            "voice_store": ("s", pathlib.Path("s")), "static_dir": ("ui", pathlib.Path("ui")),
            "record_dir": ("r", pathlib.Path("r")),
-           "auth_token": ("t0ken", "t0ken"), "twilio_auth_token": ("tw1l1o", "tw1l1o")}
+           "auth_token": ("t0ken", "t0ken"), "twilio_auth_token": ("tw1l1o", "tw1l1o"),
+           "telnyx_public_key": ("+WGjuHv0XbhfVLCZEebb7l6ADv+UMXv2/0cVHqFbaHg=", "+WGjuHv0XbhfVLCZEebb7l6ADv+UMXv2/0cVHqFbaHg="), "plivo_auth_token": ("pl1v0", "pl1v0")}
 
 
 def test_every_flag_has_a_toml_key_that_round_trips(tmp_path):
