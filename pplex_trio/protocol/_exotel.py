@@ -15,7 +15,6 @@ resampler's blocks: what is left over goes out with the next frame.
 
 from __future__ import annotations
 
-import base64
 import json
 import urllib.parse
 from collections.abc import Mapping
@@ -24,7 +23,7 @@ from typing import Any, ClassVar
 from .._conversation import CloseCode
 from ._audio import Encoding, SampleFormat
 from ._errors import ProtocolError
-from ._telephony import CallAudio, CallEvent, CallStart, EventReader
+from ._telephony import CallAudio, CallEvent, CallStart, EventReader, StreamEvents
 
 RATES = (8_000, 16_000, 24_000)
 ENCODINGS = ("audio/x-raw", "base64", "raw", "slin")  # what Exotel's documents have called its raw PCM
@@ -40,13 +39,14 @@ def _rate(value: Any) -> int | None:
     return rate if rate in RATES and not isinstance(value, (bool, float)) else None
 
 
-class ExotelCarrier:
+class ExotelCarrier(StreamEvents):
     """One Exotel stream (a :class:`~pplex_trio.protocol.telephony.Carrier`): parse its events, build ours."""
 
     name: ClassVar[str] = "exotel"
+    stream_key: ClassVar[str | None] = "stream_sid"
 
     def __init__(self) -> None:
-        self.stream_sid: str | None = None
+        super().__init__()
         self._held = b""  # our audio short of a whole CHUNK_BYTES, sent with the next frame
 
     def parse(self, message: bytes | str) -> CallEvent | None:
@@ -70,7 +70,7 @@ class ExotelCarrier:
         if rate is None or media_format.get("encoding", "audio/x-raw") not in ENCODINGS:
             raise ProtocolError(f"unsupported media format {json.dumps(media_format)[:120]}: this server takes "
                                 "raw 16-bit PCM (audio/x-raw) at 8000, 16000 or 24000 Hz", CloseCode.UNSUPPORTED_DATA)
-        self.stream_sid = stream_sid
+        self.stream_id = stream_sid
         return CallStart(call_id=_read.optional_text(start, "call_sid") or "", stream_id=stream_sid,
                          account_id=_read.optional_text(start, "account_sid"),
                          parameters=_read.parameters(start, "custom_parameters", "start"),
@@ -78,22 +78,15 @@ class ExotelCarrier:
 
     # -- our messages -------------------------------------------------------------
 
-    def _message(self, kind: str, **fields: Any) -> str:
-        assert self.stream_sid is not None, "the stream has not started"
-        return json.dumps({"event": kind, "stream_sid": self.stream_sid, **fields}, separators=(",", ":"))
-
     def media(self, audio: bytes) -> str:
         audio = self._held + audio
         whole = len(audio) - len(audio) % CHUNK_BYTES
         audio, self._held = audio[:whole], audio[whole:]
-        return self._message("media", media={"payload": base64.b64encode(audio).decode("ascii")})
+        return super().media(audio)
 
     def clear(self) -> str:
         self._held = b""
-        return self._message("clear")
-
-    def mark(self, name: str) -> str:
-        return self._message("mark", mark={"name": name})
+        return super().clear()
 
 
 def answer_document(stream_url: str, parameters: Mapping[str, str]) -> str:

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 from .._conversation import CloseCode
 from ._audio import Encoding, SampleFormat
 from ._errors import ProtocolError
-from ._telephony import CallAudio, CallEvent, CallMark, CallStart, EventReader
+from ._telephony import CallAudio, CallEvent, CallMark, CallStart, EventReader, StreamEvents
 
 # Plivo's content types, and the rates each may stream at.
 FORMATS = {("audio/x-mulaw", 8_000): SampleFormat(Encoding.PCMU, 8_000),
@@ -55,13 +55,14 @@ def _extra_headers(value: Any) -> Mapping[str, str]:
     return value
 
 
-class PlivoCarrier:
+class PlivoCarrier(StreamEvents):
     """One Plivo stream (a :class:`~pplex_trio.protocol.telephony.Carrier`): parse its events, build ours."""
 
     name: ClassVar[str] = "plivo"
+    stream_key: ClassVar[str | None] = "streamId"
 
     def __init__(self) -> None:
-        self.stream_id: str | None = None
+        super().__init__()
         self._format: tuple[str, int] = ("audio/x-mulaw", 8_000)
 
     def parse(self, message: bytes | str) -> CallEvent | None:
@@ -101,10 +102,6 @@ class PlivoCarrier:
                          audio_format=audio_format)
 
     # -- our messages -------------------------------------------------------------
-
-    def _message(self, kind: str, **fields: Any) -> str:
-        assert self.stream_id is not None, "the stream has not started"
-        return json.dumps({"event": kind, "streamId": self.stream_id, **fields}, separators=(",", ":"))
 
     def media(self, audio: bytes) -> str:
         content_type, rate = self._format

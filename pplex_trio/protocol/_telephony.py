@@ -96,6 +96,31 @@ class Carrier(Protocol):
 # -- what the carrier modules share ------------------------------------------------------------
 
 
+class StreamEvents:
+    """Our messages on a carrier's stream as Twilio shapes them, which Telnyx and Exotel follow: JSON events
+    ``{"event": kind, <stream_key>: <the stream's id>, ...}`` (``media`` with its payload, ``clear``, ``mark``).
+    A carrier sets :attr:`stream_id` from its start event and overrides what it names otherwise (Plivo)."""
+
+    stream_key: ClassVar[str | None]  # the field that names the stream in our events (None: not named)
+
+    def __init__(self) -> None:
+        self.stream_id: str | None = None  # from the start event
+
+    def _message(self, kind: str, **fields: Any) -> str:
+        assert self.stream_id is not None, "the stream has not started"
+        named = {self.stream_key: self.stream_id} if self.stream_key else {}
+        return json.dumps({"event": kind, **named, **fields}, separators=(",", ":"))
+
+    def media(self, audio: bytes) -> str:
+        return self._message("media", media={"payload": base64.b64encode(audio).decode("ascii")})
+
+    def clear(self) -> str:
+        return self._message("clear")
+
+    def mark(self, name: str) -> str:
+        return self._message("mark", mark={"name": name})
+
+
 class EventReader:
     """Reads one carrier's JSON events, with errors that name the carrier (``label``: its stream's name)."""
 

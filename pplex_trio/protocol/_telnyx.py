@@ -27,7 +27,7 @@ from .._conversation import CloseCode
 from ._audio import Encoding, SampleFormat
 from ._errors import ProtocolError
 from ._telephony import CallAudio, CallEvent, CallStart
-from ._telephony import EventReader, connect_stream_document
+from ._telephony import EventReader, StreamEvents, connect_stream_document
 
 RATE = 8_000
 SIGNATURE_HEADER = "telnyx-signature-ed25519"
@@ -40,13 +40,11 @@ REPLY_CODEC = "PCMU"  # the answer's bidirectionalCodec: what Telnyx plays of ou
 _read = EventReader("Telnyx media streaming")
 
 
-class TelnyxCarrier:
+class TelnyxCarrier(StreamEvents):
     """One Telnyx stream (a :class:`~pplex_trio.protocol.telephony.Carrier`): parse its events, build ours."""
 
     name: ClassVar[str] = "telnyx"
-
-    def __init__(self) -> None:
-        self.stream_id: str | None = None
+    stream_key: ClassVar[str | None] = None
 
     def parse(self, message: bytes | str) -> CallEvent | None:
         event = _read.load(message)
@@ -80,22 +78,6 @@ class TelnyxCarrier:
                          stream_id=stream_id, account_id=_read.optional_text(start, "user_id", "account_sid"),
                          parameters=parameters, audio_format=SampleFormat(encoding, RATE),
                          reply_format=SampleFormat(ENCODINGS[REPLY_CODEC], RATE))
-
-    # -- our messages -------------------------------------------------------------
-
-    def _message(self, kind: str, **fields: Any) -> str:
-        assert self.stream_id is not None, "the stream has not started"
-        return json.dumps({"event": kind, **fields}, separators=(",", ":"))
-
-    def media(self, audio: bytes) -> str:
-        return self._message("media", media={"payload": base64.b64encode(audio).decode("ascii")})
-
-    def clear(self) -> str:
-        return self._message("clear")
-
-    def mark(self, name: str) -> str:
-        return self._message("mark", mark={"name": name})
-
 
 def answer_document(stream_url: str, parameters: Mapping[str, str]) -> str:
     """The TeXML that connects a call to a bidirectional RTP stream at ``stream_url`` (our audio in

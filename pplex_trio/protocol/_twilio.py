@@ -23,7 +23,7 @@ from .._conversation import CloseCode
 from ._audio import Encoding, SampleFormat
 from ._errors import ProtocolError
 from ._telephony import CallAudio, CallEvent, CallStart
-from ._telephony import EventReader, connect_stream_document
+from ._telephony import EventReader, StreamEvents, connect_stream_document
 
 RATE = 8_000
 ENCODINGS = {"audio/x-mulaw": Encoding.PCMU, "audio/x-alaw": Encoding.PCMA}  # Twilio's media types
@@ -31,13 +31,11 @@ SIGNATURE_HEADER = "X-Twilio-Signature"
 _read = EventReader("Twilio Media Streams")
 
 
-class TwilioCarrier:
+class TwilioCarrier(StreamEvents):
     """One Twilio stream (a :class:`~pplex_trio.protocol.telephony.Carrier`): parse its events, build ours."""
 
     name: ClassVar[str] = "twilio"
-
-    def __init__(self) -> None:
-        self.stream_sid: str | None = None  # from the start event; our messages name it
+    stream_key: ClassVar[str | None] = "streamSid"
 
     def parse(self, message: bytes | str) -> CallEvent | None:
         event = _read.load(message)
@@ -63,26 +61,10 @@ class TwilioCarrier:
         if encoding is None or media_format.get("sampleRate", RATE) != RATE or media_format.get("channels", 1) != 1:
             raise ProtocolError(f"unsupported media format {json.dumps(media_format)[:120]}: this server takes "
                                 f"mono audio/x-mulaw or audio/x-alaw at {RATE} Hz", CloseCode.UNSUPPORTED_DATA)
-        self.stream_sid = stream_sid
+        self.stream_id = stream_sid
         return CallStart(call_id=_read.optional_text(start, "callSid") or "", stream_id=stream_sid,
                          account_id=_read.optional_text(start, "accountSid"),
                          parameters=parameters, audio_format=SampleFormat(encoding, RATE))
-
-    # -- our messages -------------------------------------------------------------
-
-    def _message(self, kind: str, **fields: Any) -> str:
-        assert self.stream_sid is not None, "the stream has not started"
-        return json.dumps({"event": kind, "streamSid": self.stream_sid, **fields}, separators=(",", ":"))
-
-    def media(self, audio: bytes) -> str:
-        return self._message("media", media={"payload": base64.b64encode(audio).decode("ascii")})
-
-    def clear(self) -> str:
-        return self._message("clear")
-
-    def mark(self, name: str) -> str:
-        return self._message("mark", mark={"name": name})
-
 
 def answer_document(stream_url: str, parameters: Mapping[str, str]) -> str:
     """The TwiML that connects a call to the stream at ``stream_url``, handing it ``parameters``
