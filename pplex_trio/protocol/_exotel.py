@@ -20,9 +20,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from .._conversation import CloseCode
 from ._audio import Encoding, SampleFormat
-from ._errors import ProtocolError
 from ._telephony import CallAudio, CallEvent, CallStart, EventReader, StreamEvents
 
 RATES = (8_000, 16_000, 24_000)
@@ -63,13 +61,10 @@ class ExotelCarrier(StreamEvents):
         stream_sid = _read.optional_text(start, "stream_sid") or _read.optional_text(event, "stream_sid")
         if stream_sid is None:
             raise _read.malformed("start.stream_sid must be a string")
-        media_format = start.get("media_format") or {"encoding": "audio/x-raw", "sample_rate": "8000"}
-        if not isinstance(media_format, dict):
-            raise _read.malformed("start.media_format must be an object")
+        media_format = _read.media_format(start, "media_format", {"encoding": "audio/x-raw", "sample_rate": "8000"})
         rate = _rate(media_format.get("sample_rate", "8000"))
         if rate is None or media_format.get("encoding", "audio/x-raw") not in ENCODINGS:
-            raise ProtocolError(f"unsupported media format {json.dumps(media_format)[:120]}: this server takes "
-                                "raw 16-bit PCM (audio/x-raw) at 8000, 16000 or 24000 Hz", CloseCode.UNSUPPORTED_DATA)
+            raise _read.unsupported(media_format, "raw 16-bit PCM (audio/x-raw) at 8000, 16000 or 24000 Hz")
         self.stream_id = stream_sid
         return CallStart(call_id=_read.optional_text(start, "call_sid") or "", stream_id=stream_sid,
                          account_id=_read.optional_text(start, "account_sid"),

@@ -25,9 +25,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
-from .._conversation import CloseCode
 from ._audio import Encoding, SampleFormat
-from ._errors import ProtocolError
 from ._telephony import CallAudio, CallEvent, CallMark, CallStart, EventReader, StreamEvents
 
 # Plivo's content types, and the rates each may stream at.
@@ -86,15 +84,11 @@ class PlivoCarrier(StreamEvents):
         stream_id = _read.optional_text(start, "streamId") or _read.optional_text(event, "streamId")
         if stream_id is None:
             raise _read.malformed("start.streamId must be a string")
-        media_format = start.get("mediaFormat") or {"encoding": "audio/x-mulaw", "sampleRate": 8_000}
-        if not isinstance(media_format, dict):
-            raise _read.malformed("start.mediaFormat must be an object")
+        media_format = _read.media_format(start, "mediaFormat", {"encoding": "audio/x-mulaw", "sampleRate": 8_000})
         encoding, rate = str(media_format.get("encoding")), media_format.get("sampleRate", 8_000)
         audio_format = FORMATS.get((encoding, rate)) if type(rate) is int else None
         if audio_format is None:
-            raise ProtocolError(f"unsupported media format {json.dumps(media_format)[:120]}: this server takes "
-                                "audio/x-mulaw at 8000 Hz or audio/x-l16 at 8000 or 16000 Hz",
-                                CloseCode.UNSUPPORTED_DATA)
+            raise _read.unsupported(media_format, "audio/x-mulaw at 8000 Hz or audio/x-l16 at 8000 or 16000 Hz")
         headers = event.get("extra_headers", start.get("extraHeaders", event.get("extraHeaders")))
         self.stream_id, self._format = stream_id, (encoding, audio_format.rate)
         return CallStart(call_id=_read.optional_text(start, "callId") or "", stream_id=stream_id,

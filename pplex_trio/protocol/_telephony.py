@@ -185,6 +185,18 @@ class EventReader:
             return CallConnected()
         return None
 
+    def media_format(self, start: Mapping[str, Any], key: str, default: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``start[key]``, the stream's audio format (``default`` when absent)."""
+        media_format = start.get(key) or default
+        if not isinstance(media_format, dict):
+            raise self.malformed(f"start.{key} must be an object")
+        return media_format
+
+    def unsupported(self, media_format: Mapping[str, Any], takes: str) -> ProtocolError:
+        """A format the server does not take (1003), with what it does take."""
+        return ProtocolError(f"unsupported media format {json.dumps(media_format)[:120]}: this server takes {takes}",
+                             CloseCode.UNSUPPORTED_DATA)
+
     def parameters(self, fields: Mapping[str, Any], key: str, where: str) -> Mapping[str, str]:
         parameters = fields.get(key) or {}
         if not isinstance(parameters, dict) or not all(isinstance(v, str) for v in parameters.values()):

@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from .._conversation import CloseCode
 from ._audio import Encoding, SampleFormat
-from ._errors import ProtocolError
 from ._telephony import CallAudio, CallEvent, CallStart
 from ._telephony import EventReader, StreamEvents, connect_stream_document
 
@@ -66,13 +63,10 @@ class TelnyxCarrier(StreamEvents):
         if stream_id is None:
             raise _read.malformed("the start event must carry a string stream_id")
         parameters = _read.parameters(start, "custom_parameters", "start")
-        media_format = start.get("media_format") or {"encoding": "PCMU", "sample_rate": RATE}
-        if not isinstance(media_format, dict):
-            raise _read.malformed("start.media_format must be an object")
+        media_format = _read.media_format(start, "media_format", {"encoding": "PCMU", "sample_rate": RATE})
         encoding = ENCODINGS.get(str(media_format.get("encoding")))
         if encoding is None or media_format.get("sample_rate", RATE) != RATE or media_format.get("channels", 1) != 1:
-            raise ProtocolError(f"unsupported media format {json.dumps(media_format)[:120]}: this server takes "
-                                f"mono PCMU or PCMA at {RATE} Hz", CloseCode.UNSUPPORTED_DATA)
+            raise _read.unsupported(media_format, f"mono PCMU or PCMA at {RATE} Hz")
         self.stream_id = stream_id
         return CallStart(call_id=_read.optional_text(start, "call_control_id", "call_sid") or "",
                          stream_id=stream_id, account_id=_read.optional_text(start, "user_id", "account_sid"),

@@ -15,13 +15,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
-from .._conversation import CloseCode
 from ._audio import Encoding, SampleFormat
-from ._errors import ProtocolError
 from ._telephony import CallAudio, CallEvent, CallStart
 from ._telephony import EventReader, StreamEvents, connect_stream_document
 
@@ -54,13 +51,10 @@ class TwilioCarrier(StreamEvents):
         start = _read.object(event, "start")
         stream_sid = _read.text(start, "streamSid", "start")
         parameters = _read.parameters(start, "customParameters", "start")
-        media_format = start.get("mediaFormat") or {"encoding": "audio/x-mulaw", "sampleRate": RATE}
-        if not isinstance(media_format, dict):
-            raise _read.malformed("start.mediaFormat must be an object")
+        media_format = _read.media_format(start, "mediaFormat", {"encoding": "audio/x-mulaw", "sampleRate": RATE})
         encoding = ENCODINGS.get(str(media_format.get("encoding")))
         if encoding is None or media_format.get("sampleRate", RATE) != RATE or media_format.get("channels", 1) != 1:
-            raise ProtocolError(f"unsupported media format {json.dumps(media_format)[:120]}: this server takes "
-                                f"mono audio/x-mulaw or audio/x-alaw at {RATE} Hz", CloseCode.UNSUPPORTED_DATA)
+            raise _read.unsupported(media_format, f"mono audio/x-mulaw or audio/x-alaw at {RATE} Hz")
         self.stream_id = stream_sid
         return CallStart(call_id=_read.optional_text(start, "callSid") or "", stream_id=stream_sid,
                          account_id=_read.optional_text(start, "accountSid"),
