@@ -22,9 +22,8 @@ from typing import Any
 
 import numpy as np
 import trio
-from trio_websocket import ConnectionClosed
 
-from _helpers.twilio import now
+from _helpers.twilio import CarrierEnd, now
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -168,13 +167,12 @@ def shape(value: Any) -> Any:
     return value
 
 
-class CarrierCall:
+class CarrierCall(CarrierEnd):
     """The carrier's end of one stream: sends its events, reads (and keeps) the server's."""
 
     def __init__(self, wire: CarrierWire, ws: Any, *, check: bool = False):
+        super().__init__(ws)
         self.wire = wire
-        self.ws = ws
-        self.received: list[dict[str, Any]] = []
         self.checker = wire.serializer() if check else None
         self._sequence = itertools.count(2)
 
@@ -208,28 +206,9 @@ class CarrierCall:
             deadline += self.wire.chunk_seconds
             await trio.sleep_until(deadline)
 
-    async def next(self, timeout: float = 10.0) -> dict[str, Any]:
-        with trio.fail_after(timeout):
-            event = json.loads(await self.ws.get_message())
+    def check(self, event: dict[str, Any]) -> None:
         if self.wire.stream_key is not None:
             assert event[self.wire.stream_key] == STREAM_ID, event
-        self.received.append(event)
-        return event
-
-    async def listen(self) -> None:
-        while True:
-            await self.next()
-
-    async def until_closed(self, timeout: float = 10.0) -> tuple[int, str | None]:
-        with trio.fail_after(timeout):
-            while True:
-                try:
-                    await self.next()
-                except ConnectionClosed as exc:
-                    return exc.reason.code, exc.reason.reason
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [event for event in self.received if event["event"] == kind]
 
     def audio(self) -> np.ndarray:
         """The audio the server sent, in order, decoded here."""

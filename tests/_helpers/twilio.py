@@ -56,12 +56,45 @@ def float_to_ulaw(pcm: np.ndarray) -> bytes:
     return audioop.lin2ulaw((np.clip(pcm, -1, 32767 / 32768) * 32768).astype("<i2").tobytes(), 2)
 
 
-class TwilioCall:
+class CarrierEnd:
+    """What a carrier's end of a stream does with the server's events, whichever the carrier: read each (``next``,
+    checked by the carrier's own class), keep them, pick them out by kind, read on until the close."""
+
+    def __init__(self, ws: Any):
+        self.ws = ws
+        self.received: list[dict[str, Any]] = []
+
+    def check(self, event: dict[str, Any]) -> None:
+        """An event of ours as the carrier would take it (the carrier's class asserts what it must)."""
+
+    async def next(self, timeout: float = 10.0) -> dict[str, Any]:
+        with trio.fail_after(timeout):
+            event = json.loads(await self.ws.get_message())
+        self.check(event)
+        self.received.append(event)
+        return event
+
+    async def listen(self) -> None:
+        while True:
+            await self.next()
+
+    async def until_closed(self, timeout: float = 10.0) -> tuple[int, str | None]:
+        with trio.fail_after(timeout):
+            while True:
+                try:
+                    await self.next()
+                except ConnectionClosed as exc:
+                    return exc.reason.code, exc.reason.reason
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [event for event in self.received if event["event"] == kind]
+
+
+class TwilioCall(CarrierEnd):
     """The carrier's end of one stream: sends Twilio's events, reads (and keeps) the server's."""
 
     def __init__(self, ws: Any, *, check: bool = False):
-        self.ws = ws
-        self.received: list[dict[str, Any]] = []
+        super().__init__(ws)
         self.checker = reference_serializer() if check else None
         self._sequence = itertools.count(1)
         self._chunk = itertools.count(1)
@@ -111,23 +144,8 @@ class TwilioCall:
     async def stop(self) -> None:
         await self.send(self._numbered("stop", stop={"accountSid": ACCOUNT_SID, "callSid": CALL_SID}))
 
-    async def next(self, timeout: float = 10.0) -> dict[str, Any]:
-        with trio.fail_after(timeout):
-            event = json.loads(await self.ws.get_message())
+    def check(self, event: dict[str, Any]) -> None:
         assert event["streamSid"] == STREAM_SID, event
-        self.received.append(event)
-        return event
-
-    async def until_closed(self, timeout: float = 10.0) -> tuple[int, str | None]:
-        with trio.fail_after(timeout):
-            while True:
-                try:
-                    await self.next()
-                except ConnectionClosed as exc:
-                    return exc.reason.code, exc.reason.reason
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [event for event in self.received if event["event"] == kind]
 
     def audio(self) -> bytes:
         """The μ-law audio the server sent, in order."""

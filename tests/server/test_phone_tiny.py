@@ -50,8 +50,7 @@ class TwilioAsCarrier:
             await trio.sleep_until(deadline)
 
     async def listen(self) -> None:
-        while True:
-            await self.call.next()
+        await self.call.listen()
 
     async def hang_up(self) -> tuple[int, str | None]:
         await self.call.stop()
