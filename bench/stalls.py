@@ -24,7 +24,7 @@ Which output answers which input frame: **ours** runs the echo test engine
 (`--model echo:delay=0`) on the raw endpoint: the framing, the backlog and
 the catch-up are the server's, not the model's, and the echo says exactly,
 bit for bit, which frame each step heard (the Moshi and Realtime endpoints
-share that path; ``tests/server/test_edges_on_every_protocol.py`` checks them
+share that path; ``tests/server/sessions/test_edges_on_every_protocol.py`` checks them
 by the server's own accounts).  **NVIDIA's** server cannot
 echo; it runs the tiny PersonaPlex checkpoint and steps exactly once per
 complete input frame, in order (its first step returns nothing), so its

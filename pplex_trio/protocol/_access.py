@@ -3,7 +3,7 @@
 A request is described by its head (:class:`RequestHead`); :meth:`AccessPolicy.check`
 answers :class:`Allowed` or :class:`Refused` with the HTTP status and a message
 that tells the client what to do.  Nothing here reads a socket or knows a web
-framework: ``server/_gate.py`` is the thin ASGI adapter around it.
+framework: ``server/transport/_gate.py`` is the thin ASGI adapter around it.
 
 The checks, in order:
 

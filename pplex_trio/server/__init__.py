@@ -8,6 +8,6 @@ from ._serve import serve as serve
 from ._serve import socket_listeners as socket_listeners
 from ._serve import tls_certificate as tls_certificate
 from ._settings import ServerSettings as ServerSettings
-from ._records import RecordFolderError as RecordFolderError
-from ._records import prepare_record_folder as prepare_record_folder
+from .records import RecordFolderError as RecordFolderError
+from .records import prepare_record_folder as prepare_record_folder
 from ._context import ServerContext as ServerContext

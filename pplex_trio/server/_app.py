@@ -20,23 +20,23 @@ from werkzeug.exceptions import NotFound
 from quart_trio import QuartTrio
 
 from .._version import __version__
-from ._asgi_websocket import AsgiWebSocket, ConversationRouter
-from ._live_session import LiveProtocol
-from ._moshi_session import MoshiProtocol
+from .transport import AsgiWebSocket, ConversationRouter
+from .sessions import LiveProtocol
+from .sessions import MoshiProtocol
 from ..protocol import twilio
-from ._official import ROOT_QUERY, find_official_client, official_index
-from ._queue_status import MAX_TICKET_CHARS, queue_status
-from ._record_routes import add_record_routes
-from ._raw_session import RawProtocol
-from ._realtime_session import SUBPROTOCOL, RealtimeProtocol, dialect_of
+from .transport import ROOT_QUERY, find_official_client, official_index
+from .transport import MAX_TICKET_CHARS, queue_status
+from .records import add_record_routes
+from .sessions import RawProtocol
+from .sessions import SUBPROTOCOL, RealtimeProtocol, dialect_of
 from ._server_state import Unready
-from ._session import Session
+from .sessions import Session
 from ._settings import Framing
 from ._status import StatusSampler, status_report
 from ._context import ServerContext
 from ._telephony_routes import CARRIERS, STREAM_PATHS, add_telephony_routes, twilio_upgrade_signed
-from ._telephony_session import TelephonyProtocol
-from ._voice_routes import VoiceUpload, add_voice_routes
+from .sessions import TelephonyProtocol
+from .voices import VoiceUpload, add_voice_routes
 
 logger = logging.getLogger(__name__)
 

@@ -11,11 +11,11 @@ from .._conversation import CloseCode
 from .._metrics import Metrics
 from ..engine import Engine, EngineActor
 from ._encoders import Encoders, make_encoders
-from ._records import RecordStore
+from .records import RecordStore
 from ._server_state import SERVER_LIFECYCLE, ServerState, Unready
-from ._session import Session
+from .sessions import Session
 from ._settings import ServerSettings
-from ._voice_store import VoiceStore, default_folder
+from .voices import VoiceStore, default_folder
 
 
 @dataclasses.dataclass(eq=False)

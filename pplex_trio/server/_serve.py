@@ -31,14 +31,14 @@ import trio
 from ..engine import Engine
 from ._app import CONVERSATION_PATHS, TOKEN_IN_SESSION_PATHS, create_app
 from ..protocol import AccessPolicy, Refused
-from ._access_log import AccessLog
-from ._gate import AccessGate
+from .transport import AccessLog
+from .transport import AccessGate
 from ._server_state import ServerState
 from ._settings import ServerSettings
 from ._status import StatusSampler
 from ._context import ServerContext
-from ._tls import Certificate, prepare_certificate
-from ._transport import serve_http
+from .transport import Certificate, prepare_certificate
+from .transport import serve_http
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ import trio
 from prometheus_client import Histogram
 
 from ._context import ServerContext
-from ._session import Session
+from .sessions import Session
 
 HISTORY_SECONDS = 300  # what the page plots: the last five minutes
 PERSONA_CHARS = 80  # a persona is shown this long at most

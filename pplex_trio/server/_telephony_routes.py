@@ -24,7 +24,7 @@ from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 
 from ..protocol import ProtocolError, conversation_from_params, exotel, parse_query, plivo, telephony, telnyx, twilio
-from ._asgi_websocket import AsgiWebSocket
+from .transport import AsgiWebSocket
 from ._context import ServerContext
 from ._settings import ServerSettings
 

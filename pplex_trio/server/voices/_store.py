@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from .._cache import cache_dir
+from ..._cache import cache_dir
 
 logger = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from typing import Any
 import trio
 from quart import Response, jsonify
 
-from ..codec import load_libraries, voice_audio
-from ._voice_store import StoreRefusal, VoiceLimits
+from ...codec import load_libraries, voice_audio
+from ._store import StoreRefusal, VoiceLimits
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from typing import Any
 import trio
 from werkzeug.datastructures import Headers
 
-from .._conversation import CLOSE_BUDGET
+from ..._conversation import CLOSE_BUDGET
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from .._conversation import FRAME_SIZE, SAMPLE_RATE, Conversation
-from ..engine import OutputFrame
-from ..protocol import AudioAppend, ClientEvent, EventError, LiveEvents, live
+from ..._conversation import FRAME_SIZE, SAMPLE_RATE, Conversation
+from ...engine import OutputFrame
+from ...protocol import AudioAppend, ClientEvent, EventError, LiveEvents, live
 from ._audio_io import AudioIn, AudioOut
 from ._wire import (EndOfInput, InputAudio, InputEvent, Message, Notices, PendingEvents, Replies, WireProtocol,
                     error_type)

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import sphn
 
-from .._conversation import SAMPLE_RATE, CloseCode, Conversation
-from ..engine import OutputFrame
-from ..protocol import ProtocolError, conversation_from_params, moshi, parse_query
-from ._encoders import Encoders
+from ..._conversation import SAMPLE_RATE, CloseCode, Conversation
+from ...engine import OutputFrame
+from ...protocol import ProtocolError, conversation_from_params, moshi, parse_query
+from .._encoders import Encoders
 from ._wire import InputAudio, InputEvent, Message, WireProtocol
 
 

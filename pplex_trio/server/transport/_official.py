@@ -20,8 +20,8 @@ import logging
 import pathlib
 import tarfile
 
-from .._cache import cache_dir, extract_once
-from .._sources import DEFAULT_REPO, is_repo_id
+from ..._cache import cache_dir, extract_once
+from ..._sources import DEFAULT_REPO, is_repo_id
 
 logger = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import math
 
 import trio
 
-from .._conversation import CLOSE_BUDGET, CloseCode
-from .._metrics import Metrics
-from ..engine import Lease, OutputFrame
+from ..._conversation import CLOSE_BUDGET, CloseCode
+from ..._metrics import Metrics
+from ...engine import Lease, OutputFrame
 from ._wire import Message, WebSocket, WireProtocol
 
 STAGE_SAMPLING = 4  # one frame in this many feeds the per-stage latency histograms

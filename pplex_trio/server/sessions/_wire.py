@@ -17,9 +17,9 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from .._conversation import CloseCode, Conversation
-from ..engine import OutputFrame
-from ..protocol import EventError, ProtocolError
+from ..._conversation import CloseCode, Conversation
+from ...engine import OutputFrame
+from ...protocol import EventError, ProtocolError
 
 Message = bytes | str  # one WebSocket message
 

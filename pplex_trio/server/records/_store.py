@@ -33,8 +33,8 @@ from typing import Any
 
 import trio
 
-from .._conversation import Conversation
-from .._metrics import Metrics
+from ..._conversation import Conversation
+from ..._metrics import Metrics
 from ._recorder import Recorder, utc_stamp
 
 logger = logging.getLogger(__name__)

@@ -34,10 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from .._conversation import SAMPLE_RATE, CloseCode, Conversation
-from ..codec import EnergyVAD
-from ..engine import OutputFrame
-from ..protocol import ProtocolError, conversation_from_params, parse_query, same_secret, telephony
+from ..._conversation import SAMPLE_RATE, CloseCode, Conversation
+from ...codec import EnergyVAD
+from ...engine import OutputFrame
+from ...protocol import ProtocolError, conversation_from_params, parse_query, same_secret, telephony
 from ._audio_io import AudioIn, AudioOut
 from ._wire import Hangup, InputAudio, InputEvent, Message, Notices, PendingEvents, Replies, WireProtocol
 

@@ -44,8 +44,8 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState, LifespanState
 from hypercorn.utils import repr_socket_addr, wrap_app
 
-from .._conversation import CLOSE_BUDGET
-from ..protocol import InboundGuard, Refusal
+from ..._conversation import CLOSE_BUDGET
+from ...protocol import InboundGuard, Refusal
 
 logger = logging.getLogger(__name__)
 

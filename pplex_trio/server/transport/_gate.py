@@ -28,8 +28,8 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
-from ..protocol import AccessPolicy, Refused, RequestHead
-from ..protocol import TOKEN_PARAMETER, query_without_token
+from ...protocol import AccessPolicy, Refused, RequestHead
+from ...protocol import TOKEN_PARAMETER, query_without_token
 
 logger = logging.getLogger(__name__)
 

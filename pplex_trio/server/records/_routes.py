@@ -15,7 +15,7 @@ from typing import Any
 
 from quart import Response, jsonify, send_file
 
-from ._records import Deletion, RecordStore
+from ._store import Deletion, RecordStore
 
 OFF = "call records are off: serve with --record DIR to keep them"
 IN_PROGRESS = "this call is still being recorded; try again once it is over"

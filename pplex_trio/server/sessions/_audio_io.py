@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._conversation import SAMPLE_RATE
-from ..codec import StreamResampler, alaw_decode, alaw_encode, pcm16_decode, pcm16_encode, ulaw_decode, ulaw_encode
-from ..protocol import Encoding, EventError, SampleFormat
+from ..._conversation import SAMPLE_RATE
+from ...codec import StreamResampler, alaw_decode, alaw_encode, pcm16_decode, pcm16_encode, ulaw_decode, ulaw_encode
+from ...protocol import Encoding, EventError, SampleFormat
 
 _DECODE = {Encoding.PCM16: pcm16_decode, Encoding.PCMU: ulaw_decode, Encoding.PCMA: alaw_decode}
 _ENCODE = {Encoding.PCM16: pcm16_encode, Encoding.PCMU: ulaw_encode, Encoding.PCMA: alaw_encode}

@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from .._conversation import SAMPLE_RATE, Conversation
-from ..codec import EnergyVAD
-from ..engine import OutputFrame
-from ..protocol import (AudioAppend, AudioFormat, ConversationItems, Dialect, ItemEvent, EventError,
+from ..._conversation import SAMPLE_RATE, Conversation
+from ...codec import EnergyVAD
+from ...engine import OutputFrame
+from ...protocol import (AudioAppend, AudioFormat, ConversationItems, Dialect, ItemEvent, EventError,
                         ResponseCreate, ServerEvents, SessionConfig, SessionUpdate, apply_session_update,
                         parse_realtime_event)
 from ._audio_io import AudioIn, AudioOut

@@ -41,10 +41,10 @@ from typing import IO, Any
 import numpy as np
 import trio
 
-from .._conversation import FRAME_SIZE, SAMPLE_RATE, Conversation
-from .._metrics import Metrics
-from ..codec import pcm16_encode
-from ..engine import OutputFrame
+from ..._conversation import FRAME_SIZE, SAMPLE_RATE, Conversation
+from ..._metrics import Metrics
+from ...codec import pcm16_encode
+from ...engine import OutputFrame
 
 logger = logging.getLogger(__name__)
 

@@ -23,11 +23,11 @@ which drains before anyone else gets it.
 Every session meters its conversation's quality (:class:`~pplex_trio.codec.ConversationQuality`:
 response latency, talk-over, dead air, the agent's share, barge-ins) from the lease's
 frames, for ``/api/sessions``, the metrics, the end-of-call log line and the record.
-With ``--record`` a :class:`~pplex_trio.server._recorder.Recorder` observes
+With ``--record`` a :class:`~pplex_trio.server.records._recorder.Recorder` observes
 the lease's frames, writes them from a fourth task, and is finished once the
 client has been told (whatever the ending): every protocol is recorded alike.
 
-What differs between protocols is a :class:`~pplex_trio.server._wire.WireProtocol`:
+What differs between protocols is a :class:`~pplex_trio.server.sessions._wire.WireProtocol`:
 pure codec calls plus a few specifics.  See ``docs/ARCHITECTURE.md``.
 """
 
@@ -41,18 +41,17 @@ from typing import Any, Protocol
 
 import trio
 
-from .._channel import DropOldestChannel
-from .._conversation import SAMPLE_RATE, CloseCode, Conversation
-from .._lifecycle import Lifecycle
-from .._metrics import Metrics
-from ..codec import ConversationQuality, Response
-from ..engine import (BEGUN_STATES, PREPARING_STATES, EngineActor, Lease, LeaseFailed, LeaseState, OutputFrame,
+from ..._channel import DropOldestChannel
+from ..._conversation import SAMPLE_RATE, CloseCode, Conversation
+from ..._lifecycle import Lifecycle
+from ..._metrics import Metrics
+from ...codec import ConversationQuality, Response
+from ...engine import (BEGUN_STATES, PREPARING_STATES, EngineActor, Lease, LeaseFailed, LeaseState, OutputFrame,
                       QueueFull)
-from ..protocol import ProtocolError
-from ._recorder import CallEnding, Recorder
-from ._records import RecordStore
-from ._server_state import Unready
-from ._settings import ServerSettings
+from ...protocol import ProtocolError
+from ..records import CallEnding, Recorder, RecordStore
+from .._server_state import Unready
+from .._settings import ServerSettings
 from ._sender import Sender, StreamEnd
 from ._wire import EndOfInput, Hangup, InputAudio, Message, Replies, Restart, WebSocket, WireProtocol
 

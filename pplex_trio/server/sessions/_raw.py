@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from .._conversation import CloseCode, Conversation
-from ..engine import OutputFrame
-from ..protocol import ProtocolError, conversation_from_params, raw
+from ..._conversation import CloseCode, Conversation
+from ...engine import OutputFrame
+from ...protocol import ProtocolError, conversation_from_params, raw
 from ._wire import EndOfInput, InputAudio, InputEvent, Message, WireProtocol
 
 
