@@ -14,7 +14,7 @@ import pytest
 from pplex_trio._lifecycle import Lifecycle
 from pplex_trio.engine import LEASE_LIFECYCLE
 from pplex_trio.server._server_state import SERVER_LIFECYCLE
-from pplex_trio.server._session import SESSION_LIFECYCLE
+from pplex_trio.server.sessions._session import SESSION_LIFECYCLE
 
 ARCHITECTURE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "ARCHITECTURE.md"
 LIFECYCLES = {"SERVER_LIFECYCLE": SERVER_LIFECYCLE, "SESSION_LIFECYCLE": SESSION_LIFECYCLE,

@@ -13,11 +13,11 @@ from pplex_trio._metrics import Metrics
 from pplex_trio.engine import Engine, EngineActor
 from pplex_trio.server import ServerSettings, ServerContext
 from pplex_trio.server._encoders import InlineEncoders
-from pplex_trio.server._live_session import LiveProtocol
-from pplex_trio.server._moshi_session import MoshiProtocol
-from pplex_trio.server._raw_session import RawProtocol
-from pplex_trio.server._session import Session
-from pplex_trio.server._telephony_session import TelephonyProtocol
+from pplex_trio.server.sessions._live import LiveProtocol
+from pplex_trio.server.sessions._moshi import MoshiProtocol
+from pplex_trio.server.sessions._raw import RawProtocol
+from pplex_trio.server.sessions._session import Session
+from pplex_trio.server.sessions._telephony import TelephonyProtocol
 from pplex_trio.protocol import exotel, plivo, telnyx, twilio
 
 from .engine_calls import inline_runner, run_engine_calls

@@ -10,11 +10,11 @@ spec.loader.exec_module(profile)
 
 RAW = """\
 thread (100): MainThread;run (trio/_core/_run.py:2300);get_events (trio/_core/_io_epoll.py:245) 60
-thread (100): MainThread;run (trio/_core/_run.py:2300);Session._process_loop (pplex_trio/server/_session.py:280);MoshiProtocol.decode (pplex_trio/server/_moshi_session.py:48);MoshiProtocol.decode.<locals>.<listcomp> (pplex_trio/server/_moshi_session.py:49) 10
-thread (100): MainThread;run (trio/_core/_run.py:2300);_send_loop (pplex_trio/server/_session.py:250);send (quart/wrappers/websocket.py:80);app_send (hypercorn/protocol/ws_stream.py:300);send (wsproto/connection.py:90) 20
-thread (100): MainThread;run (trio/_core/_run.py:2300);_send_loop (pplex_trio/server/_session.py:250);send (quart/wrappers/websocket.py:80) 10
+thread (100): MainThread;run (trio/_core/_run.py:2300);Session._process_loop (pplex_trio/server/sessions/_session.py:280);MoshiProtocol.decode (pplex_trio/server/sessions/_moshi.py:48);MoshiProtocol.decode.<locals>.<listcomp> (pplex_trio/server/sessions/_moshi.py:49) 10
+thread (100): MainThread;run (trio/_core/_run.py:2300);_send_loop (pplex_trio/server/sessions/_session.py:250);send (quart/wrappers/websocket.py:80);app_send (hypercorn/protocol/ws_stream.py:300);send (wsproto/connection.py:90) 20
+thread (100): MainThread;run (trio/_core/_run.py:2300);_send_loop (pplex_trio/server/sessions/_session.py:250);send (quart/wrappers/websocket.py:80) 10
 thread (100): MainThread;run (trio/_core/_run.py:2300);app_send (hypercorn/protocol/ws_stream.py:300);send_all (trio/_highlevel_socket.py:120) 7
-thread (100): MainThread;run (trio/_core/_run.py:2300);_read_data (hypercorn/trio/tcp_server.py:101);GuardedStream.receive_some (pplex_trio/server/_transport.py:70);receive_some (trio/_highlevel_socket.py:150) 5
+thread (100): MainThread;run (trio/_core/_run.py:2300);_read_data (hypercorn/trio/tcp_server.py:101);GuardedStream.receive_some (pplex_trio/server/transport/_transport.py:70);receive_some (trio/_highlevel_socket.py:150) 5
 thread (100): MainThread;main (pplex_trio/_cli.py:101);run (trio/_core/_run.py:2300);unrolled_run (trio/_core/_run.py:2500) 3
 thread (101): Trio thread 0;_execute (pplex_trio/engine/_actor.py:240) 500
 bad line

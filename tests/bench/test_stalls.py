@@ -1,6 +1,6 @@
 """bench/stalls.py's arithmetic, without a network: when pages go, where an echoed frame lies in the call, and
 the table's row from the answers (its live runs are the benchmark's; the suite's own stall tests are
-``tests/engine/test_call_edges.py`` and ``tests/server/test_edges_on_every_protocol.py``)."""
+``tests/engine/test_call_edges.py`` and ``tests/server/sessions/test_edges_on_every_protocol.py``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The official ``openai`` SDK's Realtime client, GA and beta, in a whole conversation on the echo.
 
-``tests/server/test_realtime_sdk.py`` checks the SDK's dialects event by event
+``tests/server/sessions/test_realtime_sdk.py`` checks the SDK's dialects event by event
 (formats, errors, the token, the tiny model); here the SDK is used as a voice
 agent uses it, with real speech: an OpenAI voice name, a context message, a
 response asked for with metadata, the caller's microphone streamed in real

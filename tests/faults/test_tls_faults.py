@@ -22,7 +22,7 @@ from _helpers.bad_client import CLIENT_TIMEOUT
 from faults.test_transport_faults import (BEHAVIOURS, GONE_WITHIN, PATHS, POLL, REAL_GONE_WITHIN, bring_to,
                                           misbehave, start_witness, witness_talks_on_then_ends)
 from pplex_trio.client import client_ssl_context
-from pplex_trio.server._transport import WATCH_INTERVAL
+from pplex_trio.server.transport._transport import WATCH_INTERVAL
 
 OPENINGS = {"nothing": b"", "half a ClientHello": b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
             "neither TLS nor HTTP": b"\x00\x01garbage"}

@@ -36,7 +36,7 @@ import trio
 from _helpers.bad_client import CLIENT_TIMEOUT, LIMIT, BadClient, frame_header, masked_frame
 from _helpers.ws import RawWitness, raw_open
 from pplex_trio._conversation import CLOSE_BUDGET
-from pplex_trio.server._transport import WATCH_INTERVAL
+from pplex_trio.server.transport._transport import WATCH_INTERVAL
 
 PATHS = {"raw": "/v1/audio/duplex", "moshi": "/api/chat?voice_prompt=NATF0.pt", "realtime": "/v1/realtime",
          "live": "/v1/live/sessions", "twilio": "/telephony/twilio", "telnyx": "/telephony/telnyx",

@@ -33,7 +33,7 @@ from pplex_trio.server import RecordFolderError, ServerSettings, prepare_record_
 from pplex_trio._conversation import Conversation
 from pplex_trio._metrics import Metrics
 from pplex_trio.engine import OutputFrame
-from pplex_trio.server._recorder import MAX_QUEUED_FRAMES, CallEnding, Recorder, RecordFiles
+from pplex_trio.server.records._recorder import MAX_QUEUED_FRAMES, CallEnding, Recorder, RecordFiles
 
 from _helpers.live import PATH as LIVE_PATH
 from _helpers.live import LiveClient

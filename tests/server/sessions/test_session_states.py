@@ -16,8 +16,8 @@ import trio
 from _helpers.fake_ws import FakeWebSocket, make_host, running_host, start_session
 from pplex_trio.engine import EchoEngine
 from _helpers import ogg
-from pplex_trio.server._session import Ending, Session, SessionState
-from pplex_trio.server._raw_session import RawProtocol
+from pplex_trio.server.sessions._session import Ending, Session, SessionState
+from pplex_trio.server.sessions._raw import RawProtocol
 
 FRAME = 1920
 OPEN = json.dumps({"type": "open"})

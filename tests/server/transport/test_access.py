@@ -56,7 +56,7 @@ async def test_every_route_but_the_probes_needs_the_token(virtual_server, autoju
     assert sorted(ws_paths) == ["/api/chat", "/live/sessions", *carriers, "/v1/audio/duplex", "/v1/live/sessions",
                                 "/v1/realtime"]
     # A phone carrier's stream cannot always carry the token in its URL: its session checks the one in its start
-    # event's parameters or its URL's query (tests/server/test_twilio.py, test_carriers.py); the gate lets the
+    # event's parameters or its URL's query (tests/server/sessions/test_twilio.py, test_carriers.py); the gate lets the
     # upgrade through.
     for path in carriers:
         ws_paths.remove(path)
@@ -256,7 +256,7 @@ async def test_a_conversation_is_closed_at_the_time_limit(virtual_server, autoju
 
 
 def test_the_access_log_masks_every_token_parameter_and_nothing_else():
-    from pplex_trio.server._access_log import masked_query
+    from pplex_trio.server.transport._access_log import masked_query
 
     assert masked_query(b"token=abc") == "token=***"
     assert masked_query(b"a=1&token=abc%20d&b=token=y&xtoken=z&token=") == "a=1&token=***&b=token=y&xtoken=z&token=***"

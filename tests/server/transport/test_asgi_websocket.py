@@ -14,7 +14,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from pplex_trio.server._asgi_websocket import AsgiWebSocket, ConversationRouter
+from pplex_trio.server.transport._asgi_websocket import AsgiWebSocket, ConversationRouter
 
 SCOPE = {"type": "websocket", "path": "/api/chat", "query_string": b"voice_prompt=NATF0.pt",
          "headers": [(b"openai-beta", b"realtime=v1"), (b"host", b"x")], "subprotocols": ["a", "b"]}

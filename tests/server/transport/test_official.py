@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from _helpers.official import REPO_ID, fake_dist_files, fake_hub_cache, make_tgz, server_process
-from pplex_trio.server._official import find_official_client, repo_for_model
+from pplex_trio.server.transport._official import find_official_client, repo_for_model
 
 
 def test_repo_follows_model_when_it_is_a_repo_id(tmp_path):

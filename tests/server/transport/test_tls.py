@@ -26,7 +26,7 @@ from _helpers.certs import issue
 from _helpers.ws import moshi_handshake
 from pplex_trio.client import client_ssl_context, open_websocket, stream_moshi
 from pplex_trio.server import ServerSettings
-from pplex_trio.server._tls import TLSError, prepare_certificate
+from pplex_trio.server.transport._tls import TLSError, prepare_certificate
 
 
 def names_in(cert: x509.Certificate) -> tuple[set[str], set[str]]:

@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from pplex_trio.server._transport import WATCH_INTERVAL, Connections, GuardedStream, _watch_deadlines
+from pplex_trio.server.transport._transport import WATCH_INTERVAL, Connections, GuardedStream, _watch_deadlines
 
 from _helpers.virtual_net import VirtualNetwork, VirtualStream
 

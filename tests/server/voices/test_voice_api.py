@@ -18,7 +18,7 @@ import pytest
 import sphn
 import trio
 
-from pplex_trio.server._voice_store import VoiceLimits
+from pplex_trio.server.voices._store import VoiceLimits
 
 from _helpers.ws import raw_open, read_until_closed
 
@@ -320,7 +320,7 @@ def test_the_loudness_library_is_imported_at_start_not_at_the_first_upload():
     import sys
 
     script = ("import sys, types\n"
-              "from pplex_trio.server._voice_routes import VoiceUpload\n"
+              "from pplex_trio.server.voices._routes import VoiceUpload\n"
               "def state(allowed):\n"
               "    return types.SimpleNamespace(settings=types.SimpleNamespace(voice_uploads_allowed=allowed))\n"
               "VoiceUpload(state(False)); print('pyloudnorm' in sys.modules)\n"

@@ -20,7 +20,7 @@ from pplex_trio.engine import Conversation, Sampling
 from pplex_trio.model import VoicePrompt
 
 from _helpers.ws import moshi_talk, moshi_url, raw_open
-from server.test_tiny_model import FRAMES, GREEDY, direct_run, raw_conversation
+from _helpers.tiny_runs import FRAMES, GREEDY, direct_run, raw_conversation
 
 HOST = "You work for SwiftPlex Appliances and your name is Farhod."
 
