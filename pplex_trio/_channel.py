@@ -65,6 +65,9 @@ class DropOldestChannel(Generic[T]):
         return len(self._items)
 
     def send_nowait(self, item: T, *, droppable: bool = True) -> None:
+        """Queue ``item`` now, never blocking: droppable ones first make room by dropping the oldest droppable items;
+        ``trio.ClosedResourceError`` once closed.
+        """
         if self._closed:
             raise trio.ClosedResourceError(f"{self.name} channel is closed")
         weight = (self._weigh(item) if self._weigh is not None else 1) if droppable else 0
@@ -95,6 +98,7 @@ class DropOldestChannel(Generic[T]):
         return True
 
     def receive_nowait(self) -> T:
+        """The oldest item; ``trio.WouldBlock`` if none is waiting, ``trio.EndOfChannel`` once closed and empty."""
         if not self._items:
             if self._closed:
                 raise trio.EndOfChannel

@@ -29,6 +29,7 @@ class Lifecycle(Generic[S]):
         self.moves: dict[S, frozenset[S]] = {state: frozenset(targets) for state, targets in moves.items()}
 
     def allows(self, current: S, target: S) -> bool:
+        """Whether ``current`` may move to ``target`` (a query: nothing changes)."""
         return target in self.moves[current]
 
     def move(self, current: S, target: S) -> S:

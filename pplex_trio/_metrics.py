@@ -168,8 +168,10 @@ class Metrics:
             self.records_deleted.labels(reason)
 
     def drop(self, reason: str, count: int = 1) -> None:
+        """Count ``count`` dropped frames under ``reason`` (one of ``DROP_REASONS``)."""
         if count:
             self.frames_dropped.labels(reason).inc(count)
 
     def render(self) -> bytes:
+        """Every metric of this registry in Prometheus' text format, for ``GET /metrics``."""
         return generate_latest(self.registry)

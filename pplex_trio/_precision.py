@@ -31,6 +31,7 @@ class Precision:
     kv_cache: KVFormat = KVFormat.MODEL
 
     def describe(self) -> str:
+        """For logs and reports: ``weights int8, KV cache fp8``, or ``full precision``."""
         parts = [f"weights {self.weights}" if self.weights is not WeightFormat.NONE else "",
                  f"KV cache {self.kv_cache}" if self.kv_cache is not KVFormat.MODEL else ""]
         return ", ".join(p for p in parts if p) or "full precision"

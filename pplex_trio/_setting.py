@@ -46,6 +46,7 @@ def setting(
 
 
 def flag_of(field: dataclasses.Field[Any]) -> str:
+    """The field's command-line flag: its ``flag`` metadata, else ``--`` and its name with dashes."""
     return field.metadata.get("flag") or "--" + field.name.replace("_", "-")
 
 

@@ -50,6 +50,7 @@ SERVE_DESCRIPTION = ("Run the speech server. Any option can come from a TOML fil
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``pplex-trio`` argument parser with every subcommand."""
     parser = _Parser(prog="pplex-trio", description="Real-time full-duplex PersonaPlex speech server")
     parser.add_argument("--version", action="version", version=f"pplex-trio {__version__}")
     _add_log_level(parser)
@@ -134,6 +135,7 @@ def log_level(args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``pplex-trio`` entry point: parse ``argv``, set up logging, run the subcommand; returns the exit status."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=log_level(args), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr

@@ -82,6 +82,7 @@ class EchoOptions:
 
 
 def cuda_available() -> bool:
+    """Whether torch sees a CUDA device (torch imported only here, when asked)."""
     import torch
 
     return torch.cuda.is_available()

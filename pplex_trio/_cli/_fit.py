@@ -17,6 +17,7 @@ DTYPES = ("bfloat16", "float16", "float32")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``fit`` subcommand's arguments."""
     from ..server import ServerSettings
 
     reserve = ServerSettings.__dataclass_fields__["gpu_memory_reserve_gib"].default
@@ -36,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``pplex-trio fit``: print the memory plan of the model on the GPU (a table, or JSON); exit status 2 when the
+    config or the GPU's memory cannot be read.
+    """
     import torch
 
     from ..engine import GIB, plan_memory

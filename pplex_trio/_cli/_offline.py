@@ -31,6 +31,7 @@ DEFAULT_PERSONA = "You are a wise and friendly teacher. Answer questions or prov
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``offline`` subcommand's arguments."""
     parser.add_argument("--model", default=DEFAULT_REPO,
                         help=f"'tiny', a Hugging Face repo id or a local folder (default {DEFAULT_REPO})")
     parser.add_argument("--input-wav", required=True, help="the user's audio (any rate, first channel used)")
@@ -60,6 +61,7 @@ def add_precision_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def precision_of(args: argparse.Namespace) -> Precision:
+    """The :class:`Precision` asked for by ``--quantize`` and ``--kv-cache``."""
     return Precision(WeightFormat(args.quantize), KVFormat(args.kv_cache))
 
 

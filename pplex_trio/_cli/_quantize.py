@@ -21,6 +21,7 @@ logger = logging.getLogger(__name__)
 
 
 def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``quantize`` subcommand's arguments."""
     parser.add_argument("--model", default=DEFAULT_REPO,
                         help=f"'tiny', a Hugging Face repo id or a local folder (default {DEFAULT_REPO})")
     parser.add_argument("--output", required=True, type=pathlib.Path,
@@ -28,6 +29,9 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_quantize(args: argparse.Namespace) -> int:
+    """``pplex-trio quantize``: write the model with its LM in int8 to ``--output``; exit status 1 if the model cannot
+    be read or written.
+    """
     from ..model import CheckpointMismatchError, ModelAccessError, write_quantized
 
     try:
@@ -40,6 +44,7 @@ def run_quantize(args: argparse.Namespace) -> int:
 
 
 def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``compare`` subcommand's arguments."""
     parser.add_argument("--model", default=DEFAULT_REPO,
                         help=f"'tiny', a Hugging Face repo id or a local folder (default {DEFAULT_REPO})")
     add_precision_arguments(parser)
@@ -53,6 +58,9 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    """``pplex-trio compare``: run one conversation at full precision and at the chosen one and print what changed; exit
+    status 2 when nothing is to be compared, 1 when the model, voice or input fails.
+    """
     from ..engine import Conversation, PersonaPlexEngine, Sampling, compare
     from ..model import ModelAccessError, VoiceNotFoundError
     from ._engines import resolve_device

@@ -75,10 +75,12 @@ def settings_from_args(settings_class: type, args: argparse.Namespace) -> Any:
 
 
 def cli_fields(settings_class: type) -> Iterator[dataclasses.Field[Any]]:
+    """The fields of ``settings_class`` that are command-line flags (``cli`` in their metadata)."""
     return (field for field in dataclasses.fields(settings_class) if field.metadata.get("cli", False))
 
 
 def is_advanced(field: dataclasses.Field[Any]) -> bool:
+    """Whether ``field`` is an advanced flag (``advanced`` in its metadata), shown by ``--help-all`` only."""
     return bool(field.metadata.get("advanced", False))
 
 

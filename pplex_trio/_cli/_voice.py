@@ -19,6 +19,7 @@ logger = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``voice`` subcommand's actions (create, add, rm, list) and their arguments."""
     actions = parser.add_subparsers(dest="action", required=True)
     create = actions.add_parser("create", help="make a voice prompt (.pt) from a clip, here")
     create.add_argument("clip", type=pathlib.Path, help="a few seconds of one person speaking (.wav, .flac, .mp3, "

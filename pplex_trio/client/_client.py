@@ -47,6 +47,8 @@ class ClientError(Exception):
 
 @dataclasses.dataclass
 class ClientResult:
+    """What a conversation sent back: the agent's audio (as long as the input), its text pieces and the close code."""
+
     pcm: np.ndarray  # agent audio, float32, same length as the input
     text: list[dict[str, Any]]  # [{"time": seconds, "text": piece}]
     close_code: int | None = None
@@ -122,6 +124,9 @@ async def stream_moshi(url: str, pcm: np.ndarray, *, tail_seconds: float = 2.0, 
 
 async def stream_raw(url: str, pcm: np.ndarray, params: dict[str, Any], *, tail_seconds: float = 2.0,
                      **connect: Any) -> ClientResult:
+    """The raw duplex protocol: ``params`` in the open message, float32 PCM at 24 kHz both ways, paced in real time;
+    ``ClientError`` on an error event.
+    """
     received: list[np.ndarray] = []
     text: list[dict[str, Any]] = []
     total = 0

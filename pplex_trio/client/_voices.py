@@ -19,6 +19,8 @@ CONTENT_TYPES = {".wav": "audio/wav", ".flac": "audio/flac", ".mp3": "audio/mpeg
 
 
 class VoiceApiError(Exception):
+    """The server refused a voice request: its HTTP ``status`` and ``message``."""
+
     def __init__(self, status: int, message: str):
         super().__init__(f"{status}: {message}")
         self.status = status

@@ -46,6 +46,10 @@ async def open_websocket(
     ssl_context: ssl.SSLContext | None = None, token: str | None = None, connect_timeout: float = 30.0,
     origin: str | None = None,
 ) -> AsyncIterator[WebSocketConnection]:
+    """Open a WebSocket to a ``ws://`` or ``wss://`` URL (``ValueError`` for another scheme), optionally with a Bearer
+    ``token`` and an ``Origin``; TLS errors surface as ``ssl.SSLError``, and ``connect_timeout`` bounds the TLS and
+    WebSocket handshakes.
+    """
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("ws", "wss"):
         raise ValueError(f"WebSocket URL must start with ws:// or wss://, got {url!r}")

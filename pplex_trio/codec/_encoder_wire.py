@@ -20,6 +20,7 @@ Item = tuple[int, int, bytes]  # (stream, kind, payload)
 
 
 def pack(items: list[Item]) -> bytes:
+    """One message of ``items`` (stream, kind, payload) in the wire format of the module docstring."""
     parts = [_HEADER.pack(len(items))]
     for stream, kind, payload in items:
         parts.append(_ITEM.pack(stream, kind, len(payload)))
@@ -39,9 +40,11 @@ class Unpacker:
         self._need = _HEADER.size
 
     def feed(self, data: bytes | bytearray) -> None:
+        """Append bytes read from the pipe; :meth:`next_message` parses them."""
         self._buf += data
 
     def next_message(self) -> list[Item] | None:
+        """The next whole message's items, consumed from the buffer; ``None`` until all its bytes have arrived."""
         buf = self._buf
         if len(buf) < self._need:
             return None

@@ -28,6 +28,8 @@ BITRATE = 32_000
 
 
 class OpusWriter(Protocol):
+    """What encodes one stream's PCM to Ogg Opus pages (:class:`LibopusWriter`, or a fake in tests)."""
+
     def append_pcm(self, pcm: np.ndarray) -> bytes:
         """Encode float32 mono PCM (a multiple of 20 ms); return whole Ogg pages."""
 
@@ -45,6 +47,9 @@ class LibopusWriter:
         self._muxer = OggOpusMuxer(input_rate=SAMPLE_RATE, pre_skip_48k=pre_skip)
 
     def append_pcm(self, pcm: np.ndarray) -> bytes:
+        """Encode float32 mono PCM (whole 20 ms packets; a partial one at the end is dropped); return whole Ogg pages,
+        the headers first on the first call.
+        """
         data = np.ascontiguousarray(pcm, dtype=np.float32)
         packets = [
             self._encoder.encode_float(data[i : i + PACKET_SAMPLES].tobytes(), PACKET_SAMPLES)
@@ -54,6 +59,7 @@ class LibopusWriter:
 
 
 def libopus_available() -> bool:
+    """Whether libopus loads here (the reason it does not is logged at debug level)."""
     try:
         LibopusWriter()
     except Exception as exc:  # opuslib_next raises a bare Exception when libopus is missing

@@ -17,6 +17,7 @@ _REVERSE_BITS = bytes(int(f"{i:08b}"[::-1], 2) for i in range(256))
 
 
 def ogg_crc(data: bytes) -> int:
+    """The Ogg page checksum: CRC-32 with polynomial 0x04C11DB7, unreflected, initial value 0, no final XOR."""
     raw = zlib.crc32(data.translate(_REVERSE_BITS), 0xFFFFFFFF) ^ 0xFFFFFFFF
     return int(f"{raw:032b}"[::-1], 2)
 
@@ -52,6 +53,9 @@ class OggOpusMuxer:
         self._granule = 0
 
     def pages(self, packets: list[bytes], samples_48k_per_packet: int, per_page: int = 2) -> bytes:
+        """Ogg pages for ``packets``, ``per_page`` to a page, the granule advanced by ``samples_48k_per_packet`` each;
+        the first call prepends the OpusHead and OpusTags pages.
+        """
         out = []
         if self._sequence == 0:
             out.append(self._page([self._head], flags=BOS))

@@ -153,6 +153,7 @@ class ConversationQuality:
         return self._decide()
 
     def statistics(self) -> QualityStatistics:
+        """The figures so far, as a frozen record (call :meth:`finish` first for the final ones)."""
         frames = self._frames
         return QualityStatistics(
             frames=frames, response_latencies=tuple(self._latencies), talk_over_s=self._both * FRAME_SECONDS,

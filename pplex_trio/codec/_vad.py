@@ -17,6 +17,8 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class SpeechEvent:
+    """Speech started or stopped, at a position in the caller's audio (ms from its first sample)."""
+
     started: bool  # True: speech started, False: stopped
     at_ms: int  # where in the caller's audio, from its first sample
 
@@ -31,6 +33,10 @@ def is_silent(pcm: np.ndarray, threshold_db: float = SPEECH_THRESHOLD_DB) -> boo
 
 
 class EnergyVAD:
+    """Energy voice activity detection: RMS of ``window_ms`` windows against a threshold, with ``start_ms`` of loud
+    audio to start speech and ``stop_ms`` of quiet to stop it.
+    """
+
     def __init__(self, sample_rate: int, *, threshold_db: float = SPEECH_THRESHOLD_DB, start_ms: int = 100,
                  stop_ms: int = 480, window_ms: int = 20):
         self.sample_rate = sample_rate

@@ -54,6 +54,7 @@ REFERENCES = ("personaplex", "kyutai")
 
 
 def check_reference(reference: str) -> None:
+    """Raise ``ValueError`` (naming the choices) unless ``reference`` is one of :data:`REFERENCES`."""
     if reference not in REFERENCES:
         raise ValueError(f"unknown reference {reference!r}: use one of {', '.join(REFERENCES)}")
 
@@ -108,6 +109,7 @@ class SEANetConfig:
 
     @property
     def hop_length(self) -> int:
+        """Input samples per latent frame of the SEANet encoder: the product of ``ratios`` (960 for Mimi)."""
         hop = 1
         for r in self.ratios:
             hop *= r
@@ -150,14 +152,17 @@ class MimiConfig:
 
     @property
     def frame_size(self) -> int:
+        """Samples per model frame: 1920 at 24 kHz and 12.5 Hz (80 ms)."""
         return int(self.sample_rate / self.frame_rate)
 
     @property
     def encoder_frame_rate(self) -> float:
+        """Frames per second out of the SEANet encoder, before Mimi downsamples to ``frame_rate`` (25 Hz)."""
         return self.sample_rate / self.seanet.hop_length
 
     @property
     def resample_stride(self) -> int:
+        """Encoder frames per model frame (2); ``ValueError`` if the rates do not divide to an integer ≥ 1."""
         stride = self.encoder_frame_rate / self.frame_rate
         if stride != int(stride) or stride < 1:
             raise ValueError(f"Mimi needs an integer resampling stride, got {stride}")
@@ -216,10 +221,12 @@ class LMConfig:
 
     @property
     def max_delay(self) -> int:
+        """The largest stream delay, in frames: how far the delayed streams lag the text stream."""
         return max(self.delays)
 
     @property
     def temporal(self) -> TransformerConfig:
+        """The temporal transformer's config, derived from the LM's sizes."""
         return TransformerConfig(
             d_model=self.dim, num_heads=self.num_heads, num_layers=self.num_layers,
             dim_feedforward=int(self.hidden_scale * self.dim), context=self.context,
@@ -227,6 +234,9 @@ class LMConfig:
         )
 
     def depformer_hidden(self, step: int) -> int:
+        """Feed-forward hidden width of depformer step ``step`` (per step when the setting is a tuple), sized for
+        gating.
+        """
         ff = self.depformer_dim_feedforward
         ff = ff[step] if isinstance(ff, tuple) else ff
         return gated_hidden(self.depformer_dim, ff)

@@ -41,23 +41,31 @@ class Named(nn.Module, Generic[M]):
 
 @dataclasses.dataclass
 class ConvState:
+    """Per-row memory of a :class:`StreamingConv1d`: the input tail carried over to the next chunk."""
+
     previous: torch.Tensor  # [B, C_in, k - s]: input tail of the last chunk
     first: torch.Tensor  # [B] bool: no chunk seen yet (for replicate padding)
 
     def reset(self, mask: torch.Tensor) -> None:
+        """Put the rows selected by ``mask`` [B] back to fresh (zero tail, no chunk seen), in place."""
         reset_rows_(self.previous, mask, 0.0)
         reset_rows_(self.first, mask, True)
 
 
 @dataclasses.dataclass
 class ConvTrState:
+    """Per-row memory of a :class:`StreamingConvTranspose1d`: the overlap-add tail not yet emitted."""
+
     partial: torch.Tensor  # [B, C_out, k - s]: overlap-add tail, bias excluded
 
     def reset(self, mask: torch.Tensor) -> None:
+        """Zero the overlap-add tail of the rows selected by ``mask`` [B], in place."""
         reset_rows_(self.partial, mask, 0.0)
 
 
 class StreamingConv1d(nn.Module):
+    """Causal 1-D conv fed chunk by chunk (see the module docstring); pad mode ``constant`` or ``replicate``."""
+
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
                  dilation: int = 1, groups: int = 1, bias: bool = True, pad_mode: str = "constant"):
         super().__init__()
@@ -70,6 +78,7 @@ class StreamingConv1d(nn.Module):
         self.memory = (kernel_size - 1) * dilation + 1 - stride
 
     def init_state(self, batch_size: int) -> ConvState:
+        """A fresh state for ``batch_size`` rows, on the weights' device and dtype."""
         w = self.conv.conv.weight
         return ConvState(
             previous=torch.zeros(batch_size, w.shape[1] * self.conv.conv.groups, self.memory,
@@ -78,6 +87,9 @@ class StreamingConv1d(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, state: ConvState, exec_mask: torch.Tensor) -> torch.Tensor:
+        """``[B, C_in, T]`` -> ``[B, C_out, T / stride]``; T must be a multiple of the stride (else ``ValueError``).
+        Only the rows of ``exec_mask`` [B] move their state.
+        """
         if x.shape[-1] % self.stride:
             raise ValueError(f"chunk of {x.shape[-1]} samples is not a multiple of the stride {self.stride}")
         if self.memory == 0:
@@ -93,6 +105,8 @@ class StreamingConv1d(nn.Module):
 
 
 class StreamingConvTranspose1d(nn.Module):
+    """Streaming transposed conv (upsampling); needs ``stride < kernel_size <= 2 * stride`` (else ``ValueError``)."""
+
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
                  groups: int = 1, bias: bool = True):
         super().__init__()
@@ -103,11 +117,15 @@ class StreamingConvTranspose1d(nn.Module):
         self.tail = kernel_size - stride
 
     def init_state(self, batch_size: int) -> ConvTrState:
+        """A fresh (zero-tail) state for ``batch_size`` rows, on the weights' device and dtype."""
         w = self.convtr.convtr.weight
         out_channels = w.shape[1] * self.convtr.convtr.groups
         return ConvTrState(torch.zeros(batch_size, out_channels, self.tail, device=w.device, dtype=w.dtype))
 
     def forward(self, x: torch.Tensor, state: ConvTrState, exec_mask: torch.Tensor) -> torch.Tensor:
+        """``[B, C_in, T]`` -> ``[B, C_out, T * stride]``, the previous chunk's tail added; only the rows of
+        ``exec_mask`` [B] keep the new tail.
+        """
         conv = self.convtr.convtr
         y = conv(x)
         out = y[..., : -self.tail].clone()

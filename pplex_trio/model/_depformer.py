@@ -28,6 +28,8 @@ from ._transformer import GatedFFN, make_norm
 
 
 class DepformerAttention(nn.Module):
+    """Self-attention of one depformer layer, with one stacked set of projection weights per step."""
+
     def __init__(self, dim: int, num_heads: int, num_weights: int):
         super().__init__()
         self.num_heads = num_heads
@@ -59,6 +61,8 @@ def _step_rows(weight: torch.Tensor, scale: torch.Tensor | None, step: int,
 
 
 class DepformerLayer(nn.Module):
+    """One depformer layer: attention and a gated FFN, each step with its own FFN when weights are per step."""
+
     def __init__(self, cfg: LMConfig):
         super().__init__()
         dim, per_step = cfg.depformer_dim, cfg.depformer_weights_per_step
@@ -73,6 +77,7 @@ class DepformerLayer(nn.Module):
             self.gating = GatedFFN(dim, cfg.depformer_hidden(0), cfg.gating)
 
     def ffn(self, step: int) -> GatedFFN:
+        """The gated FFN that step ``step`` uses (the shared one when weights are not per step)."""
         return self.gating[step] if isinstance(self.gating, nn.ModuleList) else self.gating
 
 
@@ -94,6 +99,7 @@ class Depformer(nn.Module):
         self.layers = ModuleList(DepformerLayer(cfg) for _ in range(cfg.depformer_num_layers))
 
     def init_cache(self, batch_size: int) -> DepformerCache:
+        """A zeroed per-frame cache for ``batch_size`` rows, in the weights' dtype (not int8's) and on their device."""
         p = self.layers[0].self_attn.in_proj_weight
         dtype = next(self.layers[0].norm1.parameters()).dtype  # the weights' dtype: int8 ones say nothing
         shape = (len(self.layers), self.num_steps, batch_size, 3 * p.shape[1])

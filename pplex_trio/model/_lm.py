@@ -22,6 +22,8 @@ from ._transformer import StreamingTransformer, TransformerState, make_norm
 
 
 class LMModel(nn.Module):
+    """The LM's weights: stream embeddings, the temporal transformer, the text head, the depformer and its heads."""
+
     def __init__(self, cfg: LMConfig):
         super().__init__()
         self.cfg = cfg
@@ -48,10 +50,12 @@ class LMModel(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
+        """The dtype of the (unquantized) weights, read from the text embedding."""
         return self.text_emb.weight.dtype
 
     @property
     def device(self) -> torch.device:
+        """The device the weights live on."""
         return self.text_emb.weight.device
 
     def initial_tokens(self) -> torch.Tensor:
@@ -62,9 +66,11 @@ class LMModel(nn.Module):
         return tokens
 
     def init_state(self, batch_size: int) -> TransformerState:
+        """A fresh temporal-transformer state (KV rings) for ``batch_size`` rows, in the precision's KV format."""
         return self.transformer.init_state(batch_size, kv=self.precision.kv_cache)
 
     def init_depformer_cache(self, batch_size: int) -> DepformerCache:
+        """A zeroed depformer cache for ``batch_size`` rows."""
         return self.depformer.init_cache(batch_size)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:

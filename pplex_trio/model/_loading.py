@@ -92,6 +92,7 @@ class LoadedModel:
 
     @property
     def name(self) -> str:
+        """The model config's name (``personaplex-7b-v1``, ``tiny``, ...)."""
         return self.config.name
 
 

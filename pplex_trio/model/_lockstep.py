@@ -81,6 +81,8 @@ class StepInputs:
 
 @dataclasses.dataclass
 class StepResult:
+    """What one LM step gives back for every row; the logits and embeddings only when the caller asked for them."""
+
     tokens: torch.Tensor  # [B, K] de-delayed frame; UNGENERATED where not valid
     valid: torch.Tensor  # [B] bool
     hidden: torch.Tensor  # [B, dim] temporal transformer output (after out_norm)
@@ -91,12 +93,15 @@ class StepResult:
 
 @dataclasses.dataclass
 class TokenCache:
+    """Per-row ring of delayed token frames, with which tokens were forced and each row's LM offset."""
+
     tokens: torch.Tensor  # [B, K, slots] long
     provided: torch.Tensor  # [B, K, slots] bool
     offset: torch.Tensor  # [B] long: LM offset of the next step
     initial: torch.Tensor  # [K] initial token per stream
 
     def reset(self, mask: torch.Tensor) -> None:
+        """Put the rows selected by ``mask`` [B] back to fresh, in place: initial tokens, nothing forced, offset 1."""
         reset_rows_(self.tokens, mask, self.initial[None, :, None].expand_as(self.tokens))
         reset_rows_(self.provided, mask, False)
         reset_rows_(self.offset, mask, 1)
@@ -144,6 +149,9 @@ class CacheRules:
 
     @classmethod
     def of(cls, cfg: LMConfig, depformer_steps: int, device: torch.device | str) -> "CacheRules":
+        """The rules for ``cfg`` (delays, the reference's user timing) with ``depformer_steps`` generated codebooks, on
+        ``device``.
+        """
         k = cfg.num_streams
         delays = torch.tensor(cfg.delays, device=device)
         # Each stream's delay, one frame less for the user's streams under Kyutai's timing.
@@ -157,6 +165,7 @@ class CacheRules:
                    generated=generated, slots=cfg.max_delay + 3, max_delay=cfg.max_delay)
 
     def fresh_cache(self, batch_size: int) -> TokenCache:
+        """A fresh token cache for ``batch_size`` rows: initial tokens everywhere, nothing forced, offset 1."""
         k, device = self.delays.shape[0], self.delays.device
         return TokenCache(
             tokens=self.initial[None, :, None].expand(batch_size, k, self.slots).clone(),

@@ -30,11 +30,14 @@ from ._transformer import StreamingTransformer, TransformerState
 
 @dataclasses.dataclass
 class MimiEncoderState:
+    """Per-row streaming state of Mimi's encoder: SEANet convs, transformer KV rings, the downsampling conv."""
+
     seanet: StateList
     transformer: TransformerState
     downsample: ConvState
 
     def reset(self, mask: torch.Tensor) -> None:
+        """Put the rows selected by ``mask`` [B] back to fresh in every part, in place."""
         self.seanet.reset(mask)
         self.transformer.reset(mask)
         self.downsample.reset(mask)
@@ -42,17 +45,22 @@ class MimiEncoderState:
 
 @dataclasses.dataclass
 class MimiDecoderState:
+    """Per-row streaming state of Mimi's decoder: the upsampling conv, transformer KV rings, SEANet convs."""
+
     upsample: ConvTrState
     transformer: TransformerState
     seanet: StateList
 
     def reset(self, mask: torch.Tensor) -> None:
+        """Put the rows selected by ``mask`` [B] back to fresh in every part, in place."""
         self.upsample.reset(mask)
         self.transformer.reset(mask)
         self.seanet.reset(mask)
 
 
 class Mimi(nn.Module):
+    """The Mimi codec: 24 kHz PCM to codebook tokens at 12.5 Hz and back, streamed frame by frame."""
+
     def __init__(self, cfg: MimiConfig):
         super().__init__()
         self.cfg = cfg
@@ -71,10 +79,12 @@ class Mimi(nn.Module):
 
     @property
     def frame_size(self) -> int:
+        """Samples per frame (1920: 80 ms at 24 kHz)."""
         return self.cfg.frame_size
 
     @property
     def num_codebooks(self) -> int:
+        """Codebooks per frame that the encoder emits and the decoder reads."""
         return self.cfg.num_codebooks
 
     def refresh(self) -> None:
@@ -82,6 +92,7 @@ class Mimi(nn.Module):
         self.quantizer.refresh()
 
     def init_encoder_state(self, batch_size: int) -> MimiEncoderState:
+        """A fresh encoder state for ``batch_size`` rows."""
         return MimiEncoderState(
             seanet=self.encoder.init_state(batch_size),
             transformer=self.encoder_transformer.transformer.init_state(batch_size),
@@ -89,6 +100,7 @@ class Mimi(nn.Module):
         )
 
     def init_decoder_state(self, batch_size: int) -> MimiDecoderState:
+        """A fresh decoder state for ``batch_size`` rows."""
         return MimiDecoderState(
             upsample=self.upsample.convtr.init_state(batch_size),
             transformer=self.decoder_transformer.transformer.init_state(batch_size),

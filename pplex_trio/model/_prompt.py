@@ -58,15 +58,20 @@ class PromptPlan:
 
     @property
     def num_steps(self) -> int:
+        """Prompt steps in all: voice steps, then the silences and persona tokens."""
         return self.tokens.shape[0]
 
     @property
     def voice_steps(self) -> int:
+        """Leading steps that read the voice's stored embeddings (0 without a voice)."""
         return self.voice.num_steps if self.voice is not None else 0
 
 
 def build_prompt_plan(cfg: ModelConfig, tokenizer: TextTokenizer, persona: str,
                       voice: VoicePrompt | None) -> PromptPlan:
+    """Plan the system prompt of one conversation (voice, silences, persona) for ``cfg``; ``ValueError`` if the voice or
+    the prompt tokens were made for another model.
+    """
     lm, p = cfg.lm, cfg.prompt
     if not p.enabled:
         return _with_cache_run(lm, np.zeros((0, lm.num_streams), dtype=np.int64), None, ())

@@ -152,6 +152,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., in]`` -> ``[..., out]``, through the int8 weight and its scales."""
         return int8_linear(x, self.weight, self.scale)
 
 

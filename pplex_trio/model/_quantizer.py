@@ -20,6 +20,8 @@ from ._modules import ModuleList
 
 
 class Codebook(nn.Module):
+    """One VQ codebook, kept as Kyutai's EMA statistics; :meth:`refresh` derives the vectors after a load."""
+
     _initialized: torch.Tensor  # buffers (register_buffer below)
     cluster_usage: torch.Tensor
     embedding_sum: torch.Tensor
@@ -49,12 +51,16 @@ class Codebook(nn.Module):
 
 
 class VectorQuantization(nn.Module):
+    """A wrapper holding one codebook under the checkpoints' parameter name (``_codebook``)."""
+
     def __init__(self, dim: int, bins: int, epsilon: float):
         super().__init__()
         self._codebook = Codebook(dim, bins, epsilon)
 
 
 class ResidualVQ(nn.Module):
+    """Residual VQ: each codebook quantizes what the ones before it left, between input and output projections."""
+
     def __init__(self, cfg: QuantizerConfig, n_q: int):
         super().__init__()
         self.input_proj = nn.Conv1d(cfg.input_dimension, cfg.dimension, 1, bias=False)
@@ -63,6 +69,7 @@ class ResidualVQ(nn.Module):
             VectorQuantization(cfg.dimension, cfg.bins, cfg.epsilon) for _ in range(n_q)))
 
     def codebooks(self, n: int) -> list[Codebook]:
+        """The first ``n`` codebooks, in residual order."""
         return [layer._codebook for layer in self.vq.layers[:n]]
 
     def encode(self, x: torch.Tensor, n: int) -> torch.Tensor:
@@ -92,6 +99,8 @@ class ResidualVQ(nn.Module):
 
 
 class SplitResidualVQ(nn.Module):
+    """Mimi's quantizer: a semantic residual VQ for the first codebook(s), a second one for the acoustic rest."""
+
     def __init__(self, cfg: QuantizerConfig):
         super().__init__()
         self.n_semantic = cfg.n_q_semantic
@@ -99,15 +108,18 @@ class SplitResidualVQ(nn.Module):
         self.rvq_rest = ResidualVQ(cfg, cfg.n_q - cfg.n_q_semantic)
 
     def refresh(self) -> None:
+        """Recompute every codebook's vectors from its statistics; call after loading weights."""
         for module in self.modules():
             if isinstance(module, Codebook):
                 module.refresh()
 
     def encode(self, x: torch.Tensor, num_codebooks: int) -> torch.Tensor:
+        """``[B, C, T]`` latents to ``[B, num_codebooks, T]`` codes, semantic ones first."""
         first = self.rvq_first.encode_list(x, self.n_semantic)
         return torch.stack(first + self.rvq_rest.encode_list(x, num_codebooks - self.n_semantic), dim=1)
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """``[B, n, T]`` codes (semantic first; acoustic ones optional) to ``[B, C, T]`` latents."""
         out = self.rvq_first.decode(codes[:, : self.n_semantic])
         if codes.shape[1] > self.n_semantic:
             out = out + self.rvq_rest.decode(codes[:, self.n_semantic:])

@@ -89,6 +89,7 @@ class RowSampling:
 
     @classmethod
     def greedy_rows(cls, batch_size: int, text_card: int, card: int, device: torch.device | str) -> "RowSampling":
+        """Settings for ``batch_size`` rows that all pick the argmax, on ``device``."""
         def greedy(vocab: int) -> RowChoice:
             zero = torch.zeros(batch_size, device=device)
             return RowChoice.of(zero, zero.long(), torch.ones(batch_size, dtype=torch.bool, device=device), vocab)
@@ -102,6 +103,7 @@ class RowSampling:
             choice.argmax.fill_(True)
 
     def set_row(self, row: int, sampling: Sampling) -> None:
+        """Set row ``row``'s text and audio settings from a conversation's :class:`Sampling`, in place."""
         self.text.set_row(row, sampling.text_temperature, sampling.text_topk, sampling.greedy)
         self.audio.set_row(row, sampling.audio_temperature, sampling.audio_topk, sampling.greedy)
 
@@ -167,6 +169,7 @@ class RowNoise:
         return text_seed, audio_seed
 
     def reset(self) -> None:
+        """Every row back to seed 0 with its step counter at 0, in place."""
         self.seeds.zero_()
         self.bases.zero_()  # the hash of a zero seed
         self.steps.zero_()

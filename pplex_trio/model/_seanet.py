@@ -43,12 +43,15 @@ class StateList(list):
     """The states of a sequence of layers (``None`` for stateless ones)."""
 
     def reset(self, mask: torch.Tensor) -> None:
+        """Put the rows selected by ``mask`` [B] back to fresh in every layer that has a state, in place."""
         for state in self:
             if state is not None:
                 state.reset(mask)
 
 
 class ResidualBlock(nn.Module):
+    """SEANet's residual unit: ELU, dilated conv, ELU, 1x1 conv, added to the input (or to a 1x1 conv of it)."""
+
     def __init__(self, dim: int, cfg: SEANetConfig, dilation: int):
         super().__init__()
         hidden = dim // cfg.compress
@@ -62,9 +65,11 @@ class ResidualBlock(nn.Module):
             self.shortcut = StreamingConv1d(dim, dim, 1, pad_mode=cfg.pad_mode)
 
     def init_state(self, batch_size: int) -> StateList:
+        """Fresh states of the block's convs for ``batch_size`` rows."""
         return StateList(_init_states(self.block, batch_size))
 
     def forward(self, x: torch.Tensor, state: StateList, exec_mask: torch.Tensor) -> torch.Tensor:
+        """``[B, dim, T]`` -> ``[B, dim, T]``; only the rows of ``exec_mask`` [B] move their state."""
         skip = x if not hasattr(self, "shortcut") else self.shortcut(x, None, exec_mask)
         return skip + _run(self.block, state, x, exec_mask)
 
@@ -87,9 +92,13 @@ class SEANetEncoder(nn.Module):
         self.model = nn.Sequential(*layers)
 
     def init_state(self, batch_size: int) -> StateList:
+        """Fresh states of every layer for ``batch_size`` rows (``None`` for stateless ones)."""
         return StateList(_init_states(self.model, batch_size))
 
     def forward(self, x: torch.Tensor, state: StateList, exec_mask: torch.Tensor) -> torch.Tensor:
+        """``[B, channels, T]`` -> ``[B, dimension, T / hop]``, T a multiple of the hop; only the rows of ``exec_mask``
+        [B] move their state.
+        """
         return _run(self.model, state, x, exec_mask)
 
 
@@ -110,7 +119,9 @@ class SEANetDecoder(nn.Module):
         self.model = nn.Sequential(*layers)
 
     def init_state(self, batch_size: int) -> StateList:
+        """Fresh states of every layer for ``batch_size`` rows (``None`` for stateless ones)."""
         return StateList(_init_states(self.model, batch_size))
 
     def forward(self, x: torch.Tensor, state: StateList, exec_mask: torch.Tensor) -> torch.Tensor:
+        """``[B, dimension, T]`` -> ``[B, channels, T * hop]``; only the rows of ``exec_mask`` [B] move their state."""
         return _run(self.model, state, x, exec_mask)

@@ -37,9 +37,11 @@ class TextTokenizer:
         self.pad_ids = pad_ids
 
     def encode(self, text: str) -> list[int]:
+        """SentencePiece ids of ``text``, no special tokens added."""
         return list(self.sp.encode(text))
 
     def is_text(self, token: int) -> bool:
+        """Whether ``token`` is a text piece: neither a pad id nor one of the LM's own ids (``>= text_card``)."""
         return token not in self.pad_ids and 0 <= token < self.text_card
 
     def offline_piece(self, token: int) -> str:
@@ -49,6 +51,7 @@ class TextTokenizer:
         return self.sp.id_to_piece(token).replace("\u2581", " ")
 
     def decoder(self) -> "StreamDecoder":
+        """A fresh :class:`StreamDecoder` for one stream of tokens (one conversation)."""
         return StreamDecoder(self)
 
 

@@ -116,6 +116,9 @@ def synthetic_voice(seconds: float, pitch: float, seed: int, sample_rate: int = 
 
 
 def build_tiny_checkpoint(folder: Path, cfg: ModelConfig) -> None:
+    """Write a complete seeded random-weight checkpoint of ``cfg`` into ``folder``: tokenizer, weights, voices, and
+    ``config.json`` last (its presence marks the folder complete).
+    """
     folder.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(TINY_SEED)
     (folder / TOKENIZER_FILE).write_bytes(train_tokenizer(cfg.lm.text_card))
@@ -136,6 +139,8 @@ def build_tiny_checkpoint(folder: Path, cfg: ModelConfig) -> None:
 
 
 def train_tokenizer(vocab_size: int) -> bytes:
+    """A SentencePiece unigram model of ``vocab_size`` pieces trained on a small built-in corpus, as serialized bytes.
+    """
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(_CORPUS.splitlines() * 4), model_writer=model, vocab_size=vocab_size,

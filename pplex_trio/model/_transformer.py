@@ -38,19 +38,24 @@ class RMSNorm(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, 1, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., dim]`` -> ``[..., dim]``, normalized by the root mean square and scaled by ``alpha``."""
         return F.rms_norm(x, (x.shape[-1],), self.alpha.view(-1).to(x.dtype), self.eps)
 
 
 class LayerScale(nn.Module):
+    """A learned per-channel scale on a residual branch (Mimi's transformer)."""
+
     def __init__(self, dim: int):
         super().__init__()
         self.scale = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., dim]`` -> ``[..., dim]``, each channel multiplied by its scale."""
         return self.scale * x
 
 
 def make_norm(kind: str, dim: int) -> nn.Module:
+    """The norm module named ``kind`` (``rms_norm_f32``, ``rms_norm``, ``layer_norm``); ``ValueError`` for others."""
     if kind == "rms_norm_f32":
         return RMSNorm(dim, eps=1e-8)
     if kind == "rms_norm":
@@ -61,6 +66,7 @@ def make_norm(kind: str, dim: int) -> nn.Module:
 
 
 def activation(name: str):
+    """The ``torch.nn.functional`` activation named ``name`` (silu, gelu, relu, elu); ``ValueError`` for others."""
     if name in ("silu", "gelu", "relu", "elu"):
         return getattr(F, name)
     raise ValueError(f"unsupported activation {name!r}")
@@ -77,6 +83,7 @@ class GatedFFN(nn.Module):
         self.linear_out = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``[..., dim]`` -> ``[..., dim]``; with ``residual`` (same shape), the sum in one kernel."""
         h = self.linear_in(x)
         h = h.view(*h.shape[:-1], 2, -1)
         h = self.act(h[..., 0, :]) * h[..., 1, :]
@@ -109,6 +116,10 @@ class Attention(nn.Module):
 
 
 class TransformerLayer(nn.Module):
+    """One pre-norm transformer layer: ring self-attention, then a plain GELU or a gated FFN, each optionally
+    layer-scaled.
+    """
+
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.self_attn = Attention(cfg.d_model, cfg.num_heads)
@@ -167,9 +178,11 @@ class TransformerState:
 
     @property
     def values(self) -> torch.Tensor:
+        """``[L, B, H, context, Dh]`` (a view)."""
         return self.kv[1, ..., :-1, :]
 
     def reset(self, mask: torch.Tensor) -> None:
+        """Empty the rings of the rows selected by ``mask`` [B] (their position count back to 0), in place."""
         # Old keys need no clearing: positions >= end are never attended.
         reset_rows_(self.end, mask, 0)
 
@@ -187,6 +200,7 @@ class TransformerState:
         self.kv[:, layer, row].index_copy_(2, slots, kv.to(self.kv.dtype))
 
     def read_row(self, layer: int, row: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row ``row``'s keys and values of one layer, ``[H, context, Dh]`` each, in ``dtype``."""
         return self.kv[0, layer, row, :, :-1].to(dtype), self.kv[1, layer, row, :, :-1].to(dtype)
 
 
@@ -203,6 +217,7 @@ class Fp8TransformerState(TransformerState):
 
     @property
     def value_scales(self) -> torch.Tensor:
+        """``[L, B, H, context]`` (a view)."""
         return self.scales[1, ..., :-1]
 
     def write(self, layer: int, slots: torch.Tensor, kv: torch.Tensor) -> None:
@@ -236,6 +251,9 @@ class StreamingTransformer(nn.Module):
 
     def init_state(self, batch_size: int, device: torch.device | str | None = None,
                    dtype: torch.dtype | None = None, kv: KVFormat = KVFormat.MODEL) -> TransformerState:
+        """A fresh state (empty rings) for ``batch_size`` rows, by default on the weights' device and dtype; ``kv``
+        picks the ring's storage (fp8 or the model's dtype).
+        """
         norm = next(self.layers[0].norm2.parameters())  # the weights' dtype: int8 ones say nothing
         c = self.cfg
         shape = (2, c.num_layers, batch_size, c.num_heads, c.context + 1, c.d_model // c.num_heads)

@@ -35,16 +35,20 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class VoicePrompt:
+    """A stored voice: the input embeddings of its prompt steps and the token cache after them."""
+
     name: str
     embeddings: torch.Tensor  # [T, dim]
     cache: torch.Tensor  # [1, K, slots] long
 
     @property
     def num_steps(self) -> int:
+        """Prompt steps the voice takes (one per 80 ms frame of its recording)."""
         return self.embeddings.shape[0]
 
     @classmethod
     def from_file(cls, path: Path) -> "VoicePrompt":
+        """Load a voice file (the reference's ``.pt`` layout) onto the CPU; ``ValueError`` if it is not one."""
         data = torch.load(path, map_location="cpu", weights_only=True)
         try:
             emb, cache = data["embeddings"], data["cache"]
@@ -53,6 +57,7 @@ class VoicePrompt:
         return cls(name=path.name, embeddings=emb.reshape(emb.shape[0], emb.shape[-1]), cache=cache.long())
 
     def save(self, path: Path | typing.BinaryIO) -> None:
+        """Write the voice in the reference's ``.pt`` layout, readable by :meth:`from_file`."""
         emb = self.embeddings.reshape(self.num_steps, 1, 1, -1).cpu()
         torch.save({"embeddings": emb, "cache": self.cache.cpu()}, path)
 
@@ -168,6 +173,7 @@ class VoiceMaking:
 
     @property
     def frames_left(self) -> int:
+        """Frames still to encode before the prompt is done."""
         return self.frames_total - self._done
 
     @torch.no_grad()

@@ -62,12 +62,18 @@ class RequestHead:
 
 @dataclasses.dataclass(frozen=True)
 class Allowed:
+    """The connection may go on; ``via`` says how its token was given (``session``: to be checked in the session's first
+    event), or None when no token is required.
+    """
+
     via: str | None  # "header", "query", "cookie", "subprotocol", "session" (to be checked there), or None: no
     # token is needed
 
 
 @dataclasses.dataclass(frozen=True)
 class Refused:
+    """The connection is refused before it opens: the HTTP status, the metrics label and the client's message."""
+
     status: int  # 401, 403, 429 (or 503 from the server's busy check)
     reason: str  # metrics label: unauthorized, forbidden_origin, too_many_connections
     message: str  # for the client; never contains the token
@@ -241,4 +247,5 @@ class AccessPolicy:
                 del self._connections[client]
 
     def connections(self, client: str) -> int:
+        """How many connections :meth:`open` counts for ``client`` now."""
         return self._connections[client]

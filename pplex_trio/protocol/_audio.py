@@ -23,4 +23,5 @@ class SampleFormat:
 
     @property
     def sample_bytes(self) -> int:
+        """Bytes per sample: 2 for PCM16, 1 for G.711."""
         return 2 if self.encoding is Encoding.PCM16 else 1

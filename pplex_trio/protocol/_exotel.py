@@ -48,6 +48,9 @@ class ExotelCarrier(StreamEvents):
         self._held = b""  # our audio short of a whole CHUNK_BYTES, sent with the next frame
 
     def parse(self, message: bytes | str) -> CallEvent | None:
+        """The event one Exotel message carries: the caller's audio (16-bit PCM), the start, or one of the common
+        events; None for others.
+        """
         event = _read.load(message)
         kind = event["event"]
         if kind == "media":
@@ -74,12 +77,16 @@ class ExotelCarrier(StreamEvents):
     # -- our messages -------------------------------------------------------------
 
     def media(self, audio: bytes) -> str:
+        """A ``media`` message of ``audio`` in whole 320-byte chunks, as Exotel wants; the remainder is held for the
+        next one.
+        """
         audio = self._held + audio
         whole = len(audio) - len(audio) % CHUNK_BYTES
         audio, self._held = audio[:whole], audio[whole:]
         return super().media(audio)
 
     def clear(self) -> str:
+        """A ``clear`` message; the audio held back for the next chunk is dropped too."""
         self._held = b""
         return super().clear()
 

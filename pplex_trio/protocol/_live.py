@@ -54,11 +54,14 @@ class LiveConfig:
     audio_format: SampleFormat = DEFAULT_FORMAT
 
     def conversation(self) -> Conversation:
+        """The conversation these settings ask of the engine (persona and voice)."""
         return Conversation(persona=self.instructions, voice=self.voice)
 
 
 @dataclasses.dataclass(frozen=True)
 class SessionStart(ClientEvent):
+    """``session.start``: the session's settings as the client sent them, read by the session adapter."""
+
     session: Mapping[str, Any]
 
 

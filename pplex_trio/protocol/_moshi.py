@@ -14,6 +14,8 @@ from ._errors import CloseCode, ProtocolError
 
 
 class Kind(enum.IntEnum):
+    """A Moshi frame's first byte: what its payload is."""
+
     HANDSHAKE = 0x00
     AUDIO = 0x01
     TEXT = 0x02
@@ -71,16 +73,20 @@ def handshake() -> bytes:
 
 
 def audio(ogg: bytes) -> bytes:
+    """The server frame carrying Ogg Opus pages of the agent's audio."""
     return bytes([Kind.AUDIO]) + ogg
 
 
 def text(piece: str) -> bytes:
+    """The server frame carrying one piece of the agent's text, UTF-8."""
     return bytes([Kind.TEXT]) + piece.encode("utf-8")
 
 
 def error(message: str) -> bytes:
+    """The server frame carrying an error message (UTF-8), sent before the close."""
     return bytes([Kind.ERROR]) + message.encode("utf-8")
 
 
 def ping() -> bytes:
+    """The server's keepalive frame: the kind byte alone."""
     return bytes([Kind.PING])

@@ -15,12 +15,16 @@ from ._errors import EventError, ProtocolError
 
 @dataclasses.dataclass(frozen=True)
 class ClientEvent:
+    """A client event as parsed: its ``type`` and ``event_id``; the subclasses add their fields."""
+
     type: str
     event_id: str | None
 
 
 @dataclasses.dataclass(frozen=True)
 class AudioAppend(ClientEvent):
+    """``input_audio_buffer.append`` (Realtime) or ``session.input_audio.append`` (Live): the caller's audio."""
+
     audio: bytes  # decoded from base64, still in the session's format
 
 

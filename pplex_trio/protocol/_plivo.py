@@ -64,6 +64,9 @@ class PlivoCarrier(StreamEvents):
         self._format: tuple[str, int] = ("audio/x-mulaw", 8_000)
 
     def parse(self, message: bytes | str) -> CallEvent | None:
+        """The event one Plivo message carries: the caller's audio (inbound track only), the start, ``playedStream`` as
+        the mark's echo, or a common event; None for others.
+        """
         event = _read.load(message)
         kind = event["event"]
         if kind == "media":
@@ -98,14 +101,17 @@ class PlivoCarrier(StreamEvents):
     # -- our messages -------------------------------------------------------------
 
     def media(self, audio: bytes) -> str:
+        """A ``playAudio`` message of ``audio``, labelled with the stream's content type and rate."""
         content_type, rate = self._format
         return self._message("playAudio", media={"contentType": content_type, "sampleRate": rate,
                                                  "payload": base64.b64encode(audio).decode("ascii")})
 
     def clear(self) -> str:
+        """A ``clearAudio`` message (barge-in)."""
         return self._message("clearAudio")
 
     def mark(self, name: str) -> str:
+        """A ``checkpoint`` named ``name``; Plivo answers ``playedStream`` once what came before has played."""
         return self._message("checkpoint", name=name)
 
 

@@ -31,6 +31,8 @@ class Close:
 
 @dataclasses.dataclass(frozen=True)
 class PcmReceived:
+    """A binary frame's audio: float32 mono samples at 24 kHz, checked by :func:`decode_pcm`."""
+
     pcm: np.ndarray
 
 
@@ -92,24 +94,30 @@ def _json(obj: dict[str, Any]) -> str:
 
 
 def ready() -> str:
+    """``{"type": "ready"}``: the system prompt has run; PCM sent before it is not lost."""
     return _json({"type": "ready"})
 
 
 def queued(position: int) -> str:
+    """``{"type": "queued", "position": n}``: waiting for a slot, ``position`` in line (1-based)."""
     return _json({"type": "queued", "position": position})
 
 
 def text(piece: str) -> str:
+    """``{"type": "text", "text": piece}``: a piece of the agent's text."""
     return _json({"type": "text", "text": piece})
 
 
 def done() -> str:
+    """``{"type": "done"}``: everything is out, the answer to a close."""
     return _json({"type": "done"})
 
 
 def error(message: str) -> str:
+    """``{"type": "error", "error": message}``, sent before the close."""
     return _json({"type": "error", "error": message})
 
 
 def pcm_frame(pcm: np.ndarray) -> bytes:
+    """A binary frame of ``pcm`` as float32 little-endian samples."""
     return np.ascontiguousarray(pcm, dtype="<f4").tobytes()

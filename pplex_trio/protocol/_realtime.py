@@ -28,6 +28,8 @@ from ._params import persona_text, temperature, voice_choice
 
 
 class Dialect(enum.Enum):
+    """Which shape of the protocol a connection speaks: GA, or beta (header ``OpenAI-Beta: realtime=v1``)."""
+
     GA = "ga"
     BETA = "beta"
 
@@ -46,10 +48,12 @@ class AudioFormat(enum.Enum):
 
     @property
     def sample_format(self) -> SampleFormat:
+        """The format as the session adapter's codec takes it (encoding and rate)."""
         return SampleFormat(Encoding(self.ga), self.rate)
 
     @classmethod
     def named(cls, name: str) -> AudioFormat | None:
+        """The format a client names in either dialect (``audio/pcm`` or ``pcm16``, ...); None for an unknown name."""
         return next((f for f in cls if name in (f.ga, f.beta)), None)
 
 
@@ -67,6 +71,7 @@ class SessionConfig:
     temperature: float = Sampling().audio_temperature  # beta's `temperature`: the audio sampling temperature
 
     def conversation(self) -> Conversation:
+        """The conversation these settings ask of the engine: persona, voice, and the audio temperature."""
         return Conversation(persona=self.instructions, voice=self.voice,
                             sampling=dataclasses.replace(Sampling(), audio_temperature=self.temperature))
 
@@ -142,11 +147,17 @@ def _audio_format(value: Any, param: str, event_id: str | None) -> AudioFormat:
 
 @dataclasses.dataclass(frozen=True)
 class SessionUpdate(ClientEvent):
+    """``session.update``: the session object as sent, checked later by :func:`apply_session_update`."""
+
     session: Any
 
 
 @dataclasses.dataclass(frozen=True)
 class ResponseCreate(ClientEvent):
+    """``response.create``: starts the conversation if it has not started; ``metadata`` is echoed in the response it
+    opens.
+    """
+
     metadata: dict[str, str] | None  # echoed in the response it opens (frameworks match replies by it)
 
 

@@ -37,6 +37,7 @@ class ServerEvents:
         self.session_id = self.new_id("sess")
 
     def new_id(self, prefix: str) -> str:
+        """A fresh id for this connection, ``<prefix>_000001`` and on (``sess``, ``item``, ``resp``, ...)."""
         return f"{prefix}_{next(self._ids):06d}"
 
     def _event(self, kind: str, **fields: Any) -> str:
@@ -47,6 +48,7 @@ class ServerEvents:
     # -- the session
 
     def session(self, config: SessionConfig) -> dict[str, Any]:
+        """The session object of ``session.created`` / ``session.updated`` in the connection's dialect."""
         if self.dialect is Dialect.BETA:
             # (beta's session model names only OpenAI's models: ours is left out, as the schema allows)
             return {"id": self.session_id, "object": "realtime.session",
@@ -65,57 +67,72 @@ class ServerEvents:
                 "truncation": "auto", "prompt": None}
 
     def session_created(self, config: SessionConfig) -> str:
+        """``session.created``: the first event of a connection, with its session."""
         return self._event("session.created", session=self.session(config))
 
     def session_updated(self, config: SessionConfig) -> str:
+        """``session.updated``: the session as it stands after a ``session.update``."""
         return self._event("session.updated", session=self.session(config))
 
     def error(self, message: str, *, kind: str = "invalid_request_error", code: str | None = None,
               param: str | None = None, event_id: str | None = None) -> str:
+        """An ``error`` event; ``event_id`` names the client event it answers, when there is one."""
         return self._event("error", error={"type": kind, "code": code, "message": message, "param": param,
                                            "event_id": event_id})
 
     def error_from(self, exc: EventError) -> str:
+        """The ``error`` event for a client event the parser refused."""
         return self.error(exc.message, kind=exc.kind, code=exc.code, param=exc.param, event_id=exc.event_id)
 
     # -- input
 
     def committed(self, item_id: str, previous_item_id: str | None) -> str:
+        """``input_audio_buffer.committed``: the caller's audio so far became item ``item_id``."""
         return self._event("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous_item_id)
 
     def cleared(self) -> str:
+        """``input_audio_buffer.cleared``, answering the client's clear."""
         return self._event("input_audio_buffer.cleared")
 
     def speech_started(self, audio_start_ms: int, item_id: str) -> str:
+        """``input_audio_buffer.speech_started``, at ``audio_start_ms`` of the caller's audio."""
         return self._event("input_audio_buffer.speech_started", audio_start_ms=audio_start_ms, item_id=item_id)
 
     def speech_stopped(self, audio_end_ms: int, item_id: str) -> str:
+        """``input_audio_buffer.speech_stopped``, at ``audio_end_ms`` of the caller's audio."""
         return self._event("input_audio_buffer.speech_stopped", audio_end_ms=audio_end_ms, item_id=item_id)
 
     def output_cleared(self, response_id: str) -> str:
+        """``output_audio_buffer.cleared``: the response's audio not yet sent was dropped (barge-in)."""
         return self._event("output_audio_buffer.cleared", response_id=response_id)
 
     # -- conversation items
 
     def item_added(self, previous_item_id: str | None, item: dict[str, Any]) -> list[str]:
+        """The events announcing a new item: GA's ``conversation.item.added`` and ``.done``, or beta's ``.created``."""
         if self.dialect is Dialect.BETA:
             return [self._event("conversation.item.created", previous_item_id=previous_item_id, item=item)]
         return [self._event("conversation.item.added", previous_item_id=previous_item_id, item=item),
                 self._event("conversation.item.done", previous_item_id=previous_item_id, item=item)]
 
     def item_truncated(self, item_id: str, content_index: int, audio_end_ms: int) -> str:
+        """``conversation.item.truncated``: the item's audio counts as played up to ``audio_end_ms``."""
         return self._event("conversation.item.truncated", item_id=item_id, content_index=content_index,
                            audio_end_ms=audio_end_ms)
 
     def item_deleted(self, item_id: str) -> str:
+        """``conversation.item.deleted``, answering the client's delete."""
         return self._event("conversation.item.deleted", item_id=item_id)
 
     def item_retrieved(self, item: dict[str, Any]) -> str:
+        """``conversation.item.retrieved`` with the item as kept."""
         return self._event("conversation.item.retrieved", item=item)
 
     # -- a response: created, its one audio item and part, deltas, then done
 
     def item(self, item_id: str, status: str, transcript: str | None) -> dict[str, Any]:
+        """The model's audio item (an assistant message) in the dialect's shape; no content until it has a transcript.
+        """
         content = {"type": "output_audio" if self.dialect is Dialect.GA else "audio", "transcript": transcript}
         return {"id": item_id, "object": "realtime.item", "type": "message", "status": status, "role": "assistant",
                 "content": [] if transcript is None else [content]}
@@ -132,6 +149,7 @@ class ServerEvents:
 
     def response_started(self, response_id: str, item_id: str, config: SessionConfig,
                          metadata: dict[str, str] | None = None) -> list[str]:
+        """The events that open a response: ``response.created``, its output item and its audio content part."""
         where = dict(response_id=response_id, item_id=item_id, output_index=0, content_index=0)
         return [
             self._event("response.created", response=self._response(response_id, "in_progress", config, [], metadata)),
@@ -141,15 +159,20 @@ class ServerEvents:
         ]
 
     def audio_delta(self, response_id: str, item_id: str, audio: bytes) -> str:
+        """``response.output_audio.delta`` (beta: ``response.audio.delta``) with ``audio`` as base64."""
         return self._event("response.output_audio.delta", response_id=response_id, item_id=item_id,
                            output_index=0, content_index=0, delta=base64.b64encode(audio).decode("ascii"))
 
     def transcript_delta(self, response_id: str, item_id: str, text: str) -> str:
+        """``response.output_audio_transcript.delta`` (beta: ``response.audio_transcript.delta``): a piece of the
+        agent's text.
+        """
         return self._event("response.output_audio_transcript.delta", response_id=response_id, item_id=item_id,
                            output_index=0, content_index=0, delta=text)
 
     def response_finished(self, response_id: str, item_id: str, config: SessionConfig, transcript: str,
                           status: str = "completed", metadata: dict[str, str] | None = None) -> list[str]:
+        """The events that close a response, innermost first, ending with ``response.done`` of ``status``."""
         where = dict(response_id=response_id, item_id=item_id, output_index=0, content_index=0)
         item = self.item(item_id, "completed" if status == "completed" else "incomplete", transcript)
         return [
@@ -163,6 +186,7 @@ class ServerEvents:
     # -- ours (the protocol has no queue)
 
     def queued(self, position: int) -> str:
+        """``pplex.queued``: this server's own event while the session waits for a slot, ``position`` in line."""
         return self._event("pplex.queued", position=position)
 
 

@@ -35,6 +35,7 @@ class ConversationItems:
 
     @property
     def last_id(self) -> str | None:
+        """The id of the newest item, or None when there is none (a new item's ``previous_item_id``)."""
         return next(reversed(self._items), None)
 
     def record(self, item: dict[str, Any]) -> None:
@@ -77,11 +78,15 @@ class ConversationItems:
         return item_id, _count(event, "content_index", 0, event_id), _count(event, "audio_end_ms", None, event_id)
 
     def delete(self, event: Mapping[str, Any], event_id: str | None) -> str:
+        """``conversation.item.delete``: forget the item; returns its id. ``EventError`` (``item_not_found``) for an
+        unknown id.
+        """
         item_id = self._existing(event, event_id)
         del self._items[item_id]
         return item_id
 
     def retrieve(self, event: Mapping[str, Any], event_id: str | None) -> dict[str, Any]:
+        """``conversation.item.retrieve``: the item as kept. ``EventError`` (``item_not_found``) for an unknown id."""
         return self._items[self._existing(event, event_id)]
 
     def _existing(self, event: Mapping[str, Any], event_id: str | None) -> str:

@@ -87,10 +87,17 @@ class Carrier(Protocol):
 
     name: ClassVar[str]  # the session's protocol label: twilio, telnyx, …
 
-    def parse(self, message: bytes | str) -> CallEvent | None: ...
-    def media(self, audio: bytes) -> str: ...  # our audio, in the call's format
-    def clear(self) -> str: ...  # drop what the carrier has buffered of our audio (barge-in)
-    def mark(self, name: str) -> str: ...  # echo ``name`` back once what was sent before it has played
+    def parse(self, message: bytes | str) -> CallEvent | None:
+        """The call event one message of the carrier's carries (None: one the session has no use for)."""
+
+    def media(self, audio: bytes) -> str:
+        """The message that sends ``audio``, our audio in the call's format."""
+
+    def clear(self) -> str:
+        """The message that drops what the carrier has buffered of our audio (barge-in)."""
+
+    def mark(self, name: str) -> str:
+        """The message asking the carrier to echo ``name`` back once what was sent before it has played."""
 
 
 # -- what the carrier modules share ------------------------------------------------------------
@@ -112,12 +119,15 @@ class StreamEvents:
         return json.dumps({"event": kind, **named, **fields}, separators=(",", ":"))
 
     def media(self, audio: bytes) -> str:
+        """A ``media`` message with ``audio`` as base64, naming the stream."""
         return self._message("media", media={"payload": base64.b64encode(audio).decode("ascii")})
 
     def clear(self) -> str:
+        """A ``clear`` message: the carrier drops the audio of ours it has buffered (barge-in)."""
         return self._message("clear")
 
     def mark(self, name: str) -> str:
+        """A ``mark`` message named ``name``; the carrier echoes it once what was sent before it has played."""
         return self._message("mark", mark={"name": name})
 
 
@@ -128,6 +138,7 @@ class EventReader:
         self.label = label
 
     def malformed(self, what: str) -> ProtocolError:
+        """A :class:`ProtocolError` (1007) for a malformed event of this carrier, saying ``what``."""
         return ProtocolError(f"malformed {self.label} event: {what}", CloseCode.INVALID_PAYLOAD)
 
     def load(self, message: bytes | str) -> dict[str, Any]:
@@ -144,12 +155,14 @@ class EventReader:
         return event
 
     def object(self, event: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+        """``event[key]``, which must be a JSON object (else a malformed-event error, 1007)."""
         value = event.get(key)
         if not isinstance(value, dict):
             raise self.malformed(f"'{key}' must be an object")
         return value
 
     def text(self, fields: Mapping[str, Any], key: str, where: str) -> str:
+        """``fields[key]``, which must be a string (else 1007, naming ``where.key``)."""
         value = fields.get(key)
         if not isinstance(value, str):
             raise self.malformed(f"{where}.{key} must be a string")
@@ -198,6 +211,7 @@ class EventReader:
                              CloseCode.UNSUPPORTED_DATA)
 
     def parameters(self, fields: Mapping[str, Any], key: str, where: str) -> Mapping[str, str]:
+        """``fields[key]``: an object of string values, or ``{}`` when absent (else 1007)."""
         parameters = fields.get(key) or {}
         if not isinstance(parameters, dict) or not all(isinstance(v, str) for v in parameters.values()):
             raise self.malformed(f"{where}.{key} must be an object of strings")

@@ -44,6 +44,9 @@ class TelnyxCarrier(StreamEvents):
     stream_key: ClassVar[str | None] = None
 
     def parse(self, message: bytes | str) -> CallEvent | None:
+        """The event one Telnyx message carries: the caller's audio (inbound track only), the start, or a common event;
+        None for others.
+        """
         event = _read.load(message)
         kind = event["event"]
         if kind == "media":

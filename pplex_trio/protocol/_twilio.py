@@ -35,6 +35,9 @@ class TwilioCarrier(StreamEvents):
     stream_key: ClassVar[str | None] = "streamSid"
 
     def parse(self, message: bytes | str) -> CallEvent | None:
+        """The event one Twilio message carries: the caller's audio (inbound track only), the start, or a common event;
+        None for others.
+        """
         event = _read.load(message)
         kind = event["event"]
         if kind == "media":

@@ -62,6 +62,7 @@ class InboundGuard:
 
     @property
     def websocket(self) -> bool:
+        """Whether the connection has become a WebSocket (the guard now reads frames, not HTTP requests)."""
         return self._reading is _Reading.FRAMES
 
     def inbound(self, data: bytes | bytearray) -> tuple[bytes, Refusal | None]:

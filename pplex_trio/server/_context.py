@@ -20,6 +20,10 @@ from .voices import VoiceStore, default_folder
 
 @dataclasses.dataclass(eq=False)
 class ServerContext:
+    """What every request handler of one server shares: settings, engine and its actor, metrics, encoders, stores, the
+    live sessions and the server's state.
+    """
+
     settings: ServerSettings
     engine: Engine
     actor: EngineActor
@@ -51,6 +55,7 @@ class ServerContext:
         return own + [name for name in self.added_voices() if name not in own]
 
     def added_voices(self) -> list[str]:
+        """The names of the voices added over HTTP (none when the server keeps no voice store)."""
         return self.voice_store.names() if self.voice_store is not None else []
 
     def unready(self, *, when_full: bool = True) -> Unready | None:

@@ -39,10 +39,17 @@ logger = logging.getLogger(__name__)
 class Encoders(Protocol):
     """Per-conversation Opus streams, wherever they run."""
 
-    def open_stream(self) -> Any: ...
-    def close_stream(self, stream: Any) -> None: ...
-    async def encode_many(self, stream: Any, frames: list[np.ndarray]) -> list[bytes]: ...
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None: ...
+    def open_stream(self) -> Any:
+        """A new Opus stream for one conversation: a handle for the calls below."""
+
+    def close_stream(self, stream: Any) -> None:
+        """Forget ``stream``; its conversation has ended."""
+
+    async def encode_many(self, stream: Any, frames: list[np.ndarray]) -> list[bytes]:
+        """Encode 24 kHz float32 ``frames`` on ``stream``, in order: each frame's Ogg pages (the headers first)."""
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve the streams until cancelled (a child process's, where there is one); started once it can."""
 
 
 NO_LIBOPUS = (
@@ -73,15 +80,19 @@ class InlineEncoders:
         self.kind = kind
 
     def open_stream(self) -> OpusWriter:
+        """A new writer of the chosen kind (libopus or sphn)."""
         return make_writer(self.kind)
 
     def close_stream(self, stream: OpusWriter) -> None:
+        """Nothing to release: the writer goes with its session."""
         pass
 
     async def encode_many(self, stream: OpusWriter, frames: list[np.ndarray]) -> list[bytes]:
+        """Each frame's Ogg pages, encoded here on the event loop."""
         return [stream.append_pcm(pcm) for pcm in frames]
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Nothing to serve: reports started at once and returns."""
         task_status.started()
 
 
@@ -108,10 +119,12 @@ class EncoderProcess:
         self.items = 0
 
     def open_stream(self) -> int:
+        """A new stream number on the child; the child creates its encoder with the stream's first item."""
         self._next_stream += 1
         return self._next_stream
 
     def close_stream(self, stream: int) -> None:
+        """Tell the child to forget ``stream`` with the next batch."""
         self._closing.append(stream)
         self._wakeup.set()
 
@@ -131,6 +144,10 @@ class EncoderProcess:
         return job.results
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the child and its writer and reader tasks until cancelled, starting a new child when one fails (its
+        streams' items fail with ``RuntimeError``); started once the first child is ready (``RuntimeError`` if it is
+        not within 60 s).
+        """
         started = False
         while True:
             process = await trio.lowlevel.open_process(
@@ -235,18 +252,22 @@ class ProcessEncoderPool:
         self.inline_open = 0
 
     def open_stream(self) -> int | LibopusWriter:
+        """A libopus writer on the event loop while fewer than ``inline_streams`` are open, else a stream of the child.
+        """
         if self.inline_open < self.inline_streams:
             self.inline_open += 1
             return LibopusWriter()
         return self.process.open_stream()
 
     def close_stream(self, stream: int | LibopusWriter) -> None:
+        """Free the stream's place: an inline one, or the child's."""
         if isinstance(stream, LibopusWriter):
             self.inline_open -= 1
         else:
             self.process.close_stream(stream)
 
     async def encode_many(self, stream: int | LibopusWriter, frames: list[np.ndarray]) -> list[bytes]:
+        """Each frame's Ogg pages: encoded here for an inline stream, else by the child."""
         if isinstance(stream, LibopusWriter):
             return [stream.append_pcm(pcm) for pcm in frames]
         payloads = [np.ascontiguousarray(pcm, dtype="<f4").tobytes() for pcm in frames]

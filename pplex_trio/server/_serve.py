@@ -53,14 +53,17 @@ class ServerHandle:
 
     @property
     def port(self) -> int:
+        """The port the first bind listens on (the one chosen when ``--port 0``)."""
         return int(self.binds[0].rsplit(":", 1)[1])
 
     @property
     def http_url(self) -> str:
+        """The first bind's base URL, ``http://HOST:PORT`` (``https://`` with TLS)."""
         return self.binds[0]
 
     @property
     def ws_url(self) -> str:
+        """The first bind's base URL for WebSockets, ``ws://HOST:PORT`` (``wss://`` with TLS)."""
         return "ws" + self.binds[0].removeprefix("http")  # http → ws, https → wss
 
     async def shutdown(self) -> None:
@@ -97,6 +100,9 @@ async def _shutdown(server: ServerContext, stop: trio.Event) -> None:
 
 
 def hypercorn_config(settings: ServerSettings) -> hypercorn.config.Config:
+    """Hypercorn's config for ``settings``: binds, limits and timeouts derived from ours (its message limit is a
+    backstop to the transport guard's).
+    """
     config = hypercorn.config.Config()
     config.bind = [f"{settings.host}:{settings.port}"]
     # The transport guard enforces our limit at the frame header; hypercorn's is a backstop.

@@ -17,6 +17,8 @@ from .._lifecycle import Lifecycle
 
 
 class ServerState(enum.Enum):
+    """Where the server is in its lifecycle (:data:`SERVER_LIFECYCLE`): serving, draining, or stopping."""
+
     SERVING = "serving"
     DRAINING = "draining"  # no new conversations; the live ones go on
     STOPPING = "stopping"  # every conversation is being closed (1001)

@@ -76,6 +76,10 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
 @dataclasses.dataclass
 class ServerSettings(ActorSettings):
+    """Every setting of a server (the engine actor's included), checked on creation (``ValueError`` saying which flag to
+    fix); ``serve``'s flags and ``--config`` keys are generated from the fields.
+    """
+
     # How ``serve --help`` presents the settings: its groups in this order (the advanced ones: --help-all).
     help_groups: ClassVar[tuple[str, ...]] = (
         "listening", "model and GPU", "conversations", "voices", "security", "observability", "timing")
@@ -250,8 +254,10 @@ class ServerSettings(ActorSettings):
 
     @property
     def tls(self) -> bool:
+        """Whether the server serves HTTPS and WSS (``--ssl`` or ``--certfile``)."""
         return self.ssl_dir is not None or self.certfile is not None
 
     @property
     def origins(self) -> frozenset[str]:
+        """``--allowed-origins`` parsed: the origins a browser page may connect from (``*``: any)."""
         return parse_origins(self.allowed_origins)

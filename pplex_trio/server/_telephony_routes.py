@@ -129,6 +129,9 @@ async def _answer_refused(carrier: str, signature: Signature, secure: bool, host
 
 
 def add_telephony_routes(app: QuartTrio, server: ServerContext) -> None:
+    """Add ``/telephony/<carrier>/answer`` to ``app``: the document that connects a carrier's call to its stream (404
+    for an unknown carrier, 403 for an unsigned request when the carrier's secret is set, 400 for bad parameters).
+    """
     settings = server.settings
 
     @app.route("/telephony/<carrier>/answer", methods=["GET", "POST"])

@@ -49,6 +49,7 @@ class AsgiWebSocket:
         self.disconnected = trio.CancelScope()  # cancelled when the client is gone
 
     async def accept(self, subprotocol: str | None = None) -> None:
+        """Accept the upgrade, offering ``subprotocol``; a second call does nothing."""
         if not self.accepted:
             await self._send({"type": "websocket.accept", "subprotocol": subprotocol, "headers": []})
             self.accepted = True
@@ -66,6 +67,9 @@ class AsgiWebSocket:
         await self._send({"type": "websocket.http.response.body", "body": body, "more_body": False})
 
     async def receive(self) -> bytes | str:
+        """The client's next message (bytes or text); once the client has disconnected, cancels the handler's scope
+        (:attr:`disconnected`) instead of returning.
+        """
         while True:
             event = await self._receive()
             kind = event["type"]
@@ -81,12 +85,15 @@ class AsgiWebSocket:
         raise AssertionError("unreachable: the handler's scope is cancelled")
 
     async def send(self, data: bytes | str) -> None:
+        """Send one message: text for ``str``, binary for ``bytes``."""
         if isinstance(data, str):
             await self._send({"type": "websocket.send", "bytes": None, "text": data})
         else:
             await self._send({"type": "websocket.send", "bytes": data, "text": None})
 
     async def close(self, code: int, reason: str = "") -> None:
+        """Send the close frame with ``code`` and ``reason``; a second call, or one after :meth:`refuse`, does nothing.
+        """
         if self.closed:
             return
         self.closed = True
@@ -107,6 +114,7 @@ class ConversationRouter:
 
     @property
     def websocket_paths(self) -> frozenset[str]:
+        """The paths whose WebSocket upgrades this router serves itself."""
         return frozenset(self.routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

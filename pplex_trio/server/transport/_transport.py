@@ -67,6 +67,9 @@ class GuardedStream(trio.abc.HalfCloseableStream):
         self.write_timed_out = False
 
     def peer(self) -> str:
+        """The client's address as ``host:port``, for logs; never raises (a closed socket reads "a client that is
+        gone").
+        """
         try:
             address = self.socket.getpeername()
         except OSError:
@@ -74,6 +77,9 @@ class GuardedStream(trio.abc.HalfCloseableStream):
         return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address or "a local client")
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        """The client's next bytes that passed the inbound guard (``b""`` at EOF); a guard refusal is answered, the
+        connection aborted and ``trio.BrokenResourceError`` raised.
+        """
         while True:
             data = await self._stream.receive_some(max_bytes)
             if not data:
@@ -87,6 +93,9 @@ class GuardedStream(trio.abc.HalfCloseableStream):
                 return passed  # else: only the start of a header so far, read on
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        """Write ``data`` under the watchdog's write deadline; a write it aborted raises ``trio.BrokenResourceError``
+        saying that the client read nothing.
+        """
         # hypercorn serializes its writes already; the lock only keeps our refusals apart from them,
         # so the common case takes it without a yield (and the deadline is the watchdog's, below).
         if self._lock.locked():
@@ -122,9 +131,11 @@ class GuardedStream(trio.abc.HalfCloseableStream):
             self.abort()
 
     async def wait_send_all_might_not_block(self) -> None:
+        """As the stream below: wait until a send might not block."""
         await self._stream.wait_send_all_might_not_block()
 
     async def send_eof(self) -> None:
+        """Half-close the socket once any write in progress (ours or hypercorn's) is done."""
         # hypercorn closes outside its send lock: a close that comes while an answer is being written
         # (a client that stopped sending its body) waits for the write instead of colliding with it.
         async with self._lock:
@@ -132,6 +143,7 @@ class GuardedStream(trio.abc.HalfCloseableStream):
             await self._stream.send_eof()
 
     async def aclose(self) -> None:
+        """Close the stream below (an abort has already closed the socket)."""
         await self._stream.aclose()
 
     def abort(self) -> None:
@@ -178,12 +190,17 @@ class GuardedTLSStream(GuardedStream):
 
     @property
     def transport_stream(self) -> GuardedTLSStream:
+        """This stream itself: hypercorn reads ``transport_stream.socket`` for the peer's address."""
         return self  # hypercorn reads ``transport_stream.socket``
 
     def selected_alpn_protocol(self) -> str | None:
+        """The ALPN protocol the TLS handshake chose, if any."""
         return self._tls.selected_alpn_protocol()
 
     async def do_handshake(self) -> None:
+        """Run the TLS handshake; a plain-HTTP request instead is answered with a redirect to ``https://`` and raises
+        ``trio.BrokenResourceError``.
+        """
         first = await self._first.peek()
         if first[:1] not in (b"", b"\x16"):  # not a TLS handshake record: someone typed http://
             await self._redirect_to_https(first)
@@ -191,6 +208,7 @@ class GuardedTLSStream(GuardedStream):
         await self._tls.do_handshake()
 
     async def send_eof(self) -> None:
+        """Nothing: TLS has no half-close, and hypercorn closes the stream next."""
         pass  # TLS has no half-close; hypercorn closes the stream next
 
     async def _redirect_to_https(self, first: bytes) -> None:
@@ -264,6 +282,7 @@ class Connections:
         self.open: set[GuardedStream] = set()
 
     def abort_all(self) -> int:
+        """Abort every open connection now (a TCP reset); returns how many there were."""
         streams = list(self.open)
         for stream in streams:
             stream.abort()

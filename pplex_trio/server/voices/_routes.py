@@ -42,6 +42,8 @@ AUDIO_TYPES = {
 
 
 class Refusal(Exception):
+    """An upload refused: the HTTP ``status``, the client's ``message``, and the ``Retry-After`` seconds, if any."""
+
     def __init__(self, status: int, message: str, retry_after: int | None = None):
         super().__init__(message)
         self.status, self.message, self.retry_after = status, message, retry_after
@@ -65,6 +67,7 @@ class VoiceUpload:
 
     @property
     def limits(self) -> VoiceLimits:
+        """The voice store's limits: clip size and length, store size, uploads a minute per address and at once."""
         return self.server.voice_store.limits
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[[], Any], send: Callable[..., Any]) -> None:
