@@ -10,9 +10,9 @@ import dataclasses
 import pytest
 
 from pplex_trio.engine._schedule import DEFAULT_REACTION, MAX_REACTION, TickSchedule
+from pplex_trio.engine._settings import ActorSettings
 from pplex_trio.engine._slots import SlotTable
 from pplex_trio.engine._steering import PhaseSteering
-from pplex_trio.engine._settings import ActorSettings
 from pplex_trio.engine._work import BetweenTicks, WorkCost, share
 
 TICK = 0.080
