@@ -12,7 +12,9 @@ import dataclasses
 import enum
 
 SAMPLE_RATE = 24_000
-FRAME_SIZE = 1_920  # samples per 80 ms frame at 24 kHz (Mimi's frame)
+FRAME_SIZE = 1_920  # samples per frame at 24 kHz (Mimi's frame): the engine steps one frame per tick
+FRAME_SECONDS = FRAME_SIZE / SAMPLE_RATE  # 0.08: one frame's audio, and the lockstep's period
+FRAME_MS = FRAME_SIZE * 1000 // SAMPLE_RATE  # 80: the same in whole milliseconds (timelines kept in ms)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,14 +11,14 @@ import pathlib
 
 import pytest
 
-from pplex_trio._lifecycle import Lifecycle
-from pplex_trio.engine import LEASE_LIFECYCLE
+from pplex_trio._lifecycle import IllegalTransition, Lifecycle
+from pplex_trio.engine import ACTOR_LIFECYCLE, LEASE_LIFECYCLE, ActorState
 from pplex_trio.server._server_state import SERVER_LIFECYCLE
 from pplex_trio.server.sessions._session import SESSION_LIFECYCLE
 
 ARCHITECTURE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "ARCHITECTURE.md"
 LIFECYCLES = {"SERVER_LIFECYCLE": SERVER_LIFECYCLE, "SESSION_LIFECYCLE": SESSION_LIFECYCLE,
-              "LEASE_LIFECYCLE": LEASE_LIFECYCLE}
+              "LEASE_LIFECYCLE": LEASE_LIFECYCLE, "ACTOR_LIFECYCLE": ACTOR_LIFECYCLE}
 
 
 def drawing(lifecycle: Lifecycle) -> str:
@@ -47,3 +47,16 @@ def test_every_state_of_a_lifecycle_has_a_row_and_every_move_stays_inside_it():
         states = set(type(lifecycle.start))
         assert set(lifecycle.moves) == states, lifecycle.name
         assert all(targets <= states for targets in lifecycle.moves.values()), lifecycle.name
+
+
+def test_the_actor_makes_one_call_at_a_time_and_refuses_conversations_from_a_stall_until_the_engine_is_back():
+    """(The moves themselves, made by a running actor: ``tests/engine/test_actor.py``.)"""
+    A = ActorState
+    allowed = {(A.IDLE, A.CALLING), (A.CALLING, A.IDLE), (A.CALLING, A.RESETTING), (A.CALLING, A.STALLED),
+               (A.RESETTING, A.IDLE), (A.STALLED, A.RECOVERING), (A.RECOVERING, A.IDLE)}
+    for a in A:
+        for b in A:
+            assert ACTOR_LIFECYCLE.allows(a, b) == ((a, b) in allowed), (a, b)
+    with pytest.raises(IllegalTransition, match="stalled to idle"):
+        ACTOR_LIFECYCLE.move(A.STALLED, A.IDLE)  # a stalled call is waited for, and the engine reset after it
+    assert {state for state in A if state.refuses} == {A.STALLED, A.RECOVERING}

@@ -24,14 +24,13 @@ from trio_websocket import ConnectionClosed
 
 from ._ws import open_websocket
 
-from .._conversation import FRAME_SIZE, SAMPLE_RATE
+from .._conversation import FRAME_SECONDS, FRAME_SIZE, SAMPLE_RATE
 from ..codec import pcm16_decode, pcm16_encode
 from ..protocol import moshi
 
 logger = logging.getLogger(__name__)
 
 PATHS = {"moshi": "/api/chat", "raw": "/v1/audio/duplex", "realtime": "/v1/realtime"}
-FRAME_SECONDS = FRAME_SIZE / SAMPLE_RATE
 
 
 class _Connect(TypedDict):

@@ -39,10 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from .._conversation import FRAME_SIZE, SAMPLE_RATE
+from .._conversation import FRAME_SECONDS, FRAME_SIZE
 from ._vad import SPEECH_THRESHOLD_DB
 
-FRAME_SECONDS = FRAME_SIZE / SAMPLE_RATE  # 0.08
 MIN_SPEECH_FRAMES = 2  # 160 ms loud in a row start speech (one loud frame is a click)
 HANGOVER_FRAMES = 6  # 480 ms silent in a row end it (the VAD's silence_duration_ms)
 BARGE_IN_FRAMES = 6  # the agent stops within 480 ms of the caller starting over it: a barge-in

@@ -8,6 +8,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._actor import ActorStatistics as ActorStatistics
+from ._actor_state import ACTOR_LIFECYCLE as ACTOR_LIFECYCLE
+from ._actor_state import ActorState as ActorState
 from ._actor import EngineActor as EngineActor
 from ._echo import OFFICIAL_VOICES as OFFICIAL_VOICES
 from ._echo import EchoEngine as EchoEngine

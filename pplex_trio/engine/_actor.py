@@ -22,6 +22,11 @@ hangs past ``engine_timeout`` ends its conversations as well and marks the
 actor *stalled* (``/health`` says so and new conversations are refused),
 but is still waited for: the engine is not thread-safe, so no other call
 may start; when it returns, the engine is reset and the actor goes on.
+Where the actor stands is one :class:`~pplex_trio.engine._actor_state.ActorState`
+(``ACTOR_LIFECYCLE``).
+
+**Time.**  The schedule's clock is the actor's only clock
+(:meth:`TickSchedule.now`, :meth:`TickSchedule.sleep_until`).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import trio
 
 from .._conversation import CloseCode, Conversation
 from .._metrics import Metrics
+from ._actor_state import ACTOR_LIFECYCLE, ActorState
 from ._engine_call import CallResult, EngineCall, apply_result, execute, fail_call, plan_call, plan_tick
 from ._framing import InputFramer
 from ._interface import Engine, Job
@@ -58,6 +64,7 @@ class ActorStatistics:
     slots: dict[str, int]  # slots by state (``SLOT_STATES``)
     ticks: int
     ticks_skipped: int
+    state: ActorState  # what its engine call is doing (``/health``'s ``engine_state``)
 
 
 class EngineActor:
@@ -68,15 +75,12 @@ class EngineActor:
         self.settings = settings = settings or ActorSettings()
         self.metrics = metrics or Metrics()
         self.table = SlotTable(engine.num_slots, queue_size=settings.queue_size)
-        self.schedule = TickSchedule(self.table, settings.tick_seconds, input_grace=settings.input_grace_ms / 1000,
-                                     early_start=settings.early_start_ms / 1000,
-                                     first_frame_timeout=settings.first_frame_timeout)
-        self.work = BetweenTicks()
+        self.schedule = schedule = TickSchedule(self.table, settings)
+        self.work = BetweenTicks(starved_ticks=schedule.in_ticks(settings.work_starved))
         self._limiter = trio.CapacityLimiter(1)
         self._wakeup = trio.Event()
         self._pcm = np.zeros((engine.num_slots, engine.frame_size), dtype=np.float32)
-        self.engine_busy = False  # an engine call is in flight
-        self.stalled = False  # that call has run past engine_timeout (and not returned yet)
+        self.state = ACTOR_LIFECYCLE.start
         self._set_slot_gauges(self.table.slot_states(now=0.0))  # (no lease yet: the time does not matter)
 
     # -- sessions ------------------------------------------------------------
@@ -96,18 +100,27 @@ class EngineActor:
         :class:`QueueFull` at once if there is neither a slot nor a place in the
         queue.  On exit the slot drains: it is freed only between engine calls.
         """
-        s = self.settings
-        framer = InputFramer(self.engine.frame_size, s.input_backlog_frames, align=align)
-        lease = Lease(conversation, self, framer=framer, output_capacity=s.output_backlog_frames,
+        s, ticks = self.settings, self.schedule.in_ticks  # (one frame in, one out, per tick)
+        framer = InputFramer(self.engine.frame_size, ticks(s.input_backlog_seconds), align=align,
+                             window=ticks(s.framer_window), hold_after_underrun=ticks(s.framer_hold))
+        lease = Lease(conversation, self, framer=framer, output_capacity=ticks(s.output_backlog_seconds),
                       early_audio=early_audio, client=client, on_frame=on_frame)
-        self.table.request(lease, trio.current_time())
+        self.table.request(lease, self.schedule.now())
         self._changed()
         try:
             yield lease
         finally:
             lease.end()
 
+    @property
+    def stalled(self) -> bool:
+        """An engine call ran past ``engine_timeout`` and the engine is not back yet: refuse new conversations."""
+        return self.state.refuses
+
     # What a lease tells its actor (LeaseOwner).
+
+    def clock(self) -> float:
+        return self.schedule.now()
 
     def input_arrived(self, lease: Lease, samples: int, arrived_at: float) -> None:
         self.schedule.input_arrived(lease, samples, arrived_at)
@@ -118,7 +131,7 @@ class EngineActor:
         await self.schedule.sleep_until_handshake(lease)
 
     def lease_ended(self, lease: Lease, client_left: bool) -> None:
-        self.table.release(lease, trio.current_time(), client_left=client_left)
+        self.table.release(lease, self.schedule.now(), client_left=client_left)
         self.schedule.forget(lease)
         self._changed()
 
@@ -140,9 +153,9 @@ class EngineActor:
         return self.schedule.ticks_skipped
 
     def statistics(self) -> ActorStatistics:
-        slots = self.table.slot_states(trio.current_time())
+        slots = self.table.slot_states(self.schedule.now())
         return ActorStatistics(slots_total=len(self.table.rows), slots_free=slots["free"], queued=self.table.queued,
-                               slots=slots, ticks=self.ticks, ticks_skipped=self.ticks_skipped)
+                               slots=slots, ticks=self.ticks, ticks_skipped=self.ticks_skipped, state=self.state)
 
     # -- jobs between ticks ------------------------------------------------------
 
@@ -196,7 +209,7 @@ class EngineActor:
         table = self.table
         return bool(table.leases(frozenset({LeaseState.STARTING, LeaseState.PREFILL, LeaseState.DRAINING,
                                             LeaseState.FAILED})) or self.work.jobs
-                    or (table.queued and table.free_count(trio.current_time())))
+                    or (table.queued and table.free_count(self.schedule.now())))
 
     async def _tick(self) -> None:
         schedule, metrics = self.schedule, self.metrics
@@ -206,12 +219,12 @@ class EngineActor:
             metrics.tick_early.observe(start.early)
         if start.held is not None:
             metrics.tick_input_wait.observe(start.held)
-        began = trio.current_time()
+        began = schedule.now()
         call = plan_call(self.table, began)
         plan_tick(self.table, call, schedule.ticks, self._pcm, start.first_steps, metrics)
         assert call.tick is not None
         await self._run_call(call)
-        metrics.tick_duration.observe(trio.current_time() - began)
+        metrics.tick_duration.observe(schedule.now() - began)
         skipped = schedule.tick_done(list(call.tick.arrivals.values()), began)
         if skipped:
             metrics.ticks_skipped.inc(skipped)
@@ -222,7 +235,7 @@ class EngineActor:
         """Resets, starts, system prompts and jobs, until the time before the next tick runs out."""
         schedule, work = self.schedule, self.work
         while not self.stalled and work.may_start(schedule.time_free(), grid=schedule.running, tick=schedule.ticks):
-            now = trio.current_time()
+            now = schedule.now()
             call = plan_call(self.table, now)
             call.prefill = work.prompt_work(self.table.prompts_left(), schedule.time_free(), grid=schedule.running,
                                             tick=schedule.ticks)
@@ -231,7 +244,7 @@ class EngineActor:
             if call.empty:
                 break
             result = await self._run_call(call)
-            seconds = trio.current_time() - now
+            seconds = schedule.now() - now
             if call.job is not None:
                 job, frames = call.job
                 work.job_done(job, frames, seconds, schedule.ticks, None if result is None else result.job)
@@ -245,32 +258,35 @@ class EngineActor:
 
     async def _run_call(self, call: EngineCall) -> CallResult | None:
         """One engine call, watched; its result applied (None when it failed or stalled)."""
-        table = self.table
-        self.engine_busy = True
-        started_at = trio.current_time()
+        table, now = self.table, self.schedule.now
+        self._enter(ActorState.CALLING)
+        started_at = now()
         try:
-            outcome = await self._call_engine(call)
-            if self.stalled:
-                await self._recover_from_stall(trio.current_time() - started_at, call)
+            outcome = await self._call_engine(call, started_at)
+            if self.state is ActorState.STALLED:
+                self._enter(ActorState.RECOVERING)
+                await self._recover_from_stall(now() - started_at, call)
                 return None
             if isinstance(outcome, Exception):
                 logger.error("engine call failed; ending the conversations in it and resetting the engine",
                              exc_info=outcome)
+                self._enter(ActorState.RESETTING)
                 self.metrics.errors.labels("engine").inc()
                 fail_call(table, call, "internal error in the model engine; please reconnect")
                 await self._reset_engine(call)
                 return None
-            apply_result(table, call, outcome, trio.current_time(), self.metrics)
+            apply_result(table, call, outcome, now(), self.metrics)
             return outcome
         finally:
-            self.engine_busy = False
+            if ACTOR_LIFECYCLE.allows(self.state, ActorState.IDLE):  # (cancelled while stalled: it stays so)
+                self._enter(ActorState.IDLE)
             if call.tick is not None:
-                self.metrics.tick_engine.observe(trio.current_time() - started_at)
+                self.metrics.tick_engine.observe(now() - started_at)
 
-    async def _call_engine(self, call: EngineCall) -> CallResult | Exception:
+    async def _call_engine(self, call: EngineCall, started_at: float) -> CallResult | Exception:
         """The engine call, watched: past ``engine_timeout`` its conversations end, and it is waited for."""
         async with trio.open_nursery() as watchdog:
-            watchdog.start_soon(self._stall_after, self.settings.engine_timeout, call)
+            watchdog.start_soon(self._stall_at, started_at + self.settings.engine_timeout, call)
             try:
                 result: CallResult = await self._in_worker_thread(execute, self.engine, call)
                 return result
@@ -279,20 +295,19 @@ class EngineActor:
             finally:
                 watchdog.cancel_scope.cancel()
 
-    async def _stall_after(self, seconds: float, call: EngineCall) -> None:
-        await trio.sleep(seconds)
-        self.stalled = True
+    async def _stall_at(self, when: float, call: EngineCall) -> None:
+        await self.schedule.sleep_until(when)
+        self._enter(ActorState.STALLED)
         self.metrics.errors.labels("engine_stalled").inc()
         self.metrics.engine_stalled.set(1)
         logger.error("engine call has not returned for %g s: ending its conversations and refusing new ones "
-                     "until it does", seconds)
+                     "until it does", self.settings.engine_timeout)
         fail_call(self.table, call, "the model engine stalled; please reconnect")
         self._changed()
 
     async def _recover_from_stall(self, seconds: float, call: EngineCall) -> None:
         logger.warning("the stalled engine call returned after %.1f s; resetting the engine", seconds)
         await self._reset_engine(call)
-        self.stalled = False
         self.metrics.engine_stalled.set(0)
 
     async def _reset_engine(self, call: EngineCall) -> None:
@@ -318,6 +333,9 @@ class EngineActor:
         # Only shutdown cancels the actor; then a call still running is left to finish on its own.
         return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter, abandon_on_cancel=True)
 
+    def _enter(self, state: ActorState) -> None:
+        self.state = ACTOR_LIFECYCLE.move(self.state, state)
+
     def _changed(self) -> None:
         self._wakeup.set()
         self._update_gauges()
@@ -326,7 +344,7 @@ class EngineActor:
         snapshot = self.schedule.snapshot()
         self.metrics.tick_margin.set(snapshot.margin)
         self.metrics.client_reaction.set(snapshot.reaction)
-        self._set_slot_gauges(self.table.slot_states(trio.current_time()))
+        self._set_slot_gauges(self.table.slot_states(self.schedule.now()))
 
     def _set_slot_gauges(self, slots: dict[str, int]) -> None:
         frame = self.engine.frame_size

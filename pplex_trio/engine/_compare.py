@@ -24,11 +24,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .._conversation import FRAME_SECONDS
 from ..model import StepInputs
 from ._interface import Conversation
 from ._personaplex import PersonaPlexEngine
 
-STEPS_PER_MINUTE = 750  # 12.5 frames a second
+STEPS_PER_MINUTE = round(60 / FRAME_SECONDS)  # 750
 
 
 @dataclasses.dataclass

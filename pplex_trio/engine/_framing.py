@@ -61,6 +61,9 @@ class InputFramer:
     At most ``max_frames`` whole frames wait; beyond that the *oldest* whole
     frames are dropped, so frame boundaries never shift because of a drop.
     ``push`` returns how many frames it dropped so the caller can count them.
+    ``window`` and ``hold_after_underrun`` count ticks (one pop each): the
+    schedule turns the settings' seconds (``framer_window``, ``framer_hold``)
+    into them.
     """
 
     def __init__(
@@ -69,9 +72,9 @@ class InputFramer:
         max_frames: int,
         *,
         align: bool = False,
-        window: int = 25,
+        window: int,
+        hold_after_underrun: int,
         min_skip: int | None = None,
-        hold_after_underrun: int = 50,
     ):
         if max_frames < 1:
             raise ValueError("max_frames must be at least 1")

@@ -91,6 +91,7 @@ class LeaseFailed(Exception):
 class LeaseOwner(Protocol):
     """What a lease tells its engine actor, and asks of it."""
 
+    def clock(self) -> float: ...  # the actor's clock (its schedule's)
     def input_arrived(self, lease: Lease, samples: int, arrived_at: float) -> None: ...
     async def sleep_until_handshake(self, lease: Lease) -> None: ...
     def lease_ended(self, lease: Lease, client_left: bool) -> None: ...
@@ -308,7 +309,7 @@ class Lease:
         self.conversation = conversation
         self._restarts += 1  # an engine call in flight for the old settings no longer counts
         if self._state is not LeaseState.STARTING:
-            self._prompt_since = trio.current_time()
+            self._prompt_since = self._owner.clock()
             self._move(LeaseState.STARTING)
         self._owner.lease_changed(self)
         return True

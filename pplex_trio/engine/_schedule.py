@@ -1,7 +1,8 @@
 """When the next tick starts, what waits for it, and how much time is free between ticks.
 
-One :class:`TickSchedule` per engine actor owns every timing decision, and
-the tick period:
+One :class:`TickSchedule` per engine actor owns every timing decision, the
+tick period, and the actor's clock (:meth:`TickSchedule.now`,
+:meth:`TickSchedule.sleep_until`):
 
 * **the grid**: ticks are due every ``period`` while a conversation is
   live; a tick that overruns makes the next one start at once, and one a
@@ -21,7 +22,8 @@ the tick period:
   such a miss counts as jitter only once its page turns up after all, within
   a period (a client that stopped is no late page);
 * **input grace**: a tick may wait a few milliseconds past its deadline for
-  an aligned conversation's page that is due, a few times per 2 s at most;
+  an aligned conversation's page that is due, a few times per
+  ``input_grace_window`` (2 s) at most;
 * **early start**: within ``early_start`` of its deadline a tick starts as
   soon as every streaming live conversation has its frame (the deadlines do
   not move, so ticks come no more often);
@@ -35,6 +37,13 @@ the tick period:
 The actor asks it one question per tick (:meth:`wait_for_tick`) and tells it
 what the tick took (:meth:`tick_done`); its queries change nothing.
 :meth:`snapshot` is the record ``/metrics`` and the tests read.
+
+**Windows.**  Every window the timing looks back over is a setting in
+seconds (``ActorSettings``: the grace's, the steering's, the framer's, the
+work's starving); :meth:`TickSchedule.in_ticks` is the one place one becomes a
+count of ticks, so a different ``tick_seconds`` keeps their lengths.  What is
+measured in periods (streaming: sent within two; a late page: within one)
+is about the grid itself and scales with it on purpose.
 """
 
 from __future__ import annotations
@@ -49,11 +58,11 @@ import trio
 
 from .._conversation import SAMPLE_RATE
 from ._lease import Lease
+from ._settings import ActorSettings
 from ._slots import SlotTable
 from ._steering import PhaseSteering
 
-GRACE_WINDOW = 25  # ticks (2 s) ...
-GRACE_PER_WINDOW = 3  # ... in which at most this many may be held
+GRACE_PER_WINDOW = 3  # ticks that may be held in one ``input_grace_window``
 DEFAULT_REACTION = 0.003
 MAX_REACTION = 0.020  # beyond this the "reaction" is a client that did not start at the handshake
 WORK_MARGIN = 0.004  # work between ticks ends this long before the next tick may start
@@ -87,15 +96,16 @@ class TickStart:
 class TickSchedule:
     """The actor's clock: ``wait_for_tick`` / ``tick_done`` around each tick, ``time_free`` between them."""
 
-    def __init__(self, table: SlotTable, period: float, *, input_grace: float, early_start: float,
-                 first_frame_timeout: float = math.inf, clock: Callable[[], float] = trio.current_time):
+    def __init__(self, table: SlotTable, settings: ActorSettings, *, clock: Callable[[], float] = trio.current_time):
         self.table = table
-        self.period = period  # the lockstep period: the one place it is kept
-        self.input_grace = input_grace
-        self.early_start = early_start
-        self.first_frame_timeout = first_frame_timeout
+        self.period = settings.tick_seconds  # the lockstep period: the one place it is kept
+        self.input_grace = settings.input_grace_ms / 1000
+        self.early_start = settings.early_start_ms / 1000
+        self.first_frame_timeout = settings.first_frame_timeout
         self._clock = clock
-        self.steering = PhaseSteering()
+        self.grace_window = self.in_ticks(settings.input_grace_window)
+        self.steering = PhaseSteering(window=self.in_ticks(settings.steering_window),
+                                      calm_ticks=self.in_ticks(settings.steering_calm))
         self.deadline: float | None = None
         self.ticks = 0
         self.ticks_skipped = 0
@@ -109,6 +119,20 @@ class TickSchedule:
         self._awaited: set[Lease] | None = None  # leases a wait is for (None: nobody waits)
         self._some_frame = False
         self._frames_in = trio.Event()
+
+    # -- the clock -----------------------------------------------------------
+
+    def now(self) -> float:
+        """The actor's clock (Trio's, or a test's)."""
+        return self._clock()
+
+    async def sleep_until(self, when: float) -> None:
+        """Sleep until ``when`` on the actor's clock."""
+        await trio.sleep_until(when)
+
+    def in_ticks(self, seconds: float) -> int:
+        """A window of ``seconds`` in ticks of this period (at least one; none for 0)."""
+        return max(1, round(seconds / self.period)) if seconds > 0 else 0
 
     # -- the grid ------------------------------------------------------------
 
@@ -149,11 +173,11 @@ class TickSchedule:
         assert self.deadline is not None
         deadline = self.deadline
         if self.early_start > 0:
-            await trio.sleep_until(deadline - self.early_start)
+            await self.sleep_until(deadline - self.early_start)
             awaited, some_frame = self._missing_frames()
             await self._wait_frames(awaited, deadline, some_frame=some_frame)
         else:
-            await trio.sleep_until(deadline)
+            await self.sleep_until(deadline)
         now = self._clock()
         start = TickStart(late=max(0.0, now - deadline), early=max(0.0, deadline - now))
         if self._grace_allowed(now, deadline):
@@ -209,7 +233,7 @@ class TickSchedule:
         return late
 
     def _grace_allowed(self, now: float, deadline: float) -> bool:
-        while self._held and self._held[0] <= self.ticks - GRACE_WINDOW:
+        while self._held and self._held[0] <= self.ticks - self.grace_window:
             self._held.popleft()
         return self.input_grace > 0 and now < deadline + self.input_grace and len(self._held) < GRACE_PER_WINDOW
 
@@ -270,7 +294,7 @@ class TickSchedule:
             now = self._clock()
             target = self.deadline - lead
             target += math.ceil((now - target) / self.period) * self.period
-            await trio.sleep_until(target)
+            await self.sleep_until(target)
         self._handshakes[lease] = self._clock()
 
     def _observe_reaction(self, handshake_sent: float, first_page_arrived: float, page_seconds: float) -> None:

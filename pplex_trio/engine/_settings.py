@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from .._conversation import FRAME_SECONDS
 from .._setting import check_settings, setting
 
-TICK_SECONDS = 0.080  # one Mimi frame
 OFF_GPU_SLOTS = 4
 """``--slots auto`` where there is no GPU memory to size by (the CPU, the echo engine)."""
 
@@ -19,12 +19,12 @@ class ActorSettings:
     input_backlog_seconds: float = setting(
         4.0, "a conversation's input that may wait for the engine: a burst after a network stall, or what a "
         "client said before its conversation was live, is kept and caught up with over the caller's pauses (its "
-        "silent frames are skipped); beyond this the oldest goes", low=0.08, high=60, group="conversations",
+        "silent frames are skipped); beyond this the oldest goes", low=FRAME_SECONDS, high=60, group="conversations",
         advanced=True, metavar="SECONDS")
     output_backlog_seconds: float = setting(
         4.0, "a conversation's output that may wait for a client whose reading stalled: once it reads again, the "
         "model's silent frames go first, so its words arrive without lasting delay; beyond this the oldest goes "
-        "(its text goes out with the next frame)", low=0.08, high=60, group="conversations", advanced=True,
+        "(its text goes out with the next frame)", low=FRAME_SECONDS, high=60, group="conversations", advanced=True,
         metavar="SECONDS")
     first_frame_timeout: float = setting(
         3.0, "a conversation is stepped from its caller's first frame on, so its first words reach a client that "
@@ -42,15 +42,24 @@ class ActorSettings:
         10.0, "seconds before an engine step that has not returned is stalled: its conversations end (1011), "
         "new ones are refused until it returns", low=0.1,
         group="conversations")
-    tick_seconds: float = setting(TICK_SECONDS, "the lockstep period (Mimi's frame)", low=0.001, cli=False)
+    tick_seconds: float = setting(FRAME_SECONDS, "the lockstep period (Mimi's frame)", low=0.001, cli=False)
+    # The windows the timing looks back over, in seconds: the tick schedule turns each into ticks
+    # (``TickSchedule.in_ticks``), so a different ``tick_seconds`` keeps their lengths.  Tuned with the code, not
+    # per server: not on the command line.
+    input_grace_window: float = setting(
+        2.0, "the input grace holds at most 3 ticks in any window this long", low=0.001, cli=False)
+    steering_window: float = setting(
+        10.0, "the grid's steering moves earlier by the smallest slack seen in this long (a client's rhythm and "
+        "a jittery network's late pages come round in it)", low=0.001, cli=False)
+    steering_calm: float = setting(
+        6.0, "this long without a late page narrows the steering's margin a step", low=0.001, cli=False)
+    framer_window: float = setting(
+        2.0, "aligned framing skips the surplus that every tick of this window had; a conversation a frame "
+        "behind for this long catches up over its silence", low=0.001, cli=False)
+    framer_hold: float = setting(
+        4.0, "after a tick found no whole frame, aligned framing skips nothing for this long", low=0, cli=False)
+    work_starved: float = setting(
+        2.0, "work between ticks that found no room for this long gets a small call anyway", low=0.001, cli=False)
 
     def __post_init__(self) -> None:
         check_settings(self)
-
-    @property
-    def input_backlog_frames(self) -> int:
-        return max(1, round(self.input_backlog_seconds / self.tick_seconds))
-
-    @property
-    def output_backlog_frames(self) -> int:
-        return max(1, round(self.output_backlog_seconds / self.tick_seconds))

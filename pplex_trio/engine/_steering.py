@@ -26,16 +26,18 @@ class PhaseSteering:
     the margin; calm stretches narrow it again, slowly.  With clients at
     random phases the smallest slack is near zero and the grid stays put.
 
-    A miss costs the caller 80 ms of lag, mostly for good; a move earlier
+    A miss costs the caller a tick of lag, mostly for good; a move earlier
     gains a few milliseconds.  So the window is long (10 s: a client's
     rhythm and a jittery network's late pages come round in it), and after a
     miss the grid moves earlier only once a whole window has been seen again.
+    ``window`` and ``calm_ticks`` are counted in ticks: the schedule turns
+    its settings' seconds (``steering_window``, ``steering_calm``) into them.
     Measured, 100 ms messages each 0-20 ms late: 6 silent frames a minute
     with a 2 s window and no wait, 1 to 3 with both (16 seeded minutes).
     """
 
-    def __init__(self, *, margin: float = 0.003, window: int = 125, max_margin: float = 0.030,
-                 gain: float = 0.25, max_step: float = 0.005, late_step: float = 0.004, calm_ticks: int = 75):
+    def __init__(self, *, window: int, calm_ticks: int, margin: float = 0.003, max_margin: float = 0.030,
+                 gain: float = 0.25, max_step: float = 0.005, late_step: float = 0.004):
         self.min_margin = self.margin = margin
         self.max_margin = max_margin
         self.gain = gain
@@ -65,7 +67,7 @@ class PhaseSteering:
             step = self.late_step
         else:
             self._calm += 1
-            if self._calm >= self.calm_ticks:  # 6 s without a miss: trust the timing a little more
+            if self._calm >= self.calm_ticks:  # calm for a while (6 s): trust the timing a little more
                 self.margin = max(self.min_margin, self.margin - 0.001)
                 self._calm = 0
             if slacks:

@@ -13,10 +13,11 @@ next tick may start, from what the calls of its kind cost so far
 is never late because of it.  With nobody live there is no tick to protect:
 a call takes up to a tick's worth.
 
-Work that finds no room for :data:`STARVED_TICKS` ticks (a cost estimate
+Work that finds no room for ``starved_ticks`` ticks (a cost estimate
 spoiled by one slow call, an engine slower than real time) gets a small call
 anyway, so nothing waits for ever: prompts even at a tick's cost (a
 conversation is waiting to join), jobs only while the tick is not due yet.
+That count is the ``work_starved`` setting's seconds, in ticks (the schedule's).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import trio
 from ._interface import Job
 
 PROMPT_FIRST_POSITIONS = 4  # per row, while nothing is known of the cost and a tick is due
-STARVED_TICKS = 25  # work that found no room for this many ticks gets a small call anyway
 
 
 class WorkCost:
@@ -116,7 +116,8 @@ class PendingJob:
 class BetweenTicks:
     """The queue of work between ticks, and what each kind of it costs (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, starved_ticks: int) -> None:
+        self.starved_ticks = starved_ticks  # work that found no room for this many ticks gets a small call anyway
         self.prompt_cost = WorkCost()  # per position, the call's starts and resets included
         self._job_costs: dict[type, WorkCost] = {}  # per frame, one model per kind of job
         self.jobs: collections.deque[PendingJob] = collections.deque()
@@ -156,7 +157,7 @@ class BetweenTicks:
         least one position per row, so the actor stays responsive and always
         progresses; while the cost is not known yet, a small first call
         measures it.  When not even one position fits, nothing, unless the
-        prompts have found no room for :data:`STARVED_TICKS` ticks: then a
+        prompts have found no room for ``starved_ticks`` ticks: then a
         small call anyway, so a joining conversation is never stuck.
         """
         total = self.prompt_cost.units_within(time_free)
@@ -177,7 +178,7 @@ class BetweenTicks:
         """The first job waiting and its frames that fit ``time_free`` (None: no job, or no room).
 
         With no room, nothing (its caller waits), unless the job has made no
-        progress for :data:`STARVED_TICKS` ticks: then one frame, if the tick
+        progress for ``starved_ticks`` ticks: then one frame, if the tick
         is not due yet, which also measures the cost again (one slow call
         must not stop the jobs for good).  Without a grid, up to a tick of
         work, at least a frame; while the cost is not known, a small first
@@ -225,7 +226,7 @@ class BetweenTicks:
 
     def _prompts_starved(self, tick: int) -> bool:
         since = self._prompts_starved_since
-        return since is not None and tick - since >= STARVED_TICKS
+        return since is not None and tick - since >= self.starved_ticks
 
     def _job_starved(self, tick: int) -> bool:
-        return bool(self.jobs) and tick - self.jobs[0].progress_tick >= STARVED_TICKS
+        return bool(self.jobs) and tick - self.jobs[0].progress_tick >= self.starved_ticks

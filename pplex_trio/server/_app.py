@@ -152,6 +152,7 @@ def create_http_app(server: ServerContext, status: StatusSampler) -> QuartTrio:
             slots=stats.slots,
             sessions=len(server.sessions),
             tick_path=server.engine.tick_path,
+            engine_state=stats.state.value,
         )
         return body, 503 if unready is Unready.ENGINE_STALLED else 200
 

@@ -17,6 +17,7 @@ import trio.testing
 from pplex_trio.engine import (
     BEGUN_STATES,
     ActorSettings,
+    ActorState,
     Conversation,
     EchoEngine,
     EngineActor,
@@ -25,7 +26,7 @@ from pplex_trio.engine import (
     SlotMode,
 )
 
-from pplex_trio.engine._schedule import GRACE_PER_WINDOW, GRACE_WINDOW
+from pplex_trio.engine._schedule import GRACE_PER_WINDOW
 
 from _helpers.engine_calls import inline_runner, run_engine_calls
 
@@ -86,6 +87,24 @@ async def sleep_until_before_tick(actor, lease, lead):
     """The handshake's wait, with the clients' reaction set so that its lead is ``lead``."""
     actor.schedule.reaction = lead - actor.schedule.steering.margin
     await lease.sleep_until_handshake()
+
+
+def record_states(actor):
+    """The actor's states from now on, each as it enters it."""
+    states = []
+    enter = actor._enter
+
+    def recorded(state):
+        enter(state)
+        states.append(state)
+
+    actor._enter = recorded
+    return states
+
+
+def moves(states):
+    """The distinct moves among ``states`` (the actor's first state is IDLE)."""
+    return {(a, b) for a, b in zip([ActorState.IDLE, *states], states)}
 
 
 async def wait_state(lease, state):
@@ -221,6 +240,7 @@ async def test_engine_exception_fails_its_conversations_and_the_engine_recovers(
     engine = ExplodingEcho(2, prefill_steps=0)
     run_engine_calls(monkeypatch, inline_runner())
     actor = EngineActor(engine)
+    states = record_states(actor)
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as a, actor.lease(Conversation()) as b:
         await wait_begun(a)
@@ -231,6 +251,9 @@ async def test_engine_exception_fails_its_conversations_and_the_engine_recovers(
         assert "reconnect" in a.failure.message
         assert engine.reset_all_calls == 1
     assert actor.metrics.errors.labels("engine")._value.get() == 1
+    A = ActorState
+    assert moves(states) == {(A.IDLE, A.CALLING), (A.CALLING, A.IDLE), (A.CALLING, A.RESETTING), (A.RESETTING, A.IDLE)}
+    assert not actor.stalled  # (a reset after a call that raised refuses nobody)
     with actor.lease(Conversation()) as c:
         await wait_begun(c)
         out = await next_frame(c)
@@ -294,7 +317,7 @@ async def test_drain_before_release(nursery):
         await wait_begun(old)
         engine.block = True
         await trio.to_thread.run_sync(engine.entered.wait)
-        assert actor.engine_busy
+        assert actor.state is ActorState.CALLING
         with actor.lease(Conversation(persona="new")) as new:
             assert new.state is LeaseState.QUEUED
             old.end()  # the old conversation leaves while its step runs
@@ -595,10 +618,11 @@ async def test_holds_are_rationed(nursery, autojump_clock, monkeypatch):
     actor = EngineActor(RecordingEcho(1, prefill_steps=2))
     await nursery.start(actor.run)
     ticks_before = actor.ticks
-    lease, _ = await _aligned_client(actor, nursery, 2 * GRACE_WINDOW * 2,
+    grace_window = round(2.0 / TICK)  # ticks in 2 s
+    lease, _ = await _aligned_client(actor, nursery, 2 * grace_window * 2,
                                      lambda k: 0.005 if k % 2 == 0 and k >= 4 else 0.0)
     count = _histogram(actor.metrics.tick_input_wait, "_count")
-    windows = (actor.ticks - ticks_before) / GRACE_WINDOW
+    windows = (actor.ticks - ticks_before) / grace_window
     assert 1 <= count <= GRACE_PER_WINDOW * (windows + 1)
 
 
@@ -652,6 +676,7 @@ async def test_a_step_past_the_engine_timeout_stalls_the_actor_until_it_returns(
 
     run_engine_calls(monkeypatch, runner)
     actor = EngineActor(engine, ActorSettings(engine_timeout=10.0))
+    states = record_states(actor)
     await nursery.start(actor.run)
     with actor.lease(Conversation()) as lease:
         await wait_begun(lease)
@@ -660,8 +685,12 @@ async def test_a_step_past_the_engine_timeout_stalls_the_actor_until_it_returns(
         stalled_at = trio.current_time()
         assert lease.failure.code == 1011 and "stalled" in lease.failure.message
         assert actor.stalled and actor.metrics.engine_stalled._value.get() == 1
+        assert actor.state is ActorState.STALLED and actor.statistics().state is ActorState.STALLED
     while actor.stalled:
         await trio.sleep(0.1)
+    A = ActorState
+    assert moves(states) == {(A.IDLE, A.CALLING), (A.CALLING, A.IDLE), (A.CALLING, A.STALLED),
+                             (A.STALLED, A.RECOVERING), (A.RECOVERING, A.IDLE)}
     assert trio.current_time() - stalled_at == pytest.approx(20.0, abs=0.2)  # it waited for the call
     assert engine.reset_all_calls == 1 and actor.metrics.engine_stalled._value.get() == 0
     with actor.lease(Conversation()) as fresh:

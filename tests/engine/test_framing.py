@@ -8,6 +8,11 @@ from hypothesis import strategies as st
 from pplex_trio.engine import InputFramer
 
 FRAME = 8  # small frames keep the property tests fast; the code is size-agnostic
+WINDOWS = {"window": 25, "hold_after_underrun": 50}  # 2 s and 4 s of 80 ms ticks (framer_window, framer_hold)
+
+
+def make_framer(frame_size, max_frames, **options):
+    return InputFramer(frame_size, max_frames, **{**WINDOWS, **options})
 
 
 def stream(n):
@@ -19,7 +24,7 @@ def stream(n):
 def test_any_chunking_yields_the_stream_in_whole_frames(sizes):
     total = sum(sizes)
     data = stream(total)
-    framer = InputFramer(FRAME, max_frames=1000)
+    framer = make_framer(FRAME, max_frames=1000)
     out, pos = [], 0
     for size in sizes:
         assert framer.push(data[pos : pos + size]) == 0
@@ -39,7 +44,7 @@ def test_overflow_drops_oldest_whole_frames_and_keeps_alignment(sizes, max_frame
     """Without reads, what survives is the newest data, cut at the original frame boundaries."""
     total = sum(sizes)
     data = stream(total)
-    framer = InputFramer(FRAME, max_frames=max_frames)
+    framer = make_framer(FRAME, max_frames=max_frames)
     dropped, pos = 0, 0
     for size in sizes:
         dropped += framer.push(data[pos : pos + size])
@@ -58,7 +63,7 @@ def test_overflow_drops_oldest_whole_frames_and_keeps_alignment(sizes, max_frame
 
 
 def test_odd_length_chunks_from_a_raw_client():
-    framer = InputFramer(1920, max_frames=4)
+    framer = make_framer(1920, max_frames=4)
     data = np.random.default_rng(0).standard_normal(1920 * 3 + 7).astype(np.float32)
     for chunk in np.array_split(data, 11):  # uneven, odd sizes
         framer.push(chunk)
@@ -72,7 +77,7 @@ def test_odd_length_chunks_from_a_raw_client():
 
 
 def test_pop_into_fills_the_given_row():
-    framer = InputFramer(FRAME, max_frames=2)
+    framer = make_framer(FRAME, max_frames=2)
     framer.push(stream(FRAME + 3))
     row = np.full(FRAME, -1.0, dtype=np.float32)
     assert framer.pop_frame_into(row) is not None
@@ -82,7 +87,7 @@ def test_pop_into_fills_the_given_row():
 
 
 def test_one_huge_push_keeps_only_the_newest_frames():
-    framer = InputFramer(FRAME, max_frames=2)
+    framer = make_framer(FRAME, max_frames=2)
     dropped = framer.push(stream(FRAME * 10 + 5))
     assert dropped == 8
     np.testing.assert_array_equal(framer.pop_frame(), stream(FRAME * 10)[FRAME * 8 : FRAME * 9])
@@ -96,7 +101,7 @@ def simulate(align, phase_ms, ticks=200, page=960, late_pages=(), pause=None, st
     latency of each popped frame (tick time - arrival of its last sample, ms),
     the popped audio, and the framer.
     """
-    framer = InputFramer(1920, max_frames=6, align=align)
+    framer = make_framer(1920, max_frames=6, align=align)
     data = np.arange(1, ticks * 1920 + page * 4 + 1, dtype=np.float32)
     if pause is not None:
         data[pause.start * 1920 : pause.stop * 1920] = 0.0
@@ -164,7 +169,7 @@ def test_a_lag_of_frames_is_caught_up_over_a_pause_never_over_speech():
 
 
 def test_naive_framing_reports_arrival_of_the_last_sample():
-    framer = InputFramer(8, max_frames=4)
+    framer = make_framer(8, max_frames=4)
     framer.push(stream(5), 1.0)
     framer.push(stream(5), 2.0)  # completes the first frame
     framer.push(stream(8), 3.0)
@@ -184,7 +189,7 @@ def test_a_jittery_client_settles_with_a_margin():
 
 
 def test_awaits_page_when_one_more_page_like_the_last_completes_the_frame():
-    framer = InputFramer(8, max_frames=4, align=True)
+    framer = make_framer(8, max_frames=4, align=True)
     framer.push(stream(4), 1.0)
     assert not framer.awaits_page  # nothing taken yet: the stream has not started its rhythm
     framer.push(stream(4), 2.0)
@@ -196,7 +201,7 @@ def test_awaits_page_when_one_more_page_like_the_last_completes_the_frame():
     framer.pop_frame_into(np.zeros(8, np.float32))
     framer.push(stream(2), 5.0)
     assert not framer.awaits_page  # 2 waiting + one more page of 2 is still short
-    naive = InputFramer(8, max_frames=4)
+    naive = make_framer(8, max_frames=4)
     naive.push(stream(8), 1.0)
     naive.pop_frame_into(np.zeros(8, np.float32))
     naive.push(stream(4), 2.0)
@@ -209,7 +214,7 @@ def _frames(values, frame=FRAME):
 
 
 def test_early_audio_is_heard_and_silence_skipped_until_back_to_real_time():
-    framer = InputFramer(FRAME, max_frames=10)
+    framer = make_framer(FRAME, max_frames=10)
     for i, pcm in enumerate(_frames([0.5, 0.6, 0, 0, 0, 0.7, 0, 0.8])):  # said before the conversation was live
         assert framer.keep_early(pcm, float(i)) == 0
     assert framer.pending_frames == 0 and framer.catch_up()
@@ -234,7 +239,7 @@ def test_early_audio_is_heard_and_silence_skipped_until_back_to_real_time():
 def test_a_burst_after_a_stall_is_kept_whole_and_caught_up_over_the_pauses():
     """A second of the caller's audio held back by the network, then delivered at once: nothing is lost, and
     the lag is gone after the caller's next pause (the speech right after the stall waits, none is skipped)."""
-    framer = InputFramer(FRAME, max_frames=50)
+    framer = make_framer(FRAME, max_frames=50)
     speech, pause = 0.3, 0.0
     script = [speech] * 20 + [speech] * 12 + [speech] * 10 + [pause] * 20 + [speech] * 30  # frames, in order
     stream = np.concatenate([np.full(FRAME, v if v else 0.0, np.float32) + (k if v else 0) * 1e-6
@@ -261,7 +266,7 @@ def test_a_burst_after_a_stall_is_kept_whole_and_caught_up_over_the_pauses():
 
 
 def test_catching_up_holds_phase_alignment_off():
-    framer = InputFramer(FRAME, max_frames=10, align=True, window=3)
+    framer = make_framer(FRAME, max_frames=10, align=True, window=3)
     for pcm in _frames([0.5] * 6):
         framer.keep_early(pcm, 0.0)
     framer.catch_up()
@@ -272,7 +277,7 @@ def test_catching_up_holds_phase_alignment_off():
 
 
 def test_early_audio_keeps_the_backlog_s_newest_frames_only():
-    framer = InputFramer(1920, max_frames=50)  # 4 s
+    framer = make_framer(1920, max_frames=50)  # 4 s
     second = np.full(24_000, 0.5, np.float32)
     dropped = sum(framer.keep_early(second, float(t)) for t in range(6))  # six seconds before "live"
     assert dropped == 2 * 13 and framer.early_samples == 4 * 24_000  # the oldest two seconds went (12.5 frames each)
@@ -280,7 +285,7 @@ def test_early_audio_keeps_the_backlog_s_newest_frames_only():
 
 
 def test_a_burst_longer_than_the_backlog_loses_its_oldest_frames_counted():
-    framer = InputFramer(FRAME, max_frames=10)
+    framer = make_framer(FRAME, max_frames=10)
     burst = np.arange(1, 13 * FRAME + 1, dtype=np.float32)
     assert framer.push(burst, 1.0) == 2  # 13 frames into room for 10 (and one frame's room for a partial one)
     assert framer.pending_frames == 11 and framer.pop_frame()[0] == burst[2 * FRAME]  # the oldest two went

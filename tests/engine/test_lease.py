@@ -26,6 +26,9 @@ class Owner:
         self.now = 0.0
         self.restarted: list[Lease] = []
 
+    def clock(self):
+        return self.now
+
     def input_arrived(self, lease, samples, arrived_at):
         pass
 
@@ -46,7 +49,7 @@ class Owner:
 
 
 def new_lease(owner: Owner, *, early_audio: bool = False, client: str | None = None) -> Lease:
-    lease = Lease(Conversation(), owner, framer=InputFramer(FRAME, 4), output_capacity=8, early_audio=early_audio,
+    lease = Lease(Conversation(), owner, framer=InputFramer(FRAME, 4, window=25, hold_after_underrun=50), output_capacity=8, early_audio=early_audio,
                   client=client)
     owner.table.request(lease, owner.now)
     return lease

@@ -10,29 +10,37 @@ import dataclasses
 import pytest
 
 from pplex_trio.engine._schedule import DEFAULT_REACTION, MAX_REACTION, TickSchedule
+from pplex_trio.engine._settings import ActorSettings
 from pplex_trio.engine._slots import SlotTable
 from pplex_trio.engine._steering import PhaseSteering
-from pplex_trio.engine._work import STARVED_TICKS, BetweenTicks, WorkCost, share
+from pplex_trio.engine._work import BetweenTicks, WorkCost, share
 
 TICK = 0.080
+# The windows at 80 ms ticks: 10 s and 6 s of steering (steering_window, steering_calm), 2 s of starving work.
+STEERING_TICKS = {"window": 125, "calm_ticks": 75}
+STARVED_TICKS = 25
+
+
+def steering(**options) -> PhaseSteering:
+    return PhaseSteering(**{**STEERING_TICKS, **options})
 
 
 def test_moves_earlier_by_a_fraction_of_the_smallest_spare_slack():
-    steer = PhaseSteering(margin=0.004, gain=0.25, max_step=0.005)
+    steer = steering(margin=0.004, gain=0.25, max_step=0.005)
     assert steer.adjust([0.020, 0.012, 0.030], late=0) == pytest.approx(-0.25 * (0.012 - 0.004))
 
 
 def test_step_is_capped():
-    assert PhaseSteering(max_step=0.005).adjust([0.070], late=0) == pytest.approx(-0.005)
+    assert steering(max_step=0.005).adjust([0.070], late=0) == pytest.approx(-0.005)
 
 
 def test_no_move_when_some_conversation_has_no_spare_slack():
-    assert PhaseSteering(margin=0.004).adjust([0.030, 0.003], late=0) == 0.0
-    assert PhaseSteering().adjust([], late=0) == 0.0
+    assert steering(margin=0.004).adjust([0.030, 0.003], late=0) == 0.0
+    assert steering().adjust([], late=0) == 0.0
 
 
 def test_a_late_conversation_moves_the_grid_later_and_widens_the_margin():
-    steer = PhaseSteering(margin=0.008, late_step=0.004, window=5)
+    steer = steering(margin=0.008, late_step=0.004, window=5)
     assert steer.adjust([0.050], late=1) == pytest.approx(0.004)
     assert steer.margin == pytest.approx(0.010)
     # Then earlier only once a whole window has been seen again (a few ticks are no measure of a rhythm).
@@ -43,7 +51,7 @@ def test_a_late_conversation_moves_the_grid_later_and_widens_the_margin():
 def test_a_page_that_comes_close_to_its_tick_every_4_s_keeps_the_grid_from_moving_past_it():
     """(As soxr's blocks against 100 ms messages did, and a jittery network's late pages do.)  A 2 s window
     forgot it between two, moved the grid past it and missed it each time."""
-    steer = PhaseSteering(margin=0.003, gain=1.0)
+    steer = steering(margin=0.003, gain=1.0)
     misses = 0
     for tick in range(1500):  # 2 minutes
         slack = (0.020 if tick % 50 else 0.001) + steer.moved  # on the original grid
@@ -54,7 +62,7 @@ def test_a_page_that_comes_close_to_its_tick_every_4_s_keeps_the_grid_from_movin
 
 
 def test_calm_narrows_the_margin_back_slowly():
-    steer = PhaseSteering(margin=0.008, calm_ticks=10)
+    steer = steering(margin=0.008, calm_ticks=10)
     for _ in range(3):
         steer.adjust([0.0], late=1)
     assert steer.margin == pytest.approx(0.014)
@@ -65,7 +73,7 @@ def test_calm_narrows_the_margin_back_slowly():
 
 def test_one_calm_tick_does_not_pull_the_grid_into_jittery_pages():
     """The spare slack is the smallest of the recent ticks, on today's grid."""
-    steer = PhaseSteering(margin=0.006, gain=0.25, max_step=0.005, window=5)
+    steer = steering(margin=0.006, gain=0.25, max_step=0.005, window=5)
     steer.adjust([0.007], late=0)  # a page that came close to its tick
     step = steer.adjust([0.030], late=0)  # then a calm tick
     assert -0.001 < step < 0  # still ruled by the close one, not by 24 ms of seeming spare
@@ -75,7 +83,7 @@ def test_one_calm_tick_does_not_pull_the_grid_into_jittery_pages():
 
 
 def test_the_window_accounts_for_moves_already_made():
-    steer = PhaseSteering(margin=0.006, gain=1.0, max_step=0.005, window=50)
+    steer = steering(margin=0.006, gain=1.0, max_step=0.005, window=50)
     total = 0.0
     for _ in range(20):  # pages always arrive 20 ms before the tick on the original grid
         total += steer.adjust([0.020 + total], late=0)
@@ -89,7 +97,7 @@ class FakeLease:
 
 
 def _schedule(now=lambda: 0.0) -> TickSchedule:
-    return TickSchedule(SlotTable(2, queue_size=0), TICK, input_grace=0.004, early_start=0.010, clock=now)
+    return TickSchedule(SlotTable(2, queue_size=0), ActorSettings(input_grace_ms=4, early_start_ms=10), clock=now)
 
 
 def test_a_miss_whose_page_came_within_a_tick_is_late():
@@ -136,7 +144,7 @@ def test_the_reaction_is_the_median_of_recent_clients_beyond_the_pages_audio():
 
 
 async def test_the_first_page_after_a_handshake_is_timed_once(autojump_clock):
-    schedule = TickSchedule(SlotTable(1, queue_size=0), TICK, input_grace=0.004, early_start=0.010)
+    schedule = TickSchedule(SlotTable(1, queue_size=0), ActorSettings(input_grace_ms=4, early_start_ms=10))
     lease = FakeLease(0.0)
     lease.has_input_frame = False
     schedule.input_arrived(lease, 960, 0.0)  # before any handshake: nothing to time
@@ -193,7 +201,7 @@ def test_one_slow_call_does_not_starve_the_work():
 
 def test_a_call_is_not_started_without_time_for_its_fixed_cost():
     """Calls of starts and resets alone (no prompt position) teach the fixed cost of a call too."""
-    work = BetweenTicks()
+    work = BetweenTicks(starved_ticks=STARVED_TICKS)
     for _ in range(3):
         work.prompts_done(0, 0.020)  # the trip to the worker thread and a start: 20 ms each
     assert not work.prompt_cost.known  # (nothing yet of the cost per position)
@@ -216,7 +224,7 @@ class EchoJob:
 def test_a_job_that_finds_no_time_gets_a_frame_after_a_while_and_its_cost_measured_again():
     """One job call held up (a busy machine) makes a frame look dearer than any gap: without a way out, the
     job would wait for ever, since no call would measure the cost again."""
-    work = BetweenTicks()
+    work = BetweenTicks(starved_ticks=STARVED_TICKS)
     for _ in range(3):
         work.prompts_done(0, 0.020)  # a call's fixed cost: 20 ms
     job = EchoJob(50)
@@ -245,7 +253,7 @@ def test_a_job_that_finds_no_time_gets_a_frame_after_a_while_and_its_cost_measur
 def test_with_nobody_live_prompts_run_whatever_one_slow_call_measured():
     """A first prompt call slowed by a busy machine (here 1 s) must not stop the prompts of a server with nobody
     live: there is no tick to protect, and nothing else would ever measure the cost again."""
-    work = BetweenTicks()
+    work = BetweenTicks(starved_ticks=STARVED_TICKS)
     for positions in (1, 2, 4):
         work.prompts_done(positions, 1.0)
     assert work.prompt_cost.fixed * WorkCost.SAFETY > TICK
@@ -254,7 +262,7 @@ def test_with_nobody_live_prompts_run_whatever_one_slow_call_measured():
 
 
 def test_prompts_that_find_no_room_get_a_small_call_after_a_while():
-    work = BetweenTicks()
+    work = BetweenTicks(starved_ticks=STARVED_TICKS)
     for n in (10, 20, 40):
         work.prompts_done(n, 0.002 + 0.010 * n)  # 10 ms a position
     assert work.prompt_work({0: 100, 1: 100}, 0.005, grid=True, tick=0) == {}  # no room: nothing

@@ -6,7 +6,7 @@ import pytest
 async def test_health_info_voices(virtual_server, autojump_clock):
     handle = await virtual_server(slots=3)
     health = await handle.get_json("/health")
-    assert health["status"] == "ok"
+    assert health["status"] == "ok" and health["engine_state"] == "idle"
     assert (health["slots_total"], health["slots_free"], health["queued"]) == (3, 3, 0)
     info = await handle.get_json("/api/info")
     assert info["slots"] == 3 and info["max_prompt_chars"] == 1000

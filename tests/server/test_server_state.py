@@ -8,6 +8,7 @@ import pytest
 import trio
 
 from pplex_trio._conversation import Conversation
+from pplex_trio.engine import ActorState
 from pplex_trio.server._server_state import SERVER_LIFECYCLE, ServerState, Unready
 
 from _helpers.fake_ws import make_host
@@ -43,7 +44,9 @@ async def test_a_drain_then_a_shutdown_each_happen_once_and_a_stopping_server_ne
 ])
 async def test_one_answer_in_one_order_for_ready_health_and_refusals(state, stalled, full, ready, health, monkeypatch):
     host = make_host(monkeypatch, slots=1, queue_size=0)
-    host.state, host.actor.stalled = state, stalled
+    host.state = state
+    if stalled:
+        host.actor.state = ActorState.STALLED  # (an engine call past engine_timeout: test_actor.py moves it so)
     with contextlib.ExitStack() as stack:
         if full:
             stack.enter_context(host.actor.lease(Conversation()))  # the one slot taken; no queue

@@ -41,14 +41,13 @@ from typing import IO, Any
 import numpy as np
 import trio
 
-from ..._conversation import FRAME_SIZE, SAMPLE_RATE, Conversation
+from ..._conversation import FRAME_MS, FRAME_SIZE, SAMPLE_RATE, Conversation
 from ..._metrics import Metrics
 from ...codec import pcm16_encode
 from ...engine import OutputFrame
 
 logger = logging.getLogger(__name__)
 
-FRAME_MS = FRAME_SIZE * 1000 // SAMPLE_RATE  # 80
 FRAME_BYTES = FRAME_SIZE * 2 * 2  # one frame of the WAV: two channels of 16-bit samples
 WRITE_EVERY = 1.0  # s between the writer's moves to disk
 MAX_QUEUED_FRAMES = 30 * 1000 // FRAME_MS  # 30 s not yet written; beyond, the oldest are lost

@@ -24,14 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from ..._conversation import FRAME_SIZE, SAMPLE_RATE, Conversation
+from ..._conversation import FRAME_MS, Conversation
 from ...engine import OutputFrame
 from ...protocol import AudioAppend, ClientEvent, EventError, LiveEvents, live
 from ._audio_io import AudioIn, AudioOut
 from ._wire import (EndOfInput, InputAudio, InputEvent, Message, Notices, PendingEvents, Replies, WireProtocol,
                     error_type)
 
-FRAME_MS = FRAME_SIZE * 1000 // SAMPLE_RATE
 USAGE_MS = 5_000  # of the session timeline between session.usage.updated events
 
 # Why a session ended (the session core's outcome) → session.closed's reason.
