@@ -10,8 +10,8 @@ from pplex_trio._conversation import CloseCode, Conversation
 from pplex_trio._lifecycle import IllegalTransition
 from pplex_trio.engine import LEASE_LIFECYCLE, LeaseFailed, LeaseState, OutputEnd, OutputFrame
 from pplex_trio.engine._engine_call import plan_call
-from pplex_trio.engine._framing import InputFramer
 from pplex_trio.engine._engine_lease import EngineLease
+from pplex_trio.engine._framing import InputFramer
 from pplex_trio.engine._lease import Lease, open_lease
 from pplex_trio.engine._lease_core import LeaseFailure
 from pplex_trio.engine._slots import RETURN_WINDOW, SlotTable

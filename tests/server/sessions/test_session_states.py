@@ -313,6 +313,16 @@ async def test_shutdown_tells_every_phase_going_away(nursery, autojump_clock, ph
     assert (await late.ws.wait_closed())[0] == 1001  # refused from then on
 
 
+def test_every_outcome_keeps_its_label_and_has_its_close_code():
+    """The labels are what dashboards and call records read: renaming one breaks them."""
+    assert {outcome.value for outcome in Outcome} == {
+        "completed", "hangup", "time_limit", "client_closed", "client_timeout", "bad_request", "protocol_error",
+        "queue_full", "queue_timeout", "rejected", "engine_error", "engine_stalled", "internal_error", "shutdown",
+        "draining"}
+    assert [outcome for outcome in Outcome if outcome.code is None] == [Outcome.CLIENT_CLOSED]  # (no close of ours)
+    assert Outcome.QUEUE_FULL.code == CloseCode.TRY_AGAIN_LATER and Outcome.SHUTDOWN.code == CloseCode.GOING_AWAY
+
+
 def test_a_session_refuses_a_transition_its_state_machine_does_not_have(monkeypatch):
     session = Session(FakeWebSocket(), RawProtocol(max_prompt_chars=10), make_host(monkeypatch))
     assert {state.value for state in SessionState} == {"admitting", "live", "closing", "closed"}  # (its own)
