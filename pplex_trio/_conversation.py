@@ -1,4 +1,4 @@
-"""The vocabulary every layer shares: a conversation's settings, the audio frame, close codes.
+"""The vocabulary every layer shares: a conversation's settings, the audio frame, close codes, outcomes.
 
 A leaf module: it imports nothing from pplex_trio (nor Trio, torch or
 prometheus), so the sans-IO protocols, the model, the engine and the server
@@ -66,3 +66,41 @@ class CloseCode(enum.IntEnum):
     MESSAGE_TOO_BIG = 1009
     INTERNAL_ERROR = 1011
     TRY_AGAIN_LATER = 1013  # every slot busy, queue full or wait timed out
+
+
+class Outcome(enum.Enum):
+    """How a session ended.  Its value is the label the dashboards read (``pplex_sessions_ended_total``'s
+    ``outcome``, a call record's ``ending``): renaming one breaks them.  :attr:`code` is its close code."""
+
+    COMPLETED = "completed"  # a flush's output is all out (or the input ended before the conversation began)
+    HANGUP = "hangup"  # the caller hung up (a phone call's ``stop``): nothing to flush
+    TIME_LIMIT = "time_limit"  # --max-session-seconds
+    CLIENT_CLOSED = "client_closed"  # the client left first: no close from us
+    CLIENT_TIMEOUT = "client_timeout"  # a write to the client waited past --client-timeout
+    BAD_REQUEST = "bad_request"  # its opening settings were refused
+    PROTOCOL_ERROR = "protocol_error"  # a bad message once the conversation was under way
+    QUEUE_FULL = "queue_full"  # no slot and no place in the queue
+    QUEUE_TIMEOUT = "queue_timeout"  # no slot within --queue-timeout
+    REJECTED = "rejected"  # the engine refused its settings (say, a voice it cannot load)
+    ENGINE_ERROR = "engine_error"  # the engine failed it
+    ENGINE_STALLED = "engine_stalled"  # the engine had stalled when it arrived
+    INTERNAL_ERROR = "internal_error"  # a bug met in this session (ends it alone)
+    SHUTDOWN = "shutdown"  # the server stops
+    DRAINING = "draining"  # the server drains: no new conversations
+
+    @property
+    def code(self) -> CloseCode | None:
+        """The close code it ends with (None: the client closed first).  An error's own code replaces it for
+        BAD_REQUEST, PROTOCOL_ERROR and REJECTED (``ProtocolError.code``, ``LeaseFailure.code``)."""
+        return _CLOSE_CODES[self]
+
+
+_CLOSE_CODES: dict[Outcome, CloseCode | None] = {
+    Outcome.COMPLETED: CloseCode.NORMAL, Outcome.HANGUP: CloseCode.NORMAL, Outcome.TIME_LIMIT: CloseCode.NORMAL,
+    Outcome.CLIENT_CLOSED: None, Outcome.CLIENT_TIMEOUT: CloseCode.POLICY,
+    Outcome.BAD_REQUEST: CloseCode.POLICY, Outcome.PROTOCOL_ERROR: CloseCode.POLICY, Outcome.REJECTED: CloseCode.POLICY,
+    Outcome.QUEUE_FULL: CloseCode.TRY_AGAIN_LATER, Outcome.QUEUE_TIMEOUT: CloseCode.TRY_AGAIN_LATER,
+    Outcome.ENGINE_STALLED: CloseCode.TRY_AGAIN_LATER,
+    Outcome.ENGINE_ERROR: CloseCode.INTERNAL_ERROR, Outcome.INTERNAL_ERROR: CloseCode.INTERNAL_ERROR,
+    Outcome.SHUTDOWN: CloseCode.GOING_AWAY, Outcome.DRAINING: CloseCode.GOING_AWAY,
+}

@@ -46,7 +46,9 @@ from ._actor_state import ACTOR_LIFECYCLE, ActorState
 from ._engine_call import CallResult, EngineCall, apply_result, execute, fail_call, plan_call, plan_tick
 from ._framing import InputFramer
 from ._interface import Engine, Job
-from ._lease import Lease, LeaseFailure, LeaseState
+from ._engine_lease import EngineLease
+from ._lease import Lease, open_lease
+from ._lease_core import LeaseFailure, LeaseState
 from ._outbox import OutputFrame
 from ._schedule import TickSchedule
 from ._settings import ActorSettings
@@ -96,16 +98,17 @@ class EngineActor:
         before the conversation is live for the model (see
         :meth:`Lease.push_input`); ``client`` (an address) names who asks, for
         the slot held for a client that left (see :class:`SlotTable`);
-        ``on_frame`` observes every frame delivered to it (see :class:`Lease`).  Raises
+        ``on_frame`` observes every frame delivered to it (see :class:`EngineLease`).  Raises
         :class:`QueueFull` at once if there is neither a slot nor a place in the
         queue.  On exit the slot drains: it is freed only between engine calls.
         """
         s, ticks = self.settings, self.schedule.in_ticks  # (one frame in, one out, per tick)
         framer = InputFramer(self.engine.frame_size, ticks(s.input_backlog_seconds), align=align,
                              window=ticks(s.framer_window), hold_after_underrun=ticks(s.framer_hold))
-        lease = Lease(conversation, self, framer=framer, output_capacity=ticks(s.output_backlog_seconds),
-                      early_audio=early_audio, client=client, on_frame=on_frame)
-        self.table.request(lease, self.schedule.now())
+        lease, engine_end = open_lease(conversation, self, framer=framer,
+                                       output_capacity=ticks(s.output_backlog_seconds),
+                                       early_audio=early_audio, client=client, on_frame=on_frame)
+        self.table.request(engine_end, self.schedule.now())
         self._changed()
         try:
             yield lease
@@ -122,20 +125,20 @@ class EngineActor:
     def clock(self) -> float:
         return self.schedule.now()
 
-    def input_arrived(self, lease: Lease, samples: int, arrived_at: float) -> None:
+    def input_arrived(self, lease: EngineLease, samples: int, arrived_at: float) -> None:
         self.schedule.input_arrived(lease, samples, arrived_at)
         if lease.state is LeaseState.READY and not self.schedule.running:
             self._wakeup.set()  # its first frame may be in: an idle actor starts a grid for it
 
-    async def sleep_until_handshake(self, lease: Lease) -> None:
+    async def sleep_until_handshake(self, lease: EngineLease) -> None:
         await self.schedule.sleep_until_handshake(lease)
 
-    def lease_ended(self, lease: Lease, client_left: bool) -> None:
+    def lease_ended(self, lease: EngineLease, client_left: bool) -> None:
         self.table.release(lease, self.schedule.now(), client_left=client_left)
         self.schedule.forget(lease)
         self._changed()
 
-    def lease_changed(self, lease: Lease) -> None:
+    def lease_changed(self, lease: EngineLease) -> None:
         self._changed()
 
     def count_drop(self, reason: str, count: int) -> None:

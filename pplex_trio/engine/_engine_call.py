@@ -27,7 +27,8 @@ import numpy as np
 from .._conversation import CloseCode, Conversation
 from .._metrics import Metrics
 from ._interface import ConversationRejected, Engine, Job, SlotMode, StepOutput
-from ._lease import LIVE_STATES, Lease, LeaseFailure, LeaseState
+from ._engine_lease import EngineLease
+from ._lease_core import LIVE_STATES, LeaseFailure, LeaseState
 from ._outbox import OutputFrame
 from ._slots import SlotTable
 
@@ -41,14 +42,14 @@ class TickPlan:
     tick: int
     modes: list[SlotMode]
     pcm: np.ndarray
-    arrivals: dict[int, tuple[Lease, float | None]]  # each live row's lease, and when its frame was complete
+    arrivals: dict[int, tuple[EngineLease, float | None]]  # each live row's lease, and when its frame was complete
 
 
 @dataclasses.dataclass
 class EngineCall:
     """One engine call, fixed before it runs."""
 
-    rows: list[tuple[Lease, int] | None]  # each row's lease when planned, and the run of its prompt
+    rows: list[tuple[EngineLease, int] | None]  # each row's lease when planned, and the run of its prompt
     started_at: float  # Trio time at which the call began
     resets: list[int] = dataclasses.field(default_factory=list)
     starts: list[tuple[int, Conversation]] = dataclasses.field(default_factory=list)
@@ -68,7 +69,7 @@ class EngineCall:
             rows |= {i for i, mode in enumerate(self.tick.modes) if mode is not SlotMode.IDLE}
         return rows
 
-    def lease(self, table: SlotTable, i: int, state: frozenset[LeaseState]) -> Lease | None:
+    def lease(self, table: SlotTable, i: int, state: frozenset[LeaseState]) -> EngineLease | None:
         """Row ``i``'s lease, if it is still the one planned, at the same run of its prompt, in one of
         ``state``; else None (its outcome no longer applies)."""
         planned = self.rows[i]
@@ -104,12 +105,12 @@ def plan_call(table: SlotTable, now: float) -> EngineCall:
     return EngineCall(rows=rows, started_at=now, resets=resets, starts=starts)
 
 
-def plan_tick(table: SlotTable, call: EngineCall, tick: int, pcm: np.ndarray, first_steps: Collection[Lease],
+def plan_tick(table: SlotTable, call: EngineCall, tick: int, pcm: np.ndarray, first_steps: Collection[EngineLease],
               metrics: Metrics) -> None:
     """Make ``call`` a tick: cut every live conversation's next input frame into ``pcm`` (silence where none);
     the READY conversations of ``first_steps`` are stepped from this tick on."""
     modes = [SlotMode.IDLE] * len(table.rows)
-    arrivals: dict[int, tuple[Lease, float | None]] = {}
+    arrivals: dict[int, tuple[EngineLease, float | None]] = {}
     pcm[:] = 0.0
     for lease in first_steps:
         if lease.state is LeaseState.READY:

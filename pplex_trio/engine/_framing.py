@@ -105,7 +105,6 @@ class InputFramer:
         self.skipped_samples = 0  # skipped by phase alignment
         self.caught_up_samples = 0  # silence skipped to get back to real time
         self.underruns = 0
-        self.input_ended = False  # the client sent its last audio (a flush): nothing more is taken
 
     @property
     def pending_samples(self) -> int:

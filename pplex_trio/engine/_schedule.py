@@ -57,7 +57,7 @@ from collections.abc import Callable, Sequence
 import trio
 
 from .._conversation import SAMPLE_RATE
-from ._lease import Lease
+from ._engine_lease import EngineLease
 from ._settings import ActorSettings
 from ._slots import SlotTable
 from ._steering import PhaseSteering
@@ -90,7 +90,7 @@ class TickStart:
     late: float
     early: float
     held: float | None = None
-    first_steps: list[Lease] = dataclasses.field(default_factory=list)
+    first_steps: list[EngineLease] = dataclasses.field(default_factory=list)
 
 
 class TickSchedule:
@@ -111,12 +111,12 @@ class TickSchedule:
         self.ticks_skipped = 0
         self._held: collections.deque[int] = collections.deque()  # recent ticks that were held
         self._ticks_held = 0
-        self._missed: list[Lease] = []  # the previous tick's streaming conversations that got no frame ...
+        self._missed: list[EngineLease] = []  # the previous tick's streaming conversations that got no frame ...
         self._missed_at = 0.0  # ... and when that tick began
         self._reactions: collections.deque[float] = collections.deque(maxlen=15)
         self.reaction = DEFAULT_REACTION
-        self._handshakes: dict[Lease, float] = {}  # handshakes sent, their first page not in yet
-        self._awaited: set[Lease] | None = None  # leases a wait is for (None: nobody waits)
+        self._handshakes: dict[EngineLease, float] = {}  # handshakes sent, their first page not in yet
+        self._awaited: set[EngineLease] | None = None  # leases a wait is for (None: nobody waits)
         self._some_frame = False
         self._frames_in = trio.Event()
 
@@ -158,7 +158,7 @@ class TickSchedule:
         """When the wait for a READY conversation's first frame is over (inf: none waits)."""
         return min((lease.ready_since + self.first_frame_timeout for lease in self.table.ready()), default=math.inf)
 
-    def _first_steps(self, now: float) -> list[Lease]:
+    def _first_steps(self, now: float) -> list[EngineLease]:
         """The READY conversations due their first step: their caller's first frame is in, or waited for long
         enough."""
         return [lease for lease in self.table.ready()
@@ -190,7 +190,7 @@ class TickSchedule:
         start.first_steps = self._first_steps(self._clock())
         return start
 
-    def tick_done(self, arrivals: Sequence[tuple[Lease, float | None]], began: float) -> int:
+    def tick_done(self, arrivals: Sequence[tuple[EngineLease, float | None]], began: float) -> int:
         """After a tick that began at ``began`` and took each live lease's frame (when its last sample arrived;
         None: it had none): steer, set the next deadline.  Returns the ticks skipped to catch up (0 mostly)."""
         assert self.deadline is not None
@@ -216,15 +216,15 @@ class TickSchedule:
 
     # -- who streams, whose page is due, which misses were late pages ----------------------------------
 
-    def _streaming(self, lease: Lease, now: float) -> bool:
+    def _streaming(self, lease: EngineLease, now: float) -> bool:
         """It sent input recently, so a tick without its frame came too early."""
         return bool(lease.frames_consumed) and now - lease.last_input_arrival < 2 * self.period
 
-    def _due_page(self, lease: Lease, now: float) -> bool:
+    def _due_page(self, lease: EngineLease, now: float) -> bool:
         """Aligned and still streaming, its frame ends at a page that is due about now."""
         return lease.awaits_page and now - lease.last_input_arrival < self.period
 
-    def _late_pages(self, missed: list[Lease], now: float) -> int:
+    def _late_pages(self, missed: list[EngineLease], now: float) -> int:
         """How many of the previous tick's misses were late pages (their next audio came after that tick,
         within a period of it: the steering reacts a tick later than it would have); remembers this tick's."""
         late = sum(self._missed_at < lease.last_input_arrival <= self._missed_at + self.period
@@ -237,10 +237,10 @@ class TickSchedule:
             self._held.popleft()
         return self.input_grace > 0 and now < deadline + self.input_grace and len(self._held) < GRACE_PER_WINDOW
 
-    def _missing_frames(self) -> tuple[set[Lease], bool]:
+    def _missing_frames(self) -> tuple[set[EngineLease], bool]:
         """The streaming live leases still short of a frame, and whether any live lease has one."""
         now = self._clock()
-        awaited: set[Lease] = set()
+        awaited: set[EngineLease] = set()
         some_frame = False
         for lease in self.table.live():
             if lease.has_input_frame:
@@ -251,7 +251,7 @@ class TickSchedule:
 
     # -- frames arriving -------------------------------------------------------
 
-    async def _wait_frames(self, awaited: set[Lease], until: float, *, some_frame: bool = True) -> None:
+    async def _wait_frames(self, awaited: set[EngineLease], until: float, *, some_frame: bool = True) -> None:
         """Until every lease in ``awaited`` has a frame (and, with ``some_frame=False``, some lease has one)."""
         self._awaited, self._some_frame = awaited, some_frame
         self._frames_in = trio.Event()
@@ -262,7 +262,7 @@ class TickSchedule:
         finally:
             self._awaited = None
 
-    def input_arrived(self, lease: Lease, samples: int, arrived_at: float) -> None:
+    def input_arrived(self, lease: EngineLease, samples: int, arrived_at: float) -> None:
         """A push of ``samples`` (0: audio kept from before it was live): it may complete a frame that a wait is
         for, and a first page after a handshake tells the clients' reaction."""
         if samples and lease in self._handshakes and arrived_at >= self._handshakes[lease]:
@@ -275,13 +275,13 @@ class TickSchedule:
         if not awaited:
             self._frames_in.set()
 
-    def forget(self, lease: Lease) -> None:
+    def forget(self, lease: EngineLease) -> None:
         """The lease is over: nothing of it is waited for any more."""
         self._handshakes.pop(lease, None)
 
     # -- the handshake -----------------------------------------------------------
 
-    async def sleep_until_handshake(self, lease: Lease) -> None:
+    async def sleep_until_handshake(self, lease: EngineLease) -> None:
         """Sleep until the handshake's lead before one of the next ticks (at most a period; at once without a
         grid); its first page after it is timed.
 

@@ -1,6 +1,6 @@
 """Slots and admission: who may use which row of the engine.
 
-A *slot* is one row of the engine's batch; a *lease* (``engine/_lease.py``)
+A *slot* is one row of the engine's batch; a *lease* (its engine end: ``engine/_engine_lease.py``)
 is one conversation's claim on a slot, from the moment it asks (maybe waiting
 in the queue) until its slot is free again.  A slot's state is its lease's
 state (``LeaseState``), or free.  A lease the session gave back is DRAINING
@@ -22,7 +22,8 @@ from __future__ import annotations
 import collections
 import math
 
-from ._lease import LIVE_STATES, Lease, LeaseFailure, LeaseState
+from ._engine_lease import EngineLease
+from ._lease_core import LIVE_STATES, LeaseFailure, LeaseState
 
 RETURN_WINDOW = 2.0  # seconds a slot is held for the client that just left it
 
@@ -47,13 +48,13 @@ class SlotTable:
     """
 
     def __init__(self, num_slots: int, *, queue_size: int):
-        self.rows: list[Lease | None] = [None] * num_slots
+        self.rows: list[EngineLease | None] = [None] * num_slots
         self.queue_size = queue_size
-        self._queue: collections.deque[Lease] = collections.deque()
+        self._queue: collections.deque[EngineLease] = collections.deque()
 
     # -- sessions arrive and leave ---------------------------------------------
 
-    def request(self, lease: Lease, now: float) -> None:
+    def request(self, lease: EngineLease, now: float) -> None:
         """Give ``lease`` a free slot, or a place in the queue, or raise :class:`QueueFull`.
 
         A client coming back to a slot held for it is served first (or waits at the front while it drains).
@@ -77,7 +78,7 @@ class SlotTable:
         self._queue.append(lease)
         lease.queued(len(self._queue))
 
-    def release(self, lease: Lease, now: float, *, client_left: bool) -> None:
+    def release(self, lease: EngineLease, now: float, *, client_left: bool) -> None:
         """The session ended ``lease``: its slot drains before anyone else gets it (``client_left``, with others
         waiting: then the slot is held :data:`RETURN_WINDOW` for that client to come back)."""
         if lease in self._queue:
@@ -131,18 +132,18 @@ class SlotTable:
 
     # -- views ---------------------------------------------------------------
 
-    def leases(self, states: frozenset[LeaseState]) -> list[tuple[int, Lease]]:
+    def leases(self, states: frozenset[LeaseState]) -> list[tuple[int, EngineLease]]:
         """The slots whose lease is in one of ``states``, with it."""
         return [(i, lease) for i, lease in enumerate(self.rows) if lease is not None and lease.state in states]
 
-    def live(self) -> list[Lease]:
+    def live(self) -> list[EngineLease]:
         """The leases stepped every tick."""
         return [lease for lease in self.rows if lease is not None and lease.state in LIVE_STATES]
 
     def any_live(self) -> bool:
         return any(lease is not None and lease.state in LIVE_STATES for lease in self.rows)
 
-    def ready(self) -> list[Lease]:
+    def ready(self) -> list[EngineLease]:
         """The leases whose prompt has run, waiting for their first step (READY)."""
         return [lease for lease in self.rows if lease is not None and lease.state is LeaseState.READY]
 
@@ -191,7 +192,7 @@ class SlotTable:
         return next((i for i, lease in enumerate(self.rows)
                      if lease is not None and lease.state is LeaseState.HELD and now >= lease.held_until), None)
 
-    def _assign(self, slot: int, lease: Lease, now: float) -> None:
+    def _assign(self, slot: int, lease: EngineLease, now: float) -> None:
         held = self.rows[slot]
         if held is not None:
             held.released()  # its client came back, or its hold lapsed
@@ -204,12 +205,12 @@ class SlotTable:
                 lease.queued(position)
 
     @staticmethod
-    def _held_for(lease: Lease | None, client: str | None, now: float) -> bool:
+    def _held_for(lease: EngineLease | None, client: str | None, now: float) -> bool:
         return (lease is not None and client is not None and lease.state is LeaseState.HELD
                 and lease.client == client and now < lease.held_until)
 
     @staticmethod
-    def _draining_for(lease: Lease | None, client: str | None) -> bool:
+    def _draining_for(lease: EngineLease | None, client: str | None) -> bool:
         """A slot that will be held for ``client`` once it has drained."""
         return (lease is not None and client is not None and lease.state is LeaseState.DRAINING
                 and lease.client == client and lease.held_until > 0)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import trio
 
-from .._conversation import CloseCode
+from .._conversation import Outcome
 from .._metrics import Metrics
 from ..engine import Engine, EngineActor
 from ._encoders import Encoders, make_encoders
@@ -97,5 +97,5 @@ class ServerContext:
         if not self._enter(ServerState.STOPPING):
             return False
         for session in list(self.sessions):
-            session.end(CloseCode.GOING_AWAY, Unready.SHUTTING_DOWN.message, "shutdown")
+            session.end(Outcome.SHUTDOWN, Unready.SHUTTING_DOWN.message)
         return True

@@ -47,11 +47,11 @@ async def test_every_window_is_its_seconds_in_ticks(period, autojump_clock):
     assert schedule.steering.calm_ticks == ticks(STEERING_CALM, period)
     assert actor.work.starved_ticks == ticks(WORK_STARVED, period)
     with actor.lease(Conversation(), align=True) as lease:
-        framer = lease._framer
+        framer = lease._core.framer
         assert framer.window == ticks(FRAMER_WINDOW, period)
         assert framer.hold_after_underrun == ticks(FRAMER_HOLD, period)
         assert framer.max_frames == ticks(BACKLOG, period)  # (one frame a tick)
-        assert lease._outbox.capacity == ticks(BACKLOG, period)
+        assert lease._core.outbox.capacity == ticks(BACKLOG, period)
 
 
 @pytest.mark.parametrize("period", PERIODS)
@@ -107,7 +107,7 @@ def test_the_steering_relearns_for_ten_seconds_and_calms_after_six(period):
 async def test_the_framer_skips_after_two_seconds_and_holds_four_after_an_underrun(period, autojump_clock):
     actor = EngineActor(EchoEngine(1), ActorSettings(tick_seconds=period))
     with actor.lease(Conversation(), align=True) as lease:
-        framer = lease._framer
+        framer = lease._core.framer
     out = np.empty(FRAME, np.float32)
     surplus = FRAME // 4  # 20 ms that every tick has to spare
 

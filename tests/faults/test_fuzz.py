@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from _helpers.fake_ws import running_host, start_session
 from _helpers.live import checked
 from _helpers import ogg
+from pplex_trio._conversation import Outcome
 
 LIMIT = 4096
 DOCUMENTED = {1000, 1003, 1007, 1008, 1009}
@@ -232,7 +233,7 @@ def ends_in_a_documented_way_or_goes_on(protocol: str, messages: list[bytes | st
     ending, errors = run_session(protocol, messages)
     assert errors == 0
     if ending is not None:  # else: every message was taken, answered or ignored, and the conversation went on
-        assert ending.outcome != "internal_error" and ending.code in DOCUMENTED, ending
+        assert ending.outcome is not Outcome.INTERNAL_ERROR and ending.code in DOCUMENTED, ending
 
 
 @fuzz
@@ -240,7 +241,7 @@ def ends_in_a_documented_way_or_goes_on(protocol: str, messages: list[bytes | st
 def test_raw_sessions_end_in_a_documented_way(messages):
     ending, errors = run_session("raw", messages)
     assert errors == 0
-    assert ending is not None and ending.outcome != "internal_error", ending
+    assert ending is not None and ending.outcome is not Outcome.INTERNAL_ERROR, ending
     assert ending.code in DOCUMENTED, ending
 
 

@@ -41,7 +41,7 @@ from typing import IO, Any
 import numpy as np
 import trio
 
-from ..._conversation import FRAME_MS, FRAME_SIZE, SAMPLE_RATE, Conversation
+from ..._conversation import FRAME_MS, FRAME_SIZE, SAMPLE_RATE, Conversation, Outcome
 from ..._metrics import Metrics
 from ...codec import pcm16_encode
 from ...engine import OutputFrame
@@ -72,7 +72,7 @@ class Closed(enum.Enum):
 class CallEnding:
     """What the session tells its recorder at the end."""
 
-    outcome: str  # the session's outcome label (``completed``, ``hangup``, ``client_closed`` …)
+    outcome: Outcome  # how the session ended (its label is the record's ``ending``)
     close_code: int | None  # None: the client left without a close from us
     conversation: Conversation  # the settings it ended with (a persona change may have replaced the first)
     details: dict[str, Any]  # the protocol's (a carrier's call ids); the conversation's ``quality`` figures; the
@@ -177,7 +177,7 @@ class Recorder:
             "id": self.id, "protocol": self.protocol, "persona": conversation.persona, "voice": conversation.voice,
             "started": utc_stamp(self.started), "seconds": self._frames * FRAME_MS / 1000, "frames": self._frames,
             "sample_rate": SAMPLE_RATE, "channels": ["caller", "agent"],
-            "ending": ending.outcome, "close_code": ending.close_code, **ending.details,
+            "ending": ending.outcome.value, "close_code": ending.close_code, **ending.details,
             "frames_lost": self.frames_lost,
         }
 

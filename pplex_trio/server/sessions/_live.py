@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._conversation import FRAME_MS, Conversation
+from ..._conversation import FRAME_MS, Conversation, Outcome
 from ...engine import OutputFrame
 from ...protocol import AudioAppend, ClientEvent, EventError, LiveEvents, live
 from ._audio_io import AudioIn, AudioOut
@@ -34,9 +34,9 @@ from ._wire import (EndOfInput, InputAudio, InputEvent, Message, Notices, Pendin
 USAGE_MS = 5_000  # of the session timeline between session.usage.updated events
 
 # Why a session ended (the session core's outcome) → session.closed's reason.
-CLOSE_REASONS = {"completed": "close_requested", "time_limit": "expired",
-                 "client_timeout": "connection_lost"}  # else: the server hung up (remote_hangup)
-CALM_OUTCOMES = frozenset({"time_limit", "shutdown", "draining"})  # their message is an info, not an error
+CLOSE_REASONS = {Outcome.COMPLETED: "close_requested", Outcome.TIME_LIMIT: "expired",
+                 Outcome.CLIENT_TIMEOUT: "connection_lost"}  # else: the server hung up (remote_hangup)
+CALM_OUTCOMES = frozenset({Outcome.TIME_LIMIT, Outcome.SHUTDOWN, Outcome.DRAINING})  # said as an info, not an error
 
 
 class LiveProtocol(WireProtocol):
@@ -162,9 +162,10 @@ class LiveProtocol(WireProtocol):
     def error(self, message: str, code: int) -> Message:
         return self.events.error(message, kind=error_type(code), code=f"close_{int(code)}")
 
-    def closing(self, message: str | None, code: int, outcome: str) -> list[Message]:
+    def closing(self, message: str | None, code: int, outcome: Outcome) -> list[Message]:
         said: list[Message] = []
         if message is not None:
-            said.append(self.events.info(outcome, message) if outcome in CALM_OUTCOMES else self.error(message, code))
+            said.append(self.events.info(outcome.value, message) if outcome in CALM_OUTCOMES
+                        else self.error(message, code))
         reason = CLOSE_REASONS.get(outcome, "remote_hangup")
         return [*said, self.events.closed(reason, self.config, self._seconds(self._frames), self._close_event)]

@@ -17,7 +17,7 @@ import math
 
 import trio
 
-from ..._conversation import CLOSE_BUDGET, CloseCode
+from ..._conversation import CLOSE_BUDGET, CloseCode, Outcome
 from ..._metrics import Metrics
 from ...engine import Lease, OutputFrame
 from ._wire import Message, WebSocket, WireProtocol
@@ -26,9 +26,9 @@ STAGE_SAMPLING = 4  # one frame in this many feeds the per-stage latency histogr
 
 
 class StreamEnd(enum.Enum):
-    COMPLETE = "complete"  # a flushed conversation's output is all out
-    CLIENT_TIMEOUT = "client_timeout"  # a write waited longer than the deadline
-    LEASE_ENDED = "lease_ended"  # the conversation ended first
+    COMPLETE = enum.auto()  # a flushed conversation's output is all out
+    CLIENT_TIMEOUT = enum.auto()  # a write waited longer than the deadline
+    LEASE_ENDED = enum.auto()  # the conversation ended first
 
 
 class Sender:
@@ -88,7 +88,7 @@ class Sender:
             return StreamEnd.CLIENT_TIMEOUT
         return StreamEnd.COMPLETE if complete else StreamEnd.LEASE_ENDED
 
-    async def close(self, code: CloseCode, message: str | None, outcome: str) -> None:
+    async def close(self, code: CloseCode, message: str | None, outcome: Outcome) -> None:
         """CLOSING: tell the client why, close, and read until it answers the close."""
         # The client may be gone or stuck: never wait long on it.
         with trio.move_on_after(CLOSE_BUDGET):

@@ -1,24 +1,24 @@
 """One WebSocket conversation: the session core that every wire protocol shares.
 
-A session is an explicit state machine around a :class:`~pplex_trio.engine.Lease`:
+A session is an explicit state machine around its end of a :class:`~pplex_trio.engine.Lease`:
 
-    ADMITTING → QUEUED → PREPARING → LIVE → CLOSING → CLOSED
+    ADMITTING → LIVE → CLOSING → CLOSED
 
-(QUEUED and PREPARING are its lease's states, shown until the handshake; QUEUED is skipped
-when a slot is free; any state may go to CLOSING when the session ends, and to CLOSED when the
-connection is gone).  While it waits and while it is live, it is a small Trio nursery of three
+(any state may go to CLOSING when the session ends, and to CLOSED when the connection is gone;
+between its settings and its handshake ``/api/sessions`` shows its lease's step instead: queued,
+then preparing).  While it waits and while it is live, it is a small Trio nursery of three
 tasks joined by bounded queues that drop the oldest item when full, so a slow stage costs
 audio, never latency:
 
     socket → receive → [inbound] → process (decode) → lease.push_input → engine
     engine → lease.frames() → send (encode, write) → socket
 
-The send task (``_sender.py``) encodes as well.  Whoever ends the session first
-(a protocol error, an engine failure, a shutdown, the end of a flush) calls
-:meth:`Session.end`, which records why and cancels the rest; the session then
-tells the client why and closes.  A client that disconnects cancels the whole
-handler (``AsgiWebSocket`` does that); leaving the lease's block gives the slot back,
-which drains before anyone else gets it.
+The ``Receiver`` (``_receiver.py``) reads and decodes, the ``Sender`` (``_sender.py``) encodes and
+writes.  Whoever ends the session first (a protocol error, an engine failure, a shutdown, the end
+of a flush) calls :meth:`Session.end` with its :class:`~pplex_trio._conversation.Outcome`, which
+records why and cancels the rest; the session then tells the client why and closes.  A client
+that disconnects cancels the whole handler (``AsgiWebSocket`` does that); leaving the lease's
+block gives the slot back, which drains before anyone else gets it.
 
 Every session meters its conversation's quality (:class:`~pplex_trio.codec.ConversationQuality`:
 response latency, talk-over, dead air, the agent's share, barge-ins) from the lease's
@@ -41,19 +41,18 @@ from typing import Any, Protocol
 
 import trio
 
-from ..._channel import DropOldestChannel
-from ..._conversation import SAMPLE_RATE, CloseCode, Conversation
+from ..._conversation import CloseCode, Conversation, Outcome
 from ..._lifecycle import Lifecycle
 from ..._metrics import Metrics
 from ...codec import ConversationQuality, Response
-from ...engine import (BEGUN_STATES, PREPARING_STATES, EngineActor, Lease, LeaseFailed, LeaseState, OutputFrame,
-                      QueueFull)
+from ...engine import BEGUN_STATES, PREPARING_STATES, EngineActor, Lease, LeaseState, OutputFrame, QueueFull
 from ...protocol import ProtocolError
 from ..records import CallEnding, Recorder, RecordStore
 from .._server_state import Unready
 from .._settings import ServerSettings
+from ._receiver import InputEnd, Receiver
 from ._sender import Sender, StreamEnd
-from ._wire import EndOfInput, Hangup, InputAudio, Message, Replies, Restart, WebSocket, WireProtocol
+from ._wire import Hangup, Message, WebSocket, WireProtocol
 
 logger = logging.getLogger(__name__)
 _ids = itertools.count(1)
@@ -72,41 +71,28 @@ class SessionHost(Protocol):
 
 
 class SessionState(enum.Enum):
-    """What ``/api/sessions`` shows.  A session keeps only its own steps (admitting, live, closing, closed);
-    between its settings and its handshake, its state is its lease's (queued, then preparing)."""
+    """A session's own steps (its lease's, while it waits for a slot and for its prompt, are the lease's)."""
 
-    ADMITTING = "admitting"  # accepted; reading and checking the conversation's settings
-    QUEUED = "queued"  # (the lease's) waiting for a slot
-    PREPARING = "preparing"  # (the lease's) the slot runs the system prompt
+    ADMITTING = "admitting"  # accepted; reading and checking the conversation's settings, then waiting for its lease
     LIVE = "live"  # the handshake is sent: audio both ways
     CLOSING = "closing"  # telling the client why, closing the socket
     CLOSED = "closed"
 
 
-# The session's own steps (QUEUED and PREPARING are its lease's): a client that vanishes ends it from any of them.
+# A client that vanishes ends it from any of them.
 SESSION_LIFECYCLE = Lifecycle("session", SessionState.ADMITTING, {
     SessionState.ADMITTING: {SessionState.LIVE, SessionState.CLOSING, SessionState.CLOSED},
     SessionState.LIVE: {SessionState.CLOSING, SessionState.CLOSED},
     SessionState.CLOSING: {SessionState.CLOSED},
     SessionState.CLOSED: set(),
-    SessionState.QUEUED: set(), SessionState.PREPARING: set(),  # (never the session's own step)
 })
 
 
 @dataclasses.dataclass(frozen=True)
 class Ending:
-    code: CloseCode
+    code: CloseCode  # the outcome's, or the error's own (see ``Outcome.code``)
     message: str | None  # told to the client before the close, if any
-    outcome: str  # metrics label
-
-
-@dataclasses.dataclass
-class SessionStats:
-    """Per-session counters, shown by ``/api/sessions``."""
-
-    frames_decoded: int = 0  # input audio taken by the engine, in 1920-sample frames
-    messages_received: int = 0
-    messages_ignored: int = 0
+    outcome: Outcome
 
 
 class Session:
@@ -118,16 +104,17 @@ class Session:
         self.wire = wire
         self.host = host
         self.settings = host.settings
-        self.stats = SessionStats()
         self._sender = Sender(ws, wire, host.metrics, timeout=self.settings.client_timeout)
+        self._receiver = Receiver(ws, wire, self.settings, name=f"session {self.id} ({wire.name})",
+                                  frame_size=host.actor.engine.frame_size, reply=self._send_control,
+                                  on_drop=host.metrics.drop)
+        self.stats = self._receiver.stats
         self._step = SESSION_LIFECYCLE.start  # the session's own step; see `state`
         self.lease: Lease | None = None
         self.ending: Ending | None = None
         self.recorder: Recorder | None = None  # (--record)
         self.quality = ConversationQuality()
         self._scope = trio.CancelScope()
-        self._samples_pushed = 0
-        self._opened_at = 0.0  # when the opening message that gave the conversation arrived
         self.started_at: float | None = None  # when it ran (trio.current_time): its age on the status page
 
     @property
@@ -138,16 +125,25 @@ class Session:
 
     @property
     def state(self) -> SessionState:
-        if self._step is SessionState.ADMITTING and self.lease is not None:
-            return SessionState.QUEUED if self.lease.state is LeaseState.QUEUED else SessionState.PREPARING
         return self._step
+
+    @property
+    def status(self) -> str:
+        """What ``/api/sessions`` shows: its own step, or, from its settings to its handshake, its lease's
+        (``queued`` while it waits for a slot, then ``preparing``)."""
+        lease = self.lease
+        if self._step is SessionState.ADMITTING and lease is not None:
+            return "queued" if lease.state is LeaseState.QUEUED else "preparing"
+        return self._step.value
 
     def _enter(self, step: SessionState) -> None:
         self._step = SESSION_LIFECYCLE.move(self._step, step)
 
-    def end(self, code: CloseCode, message: str | None, outcome: str) -> None:
-        """End the session (the first caller's reason wins)."""
+    def end(self, outcome: Outcome, message: str | None = None, *, code: CloseCode | None = None) -> None:
+        """End the session (the first caller's reason wins), closing with ``code`` or else the outcome's."""
         if self.ending is None:
+            code = code or outcome.code
+            assert code is not None, f"{outcome} closes with no code of ours"
             self.ending = Ending(code, message, outcome)
         self._scope.cancel()
 
@@ -156,23 +152,22 @@ class Session:
         self.started_at = trio.current_time()
         host.metrics.sessions_started.labels(self.protocol).inc()
         host.sessions.add(self)
-        outcome = "client_closed"
+        outcome = Outcome.CLIENT_CLOSED
         try:
             await self.ws.accept(subprotocol=self.wire.subprotocol)
             with self._scope:
                 unready = host.unready(when_full=False)
                 if unready in (Unready.SHUTTING_DOWN, Unready.DRAINING):
                     assert unready is not None
-                    self.end(CloseCode.GOING_AWAY, unready.message,
-                             "shutdown" if unready is Unready.SHUTTING_DOWN else "draining")
+                    self.end(Outcome.SHUTDOWN if unready is Unready.SHUTTING_DOWN else Outcome.DRAINING,
+                             unready.message)
                 else:
                     try:
                         await self._converse()
                     except Exception:  # a bug met in this conversation ends this conversation only
                         logger.exception("session %d (%s): internal error", self.id, self.protocol)
                         host.metrics.errors.labels("session").inc()
-                        self.end(CloseCode.INTERNAL_ERROR,
-                                 "internal server error in this conversation; please reconnect", "internal_error")
+                        self.end(Outcome.INTERNAL_ERROR, "internal server error in this conversation; please reconnect")
             if self.ending is not None:
                 outcome = self.ending.outcome
                 self._enter(SessionState.CLOSING)
@@ -180,8 +175,8 @@ class Session:
         finally:
             self._enter(SessionState.CLOSED)
             host.sessions.discard(self)
-            host.metrics.sessions_ended.labels(self.protocol, outcome).inc()
-            logger.info("session %d (%s) ended: %s%s", self.id, self.protocol, outcome, self._finish_quality())
+            host.metrics.sessions_ended.labels(self.protocol, outcome.value).inc()
+            logger.info("session %d (%s) ended: %s%s", self.id, self.protocol, outcome.value, self._finish_quality())
             if self.recorder is not None:  # (after the close: a slow disk never delays it)
                 await self.recorder.finish(self._call_ending(outcome))
 
@@ -190,7 +185,7 @@ class Session:
         if conversation is None:
             return
         if self.host.unready(when_full=False) is Unready.ENGINE_STALLED:
-            self.end(CloseCode.TRY_AGAIN_LATER, Unready.ENGINE_STALLED.message, "engine_stalled")
+            self.end(Outcome.ENGINE_STALLED, Unready.ENGINE_STALLED.message)
             return
         if self.host.records is not None:
             self.recorder = self.host.records.recorder(self.id, self.protocol, conversation)
@@ -202,9 +197,9 @@ class Session:
                     await self._run_conversation(lease)
                 finally:
                     # The client left (or finished): its slot waits a moment for it to come back.
-                    lease.end(client_left=self.ending is None or self.ending.outcome == "completed")
+                    lease.end(client_left=self.ending is None or self.ending.outcome is Outcome.COMPLETED)
         except QueueFull as exc:
-            self.end(CloseCode.TRY_AGAIN_LATER, str(exc), "queue_full")
+            self.end(Outcome.QUEUE_FULL, str(exc))
 
     async def _admit(self) -> Conversation | None:
         """ADMITTING: the conversation's settings, checked (None: the session has ended)."""
@@ -215,51 +210,28 @@ class Session:
                 conversation: Conversation | Hangup | None = None
                 timeout = self.settings.open_timeout
                 with trio.move_on_after(timeout):
-                    conversation = await self._opening()
+                    conversation = await self._receiver.opening()
                 if conversation is None:
                     raise ProtocolError(f"no opening message within {timeout:g} s: {self.wire.opening_hint}")
                 if isinstance(conversation, Hangup):
-                    self.end(CloseCode.NORMAL, None, "hangup")
+                    self.end(Outcome.HANGUP)
                     return None
             else:
                 conversation = self.wire.conversation(self.ws.query_string, None)
         except ProtocolError as exc:
             self.host.metrics.errors.labels("bad_request").inc()
-            self.end(exc.code, exc.message, "bad_request")
+            self.end(Outcome.BAD_REQUEST, exc.message, code=exc.code)
             return None
         return conversation
 
-    async def _opening(self) -> Conversation | Hangup:
-        """Read the opening messages until the protocol has the conversation's settings (or the call ended)."""
-        while True:
-            message = await self.ws.receive()
-            self.stats.messages_received += 1
-            step = self.wire.opening(self.ws.query_string, message)
-            self._log_notices()
-            if isinstance(step, Hangup):
-                return step
-            if isinstance(step, Conversation):
-                self._opened_at = trio.current_time()
-                return step
-            for reply in step.messages:
-                await self._send_control(reply)
-
     async def _run_conversation(self, lease: Lease) -> None:
-        s = self.settings
-        # What arrived and is not decoded yet: a burst after a stall comes whole (up to the input backlog, in
-        # float32 PCM's bytes: more than any codec's), and no client floods memory.
-        inbound: DropOldestChannel[tuple[float, Any]] = DropOldestChannel(
-            s.max_message_bytes + int(s.input_backlog_seconds * SAMPLE_RATE * 4), name="inbound",
-            on_drop=self.host.metrics.drop, weigh=_payload_bytes)
-        audio = self.wire.opening_audio()
-        if audio is not None:  # the first words may be in the message that opened the conversation
-            inbound.send_nowait((self._opened_at, audio.payload))
+        self._receiver.keep_opening_audio()
         async with trio.open_nursery() as nursery:
             if self.recorder is not None:
                 nursery.start_soon(self.recorder.run)
             # Read from the start: errors and disconnects are seen while waiting (early input is decoded, then dropped).
-            nursery.start_soon(self._guard, self._receive_loop, inbound, lease)
-            nursery.start_soon(self._guard, self._process_loop, inbound, lease)
+            nursery.start_soon(self._guard, self._receive_task, lease)
+            nursery.start_soon(self._guard, self._process_task, lease)
             if not await self._wait_until_live(lease):
                 nursery.cancel_scope.cancel()
                 return
@@ -273,8 +245,8 @@ class Session:
             self._enter(SessionState.LIVE)
             nursery.start_soon(self._guard, self._send_loop, lease)
             nursery.start_soon(self._watch_failure, lease)
-            if s.max_session_seconds:
-                nursery.start_soon(self._time_limit, s.max_session_seconds)
+            if self.settings.max_session_seconds:
+                nursery.start_soon(self._time_limit, self.settings.max_session_seconds)
 
     async def _wait_until_live(self, lease: Lease) -> bool:
         """QUEUED, then PREPARING: keep the client informed until the lease is LIVE."""
@@ -285,9 +257,8 @@ class Session:
                 with trio.move_on_after(interval):
                     await lease.wait_changed()
         if queue_timer.cancelled_caught:
-            self.end(CloseCode.TRY_AGAIN_LATER,
-                     f"no conversation slot became free within {self.settings.queue_timeout:g} s; try again later",
-                     "queue_timeout")
+            self.end(Outcome.QUEUE_TIMEOUT,
+                     f"no conversation slot became free within {self.settings.queue_timeout:g} s; try again later")
             return False
         while lease.state in PREPARING_STATES and lease.failure is None:
             await self._keepalive(None)
@@ -298,13 +269,8 @@ class Session:
             return False
         return lease.state in BEGUN_STATES
 
-    def _log_notices(self) -> None:
-        for notice in self.wire.take_notices():
-            logger.info("session %d (%s): %s", self.id, self.protocol, notice)
-
     async def _keepalive(self, position: int | None) -> None:
-        message = self.wire.keepalive(position)
-        if message is not None:
+        if (message := self.wire.keepalive(position)) is not None:
             await self._send_control(message)
 
     async def _guard(self, fn: Any, *args: Any) -> None:
@@ -313,78 +279,37 @@ class Session:
             await fn(*args)
         except ProtocolError as exc:
             self.host.metrics.errors.labels("protocol").inc()
-            self.end(exc.code, exc.message, "protocol_error")
+            self.end(Outcome.PROTOCOL_ERROR, exc.message, code=exc.code)
         except Exception:
             logger.exception("session %d: internal error in %s", self.id, getattr(fn, "__name__", fn))
             self.host.metrics.errors.labels("session").inc()
-            self.end(CloseCode.INTERNAL_ERROR, "internal server error in this conversation; please reconnect",
-                     "internal_error")
+            self.end(Outcome.INTERNAL_ERROR, "internal server error in this conversation; please reconnect")
 
     # -- the three tasks -----------------------------------------------------
 
-    async def _receive_loop(self, inbound: DropOldestChannel[tuple[float, Any]], lease: Lease) -> None:
-        """Socket → parsed events → the inbound queue (audio payloads, still encoded)."""
-        wire, stats = self.wire, self.stats
-        while True:
-            message = await self.ws.receive()
-            stats.messages_received += 1
-            arrived = trio.current_time()
-            event = wire.parse(message)
-            self._log_notices()
-            if isinstance(event, InputAudio):
-                inbound.send_nowait((arrived, event.payload))
-            elif isinstance(event, EndOfInput):
-                inbound.close()  # the process task flushes once it has passed everything on
-            elif isinstance(event, Hangup):
-                self.end(CloseCode.NORMAL, None, "hangup")  # nothing to flush: nobody is listening
-                return
-            elif isinstance(event, Replies):
-                for reply in event.messages:
-                    await self._send_control(reply)
-            elif isinstance(event, Restart):
-                if lease.restart(event.conversation):
-                    logger.info("session %d (%s): new settings; the system prompt runs again", self.id,
-                                self.protocol)
-                for reply in event.messages:
-                    await self._send_control(reply)
-            else:
-                stats.messages_ignored += 1
+    async def _receive_task(self, lease: Lease) -> None:
+        if await self._receiver.receive(lease) is InputEnd.HANGUP:
+            self.end(Outcome.HANGUP)  # nothing to flush: nobody is listening
 
-    async def _process_loop(self, inbound: DropOldestChannel[tuple[float, Any]], lease: Lease) -> None:
-        """Decode what arrived and push it to the engine; at the end of input, flush."""
-        frame_size = self.host.actor.engine.frame_size
-        while True:
-            try:
-                batch = await inbound.receive_batch()
-            except trio.EndOfChannel:
-                break
-            pcms = self.wire.decode([payload for _, payload in batch])
-            try:
-                for (arrived, _), pcm in zip(batch, pcms):
-                    if pcm.size and lease.push_input(pcm, arrived):
-                        self._samples_pushed += pcm.size
-            except LeaseFailed:
-                self._end_from_failure(lease)
-                return
-            self.stats.frames_decoded = self._samples_pushed // frame_size
-        if (lease.state is LeaseState.QUEUED or lease.state in PREPARING_STATES) and not lease.early_audio_kept:
-            self.end(CloseCode.NORMAL, None, "completed")  # the input ended before the conversation began
-            return
-        lease.flush()  # (audio kept from before "live" is answered once the conversation is)
+    async def _process_task(self, lease: Lease) -> None:
+        if (end := await self._receiver.process(lease)) is InputEnd.LEASE_FAILED:
+            self._end_from_failure(lease)
+        elif end is InputEnd.UNHEARD:  # (FLUSHED: the send task ends the session once all is out)
+            self.end(Outcome.COMPLETED)  # the input ended before the conversation began
 
     async def _send_loop(self, lease: Lease) -> None:
         """Engine output → encoded messages → socket, each write with a deadline."""
         end = await self._sender.stream(lease)
         if end is StreamEnd.CLIENT_TIMEOUT:
-            self.end(CloseCode.POLICY, "client did not read its messages in time", "client_timeout")
+            self.end(Outcome.CLIENT_TIMEOUT, "client did not read its messages in time")
         elif end is StreamEnd.COMPLETE:
-            self.end(CloseCode.NORMAL, None, "completed")  # everything is out: a normal end
+            self.end(Outcome.COMPLETED)  # everything is out: a normal end
         # else: the lease ended, so the session is ending anyway
 
     async def _send_control(self, message: Message) -> None:
         """A message outside the audio stream (keepalive, ready), with the same deadline."""
         if not await self._sender.control(message):
-            self.end(CloseCode.POLICY, "client did not read its messages in time", "client_timeout")
+            self.end(Outcome.CLIENT_TIMEOUT, "client did not read its messages in time")
             await trio.lowlevel.checkpoint()  # the session's scope is cancelled: stop here
 
     async def _watch_failure(self, lease: Lease) -> None:
@@ -395,8 +320,8 @@ class Session:
     async def _time_limit(self, seconds: float) -> None:
         """``--max-session-seconds``: one conversation cannot hold a slot for ever."""
         await trio.sleep(seconds)
-        self.end(CloseCode.NORMAL, f"this conversation reached the server's time limit of {seconds:g} s; "
-                 "start a new one to go on", "time_limit")
+        self.end(Outcome.TIME_LIMIT, f"this conversation reached the server's time limit of {seconds:g} s; "
+                 "start a new one to go on")
 
     # -- the conversation's timeline -----------------------------------------
 
@@ -427,10 +352,10 @@ class Session:
 
     def _end_from_failure(self, lease: Lease) -> None:
         assert lease.failure is not None
-        outcome = "engine_error" if lease.failure.code == CloseCode.INTERNAL_ERROR else "rejected"
-        self.end(lease.failure.code, lease.failure.message, outcome)
+        outcome = Outcome.ENGINE_ERROR if lease.failure.code == CloseCode.INTERNAL_ERROR else Outcome.REJECTED
+        self.end(outcome, lease.failure.message, code=lease.failure.code)
 
-    def _call_ending(self, outcome: str) -> CallEnding:
+    def _call_ending(self, outcome: Outcome) -> CallEnding:
         """What the call record says of how the call went."""
         lease, code = self.lease, None if self.ending is None else int(self.ending.code)
         quality = self.quality.statistics().as_dict()
@@ -454,7 +379,7 @@ class Session:
         return {
             "id": self.id,
             "protocol": self.protocol,
-            "state": self.state.value,
+            "state": self.status,
             "slot": lease.slot if lease else None,
             "queue_position": lease.position if lease and lease.state is LeaseState.QUEUED else None,
             **dataclasses.asdict(self.stats),
@@ -472,8 +397,3 @@ class Session:
             **self.wire.call_details(),  # (a phone call: the carrier's call, stream and account ids)
         }
 
-
-def _payload_bytes(item: tuple[float, Any]) -> int:
-    """What an undecoded message weighs in the inbound queue (a message's bytes, or a raw array's)."""
-    payload = item[1]
-    return int(payload.nbytes) if hasattr(payload, "nbytes") else len(payload)

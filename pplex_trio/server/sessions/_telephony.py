@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._conversation import SAMPLE_RATE, CloseCode, Conversation
+from ..._conversation import SAMPLE_RATE, CloseCode, Conversation, Outcome
 from ...codec import EnergyVAD
 from ...engine import OutputFrame
 from ...protocol import ProtocolError, conversation_from_params, parse_query, same_secret, telephony
@@ -151,5 +151,5 @@ class TelephonyProtocol(WireProtocol):
     def error(self, message: str, code: int) -> Message:
         raise AssertionError("media streams have no error event (see closing)")
 
-    def closing(self, message: str | None, code: int, outcome: str) -> list[Message]:
+    def closing(self, message: str | None, code: int, outcome: Outcome) -> list[Message]:
         return []  # why the call ends is the close frame's reason

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from ..._conversation import CloseCode, Conversation
+from ..._conversation import CloseCode, Conversation, Outcome
 from ...engine import OutputFrame
 from ...protocol import EventError, ProtocolError
 
@@ -196,7 +196,7 @@ class WireProtocol(abc.ABC):
     def error(self, message: str, code: int) -> Message:
         """Tell the client why the session ends (``code``: the close code to follow), before the close frame."""
 
-    def closing(self, message: str | None, code: int, outcome: str) -> list[Message]:
-        """What goes out before the close frame (``outcome``: the metrics' label of why the session ends):
+    def closing(self, message: str | None, code: int, outcome: Outcome) -> list[Message]:
+        """What goes out before the close frame (``outcome``: why the session ends):
         by default the error that says why, when there is one."""
         return [self.error(message, code)] if message is not None else []

@@ -30,7 +30,7 @@ from trio_websocket import ConnectionClosed
 from pplex_trio._cli import build_parser
 from pplex_trio._cli._settings_cli import settings_from_args
 from pplex_trio.server import RecordFolderError, ServerSettings, prepare_record_folder
-from pplex_trio._conversation import Conversation
+from pplex_trio._conversation import Conversation, Outcome
 from pplex_trio._metrics import Metrics
 from pplex_trio.engine import OutputFrame
 from pplex_trio.server.records._recorder import MAX_QUEUED_FRAMES, CallEnding, Recorder, RecordFiles
@@ -466,7 +466,7 @@ async def test_a_disk_that_falls_behind_loses_the_oldest_frames_and_a_gap_stays_
         level = (n % 100 + 1) / 128
         recorder.on_frame(OutputFrame(np.full(FRAME, -level, np.float32), f" {tick}", tick,
                                       heard=np.full(FRAME, level, np.float32)))
-    await recorder.finish(CallEnding("completed", 1000, Conversation(), {}))
+    await recorder.finish(CallEnding(Outcome.COMPLETED, 1000, Conversation(), {}))
     assert done == [recorder]
     lost = len(ticks) - MAX_QUEUED_FRAMES
     audio, _ = read_wav(tmp_path / f"{recorder.id}.wav")

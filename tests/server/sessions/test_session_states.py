@@ -1,6 +1,7 @@
 """The session core through every state, on a fake socket and Trio's virtual clock (no hypercorn).
 
-ADMITTING → QUEUED → PREPARING → LIVE → CLOSING → CLOSED, on both protocols,
+admitting → queued → preparing → live → closing → closed (as ``/api/sessions`` shows them: queued and
+preparing are its lease's steps), on both protocols,
 with the ways a session ends at each: a normal flush (also with a full output
 queue), a bad message, a client that stops reading, an engine failure, a
 shutdown, a client that vanishes.  The engine is the echo engine, run inline.
@@ -16,6 +17,7 @@ import trio
 from _helpers.fake_ws import FakeWebSocket, make_host, running_host, start_session
 from pplex_trio.engine import EchoEngine
 from _helpers import ogg
+from pplex_trio._conversation import CloseCode, Outcome
 from pplex_trio.server.sessions._session import Ending, Session, SessionState
 from pplex_trio.server.sessions._raw import RawProtocol
 
@@ -48,7 +50,7 @@ def loud(frames, start=0):
 
 async def wait_state(session, state):
     with trio.fail_after(30):
-        while session.state is not state:
+        while session.status != state:
             await trio.sleep(0.001)
 
 
@@ -57,21 +59,21 @@ async def test_raw_session_walks_every_state_and_flushes_everything(nursery, aut
     first = await start_session(nursery, host, "raw")
     first.ws.client_send(OPEN)
     await first.ws.wait_for(of_type("ready"))
-    assert first.session.state is SessionState.LIVE
+    assert first.session.status == "live"
 
     second = await start_session(nursery, host, "raw")
-    assert second.session.state is SessionState.ADMITTING  # nothing read yet
+    assert second.session.status == "admitting"  # nothing read yet
     second.ws.client_send(OPEN)
     queued = await second.ws.wait_for(of_type("queued"))
-    assert queued[0] == {"type": "queued", "position": 1} and second.session.state is SessionState.QUEUED
+    assert queued[0] == {"type": "queued", "position": 1} and second.session.status == "queued"
     await second.ws.wait_for(lambda sent: len(of_type("queued")(sent)) >= 3)  # repeated every keepalive interval
 
     first.ws.client_send(CLOSE)  # the first conversation ends with nothing pending
     assert await first.ws.wait_closed() == (1000, "")
     assert of_type("done")(first.ws.sent)
-    await wait_state(second.session, SessionState.PREPARING)
+    await wait_state(second.session, "preparing")
     await second.ws.wait_for(of_type("ready"))
-    assert second.session.state is SessionState.LIVE
+    assert second.session.status == "live"
 
     frames = ramp(5)
     for frame in frames:
@@ -79,7 +81,7 @@ async def test_raw_session_walks_every_state_and_flushes_everything(nursery, aut
     second.ws.client_send(CLOSE)
     assert await second.ws.wait_closed() == (1000, "")
     await second.done.wait()
-    assert second.session.state is SessionState.CLOSED
+    assert second.session.status == "closed"
     out = pcm_frames(second.ws.sent)
     # The flush runs every frame through the engine (an echo without delay) before "done".
     nonsilent = [f for f in out if f.any()]
@@ -119,7 +121,7 @@ async def test_a_client_that_never_reads_again_is_dropped_after_the_client_timeo
     run.ws.reading = False
     started = trio.current_time()
     await run.done.wait()
-    assert run.session.ending == Ending(1008, "client did not read its messages in time", "client_timeout")
+    assert run.session.ending == Ending(CloseCode.POLICY, "client did not read its messages in time", Outcome.CLIENT_TIMEOUT)
     assert trio.current_time() - started < 3 + 1 + 0.2  # the timeout, then at most the 1 s close budget
     assert run.ws.closed is None  # it could not even be told: the session gave up on it
     await trio.sleep(0.2)  # the slot drains at the next tick
@@ -134,18 +136,17 @@ async def test_a_client_that_vanishes_in_any_phase_frees_everything(nursery, aut
     if phase == "queued":
         blocker = await start_session(nursery, host, "raw")
         blocker.ws.client_send(OPEN)
-        await wait_state(blocker.session, SessionState.PREPARING)
+        await wait_state(blocker.session, "preparing")
     run = await start_session(nursery, host, protocol)
     if protocol == "raw" and phase != "admitting":
         run.ws.client_send(OPEN)
-    target = {"admitting": SessionState.ADMITTING, "queued": SessionState.QUEUED,
-              "preparing": SessionState.PREPARING, "live": SessionState.LIVE}[phase]
+    target = phase
     if protocol == "moshi" and phase == "admitting":
-        target = SessionState.PREPARING  # a Moshi conversation is admitted from its query, at once
+        target = "preparing"  # a Moshi conversation is admitted from its query, at once
     await wait_state(run.session, target)
     run.scope.cancel()  # what the ASGI socket does when the connection drops
     await run.done.wait()
-    assert run.session.state is SessionState.CLOSED and run.session not in host.sessions
+    assert run.session.status == "closed" and run.session not in host.sessions
     if blocker is not None:
         blocker.scope.cancel()
         await blocker.done.wait()
@@ -178,7 +179,7 @@ async def test_raw_bad_messages_while_live_end_with_their_code(nursery, autojump
     closed = await run.ws.wait_closed()
     assert closed[0] == code
     assert words in of_type("error")(run.ws.sent)[0]["error"]
-    assert run.session.ending.outcome == "protocol_error"
+    assert run.session.ending.outcome is Outcome.PROTOCOL_ERROR
 
 
 async def test_audio_after_close_is_refused(nursery, autojump_clock, monkeypatch):
@@ -198,7 +199,7 @@ async def test_closing_before_the_conversation_is_live_ends_normally(nursery, au
     host = await running_host(monkeypatch, nursery, model="echo:prompt=20")
     run = await start_session(nursery, host, "raw")
     run.ws.client_send(OPEN)
-    await wait_state(run.session, SessionState.PREPARING)
+    await wait_state(run.session, "preparing")
     run.ws.client_send(CLOSE)
     assert await run.ws.wait_closed() == (1000, "")
     assert not of_type("ready")(run.ws.sent)
@@ -213,9 +214,9 @@ async def test_moshi_session_pings_while_preparing_then_handshakes_and_echoes(nu
     host = await running_host(monkeypatch, nursery, keepalive_interval=0.5, prompt_position_seconds=0.08, model="echo:prompt=20")
     run = await start_session(nursery, host, "moshi", b"text_prompt=hello&voice_prompt=NATF0.pt")
     await run.ws.wait_for(lambda sent: sent.count(b"\x06") >= 2)  # pings while the prompt runs (a slow 1.6 s)
-    assert run.session.state is SessionState.PREPARING
+    assert run.session.status == "preparing"
     await run.ws.wait_for(lambda sent: b"\x00" in sent)
-    assert run.session.state is SessionState.LIVE
+    assert run.session.status == "live"
     tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(FRAME * 10) / 24000)).astype(np.float32)
     for page in moshi_pages(tone):
         run.ws.client_send(b"\x01" + page)
@@ -245,7 +246,7 @@ async def test_unknown_voice_and_bad_parameters_are_refused_at_admission(nursery
         run = await start_session(nursery, host, "moshi", query)
         assert (await run.ws.wait_closed())[0] == 1008
         assert words in [m for m in run.ws.sent if m[:1] == b"\x05"][0].decode()
-        assert run.session.ending.outcome == "bad_request" and run.session.lease is None
+        assert run.session.ending.outcome is Outcome.BAD_REQUEST and run.session.lease is None
 
 
 async def test_a_full_queue_is_refused_with_1013(nursery, autojump_clock, monkeypatch):
@@ -254,7 +255,7 @@ async def test_a_full_queue_is_refused_with_1013(nursery, autojump_clock, monkey
     await first.ws.wait_for(lambda sent: b"\x00" in sent)
     second = await start_session(nursery, host, "moshi")
     assert (await second.ws.wait_closed())[0] == 1013
-    assert second.session.ending.outcome == "queue_full"
+    assert second.session.ending.outcome is Outcome.QUEUE_FULL
 
 
 async def test_queue_timeout_closes_with_1013(nursery, autojump_clock, monkeypatch):
@@ -262,11 +263,11 @@ async def test_queue_timeout_closes_with_1013(nursery, autojump_clock, monkeypat
     first = await start_session(nursery, host, "moshi")
     await first.ws.wait_for(lambda sent: b"\x00" in sent)
     second = await start_session(nursery, host, "moshi")
-    await wait_state(second.session, SessionState.QUEUED)
+    await wait_state(second.session, "queued")
     queued_at = trio.current_time()
     assert (await second.ws.wait_closed())[0] == 1013
     assert trio.current_time() - queued_at == pytest.approx(3.0, abs=0.01)
-    assert second.session.ending.outcome == "queue_timeout"
+    assert second.session.ending.outcome is Outcome.QUEUE_TIMEOUT
 
 
 class FailingEcho(EchoEngine):
@@ -285,24 +286,24 @@ async def test_an_engine_failure_ends_live_sessions_with_1011(nursery, autojump_
     run = await start_session(nursery, host, protocol)
     if protocol == "raw":
         run.ws.client_send(OPEN)
-    await wait_state(run.session, SessionState.LIVE)
+    await wait_state(run.session, "live")
     engine.fail = True
     assert (await run.ws.wait_closed())[0] == 1011
-    assert run.session.ending.outcome == "engine_error"
+    assert run.session.ending.outcome is Outcome.ENGINE_ERROR
     engine.fail = False
     again = await start_session(nursery, host, protocol)  # the server carries on
     if protocol == "raw":
         again.ws.client_send(OPEN)
-    await wait_state(again.session, SessionState.LIVE)
+    await wait_state(again.session, "live")
 
 
-@pytest.mark.parametrize("phase", [SessionState.QUEUED, SessionState.PREPARING, SessionState.LIVE])
+@pytest.mark.parametrize("phase", ["queued", "preparing", "live"])
 async def test_shutdown_tells_every_phase_going_away(nursery, autojump_clock, phase, monkeypatch):
     host = await running_host(monkeypatch, nursery, slots=1, model="echo:prompt=30")
     first = await start_session(nursery, host, "moshi")
     second = await start_session(nursery, host, "moshi")
-    target = first if phase is not SessionState.QUEUED else second
-    await wait_state(first.session, SessionState.PREPARING)
+    target = first if phase != "queued" else second
+    await wait_state(first.session, "preparing")
     await wait_state(target.session, phase)
     host.begin_shutdown()
     for run in (first, second):
@@ -312,10 +313,21 @@ async def test_shutdown_tells_every_phase_going_away(nursery, autojump_clock, ph
     assert (await late.ws.wait_closed())[0] == 1001  # refused from then on
 
 
+def test_every_outcome_keeps_its_label_and_has_its_close_code():
+    """The labels are what dashboards and call records read: renaming one breaks them."""
+    assert {outcome.value for outcome in Outcome} == {
+        "completed", "hangup", "time_limit", "client_closed", "client_timeout", "bad_request", "protocol_error",
+        "queue_full", "queue_timeout", "rejected", "engine_error", "engine_stalled", "internal_error", "shutdown",
+        "draining"}
+    assert [outcome for outcome in Outcome if outcome.code is None] == [Outcome.CLIENT_CLOSED]  # (no close of ours)
+    assert Outcome.QUEUE_FULL.code == CloseCode.TRY_AGAIN_LATER and Outcome.SHUTDOWN.code == CloseCode.GOING_AWAY
+
+
 def test_a_session_refuses_a_transition_its_state_machine_does_not_have(monkeypatch):
     session = Session(FakeWebSocket(), RawProtocol(max_prompt_chars=10), make_host(monkeypatch))
-    with pytest.raises(RuntimeError, match="no transition from admitting to queued"):
-        session._enter(SessionState.QUEUED)  # the lease's state, never the session's own
+    assert {state.value for state in SessionState} == {"admitting", "live", "closing", "closed"}  # (its own)
+    with pytest.raises(RuntimeError, match="no transition from admitting to admitting"):
+        session._enter(SessionState.ADMITTING)
     session._enter(SessionState.LIVE)
     session._enter(SessionState.CLOSING)
     with pytest.raises(RuntimeError, match="no transition from closing to live"):
@@ -330,7 +342,7 @@ async def test_raw_audio_sent_before_ready_is_heard(nursery, autojump_clock, mon
     for frame in loud(6):  # said before "ready"
         run.ws.client_send(frame.tobytes())
         await trio.sleep(0.080)
-    assert run.session.state is SessionState.PREPARING and not of_type("ready")(run.ws.sent)
+    assert run.session.status == "preparing" and not of_type("ready")(run.ws.sent)
     await run.ws.wait_for(of_type("ready"))
     for frame in loud(4, start=6):  # and after it
         run.ws.client_send(frame.tobytes())
