@@ -28,8 +28,8 @@ from ..._conversation import FRAME_SIZE, SAMPLE_RATE, Conversation
 from ...engine import OutputFrame
 from ...protocol import AudioAppend, ClientEvent, EventError, LiveEvents, live
 from ._audio_io import AudioIn, AudioOut
-from ._wire import (EndOfInput, InputAudio, InputEvent, Message, Notices, PendingEvents, Replies, WireProtocol,
-                    error_type)
+from ._openai import OpenAIProtocol
+from ._wire import EndOfInput, InputAudio, InputEvent, Message, Replies
 
 FRAME_MS = FRAME_SIZE * 1000 // SAMPLE_RATE
 USAGE_MS = 5_000  # of the session timeline between session.usage.updated events
@@ -40,7 +40,7 @@ CLOSE_REASONS = {"completed": "close_requested", "time_limit": "expired",
 CALM_OUTCOMES = frozenset({"time_limit", "shutdown", "draining"})  # their message is an info, not an error
 
 
-class LiveProtocol(WireProtocol):
+class LiveProtocol(OpenAIProtocol[LiveEvents]):
     name = "live"
     opens_with_message = True
     early_audio = True
@@ -48,10 +48,9 @@ class LiveProtocol(WireProtocol):
 
     def __init__(self, *, model: str, session_id: str, expires_at: int, voices: Callable[[], Sequence[str]],
                  max_prompt_chars: int, align: bool):
-        self.events = LiveEvents(session_id=session_id, expires_at=expires_at)
+        super().__init__(LiveEvents(session_id=session_id, expires_at=expires_at))
         self.config = live.LiveConfig(model=model)
         self.align_input = align
-        self.notices = Notices()
         self._voices = voices
         self._max_prompt_chars = max_prompt_chars
         self._start_event: str | None = None  # the client's session.start, answered by session.started
@@ -60,7 +59,6 @@ class LiveProtocol(WireProtocol):
         self._audio_in: AudioIn | None = None
         self._audio_out: AudioOut | None = None
         self._muted = False
-        self._pending = PendingEvents()  # errors met while decoding
         self._first_tick: int | None = None  # the session timeline's origin
         self._frames = 0  # the timeline's length in frames, to the end of the last frame sent
         self._opening_audio: InputAudio | None = None
@@ -88,13 +86,6 @@ class LiveProtocol(WireProtocol):
 
     # -- client events ---------------------------------------------------------------
 
-    def _refuse(self, exc: EventError) -> Message:
-        self.notices.refused(exc)
-        return self.events.error_from(exc)
-
-    def take_notices(self) -> list[str]:
-        return self.notices.take()
-
     def parse(self, message: Message) -> InputEvent:
         try:
             event = live.parse_client_event(message)
@@ -121,11 +112,7 @@ class LiveProtocol(WireProtocol):
         assert self._audio_in is not None
         out = []
         for data, muted in payloads:
-            try:
-                pcm = self._audio_in(data)
-            except EventError as exc:
-                self._pending.add(self._refuse(exc))
-                pcm = np.zeros(0, dtype=np.float32)
+            pcm = self._heard(self._audio_in, data)
             out.append(np.zeros_like(pcm) if muted else pcm)  # muted: silence as long as what was said
         return out
 
@@ -159,9 +146,6 @@ class LiveProtocol(WireProtocol):
 
     def _seconds(self, frames: int) -> float:
         return frames * FRAME_MS / 1000
-
-    def error(self, message: str, code: int) -> Message:
-        return self.events.error(message, kind=error_type(code), code=f"close_{int(code)}")
 
     def closing(self, message: str | None, code: int, outcome: str) -> list[Message]:
         said: list[Message] = []

@@ -94,14 +94,6 @@ class Notices:
         self.note(f"refused{'' if exc.param is None else ' ' + exc.param}: {exc.message}", key=exc.code)
 
 
-SERVER_SIDE = frozenset({CloseCode.INTERNAL_ERROR, CloseCode.TRY_AGAIN_LATER, CloseCode.GOING_AWAY})
-
-
-def error_type(code: int) -> str:
-    """An OpenAI ``error`` event's type for an ending with close ``code``: the server's side, or the request's."""
-    return "server_error" if code in SERVER_SIDE else "invalid_request_error"
-
-
 class PendingEvents:
     """Events a protocol has to send before the next frame's audio (answers made while decoding, a VAD's,
     a barge-in's): ``encode`` takes them, so they go out from the send task, in order.  More than
