@@ -42,7 +42,6 @@ CALM_OUTCOMES = frozenset({"time_limit", "shutdown", "draining"})  # their messa
 
 class LiveProtocol(OpenAIProtocol[LiveEvents]):
     name = "live"
-    opens_with_message = True
     early_audio = True
     opening_hint = "send session.start to start the session"
 
@@ -64,9 +63,6 @@ class LiveProtocol(OpenAIProtocol[LiveEvents]):
         self._opening_audio: InputAudio | None = None
 
     # -- the opening ---------------------------------------------------------------
-
-    def conversation(self, query: bytes, opening: bytes | str | None) -> Conversation:
-        return self.config.conversation()
 
     def opening(self, query: bytes, message: bytes | str) -> Conversation | Replies:
         try:

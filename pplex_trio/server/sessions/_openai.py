@@ -17,7 +17,7 @@ import numpy as np
 from ..._conversation import CloseCode
 from ...protocol import EventError
 from ._audio_io import AudioIn
-from ._wire import Message, Notices, PendingEvents, WireProtocol
+from ._wire import Message, Notices, OpensWithMessage, PendingEvents
 
 SERVER_SIDE = frozenset({CloseCode.INTERNAL_ERROR, CloseCode.TRY_AGAIN_LATER, CloseCode.GOING_AWAY})
 
@@ -37,8 +37,8 @@ class ErrorEvents(Protocol):
 Events = TypeVar("Events", bound=ErrorEvents)
 
 
-class OpenAIProtocol(WireProtocol, Generic[Events]):
-    """A :class:`~._wire.WireProtocol` whose refusals are ``error`` events (made by ``events``, the protocol's
+class OpenAIProtocol(OpensWithMessage, Generic[Events]):
+    """A protocol opened by a message whose refusals are ``error`` events (made by ``events``, the protocol's
     server events): an adapter refuses with :meth:`_refuse`; the events it has to send before the next frame's
     audio wait in ``_pending`` (its ``encode`` sends them first)."""
 

@@ -48,7 +48,6 @@ def dialect_of(headers: Any, subprotocols: Sequence[str]) -> Dialect:
 
 class RealtimeProtocol(OpenAIProtocol[ServerEvents]):
     name = "realtime"
-    opens_with_message = True
     early_audio = True
     opening_hint = "send input_audio_buffer.append (or response.create) to start the conversation"
 
@@ -79,9 +78,6 @@ class RealtimeProtocol(OpenAIProtocol[ServerEvents]):
 
     def greeting(self) -> list[Message]:
         return [self.events.session_created(self.config)]
-
-    def conversation(self, query: bytes, opening: bytes | str | None) -> Conversation:
-        return self.config.conversation()
 
     def opening(self, query: bytes, message: bytes | str) -> Conversation | Replies:
         event = self._parse(message)

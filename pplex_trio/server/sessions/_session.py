@@ -53,7 +53,7 @@ from ..records import CallEnding, Recorder, RecordStore
 from .._server_state import Unready
 from .._settings import ServerSettings
 from ._sender import Sender, StreamEnd
-from ._wire import EndOfInput, Hangup, InputAudio, Message, Replies, Restart, WebSocket, WireProtocol
+from ._wire import EndOfInput, Hangup, InputAudio, Message, OpensWithMessage, Replies, Restart, WebSocket, Wire
 
 logger = logging.getLogger(__name__)
 _ids = itertools.count(1)
@@ -112,7 +112,7 @@ class SessionStats:
 class Session:
     """One conversation over one WebSocket, speaking ``wire``."""
 
-    def __init__(self, ws: WebSocket, wire: WireProtocol, host: SessionHost):
+    def __init__(self, ws: WebSocket, wire: Wire, host: SessionHost):
         self.id = next(_ids)
         self.ws = ws
         self.wire = wire
@@ -211,30 +211,30 @@ class Session:
         try:
             for message in self.wire.greeting():
                 await self._send_control(message)
-            if self.wire.opens_with_message:
+            if isinstance(self.wire, OpensWithMessage):
                 conversation: Conversation | Hangup | None = None
                 timeout = self.settings.open_timeout
                 with trio.move_on_after(timeout):
-                    conversation = await self._opening()
+                    conversation = await self._opening(self.wire)
                 if conversation is None:
                     raise ProtocolError(f"no opening message within {timeout:g} s: {self.wire.opening_hint}")
                 if isinstance(conversation, Hangup):
                     self.end(CloseCode.NORMAL, None, "hangup")
                     return None
             else:
-                conversation = self.wire.conversation(self.ws.query_string, None)
+                conversation = self.wire.conversation(self.ws.query_string)
         except ProtocolError as exc:
             self.host.metrics.errors.labels("bad_request").inc()
             self.end(exc.code, exc.message, "bad_request")
             return None
         return conversation
 
-    async def _opening(self) -> Conversation | Hangup:
+    async def _opening(self, wire: OpensWithMessage) -> Conversation | Hangup:
         """Read the opening messages until the protocol has the conversation's settings (or the call ended)."""
         while True:
             message = await self.ws.receive()
             self.stats.messages_received += 1
-            step = self.wire.opening(self.ws.query_string, message)
+            step = wire.opening(self.ws.query_string, message)
             self._log_notices()
             if isinstance(step, Hangup):
                 return step

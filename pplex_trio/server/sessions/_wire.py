@@ -116,11 +116,13 @@ class PendingEvents:
 
 
 class WireProtocol(abc.ABC):
-    """One connection's protocol: parse, decode, encode.  Raise ``ProtocolError`` for bad input."""
+    """One connection's protocol: parse, decode, encode.  Raise ``ProtocolError`` for bad input.
+
+    An adapter derives from one of the two openings, :class:`OpensWithQuery` or :class:`OpensWithMessage`
+    (:data:`Wire`), and overrides the defaults below where its protocol has more to say.
+    """
 
     name: str  # the ``protocol`` label of the metrics
-    opens_with_message: ClassVar[bool] = False  # the settings come in a first message, not the query
-    opening_hint: ClassVar[str] = ""  # what that message should be, for the timeout's error
     align_input: bool = False  # phase-aligned framing of the input (see InputFramer)
     early_audio: ClassVar[bool] = False  # the client may talk before "ready": keep that audio for the model
 
@@ -146,15 +148,6 @@ class WireProtocol(abc.ABC):
     def greeting(self) -> list[Message]:
         """What to send as soon as the connection is accepted."""
         return []
-
-    @abc.abstractmethod
-    def conversation(self, query: bytes, opening: bytes | str | None) -> Conversation:
-        """The conversation's settings from the query string and the opening message (if any)."""
-
-    def opening(self, query: bytes, message: bytes | str) -> Conversation | Replies | Hangup:
-        """One message of the opening (``opens_with_message``): the conversation, or replies and wait for more,
-        or the end of the call before it began."""
-        return self.conversation(query, message)
 
     @abc.abstractmethod
     def parse(self, message: Message) -> InputEvent:
@@ -184,11 +177,35 @@ class WireProtocol(abc.ABC):
         """The message that says a flushed conversation's output is complete, if the protocol has one."""
         return None
 
-    @abc.abstractmethod
-    def error(self, message: str, code: int) -> Message:
-        """Tell the client why the session ends (``code``: the close code to follow), before the close frame."""
+    def error(self, message: str, code: int) -> Message | None:
+        """What tells the client why the session ends (``code``: the close code to follow), before the close
+        frame; None for a protocol with no such message (the close frame's reason says why)."""
+        return None
 
     def closing(self, message: str | None, code: int, outcome: str) -> list[Message]:
         """What goes out before the close frame (``outcome``: the metrics' label of why the session ends):
-        by default the error that says why, when there is one."""
-        return [self.error(message, code)] if message is not None else []
+        by default the error that says why, when there is one and the protocol can say it."""
+        said = self.error(message, code) if message is not None else None
+        return [said] if said is not None else []
+
+
+class OpensWithQuery(WireProtocol):
+    """A protocol whose conversation's settings are in the URL's query (Moshi): the session is admitted at once."""
+
+    @abc.abstractmethod
+    def conversation(self, query: bytes) -> Conversation:
+        """The conversation's settings from the query string."""
+
+
+class OpensWithMessage(WireProtocol):
+    """A protocol whose conversation's settings come in the client's first message or messages (the opening)."""
+
+    opening_hint: ClassVar[str] = ""  # what the opening should be, for the timeout's error
+
+    @abc.abstractmethod
+    def opening(self, query: bytes, message: bytes | str) -> Conversation | Replies | Hangup:
+        """One message of the opening (with the query string): the conversation, or replies and wait for more,
+        or the end of the call before it began."""
+
+
+Wire = OpensWithQuery | OpensWithMessage  # what the session core speaks
