@@ -267,9 +267,10 @@ class DeviceTick:
 
     def reset_all(self) -> None:
         """Every row fresh, in place (the recorded graph reads the same buffers)."""
-        self.reset_rows(torch.ones(self.batch_size, dtype=torch.bool, device=self.device))
+        every = torch.ones(self.batch_size, dtype=torch.bool, device=self.device)
+        self.reset_rows(every)
         self.sampling.set_greedy()
-        self.noise.reset()
+        self.noise.reset(every)
         self.live.zero_()
 
     # --- one tick -------------------------------------------------------------------

@@ -22,6 +22,7 @@ import secrets
 import torch
 
 from .._conversation import Sampling
+from ._streaming import reset_rows_
 
 
 @dataclasses.dataclass
@@ -168,11 +169,11 @@ class RowNoise:
         self.steps[row] = 0
         return text_seed, audio_seed
 
-    def reset(self) -> None:
-        """Every row back to seed 0 with its step counter at 0, in place."""
-        self.seeds.zero_()
-        self.bases.zero_()  # the hash of a zero seed
-        self.steps.zero_()
+    def reset(self, mask: torch.Tensor) -> None:
+        """Rows in ``mask`` (bool ``[B]``) back to a zero seed at step 0, in place; the others untouched."""
+        reset_rows_(self.seeds, mask, 0)
+        reset_rows_(self.bases, mask, 0)  # the hash of a zero seed
+        reset_rows_(self.steps, mask, 0)
 
     def draw(self, advance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(text [B, text_card], audio [B, num_audio, card])`` noise of each row's current step (views of one

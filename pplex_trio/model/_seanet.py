@@ -16,20 +16,17 @@ from torch import nn
 
 from ._config import SEANetConfig
 from ._conv import StreamingConv1d, StreamingConvTranspose1d
-
-
-class _State(Protocol):
-    def reset(self, mask: torch.Tensor) -> None: ...
+from ._streaming import StreamingState
 
 
 @runtime_checkable
 class _Stateful(Protocol):
     """A layer with streaming state (a conv or a residual block); isinstance checks for ``init_state``."""
 
-    def init_state(self, batch_size: int) -> _State: ...
+    def init_state(self, batch_size: int) -> StreamingState: ...
 
 
-def _init_states(modules: nn.Sequential, batch_size: int) -> list[_State | None]:
+def _init_states(modules: nn.Sequential, batch_size: int) -> list[StreamingState | None]:
     return [m.init_state(batch_size) if isinstance(m, _Stateful) else None for m in modules]
 
 

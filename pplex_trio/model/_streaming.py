@@ -1,9 +1,10 @@
-"""Small shared pieces of the streaming machinery: row masks, the ring rule, RoPE.
+"""Small shared pieces of the streaming machinery: the state's contract, row masks, the ring rule, RoPE.
 
 Every streaming module in this package keeps its memory in an explicit
-state object created by ``module.init_state(batch_size)``.  A state has one
-row per conversation slot and ``reset(mask)`` puts the masked rows back to
-"fresh" in place, leaving the other rows untouched (bit for bit).  Forward
+state object created by ``module.init_state(batch_size)``.  A state
+(:class:`StreamingState`) has one row per conversation slot and
+``reset(mask)`` puts the masked rows back to "fresh" in place, leaving the
+other rows untouched (bit for bit).  Forward
 calls take an ``exec_mask``: rows where it is False may compute garbage but
 their state does not move, so an idle or prefilling row never disturbs its
 own future either.
@@ -15,8 +16,17 @@ position tensors, so a step could be captured in a CUDA graph.
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
+
+
+class StreamingState(Protocol):
+    """A streaming module's state: one row per conversation slot.  ``reset(mask)`` (bool ``[B]``) puts the
+    masked rows back to fresh in place (static shapes: ``torch.where``, no reallocation) and leaves the other
+    rows bit for bit, so one conversation restarts while the others go on."""
+
+    def reset(self, mask: torch.Tensor) -> None: ...
 
 
 def where_rows(mask: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:

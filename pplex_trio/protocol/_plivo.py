@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 from ._audio import Encoding, SampleFormat
-from ._telephony import CallAudio, CallEvent, CallMark, CallStart, EventReader, StreamEvents
+from ._telephony import CallEvent, CallMark, CallStart, EventReader, StreamEvents
 
 # Plivo's content types, and the rates each may stream at.
 FORMATS = {("audio/x-mulaw", 8_000): SampleFormat(Encoding.PCMU, 8_000),
@@ -70,11 +70,7 @@ class PlivoCarrier(StreamEvents):
         event = _read.load(message)
         kind = event["event"]
         if kind == "media":
-            media = _read.object(event, "media")
-            track = media.get("track")
-            if track is not None and track != "inbound":
-                return None
-            return CallAudio(_read.payload(media, 2 if self._format[0] == "audio/x-l16" else 1))
+            return _read.audio(event, 2 if self._format[0] == "audio/x-l16" else 1)
         if kind == "start":
             return self._start(event)
         if kind == "playedStream":

@@ -132,10 +132,14 @@ class StreamEvents:
 
 
 class EventReader:
-    """Reads one carrier's JSON events, with errors that name the carrier (``label``: its stream's name)."""
+    """Reads one carrier's JSON events, with errors that name the carrier (``label``: its stream's name).
 
-    def __init__(self, label: str):
+    ``inbound``: the names the carrier gives the caller's track in ``media.track`` (see :meth:`audio`).
+    """
+
+    def __init__(self, label: str, inbound: tuple[str, ...] = ("inbound",)):
         self.label = label
+        self.inbound = inbound
 
     def malformed(self, what: str) -> ProtocolError:
         """A :class:`ProtocolError` (1007) for a malformed event of this carrier, saying ``what``."""
@@ -184,6 +188,15 @@ class EventReader:
         if len(audio) % sample_bytes:
             raise self.malformed("media.payload must be whole 16-bit samples (an even number of bytes)")
         return audio
+
+    def audio(self, event: Mapping[str, Any], sample_bytes: int = 1) -> CallAudio | None:
+        """A ``media`` event's audio (``media.payload``), or None when ``media.track`` names another track than
+        the caller's: a stream that forks both tracks is heard on the caller's only."""
+        media = self.object(event, "media")
+        track = media.get("track")
+        if track is not None and track not in self.inbound:
+            return None
+        return CallAudio(self.payload(media, sample_bytes))
 
     def common(self, event: Mapping[str, Any], kind: str, *, marks: bool = True) -> CallEvent | None:
         """The events most carriers send alike: ``mark`` (``mark.name``; ``marks=False`` for a carrier that

@@ -23,7 +23,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ._audio import Encoding, SampleFormat
-from ._telephony import CallAudio, CallEvent, CallStart
+from ._telephony import CallEvent, CallStart
 from ._telephony import EventReader, StreamEvents, connect_stream_document
 
 RATE = 8_000
@@ -34,7 +34,7 @@ SIGNATURE_TOLERANCE = 300.0  # seconds a signed request stays valid either side 
 ENCODINGS = {"PCMU": Encoding.PCMU, "PCMA": Encoding.PCMA, "audio/x-mulaw": Encoding.PCMU,
              "audio/x-alaw": Encoding.PCMA}
 REPLY_CODEC = "PCMU"  # the answer's bidirectionalCodec: what Telnyx plays of ours, whatever the call's codec
-_read = EventReader("Telnyx media streaming")
+_read = EventReader("Telnyx media streaming", inbound=("inbound", "inbound_track"))
 
 
 class TelnyxCarrier(StreamEvents):
@@ -50,11 +50,7 @@ class TelnyxCarrier(StreamEvents):
         event = _read.load(message)
         kind = event["event"]
         if kind == "media":
-            media = _read.object(event, "media")
-            track = media.get("track")
-            if track is not None and track not in ("inbound", "inbound_track"):
-                return None  # (both tracks streamed: only the caller's is heard)
-            return CallAudio(_read.payload(media))
+            return _read.audio(event)
         if kind == "start":
             return self._start(event)
         return _read.common(event, kind)  # (else None: error, Telnyx's word that it could not take one of

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 from ._audio import Encoding, SampleFormat
-from ._telephony import CallAudio, CallEvent, CallStart
+from ._telephony import CallEvent, CallStart
 from ._telephony import EventReader, StreamEvents, connect_stream_document
 
 RATE = 8_000
@@ -41,11 +41,7 @@ class TwilioCarrier(StreamEvents):
         event = _read.load(message)
         kind = event["event"]
         if kind == "media":
-            media = _read.object(event, "media")
-            track = media.get("track")
-            if track is not None and track != "inbound":
-                return None  # (a stream that forks both tracks: only the caller's is heard)
-            return CallAudio(_read.payload(media))
+            return _read.audio(event)
         if kind == "start":
             return self._start(event)
         return _read.common(event, kind)  # (else None: an event Twilio may add later)

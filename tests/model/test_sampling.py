@@ -115,6 +115,22 @@ def test_row_noise_is_exponential_and_depends_only_on_the_rows_seed_and_step():
     assert abs(np.corrcoef(first_text[0].numpy(), second_text[0].numpy())[0, 1]) < 0.06
 
 
+def test_row_noise_reset_restarts_the_masked_rows_only():
+    noise = RowNoise(3, 50, 1, 8, "cpu")
+    for row in range(3):
+        noise.seed(row, 10 + row, 20 + row)
+    every = torch.ones(3, dtype=torch.bool)
+    noise.draw(every)
+    untouched = noise.seeds.clone(), noise.bases.clone(), noise.steps.clone()
+    noise.reset(torch.tensor([False, True, False]))
+    assert noise.seeds[1].tolist() == [0, 0] and noise.bases[1].tolist() == [0, 0] and noise.steps[1] == 0
+    for before, after in zip(untouched, (noise.seeds, noise.bases, noise.steps)):
+        assert torch.equal(before[[0, 2]], after[[0, 2]])
+    fresh = RowNoise(3, 50, 1, 8, "cpu")
+    fresh.seed(1, 0, 0)  # a zero seed's hash is zero: a reset row draws what a row seeded with zeros does
+    assert torch.equal(noise.draw(every)[0][1], fresh.draw(every)[0][1])
+
+
 def test_sampling_with_row_noise_follows_the_softmax():
     logits = torch.tensor([2.0, 1.5, 1.0, 0.0, -1.0, -3.0])
     rows, steps = 64, 40

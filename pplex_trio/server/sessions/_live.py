@@ -28,8 +28,8 @@ from ..._conversation import FRAME_MS, Conversation, Outcome
 from ...engine import OutputFrame
 from ...protocol import AudioAppend, ClientEvent, EventError, LiveEvents, live
 from ._audio_io import AudioIn, AudioOut
-from ._wire import (EndOfInput, InputAudio, InputEvent, Message, Notices, PendingEvents, Replies, WireProtocol,
-                    error_type)
+from ._openai import OpenAIProtocol
+from ._wire import EndOfInput, InputAudio, InputEvent, Message, Replies
 
 USAGE_MS = 5_000  # of the session timeline between session.usage.updated events
 
@@ -39,18 +39,16 @@ CLOSE_REASONS = {Outcome.COMPLETED: "close_requested", Outcome.TIME_LIMIT: "expi
 CALM_OUTCOMES = frozenset({Outcome.TIME_LIMIT, Outcome.SHUTDOWN, Outcome.DRAINING})  # said as an info, not an error
 
 
-class LiveProtocol(WireProtocol):
+class LiveProtocol(OpenAIProtocol[LiveEvents]):
     name = "live"
-    opens_with_message = True
     early_audio = True
     opening_hint = "send session.start to start the session"
 
     def __init__(self, *, model: str, session_id: str, expires_at: int, voices: Callable[[], Sequence[str]],
                  max_prompt_chars: int, align: bool):
-        self.events = LiveEvents(session_id=session_id, expires_at=expires_at)
+        super().__init__(LiveEvents(session_id=session_id, expires_at=expires_at))
         self.config = live.LiveConfig(model=model)
         self.align_input = align
-        self.notices = Notices()
         self._voices = voices
         self._max_prompt_chars = max_prompt_chars
         self._start_event: str | None = None  # the client's session.start, answered by session.started
@@ -59,15 +57,11 @@ class LiveProtocol(WireProtocol):
         self._audio_in: AudioIn | None = None
         self._audio_out: AudioOut | None = None
         self._muted = False
-        self._pending = PendingEvents()  # errors met while decoding
         self._first_tick: int | None = None  # the session timeline's origin
         self._frames = 0  # the timeline's length in frames, to the end of the last frame sent
         self._opening_audio: InputAudio | None = None
 
     # -- the opening ---------------------------------------------------------------
-
-    def conversation(self, query: bytes, opening: bytes | str | None) -> Conversation:
-        return self.config.conversation()
 
     def opening(self, query: bytes, message: bytes | str) -> Conversation | Replies:
         try:
@@ -86,13 +80,6 @@ class LiveProtocol(WireProtocol):
         return self.config.conversation()
 
     # -- client events ---------------------------------------------------------------
-
-    def _refuse(self, exc: EventError) -> Message:
-        self.notices.refused(exc)
-        return self.events.error_from(exc)
-
-    def take_notices(self) -> list[str]:
-        return self.notices.take()
 
     def parse(self, message: Message) -> InputEvent:
         try:
@@ -120,11 +107,7 @@ class LiveProtocol(WireProtocol):
         assert self._audio_in is not None
         out = []
         for data, muted in payloads:
-            try:
-                pcm = self._audio_in(data)
-            except EventError as exc:
-                self._pending.add(self._refuse(exc))
-                pcm = np.zeros(0, dtype=np.float32)
+            pcm = self._heard(self._audio_in, data)
             out.append(np.zeros_like(pcm) if muted else pcm)  # muted: silence as long as what was said
         return out
 
@@ -158,9 +141,6 @@ class LiveProtocol(WireProtocol):
 
     def _seconds(self, frames: int) -> float:
         return frames * FRAME_MS / 1000
-
-    def error(self, message: str, code: int) -> Message:
-        return self.events.error(message, kind=error_type(code), code=f"close_{int(code)}")
 
     def closing(self, message: str | None, code: int, outcome: Outcome) -> list[Message]:
         said: list[Message] = []

@@ -24,10 +24,10 @@ from ..._conversation import SAMPLE_RATE, CloseCode, Conversation
 from ...engine import OutputFrame
 from ...protocol import ProtocolError, conversation_from_params, moshi, parse_query
 from .._encoders import Encoders
-from ._wire import InputAudio, InputEvent, Message, WireProtocol
+from ._wire import InputAudio, InputEvent, Message, OpensWithQuery
 
 
-class MoshiProtocol(WireProtocol):
+class MoshiProtocol(OpensWithQuery):
     name = "moshi"
 
     def __init__(self, encoders: Encoders, *, max_prompt_chars: int, align: bool,
@@ -40,7 +40,7 @@ class MoshiProtocol(WireProtocol):
         self._reader = sphn.OpusStreamReader(SAMPLE_RATE)  # ~0.07 ms of CPU a page
         self._stream: Any = None  # this conversation's encoder stream, while the send task runs
 
-    def conversation(self, query: bytes, opening: bytes | str | None) -> Conversation:
+    def conversation(self, query: bytes) -> Conversation:
         return conversation_from_params(parse_query(query), max_prompt_chars=self._max_prompt_chars,
                                         voices=None if self._voices is None else self._voices())
 

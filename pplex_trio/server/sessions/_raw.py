@@ -12,12 +12,11 @@ from collections.abc import Callable, Collection
 from ..._conversation import CloseCode, Conversation
 from ...engine import OutputFrame
 from ...protocol import ProtocolError, conversation_from_params, raw
-from ._wire import EndOfInput, InputAudio, InputEvent, Message, WireProtocol
+from ._wire import EndOfInput, InputAudio, InputEvent, Message, OpensWithMessage
 
 
-class RawProtocol(WireProtocol):
+class RawProtocol(OpensWithMessage):
     name = "raw"
-    opens_with_message = True
     early_audio = True
     opening_hint = 'send {"type": "open", ...} first'
 
@@ -27,8 +26,8 @@ class RawProtocol(WireProtocol):
         self._voices = voices  # the voices a conversation may name (None: not checked here)
         self._closing = False
 
-    def conversation(self, query: bytes, opening: bytes | str | None) -> Conversation:
-        event = raw.parse_client_message(opening)
+    def opening(self, query: bytes, message: bytes | str) -> Conversation:
+        event = raw.parse_client_message(message)
         if not isinstance(event, raw.Open):
             raise ProtocolError('the first message must be {"type": "open", ...}', CloseCode.POLICY)
         return conversation_from_params(event.params, max_prompt_chars=self._max_prompt_chars,

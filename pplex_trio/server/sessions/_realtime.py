@@ -33,8 +33,8 @@ from ...protocol import (AudioAppend, AudioFormat, ConversationItems, Dialect, I
                         ResponseCreate, ServerEvents, SessionConfig, SessionUpdate, apply_session_update,
                         parse_realtime_event)
 from ._audio_io import AudioIn, AudioOut
-from ._wire import (InputAudio, InputEvent, Message, Notices, PendingEvents, Replies, Restart, WireProtocol,
-                    error_type)
+from ._openai import OpenAIProtocol
+from ._wire import InputAudio, InputEvent, Message, Replies, Restart
 
 SUBPROTOCOL = "realtime"  # what browsers offer (with the token and beta markers beside it)
 
@@ -46,16 +46,15 @@ def dialect_of(headers: Any, subprotocols: Sequence[str]) -> Dialect:
     return Dialect.BETA if beta else Dialect.GA
 
 
-class RealtimeProtocol(WireProtocol):
+class RealtimeProtocol(OpenAIProtocol[ServerEvents]):
     name = "realtime"
-    opens_with_message = True
     early_audio = True
     opening_hint = "send input_audio_buffer.append (or response.create) to start the conversation"
 
     def __init__(self, dialect: Dialect, *, model: str, voices: Callable[[], Sequence[str]],
                  max_prompt_chars: int, align: bool, subprotocol: str | None = None):
+        super().__init__(ServerEvents(dialect, model=model))
         self.dialect = dialect
-        self.events = ServerEvents(dialect, model=model)
         self.config = SessionConfig()
         self.subprotocol = subprotocol
         self.align_input = align
@@ -67,7 +66,6 @@ class RealtimeProtocol(WireProtocol):
         self._vad = EnergyVAD(SAMPLE_RATE)
         self._speech_item: str | None = None  # the caller's speech in progress, as an input item
         self._last_item: str | None = None  # the last committed input item
-        self._pending = PendingEvents()
         self._opening_audio: InputAudio | None = None
         self._answer_first = False  # the opening was response.create: the model speaks without waiting
         self._response: str | None = None  # the open response and its one item
@@ -75,15 +73,11 @@ class RealtimeProtocol(WireProtocol):
         self._metadata: dict[str, str] | None = None  # the open response's (or, before it, the next one's)
         self._transcript: list[str] = []
         self.items = ConversationItems(self.events.new_id)
-        self.notices = Notices()
 
     # -- the opening -----------------------------------------------------------------
 
     def greeting(self) -> list[Message]:
         return [self.events.session_created(self.config)]
-
-    def conversation(self, query: bytes, opening: bytes | str | None) -> Conversation:
-        return self.config.conversation()
 
     def opening(self, query: bytes, message: bytes | str) -> Conversation | Replies:
         event = self._parse(message)
@@ -121,13 +115,6 @@ class RealtimeProtocol(WireProtocol):
             return parse_realtime_event(message)
         except EventError as exc:
             return Replies([self._refuse(exc)])
-
-    def _refuse(self, exc: EventError) -> Message:
-        self.notices.refused(exc)
-        return self.events.error_from(exc)
-
-    def take_notices(self) -> list[str]:
-        return self.notices.take()
 
     def parse(self, message: Message) -> InputEvent:
         event = self._parse(message)
@@ -196,11 +183,7 @@ class RealtimeProtocol(WireProtocol):
         assert self._audio_in is not None
         out = []
         for data in payloads:
-            try:
-                pcm = self._audio_in(data)
-            except EventError as exc:
-                self._pending.add(self._refuse(exc))
-                pcm = np.zeros(0, dtype=np.float32)
+            pcm = self._heard(self._audio_in, data)
             for speech in self._vad.feed(pcm):
                 if speech.started:
                     self._speech_item = self.events.new_id("item")
@@ -248,6 +231,3 @@ class RealtimeProtocol(WireProtocol):
                 self._transcript.append(frame.text)
                 messages.append((self.events.transcript_delta(self._response, self._item, frame.text), None))
         return messages
-
-    def error(self, message: str, code: int) -> Message:
-        return self.events.error(message, kind=error_type(code), code=f"close_{int(code)}")

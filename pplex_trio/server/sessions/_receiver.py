@@ -25,7 +25,7 @@ from ..._channel import DropOldestChannel
 from ..._conversation import SAMPLE_RATE, Conversation
 from ...engine import PREPARING_STATES, Lease, LeaseFailed, LeaseState
 from .._settings import ServerSettings
-from ._wire import EndOfInput, Hangup, InputAudio, Message, Replies, Restart, WebSocket, WireProtocol
+from ._wire import EndOfInput, Hangup, InputAudio, Message, OpensWithMessage, Replies, Restart, WebSocket, WireProtocol
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +65,12 @@ class Receiver:
         self._opened_at = 0.0  # when the opening message that gave the conversation arrived
         self._samples_pushed = 0
 
-    async def opening(self) -> Conversation | Hangup:
+    async def opening(self, wire: OpensWithMessage) -> Conversation | Hangup:
         """Read the opening messages until the protocol has the conversation's settings (or the call ended)."""
         while True:
             message = await self.ws.receive()
             self.stats.messages_received += 1
-            step = self.wire.opening(self.ws.query_string, message)
+            step = wire.opening(self.ws.query_string, message)
             self._log_notices()
             if isinstance(step, Hangup):
                 return step

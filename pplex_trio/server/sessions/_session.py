@@ -52,7 +52,7 @@ from .._server_state import Unready
 from .._settings import ServerSettings
 from ._receiver import InputEnd, Receiver
 from ._sender import Sender, StreamEnd
-from ._wire import Hangup, Message, WebSocket, WireProtocol
+from ._wire import Hangup, Message, OpensWithMessage, WebSocket, Wire
 
 logger = logging.getLogger(__name__)
 _ids = itertools.count(1)
@@ -98,7 +98,7 @@ class Ending:
 class Session:
     """One conversation over one WebSocket, speaking ``wire``."""
 
-    def __init__(self, ws: WebSocket, wire: WireProtocol, host: SessionHost):
+    def __init__(self, ws: WebSocket, wire: Wire, host: SessionHost):
         self.id = next(_ids)
         self.ws = ws
         self.wire = wire
@@ -206,18 +206,18 @@ class Session:
         try:
             for message in self.wire.greeting():
                 await self._send_control(message)
-            if self.wire.opens_with_message:
+            if isinstance(self.wire, OpensWithMessage):
                 conversation: Conversation | Hangup | None = None
                 timeout = self.settings.open_timeout
                 with trio.move_on_after(timeout):
-                    conversation = await self._receiver.opening()
+                    conversation = await self._receiver.opening(self.wire)
                 if conversation is None:
                     raise ProtocolError(f"no opening message within {timeout:g} s: {self.wire.opening_hint}")
                 if isinstance(conversation, Hangup):
                     self.end(Outcome.HANGUP)
                     return None
             else:
-                conversation = self.wire.conversation(self.ws.query_string, None)
+                conversation = self.wire.conversation(self.ws.query_string)
         except ProtocolError as exc:
             self.host.metrics.errors.labels("bad_request").inc()
             self.end(Outcome.BAD_REQUEST, exc.message, code=exc.code)

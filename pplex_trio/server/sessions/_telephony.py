@@ -39,13 +39,12 @@ from ...codec import EnergyVAD
 from ...engine import OutputFrame
 from ...protocol import ProtocolError, conversation_from_params, parse_query, same_secret, telephony
 from ._audio_io import AudioIn, AudioOut
-from ._wire import Hangup, InputAudio, InputEvent, Message, Notices, PendingEvents, Replies, WireProtocol
+from ._wire import Hangup, InputAudio, InputEvent, Message, Notices, OpensWithMessage, PendingEvents, Replies
 
 TOKEN_PARAMETER = "token"  # the answer document's parameter that carries the server's token
 
 
-class TelephonyProtocol(WireProtocol):
-    opens_with_message = True
+class TelephonyProtocol(OpensWithMessage):
     early_audio = True  # what the caller says from the start on is heard, in order
     opening_hint = "a carrier's stream opens with its start event"
 
@@ -72,9 +71,6 @@ class TelephonyProtocol(WireProtocol):
         return {"call": {"id": self.call.call_id, "stream": self.call.stream_id, "account": self.call.account_id}}
 
     # -- the opening ---------------------------------------------------------------
-
-    def conversation(self, query: bytes, opening: bytes | str | None) -> Conversation:
-        raise AssertionError("a call's conversation comes from its start event (opening)")
 
     def opening(self, query: bytes, message: bytes | str) -> Conversation | Replies | Hangup:
         event = self.carrier.parse(message)
@@ -147,9 +143,3 @@ class TelephonyProtocol(WireProtocol):
                 self._mark_after_next_frame = False
                 messages.append((self.carrier.mark(f"barge-in-{next(self._marks)}"), None))
         return messages
-
-    def error(self, message: str, code: int) -> Message:
-        raise AssertionError("media streams have no error event (see closing)")
-
-    def closing(self, message: str | None, code: int, outcome: Outcome) -> list[Message]:
-        return []  # why the call ends is the close frame's reason

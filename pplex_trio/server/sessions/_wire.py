@@ -94,14 +94,6 @@ class Notices:
         self.note(f"refused{'' if exc.param is None else ' ' + exc.param}: {exc.message}", key=exc.code)
 
 
-SERVER_SIDE = frozenset({CloseCode.INTERNAL_ERROR, CloseCode.TRY_AGAIN_LATER, CloseCode.GOING_AWAY})
-
-
-def error_type(code: int) -> str:
-    """An OpenAI ``error`` event's type for an ending with close ``code``: the server's side, or the request's."""
-    return "server_error" if code in SERVER_SIDE else "invalid_request_error"
-
-
 class PendingEvents:
     """Events a protocol has to send before the next frame's audio (answers made while decoding, a VAD's,
     a barge-in's): ``encode`` takes them, so they go out from the send task, in order.  More than
@@ -124,11 +116,13 @@ class PendingEvents:
 
 
 class WireProtocol(abc.ABC):
-    """One connection's protocol: parse, decode, encode.  Raise ``ProtocolError`` for bad input."""
+    """One connection's protocol: parse, decode, encode.  Raise ``ProtocolError`` for bad input.
+
+    An adapter derives from one of the two openings, :class:`OpensWithQuery` or :class:`OpensWithMessage`
+    (:data:`Wire`), and overrides the defaults below where its protocol has more to say.
+    """
 
     name: str  # the ``protocol`` label of the metrics
-    opens_with_message: ClassVar[bool] = False  # the settings come in a first message, not the query
-    opening_hint: ClassVar[str] = ""  # what that message should be, for the timeout's error
     align_input: bool = False  # phase-aligned framing of the input (see InputFramer)
     early_audio: ClassVar[bool] = False  # the client may talk before "ready": keep that audio for the model
 
@@ -154,15 +148,6 @@ class WireProtocol(abc.ABC):
     def greeting(self) -> list[Message]:
         """What to send as soon as the connection is accepted."""
         return []
-
-    @abc.abstractmethod
-    def conversation(self, query: bytes, opening: bytes | str | None) -> Conversation:
-        """The conversation's settings from the query string and the opening message (if any)."""
-
-    def opening(self, query: bytes, message: bytes | str) -> Conversation | Replies | Hangup:
-        """One message of the opening (``opens_with_message``): the conversation, or replies and wait for more,
-        or the end of the call before it began."""
-        return self.conversation(query, message)
 
     @abc.abstractmethod
     def parse(self, message: Message) -> InputEvent:
@@ -192,11 +177,35 @@ class WireProtocol(abc.ABC):
         """The message that says a flushed conversation's output is complete, if the protocol has one."""
         return None
 
-    @abc.abstractmethod
-    def error(self, message: str, code: int) -> Message:
-        """Tell the client why the session ends (``code``: the close code to follow), before the close frame."""
+    def error(self, message: str, code: int) -> Message | None:
+        """What tells the client why the session ends (``code``: the close code to follow), before the close
+        frame; None for a protocol with no such message (the close frame's reason says why)."""
+        return None
 
     def closing(self, message: str | None, code: int, outcome: Outcome) -> list[Message]:
         """What goes out before the close frame (``outcome``: why the session ends):
-        by default the error that says why, when there is one."""
-        return [self.error(message, code)] if message is not None else []
+        by default the error that says why, when there is one and the protocol can say it."""
+        said = self.error(message, code) if message is not None else None
+        return [said] if said is not None else []
+
+
+class OpensWithQuery(WireProtocol):
+    """A protocol whose conversation's settings are in the URL's query (Moshi): the session is admitted at once."""
+
+    @abc.abstractmethod
+    def conversation(self, query: bytes) -> Conversation:
+        """The conversation's settings from the query string."""
+
+
+class OpensWithMessage(WireProtocol):
+    """A protocol whose conversation's settings come in the client's first message or messages (the opening)."""
+
+    opening_hint: ClassVar[str] = ""  # what the opening should be, for the timeout's error
+
+    @abc.abstractmethod
+    def opening(self, query: bytes, message: bytes | str) -> Conversation | Replies | Hangup:
+        """One message of the opening (with the query string): the conversation, or replies and wait for more,
+        or the end of the call before it began."""
+
+
+Wire = OpensWithQuery | OpensWithMessage  # what the session core speaks

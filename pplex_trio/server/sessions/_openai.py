@@ -1,0 +1,68 @@
+"""What the two OpenAI protocols (Realtime, Live) share on the session core: refusals, notices and the end.
+
+Both answer a client event they refuse with an ``error`` event naming it, and
+tell the operator once per kind of refusal (:class:`~._wire.Notices`); audio
+that cannot be decoded is refused the same way, its ``error`` going out with
+the next frame, and heard as nothing; and the reason a session ends goes out
+as an ``error`` event whose type says whose side it was on.  Their events
+differ (``ServerEvents``, ``LiveEvents``), so the adapter hands its own.
+"""
+
+from __future__ import annotations
+
+from typing import Generic, Protocol, TypeVar
+
+import numpy as np
+
+from ..._conversation import CloseCode
+from ...protocol import EventError
+from ._audio_io import AudioIn
+from ._wire import Message, Notices, OpensWithMessage, PendingEvents
+
+SERVER_SIDE = frozenset({CloseCode.INTERNAL_ERROR, CloseCode.TRY_AGAIN_LATER, CloseCode.GOING_AWAY})
+
+
+def error_type(code: int) -> str:
+    """An OpenAI ``error`` event's type for an ending with close ``code``: the server's side, or the request's."""
+    return "server_error" if code in SERVER_SIDE else "invalid_request_error"
+
+
+class ErrorEvents(Protocol):
+    """The part of an OpenAI protocol's server events that says something went wrong."""
+
+    def error(self, message: str, *, kind: str = ..., code: str = ...) -> str: ...
+    def error_from(self, exc: EventError) -> str: ...
+
+
+Events = TypeVar("Events", bound=ErrorEvents)
+
+
+class OpenAIProtocol(OpensWithMessage, Generic[Events]):
+    """A protocol opened by a message whose refusals are ``error`` events (made by ``events``, the protocol's
+    server events): an adapter refuses with :meth:`_refuse`; the events it has to send before the next frame's
+    audio wait in ``_pending`` (its ``encode`` sends them first)."""
+
+    def __init__(self, events: Events) -> None:
+        self.events = events
+        self.notices = Notices()
+        self._pending = PendingEvents()
+
+    def _refuse(self, exc: EventError) -> Message:
+        """The ``error`` event that answers a refused client event (the operator hears of it once per kind)."""
+        self.notices.refused(exc)
+        return self.events.error_from(exc)
+
+    def take_notices(self) -> list[str]:
+        return self.notices.take()
+
+    def _heard(self, audio_in: AudioIn, data: bytes) -> np.ndarray:
+        """Appended ``data`` as the model's PCM; audio that cannot be decoded is refused (with the next frame)
+        and heard as nothing."""
+        try:
+            return audio_in(data)
+        except EventError as exc:
+            self._pending.add(self._refuse(exc))
+            return np.zeros(0, dtype=np.float32)
+
+    def error(self, message: str, code: int) -> Message:
+        return self.events.error(message, kind=error_type(code), code=f"close_{int(code)}")
