@@ -198,8 +198,8 @@ class VoiceUpload:
                           f"{wait} s", wait)
         recent.append(now)
 
-    def _count(self, outcome: str) -> None:
-        self.server.metrics.voice_uploads.labels(outcome).inc()
+    def _count(self, result: str) -> None:
+        self.server.metrics.voice_uploads.labels(result).inc()
 
 
 def _too_big(limits: VoiceLimits) -> str:
