@@ -60,6 +60,8 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class ActorStatistics:
+    """What the actor holds, at one moment (``/health``, ``/metrics``): its slots, its queue, its ticks."""
+
     slots_total: int
     slots_free: int
     queued: int
@@ -123,39 +125,49 @@ class EngineActor:
     # What a lease tells its actor (LeaseOwner).
 
     def clock(self) -> float:
+        """The actor's clock (its schedule's: Trio's, or a test's), in seconds."""
         return self.schedule.now()
 
     def input_arrived(self, lease: EngineLease, samples: int, arrived_at: float) -> None:
+        """``samples`` of ``lease``'s input arrived at ``arrived_at``: the schedule notes it; an idle actor wakes."""
         self.schedule.input_arrived(lease, samples, arrived_at)
         if lease.state is LeaseState.READY and not self.schedule.running:
             self._wakeup.set()  # its first frame may be in: an idle actor starts a grid for it
 
     async def sleep_until_handshake(self, lease: EngineLease) -> None:
+        """Sleep until the moment ``lease``'s session sends its handshake (see ``TickSchedule``)."""
         await self.schedule.sleep_until_handshake(lease)
 
     def lease_ended(self, lease: EngineLease, client_left: bool) -> None:
+        """The session gave ``lease`` back: its slot drains (held a moment when ``client_left``)."""
         self.table.release(lease, self.schedule.now(), client_left=client_left)
         self.schedule.forget(lease)
         self._changed()
 
     def lease_changed(self, lease: EngineLease) -> None:
+        """``lease`` moved (a restart, a begin): the actor wakes to plan for it."""
         self._changed()
 
     def count_drop(self, reason: str, count: int) -> None:
+        """Count ``count`` frames dropped for ``reason`` (a backlog's name) in the metrics."""
         self.metrics.drop(reason, count)
 
     def silence_skipped(self, direction: str, samples: int) -> None:
+        """Count ``samples`` of silence skipped in ``direction`` (``input``/``output``) to get back to real time."""
         self.metrics.silence_skipped.labels(direction).inc(samples / self.engine.sample_rate)
 
     @property
     def ticks(self) -> int:
+        """Ticks run so far."""
         return self.schedule.ticks
 
     @property
     def ticks_skipped(self) -> int:
+        """Ticks skipped so far to catch up with the grid after a late one."""
         return self.schedule.ticks_skipped
 
     def statistics(self) -> ActorStatistics:
+        """A frozen snapshot of the slots, the queue, the ticks and the state, now."""
         slots = self.table.slot_states(self.schedule.now())
         return ActorStatistics(slots_total=len(self.table.rows), slots_free=slots["free"], queued=self.table.queued,
                                slots=slots, ticks=self.ticks, ticks_skipped=self.ticks_skipped, state=self.state)

@@ -19,6 +19,8 @@ from .._lifecycle import Lifecycle
 
 
 class ActorState(enum.Enum):
+    """What the actor's one engine call is doing (its moves: :data:`ACTOR_LIFECYCLE`)."""
+
     IDLE = "idle"  # no engine call in flight: waiting for a tick, planning, or nothing to do
     CALLING = "calling"  # an engine call (a tick or work between ticks) is on the worker thread
     RESETTING = "resetting"  # that call raised: its conversations ended, the engine is being reset

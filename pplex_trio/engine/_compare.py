@@ -64,6 +64,7 @@ class Comparison:
         return out
 
     def per_step(self) -> list[dict[str, Any]]:
+        """One record per step: whether the top tokens agreed, and the KL divergences (text, per codebook)."""
         return [{"text_top1": bool(self.text_agree[i]), "audio_top1": self.audio_agree[i].tolist(),
                  "text_kl": float(self.text_kl[i]), "audio_kl": self.audio_kl[i].tolist()}
                 for i in range(len(self.text_kl))]

@@ -84,6 +84,7 @@ class CudaGraphs:
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def record(self, fn: Callable[[], None], stream: torch.cuda.Stream | None) -> Callable[[], None]:
+        """Capture one run of ``fn`` on ``stream`` (kept in :attr:`graph`); returns the graph's ``replay``."""
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
             fn()
@@ -328,6 +329,7 @@ class DeviceTick:
         return self.host_packed.numpy()
 
     def synchronize(self) -> None:
+        """Wait for the engine's own stream, if it has one (the default stream is left alone)."""
         if self.stream is not None:
             self.stream.synchronize()
 

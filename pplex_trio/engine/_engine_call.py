@@ -59,6 +59,7 @@ class EngineCall:
 
     @property
     def empty(self) -> bool:
+        """Nothing to do: no reset, start, prompt, job or tick (the actor does not call the engine)."""
         return not (self.resets or self.starts or self.prefill or self.job or self.tick)
 
     @property
@@ -83,6 +84,8 @@ class EngineCall:
 
 @dataclasses.dataclass
 class CallResult:
+    """What one engine call came back with, applied on the Trio thread (see :func:`apply_result`)."""
+
     started: dict[int, int]  # slot -> prompt positions it needs
     rejected: dict[int, tuple[CloseCode, str]]
     prefilled: dict[int, int]  # slot -> prompt positions run

@@ -28,13 +28,26 @@ BEHIND_LOG_SECONDS = 10.0  # a conversation behind real time this long is logged
 class LeaseOwner(Protocol):
     """What a lease tells its engine actor, and asks of it (always naming the lease by its engine end)."""
 
-    def clock(self) -> float: ...  # the actor's clock (its schedule's)
-    def input_arrived(self, lease: EngineLease, samples: int, arrived_at: float) -> None: ...
-    async def sleep_until_handshake(self, lease: EngineLease) -> None: ...
-    def lease_ended(self, lease: EngineLease, client_left: bool) -> None: ...
-    def lease_changed(self, lease: EngineLease) -> None: ...
-    def count_drop(self, reason: str, count: int) -> None: ...
-    def silence_skipped(self, direction: str, samples: int) -> None: ...
+    def clock(self) -> float:
+        """The actor's clock (its schedule's), in seconds."""
+
+    def input_arrived(self, lease: EngineLease, samples: int, arrived_at: float) -> None:
+        """``samples`` of input arrived at ``arrived_at`` (0: the early audio kept during its prompt is now due)."""
+
+    async def sleep_until_handshake(self, lease: EngineLease) -> None:
+        """Sleep until the moment to send the session's handshake, just before one of the next ticks."""
+
+    def lease_ended(self, lease: EngineLease, client_left: bool) -> None:
+        """The session gave the lease back (``client_left``: the client left, so its slot may be held)."""
+
+    def lease_changed(self, lease: EngineLease) -> None:
+        """The lease moved on the session's side (a restart, a begin): the actor has something to plan."""
+
+    def count_drop(self, reason: str, count: int) -> None:
+        """``count`` frames were dropped for ``reason`` (a backlog's name)."""
+
+    def silence_skipped(self, direction: str, samples: int) -> None:
+        """``samples`` of silence were skipped in ``direction`` (``input``/``output``) to catch up."""
 
 
 class EngineLease(LeaseView):
@@ -69,6 +82,7 @@ class EngineLease(LeaseView):
 
     @property
     def prompt_left(self) -> int:
+        """Positions of its system prompt still to run (PREFILL)."""
         return self._core.prompt_left
 
     @property
@@ -78,10 +92,12 @@ class EngineLease(LeaseView):
 
     @property
     def held_until(self) -> float:
+        """HELD: until when its slot waits for its client to come back (the actor's clock)."""
         return self._core.held_until
 
     @property
     def ready_since(self) -> float:
+        """When its prompt was done (READY: it waits for its caller's first frame since then)."""
         return self._core.ready_since
 
     @property

@@ -70,6 +70,7 @@ class MemoryPlan:
         return self.conversations(free + self.weights, reserve)
 
     def as_dict(self, memory: int, reserve: int) -> dict[str, Any]:
+        """The plan in GiB, with the conversations that fit ``memory`` bytes less ``reserve`` (``fit``'s JSON)."""
         return {
             "model": self.model, "dtype": self.dtype, "quantize": str(self.precision.weights),
             "kv_cache": str(self.precision.kv_cache), "weights_gib": self.weights / GIB,

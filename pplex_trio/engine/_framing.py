@@ -108,10 +108,12 @@ class InputFramer:
 
     @property
     def pending_samples(self) -> int:
+        """Samples waiting for the next ticks."""
         return self._len
 
     @property
     def pending_frames(self) -> int:
+        """Whole frames waiting for the next ticks."""
         return self._len // self.frame_size
 
     @property
@@ -142,6 +144,7 @@ class InputFramer:
         return self.align and self._popped and self._len < self.frame_size <= self._len + self._last_push
 
     def stats(self) -> InputStats:
+        """Its figures now, in samples: what waits, the margin, underruns, skipped, caught up, how far behind."""
         return InputStats(self._len, self.margin, self.underruns, self.skipped_samples, self.caught_up_samples,
                           self.behind)
 

@@ -59,7 +59,8 @@ class Job(typing.Protocol):
     prompts (a voice being made from a recording: :meth:`Engine.make_voice`)."""
 
     @property
-    def frames_left(self) -> int: ...
+    def frames_left(self) -> int:
+        """Frames still to run (0: :meth:`result` may be read)."""
 
     def advance(self, frames: int) -> None:
         """Do the next ``frames`` frames of it (at most those left)."""

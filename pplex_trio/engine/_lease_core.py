@@ -128,6 +128,7 @@ class LeaseCore:
         self.end_output_if_flushed()
 
     def end_output_if_flushed(self) -> None:
+        """FLUSHING with every frame taken answered: send ``OutputEnd`` (never dropped) and move to FLUSHED."""
         if (self.state is LeaseState.FLUSHING and not self.framer.pending_frames
                 and self.last_delivered_tick >= self.last_consumed_tick):
             self.outbox.send_nowait(OutputEnd(), droppable=False)
@@ -147,6 +148,7 @@ class LeaseView:
 
     @property
     def state(self) -> LeaseState:
+        """Where the conversation stands in the engine."""
         return self._core.state
 
     @property
@@ -161,10 +163,12 @@ class LeaseView:
 
     @property
     def failure(self) -> LeaseFailure | None:
+        """Why the server ended it (FAILED), else None."""
         return self._core.failure
 
     @property
     def restarts(self) -> int:
+        """How often its prompt started again (an engine call planned before a restart is stale)."""
         return self._core.restarts
 
     @property
@@ -179,6 +183,7 @@ class LeaseView:
 
     @property
     def output_dropped(self) -> int:
+        """Output events dropped from its outbox for a reader that fell behind."""
         return self._core.outbox.dropped
 
     @property
@@ -187,4 +192,5 @@ class LeaseView:
         return self._core.output_skipped
 
     def input_stats(self) -> InputStats:
+        """Its input framer's figures now (see :meth:`InputFramer.stats`)."""
         return self._core.framer.stats()

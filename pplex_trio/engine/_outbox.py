@@ -70,6 +70,7 @@ def carry_text(dropped: OutputEvent, successor: OutputEvent) -> None:
 
 
 def silent_frame(event: OutputEvent) -> bool:
+    """A silent frame: what a full outbox drops first (``drop_first``)."""
     return isinstance(event, OutputFrame) and event.silent
 
 

@@ -138,6 +138,7 @@ class TickSchedule:
 
     @property
     def running(self) -> bool:
+        """A grid of ticks is on (a conversation is live)."""
         return self.deadline is not None
 
     def start_grid(self) -> None:
@@ -304,6 +305,7 @@ class TickSchedule:
         self.reaction = statistics.median(self._reactions)
 
     def snapshot(self) -> ScheduleSnapshot:
+        """What it knows now, as a frozen record."""
         return ScheduleSnapshot(
             running=self.running, deadline=self.deadline, ticks=self.ticks, ticks_skipped=self.ticks_skipped,
             ticks_held=self._ticks_held, margin=self.steering.margin, moved=self.steering.moved,

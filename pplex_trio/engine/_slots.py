@@ -141,6 +141,7 @@ class SlotTable:
         return [lease for lease in self.rows if lease is not None and lease.state in LIVE_STATES]
 
     def any_live(self) -> bool:
+        """Whether any lease is stepped every tick (:meth:`live` without the list)."""
         return any(lease is not None and lease.state in LIVE_STATES for lease in self.rows)
 
     def ready(self) -> list[EngineLease]:
@@ -153,6 +154,7 @@ class SlotTable:
 
     @property
     def queued(self) -> int:
+        """Leases waiting for a slot."""
         return len(self._queue)
 
     def slot_states(self, now: float) -> dict[str, int]:

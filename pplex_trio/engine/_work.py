@@ -61,6 +61,7 @@ class WorkCost:
         return self.per_unit > 0 or any(n for n, _ in self._seen)
 
     def observe(self, units: int, seconds: float) -> None:
+        """A call ran ``units`` in ``seconds``: refit the fixed cost and the cost per unit on the recent calls."""
         self.calls += 1
         self.units += units
         self._seen.append((units, seconds))
@@ -109,6 +110,7 @@ class PendingJob:
         self.outcome: bytes | Exception | None = None
 
     def finish(self, outcome: bytes | Exception) -> None:
+        """It is done: keep what it made (or why it failed) and wake its caller."""
         self.outcome = outcome
         self.done.set()
 
@@ -126,6 +128,7 @@ class BetweenTicks:
     # -- jobs ------------------------------------------------------------------
 
     def submit(self, job: Job, tick: int) -> PendingJob:
+        """Queue ``job``, asked at ``tick``, behind the others; its caller waits on the returned ``done``."""
         pending = PendingJob(job, tick)
         self.jobs.append(pending)
         return pending
@@ -136,6 +139,7 @@ class BetweenTicks:
             self.jobs.remove(pending)
 
     def job_cost(self, job: Job) -> WorkCost:
+        """The cost model of ``job``'s kind (per frame), made at its first use."""
         return self._job_costs.setdefault(type(job), WorkCost())
 
     # -- when a call may start, and what it does --------------------------------

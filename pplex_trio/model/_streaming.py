@@ -26,7 +26,8 @@ class StreamingState(Protocol):
     masked rows back to fresh in place (static shapes: ``torch.where``, no reallocation) and leaves the other
     rows bit for bit, so one conversation restarts while the others go on."""
 
-    def reset(self, mask: torch.Tensor) -> None: ...
+    def reset(self, mask: torch.Tensor) -> None:
+        """Put the rows where ``mask`` (bool ``[B]``) is set back to fresh, in place; the others stay as they are."""
 
 
 def where_rows(mask: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:

@@ -80,6 +80,7 @@ class CallEnding:
 
 
 def utc_stamp(moment: datetime.datetime) -> str:
+    """``moment`` in UTC to the second, ISO 8601 with a ``Z`` (a record's ``started``)."""
     return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -106,6 +107,8 @@ class Recorder:
     # -- the lease's observer (the actor's task: O(1), never raises) ---------
 
     def on_frame(self, frame: OutputFrame) -> None:
+        """Queue one frame of the timeline (what was heard, what was said) and keep its text; 30 s behind, the
+        oldest queued frame goes (``frames_lost``).  The lease's observer: on the actor's task, O(1), never raises."""
         if self._finished:
             return
         if self._first_tick is None:
@@ -223,6 +226,7 @@ class RecordFiles:
         return open(path, "wb")
 
     def write_queued(self) -> None:
+        """(On a thread.) Append the queued frames to the WAV; a failure stops the audio for good (``error``)."""
         with self._lock:
             self._guarded(self._write_queued)
 

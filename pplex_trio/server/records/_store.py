@@ -62,6 +62,8 @@ def prepare_record_folder(folder: Path) -> Path:
 
 
 class Deletion(enum.Enum):
+    """What came of a request to delete a record (``DELETE /api/recordings/<id>``: 204, 404, 409)."""
+
     DELETED = "deleted"
     UNKNOWN = "unknown"
     IN_PROGRESS = "in_progress"
@@ -99,6 +101,7 @@ class RecordStore:
         return recorder
 
     def in_progress(self, record_id: str) -> bool:
+        """Whether its recorder has not finished yet (its files are not to be served, deleted or pruned)."""
         return record_id in self._recording
 
     def _finished(self, recorder: Recorder) -> None:
@@ -117,6 +120,8 @@ class RecordStore:
             await self.prune()
 
     async def prune(self) -> None:
+        """Delete, on a thread, the finished records past retention, then the oldest beyond the quota (counted,
+        logged); a folder it cannot read is logged, not raised."""
         if not self.retention_days and not self.quota:
             return
         try:
@@ -182,6 +187,7 @@ class RecordStore:
         return path if path.is_file() else None
 
     async def delete(self, record_id: str) -> Deletion:
+        """Delete a finished record's files on request; one in progress is left alone (``IN_PROGRESS``)."""
         if not RECORD_ID.fullmatch(record_id):
             return Deletion.UNKNOWN
         if record_id in self._recording:

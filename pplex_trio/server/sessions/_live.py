@@ -40,6 +40,8 @@ CALM_OUTCOMES = frozenset({Outcome.TIME_LIMIT, Outcome.SHUTDOWN, Outcome.DRAININ
 
 
 class LiveProtocol(OpenAIProtocol[LiveEvents]):
+    """One connection's OpenAI Live protocol: opened by ``session.start``, then audio both ways (see above)."""
+
     name = "live"
     early_audio = True
     opening_hint = "send session.start to start the session"

@@ -28,6 +28,8 @@ from ._wire import InputAudio, InputEvent, Message, OpensWithQuery
 
 
 class MoshiProtocol(OpensWithQuery):
+    """One connection's Moshi protocol: settings from the query, Ogg Opus both ways, ``0x00`` when ready."""
+
     name = "moshi"
 
     def __init__(self, encoders: Encoders, *, max_prompt_chars: int, align: bool,

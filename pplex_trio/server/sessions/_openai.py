@@ -30,8 +30,11 @@ def error_type(code: int) -> str:
 class ErrorEvents(Protocol):
     """The part of an OpenAI protocol's server events that says something went wrong."""
 
-    def error(self, message: str, *, kind: str = ..., code: str = ...) -> str: ...
-    def error_from(self, exc: EventError) -> str: ...
+    def error(self, message: str, *, kind: str = ..., code: str = ...) -> str:
+        """An ``error`` event saying ``message`` (``kind``: whose side; ``code``: the OpenAI error code)."""
+
+    def error_from(self, exc: EventError) -> str:
+        """The ``error`` event for a client event the parser refused."""
 
 
 Events = TypeVar("Events", bound=ErrorEvents)

@@ -16,6 +16,8 @@ from ._wire import EndOfInput, InputAudio, InputEvent, Message, OpensWithMessage
 
 
 class RawProtocol(OpensWithMessage):
+    """One connection's raw PCM protocol: opened by ``{"type": "open", ...}``, float32 both ways."""
+
     name = "raw"
     early_audio = True
     opening_hint = 'send {"type": "open", ...} first'

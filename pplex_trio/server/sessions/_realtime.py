@@ -47,6 +47,9 @@ def dialect_of(headers: Any, subprotocols: Sequence[str]) -> Dialect:
 
 
 class RealtimeProtocol(OpenAIProtocol[ServerEvents]):
+    """One connection's OpenAI Realtime protocol in ``dialect``: configured until the first append or
+    ``response.create``, then audio both ways in responses that tile the conversation (see above)."""
+
     name = "realtime"
     early_audio = True
     opening_hint = "send input_audio_buffer.append (or response.create) to start the conversation"

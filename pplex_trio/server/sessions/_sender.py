@@ -26,6 +26,8 @@ STAGE_SAMPLING = 4  # one frame in this many feeds the per-stage latency histogr
 
 
 class StreamEnd(enum.Enum):
+    """Why :meth:`Sender.stream` returned (the session makes the outcome of it)."""
+
     COMPLETE = enum.auto()  # a flushed conversation's output is all out
     CLIENT_TIMEOUT = enum.auto()  # a write waited longer than the deadline
     LEASE_ENDED = enum.auto()  # the conversation ended first

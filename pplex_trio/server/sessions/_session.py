@@ -67,7 +67,8 @@ class SessionHost(Protocol):
     sessions: set[Session]
     records: RecordStore | None
 
-    def unready(self, *, when_full: bool = True) -> Unready | None: ...
+    def unready(self, *, when_full: bool = True) -> Unready | None:
+        """Why the server takes no conversation now, None when it does (``when_full=False``: the queue answers)."""
 
 
 class SessionState(enum.Enum):
@@ -90,6 +91,8 @@ SESSION_LIFECYCLE = Lifecycle("session", SessionState.ADMITTING, {
 
 @dataclasses.dataclass(frozen=True)
 class Ending:
+    """Why a session ends, set once by the first :meth:`Session.end`: what the client is told, and the close."""
+
     code: CloseCode  # the outcome's, or the error's own (see ``Outcome.code``)
     message: str | None  # told to the client before the close, if any
     outcome: Outcome
@@ -119,12 +122,14 @@ class Session:
 
     @property
     def protocol(self) -> str:
+        """Its wire protocol's name (the ``protocol`` label of the metrics)."""
         return self.wire.name
 
     # -- the state machine ---------------------------------------------------
 
     @property
     def state(self) -> SessionState:
+        """Its own step (:data:`SESSION_LIFECYCLE`); :attr:`status` tells its lease's while it waits."""
         return self._step
 
     @property
@@ -148,6 +153,7 @@ class Session:
         self._scope.cancel()
 
     async def run(self) -> None:
+        """Accept, converse, tell the client why it ended and close, then finish the record; a bug ends it with 1011."""
         host = self.host
         self.started_at = trio.current_time()
         host.metrics.sessions_started.labels(self.protocol).inc()
@@ -373,6 +379,7 @@ class Session:
                       "input_caught_up_ms": round(inputs.caught_up * ms, 1), "quality": quality})
 
     def describe(self) -> dict[str, Any]:
+        """What ``/api/sessions`` and the status page show of it now: its step, slot, counters and quality."""
         lease = self.lease
         ms = 1000 / self.host.actor.engine.sample_rate  # per sample
         inputs = lease.input_stats() if lease else None

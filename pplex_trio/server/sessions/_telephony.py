@@ -45,6 +45,8 @@ TOKEN_PARAMETER = "token"  # the answer document's parameter that carries the se
 
 
 class TelephonyProtocol(OpensWithMessage):
+    """One phone call's media stream through ``carrier``: opened by its ``start`` event, its audio format both ways."""
+
     early_audio = True  # what the caller says from the start on is heard, in order
     opening_hint = "a carrier's stream opens with its start event"
 

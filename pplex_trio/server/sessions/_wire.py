@@ -30,10 +30,17 @@ class WebSocket(Protocol):
     query_string: bytes
     client: str | None  # the peer's address (None: unknown)
 
-    async def accept(self, subprotocol: str | None = None) -> None: ...
-    async def receive(self) -> bytes | str: ...  # a client that is gone unwinds the handler instead
-    async def send(self, data: bytes | str) -> None: ...
-    async def close(self, code: int, reason: str = "") -> None: ...
+    async def accept(self, subprotocol: str | None = None) -> None:
+        """Accept the upgrade, offering ``subprotocol``."""
+
+    async def receive(self) -> bytes | str:
+        """The client's next message; a client that is gone unwinds the handler instead (it never returns)."""
+
+    async def send(self, data: bytes | str) -> None:
+        """Send one message: text for ``str``, binary for ``bytes``."""
+
+    async def close(self, code: int, reason: str = "") -> None:
+        """Send the close frame with ``code`` and ``reason``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,11 +88,13 @@ class Notices:
         self._new: list[str] = []
 
     def note(self, text: str, key: str) -> None:
+        """Keep ``text`` for the operator, unless one of the same ``key`` was noted before in this session."""
         if key not in self._seen:
             self._seen.add(key)
             self._new.append(text)
 
     def take(self) -> list[str]:
+        """The notices since the last take, once each (the session core logs them)."""
         new, self._new = self._new, []
         return new
 
@@ -105,6 +114,7 @@ class PendingEvents:
         self._messages: list[Message] = []
 
     def add(self, *messages: Message) -> None:
+        """Queue ``messages`` for the next frame; ``ProtocolError`` (1008) beyond ``MAX`` in one frame's time."""
         if len(self._messages) + len(messages) > self.MAX:
             raise ProtocolError("too many events in one frame's time; slow down", CloseCode.POLICY)
         self._messages.extend(messages)
