@@ -25,7 +25,8 @@ response latency, talk-over, dead air, the agent's share, barge-ins) from the le
 frames, for ``/api/sessions``, the metrics, the end-of-call log line and the record.
 With ``--record`` a :class:`~pplex_trio.server.records._recorder.Recorder` observes
 the lease's frames, writes them from a fourth task, and is finished once the
-client has been told (whatever the ending): every protocol is recorded alike.
+client has been told (whatever the ending): every protocol is recorded alike.  Both
+observers are the session's :class:`~pplex_trio.server.sessions._report.CallReport`.
 
 What differs between protocols is a :class:`~pplex_trio.server.sessions._wire.WireProtocol`:
 pure codec calls plus a few specifics.  See ``docs/ARCHITECTURE.md``.
@@ -44,13 +45,13 @@ import trio
 from ..._conversation import CloseCode, Conversation, Outcome
 from ..._lifecycle import Lifecycle
 from ..._metrics import Metrics
-from ...codec import ConversationQuality, Response
 from ...engine import BEGUN_STATES, PREPARING_STATES, EngineActor, Lease, LeaseState, OutputFrame, QueueFull
 from ...protocol import ProtocolError
-from ..records import CallEnding, Recorder, RecordStore
+from ..records import RecordStore
 from .._server_state import Unready
 from .._settings import ServerSettings
 from ._receiver import InputEnd, Receiver
+from ._report import CallReport
 from ._sender import Sender, StreamEnd
 from ._wire import Hangup, Message, OpensWithMessage, WebSocket, Wire
 
@@ -115,8 +116,7 @@ class Session:
         self._step = SESSION_LIFECYCLE.start  # the session's own step; see `state`
         self.lease: Lease | None = None
         self.ending: Ending | None = None
-        self.recorder: Recorder | None = None  # (--record)
-        self.quality = ConversationQuality()
+        self.report = CallReport(host.metrics)  # the quality meter, and the recorder (--record)
         self._scope = trio.CancelScope()
         self.started_at: float | None = None  # when it ran (trio.current_time): its age on the status page
 
@@ -182,9 +182,13 @@ class Session:
             self._enter(SessionState.CLOSED)
             host.sessions.discard(self)
             host.metrics.sessions_ended.labels(self.protocol, outcome.value).inc()
-            logger.info("session %d (%s) ended: %s%s", self.id, self.protocol, outcome.value, self._finish_quality())
-            if self.recorder is not None:  # (after the close: a slow disk never delays it)
-                await self.recorder.finish(self._call_ending(outcome))
+            logger.info("session %d (%s) ended: %s%s", self.id, self.protocol, outcome.value,
+                        self.report.finish_quality())
+            if self.report.recorder is not None:  # (after the close: a slow disk never delays it)
+                code = None if self.ending is None else int(self.ending.code)
+                details = {**self.wire.call_details(), "frames_sent": self._sender.frames_sent}
+                ending = self.report.call_ending(outcome, code, self.lease, details, self.host.actor.engine.sample_rate)
+                await self.report.recorder.finish(ending)
 
     async def _converse(self) -> None:
         conversation = await self._admit()
@@ -194,10 +198,10 @@ class Session:
             self.end(Outcome.ENGINE_STALLED, Unready.ENGINE_STALLED.message)
             return
         if self.host.records is not None:
-            self.recorder = self.host.records.recorder(self.id, self.protocol, conversation)
+            self.report.recorder = self.host.records.recorder(self.id, self.protocol, conversation)
         try:
             with self.host.actor.lease(conversation, align=self.wire.align_input, early_audio=self.wire.early_audio,
-                                       client=self.ws.client, on_frame=self._on_frame) as lease:
+                                       client=self.ws.client, on_frame=self.report.on_frame) as lease:
                 self.lease = lease
                 try:
                     await self._run_conversation(lease)
@@ -233,8 +237,8 @@ class Session:
     async def _run_conversation(self, lease: Lease) -> None:
         self._receiver.keep_opening_audio()
         async with trio.open_nursery() as nursery:
-            if self.recorder is not None:
-                nursery.start_soon(self.recorder.run)
+            if self.report.recorder is not None:
+                nursery.start_soon(self.report.recorder.run)
             # Read from the start: errors and disconnects are seen while waiting (early input is decoded, then dropped).
             nursery.start_soon(self._guard, self._receive_task, lease)
             nursery.start_soon(self._guard, self._process_task, lease)
@@ -329,54 +333,10 @@ class Session:
         self.end(Outcome.TIME_LIMIT, f"this conversation reached the server's time limit of {seconds:g} s; "
                  "start a new one to go on")
 
-    # -- the conversation's timeline -----------------------------------------
-
-    def _on_frame(self, frame: OutputFrame) -> None:
-        """The lease's observer (the actor's task, every frame, a few µs): the quality meter, and the recorder."""
-        if self.recorder is not None:
-            self.recorder.on_frame(frame)
-        self._count(self.quality.feed(frame.heard, frame.pcm))
-
-    def _count(self, events: tuple[object, ...]) -> None:
-        for event in events:
-            if isinstance(event, Response):
-                self.host.metrics.response_latency.observe(event.seconds)
-            else:
-                self.host.metrics.barge_ins.inc()
-
-    def _finish_quality(self) -> str:
-        """The conversation is over: its last quality figures into the metrics; what the log line adds."""
-        self._count(self.quality.finish())
-        stats = self.quality.statistics()
-        if not stats.frames:
-            return ""  # (it never went live)
-        metrics = self.host.metrics
-        metrics.talk_over.observe(stats.talk_over_s)
-        metrics.dead_air.observe(stats.dead_air_s)
-        metrics.agent_share.observe(stats.agent_share)
-        return f" ({stats.summary()})"
-
     def _end_from_failure(self, lease: Lease) -> None:
         assert lease.failure is not None
         outcome = Outcome.ENGINE_ERROR if lease.failure.code == CloseCode.INTERNAL_ERROR else Outcome.REJECTED
         self.end(outcome, lease.failure.message, code=lease.failure.code)
-
-    def _call_ending(self, outcome: Outcome) -> CallEnding:
-        """What the call record says of how the call went."""
-        lease, code = self.lease, None if self.ending is None else int(self.ending.code)
-        quality = self.quality.statistics().as_dict()
-        if lease is None:  # (the queue was full: nothing was recorded)
-            assert self.recorder is not None
-            return CallEnding(outcome=outcome, close_code=code, conversation=self.recorder.conversation,
-                              details={**self.wire.call_details(), "quality": quality})
-        inputs = lease.input_stats()
-        ms = 1000 / self.host.actor.engine.sample_rate
-        return CallEnding(
-            outcome=outcome, close_code=code, conversation=lease.conversation,
-            details={**self.wire.call_details(), "restarts": lease.restarts, "frames_sent": self._sender.frames_sent,
-                      "output_dropped": lease.output_dropped, "output_skipped": lease.output_skipped,
-                      "input_underruns": inputs.underruns, "input_skipped_ms": round(inputs.skipped * ms, 1),
-                      "input_caught_up_ms": round(inputs.caught_up * ms, 1), "quality": quality})
 
     def describe(self) -> dict[str, Any]:
         """What ``/api/sessions`` and the status page show of it now: its step, slot, counters and quality."""
@@ -400,7 +360,7 @@ class Session:
             "input_behind_ms": round(inputs.behind * ms, 1) if inputs else 0.0,
             "input_caught_up_ms": round(inputs.caught_up * ms, 1) if inputs else 0.0,
             "output_caught_up_frames": lease.output_skipped if lease else 0,
-            "quality": self.quality.statistics().as_dict(),
+            "quality": self.report.quality.statistics().as_dict(),
             **self.wire.call_details(),  # (a phone call: the carrier's call, stream and account ids)
         }
 

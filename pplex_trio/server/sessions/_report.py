@@ -1,0 +1,66 @@
+"""What a session tells of its call: the quality meter fed every frame, the recorder (``--record``), the figures
+at the end of the call.
+
+The lease calls :meth:`CallReport.on_frame` with every frame it delivers (on the actor's task, before the lossy
+outbox, a few µs): the meter and the recorder see the conversation's whole timeline, whatever the client read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..._conversation import Outcome
+from ..._metrics import Metrics
+from ...codec import ConversationQuality, Response
+from ...engine import Lease, OutputFrame
+from ..records import CallEnding, Recorder
+
+
+class CallReport:
+    """One conversation's timeline as its lease delivers it: the quality meter, and the recorder if any."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+        self.quality = ConversationQuality()
+        self.recorder: Recorder | None = None  # set once the conversation's settings are known (--record)
+
+    def on_frame(self, frame: OutputFrame) -> None:
+        """The lease's observer (the actor's task, every frame, a few µs): the quality meter, and the recorder."""
+        if self.recorder is not None:
+            self.recorder.on_frame(frame)
+        self._count(self.quality.feed(frame.heard, frame.pcm))
+
+    def _count(self, events: tuple[object, ...]) -> None:
+        for event in events:
+            if isinstance(event, Response):
+                self.metrics.response_latency.observe(event.seconds)
+            else:
+                self.metrics.barge_ins.inc()
+
+    def finish_quality(self) -> str:
+        """The conversation is over: its last quality figures into the metrics; what the log line adds."""
+        self._count(self.quality.finish())
+        stats = self.quality.statistics()
+        if not stats.frames:
+            return ""  # (it never went live)
+        self.metrics.talk_over.observe(stats.talk_over_s)
+        self.metrics.dead_air.observe(stats.dead_air_s)
+        self.metrics.agent_share.observe(stats.agent_share)
+        return f" ({stats.summary()})"
+
+    def call_ending(self, outcome: Outcome, close_code: int | None, lease: Lease | None,
+                    details: dict[str, Any], sample_rate: int) -> CallEnding:
+        """What the call record says of how the call went (``details``: the protocol's and the sender's)."""
+        quality = self.quality.statistics().as_dict()
+        if lease is None:  # (the queue was full: nothing was recorded)
+            assert self.recorder is not None
+            return CallEnding(outcome=outcome, close_code=close_code, conversation=self.recorder.conversation,
+                              details={**details, "quality": quality})
+        inputs = lease.input_stats()
+        ms = 1000 / sample_rate  # per sample
+        return CallEnding(
+            outcome=outcome, close_code=close_code, conversation=lease.conversation,
+            details={**details, "restarts": lease.restarts, "output_dropped": lease.output_dropped,
+                     "output_skipped": lease.output_skipped, "input_underruns": inputs.underruns,
+                     "input_skipped_ms": round(inputs.skipped * ms, 1),
+                     "input_caught_up_ms": round(inputs.caught_up * ms, 1), "quality": quality})
