@@ -7,7 +7,8 @@ over ``/v1/live/sessions``. The two run at once (each is mostly waiting on real
 time), on 2 s of real speech; the echo engine's answer must hold that speech,
 the transcript each example logs must be the echo's frame numbers, and the
 server must have ended each conversation as completed (the example hung up with
-``session.close``), with nothing to complain of in its log.
+``session.close``), with nothing to complain of in its log.  Against the tiny
+model, whose ticks a busy CPU cannot keep in real time: ``bench/examples_tiny.py``.
 """
 
 from __future__ import annotations
@@ -97,32 +98,3 @@ def test_the_server_saw_both_calls_end_cleanly(examples, echo_server):
         process.wait(timeout=60)
     echo_server.wait_closed("live", examples.ended_before, count=len(RUNS), outcome="completed")
     assert echo_server.problems_since(examples.log_mark) == []
-
-
-@pytest.fixture(scope="module")
-def tiny_server() -> Iterator[str]:
-    from _helpers.official import server_process
-
-    with server_process("--model", "tiny", "--slots", "2") as url:
-        yield url
-
-
-@pytest.mark.parametrize("name", RUNS)
-def test_the_live_example_hears_the_tiny_models_voice(tiny_server, name, caller, tmp_path):
-    """The same example against the real engine (the tiny checkpoint, random weights): the call goes through
-    and what comes back is the model's voice (noise), not silence."""
-    import httpx
-
-    voice = httpx.get(tiny_server + "/api/voices", trust_env=False).json()["voices"][0]
-    with wave.open(str(tmp_path / "question.wav"), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(RATE)
-        w.writeframes((np.clip(caller.first, -1, 32767 / 32768) * 32768).astype("<i2").tobytes())
-    run = subprocess.run([sys.executable, str(EXAMPLES / RUNS[name]), str(tmp_path / "question.wav"),
-                          str(tmp_path / "answer.wav"), "--url", tiny_server, "--voice", voice],
-                         capture_output=True, text=True, timeout=90)
-    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
-    with wave.open(str(tmp_path / "answer.wav")) as w:
-        answer = np.frombuffer(w.readframes(w.getnframes()), "<i2")
-    assert answer.size >= 3 * RATE and np.abs(answer).max() > 0

@@ -311,7 +311,8 @@ class BlockingEcho(EchoEngine):
 async def test_drain_before_release(nursery):
     """A slot released mid-step is not handed on until that step has finished."""
     engine = BlockingEcho(1, prefill_steps=0)
-    actor = EngineActor(engine, ActorSettings(queue_size=1))  # real worker thread, real clock
+    # Real worker thread, real clock; each row is stepped as soon as it is ready (no wait for a first frame).
+    actor = EngineActor(engine, ActorSettings(queue_size=1, first_frame_timeout=0))
     await nursery.start(actor.run)
     with actor.lease(Conversation(persona="old")) as old:
         await wait_begun(old)
