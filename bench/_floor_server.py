@@ -72,7 +72,7 @@ class Conversation:
         audio = self.writer.append_pcm(self.pcm) if self.writer is not None else bytes(AUDIO_BYTES)
         out = [b"\x01" + audio]
         if random.random() < self.text_share:
-            out.append(b"\x02" + " word".encode())
+            out.append(b"\x02" + b" word")
         return out
 
 

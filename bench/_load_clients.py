@@ -26,8 +26,8 @@ import numpy as np
 import soxr
 import sphn
 import trio
-from _helpers import ogg  # (tests/ on the path: load.py puts it there)
 
+from _helpers import ogg  # (tests/ on the path: load.py puts it there)
 from pplex_trio.client import open_websocket
 from pplex_trio.codec import pcm16_encode, ulaw_encode
 
@@ -54,22 +54,48 @@ class JsonEvents:
 
 
 REALTIME = JsonEvents(  # live at the first response
-    path="/v1/realtime", start=('{"type":"response.create"}',), started='{"type":"response.created"',
-    append="input_audio_buffer.append", audio='{"type":"response.output_audio.delta"',
-    text='{"type":"response.output_audio_transcript.delta"')
+    path="/v1/realtime",
+    start=('{"type":"response.create"}',),
+    started='{"type":"response.created"',
+    append="input_audio_buffer.append",
+    audio='{"type":"response.output_audio.delta"',
+    text='{"type":"response.output_audio_transcript.delta"',
+)
 LIVE = JsonEvents(  # no turns: live at session.started
-    path="/v1/live/sessions", start=('{"type":"session.start","session":{"model":"gpt-live-1"}}',),
-    started='{"type":"session.started"', append="session.input_audio.append",
-    audio='{"type":"session.output_audio.delta"', text='{"type":"session.output_transcript.delta"')
+    path="/v1/live/sessions",
+    start=('{"type":"session.start","session":{"model":"gpt-live-1"}}',),
+    started='{"type":"session.started"',
+    append="session.input_audio.append",
+    audio='{"type":"session.output_audio.delta"',
+    text='{"type":"session.output_transcript.delta"',
+)
 TWILIO_STREAM = "MZ" + "0" * 32
 TWILIO = JsonEvents(  # no handshake: live at the first media the server sends
-    path="/telephony/twilio", start=(
+    path="/telephony/twilio",
+    start=(
         json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}),
-        json.dumps({"event": "start", "sequenceNumber": "1", "streamSid": TWILIO_STREAM, "start": {
-            "streamSid": TWILIO_STREAM, "callSid": "CA" + "0" * 32, "accountSid": "AC" + "0" * 32,
-            "tracks": ["inbound"], "customParameters": {},
-            "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}})),
-    started='{"event":"media"', append="media", audio='{"event":"media"', text=None, message_ms=20)
+        json.dumps(
+            {
+                "event": "start",
+                "sequenceNumber": "1",
+                "streamSid": TWILIO_STREAM,
+                "start": {
+                    "streamSid": TWILIO_STREAM,
+                    "callSid": "CA" + "0" * 32,
+                    "accountSid": "AC" + "0" * 32,
+                    "tracks": ["inbound"],
+                    "customParameters": {},
+                    "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+                },
+            }
+        ),
+    ),
+    started='{"event":"media"',
+    append="media",
+    audio='{"event":"media"',
+    text=None,
+    message_ms=20,
+)
 JSON_EVENTS = {"realtime": REALTIME, "live": LIVE, "twilio": TWILIO}
 PATHS = {"moshi": "/api/chat", **{name: events.path for name, events in JSON_EVENTS.items()}}
 PROTOCOLS = tuple(PATHS)  # in the order --compare-protocols runs them
@@ -83,8 +109,10 @@ def speech(seconds: float, folder: pathlib.Path = DATA) -> np.ndarray:
     """Real speech (``folder``'s ``speech_*.wav``), repeated to ``seconds`` (whole frames)."""
     recordings = [sphn.read(str(p), sample_rate=SR)[0][0] for p in sorted(folder.glob("speech_*.wav"))]
     if not recordings:
-        raise SystemExit(f"no speech recordings (speech_*.wav) in {folder}: bench/load streams real speech from "
-                         "the shared data folder next to the repository")
+        raise SystemExit(
+            f"no speech recordings (speech_*.wav) in {folder}: bench/load streams real speech from "
+            "the shared data folder next to the repository"
+        )
     pcm = np.concatenate(recordings)
     repeats = math.ceil(seconds * SR / pcm.size)
     return np.tile(pcm, repeats)[: int(seconds * SR) // FRAME * FRAME]
@@ -95,7 +123,7 @@ def encode_appends(seconds: float, page_ms: int, append: str = REALTIME.append) 
     silent ones, standing in for the Moshi stream's two header pages)."""
     pcm = speech(seconds)
     step = SR * page_ms // 1000
-    chunks = [np.zeros(step, np.float32)] * 2 + [pcm[i:i + step] for i in range(0, pcm.size, step)]
+    chunks = [np.zeros(step, np.float32)] * 2 + [pcm[i : i + step] for i in range(0, pcm.size, step)]
     return [json.dumps({"type": append, "audio": base64.b64encode(pcm16_encode(c)).decode()}) for c in chunks]
 
 
@@ -116,10 +144,23 @@ def encode_twilio_media(seconds: float) -> list[str]:
     """The same speech as a Twilio call's ``media`` events: μ-law at 8 kHz, 20 ms each (two leading silent ones)."""
     pcm = soxr.resample(speech(seconds), SR, TWILIO_RATE, quality="HQ")
     step = TWILIO_RATE * 20 // 1000
-    chunks = [np.zeros(step, np.float32)] * 2 + [pcm[i:i + step] for i in range(0, pcm.size - step + 1, step)]
-    return [json.dumps({"event": "media", "sequenceNumber": str(n + 2), "streamSid": TWILIO_STREAM, "media": {
-        "track": "inbound", "chunk": str(n + 1), "timestamp": str(20 * n),
-        "payload": base64.b64encode(ulaw_encode(c)).decode()}}) for n, c in enumerate(chunks)]
+    chunks = [np.zeros(step, np.float32)] * 2 + [pcm[i : i + step] for i in range(0, pcm.size - step + 1, step)]
+    return [
+        json.dumps(
+            {
+                "event": "media",
+                "sequenceNumber": str(n + 2),
+                "streamSid": TWILIO_STREAM,
+                "media": {
+                    "track": "inbound",
+                    "chunk": str(n + 1),
+                    "timestamp": str(20 * n),
+                    "payload": base64.b64encode(ulaw_encode(c)).decode(),
+                },
+            }
+        )
+        for n, c in enumerate(chunks)
+    ]
 
 
 def encode_stream(protocol: str, seconds: float, page_ms: int) -> list[Any]:
@@ -150,8 +191,18 @@ class ClientStats:
     window_late_sends: int = 0
 
 
-async def run_client(url: str, pages: list[Any], page_ms: int, stats: ClientStats, *, decode: bool,
-                     live: trio.Semaphore, stop: trio.Event, started_at: float, random_phase: bool) -> None:
+async def run_client(
+    url: str,
+    pages: list[Any],
+    page_ms: int,
+    stats: ClientStats,
+    *,
+    decode: bool,
+    live: trio.Semaphore,
+    stop: trio.Event,
+    started_at: float,
+    random_phase: bool,
+) -> None:
     """One conversation at real-time pace until ``stop``; the protocol is the one ``url``'s path serves.
 
     ``live`` is released once the conversation is live (or has failed); ``decode`` (Moshi) decodes its audio.

@@ -70,9 +70,14 @@ def main() -> None:
 
     from moshi.models import lm, loaders
 
-    for name, part in (("_seanet_kwargs", "seanet"), ("_quantizer_kwargs", "quantizer"),
-                       ("_transformer_kwargs", "transformer")):  # the fork's own keys, the checkpoint's values
-        setattr(loaders, name, {key: config["mimi"][part].get(key, value) for key, value in getattr(loaders, name).items()})
+    for name, part in (
+        ("_seanet_kwargs", "seanet"),
+        ("_quantizer_kwargs", "quantizer"),
+        ("_transformer_kwargs", "transformer"),
+    ):  # the fork's own keys, the checkpoint's values
+        setattr(
+            loaders, name, {key: config["mimi"][part].get(key, value) for key, value in getattr(loaders, name).items()}
+        )
     loaders._lm_kwargs = {key: config.get(key, value) for key, value in loaders._lm_kwargs.items()}
     loaders.get_moshi_lm = functools.partial(loaders.get_moshi_lm, dtype=torch.float32)
     lm.SILENCE_TOKENS = np.array(config["personaplex"]["silence_tokens"], dtype=np.int64)
@@ -85,12 +90,31 @@ def main() -> None:
 
     lm.LMGen.__init__ = small_top_k
     lm.SINE_TOKENS = np.array(config["personaplex"]["sine_tokens"], dtype=np.int64)
-    logger.info("NVIDIA PersonaPlex server from %s on %s (float32, %d CPU thread(s))",
-                pathlib.Path(lm.__file__).resolve().parent.parent, folder, torch.get_num_threads())
-    sys.argv = ["moshi.server", "--moshi-weight", str(folder / config.get("moshi_name", "model.safetensors")),
-                "--mimi-weight", str(folder / config["mimi_name"]), "--tokenizer", str(folder / config["tokenizer_name"]),
-                "--voice-prompt-dir", str(folder / "voices"), "--device", "cpu", "--static", "none",
-                "--host", "127.0.0.1", "--port", str(args.port)]
+    logger.info(
+        "NVIDIA PersonaPlex server from %s on %s (float32, %d CPU thread(s))",
+        pathlib.Path(lm.__file__).resolve().parent.parent,
+        folder,
+        torch.get_num_threads(),
+    )
+    sys.argv = [
+        "moshi.server",
+        "--moshi-weight",
+        str(folder / config.get("moshi_name", "model.safetensors")),
+        "--mimi-weight",
+        str(folder / config["mimi_name"]),
+        "--tokenizer",
+        str(folder / config["tokenizer_name"]),
+        "--voice-prompt-dir",
+        str(folder / "voices"),
+        "--device",
+        "cpu",
+        "--static",
+        "none",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(args.port),
+    ]
     importlib.import_module("moshi.server")  # the module runs main() when imported
 
 

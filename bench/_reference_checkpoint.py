@@ -96,10 +96,16 @@ def reference_args(directory: pathlib.Path) -> list[str]:
     """The ``moshi.server`` flags that point it at ``directory`` and nothing else."""
     config = json.loads((directory / "config.json").read_text())
     return [
-        "--config-path", str(directory / MOSHI_CONFIG),
-        "--moshi-weight", str(directory / config["moshi_name"]),
-        "--mimi-weight", str(directory / config["mimi_name"]),
-        "--tokenizer", str(directory / config["tokenizer_name"]),
-        "--device", "cpu",
-        "--static", "none",
+        "--config-path",
+        str(directory / MOSHI_CONFIG),
+        "--moshi-weight",
+        str(directory / config["moshi_name"]),
+        "--mimi-weight",
+        str(directory / config["mimi_name"]),
+        "--tokenizer",
+        str(directory / config["tokenizer_name"]),
+        "--device",
+        "cpu",
+        "--static",
+        "none",
     ]

@@ -159,8 +159,9 @@ async def converse(
         trace.closed_at = clock()
 
 
-def scrape_times(fast_every: float = SCRAPE_EVERY_S, fast_for: float = SCRAPE_FAST_FOR_S,
-                 slow_every: float = SCRAPE_SLOW_EVERY_S) -> Iterator[float]:
+def scrape_times(
+    fast_every: float = SCRAPE_EVERY_S, fast_for: float = SCRAPE_FAST_FOR_S, slow_every: float = SCRAPE_SLOW_EVERY_S
+) -> Iterator[float]:
     """Seconds from the start at which to read the counters: often at first, then seldom.
 
     The silence-filled ticks come at the start (before the first frame is
@@ -181,7 +182,9 @@ def scrape_times(fast_every: float = SCRAPE_EVERY_S, fast_for: float = SCRAPE_FA
 
 
 async def scrape_while(
-    running: trio.Event, read: Callable[[], Awaitable[Counters]], into: list[Counters],
+    running: trio.Event,
+    read: Callable[[], Awaitable[Counters]],
+    into: list[Counters],
     times: Iterable[float] | None = None,
 ) -> None:
     """Append ``read()`` at each of ``times`` (seconds from now) and once ``running`` is set."""

@@ -53,7 +53,8 @@ class CpuMeter:
         return max(0.0, (after.busy - before.busy) - (after.own - before.own)) / wall if wall > 0 else 0.0
 
     def wait_quiet(self, below: float, max_wait: float, window: float = 2.0) -> float:
-        """Wait until others use under ``below`` cores over ``window`` s (at most ``max_wait`` s); return the last reading."""
+        """Wait until others use under ``below`` cores over ``window`` s (at most ``max_wait`` s); return the last
+        reading."""
         deadline = time.monotonic() + max_wait
         while True:
             before = self.sample()

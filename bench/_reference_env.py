@@ -108,12 +108,16 @@ def ensure(venv: pathlib.Path = VENV) -> str:
             logger.info("%s resolves with all its pins under %s", MOSHI, TORCH)
             _check(_run([*pip, MOSHI, *pinned]))
         else:
-            conflict = [line.strip() for line in trial.stdout.splitlines() + trial.stderr.splitlines()
-                        if "depends on" in line or "(constraint)" in line]
+            conflict = [
+                line.strip()
+                for line in trial.stdout.splitlines() + trial.stderr.splitlines()
+                if "depends on" in line or "(constraint)" in line
+            ]
             logger.info("%s does not resolve under %s: %s", MOSHI, TORCH, "; ".join(conflict) or trial.stderr[-500:])
             _check(_run([*pip, "--no-deps", MOSHI]))
-            done = _run([str(python(venv)), "-c",
-                         "import importlib.metadata as m; print('\\n'.join(m.requires('moshi')))"])
+            done = _run(
+                [str(python(venv)), "-c", "import importlib.metadata as m; print('\\n'.join(m.requires('moshi')))"]
+            )
             _check(done)
             keep, left = runtime_requirements(done.stdout.splitlines())
             for requirement in left:

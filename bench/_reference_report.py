@@ -19,20 +19,29 @@ SIDES = ("reference", "ours")
 
 def summarize_single(runs: Sequence[dict]) -> dict:
     """Pool the runs: medians, and each run's median for the spread."""
+
     def spread(key: str) -> dict:
         values = [r[key] for r in runs if not math.isnan(r[key])]
-        return {"p50": client.quantile(values, 0.5), "min": min(values, default=math.nan),
-                "max": max(values, default=math.nan)}
+        return {
+            "p50": client.quantile(values, 0.5),
+            "min": min(values, default=math.nan),
+            "max": max(values, default=math.nan),
+        }
 
     turn = [t for r in runs for t in r["turnaround_ms"]]
     per_run = [client.quantile(r["turnaround_ms"], 0.5) for r in runs]
     return {
         "handshake_ms": spread("handshake_ms"),
         "first_audio_ms": spread("first_audio_ms"),
-        "turnaround_ms": {"p10": client.quantile(turn, 0.1), "p50": client.quantile(turn, 0.5),
-                          "p90": client.quantile(turn, 0.9), "p99": client.quantile(turn, 0.99),
-                          "run_p50_min": min(per_run, default=math.nan), "run_p50_max": max(per_run, default=math.nan),
-                          "frames": len(turn)},
+        "turnaround_ms": {
+            "p10": client.quantile(turn, 0.1),
+            "p50": client.quantile(turn, 0.5),
+            "p90": client.quantile(turn, 0.9),
+            "p99": client.quantile(turn, 0.99),
+            "run_p50_min": min(per_run, default=math.nan),
+            "run_p50_max": max(per_run, default=math.nan),
+            "frames": len(turn),
+        },
         "outputs": sum(len(r["trace"]["audio_at"]) for r in runs),
         "mapped_outputs": sum(r["mapped_outputs"] for r in runs),
         "complete_frames": sum(r["complete_frames"] for r in runs),
@@ -53,8 +62,7 @@ def summarize_many(run: dict, window: float) -> dict:
         "clients": run["clients"],
         "served": len(served),
         "concurrent": client.max_concurrent(traces),
-        "first_audio_s": {"p50": client.quantile(first, 0.5), "max": max(first, default=math.nan),
-                          "each": first},
+        "first_audio_s": {"p50": client.quantile(first, 0.5), "max": max(first, default=math.nan), "each": first},
         "fps_per_client": {"mean": float(np.mean(fps)), "min": min(fps), "max": max(fps), "each": fps},
         "all_done_s": max((t.closed_at for t in traces), default=math.nan),
         "cpu_percent": run["cpu_percent"],
@@ -74,8 +82,10 @@ def ratio(ours: float, ref: float) -> str:
 
 def table(rows: list[list[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-                     .rstrip() for row in rows)
+    return "\n".join(
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+        for row in rows
+    )
 
 
 def single_rows(single: dict) -> list[list[str]]:
@@ -88,18 +98,46 @@ def single_rows(single: dict) -> list[list[str]]:
     for label, key in (("time to handshake, ms", "handshake_ms"), ("handshake -> first audio, ms", "first_audio_ms")):
         rows.append([label, spread_cell(ref[key]), spread_cell(ours[key]), ratio(ours[key]["p50"], ref[key]["p50"])])
     for q in ("p10", "p50", "p90", "p99"):
-        rows.append([f"per-frame turnaround {q}, ms", f"{ref['turnaround_ms'][q]:.1f}",
-                     f"{ours['turnaround_ms'][q]:.1f}", ratio(ours["turnaround_ms"][q], ref["turnaround_ms"][q])])
-    rows.append(["  runs' p50 min-max, ms",
-                 f"{ref['turnaround_ms']['run_p50_min']:.1f}-{ref['turnaround_ms']['run_p50_max']:.1f}",
-                 f"{ours['turnaround_ms']['run_p50_min']:.1f}-{ours['turnaround_ms']['run_p50_max']:.1f}", ""])
-    rows.append(["frames timed / audio received / input frames",
-                 f"{ref['turnaround_ms']['frames']}/{ref['outputs']}/{ref['complete_frames']}",
-                 f"{ours['turnaround_ms']['frames']}/{ours['outputs']}/{ours['complete_frames']}", ""])
-    rows.append(["server CPU, % of a core", f"{ref['cpu_percent']:.0f}", f"{ours['cpu_percent']:.0f}",
-                 ratio(ours["cpu_percent"], ref["cpu_percent"])])
-    rows.append(["other processes' CPU meanwhile, cores (max of runs)", f"{ref['other_cores']:.2f}",
-                 f"{ours['other_cores']:.2f}", ""])
+        rows.append(
+            [
+                f"per-frame turnaround {q}, ms",
+                f"{ref['turnaround_ms'][q]:.1f}",
+                f"{ours['turnaround_ms'][q]:.1f}",
+                ratio(ours["turnaround_ms"][q], ref["turnaround_ms"][q]),
+            ]
+        )
+    rows.append(
+        [
+            "  runs' p50 min-max, ms",
+            f"{ref['turnaround_ms']['run_p50_min']:.1f}-{ref['turnaround_ms']['run_p50_max']:.1f}",
+            f"{ours['turnaround_ms']['run_p50_min']:.1f}-{ours['turnaround_ms']['run_p50_max']:.1f}",
+            "",
+        ]
+    )
+    rows.append(
+        [
+            "frames timed / audio received / input frames",
+            f"{ref['turnaround_ms']['frames']}/{ref['outputs']}/{ref['complete_frames']}",
+            f"{ours['turnaround_ms']['frames']}/{ours['outputs']}/{ours['complete_frames']}",
+            "",
+        ]
+    )
+    rows.append(
+        [
+            "server CPU, % of a core",
+            f"{ref['cpu_percent']:.0f}",
+            f"{ours['cpu_percent']:.0f}",
+            ratio(ours["cpu_percent"], ref["cpu_percent"]),
+        ]
+    )
+    rows.append(
+        [
+            "other processes' CPU meanwhile, cores (max of runs)",
+            f"{ref['other_cores']:.2f}",
+            f"{ours['other_cores']:.2f}",
+            "",
+        ]
+    )
     return rows
 
 
@@ -107,30 +145,73 @@ def many_rows(many: dict, window: float) -> list[list[str]]:
     rows = [["simultaneous clients", "reference", "ours", "ours/ref"]]
     for n in sorted(many["ours"], key=int):
         ref, ours = many["reference"][n], many["ours"][n]
-        rows.append([f"N={n}: served at once", f"{ref['concurrent']}/{n}", f"{ours['concurrent']}/{n}",
-                     ratio(ours["concurrent"], ref["concurrent"])])
-        rows.append([f"N={n}: connect -> first audio p50 / max, s",
-                     f"{ref['first_audio_s']['p50']:.2f} / {ref['first_audio_s']['max']:.2f}",
-                     f"{ours['first_audio_s']['p50']:.2f} / {ours['first_audio_s']['max']:.2f}",
-                     f"{ratio(ours['first_audio_s']['p50'], ref['first_audio_s']['p50'])} / "
-                     f"{ratio(ours['first_audio_s']['max'], ref['first_audio_s']['max'])}"])
-        rows.append([f"N={n}: audio frames/s per client, first {window:g} s (mean, min-max)",
-                     f"{ref['fps_per_client']['mean']:.1f} ({ref['fps_per_client']['min']:.1f}-"
-                     f"{ref['fps_per_client']['max']:.1f})",
-                     f"{ours['fps_per_client']['mean']:.1f} ({ours['fps_per_client']['min']:.1f}-"
-                     f"{ours['fps_per_client']['max']:.1f})",
-                     ratio(ours["fps_per_client"]["mean"], ref["fps_per_client"]["mean"])])
-        rows.append([f"N={n}: last client done after, s", f"{ref['all_done_s']:.1f}", f"{ours['all_done_s']:.1f}",
-                     ratio(ours["all_done_s"], ref["all_done_s"])])
-        rows.append([f"N={n}: server CPU, % of a core", f"{ref['cpu_percent']:.0f}", f"{ours['cpu_percent']:.0f}",
-                     ratio(ours["cpu_percent"], ref["cpu_percent"])])
-        rows.append([f"N={n}: model step p50, ms (ref: 1 frame; ours: a tick of {n} rows)",
-                     f"{ref['server_step_ms_p50']:.1f}", f"{ours['server_step_ms_p50']:.1f}",
-                     ratio(ours["server_step_ms_p50"], ref["server_step_ms_p50"])])
-        rows.append([f"N={n}: ours: ticks skipped / frames dropped", "",
-                     f"{ours['ticks_skipped']:.0f} / {ours['frames_dropped']:.0f}", ""])
-        rows.append([f"N={n}: other processes' CPU meanwhile, cores", f"{ref['other_cores']:.2f}",
-                     f"{ours['other_cores']:.2f}", ""])
+        rows.append(
+            [
+                f"N={n}: served at once",
+                f"{ref['concurrent']}/{n}",
+                f"{ours['concurrent']}/{n}",
+                ratio(ours["concurrent"], ref["concurrent"]),
+            ]
+        )
+        rows.append(
+            [
+                f"N={n}: connect -> first audio p50 / max, s",
+                f"{ref['first_audio_s']['p50']:.2f} / {ref['first_audio_s']['max']:.2f}",
+                f"{ours['first_audio_s']['p50']:.2f} / {ours['first_audio_s']['max']:.2f}",
+                f"{ratio(ours['first_audio_s']['p50'], ref['first_audio_s']['p50'])} / "
+                f"{ratio(ours['first_audio_s']['max'], ref['first_audio_s']['max'])}",
+            ]
+        )
+        rows.append(
+            [
+                f"N={n}: audio frames/s per client, first {window:g} s (mean, min-max)",
+                f"{ref['fps_per_client']['mean']:.1f} ({ref['fps_per_client']['min']:.1f}-"
+                f"{ref['fps_per_client']['max']:.1f})",
+                f"{ours['fps_per_client']['mean']:.1f} ({ours['fps_per_client']['min']:.1f}-"
+                f"{ours['fps_per_client']['max']:.1f})",
+                ratio(ours["fps_per_client"]["mean"], ref["fps_per_client"]["mean"]),
+            ]
+        )
+        rows.append(
+            [
+                f"N={n}: last client done after, s",
+                f"{ref['all_done_s']:.1f}",
+                f"{ours['all_done_s']:.1f}",
+                ratio(ours["all_done_s"], ref["all_done_s"]),
+            ]
+        )
+        rows.append(
+            [
+                f"N={n}: server CPU, % of a core",
+                f"{ref['cpu_percent']:.0f}",
+                f"{ours['cpu_percent']:.0f}",
+                ratio(ours["cpu_percent"], ref["cpu_percent"]),
+            ]
+        )
+        rows.append(
+            [
+                f"N={n}: model step p50, ms (ref: 1 frame; ours: a tick of {n} rows)",
+                f"{ref['server_step_ms_p50']:.1f}",
+                f"{ours['server_step_ms_p50']:.1f}",
+                ratio(ours["server_step_ms_p50"], ref["server_step_ms_p50"]),
+            ]
+        )
+        rows.append(
+            [
+                f"N={n}: ours: ticks skipped / frames dropped",
+                "",
+                f"{ours['ticks_skipped']:.0f} / {ours['frames_dropped']:.0f}",
+                "",
+            ]
+        )
+        rows.append(
+            [
+                f"N={n}: other processes' CPU meanwhile, cores",
+                f"{ref['other_cores']:.2f}",
+                f"{ours['other_cores']:.2f}",
+                "",
+            ]
+        )
     return rows
 
 
@@ -156,7 +237,8 @@ What the numbers include (times on the client's clock, loopback):
   tick wait. It also means the reference could not step two conversations per frame here even without its lock,
   while ours steps all rows in one batched call whose cost grows much more slowly than the number of rows; at N=8
   it comes close to the 80 ms budget of this CPU (skipped ticks, if any, show in their row). The 7B on a GPU is
-  in the same regime (a batched server of it measured 28-70 ms per tick for B = 2-32 on an H100-class GPU), so the shape of the comparison
+  in the same regime (a batched server of it measured 28-70 ms per tick for B = 2-32 on an H100-class GPU), so the
+  shape of the comparison
   carries over; the absolute numbers do not. Two shared cores: the servers take turns, never run at once."""
 
 
@@ -174,26 +256,43 @@ def plot(data: dict, path: pathlib.Path) -> None:
         values = sorted(t for run in data["single_runs"][side] for t in run["turnaround_ms"])
         if values:
             beyond = sum(v > limit for v in values) / len(values)
-            ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", color=colors[side],
-                    label=f"{side} ({100 * beyond:.0f}% beyond {limit:g} ms)")
-    ax.set(xlabel="per-frame turnaround (ms)", ylabel="fraction of frames", title="Single conversation",
-           xlim=(0, limit))
+            ax.step(
+                values,
+                np.arange(1, len(values) + 1) / len(values),
+                where="post",
+                color=colors[side],
+                label=f"{side} ({100 * beyond:.0f}% beyond {limit:g} ms)",
+            )
+    ax.set(
+        xlabel="per-frame turnaround (ms)", ylabel="fraction of frames", title="Single conversation", xlim=(0, limit)
+    )
     ax.grid(alpha=0.3)
     ax.legend()
     ax = axes[0][1]
     for k, side in enumerate(SIDES):
         for n, summary in data["many"][side].items():
             xs = [int(n) + (k - 0.5) * 0.3] * len(summary["first_audio_s"]["each"])
-            ax.plot(xs, summary["first_audio_s"]["each"], "o", color=colors[side], alpha=0.7,
-                    label=side if n == min(data["many"][side], key=int) else None)
-    ax.set(xlabel="simultaneous clients", ylabel="connect -> first audio (s)", title="Time to first audio, each client",
-           xticks=sorted({int(n) for n in data["many"]["ours"]}))
+            ax.plot(
+                xs,
+                summary["first_audio_s"]["each"],
+                "o",
+                color=colors[side],
+                alpha=0.7,
+                label=side if n == min(data["many"][side], key=int) else None,
+            )
+    ax.set(
+        xlabel="simultaneous clients",
+        ylabel="connect -> first audio (s)",
+        title="Time to first audio, each client",
+        xticks=sorted({int(n) for n in data["many"]["ours"]}),
+    )
     ax.grid(alpha=0.3)
     ax.legend()
     largest = max(data["many"]["ours"], key=int) if data["many"]["ours"] else None
     for ax, side in zip(axes[1], SIDES):
-        ax.set(xlabel="time since the clients connected (s)", ylabel="client",
-               title=f"{side}: audio received, N={largest}")
+        ax.set(
+            xlabel="time since the clients connected (s)", ylabel="client", title=f"{side}: audio received, N={largest}"
+        )
         if largest is None:
             continue
         for t in data["many_runs"][side][largest]["traces"]:
@@ -229,5 +328,14 @@ def render(data: dict) -> str:
         f"# {data.get('scenarios_rerun', 0)} scenario(s) run again because other processes used >= "
         f"{float(a.get('busy_limit', 'nan')):g} cores during them (the 'other processes' rows show the ones kept)",
     ]
-    return "\n".join([*header, "", table(single_rows(data["single"])), "", table(many_rows(data["many"], window)),
-                      "", NOTES.replace("WINDOW", f"{window:g}")])
+    return "\n".join(
+        [
+            *header,
+            "",
+            table(single_rows(data["single"])),
+            "",
+            table(many_rows(data["many"], window)),
+            "",
+            NOTES.replace("WINDOW", f"{window:g}"),
+        ]
+    )

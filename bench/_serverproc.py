@@ -16,11 +16,23 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 class ServerProcess:
     """A server on a free port; ``cpu_seconds()`` and ``peak_rss_mb()`` read /proc."""
 
-    def __init__(self, args: Sequence[str], *, python: str = sys.executable, ready_pattern: str | None = None,
-                 startup_timeout: float = 120.0, env: dict[str, str] | None = None, cwd: str | None = None):
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        python: str = sys.executable,
+        ready_pattern: str | None = None,
+        startup_timeout: float = 120.0,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ):
         self.proc = subprocess.Popen(
-            [python, *args], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})), cwd=cwd,
+            [python, *args],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
+            cwd=cwd,
         )
         self.log: list[str] = []
         pattern = re.compile(ready_pattern or r"Running on http://([\d.]+:\d+)")

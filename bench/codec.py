@@ -91,8 +91,10 @@ def main() -> int:
         wn, _ = timed(work, args.streams, args.threads)
         speedup = w1 / wn
         verdict = "released" if speedup > 1 + 0.5 * (args.threads - 1) else "held"
-        print(f"{name:<16} {1000 * w1 / total_frames:>14.3f} {1000 * c1 / total_frames:>8.3f} "
-              f"{1000 * wn / total_frames:>16.3f} {speedup:>8.2f}x  {verdict}")
+        print(
+            f"{name:<16} {1000 * w1 / total_frames:>14.3f} {1000 * c1 / total_frames:>8.3f} "
+            f"{1000 * wn / total_frames:>16.3f} {speedup:>8.2f}x  {verdict}"
+        )
     return 0
 
 

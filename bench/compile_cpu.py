@@ -49,9 +49,12 @@ def drive(engine: PersonaPlexEngine, frames: int) -> tuple[np.ndarray, np.ndarra
     """Two conversations (one sampled, one greedy) through their prompts and ``frames`` live frames: the
     tokens ``[frames, 2, K]`` and the PCM."""
     voice = engine.model.voices.names()[0]
-    engine.prefill({0: engine.start(0, Conversation(persona="Hi.", voice=voice,
-                                                    sampling=Sampling(text_seed=1, audio_seed=2))),
-                    1: engine.start(1, Conversation(persona="Other.", voice=voice, sampling=Sampling(greedy=True)))})
+    engine.prefill(
+        {
+            0: engine.start(0, Conversation(persona="Hi.", voice=voice, sampling=Sampling(text_seed=1, audio_seed=2))),
+            1: engine.start(1, Conversation(persona="Other.", voice=voice, sampling=Sampling(greedy=True))),
+        }
+    )
     audio = (0.1 * np.random.RandomState(0).randn(frames, 2, 1920)).astype(np.float32)
     tokens, pcm = [], []
     for frame in audio:
@@ -77,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     def keep_it(tick, fn):  # the check's verdict kept, the compiled tick kept to measure it
         checked.append(differs(tick, fn))
         return None
+
     _device_tick.DeviceTick._differs = keep_it  # type: ignore[method-assign]
     start = time.perf_counter()
     compiled = PersonaPlexEngine(model, 2, compile=True)
@@ -91,12 +95,21 @@ def main(argv: list[str] | None = None) -> int:
     agreement = float(same.mean())
     first = next((i for i, frame in enumerate(same) if not frame.all()), None)
     verdict = checked[0] or "agrees"
-    figures = {"model": args.model, "torch": torch.__version__, "threads": args.threads, "frames": args.frames,
-               "compile_s": round(compile_s, 1), "token_agreement": agreement, "first_frame_that_differs": first,
-               "check_at_load": verdict}
-    print(f"torch {torch.__version__}, {args.threads} thread(s): compiled in {compile_s:.0f} s; "
-          f"{agreement:.1%} of the tokens agree over {args.frames} frames of 2 rows, "
-          f"first difference in frame {first}; the check at load: {verdict}")
+    figures = {
+        "model": args.model,
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "frames": args.frames,
+        "compile_s": round(compile_s, 1),
+        "token_agreement": agreement,
+        "first_frame_that_differs": first,
+        "check_at_load": verdict,
+    }
+    print(
+        f"torch {torch.__version__}, {args.threads} thread(s): compiled in {compile_s:.0f} s; "
+        f"{agreement:.1%} of the tokens agree over {args.frames} frames of 2 rows, "
+        f"first difference in frame {first}; the check at load: {verdict}"
+    )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1) + "\n")
     problems = []

@@ -53,8 +53,9 @@ class NoEncoding(InlineEncoders):
 
 
 def make_pool(placement: str):
-    return {"none": NoEncoding, "inline": InlineEncoders,
-            "process": lambda: ProcessEncoderPool(inline_streams=0)}[placement]()
+    return {"none": NoEncoding, "inline": InlineEncoders, "process": lambda: ProcessEncoderPool(inline_streams=0)}[
+        placement
+    ]()
 
 
 async def measure(placement: str, streams: int, duration: float, warmup: float) -> dict:
@@ -100,13 +101,20 @@ async def measure(placement: str, streams: int, duration: float, warmup: float) 
         nursery.cancel_scope.cancel()
     loop_us = 1e6 * (cpu1[0] - cpu0[0]) / frames
     child_us = 1e6 * sum(b - a for a, b in zip(cpu0[1:], cpu1[1:])) / frames
-    return {"placement": placement, "streams": streams, "loop_us_per_frame": loop_us,
-            "child_us_per_frame": child_us, "frames_per_s_per_stream": frames / seconds / streams}
+    return {
+        "placement": placement,
+        "streams": streams,
+        "loop_us_per_frame": loop_us,
+        "child_us_per_frame": child_us,
+        "frames_per_s_per_stream": frames / seconds / streams,
+    }
 
 
 def summary(rows: list[dict]) -> str:
-    lines = ["| placement | event loop µs/frame | encoder child µs/frame | total (median) | frames a second per stream |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| placement | event loop µs/frame | encoder child µs/frame | total (median) | frames a second per stream |",
+        "|---|---|---|---|---|",
+    ]
     for placement in PLACEMENTS:
         own = [r for r in rows if r["placement"] == placement]
         if not own:
@@ -133,14 +141,26 @@ def main(argv: list[str] | None = None) -> int:
         for placement in args.placements:
             row = trio.run(measure, placement, args.streams, args.duration, args.warmup)
             rows.append({**row, "round": round_})
-            print(f"round {round_ + 1}: {placement:8s} {row['loop_us_per_frame']:6.1f} µs loop + "
-                  f"{row['child_us_per_frame']:6.1f} µs child per frame", flush=True)
+            print(
+                f"round {round_ + 1}: {placement:8s} {row['loop_us_per_frame']:6.1f} µs loop + "
+                f"{row['child_us_per_frame']:6.1f} µs child per frame",
+                flush=True,
+            )
     print()
     print(summary(rows))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(
-        {"command": " ".join(["python", "bench/encoder_handoff.py", *(argv if argv is not None else sys.argv[1:])]),
-         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "results": rows}, indent=1))
+    (RESULTS / f"{args.name}.json").write_text(
+        json.dumps(
+            {
+                "command": " ".join(
+                    ["python", "bench/encoder_handoff.py", *(argv if argv is not None else sys.argv[1:])]
+                ),
+                "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "results": rows,
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

@@ -51,13 +51,13 @@ sys.path.insert(0, str(REPO / "tests" / "oracle"))  # the tiny-checkpoint builde
 
 os.environ.setdefault("NO_TORCH_COMPILE", "1")  # moshi: no torch.compile of its CPU helpers
 
+import _tiny_moshi as tiny  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import _tiny_moshi as tiny  # noqa: E402
+from pplex_trio._precision import KVFormat, Precision, WeightFormat  # noqa: E402
 from pplex_trio.engine._interface import Conversation, Sampling, SlotMode  # noqa: E402
 from pplex_trio.engine._personaplex import PersonaPlexEngine  # noqa: E402
-from pplex_trio._precision import KVFormat, Precision, WeightFormat  # noqa: E402
 from pplex_trio.model import CONFIGS, LoadedModel, load_model, random_model  # noqa: E402
 
 logger = logging.getLogger("bench.engine_step")
@@ -74,9 +74,12 @@ class Timing:
     peak_gib: float | None = None
 
     @classmethod
-    def of(cls, ms: list[float], peak_bytes: int | None = None) -> "Timing":
-        return cls(float(np.percentile(ms, 50)), float(np.percentile(ms, 99)),
-                   None if peak_bytes is None else peak_bytes / 2**30)
+    def of(cls, ms: list[float], peak_bytes: int | None = None) -> Timing:
+        return cls(
+            float(np.percentile(ms, 50)),
+            float(np.percentile(ms, 99)),
+            None if peak_bytes is None else peak_bytes / 2**30,
+        )
 
 
 def _sync(device: torch.device) -> None:
@@ -137,8 +140,9 @@ def engine_supports_cuda_graph() -> bool:
 
 
 @contextlib.contextmanager
-def ours_ticks(model: LoadedModel, batch: int, frames: np.ndarray, depformer_steps: int | None,
-               cuda_graph: bool | None) -> tp.Iterator[Tick]:
+def ours_ticks(
+    model: LoadedModel, batch: int, frames: np.ndarray, depformer_steps: int | None, cuda_graph: bool | None
+) -> tp.Iterator[Tick]:
     """Our engine with ``batch`` LIVE rows (system prompts already replayed): one call = one tick."""
     kwargs: dict[str, tp.Any] = {"depformer_steps": depformer_steps}
     if cuda_graph is not None:
@@ -191,7 +195,9 @@ class MoshiOracle:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--checkpoint", type=pathlib.Path, help="a checkpoint folder (default: build the oracle's tiny one)")
     p.add_argument("--config", choices=sorted(CONFIGS), help="a named config of ours (needs --random-weights)")
     p.add_argument("--random-weights", action="store_true", help="random weights for --config (no download)")
@@ -199,13 +205,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-sizes", help="comma-separated B values (default 1,4,8,16 on CPU; 1,8,16,32,64 on CUDA)")
     p.add_argument("--iters", type=int, help="timed ticks per B (default 50 on CPU, 100 on CUDA)")
     p.add_argument("--warmup", type=int, help="untimed ticks per B (default 5 on CPU, 10 on CUDA)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: tiny ops gain nothing from more)")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (default 1: tiny ops gain nothing from more)"
+    )
     p.add_argument("--no-oracle", action="store_true", help="time ours only")
     p.add_argument("--ours-depformer-steps", type=int, help="depformer steps our engine runs (default: its own, 8)")
     p.add_argument("--quantize", choices=[str(f) for f in WeightFormat], default="none", help="ours: int8 weights")
     p.add_argument("--kv-cache", choices=[str(f) for f in KVFormat], default="model", help="ours: an fp8 KV cache")
-    p.add_argument("--cuda-graph", choices=("off", "on", "both"), default="both",
-                   help="CUDA only, if the engine supports it (default both)")
+    p.add_argument(
+        "--cuda-graph",
+        choices=("off", "on", "both"),
+        default="both",
+        help="CUDA only, if the engine supports it (default both)",
+    )
     args = p.parse_args(argv)
     if args.config and not args.random_weights:
         p.error("--config needs --random-weights (to load real weights use --checkpoint)")
@@ -223,7 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --device {args.device} but CUDA is not available", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
-    batches = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else list(CUDA_BATCHES if cuda else CPU_BATCHES)
+    batches = (
+        [int(b) for b in args.batch_sizes.split(",")]
+        if args.batch_sizes
+        else list(CUDA_BATCHES if cuda else CPU_BATCHES)
+    )
     iters = args.iters or (100 if cuda else 50)
     warmup = args.warmup or (10 if cuda else 5)
     lm_dtype = torch.bfloat16 if cuda else torch.float32
@@ -253,15 +269,20 @@ def main(argv: list[str] | None = None) -> int:
 
         lm = model.config.lm
         print("# engine_step: ms per tick = Mimi encode + LM step (greedy) + Mimi decode + read-back, all B rows")
-        print(f"# model: {label}: dim {lm.dim}, {lm.num_layers} layers, dep_q {lm.dep_q}, context {lm.context}; "
-              f"ours: {model.lm.precision.describe()}")
-        print(f"# device {device} LM {str(lm_dtype).removeprefix('torch.')} threads {torch.get_num_threads()} "
-              f"warmup {warmup} iters {iters} torch {torch.__version__}"
-              + (f" moshi {oracle.version}" if oracle else ""))
+        print(
+            f"# model: {label}: dim {lm.dim}, {lm.num_layers} layers, dep_q {lm.dep_q}, context {lm.context}; "
+            f"ours: {model.lm.precision.describe()}"
+        )
+        print(
+            f"# device {device} LM {str(lm_dtype).removeprefix('torch.')} threads {torch.get_num_threads()} "
+            f"warmup {warmup} iters {iters} torch {torch.__version__}" + (f" moshi {oracle.version}" if oracle else "")
+        )
         print(f"# command: python bench/engine_step.py {' '.join(sys.argv[1:] if argv is None else argv)}".rstrip())
         if oracle:
-            print(f"# ours runs {args.ours_depformer_steps or min(lm.dep_q, lm.num_agent_codebooks)} depformer steps,"
-                  f" moshi {oracle.lm.dep_q}; ratio = ours p50 / moshi p50")
+            print(
+                f"# ours runs {args.ours_depformer_steps or min(lm.dep_q, lm.num_agent_codebooks)} depformer steps,"
+                f" moshi {oracle.lm.dep_q}; ratio = ours p50 / moshi p50"
+            )
         if cuda and not engine_supports_cuda_graph():
             print("# cuda graph: not supported by PersonaPlexEngine yet (eager only)")
         header = ["B"] + (["cuda_graph"] if graph_modes != [None] else []) + ["ours_p50_ms", "ours_p99_ms"]
@@ -275,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
                 row += [("on" if graph else "off")] if graph is not None else []
                 try:
                     with contextlib.ExitStack() as stack:
-                        ticks = [stack.enter_context(ours_ticks(model, batch, frames, args.ours_depformer_steps, graph))]
+                        ticks = [
+                            stack.enter_context(ours_ticks(model, batch, frames, args.ours_depformer_steps, graph))
+                        ]
                         if oracle:
                             ticks.append(stack.enter_context(oracle.ticks(batch, frames)))
                         if cuda:

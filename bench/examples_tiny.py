@@ -59,7 +59,7 @@ def question(folder: pathlib.Path) -> pathlib.Path:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(rate)
-        w.writeframes(pcm[int(3.3 * rate):int(5.3 * rate)].tobytes())
+        w.writeframes(pcm[int(3.3 * rate) : int(5.3 * rate)].tobytes())
     return path
 
 
@@ -70,22 +70,43 @@ def metric(url: str, name: str) -> float:
 
 def run_one(name: str, folder: pathlib.Path) -> dict:
     script, extra, expected = EXAMPLES[name]
-    server = ServerProcess(["-m", "pplex_trio", "serve", "--port", "0", "--model", "tiny", "--slots", "1"],
-                           ready_pattern=r"Running on (http://127\.0\.0\.1:\d+)")
+    server = ServerProcess(
+        ["-m", "pplex_trio", "serve", "--port", "0", "--model", "tiny", "--slots", "1"],
+        ready_pattern=r"Running on (http://127\.0\.0\.1:\d+)",
+    )
     try:
         voices = json.loads(urllib.request.urlopen(server.address + "/api/voices", timeout=10).read())["voices"]
         answer = folder / f"{name}.wav"
         start = time.perf_counter()
-        run = subprocess.run([sys.executable, str(REPO / "examples" / script), str(question(folder)), str(answer),
-                              "--url", server.address, *(a.format(voice=voices[0]) for a in extra)],
-                             capture_output=True, text=True, timeout=180)
+        run = subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "examples" / script),
+                str(question(folder)),
+                str(answer),
+                "--url",
+                server.address,
+                *(a.format(voice=voices[0]) for a in extra),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         wall = time.perf_counter() - start
         skipped = metric(server.address, "pplex_ticks_skipped_total")
         cpu = server.tree_cpu_seconds()
     finally:
         server.stop()
-    result = {"example": name, "returncode": run.returncode, "wall_s": round(wall, 1), "expected_s": expected,
-              "ticks_skipped": skipped, "server_cpu_s": round(cpu, 1), "audio_s": 0.0, "peak": 0.0}
+    result = {
+        "example": name,
+        "returncode": run.returncode,
+        "wall_s": round(wall, 1),
+        "expected_s": expected,
+        "ticks_skipped": skipped,
+        "server_cpu_s": round(cpu, 1),
+        "audio_s": 0.0,
+        "peak": 0.0,
+    }
     if run.returncode != 0:
         result["error"] = (run.stdout + run.stderr)[-2000:]
     elif answer.exists():
@@ -105,11 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         for name in args.only or EXAMPLES:
             results.append(run_one(name, pathlib.Path(folder)))
-    print(f"{'example':<18}{'exit':>5}{'audio s':>9}{'keeps up':>9}{'peak':>7}{'skipped':>9}{'server CPU s':>14}"
-          f"{'wall s':>8}")
+    print(
+        f"{'example':<18}{'exit':>5}{'audio s':>9}{'keeps up':>9}{'peak':>7}{'skipped':>9}{'server CPU s':>14}"
+        f"{'wall s':>8}"
+    )
     for r in results:
-        print(f"{r['example']:<18}{r['returncode']:>5}{r['audio_s']:>9.2f}{r['expected_s']:>9.1f}{r['peak']:>7.3f}"
-              f"{r['ticks_skipped']:>9g}{r['server_cpu_s']:>14.1f}{r['wall_s']:>8.1f}")
+        print(
+            f"{r['example']:<18}{r['returncode']:>5}{r['audio_s']:>9.2f}{r['expected_s']:>9.1f}{r['peak']:>7.3f}"
+            f"{r['ticks_skipped']:>9g}{r['server_cpu_s']:>14.1f}{r['wall_s']:>8.1f}"
+        )
     for r in results:
         if "error" in r:
             print(f"\n{r['example']} failed:\n{r['error']}", file=sys.stderr)

@@ -79,8 +79,13 @@ async def one_case(settings: ServerSettings, protocol: str, behaviour: str) -> d
         witness.check()
         client.close()
         nursery.cancel_scope.cancel()
-    return {"protocol": protocol, "behaviour": behaviour, "gone_after_s": round(gone, 2),
-            "witness_frames": len(witness.sent), "witness_lost": 0}
+    return {
+        "protocol": protocol,
+        "behaviour": behaviour,
+        "gone_after_s": round(gone, 2),
+        "witness_frames": len(witness.sent),
+        "witness_lost": 0,
+    }
 
 
 async def shutdown_case(settings: ServerSettings) -> dict:
@@ -97,7 +102,10 @@ async def shutdown_case(settings: ServerSettings) -> dict:
         while not handles:
             await trio.sleep(0.01)
         handle = handles[0]
-        clients = [await live_client(handle.port, "raw", "stop_reading"), await live_client(handle.port, "moshi", "freeze")]
+        clients = [
+            await live_client(handle.port, "raw", "stop_reading"),
+            await live_client(handle.port, "moshi", "freeze"),
+        ]
         await trio.sleep(2.0)  # the non-reading client's buffers fill
         began = trio.current_time()
         await handle.shutdown()
@@ -109,8 +117,9 @@ async def shutdown_case(settings: ServerSettings) -> dict:
 
 
 async def main(args: argparse.Namespace) -> dict:
-    settings = ServerSettings(host="127.0.0.1", port=0, slots=2,
-                              client_timeout=args.client_timeout, max_message_bytes=args.max_message_bytes)
+    settings = ServerSettings(
+        host="127.0.0.1", port=0, slots=2, client_timeout=args.client_timeout, max_message_bytes=args.max_message_bytes
+    )
     cases = []
     for protocol in ("raw", "moshi"):
         for behaviour in BEHAVIOURS:
@@ -118,8 +127,12 @@ async def main(args: argparse.Namespace) -> dict:
             print(json.dumps(cases[-1]), flush=True)
     shutdown = await shutdown_case(ServerSettings(host="127.0.0.1", port=0, slots=2, client_timeout=60))
     print(json.dumps(shutdown), flush=True)
-    return {"client_timeout_s": args.client_timeout, "cases": cases, "shutdown": shutdown,
-            "date": time.strftime("%Y-%m-%d %H:%M")}
+    return {
+        "client_timeout_s": args.client_timeout,
+        "cases": cases,
+        "shutdown": shutdown,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
 
 
 if __name__ == "__main__":

@@ -55,23 +55,79 @@ sys.path.insert(0, str(REPO))
 
 from pplex_trio.engine._interface import Conversation, Sampling, SlotMode  # noqa: E402
 from pplex_trio.engine._personaplex import PersonaPlexEngine  # noqa: E402
-from pplex_trio.model import (CONFIGS, LMModel, Mimi, ModelConfig, RowNoise, SEANetConfig,  # noqa: E402
-                              StreamingTransformer, TransformerConfig, VoiceMaking, random_model)
-from pplex_trio.model import _lockstep  # noqa: E402
+from pplex_trio.model import (  # noqa: E402
+    CONFIGS,
+    LMModel,
+    Mimi,
+    ModelConfig,
+    RowNoise,
+    SEANetConfig,
+    StreamingTransformer,
+    TransformerConfig,
+    VoiceMaking,
+    _lockstep,  # noqa: E402
+    random_model,
+)
 from pplex_trio.model._sampling import RowChoice  # noqa: E402
 
-NOT_KERNELS = frozenset({
-    "view", "_unsafe_view", "reshape", "_reshape_alias", "expand", "slice", "select", "t", "transpose",
-    "permute", "unsqueeze", "squeeze", "as_strided", "detach", "alias", "split", "split_with_sizes",
-    "unbind", "chunk", "narrow", "view_as_real", "view_as_complex", "unfold", "diagonal", "movedim",
-    "empty", "empty_like", "empty_strided", "lift_fresh", "_local_scalar_dense", "sym_size", "sym_stride",
-    "sym_numel", "sym_storage_offset", "is_same_size", "_has_compatible_shallow_copy_type", "set_",
-    "resize_", "_to_dense",
-})
+NOT_KERNELS = frozenset(
+    {
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "_reshape_alias",
+        "expand",
+        "slice",
+        "select",
+        "t",
+        "transpose",
+        "permute",
+        "unsqueeze",
+        "squeeze",
+        "as_strided",
+        "detach",
+        "alias",
+        "split",
+        "split_with_sizes",
+        "unbind",
+        "chunk",
+        "narrow",
+        "view_as_real",
+        "view_as_complex",
+        "unfold",
+        "diagonal",
+        "movedim",
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "lift_fresh",
+        "_local_scalar_dense",
+        "sym_size",
+        "sym_stride",
+        "sym_numel",
+        "sym_storage_offset",
+        "is_same_size",
+        "_has_compatible_shallow_copy_type",
+        "set_",
+        "resize_",
+        "_to_dense",
+    }
+)
 """Aten operations that launch no kernel: views, metadata, allocation (and the sync, counted apart)."""
 
-SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2",
-                      "unique_consecutive", "equal", "repeat_interleave"})
+SYNC_OPS = frozenset(
+    {
+        "_local_scalar_dense",
+        "nonzero",
+        "masked_select",
+        "unique",
+        "_unique",
+        "_unique2",
+        "unique_consecutive",
+        "equal",
+        "repeat_interleave",
+    }
+)
 """Aten operations that read a device value on the host (``nonzero`` and the like size their output by it)."""
 
 SYNC_METHODS = {torch.Tensor.cpu: "cpu", torch.Tensor.tolist: "tolist", torch.Tensor.numpy: "numpy"}
@@ -86,7 +142,8 @@ class Counts:
     kernels: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)  # by stage
     ops: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     stage_ops: dict[str, collections.Counter[str]] = dataclasses.field(
-        default_factory=lambda: collections.defaultdict(collections.Counter))
+        default_factory=lambda: collections.defaultdict(collections.Counter)
+    )
     syncs: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     dispatched: int = 0  # every aten operation, views included
 
@@ -95,10 +152,15 @@ class Counts:
         return sum(self.kernels.values())
 
     def as_dict(self, top: int) -> dict[str, Any]:
-        return {"kernels": self.total, "by_stage": {s: self.kernels[s] for s in STAGES if self.kernels[s]},
-                "top_ops": dict(self.ops.most_common(top)), "syncs": sum(self.syncs.values()),
-                "sync_ops": dict(self.syncs), "dispatched": self.dispatched,
-                "stage_ops": {s: dict(c.most_common(top)) for s, c in self.stage_ops.items()}}
+        return {
+            "kernels": self.total,
+            "by_stage": {s: self.kernels[s] for s in STAGES if self.kernels[s]},
+            "top_ops": dict(self.ops.most_common(top)),
+            "syncs": sum(self.syncs.values()),
+            "sync_ops": dict(self.syncs),
+            "dispatched": self.dispatched,
+            "stage_ops": {s: dict(c.most_common(top)) for s, c in self.stage_ops.items()},
+        }
 
 
 class KernelCounter(TorchDispatchMode):
@@ -177,13 +239,20 @@ def counting(host: Callable[[torch.Tensor], bool] = lambda t: False) -> Iterator
         def run(*args: Any, **kwargs: Any) -> Any:
             with counter.stage(stage):
                 return fn(*args, **kwargs)
+
         return run
 
-    patches = [(Mimi, "encode_frame", "mimi encode"), (Mimi, "decode_frame", "mimi decode"),
-               (LMModel, "embed", "temporal"), (LMModel, "temporal", "temporal"),
-               (StreamingTransformer, "prefill", "temporal"),
-               (LMModel, "depformer_step", "depformer"), (RowNoise, "draw", "sampling"),
-               (RowChoice, "gumbel", "sampling"), (_lockstep, "choose", "sampling")]
+    patches = [
+        (Mimi, "encode_frame", "mimi encode"),
+        (Mimi, "decode_frame", "mimi decode"),
+        (LMModel, "embed", "temporal"),
+        (LMModel, "temporal", "temporal"),
+        (StreamingTransformer, "prefill", "temporal"),
+        (LMModel, "depformer_step", "depformer"),
+        (RowNoise, "draw", "sampling"),
+        (RowChoice, "gumbel", "sampling"),
+        (_lockstep, "choose", "sampling"),
+    ]
     saved = [(owner, attr, vars(owner)[attr]) for owner, attr, _ in patches]
     for owner, attr, stage in patches:
         setattr(owner, attr, staged(stage, getattr(owner, attr)))
@@ -201,20 +270,32 @@ def counting(host: Callable[[torch.Tensor], bool] = lambda t: False) -> Iterator
 def structure_config() -> ModelConfig:
     """PersonaPlex-7B's structure (layer counts, heads' layout, codebooks, vocabularies, contexts) at small widths."""
     real = CONFIGS["personaplex-7b-v1"]
-    lm = dataclasses.replace(real.lm, dim=64, num_heads=4, depformer_dim=32, depformer_num_heads=2,
-                             depformer_dim_feedforward=int(4.125 * 32))
+    lm = dataclasses.replace(
+        real.lm, dim=64, num_heads=4, depformer_dim=32, depformer_num_heads=2, depformer_dim_feedforward=int(4.125 * 32)
+    )
     mt = real.mimi.transformer
     mimi = dataclasses.replace(
-        real.mimi, seanet=SEANetConfig(dimension=32, n_filters=4),
+        real.mimi,
+        seanet=SEANetConfig(dimension=32, n_filters=4),
         quantizer=dataclasses.replace(real.mimi.quantizer, dimension=16, input_dimension=32, output_dimension=32),
-        transformer=TransformerConfig(d_model=32, num_heads=2, num_layers=mt.num_layers, dim_feedforward=64,
-                                      context=mt.context, norm=mt.norm, gating=mt.gating,
-                                      layer_scale=mt.layer_scale))
+        transformer=TransformerConfig(
+            d_model=32,
+            num_heads=2,
+            num_layers=mt.num_layers,
+            dim_feedforward=64,
+            context=mt.context,
+            norm=mt.norm,
+            gating=mt.gating,
+            layer_scale=mt.layer_scale,
+        ),
+    )
     return dataclasses.replace(real, name="personaplex-7b-v1 structure", lm=lm, mimi=mimi)
 
 
-PERSONA = ("You are a wise and friendly teacher. Answer questions or provide advice in a clear and engaging way, "
-           "and keep your answers short.")
+PERSONA = (
+    "You are a wise and friendly teacher. Answer questions or provide advice in a clear and engaging way, "
+    "and keep your answers short."
+)
 
 
 def _engine(model: Any, rows: int) -> PersonaPlexEngine:
@@ -285,11 +366,21 @@ def measure(tick_rows: list[int], prefill_rows: list[int]) -> dict[str, Any]:
             runs[f"prefill chunk (102 positions), {rows} row{'s' * (rows > 1)}"] = count_prefill(model, rows)
         runs["voice-making frame"] = count_voice_frame(model)
     cfg = model.config
-    return {"model": {"name": cfg.name, "lm_dtype": "bfloat16", "temporal_layers": cfg.lm.num_layers,
-                      "depformer_layers": cfg.lm.depformer_num_layers, "depformer_steps_run": 8,
-                      "codebooks": cfg.lm.n_q, "mimi_transformer_layers": cfg.mimi.transformer.num_layers,
-                      "text_card": cfg.lm.text_card, "card": cfg.lm.card},
-            "torch": torch.__version__, "runs": runs}
+    return {
+        "model": {
+            "name": cfg.name,
+            "lm_dtype": "bfloat16",
+            "temporal_layers": cfg.lm.num_layers,
+            "depformer_layers": cfg.lm.depformer_num_layers,
+            "depformer_steps_run": 8,
+            "codebooks": cfg.lm.n_q,
+            "mimi_transformer_layers": cfg.mimi.transformer.num_layers,
+            "text_card": cfg.lm.text_card,
+            "card": cfg.lm.card,
+        },
+        "torch": torch.__version__,
+        "runs": runs,
+    }
 
 
 def table(runs: dict[str, Counts]) -> str:
@@ -311,21 +402,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=pathlib.Path, help="write the counts there")
     args = parser.parse_args(argv)
     began = time.perf_counter()
-    report = measure([int(r) for r in args.tick_rows.split(",") if r],
-                     [int(r) for r in args.prefill_rows.split(",") if r])
+    report = measure(
+        [int(r) for r in args.tick_rows.split(",") if r], [int(r) for r in args.prefill_rows.split(",") if r]
+    )
     runs: dict[str, Counts] = report["runs"]
     m = report["model"]
-    print(f"# kernels dispatched, {m['name']} (LM {m['lm_dtype']}, {m['temporal_layers']} temporal layers, "
-          f"{m['depformer_layers']} depformer layers x {m['depformer_steps_run']} steps, Mimi transformers of "
-          f"{m['mimi_transformer_layers']} layers), torch {report['torch']}\n")
+    print(
+        f"# kernels dispatched, {m['name']} (LM {m['lm_dtype']}, {m['temporal_layers']} temporal layers, "
+        f"{m['depformer_layers']} depformer layers x {m['depformer_steps_run']} steps, Mimi transformers of "
+        f"{m['mimi_transformer_layers']} layers), torch {report['torch']}\n"
+    )
     print(table(runs))
     for name, counts in runs.items():
         top = ", ".join(f"{op} {n}" for op, n in counts.ops.most_common(args.top))
         print(f"\n{name}: {top}" + (f"; syncs: {dict(counts.syncs)}" if counts.syncs else ""))
     print(f"\n({time.perf_counter() - began:.0f} s)")
     if args.json:
-        out = dict(report, command="python bench/kernels.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                   date=time.strftime("%Y-%m-%d"), runs={n: c.as_dict(args.top) for n, c in runs.items()})
+        out = dict(
+            report,
+            command="python bench/kernels.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            date=time.strftime("%Y-%m-%d"),
+            runs={n: c.as_dict(args.top) for n, c in runs.items()},
+        )
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1))
         print(f"wrote {args.json}")

@@ -76,8 +76,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests"))
 
-from _load_clients import (  # noqa: E402, F401 (ClientStats, encode_pages, run_client, speech: ready.py, voices.py)
-    PATHS, PROTOCOLS, SR, ClientStats, encode_pages, encode_stream, run_client, speech)
+from _load_clients import PATHS, PROTOCOLS, SR, ClientStats, encode_pages, encode_stream, run_client, speech  # noqa: E402, F401 (ClientStats, encode_pages, run_client, speech: ready.py, voices.py)
 from _metrics import Histogram, fetch_text, parse  # noqa: E402
 from _serverproc import ServerProcess  # noqa: E402
 
@@ -146,10 +145,22 @@ def spread(index: int, share: float) -> bool:
     return int((index + 1) * share) > int(index * share)
 
 
-async def load_run(http_url: str, clients: int, duration: float, page_ms: int, pages: list[Any], *,
-                   label: str, server: ServerProcess | None, warmup: float, decode_every: int,
-                   random_phase_share: float = 1.0, protocol: str = "moshi", query: str = "",
-                   poll_status: bool = False) -> RunResult:
+async def load_run(
+    http_url: str,
+    clients: int,
+    duration: float,
+    page_ms: int,
+    pages: list[Any],
+    *,
+    label: str,
+    server: ServerProcess | None,
+    warmup: float,
+    decode_every: int,
+    random_phase_share: float = 1.0,
+    protocol: str = "moshi",
+    query: str = "",
+    poll_status: bool = False,
+) -> RunResult:
     """``query`` (Moshi only, such as ``text_prompt=...&voice_prompt=NATF2.pt``) starts each conversation
     with that system prompt; without it the server's defaults apply.  ``poll_status``: a client reads
     ``/api/status`` once a second all along, as an open status page does."""
@@ -161,10 +172,20 @@ async def load_run(http_url: str, clients: int, duration: float, page_ms: int, p
     started_at = trio.current_time()
     async with trio.open_nursery() as nursery:
         for s in stats:
-            nursery.start_soon(functools.partial(
-                run_client, ws_url, pages, page_ms, s,
-                decode=s.index % decode_every == 0, live=live, stop=stop, started_at=started_at,
-                random_phase=spread(s.index, random_phase_share)))
+            nursery.start_soon(
+                functools.partial(
+                    run_client,
+                    ws_url,
+                    pages,
+                    page_ms,
+                    s,
+                    decode=s.index % decode_every == 0,
+                    live=live,
+                    stop=stop,
+                    started_at=started_at,
+                    random_phase=spread(s.index, random_phase_share),
+                )
+            )
         polls = [0]
         if poll_status:
             nursery.start_soon(_poll_status, http_url, stop, polls)
@@ -196,24 +217,37 @@ async def load_run(http_url: str, clients: int, duration: float, page_ms: int, p
     delta = lambda name: after.total(name) - before.total(name)  # noqa: E731
     ok = [s for s in stats if not s.error and not math.isnan(s.handshake_s)]
     return RunResult(
-        label=label, clients=clients, duration=duration, window_s=window, sessions_ok=len(ok),
-        sent_frames=sum(s.window_sent for s in stats), received_frames=sum(s.window_received for s in stats),
-        dropped=delta("pplex_frames_dropped_total"), late=delta("pplex_frames_silence_filled_total"),
+        label=label,
+        clients=clients,
+        duration=duration,
+        window_s=window,
+        sessions_ok=len(ok),
+        sent_frames=sum(s.window_sent for s in stats),
+        received_frames=sum(s.window_received for s in stats),
+        dropped=delta("pplex_frames_dropped_total"),
+        late=delta("pplex_frames_silence_filled_total"),
         skipped_ms=delta("pplex_input_samples_skipped_total") / SR * 1000,
-        tick_p50_ms=1000 * tick.quantile(0.5), tick_p99_ms=1000 * tick.quantile(0.99),
-        lateness_p50_ms=1000 * lateness.quantile(0.5), lateness_p99_ms=1000 * lateness.quantile(0.99),
-        latency_p50_ms=1000 * latency.quantile(0.5), latency_p90_ms=1000 * latency.quantile(0.9),
-        latency_p99_ms=1000 * latency.quantile(0.99), ticks_skipped=delta("pplex_ticks_skipped_total"),
+        tick_p50_ms=1000 * tick.quantile(0.5),
+        tick_p99_ms=1000 * tick.quantile(0.99),
+        lateness_p50_ms=1000 * lateness.quantile(0.5),
+        lateness_p99_ms=1000 * lateness.quantile(0.99),
+        latency_p50_ms=1000 * latency.quantile(0.5),
+        latency_p90_ms=1000 * latency.quantile(0.9),
+        latency_p99_ms=1000 * latency.quantile(0.99),
+        ticks_skipped=delta("pplex_ticks_skipped_total"),
         cpu_percent=100 * (cpu1 - cpu0) / window if server else math.nan,
         tree_cpu_percent=100 * (tree1 - tree0) / window if server else math.nan,
         peak_rss_mb=server.peak_rss_mb() if server else math.nan,
         decode_errors=sum(s.decode_errors for s in stats),
-        generator_late_sends=sum(s.window_late_sends for s in stats), status_polls=status_polls,
+        generator_late_sends=sum(s.window_late_sends for s in stats),
+        status_polls=status_polls,
         per_session=[dataclasses.asdict(s) for s in stats],
         latency_cdf=latency.cdf(),
-        stages_p50_ms={stage: 1000 * Histogram.between(before, after, "pplex_added_latency_stage_seconds",
-                                                       stage=stage).quantile(0.5)
-                       for stage in ("wait_for_tick", "tick", "encode", "send")},
+        stages_p50_ms={
+            stage: 1000
+            * Histogram.between(before, after, "pplex_added_latency_stage_seconds", stage=stage).quantile(0.5)
+            for stage in ("wait_for_tick", "tick", "encode", "send")
+        },
         ticks_held=Histogram.between(before, after, "pplex_tick_input_wait_seconds").count,
     )
 
@@ -259,24 +293,34 @@ def text_share(args: argparse.Namespace) -> float:
     return 0.3 if args.traffic == "official" else 1.0
 
 
-def one(args: argparse.Namespace, clients: int, framing: str, pages: list[Any],
-        protocol: str | None = None, poll_status: bool = False) -> RunResult:
+def one(
+    args: argparse.Namespace,
+    clients: int,
+    framing: str,
+    pages: list[Any],
+    protocol: str | None = None,
+    poll_status: bool = False,
+) -> RunResult:
     protocol = protocol or args.protocol
     share = random_phase_share(args)
     start = {1.0: "random", 0.0: "handshake"}.get(share, f"{share:g} random")
     label = f"{protocol}, {args.traffic} traffic, {framing}, {start} start, N={clients}"
     if poll_status:
         label += ", /api/status polled 1/s"
-    options = dict(warmup=args.warmup, decode_every=args.decode_every, random_phase_share=share,
-                   protocol=protocol, label=label, poll_status=poll_status)
+    options = dict(
+        warmup=args.warmup,
+        decode_every=args.decode_every,
+        random_phase_share=share,
+        protocol=protocol,
+        label=label,
+        poll_status=poll_status,
+    )
     if args.url:
-        return trio.run(lambda: load_run(args.url, clients, args.duration, args.page_ms, pages, server=None,
-                                         **options))
+        return trio.run(lambda: load_run(args.url, clients, args.duration, args.page_ms, pages, server=None, **options))
     server = start_server(args, clients, framing)
     try:
         url = "http://" + server.address
-        return trio.run(lambda: load_run(url, clients, args.duration, args.page_ms, pages, server=server,
-                                         **options))
+        return trio.run(lambda: load_run(url, clients, args.duration, args.page_ms, pages, server=server, **options))
     finally:
         server.stop()
 
@@ -293,9 +337,13 @@ COLUMNS = [
     ("tick p50/p99 ms", lambda r: f"{r.tick_p50_ms:.1f}/{r.tick_p99_ms:.1f}", "{}"),
     ("late p50/p99 ms", lambda r: f"{r.lateness_p50_ms:.2f}/{r.lateness_p99_ms:.2f}", "{}"),
     ("added p50/p90/p99 ms", lambda r: f"{r.latency_p50_ms:.1f}/{r.latency_p90_ms:.1f}/{r.latency_p99_ms:.1f}", "{}"),
-    ("stages p50 ms (wait/tick/enc/send)",
-     lambda r: "/".join(f"{r.stages_p50_ms.get(k, math.nan):.1f}" for k in ("wait_for_tick", "tick", "encode", "send")),
-     "{}"),
+    (
+        "stages p50 ms (wait/tick/enc/send)",
+        lambda r: "/".join(
+            f"{r.stages_p50_ms.get(k, math.nan):.1f}" for k in ("wait_for_tick", "tick", "encode", "send")
+        ),
+        "{}",
+    ),
     ("gen late", lambda r: r.generator_late_sends, "{}"),
     ("status polls", lambda r: r.status_polls, "{}"),
     ("cpu %", lambda r: r.cpu_percent, "{:.0f}"),
@@ -323,13 +371,19 @@ def plot(results: list[RunResult], path: pathlib.Path, title: str, by_clients: b
     for r in results:
         xs, ys = r.latency_cdf
         axes[0].step([1000 * x for x in xs], ys, where="post", label=r.label)
-    axes[0].set(xlabel="server-added latency per frame (ms)", ylabel="fraction of frames",
-                title="Added latency CDF", xlim=(0, 100))
+    axes[0].set(
+        xlabel="server-added latency per frame (ms)",
+        ylabel="fraction of frames",
+        title="Added latency CDF",
+        xlim=(0, 100),
+    )
     axes[0].grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     if by_clients:
         ordered = sorted(results, key=lambda r: r.clients)
-        axes[1].plot([r.clients for r in ordered], [r.lateness_p99_ms for r in ordered], "o-", label="tick lateness p99")
+        axes[1].plot(
+            [r.clients for r in ordered], [r.lateness_p99_ms for r in ordered], "o-", label="tick lateness p99"
+        )
         axes[1].plot([r.clients for r in ordered], [r.latency_p50_ms for r in ordered], "s-", label="added latency p50")
         axes[1].axhline(10, color="grey", ls="--", lw=1)
         axes[1].set(xlabel="concurrent conversations", ylabel="ms", title="Lateness and latency vs N")
@@ -352,48 +406,95 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=30.0, help="measured window in seconds (default 30)")
     parser.add_argument("--warmup", type=float, default=4.0, help="seconds after all are live, before measuring")
     parser.add_argument("--url", help="an already running server (http://host:port); else one is started")
-    parser.add_argument("--model", default="echo", help="model for the started server: echo or tiny (default echo: "
-                        "the echo engine with --step-ms and --text-share, and a 12-position prompt), or "
-                        "echo:OPTIONS as given")
-    parser.add_argument("--step-ms", type=float, default=20.0,
-                        help="with --model echo: the echo engine's compute stand-in per tick (default 20)")
+    parser.add_argument(
+        "--model",
+        default="echo",
+        help="model for the started server: echo or tiny (default echo: "
+        "the echo engine with --step-ms and --text-share, and a 12-position prompt), or "
+        "echo:OPTIONS as given",
+    )
+    parser.add_argument(
+        "--step-ms",
+        type=float,
+        default=20.0,
+        help="with --model echo: the echo engine's compute stand-in per tick (default 20)",
+    )
     parser.add_argument("--framing", choices=("aligned", "naive"), default="aligned")
-    parser.add_argument("--opus-encoder", default="auto",
-                        help="the started server's --opus-encoder (auto, process, inline, sphn), or thread-libopus / "
-                        "thread-sphn: the worker-thread placement kept in bench/ for comparison")
+    parser.add_argument(
+        "--opus-encoder",
+        default="auto",
+        help="the started server's --opus-encoder (auto, process, inline, sphn), or thread-libopus / "
+        "thread-sphn: the worker-thread placement kept in bench/ for comparison",
+    )
     parser.add_argument("--inline-encoders", type=int, help="the started server's --inline-encoders")
     parser.add_argument("--compare-framing", action="store_true", help="run naive then aligned, side by side")
-    parser.add_argument("--compare-status", action="store_true",
-                        help="run without, then with a client polling /api/status once a second, side by side")
-    parser.add_argument("--traffic", choices=("mixed", "official"), default="mixed",
-                        help="mixed: every client per --start-phase, a text piece every frame; official: like the "
-                        "official web client (two 20 ms packets per page, streaming from the handshake) with "
-                        "--random-phase-share of them at a random phase, and --text-share 0.3 (default mixed)")
-    parser.add_argument("--random-phase-share", type=float, default=0.25,
-                        help="with --traffic official: the share of clients starting at a random phase, like a "
-                        "telephony bridge (default 0.25)")
-    parser.add_argument("--text-share", type=float,
-                        help="with --model echo: the echo engine's share of frames with text (default 0.3 with "
-                        "--traffic official, else 1)")
-    parser.add_argument("--protocol", choices=PROTOCOLS, default="moshi",
-                        help="/api/chat (Ogg Opus), /v1/realtime or /v1/live/sessions (base64 PCM16 JSON events), "
-                        "twilio (a Twilio call: μ-law 8 kHz media events every 20 ms); default moshi")
-    parser.add_argument("--compare-protocols", nargs="?", const=",".join(PROTOCOLS), type=protocol_list,
-                        metavar="P,Q,...",
-                        help=f"run these protocols (default all: {','.join(PROTOCOLS)}), one server each, side by "
-                        "side, each one's CPU relative to the others' (realtime and live to moshi, live and twilio "
-                        "to realtime)")
+    parser.add_argument(
+        "--compare-status",
+        action="store_true",
+        help="run without, then with a client polling /api/status once a second, side by side",
+    )
+    parser.add_argument(
+        "--traffic",
+        choices=("mixed", "official"),
+        default="mixed",
+        help="mixed: every client per --start-phase, a text piece every frame; official: like the "
+        "official web client (two 20 ms packets per page, streaming from the handshake) with "
+        "--random-phase-share of them at a random phase, and --text-share 0.3 (default mixed)",
+    )
+    parser.add_argument(
+        "--random-phase-share",
+        type=float,
+        default=0.25,
+        help="with --traffic official: the share of clients starting at a random phase, like a "
+        "telephony bridge (default 0.25)",
+    )
+    parser.add_argument(
+        "--text-share",
+        type=float,
+        help="with --model echo: the echo engine's share of frames with text (default 0.3 with "
+        "--traffic official, else 1)",
+    )
+    parser.add_argument(
+        "--protocol",
+        choices=PROTOCOLS,
+        default="moshi",
+        help="/api/chat (Ogg Opus), /v1/realtime or /v1/live/sessions (base64 PCM16 JSON events), "
+        "twilio (a Twilio call: μ-law 8 kHz media events every 20 ms); default moshi",
+    )
+    parser.add_argument(
+        "--compare-protocols",
+        nargs="?",
+        const=",".join(PROTOCOLS),
+        type=protocol_list,
+        metavar="P,Q,...",
+        help=f"run these protocols (default all: {','.join(PROTOCOLS)}), one server each, side by "
+        "side, each one's CPU relative to the others' (realtime and live to moshi, live and twilio "
+        "to realtime)",
+    )
     parser.add_argument("--find-max", action="store_true", help="search the largest N that holds real time")
     parser.add_argument("--max-clients", type=int, default=160, help="upper bound for --find-max")
-    parser.add_argument("--start-phase", choices=("random", "handshake"), default="random",
-                        help="random: each client starts streaming at a random moment after the handshake; "
-                        "handshake: at once, as the official client does")
-    parser.add_argument("--page-ms", type=int, choices=(20, 40, 80), default=40,
-                        help="audio per message: 40 = one Ogg page of two 20 ms packets, like the browser")
+    parser.add_argument(
+        "--start-phase",
+        choices=("random", "handshake"),
+        default="random",
+        help="random: each client starts streaming at a random moment after the handshake; "
+        "handshake: at once, as the official client does",
+    )
+    parser.add_argument(
+        "--page-ms",
+        type=int,
+        choices=(20, 40, 80),
+        default=40,
+        help="audio per message: 40 = one Ogg page of two 20 ms packets, like the browser",
+    )
     parser.add_argument("--decode-every", type=int, default=8, help="decode the audio of every k-th client")
     parser.add_argument("--name", default="load", help="file name stem under --results")
-    parser.add_argument("--results", type=pathlib.Path, default=RESULTS,
-                        help="folder of the NAME.json and NAME.png (default bench/results)")
+    parser.add_argument(
+        "--results",
+        type=pathlib.Path,
+        default=RESULTS,
+        help="folder of the NAME.json and NAME.png (default bench/results)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -402,8 +503,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--page-ms 20 needs 20 ms pages, which sphn's writer does not produce")
     args.results.mkdir(parents=True, exist_ok=True)
     seconds = args.duration + args.warmup + 30
-    streams = {protocol: encode_stream(protocol, seconds, args.page_ms)
-               for protocol in (args.compare_protocols or (args.protocol,))}
+    streams = {
+        protocol: encode_stream(protocol, seconds, args.page_ms)
+        for protocol in (args.compare_protocols or (args.protocol,))
+    }
     pages = streams.get(args.protocol, [])
     gc.freeze()  # the generator's own collections would delay every client's pages at once
 
@@ -430,14 +533,27 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(results))
     stem = args.results / args.name
-    stem.with_suffix(".json").write_text(json.dumps(
-        {"command": " ".join(["python", "bench/load.py", *(argv if argv is not None else sys.argv[1:])]),
-         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-         "results": [{k: v for k, v in dataclasses.asdict(r).items() if k not in ("per_session", "latency_cdf")}
-                     | {"lost": r.lost, "real_time": r.real_time} for r in results],
-         "per_session": {r.label: r.per_session for r in results}}, indent=1))
-    plot(results, stem.with_suffix(".png"), f"bench/load: {args.model} engine, {args.page_ms} ms pages",
-         by_clients=args.find_max)
+    stem.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "command": " ".join(["python", "bench/load.py", *(argv if argv is not None else sys.argv[1:])]),
+                "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "results": [
+                    {k: v for k, v in dataclasses.asdict(r).items() if k not in ("per_session", "latency_cdf")}
+                    | {"lost": r.lost, "real_time": r.real_time}
+                    for r in results
+                ],
+                "per_session": {r.label: r.per_session for r in results},
+            },
+            indent=1,
+        )
+    )
+    plot(
+        results,
+        stem.with_suffix(".png"),
+        f"bench/load: {args.model} engine, {args.page_ms} ms pages",
+        by_clients=args.find_max,
+    )
     print(f"\nwrote {stem.with_suffix('.json')} and {stem.with_suffix('.png')}")
     if args.find_max:
         best = max((r.clients for r in results if r.real_time), default=0)
@@ -464,21 +580,30 @@ def protocol_list(text: str) -> tuple[str, ...]:
 def cpu_ratios(runs: dict[str, RunResult], protocol: str) -> dict[str, float]:
     """``protocol``'s CPU per conversation-second over that of each of its bases already in ``runs``."""
     mine = runs[protocol].cpu_ms_per_conversation_second
-    return {base: mine / runs[base].cpu_ms_per_conversation_second
-            for base in RATIO_BASES.get(protocol, ()) if base in runs}
+    return {
+        base: mine / runs[base].cpu_ms_per_conversation_second for base in RATIO_BASES.get(protocol, ()) if base in runs
+    }
 
 
 def protocols_summary(runs: dict[str, RunResult]) -> str:
     """One line per protocol: its CPU per conversation-second, and its ratios against their targets."""
     lines = ["server CPU per conversation-second:"]
     for protocol, run in runs.items():
-        ratios = [f"{ratio:.2f}x {base}" + (f" (target <= {RATIO_TARGETS[protocol, base]:g}: "
-                                            f"{'met' if ratio <= RATIO_TARGETS[protocol, base] else 'NOT met'})"
-                                            if (protocol, base) in RATIO_TARGETS else "")
-                  for base, ratio in run.cpu_ratios.items()]
-        lines.append(f"  {protocol:8} {run.cpu_ms_per_conversation_second:5.1f} ms"
-                     + (f"  ratio {', '.join(ratios)}" if ratios else "")
-                     + ("" if run.real_time else "  (NOT real time)"))
+        ratios = [
+            f"{ratio:.2f}x {base}"
+            + (
+                f" (target <= {RATIO_TARGETS[protocol, base]:g}: "
+                f"{'met' if ratio <= RATIO_TARGETS[protocol, base] else 'NOT met'})"
+                if (protocol, base) in RATIO_TARGETS
+                else ""
+            )
+            for base, ratio in run.cpu_ratios.items()
+        ]
+        lines.append(
+            f"  {protocol:8} {run.cpu_ms_per_conversation_second:5.1f} ms"
+            + (f"  ratio {', '.join(ratios)}" if ratios else "")
+            + ("" if run.real_time else "  (NOT real time)")
+        )
     return "\n".join(lines)
 
 

@@ -46,7 +46,10 @@ BUCKETS = [
     ("Quart websocket layer", ("quart/", "quart_trio/")),
     ("engine actor and input framing", ("pplex_trio/engine/",)),
     # The guarded transport under hypercorn: its socket reads and writes, the inbound guard.
-    ("transport: socket I/O and the guard", ("pplex_trio/server/transport/_transport.py", "pplex_trio/protocol/_ws_guard.py")),
+    (
+        "transport: socket I/O and the guard",
+        ("pplex_trio/server/transport/_transport.py", "pplex_trio/protocol/_ws_guard.py"),
+    ),
     ("sessions: receive, encode, send loops", ("pplex_trio/server/",)),
     ("our protocol codecs and channels", ("pplex_trio/protocol/", "pplex_trio/_channel")),
 ]
@@ -98,23 +101,65 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     text_share = 0.3 if args.traffic == "official" else 1.0
-    server = ServerProcess(["-m", "pplex_trio", "serve", "--model", f"echo:step_ms=20,text_share={text_share:g}",
-                            "--slots", str(args.clients), "--port", "0", "--queue-size", "0"])
+    server = ServerProcess(
+        [
+            "-m",
+            "pplex_trio",
+            "serve",
+            "--model",
+            f"echo:step_ms=20,text_share={text_share:g}",
+            "--slots",
+            str(args.clients),
+            "--port",
+            "0",
+            "--queue-size",
+            "0",
+        ]
+    )
     url = f"http://{server.address}"
     with tempfile.TemporaryDirectory() as tmp:  # the load's results and py-spy's stacks are not kept
         load = subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "load.py"), "--url", url, "--clients", str(args.clients),
-             "--duration", str(args.duration + 10), "--traffic", args.traffic, "--results", tmp],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                sys.executable,
+                str(ROOT / "bench" / "load.py"),
+                "--url",
+                url,
+                "--clients",
+                str(args.clients),
+                "--duration",
+                str(args.duration + 10),
+                "--traffic",
+                args.traffic,
+                "--results",
+                tmp,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         try:
             time.sleep(8)  # connect, run the system prompts, settle
             out = pathlib.Path(tmp) / "profile.txt"
             subprocess.run(
-                [args.py_spy, "record", "--pid", str(server.pid), "--duration", str(int(args.duration)),
-                 "--rate", str(args.rate), "--format", "raw", "--threads", "--nonblocking", "--idle",
-                 "--output", str(out)],
-                check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                [
+                    args.py_spy,
+                    "record",
+                    "--pid",
+                    str(server.pid),
+                    "--duration",
+                    str(int(args.duration)),
+                    "--rate",
+                    str(args.rate),
+                    "--format",
+                    "raw",
+                    "--threads",
+                    "--nonblocking",
+                    "--idle",
+                    "--output",
+                    str(out),
+                ],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
             raw = out.read_text()
             if args.save_raw is not None:

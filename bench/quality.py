@@ -55,7 +55,7 @@ def main() -> None:
     args = parser.parse_args()
     caller = speech(args.seconds)
     agent = np.concatenate([np.zeros(2 * SR, np.float32), caller])[: caller.size]
-    pairs = [(caller[i:i + FRAME], agent[i:i + FRAME]) for i in range(0, caller.size, FRAME)]
+    pairs = [(caller[i : i + FRAME], agent[i : i + FRAME]) for i in range(0, caller.size, FRAME)]
 
     def meter() -> None:
         quality = ConversationQuality()

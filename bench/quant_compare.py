@@ -58,16 +58,26 @@ def main(argv: list[str] | None = None) -> int:
     speech = source_pcm()
     frames = int(args.minutes * 750)
     pcm = np.resize(speech, frames * 1920).astype(np.float32)
-    report: dict = {"command": " ".join(["python", "bench/quant_compare.py", *(argv or sys.argv[1:])]),
-                    "date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__, "runs": []}
+    report: dict = {
+        "command": " ".join(["python", "bench/quant_compare.py", *(argv or sys.argv[1:])]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "torch": torch.__version__,
+        "runs": [],
+    }
     reference = _engine(args, Precision())
     for precision in CHOICES:
         began = time.perf_counter()
         conversation = Conversation(persona=PERSONA, sampling=Sampling(text_seed=1, audio_seed=2))
         result = compare(reference, _engine(args, precision), conversation, pcm)
-        summary = {"model": reference.model.config.name, "device": "cpu",
-                   "lm_dtype": str(reference.model.lm.dtype), "quantize": str(precision.weights),
-                   "kv_cache": str(precision.kv_cache), **result.summary(), "seconds": time.perf_counter() - began}
+        summary = {
+            "model": reference.model.config.name,
+            "device": "cpu",
+            "lm_dtype": str(reference.model.lm.dtype),
+            "quantize": str(precision.weights),
+            "kv_cache": str(precision.kv_cache),
+            **result.summary(),
+            "seconds": time.perf_counter() - began,
+        }
         report["runs"].append(summary)
         print(table(summary), flush=True)
         print(flush=True)
@@ -81,8 +91,11 @@ def _engine(args: argparse.Namespace, precision: Precision) -> PersonaPlexEngine
     if not args.real_shapes:
         return PersonaPlexEngine.load(args.model, 1, precision=precision)
     cfg = CONFIGS["personaplex-7b-v1"]
-    cfg = dataclasses.replace(cfg, name=f"personaplex-7b-v1 widths, {args.layers} layers, random",
-                              lm=dataclasses.replace(cfg.lm, num_layers=args.layers))
+    cfg = dataclasses.replace(
+        cfg,
+        name=f"personaplex-7b-v1 widths, {args.layers} layers, random",
+        lm=dataclasses.replace(cfg.lm, num_layers=args.layers),
+    )
     model = random_model(cfg, "cpu", torch.bfloat16)  # the same seed: the same weights each time
     model.lm.set_precision(precision)
     return PersonaPlexEngine(model, 1)

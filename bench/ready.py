@@ -79,9 +79,11 @@ RESULTS = REPO / "bench" / "results"
 LAUNCHER = REPO / "bench" / "_personaplex_launch.py"
 PERSONA_LENGTHS = (40, 100, 400, 1000)
 MATCH = 0.995  # the echo returns a frame whole (16-bit rounding aside); other speech rarely matches this well
-TEXT = ("You are a wise and friendly teacher. Answer questions or provide advice in a clear and engaging way. "
-        "You enjoy having a good conversation. Have a deep conversation about technology. Your name is Jane. "
-        "You work for a small bakery in the old town. Take orders, answer questions about bread and cakes. ")
+TEXT = (
+    "You are a wise and friendly teacher. Answer questions or provide advice in a clear and engaging way. "
+    "You enjoy having a good conversation. Have a deep conversation about technology. Your name is Jane. "
+    "You work for a small bakery in the old town. Take orders, answer questions about bread and cakes. "
+)
 
 
 def persona(chars: int) -> str:
@@ -91,14 +93,21 @@ def persona(chars: int) -> str:
 
 
 def start_ours(checkpoint: pathlib.Path, *flags: str, source: pathlib.Path = REPO) -> ServerProcess:
-    return ServerProcess(["-m", "pplex_trio", "serve", "--model", str(checkpoint), "--device", "cpu", "--port", "0",
-                          *flags], startup_timeout=300, env={"PYTHONPATH": str(source)}, cwd=str(source))
+    return ServerProcess(
+        ["-m", "pplex_trio", "serve", "--model", str(checkpoint), "--device", "cpu", "--port", "0", *flags],
+        startup_timeout=300,
+        env={"PYTHONPATH": str(source)},
+        cwd=str(source),
+    )
 
 
 def start_personaplex(checkout: pathlib.Path, checkpoint: pathlib.Path, venv: pathlib.Path) -> ServerProcess:
-    return ServerProcess([str(LAUNCHER), "--checkpoint", str(checkpoint), "--port", str(free_port())],
-                         python=str(refenv.python(venv)), startup_timeout=300,
-                         env={"PYTHONPATH": str(checkout / "moshi")})
+    return ServerProcess(
+        [str(LAUNCHER), "--checkpoint", str(checkpoint), "--port", str(free_port())],
+        python=str(refenv.python(venv)),
+        startup_timeout=300,
+        env={"PYTHONPATH": str(checkout / "moshi")},
+    )
 
 
 PERSONAPLEX_VENV = REPO / "bench" / ".venv-personaplex"
@@ -111,8 +120,12 @@ def ensure_personaplex_venv(checkout: pathlib.Path, venv: pathlib.Path = PERSONA
     import tomllib
 
     python = str(refenv.python(venv))
-    probe = [python, "-c", "import importlib.metadata as m, aiohttp, sphn, torch, tqdm, einops; "
-             "print(torch.__version__, m.version('sphn'), m.version('numpy'), m.version('aiohttp'))"]
+    probe = [
+        python,
+        "-c",
+        "import importlib.metadata as m, aiohttp, sphn, torch, tqdm, einops; "
+        "print(torch.__version__, m.version('sphn'), m.version('numpy'), m.version('aiohttp'))",
+    ]
     found = subprocess.run(probe, capture_output=True, text=True) if pathlib.Path(python).exists() else None
     if found is None or found.returncode:
         requires = tomllib.loads((checkout / "moshi" / "pyproject.toml").read_text())["project"]["dependencies"]
@@ -129,10 +142,23 @@ def ensure_personaplex_venv(checkout: pathlib.Path, venv: pathlib.Path = PERSONA
 async def one_conversation(url: str, text: str, voice: str, pages: list[bytes]) -> client.Trace:
     t0 = trio.current_time()
     trace = client.Trace(0)
-    query = {"text_prompt": text, "voice_prompt": voice, "text_temperature": 0.7, "text_topk": 25,
-             "audio_temperature": 0.8, "audio_topk": 250}
-    await client.converse(client.chat_url(url, **query), pages, trace, clock=lambda: trio.current_time() - t0,
-                          stream_pages=25, wait_timeout=300, drain=0.3)
+    query = {
+        "text_prompt": text,
+        "voice_prompt": voice,
+        "text_temperature": 0.7,
+        "text_topk": 25,
+        "audio_temperature": 0.8,
+        "audio_topk": 250,
+    }
+    await client.converse(
+        client.chat_url(url, **query),
+        pages,
+        trace,
+        clock=lambda: trio.current_time() - t0,
+        stream_pages=25,
+        wait_timeout=300,
+        drain=0.3,
+    )
     return trace
 
 
@@ -161,8 +187,9 @@ def median(values: list[float]) -> float:
     return finite[len(finite) // 2] if finite else math.nan
 
 
-async def joins_under_load(url: str, live: int, joiners: int, rounds: int, pages: list[bytes],
-                           text: str, voice: str) -> dict:
+async def joins_under_load(
+    url: str, live: int, joiners: int, rounds: int, pages: list[bytes], text: str, voice: str
+) -> dict:
     """``live`` talk; ``rounds`` times ``joiners`` join at once (each waits for its handshake, then leaves).
 
     The live ones' tick lateness is read over the joining intervals (from the joins to the last handshake,
@@ -178,9 +205,19 @@ async def joins_under_load(url: str, live: int, joiners: int, rounds: int, pages
     errors: list[str] = []
     async with trio.open_nursery() as nursery:
         for s in stats:
-            nursery.start_soon(lambda s=s: load.run_client(
-                ws_url, pages, 40, s, decode=False, live=ready, stop=stop, started_at=trio.current_time(),
-                random_phase=load.spread(s.index, 0.25)))
+            nursery.start_soon(
+                lambda s=s: load.run_client(
+                    ws_url,
+                    pages,
+                    40,
+                    s,
+                    decode=False,
+                    live=ready,
+                    stop=stop,
+                    started_at=trio.current_time(),
+                    random_phase=load.spread(s.index, 0.25),
+                )
+            )
         with trio.fail_after(120):
             for _ in range(live):
                 await ready.acquire()
@@ -191,9 +228,17 @@ async def joins_under_load(url: str, live: int, joiners: int, rounds: int, pages
             traces = [client.Trace(i) for i in range(joiners)]
             async with trio.open_nursery() as joining:
                 for trace in traces:
-                    joining.start_soon(lambda t=trace: client.converse(
-                        client.chat_url(url, text_prompt=text, voice_prompt=voice), pages, t,
-                        clock=lambda: trio.current_time() - t0, stream_pages=0, wait_timeout=60, drain=0.0))
+                    joining.start_soon(
+                        lambda t=trace, t0=t0: client.converse(
+                            client.chat_url(url, text_prompt=text, voice_prompt=voice),
+                            pages,
+                            t,
+                            clock=lambda: trio.current_time() - t0,
+                            stream_pages=0,
+                            wait_timeout=60,
+                            drain=0.0,
+                        )
+                    )
             joined = parse(await fetch_text(url))
             interval = trio.current_time() - t0
             handshakes += [t.handshake_at - t.connect_at for t in traces if not math.isnan(t.handshake_at)]
@@ -206,14 +251,18 @@ async def joins_under_load(url: str, live: int, joiners: int, rounds: int, pages
         stop.set()
     handshakes.sort()
     return {
-        "live": live, "joiners": joiners, "rounds": rounds,
+        "live": live,
+        "joiners": joiners,
+        "rounds": rounds,
         "joiners_handshake_p50_s": client.quantile(handshakes, 0.5) if handshakes else math.nan,
         "joiners_handshake_p99_s": client.quantile(handshakes, 0.99) if handshakes else math.nan,
-        "joiners_ok": len(handshakes), "joiner_errors": errors[:5],
+        "joiners_ok": len(handshakes),
+        "joiner_errors": errors[:5],
         "live_ticks_measured": [before.count, during.count],
         "live_lateness_p99_ms_alone": 1000 * before.quantile(0.99),
         "live_lateness_p99_ms_while_joining": 1000 * during.quantile(0.99),
-        "live_ticks_over_5ms_alone": _over(before, 0.005), "live_ticks_over_5ms_while_joining": _over(during, 0.005),
+        "live_ticks_over_5ms_alone": _over(before, 0.005),
+        "live_ticks_over_5ms_while_joining": _over(during, 0.005),
         "live_ok": sum(not s.error for s in stats),
     }
 
@@ -242,7 +291,7 @@ async def first_words(url: str, speech: np.ndarray, seconds: float = 3.0) -> dic
     rate, chunk = 24_000, 1920
     loud = np.flatnonzero(np.abs(speech) > 10 ** (-42 / 20))
     onset = int(loud[0]) if loud.size else 0  # the recording's leading silence is not the caller's first words
-    said = speech[onset: onset + int(seconds * rate)]
+    said = speech[onset : onset + int(seconds * rate)]
     question = np.concatenate([said, np.zeros(2 * rate, np.float32)])  # 2 s to hear the rest
     base = url.rstrip("/") + "/v1"
     sdk = AsyncOpenAI(api_key="unused", base_url=base, websocket_base_url=base.replace("http", "ws", 1))
@@ -251,8 +300,13 @@ async def first_words(url: str, speech: np.ndarray, seconds: float = 3.0) -> dic
     t0 = loop.time()
     live_at = math.nan
     async with sdk.realtime.connect(model="personaplex") as connection:
-        await connection.session.update(session={"type": "realtime", "instructions": persona(100),
-                                                 "audio": {"input": {"format": {"type": "audio/pcm", "rate": rate}}}})
+        await connection.session.update(
+            session={
+                "type": "realtime",
+                "instructions": persona(100),
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": rate}}},
+            }
+        )
 
         async def listen() -> None:
             nonlocal live_at
@@ -265,20 +319,25 @@ async def first_words(url: str, speech: np.ndarray, seconds: float = 3.0) -> dic
         listener = asyncio.create_task(listen())
         start = loop.time()
         for i in range(0, question.size, chunk):  # from the first append on, as LiveKit and Pipecat do
-            pcm16 = (np.clip(question[i:i + chunk], -1, 32767 / 32768) * 32768).astype("<i2").tobytes()
+            pcm16 = (np.clip(question[i : i + chunk], -1, 32767 / 32768) * 32768).astype("<i2").tobytes()
             await connection.input_audio_buffer.append(audio=base64.b64encode(pcm16).decode())
             await asyncio.sleep(max(0.0, start + (i // chunk + 1) * 0.08 - loop.time()))
         await asyncio.sleep(0.5)
         listener.cancel()
     await sdk.close()
     heard = np.frombuffer(b"".join(answer), "<i2").astype(np.float32) / 32768
-    frames = [said[i:i + chunk] for i in range(0, said.size - chunk + 1, chunk)]
+    frames = [said[i : i + chunk] for i in range(0, said.size - chunk + 1, chunk)]
     speech_frames = [f for f in frames if np.sqrt(np.mean(f.astype(np.float64) ** 2)) > 10 ** (-42 / 20)]
     matches = [best_match(f, heard) for f in speech_frames]
     found = sum(m > MATCH for m in matches)
-    return {"seconds_said": seconds, "live_after_s": live_at, "speech_frames": len(speech_frames),
-            "heard_frames": int(found), "heard_share": found / max(1, len(speech_frames)),
-            "best_matches": [round(m, 4) for m in matches]}
+    return {
+        "seconds_said": seconds,
+        "live_after_s": live_at,
+        "speech_frames": len(speech_frames),
+        "heard_frames": int(found),
+        "heard_share": found / max(1, len(speech_frames)),
+        "best_matches": [round(m, 4) for m in matches],
+    }
 
 
 def best_match(frame: np.ndarray, audio: np.ndarray) -> float:
@@ -305,20 +364,38 @@ def table(result: dict) -> str:
             if side == "ours" and "nvidia" in sides:
                 theirs = sides["nvidia"].get(str(chars)) or sides["nvidia"].get(chars)
                 ratio = f"{median(cell['handshake_s']) / median(theirs['handshake_s']):.3f}"
-            rows.append([str(chars), side, f"{median(cell['handshake_s']):.3f}", f"{median(cell['first_audio_s']):.3f}",
-                         f"{len(cell['handshake_s'])}", ratio])
+            rows.append(
+                [
+                    str(chars),
+                    side,
+                    f"{median(cell['handshake_s']):.3f}",
+                    f"{median(cell['first_audio_s']):.3f}",
+                    f"{len(cell['handshake_s'])}",
+                    ratio,
+                ]
+            )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", type=pathlib.Path, default=GOLDEN, help="a PersonaPlex-layout checkpoint folder "
-                   "(default ../shared/golden/tiny-public)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--checkpoint",
+        type=pathlib.Path,
+        default=GOLDEN,
+        help="a PersonaPlex-layout checkpoint folder (default ../shared/golden/tiny-public)",
+    )
     p.add_argument("--voice", default="TINY0.pt", help="the voice prompt (default TINY0.pt, the golden checkpoint's)")
     p.add_argument("--personaplex", type=pathlib.Path, help="a checkout of NVIDIA/personaplex: also measure its server")
-    p.add_argument("--personaplex-venv", type=pathlib.Path, default=PERSONAPLEX_VENV,
-                   help="the venv NVIDIA's server runs in (made on first use)")
+    p.add_argument(
+        "--personaplex-venv",
+        type=pathlib.Path,
+        default=PERSONAPLEX_VENV,
+        help="the venv NVIDIA's server runs in (made on first use)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="conversations per persona length and server (default 3)")
     p.add_argument("--load", action="store_true", help="measure joins under load instead (ours, the echo engine)")
     p.add_argument("--live", type=int, default=32)
@@ -326,30 +403,49 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-ms", type=float, default=20.0, help="with --load: the echo engine's tick compute")
     p.add_argument("--rounds", type=int, default=8, help="with --load: how many times the joiners join")
     p.add_argument("--prompt-positions", type=int, default=100, help="with --load: each joiner's prompt (default 100)")
-    p.add_argument("--first-words", action="store_true", help="measure how much of a Realtime client's first 3 s "
-                   "is heard instead (the echo engine)")
-    p.add_argument("--server-checkout", type=pathlib.Path, default=REPO, help="with --first-words: run the server "
-                   "from this checkout (default this one)")
+    p.add_argument(
+        "--first-words",
+        action="store_true",
+        help="measure how much of a Realtime client's first 3 s is heard instead (the echo engine)",
+    )
+    p.add_argument(
+        "--server-checkout",
+        type=pathlib.Path,
+        default=REPO,
+        help="with --first-words: run the server from this checkout (default this one)",
+    )
     p.add_argument("--name", default="ready")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     pages = load.encode_pages(40.0, 40)
-    result: dict = {"command": " ".join(["python", "bench/ready.py", *(argv if argv is not None else sys.argv[1:])]),
-                    "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count()}
+    result: dict = {
+        "command": " ".join(["python", "bench/ready.py", *(argv if argv is not None else sys.argv[1:])]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "cpus": os.cpu_count(),
+    }
     if args.load:
         result["load"] = {}
         for label, positions in (("prompts", args.prompt_positions), ("control, no prompt", 0)):
             echo = pathlib.Path(f"echo:step_ms={args.step_ms:g},text_share=0.3,prompt={positions}")
             server = start_ours(echo, "--slots", str(args.live + args.joiners), "--queue-size", "0")
             try:
-                result["load"][label] = trio.run(joins_under_load, "http://" + server.address, args.live,
-                                                 args.joiners, args.rounds, pages, persona(100), "NATF0.pt")
+                result["load"][label] = trio.run(
+                    joins_under_load,
+                    "http://" + server.address,
+                    args.live,
+                    args.joiners,
+                    args.rounds,
+                    pages,
+                    persona(100),
+                    "NATF0.pt",
+                )
             finally:
                 server.stop()
             print(label, json.dumps(result["load"][label], indent=1), flush=True)
     elif args.first_words:
-        commit = subprocess.run(["git", "-C", str(args.server_checkout), "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(args.server_checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
         server = start_ours(pathlib.Path("echo:step_ms=10"), "--slots", "1", source=args.server_checkout)
         try:
             speech = load.speech(10.0)

@@ -40,11 +40,11 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from engine_step import random_model, source_pcm  # noqa: E402
 
+from pplex_trio._cache import cache_dir  # noqa: E402
 from pplex_trio._conversation import FRAME_SIZE, Conversation, Sampling  # noqa: E402
+from pplex_trio._precision import KVFormat, Precision, WeightFormat  # noqa: E402
 from pplex_trio.engine._interface import SlotMode  # noqa: E402
 from pplex_trio.engine._personaplex import PersonaPlexEngine  # noqa: E402
-from pplex_trio._cache import cache_dir  # noqa: E402
-from pplex_trio._precision import KVFormat, Precision, WeightFormat  # noqa: E402
 from pplex_trio.model import CONFIGS, LMModel, Mimi  # noqa: E402
 from pplex_trio.model._config import LM_FILE, MIMI_FILE, TOKENIZER_FILE  # noqa: E402
 from pplex_trio.model._kyutai_config import config_to_kyutai_dict  # noqa: E402
@@ -55,7 +55,7 @@ PERSONA = "You enjoy having a good conversation."
 
 
 def peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,8 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(args.threads)
-    report: dict = {"command": " ".join(["python", "bench/real_size_cpu.py", *(argv or sys.argv[1:])]),
-                    "date": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": args.threads}
+    report: dict = {
+        "command": " ".join(["python", "bench/real_size_cpu.py", *(argv or sys.argv[1:])]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "threads": args.threads,
+    }
     if args.load:
         report.update(load_peaks())
         return _write(report, args.name)
@@ -82,8 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     report["build_s"] = time.perf_counter() - started
     report["lm_parameters"] = sum(p.numel() for p in model.lm.parameters())
     report["rss_after_build_gb"] = peak_rss_gb()
-    print(f"built {report['lm_parameters'] / 1e9:.2f} B LM parameters in {report['build_s']:.0f} s, "
-          f"peak RSS {report['rss_after_build_gb']:.1f} GB", flush=True)
+    print(
+        f"built {report['lm_parameters'] / 1e9:.2f} B LM parameters in {report['build_s']:.0f} s, "
+        f"peak RSS {report['rss_after_build_gb']:.1f} GB",
+        flush=True,
+    )
 
     engine = PersonaPlexEngine(model, 1)
     steps = engine.start(0, Conversation(persona=PERSONA, sampling=Sampling(greedy=True)))
@@ -96,18 +102,25 @@ def main(argv: list[str] | None = None) -> int:
         live: list[float] = []
         texts = []
         for i in range(args.live_ticks):
-            frame = pcm[None, i * FRAME_SIZE:(i + 1) * FRAME_SIZE]
+            frame = pcm[None, i * FRAME_SIZE : (i + 1) * FRAME_SIZE]
             t = time.perf_counter()
             out = engine.step([SlotMode.LIVE], frame)
             live.append(time.perf_counter() - t)
             assert out.pcm.shape == (1, FRAME_SIZE) and np.isfinite(out.pcm).all()
             texts.append(out.text[0])
-    report.update(prefill_steps=len(prefill), prefill_s_median=float(np.median(prefill)) if prefill else None,
-                  live_ticks=len(live), live_s=[round(x, 3) for x in live],
-                  live_s_median=float(np.median(live)), peak_rss_gb=peak_rss_gb(),
-                  total_s=time.perf_counter() - started)
-    print(f"live: {len(live)} ticks, {report['live_s_median']:.2f} s each (median; real time needs 0.08 s), "
-          f"peak RSS {report['peak_rss_gb']:.1f} GB, texts {texts}")
+    report.update(
+        prefill_steps=len(prefill),
+        prefill_s_median=float(np.median(prefill)) if prefill else None,
+        live_ticks=len(live),
+        live_s=[round(x, 3) for x in live],
+        live_s_median=float(np.median(live)),
+        peak_rss_gb=peak_rss_gb(),
+        total_s=time.perf_counter() - started,
+    )
+    print(
+        f"live: {len(live)} ticks, {report['live_s_median']:.2f} s each (median; real time needs 0.08 s), "
+        f"peak RSS {report['peak_rss_gb']:.1f} GB, texts {texts}"
+    )
     return _write(report, args.name)
 
 
@@ -135,8 +148,9 @@ def load_peaks() -> dict:
     folder = random_checkpoint(cache_dir() / "bench-real-size-random")
     out = {"checkpoint_gb": (folder / LM_FILE).stat().st_size / 1e9}
     for quantize in ("none", "int8"):
-        done = subprocess.run([sys.executable, "-c", _LOAD, str(folder), quantize], cwd=REPO, check=True,
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-c", _LOAD, str(folder), quantize], cwd=REPO, check=True, capture_output=True, text=True
+        )
         out[quantize] = json.loads(done.stdout.strip().splitlines()[-1])
         print(f"load --quantize {quantize}: {out[quantize]}", flush=True)
     out["int8_over_bf16_peak_rss"] = out["int8"]["peak_rss_gb"] / out["none"]["peak_rss_gb"]
@@ -161,8 +175,9 @@ def random_checkpoint(folder: pathlib.Path) -> pathlib.Path:
     return folder
 
 
-def _write_safetensors(path: pathlib.Path, shapes: dict[str, torch.Tensor], dtype: torch.dtype,
-                       generator: torch.Generator) -> None:
+def _write_safetensors(
+    path: pathlib.Path, shapes: dict[str, torch.Tensor], dtype: torch.dtype, generator: torch.Generator
+) -> None:
     """safetensors, one random tensor at a time (the file's layout: a JSON header, then the raw bytes)."""
     names = {torch.bfloat16: "BF16", torch.float32: "F32"}
     header: dict = {"__metadata__": {"format": "pt"}}

@@ -76,14 +76,37 @@ def free_port() -> int:
 
 
 def start_reference(args: argparse.Namespace, ckpt: pathlib.Path) -> ServerProcess:
-    cmd = [str(LAUNCHER), "--lm-dtype", "float32", "--torch-threads", str(args.torch_threads),
-           "--host", "127.0.0.1", "--port", str(free_port()), *checkpoint.reference_args(ckpt)]
+    cmd = [
+        str(LAUNCHER),
+        "--lm-dtype",
+        "float32",
+        "--torch-threads",
+        str(args.torch_threads),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(free_port()),
+        *checkpoint.reference_args(ckpt),
+    ]
     return ServerProcess(cmd, python=str(refenv.python(args.reference_venv)), startup_timeout=300)
 
 
 def start_ours(args: argparse.Namespace, ckpt: pathlib.Path, slots: int) -> ServerProcess:
-    cmd = ["-m", "pplex_trio", "serve", "--model", str(ckpt), "--slots", str(slots), "--device", "cpu",
-           "--port", "0", "--queue-size", "16"]
+    cmd = [
+        "-m",
+        "pplex_trio",
+        "serve",
+        "--model",
+        str(ckpt),
+        "--slots",
+        str(slots),
+        "--device",
+        "cpu",
+        "--port",
+        "0",
+        "--queue-size",
+        "16",
+    ]
     return ServerProcess(cmd, startup_timeout=300, env={"PYTHONPATH": str(REPO)})
 
 
@@ -112,13 +135,17 @@ def counters(snapshot: Snapshot, base: Snapshot, at: float) -> client.Counters:
         return snapshot.total(name) - base.total(name)
 
     return client.Counters(
-        at=at, frames_in=delta("pplex_frames_in_total"), silence=delta("pplex_frames_silence_filled_total"),
-        skipped=delta("pplex_input_samples_skipped_total"), dropped=delta("pplex_frames_dropped_total"),
+        at=at,
+        frames_in=delta("pplex_frames_in_total"),
+        silence=delta("pplex_frames_silence_filled_total"),
+        skipped=delta("pplex_input_samples_skipped_total"),
+        dropped=delta("pplex_frames_dropped_total"),
     )
 
 
-async def single_conversation(server: Server, pages: list[bytes], page_samples: list[int],
-                              args: argparse.Namespace) -> dict:
+async def single_conversation(
+    server: Server, pages: list[bytes], page_samples: list[int], args: argparse.Namespace
+) -> dict:
     """One conversation of ``args.duration`` s; our server's counters are read meanwhile (``client.scrape_times``)."""
     t0 = trio.current_time()
     clock = lambda: trio.current_time() - t0  # noqa: E731
@@ -134,9 +161,15 @@ async def single_conversation(server: Server, pages: list[bytes], page_samples: 
         if server.side == "ours":
             snapshots.append(await read())  # before the conversation: the base of every difference
             nursery.start_soon(client.scrape_while, done, read, snapshots)
-        await client.converse(client.chat_url(server.url, **checkpoint.SAMPLING_QUERY), pages, trace,
-                              clock=clock, stream_pages=round(args.duration / client.PAGE_S),
-                              wait_timeout=30, drain=args.drain)
+        await client.converse(
+            client.chat_url(server.url, **checkpoint.SAMPLING_QUERY),
+            pages,
+            trace,
+            clock=clock,
+            stream_pages=round(args.duration / client.PAGE_S),
+            wait_timeout=30,
+            drain=args.drain,
+        )
         done.set()
     wall = clock()
     cpu = server.proc.cpu_seconds() - cpu0
@@ -153,9 +186,12 @@ async def single_conversation(server: Server, pages: list[bytes], page_samples: 
         series = [counters(s, base, at) for at, s in snapshots]
         mapping = client.ours_frame_map(len(trace.audio_at), series)
         first, last = snapshots[0][1], snapshots[-1][1]
-        result["server_tick_engine_ms_p50"] = 1000 * Histogram.between(first, last, "pplex_tick_engine_seconds").quantile(0.5)
+        result["server_tick_engine_ms_p50"] = 1000 * Histogram.between(
+            first, last, "pplex_tick_engine_seconds"
+        ).quantile(0.5)
         result["server_added_latency_ms_p50"] = 1000 * Histogram.between(
-            first, last, "pplex_added_latency_seconds").quantile(0.5)
+            first, last, "pplex_added_latency_seconds"
+        ).quantile(0.5)
         result["counters"] = [dataclasses.asdict(c) for c in series]
         result["ticks_skipped"] = last.total("pplex_ticks_skipped_total") - first.total("pplex_ticks_skipped_total")
         result["frames_dropped"] = series[-1].dropped
@@ -172,8 +208,15 @@ async def single_conversation(server: Server, pages: list[bytes], page_samples: 
 async def warm_up(server: Server, pages: list[bytes]) -> None:
     """One short conversation, not measured: first-call costs (lazy inits, allocator) are not the comparison."""
     trace = client.Trace(-1)
-    await client.converse(client.chat_url(server.url, **checkpoint.SAMPLING_QUERY), pages, trace,
-                          clock=trio.current_time, stream_pages=50, wait_timeout=30, drain=0.3)
+    await client.converse(
+        client.chat_url(server.url, **checkpoint.SAMPLING_QUERY),
+        pages,
+        trace,
+        clock=trio.current_time,
+        stream_pages=50,
+        wait_timeout=30,
+        drain=0.3,
+    )
     if trace.error or not trace.audio_at:
         raise RuntimeError(f"{server.side} server failed its warm-up conversation: {trace.error or 'no audio'}")
 
@@ -188,17 +231,34 @@ async def many_clients(server: Server, n: int, pages: list[bytes], args: argpars
     url = client.chat_url(server.url, **checkpoint.SAMPLING_QUERY)
     async with trio.open_nursery() as nursery:
         for trace in traces:
-            nursery.start_soon(functools.partial(
-                client.converse, url, pages, trace, clock=clock,
-                stream_pages=round(args.load_duration / client.PAGE_S),
-                wait_timeout=args.wait_timeout, drain=args.drain))
+            nursery.start_soon(
+                functools.partial(
+                    client.converse,
+                    url,
+                    pages,
+                    trace,
+                    clock=clock,
+                    stream_pages=round(args.load_duration / client.PAGE_S),
+                    wait_timeout=args.wait_timeout,
+                    drain=args.drain,
+                )
+            )
     wall = clock()
-    result = {"clients": n, "traces": [dataclasses.asdict(t) for t in traces],
-              "wall_s": wall, "cpu_percent": 100 * (server.proc.cpu_seconds() - cpu0) / wall}
+    result = {
+        "clients": n,
+        "traces": [dataclasses.asdict(t) for t in traces],
+        "wall_s": wall,
+        "cpu_percent": 100 * (server.proc.cpu_seconds() - cpu0) / wall,
+    }
     if before is not None:
         after = await trio.to_thread.run_sync(scrape, server.url)
-        result["server_step_ms_p50"] = 1000 * Histogram.between(before, after, "pplex_tick_engine_seconds").quantile(0.5)
-        for key, name in (("ticks_skipped", "pplex_ticks_skipped_total"), ("frames_dropped", "pplex_frames_dropped_total")):
+        result["server_step_ms_p50"] = 1000 * Histogram.between(before, after, "pplex_tick_engine_seconds").quantile(
+            0.5
+        )
+        for key, name in (
+            ("ticks_skipped", "pplex_ticks_skipped_total"),
+            ("frames_dropped", "pplex_frames_dropped_total"),
+        ):
             result[key] = after.total(name) - before.total(name)
     else:
         result["server_step_ms_p50"] = client.quantile(server.frames_handled_ms(mark), 0.5)
@@ -247,28 +307,54 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=20.0, help="speech per single conversation, s (default 20)")
     parser.add_argument("--repeats", type=int, default=3, help="single conversations per server (default 3)")
     parser.add_argument("--clients", default="2,4,8", help="simultaneous clients, comma-separated (default 2,4,8)")
-    parser.add_argument("--load-duration", type=float, default=8.0,
-                        help="speech each simultaneous client streams, s (default 8)")
-    parser.add_argument("--wait-timeout", type=float, default=None,
-                        help="how long a client waits for its handshake, s (default: long enough for the "
-                        "reference to serve every client in turn)")
+    parser.add_argument(
+        "--load-duration", type=float, default=8.0, help="speech each simultaneous client streams, s (default 8)"
+    )
+    parser.add_argument(
+        "--wait-timeout",
+        type=float,
+        default=None,
+        help="how long a client waits for its handshake, s (default: long enough for the "
+        "reference to serve every client in turn)",
+    )
     parser.add_argument("--drain", type=float, default=1.0, help="seconds a client listens after its last page")
-    parser.add_argument("--our-slots", type=int, default=0,
-                        help="--slots of our server; 0 (default): as many as the scenario's clients")
-    parser.add_argument("--torch-threads", type=int, default=1,
-                        help="the reference's torch threads (default 1, what ours uses for a small model on CPU)")
-    parser.add_argument("--quiet-below", type=float, default=0.25,
-                        help="before each scenario, wait until other processes use fewer cores than this (default 0.25)")
-    parser.add_argument("--quiet-wait", type=float, default=180.0,
-                        help="longest such wait per scenario, s; then it measures anyway (default 180)")
-    parser.add_argument("--busy-limit", type=float, default=0.5,
-                        help="run a scenario again if other processes used this many cores during it (default 0.5)")
+    parser.add_argument(
+        "--our-slots", type=int, default=0, help="--slots of our server; 0 (default): as many as the scenario's clients"
+    )
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="the reference's torch threads (default 1, what ours uses for a small model on CPU)",
+    )
+    parser.add_argument(
+        "--quiet-below",
+        type=float,
+        default=0.25,
+        help="before each scenario, wait until other processes use fewer cores than this (default 0.25)",
+    )
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=180.0,
+        help="longest such wait per scenario, s; then it measures anyway (default 180)",
+    )
+    parser.add_argument(
+        "--busy-limit",
+        type=float,
+        default=0.5,
+        help="run a scenario again if other processes used this many cores during it (default 0.5)",
+    )
     parser.add_argument("--retries", type=int, default=2, help="how many times at most (default 2)")
     parser.add_argument("--checkpoint", type=pathlib.Path, help="a checkpoint folder made by _reference_checkpoint")
     parser.add_argument("--reference-venv", type=pathlib.Path, default=refenv.VENV)
     parser.add_argument("--name", default="reference", help="file name stem under bench/results/")
-    parser.add_argument("--report", type=pathlib.Path, metavar="JSON",
-                        help="measure nothing: print the table of a results file again and redraw its plot")
+    parser.add_argument(
+        "--report",
+        type=pathlib.Path,
+        metavar="JSON",
+        help="measure nothing: print the table of a results file again and redraw its plot",
+    )
     args = parser.parse_args(argv)
     if args.report:
         data = json.loads(args.report.read_text())
@@ -316,9 +402,13 @@ def measure(args: argparse.Namespace, ckpt: pathlib.Path, clients: list[int]) ->
     pages = encode_pages(max(args.duration, args.load_duration) + 2, 40)
     page_samples = client.decoded_samples(pages)
     data: dict = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "python": platform.python_version(),
-        "load_before": os.getloadavg(), "checkpoint_spec": checkpoint.spec().name,
-        "single_runs": {side: [] for side in report.SIDES}, "many_runs": {side: {} for side in report.SIDES},
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_before": os.getloadavg(),
+        "checkpoint_spec": checkpoint.spec().name,
+        "single_runs": {side: [] for side in report.SIDES},
+        "many_runs": {side: {} for side in report.SIDES},
         "args": {k: str(relative(v)) for k, v in vars(args).items()},
     }
     scenarios = Scenarios(args)
@@ -338,7 +428,8 @@ def measure(args: argparse.Namespace, ckpt: pathlib.Path, clients: list[int]) ->
                         if n == 1:
                             logger.info("single conversation %d/%d: %s", rep + 1, args.repeats, server.side)
                             data["single_runs"][server.side].append(
-                                scenarios.run(single_conversation, server, pages, page_samples, args))
+                                scenarios.run(single_conversation, server, pages, page_samples, args)
+                            )
                         else:
                             logger.info("%d simultaneous clients: %s", n, server.side)
                             data["many_runs"][server.side][str(n)] = scenarios.run(many_clients, server, n, pages, args)
@@ -350,8 +441,10 @@ def measure(args: argparse.Namespace, ckpt: pathlib.Path, clients: list[int]) ->
     data["load_after"] = os.getloadavg()
     data["scenarios_rerun"] = scenarios.retried
     data["single"] = {side: report.summarize_single(data["single_runs"][side]) for side in report.SIDES}
-    data["many"] = {side: {n: report.summarize_many(run, args.load_duration) for n, run in data["many_runs"][side].items()}
-                    for side in report.SIDES}
+    data["many"] = {
+        side: {n: report.summarize_many(run, args.load_duration) for n, run in data["many_runs"][side].items()}
+        for side in report.SIDES
+    }
     ref_runs, our_runs = data["single_runs"]["reference"], data["single_runs"]["ours"]
     data["server_side"] = {
         "reference_frame_ms": client.quantile([r["server_frame_ms_p50"] for r in ref_runs], 0.5),

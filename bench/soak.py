@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests"))
 
 from _serverproc import ServerProcess  # noqa: E402
+
 from _helpers.bad_client import BadClient  # noqa: E402
 
 logger = logging.getLogger("bench.soak")
@@ -70,7 +71,11 @@ def moshi_pages(seconds: float) -> list[bytes]:
 
     writer = sphn.OpusStreamWriter(24000)
     tone = (0.2 * np.sin(2 * np.pi * 220 * np.arange(int(seconds * 24000)) / 24000)).astype(np.float32)
-    return [p for i in range(0, tone.size - FRAME + 1, FRAME) for p in ogg.split_pages(writer.append_pcm(tone[i:i + FRAME]))]
+    return [
+        p
+        for i in range(0, tone.size - FRAME + 1, FRAME)
+        for p in ogg.split_pages(writer.append_pcm(tone[i : i + FRAME]))
+    ]
 
 
 async def read_until_live(client: BadClient) -> str:
@@ -166,6 +171,7 @@ async def churner(port: int, end: float, rng: random.Random, pages: list[bytes],
 
 def proc_sample(pid: int) -> dict:
     """RSS (server plus its children), fds and threads of the server, from /proc."""
+
     def rss_kb(p: int) -> int:
         try:
             with open(f"/proc/{p}/status") as f:
@@ -184,8 +190,11 @@ def proc_sample(pid: int) -> dict:
                 pass
     with open(f"/proc/{pid}/status") as f:
         threads = next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
-    return {"rss_mb": (rss_kb(pid) + sum(rss_kb(c) for c in children)) / 1024,
-            "fds": len(os.listdir(f"/proc/{pid}/fd")), "threads": threads}
+    return {
+        "rss_mb": (rss_kb(pid) + sum(rss_kb(c) for c in children)) / 1024,
+        "fds": len(os.listdir(f"/proc/{pid}/fd")),
+        "threads": threads,
+    }
 
 
 def http_get(port: int, path: str) -> str:
@@ -198,8 +207,14 @@ def server_sample(server: ServerProcess, port: int, started: float) -> dict:
     metrics = http_get(port, "/metrics")
     tasks = next(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("pplex_trio_tasks "))
     health = json.loads(http_get(port, "/health"))
-    return {"t": round(time.monotonic() - started, 1), **sample, "tasks": int(tasks),
-            "slots_free": health["slots_free"], "sessions": health["sessions"], "queued": health["queued"]}
+    return {
+        "t": round(time.monotonic() - started, 1),
+        **sample,
+        "tasks": int(tasks),
+        "slots_free": health["slots_free"],
+        "sessions": health["sessions"],
+        "queued": health["queued"],
+    }
 
 
 async def sampler(server: ServerProcess, port: int, started: float, samples: list[dict], every: float) -> None:
@@ -232,17 +247,28 @@ def summarize(args: argparse.Namespace, samples: list[dict], tally: Tally, befor
     rss_warm = warm[0]["rss_mb"] if warm else before["rss_mb"]
     rss_peak = max(s["rss_mb"] for s in samples)
     return {
-        "clients": args.clients, "slots": args.slots, "duration_s": args.duration, "warmup_s": args.warmup,
-        "conversations": dict(tally.conversations), "well_behaved_checked": tally.checked,
-        "frames_sent_checked": tally.frames_sent, "frames_lost": tally.frames_lost,
+        "clients": args.clients,
+        "slots": args.slots,
+        "duration_s": args.duration,
+        "warmup_s": args.warmup,
+        "conversations": dict(tally.conversations),
+        "well_behaved_checked": tally.checked,
+        "frames_sent_checked": tally.frames_sent,
+        "frames_lost": tally.frames_lost,
         "failed_clean_conversations": dict(tally.failures),
-        "rss_mb": {"idle_start": before["rss_mb"], "after_warmup": rss_warm, "peak": rss_peak,
-                   "idle_end": after["rss_mb"]},
+        "rss_mb": {
+            "idle_start": before["rss_mb"],
+            "after_warmup": rss_warm,
+            "peak": rss_peak,
+            "idle_end": after["rss_mb"],
+        },
         "rss_growth_after_warmup_pct": round(100 * (after["rss_mb"] - rss_warm) / rss_warm, 2),
         "fds": {"idle_start": before["fds"], "idle_end": after["fds"], "peak": max(s["fds"] for s in samples)},
         "threads": {"idle_start": before["threads"], "idle_end": after["threads"]},
         "trio_tasks": {"idle_start": before["tasks"], "idle_end": after["tasks"]},
-        "slots_free_end": after["slots_free"], "sessions_end": after["sessions"], "queued_end": after["queued"],
+        "slots_free_end": after["slots_free"],
+        "sessions_end": after["sessions"],
+        "queued_end": after["queued"],
     }
 
 
@@ -282,9 +308,23 @@ def main() -> int:
     args = parser.parse_args()
     args.slots = args.slots or max(1, args.clients * 3 // 4)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    server = ServerProcess(["-m", "pplex_trio", "serve", "--model", "echo:step_ms=5,prompt=12", "--slots",
-                            str(args.slots), "--port", "0", "--queue-size", str(args.clients),
-                            "--client-timeout", str(CLIENT_TIMEOUT)])
+    server = ServerProcess(
+        [
+            "-m",
+            "pplex_trio",
+            "serve",
+            "--model",
+            "echo:step_ms=5,prompt=12",
+            "--slots",
+            str(args.slots),
+            "--port",
+            "0",
+            "--queue-size",
+            str(args.clients),
+            "--client-timeout",
+            str(CLIENT_TIMEOUT),
+        ]
+    )
     port = int(server.address.rsplit(":", 1)[1])
     try:
         samples, tally, before, after = trio.run(run, args, server, port)
@@ -292,11 +332,15 @@ def main() -> int:
         code = server.stop()
     summary = summarize(args, samples, tally, before, after)
     summary["server_exit_code"] = code
-    summary["server_log"] = dict(collections.Counter(
-        line.split()[2] for line in server.log if len(line.split()) > 2 and line.split()[2] in ("WARNING", "ERROR")))
+    summary["server_log"] = dict(
+        collections.Counter(
+            line.split()[2] for line in server.log if len(line.split()) > 2 and line.split()[2] in ("WARNING", "ERROR")
+        )
+    )
     summary["server_errors"] = [line.strip()[:200] for line in server.log if " ERROR " in line][:10]
-    summary["session_outcomes"] = dict(collections.Counter(
-        line.rsplit("ended: ", 1)[1].strip() for line in server.log if " ended: " in line))
+    summary["session_outcomes"] = dict(
+        collections.Counter(line.rsplit("ended: ", 1)[1].strip() for line in server.log if " ended: " in line)
+    )
     summary["connections_aborted"] = sum(" aborted" in line for line in server.log)
     args.results.mkdir(parents=True, exist_ok=True)
     stem = args.results / args.name

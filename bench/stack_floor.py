@@ -62,8 +62,20 @@ KEPT_UP = 0.98  # a server that sent less did less work: its CPU figure is not c
 def server_command(variant: str, clients: int) -> list[str]:
     if variant in ("ours", "ours-inline"):
         placement = ["--opus-encoder", "inline"] if variant == "ours-inline" else []
-        return ["-m", "pplex_trio", "serve", "--model", "echo:step_ms=20,prompt=12,text_share=0.3",
-                "--slots", str(clients), "--port", "0", "--queue-size", "0", *placement]
+        return [
+            "-m",
+            "pplex_trio",
+            "serve",
+            "--model",
+            "echo:step_ms=20,prompt=12,text_share=0.3",
+            "--slots",
+            str(clients),
+            "--port",
+            "0",
+            "--queue-size",
+            "0",
+            *placement,
+        ]
     framework, _, codecs = variant.partition("+")  # e.g. "asgi+codecs", or "asgi+codecs0" for complexity 0
     options = ["--codecs"] if codecs else []
     if codecs.removeprefix("codecs"):
@@ -71,8 +83,9 @@ def server_command(variant: str, clients: int) -> list[str]:
     return [str(BENCH / "_floor_server.py"), framework, *options]
 
 
-async def drive(server: ServerProcess, clients: int, pages: list[bytes], warmup: float,
-                duration: float) -> tuple[float, float]:
+async def drive(
+    server: ServerProcess, clients: int, pages: list[bytes], warmup: float, duration: float
+) -> tuple[float, float]:
     """CPU ms of the server tree per conversation-second over the window, once every client is streaming, and
     the audio frames a client got per second in it (:data:`FRAMES_PER_S` when the server kept up)."""
     url = client.chat_url(f"http://{server.address}")
@@ -80,8 +93,18 @@ async def drive(server: ServerProcess, clients: int, pages: list[bytes], warmup:
     stream_pages = round((CONNECT_TIMEOUT + warmup + duration + 5) / client.PAGE_S)  # the run cancels them sooner
     async with trio.open_nursery() as nursery:
         for trace in traces:
-            nursery.start_soon(functools.partial(client.converse, url, pages, trace, clock=trio.current_time,
-                                                 stream_pages=stream_pages, wait_timeout=CONNECT_TIMEOUT, drain=0.0))
+            nursery.start_soon(
+                functools.partial(
+                    client.converse,
+                    url,
+                    pages,
+                    trace,
+                    clock=trio.current_time,
+                    stream_pages=stream_pages,
+                    wait_timeout=CONNECT_TIMEOUT,
+                    drain=0.0,
+                )
+            )
         with trio.move_on_after(CONNECT_TIMEOUT) as waiting:
             while not all(trace.pages_sent_at or trace.error for trace in traces):
                 await trio.sleep(0.05)
@@ -102,15 +125,21 @@ async def drive(server: ServerProcess, clients: int, pages: list[bytes], warmup:
 def summary(rows: list[dict], variants: list[str], floor: str = "asgi+codecs") -> str:
     """A markdown table: each server's median, and its ratio to ``floor`` (the bare stack with the codecs,
     when it ran) round by round, with their median."""
-    lines = [f"| server | CPU ms per conversation-second (median) | / {floor} (median; each round) | "
-             f"audio frames a client got per second (of {FRAMES_PER_S:g}) | of the baseline (8.7) |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"| server | CPU ms per conversation-second (median) | / {floor} (median; each round) | "
+        f"audio frames a client got per second (of {FRAMES_PER_S:g}) | of the baseline (8.7) |",
+        "|---|---|---|---|---|",
+    ]
     measured = [r for r in rows if "cpu_ms_per_conv_s" in r]  # a failed run has an "error" instead
     for variant in variants:
         own = [r for r in measured if r["variant"] == variant]
         ms = [r["cpu_ms_per_conv_s"] for r in own]
-        ratios = [r["cpu_ms_per_conv_s"] / f["cpu_ms_per_conv_s"] for r in own
-                  for f in measured if f["variant"] == floor and f["round"] == r["round"]]
+        ratios = [
+            r["cpu_ms_per_conv_s"] / f["cpu_ms_per_conv_s"]
+            for r in own
+            for f in measured
+            if f["variant"] == floor and f["round"] == r["round"]
+        ]
         ratio = f"{statistics.median(ratios):.2f} ({', '.join(f'{x:.2f}' for x in ratios)})" if ratios else "-"
         failed = sum(1 for r in rows if r["variant"] == variant and "error" in r)
         note = f" ({failed} run(s) failed)" if failed else ""
@@ -120,8 +149,9 @@ def summary(rows: list[dict], variants: list[str], floor: str = "asgi+codecs") -
         median = statistics.median(ms)
         served = [r["audio_frames_per_s"] for r in own]
         kept_up = sum(1 for x in served if x >= KEPT_UP * FRAMES_PER_S)
-        got = f"{statistics.median(served):.2f}" + ("" if kept_up == len(served) else
-                                                   f" (fell behind in {len(served) - kept_up} of {len(served)})")
+        got = f"{statistics.median(served):.2f}" + (
+            "" if kept_up == len(served) else f" (fell behind in {len(served) - kept_up} of {len(served)})"
+        )
         lines.append(f"| {variant} | {median:.2f}{note} | {ratio} | {got} | {median / BASELINE_MS:.2f} |")
     return "\n".join(lines)
 
@@ -131,10 +161,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--duration", type=float, default=30.0, help="seconds measured per server")
     parser.add_argument("--warmup", type=float, default=5.0)
-    parser.add_argument("--variants", nargs="+", default=["ours", "quart+codecs", "asgi+codecs", "asgi+codecs0", "asgi"])
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="run every variant this many times, interleaved: on a host whose speed drifts "
-                             "from minute to minute, the median of each round's ratio is the figure to trust")
+    parser.add_argument(
+        "--variants", nargs="+", default=["ours", "quart+codecs", "asgi+codecs", "asgi+codecs0", "asgi"]
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every variant this many times, interleaved: on a host whose speed drifts "
+        "from minute to minute, the median of each round's ratio is the figure to trust",
+    )
     parser.add_argument("--name", default="stack-floor")
     args = parser.parse_args(argv)
     pages = encode_pages(CONNECT_TIMEOUT + args.warmup + args.duration + 10, 40)
@@ -155,17 +191,27 @@ def main(argv: list[str] | None = None) -> int:
                 row["error"] = f"{type(exc).__name__}: {exc}"
                 print(f"round {round_ + 1}: {variant:14s} N={args.clients}  failed: {row['error']}", flush=True)
             else:
-                print(f"round {round_ + 1}: {variant:14s} N={args.clients}  {ms:5.2f} ms CPU per "
-                      f"conversation-second, {served:5.2f} of {FRAMES_PER_S:g} audio frames a second to each "
-                      "client", flush=True)
+                print(
+                    f"round {round_ + 1}: {variant:14s} N={args.clients}  {ms:5.2f} ms CPU per "
+                    f"conversation-second, {served:5.2f} of {FRAMES_PER_S:g} audio frames a second to each "
+                    "client",
+                    flush=True,
+                )
             rows.append(row)
     print()
     print(summary(rows, args.variants))
     print(f"\nthe target: ≤ {0.55 * BASELINE_MS:.2f} ms (55 % of the baseline)")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(
-        {"command": " ".join(["python", "bench/stack_floor.py", *(argv if argv is not None else sys.argv[1:])]),
-         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "results": rows}, indent=1))
+    (RESULTS / f"{args.name}.json").write_text(
+        json.dumps(
+            {
+                "command": " ".join(["python", "bench/stack_floor.py", *(argv if argv is not None else sys.argv[1:])]),
+                "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "results": rows,
+            },
+            indent=1,
+        )
+    )
     return 1 if any("error" in row for row in rows) else 0
 
 

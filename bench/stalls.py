@@ -54,8 +54,9 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests"))
 
-from _helpers import ogg  # noqa: E402
 from _serverproc import ServerProcess  # noqa: E402
+
+from _helpers import ogg  # noqa: E402
 from pplex_trio.client import open_websocket  # noqa: E402
 from pplex_trio.codec import is_silent  # noqa: E402
 
@@ -63,15 +64,29 @@ logger = logging.getLogger("bench.stalls")
 SR, FRAME, PAGE = 24_000, 1920, 960
 DATA = REPO.parent / "shared" / "data"
 # What the official client asks NVIDIA's server for (it needs every one of them), with the golden checkpoint's voice.
-NVIDIA_QUERY = urllib.parse.urlencode({"text_prompt": "You enjoy having a good conversation.", "voice_prompt": "TINY0.pt",
-                                       "text_temperature": 0.7, "text_topk": 25, "audio_temperature": 0.8,
-                                       "audio_topk": 250})
+NVIDIA_QUERY = urllib.parse.urlencode(
+    {
+        "text_prompt": "You enjoy having a good conversation.",
+        "voice_prompt": "TINY0.pt",
+        "text_temperature": 0.7,
+        "text_topk": 25,
+        "audio_temperature": 0.8,
+        "audio_topk": 250,
+    }
+)
 
 
 # The caller's side of a conversation: the spoken stretches of the two recordings (80 ms frames; the rest of
 # each file is silence), in turns, with the pauses in which a caller listens to the agent.
-TURNS = (("pause", 0.5), ("speech_assistant.wav", 40, 96), ("pause", 3.0), ("speech_service.wav", 65, 105),
-         ("pause", 3.0), ("speech_assistant.wav", 272, 325), ("pause", 1.0))
+TURNS = (
+    ("pause", 0.5),
+    ("speech_assistant.wav", 40, 96),
+    ("pause", 3.0),
+    ("speech_service.wav", 65, 105),
+    ("pause", 3.0),
+    ("speech_assistant.wav", 272, 325),
+    ("pause", 1.0),
+)
 STALLS_AT = {"speech": 4.0, "pause": 6.0}  # seconds into the call: inside the first turn, inside the pause after it
 
 
@@ -83,7 +98,7 @@ def speech(seconds: float) -> np.ndarray:
             continue
         name, first, last = turn
         pcm, _ = sphn.read(str(DATA / name), sample_rate=SR)
-        parts.append(pcm[0, first * FRAME:last * FRAME].astype(np.float32))
+        parts.append(pcm[0, first * FRAME : last * FRAME].astype(np.float32))
     return np.concatenate(parts)[: int(seconds * SR) // FRAME * FRAME]
 
 
@@ -97,7 +112,9 @@ def sent_times(start: float, pages: int, stall_at: float, stall: float) -> list[
     return times
 
 
-async def call(url: str, messages: list[bytes], stall_at: float, stall: float, *, raw: bool) -> tuple[list[float], list[tuple[float, bytes]]]:
+async def call(
+    url: str, messages: list[bytes], stall_at: float, stall: float, *, raw: bool
+) -> tuple[list[float], list[tuple[float, bytes]]]:
     """Send ``messages`` (one per 40 ms page) with the stall; returns when each went and what came back."""
     received: list[tuple[float, bytes]] = []
     async with open_websocket(url) as ws:
@@ -126,16 +143,24 @@ async def call(url: str, messages: list[bytes], stall_at: float, stall: float, *
     return times, received
 
 
-def report(name: str, pcm: np.ndarray, times: list[float], answers: list[tuple[float, int]], stall_at: float,
-           stall: float, during: str = "", page_ends: list[int] | None = None) -> dict:
+def report(
+    name: str,
+    pcm: np.ndarray,
+    times: list[float],
+    answers: list[tuple[float, int]],
+    stall_at: float,
+    stall: float,
+    during: str = "",
+    page_ends: list[int] | None = None,
+) -> dict:
     """The table's row from ``answers``: when each output came, and the input sample its step's frame ended at
     (``page_ends``: the input samples sent once each message is in; by default, 40 ms of PCM each)."""
     frames = len(pcm) // FRAME
-    silent = [is_silent(pcm[i * FRAME:(i + 1) * FRAME]) for i in range(frames)]
+    silent = [is_silent(pcm[i * FRAME : (i + 1) * FRAME]) for i in range(frames)]
     heard = np.zeros(pcm.size, bool)
     for _, end in answers:
-        heard[max(0, end - FRAME):end] = True
-    lost = [i for i in range(frames) if not silent[i] and heard[i * FRAME:(i + 1) * FRAME].mean() < 0.5]
+        heard[max(0, end - FRAME) : end] = True
+    lost = [i for i in range(frames) if not silent[i] and heard[i * FRAME : (i + 1) * FRAME].mean() < 0.5]
     start = times[0]
     turn = []  # (when the frame's last page was sent, from the start; its turnaround)
     ends = np.array(page_ends if page_ends is not None else [(k + 1) * PAGE for k in range(len(times))])
@@ -147,23 +172,30 @@ def report(name: str, pcm: np.ndarray, times: list[float], answers: list[tuple[f
     before = statistics.median(t for sent, t in turn if sent < stall_at)
     after = statistics.median(t for sent, t in turn if sent >= end_of_stall + 4.0)
     late = [sent + t for sent, t in turn if sent >= end_of_stall and t > before + 0.040]  # (when heard)
-    return {"server": name, "stall_s": stall, "during": during, "speech_frames": frames - sum(silent), "speech_lost": len(lost),
-            "turnaround_before_ms": round(before * 1000, 1), "turnaround_after_ms": round(after * 1000, 1),
-            "caught_up_after_s": round(max(late) - end_of_stall, 2) if late else 0.0}
+    return {
+        "server": name,
+        "stall_s": stall,
+        "during": during,
+        "speech_frames": frames - sum(silent),
+        "speech_lost": len(lost),
+        "turnaround_before_ms": round(before * 1000, 1),
+        "turnaround_after_ms": round(after * 1000, 1),
+        "caught_up_after_s": round(max(late) - end_of_stall, 2) if late else 0.0,
+    }
 
 
 def echo_raw(received: list[tuple[float, bytes]], pcm: np.ndarray) -> list[tuple[float, int]]:
     """Where in the sent stream each echoed frame ends (found by its first 16 samples, wherever frames were cut:
     the catch-up may skip part of a frame's silence); silent output frames are not placed."""
     key = 16
-    starts = {pcm[i:i + key].tobytes(): int(i) for i in np.flatnonzero(pcm[:-key])}  # (windows from a sound)
+    starts = {pcm[i : i + key].tobytes(): int(i) for i in np.flatnonzero(pcm[:-key])}  # (windows from a sound)
     answers = []
     for at, data in received:
         frame = np.frombuffer(data, "<f4")
         sound = np.flatnonzero(frame)  # (a frame that begins in a pause is placed by its first sound)
         if frame.size != FRAME or sound.size == 0 or (first := int(sound[0])) + key > FRAME:
             continue
-        if (i := starts.get(frame[first:first + key].tobytes())) is not None:
+        if (i := starts.get(frame[first : first + key].tobytes())) is not None:
             answers.append((at, i - first + FRAME))
     return answers
 
@@ -193,11 +225,11 @@ def decoded_ends(messages: list[bytes]) -> list[int]:
 
 def pages_for(pcm: np.ndarray, *, raw: bool) -> list[bytes]:
     if raw:
-        return [pcm[i:i + PAGE].astype("<f4").tobytes() for i in range(0, pcm.size, PAGE)]
+        return [pcm[i : i + PAGE].astype("<f4").tobytes() for i in range(0, pcm.size, PAGE)]
     writer = sphn.OpusStreamWriter(SR)
     pages: list[bytes] = []
     for i in range(0, pcm.size, FRAME):
-        pages.extend(ogg.split_pages(writer.append_pcm(pcm[i:i + FRAME])))
+        pages.extend(ogg.split_pages(writer.append_pcm(pcm[i : i + FRAME])))
     return [b"\x01" + page for page in pages]
 
 
@@ -217,8 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         url = "ws://" + ours.address
         for during, stall_at, stall in runs:
-            times, received = trio.run(partial(call, raw=True), url + "/v1/audio/duplex", pages_for(pcm, raw=True),
-                                       stall_at, stall)
+            times, received = trio.run(
+                partial(call, raw=True), url + "/v1/audio/duplex", pages_for(pcm, raw=True), stall_at, stall
+            )
             rows.append(report("ours, raw (echo)", pcm, times, echo_raw(received, pcm), stall_at, stall, during))
     finally:
         ours.stop()
@@ -230,19 +263,37 @@ def main(argv: list[str] | None = None) -> int:
         try:
             url = "ws://" + nvidia.address
             for during, stall_at, stall in runs:
-                times, received = trio.run(partial(call, raw=False), url + "/api/chat?" + NVIDIA_QUERY,
-                                           pages_for(pcm, raw=False), stall_at, stall)
+                times, received = trio.run(
+                    partial(call, raw=False),
+                    url + "/api/chat?" + NVIDIA_QUERY,
+                    pages_for(pcm, raw=False),
+                    stall_at,
+                    stall,
+                )
                 messages = pages_for(pcm, raw=False)
                 ends = decoded_ends(messages)
-                rows.append(report("NVIDIA's, Moshi (tiny)", pcm, times, lockstep(received, pcm, ends[-1] // FRAME),
-                                   stall_at, stall, during, page_ends=ends))
+                rows.append(
+                    report(
+                        "NVIDIA's, Moshi (tiny)",
+                        pcm,
+                        times,
+                        lockstep(received, pcm, ends[-1] // FRAME),
+                        stall_at,
+                        stall,
+                        during,
+                        page_ends=ends,
+                    )
+                )
         finally:
             nvidia.stop()
     print(f"{'server':24} {'stall':>15} {'speech lost':>12} {'turnaround before → after':>27} {'caught up after':>16}")
     for row in rows:
-        print(f"{row['server']:24} {row['stall_s']:>4.1f}s in {row['during']:7} {row['speech_lost']:>4} of {row['speech_frames']:<4} "
-              f"{row['turnaround_before_ms']:>12.1f} → {row['turnaround_after_ms']:<8.1f} ms "
-              f"{row['caught_up_after_s']:>10.2f} s")
+        print(
+            f"{row['server']:24} {row['stall_s']:>4.1f}s in {row['during']:7} "
+            f"{row['speech_lost']:>4} of {row['speech_frames']:<4} "
+            f"{row['turnaround_before_ms']:>12.1f} → {row['turnaround_after_ms']:<8.1f} ms "
+            f"{row['caught_up_after_s']:>10.2f} s"
+        )
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / f"{args.name}.json").write_text(json.dumps({"rows": rows}, indent=1))
     return 0 if all(not math.isnan(r["turnaround_after_ms"]) for r in rows) else 1

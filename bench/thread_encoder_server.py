@@ -14,8 +14,8 @@ import logging
 import sys
 
 import trio
-
 from _thread_encoders import ThreadEncoders
+
 from pplex_trio._cli import build_parser, log_level
 from pplex_trio._cli._engines import create_engine
 from pplex_trio._cli._settings_cli import settings_from_args

@@ -76,7 +76,7 @@ def reference_way(model, pcm: np.ndarray) -> None:
     gen = LMGen(lm, 1)
     ones = torch.ones(1, dtype=torch.bool)
     for i in range(frames):
-        codes = mimi.encode_frame(torch.from_numpy(padded[i * size:(i + 1) * size])[None], state)
+        codes = mimi.encode_frame(torch.from_numpy(padded[i * size : (i + 1) * size])[None], state)
         if i:
             tokens = torch.cat([torch.tensor([p.zero_text_code]), codes[0], torch.tensor(p.sine_tokens)])[None]
             gen.step(StepInputs(tokens=tokens, exec_mask=ones), run_depformer=False, return_embeddings=True)
@@ -109,10 +109,16 @@ def cost(repeats: int, folder: pathlib.Path) -> list[dict]:
 
             made = timed(ours, repeats)
             reference = timed(lambda: reference_way(model, pcm), repeats)
-            rows.append({"model": model.name if source == "tiny" else "golden tiny-public", "clip_s": seconds,
-                         "read_normalise_ms_per_s": 1000 * prepare / seconds,
-                         "ours_ms_per_s": 1000 * made / seconds, "reference_way_ms_per_s": 1000 * reference / seconds,
-                         "ours_per_frame_ms": 1000 * made / (seconds / 0.08)})
+            rows.append(
+                {
+                    "model": model.name if source == "tiny" else "golden tiny-public",
+                    "clip_s": seconds,
+                    "read_normalise_ms_per_s": 1000 * prepare / seconds,
+                    "ours_ms_per_s": 1000 * made / seconds,
+                    "reference_way_ms_per_s": 1000 * reference / seconds,
+                    "ours_per_frame_ms": 1000 * made / (seconds / 0.08),
+                }
+            )
             logger.info("%s", rows[-1])
     return rows
 
@@ -129,9 +135,19 @@ async def live_while_adding(url: str, live: int, clip: bytes, voices: int = 10, 
     statuses: list[int] = []
     async with trio.open_nursery() as nursery:
         for s in stats:
-            nursery.start_soon(lambda s=s: load.run_client(
-                ws_url, pages, 40, s, decode=False, live=ready, stop=stop, started_at=trio.current_time(),
-                random_phase=load.spread(s.index, 0.25)))
+            nursery.start_soon(
+                lambda s=s: load.run_client(
+                    ws_url,
+                    pages,
+                    40,
+                    s,
+                    decode=False,
+                    live=ready,
+                    stop=stop,
+                    started_at=trio.current_time(),
+                    random_phase=load.spread(s.index, 0.25),
+                )
+            )
         with trio.fail_after(120):
             for _ in range(live):
                 await ready.acquire()
@@ -147,8 +163,12 @@ async def live_while_adding(url: str, live: int, clip: bytes, voices: int = 10, 
             async def worker():
                 for i in names:
                     began = trio.current_time()
-                    response = await http.post(url + "/api/voices", params={"name": f"Bench{i}"}, content=clip,
-                                               headers={"content-type": "audio/wav"})
+                    response = await http.post(
+                        url + "/api/voices",
+                        params={"name": f"Bench{i}"},
+                        content=clip,
+                        headers={"content-type": "audio/wav"},
+                    )
                     statuses.append(response.status_code)
                     took.append(trio.current_time() - began)
 
@@ -161,11 +181,18 @@ async def live_while_adding(url: str, live: int, clip: bytes, voices: int = 10, 
         stop.set()
     took.sort()
     return {
-        "live": live, "voices": voices, "statuses": sorted(set(statuses)), "added": statuses.count(201),
-        "adding_s": interval, "upload_p50_s": took[len(took) // 2], "upload_max_s": took[-1],
+        "live": live,
+        "voices": voices,
+        "statuses": sorted(set(statuses)),
+        "added": statuses.count(201),
+        "adding_s": interval,
+        "upload_p50_s": took[len(took) // 2],
+        "upload_max_s": took[-1],
         "ticks_measured": [alone.count, during.count],
-        "lateness_p99_ms_alone": 1000 * alone.quantile(0.99), "lateness_p99_ms_while_adding": 1000 * during.quantile(0.99),
-        "ticks_over_5ms_alone": _over(alone, 0.005), "ticks_over_5ms_while_adding": _over(during, 0.005),
+        "lateness_p99_ms_alone": 1000 * alone.quantile(0.99),
+        "lateness_p99_ms_while_adding": 1000 * during.quantile(0.99),
+        "ticks_over_5ms_alone": _over(alone, 0.005),
+        "ticks_over_5ms_while_adding": _over(during, 0.005),
         "live_ok": sum(not s.error for s in stats),
     }
 
@@ -175,22 +202,29 @@ def _over(h: Histogram, bound: float) -> float:
 
 
 def table(result: dict) -> str:
-    lines = ["making a voice (CPU, one torch thread), ms per second of clip (median):",
-             f"{'model':<20}{'clip':>6}{'read+LUFS':>11}{'ours':>9}{'reference way':>15}{'ratio':>8}"]
+    lines = [
+        "making a voice (CPU, one torch thread), ms per second of clip (median):",
+        f"{'model':<20}{'clip':>6}{'read+LUFS':>11}{'ours':>9}{'reference way':>15}{'ratio':>8}",
+    ]
     for row in result["cost"]:
         ratio = row["ours_ms_per_s"] / row["reference_way_ms_per_s"]
-        lines.append(f"{row['model'][:19]:<20}{row['clip_s']:>5g}s{row['read_normalise_ms_per_s']:>11.1f}"
-                     f"{row['ours_ms_per_s']:>9.1f}{row['reference_way_ms_per_s']:>15.1f}{ratio:>8.2f}")
+        lines.append(
+            f"{row['model'][:19]:<20}{row['clip_s']:>5g}s{row['read_normalise_ms_per_s']:>11.1f}"
+            f"{row['ours_ms_per_s']:>9.1f}{row['reference_way_ms_per_s']:>15.1f}{ratio:>8.2f}"
+        )
     live = result.get("live")
     if live:
-        lines += ["", f"{live['live']} live conversation(s) while {live['voices']} voices of 4 s are added "
-                  f"({live['added']} added, statuses {live['statuses']}, in {live['adding_s']:.1f} s; an upload "
-                  f"took {live['upload_p50_s']:.2f} s median, {live['upload_max_s']:.2f} s at most):",
-                  f"{'':<16}{'ticks':>7}{'lateness p99':>14}{'over 5 ms':>11}",
-                  f"{'alone':<16}{live['ticks_measured'][0]:>7.0f}{live['lateness_p99_ms_alone']:>12.2f}ms"
-                  f"{live['ticks_over_5ms_alone']:>11.0f}",
-                  f"{'while adding':<16}{live['ticks_measured'][1]:>7.0f}{live['lateness_p99_ms_while_adding']:>12.2f}ms"
-                  f"{live['ticks_over_5ms_while_adding']:>11.0f}"]
+        lines += [
+            "",
+            f"{live['live']} live conversation(s) while {live['voices']} voices of 4 s are added "
+            f"({live['added']} added, statuses {live['statuses']}, in {live['adding_s']:.1f} s; an upload "
+            f"took {live['upload_p50_s']:.2f} s median, {live['upload_max_s']:.2f} s at most):",
+            f"{'':<16}{'ticks':>7}{'lateness p99':>14}{'over 5 ms':>11}",
+            f"{'alone':<16}{live['ticks_measured'][0]:>7.0f}{live['lateness_p99_ms_alone']:>12.2f}ms"
+            f"{live['ticks_over_5ms_alone']:>11.0f}",
+            f"{'while adding':<16}{live['ticks_measured'][1]:>7.0f}{live['lateness_p99_ms_while_adding']:>12.2f}ms"
+            f"{live['ticks_over_5ms_while_adding']:>11.0f}",
+        ]
     return "\n".join(lines)
 
 
@@ -206,8 +240,22 @@ def main(argv: list[str] | None = None) -> int:
         result["cost"] = cost(args.repeats, folder)
         if args.live:
             clip = clip_file(folder, 4.0).read_bytes()
-            server = ServerProcess(["-m", "pplex_trio", "serve", "--model", "tiny", "--device", "cpu", "--port", "0",
-                                    "--voice-store", str(folder / "store")], startup_timeout=300)
+            server = ServerProcess(
+                [
+                    "-m",
+                    "pplex_trio",
+                    "serve",
+                    "--model",
+                    "tiny",
+                    "--device",
+                    "cpu",
+                    "--port",
+                    "0",
+                    "--voice-store",
+                    str(folder / "store"),
+                ],
+                startup_timeout=300,
+            )
             try:
                 result["live"] = trio.run(live_while_adding, "http://" + server.address, args.live, clip)
             except BaseException:
@@ -216,8 +264,9 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 server.stop()
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "voices.json").write_text(json.dumps(result, indent=1, default=lambda v: None if isinstance(
-        v, float) and math.isnan(v) else v))
+    (RESULTS / "voices.json").write_text(
+        json.dumps(result, indent=1, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v)
+    )
     print(table(result))  # the benchmark's report
     return 0
 

@@ -65,12 +65,20 @@ def read_wav(path: str, rate: int) -> np.ndarray:
 def make_model(args: argparse.Namespace, http: aiohttp.ClientSession) -> llm.RealtimeModel:
     if args.plugin == "openai":
         voice = {"voice": args.voice} if args.voice else {}
-        return openai.realtime.RealtimeModel(base_url=args.url.rstrip("/") + "/v1", model="personaplex",
-                                             api_key=os.environ.get("PPLEX_TRIO_AUTH_TOKEN", "placeholder"),
-                                             http_session=http, **voice)
+        return openai.realtime.RealtimeModel(
+            base_url=args.url.rstrip("/") + "/v1",
+            model="personaplex",
+            api_key=os.environ.get("PPLEX_TRIO_AUTH_TOKEN", "placeholder"),
+            http_session=http,
+            **voice,
+        )
     return personaplex.RealtimeModel(
-        base_url=args.url.replace("http", "ws", 1), voice=(args.voice or "NATF2").removesuffix(".pt"),
-        text_prompt=args.persona, seed=42, http_session=http)
+        base_url=args.url.replace("http", "ws", 1),
+        voice=(args.voice or "NATF2").removesuffix(".pt"),
+        text_prompt=args.persona,
+        seed=42,
+        http_session=http,
+    )
 
 
 async def main() -> None:
@@ -91,6 +99,7 @@ async def main() -> None:
     async def play(generation: llm.GenerationCreatedEvent) -> None:
         """What the agent's loudspeaker and transcript would take: each message's audio and text."""
         async for message in generation.message_stream:
+
             async def audio(message: llm.MessageGeneration = message) -> None:
                 async for frame in message.audio_stream:
                     answer.extend(frame.data)
@@ -124,8 +133,14 @@ async def main() -> None:
         loop = asyncio.get_running_loop()
         start = loop.time()
         for n in range(pcm.size // CHUNK):  # the room's microphone track, in real time
-            session.push_audio(rtc.AudioFrame(data=pcm[n * CHUNK:(n + 1) * CHUNK].tobytes(),
-                                              sample_rate=ROOM_RATE, num_channels=1, samples_per_channel=CHUNK))
+            session.push_audio(
+                rtc.AudioFrame(
+                    data=pcm[n * CHUNK : (n + 1) * CHUNK].tobytes(),
+                    sample_rate=ROOM_RATE,
+                    num_channels=1,
+                    samples_per_channel=CHUNK,
+                )
+            )
             await asyncio.sleep(max(0.0, start + (n + 1) * CHUNK / ROOM_RATE - loop.time()))
 
         await session.aclose()  # hang up

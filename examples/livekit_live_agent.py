@@ -75,7 +75,7 @@ class WavMicrophone(io.AudioInput):
             self._start = time.monotonic()
         n, self._next = self._next, self._next + 1
         await asyncio.sleep(max(0.0, self._start + n * CHUNK / ROOM_RATE - time.monotonic()))
-        chunk = self._pcm[n * CHUNK:(n + 1) * CHUNK]
+        chunk = self._pcm[n * CHUNK : (n + 1) * CHUNK]
         if chunk.size < CHUNK:
             self.done.set()
             chunk = np.zeros(CHUNK, "<i2")
@@ -86,8 +86,9 @@ class WavLoudspeaker(io.AudioOutput):
     """What the session plays, placed on the call's timeline (silence where nothing played)."""
 
     def __init__(self) -> None:
-        super().__init__(label="wav loudspeaker", capabilities=io.AudioOutputCapabilities(pause=False),
-                         sample_rate=MODEL_RATE)
+        super().__init__(
+            label="wav loudspeaker", capabilities=io.AudioOutputCapabilities(pause=False), sample_rate=MODEL_RATE
+        )
         self.audio = bytearray()
         self.start: float | None = None  # when the call went live
         self._pushed = 0.0  # of the segment playing
@@ -133,9 +134,13 @@ async def main() -> None:
 
     async with aiohttp.ClientSession() as http:
         voice = {"voice": args.voice} if args.voice else {}
-        model = openai.realtime.GPTLiveModel(base_url=args.url.rstrip("/") + "/v1", delegation="client",
-                                             api_key=os.environ.get("PPLEX_TRIO_AUTH_TOKEN", "placeholder"),
-                                             http_session=http, **voice)
+        model = openai.realtime.GPTLiveModel(
+            base_url=args.url.rstrip("/") + "/v1",
+            delegation="client",
+            api_key=os.environ.get("PPLEX_TRIO_AUTH_TOKEN", "placeholder"),
+            http_session=http,
+            **voice,
+        )
         # The microphone is a file: there is no echo of the loudspeaker for LiveKit's AEC warm-up to wait out.
         session = AgentSession(llm=model, aec_warmup_duration=None)
         live = asyncio.Event()
@@ -153,8 +158,9 @@ async def main() -> None:
 
         # The caller talks once the call is up: when the server has started the session.
         duplex = agent.duplex_session
-        duplex.on("openai_server_event_received",
-                  lambda event: live.set() if event.get("type") == "session.started" else None)
+        duplex.on(
+            "openai_server_event_received", lambda event: live.set() if event.get("type") == "session.started" else None
+        )
         if duplex.session_id is not None:  # (it may have started already)
             live.set()
         await asyncio.wait_for(live.wait(), 30)
@@ -169,8 +175,7 @@ async def main() -> None:
         w.setsampwidth(2)
         w.setframerate(MODEL_RATE)
         w.writeframes(bytes(speaker.audio))
-    log.info("wrote %s (%.1f s); transcript: %r", args.output, len(speaker.audio) / 2 / MODEL_RATE,
-             "".join(transcript))
+    log.info("wrote %s (%.1f s); transcript: %r", args.output, len(speaker.audio) / 2 / MODEL_RATE, "".join(transcript))
 
 
 if __name__ == "__main__":

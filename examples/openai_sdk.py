@@ -42,16 +42,22 @@ async def main() -> None:
     args = parser.parse_args()
 
     base = args.url.rstrip("/") + "/v1"
-    client = AsyncOpenAI(api_key=os.environ.get("PPLEX_TRIO_AUTH_TOKEN", "unused"), base_url=base,
-                         websocket_base_url=base.replace("http", "ws", 1))  # (https → wss)
+    client = AsyncOpenAI(
+        api_key=os.environ.get("PPLEX_TRIO_AUTH_TOKEN", "unused"),
+        base_url=base,
+        websocket_base_url=base.replace("http", "ws", 1),
+    )  # (https → wss)
     question = np.concatenate([read_wav(args.input), np.zeros(2 * RATE, np.float32)])  # a 2 s tail to answer in
     answer: list[bytes] = []
     transcript: list[str] = []
     async with client.realtime.connect(model="personaplex") as connection:
-        await connection.session.update(session={
-            "type": "realtime", "instructions": args.persona,
-            "audio": {"input": {"format": {"type": "audio/pcm", "rate": RATE}}, "output": {"voice": args.voice}},
-        })
+        await connection.session.update(
+            session={
+                "type": "realtime",
+                "instructions": args.persona,
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": RATE}}, "output": {"voice": args.voice}},
+            }
+        )
         await connection.response.create()  # start the conversation (the model takes in its persona first)
         async for event in connection:
             if event.type == "response.created":
@@ -63,7 +69,7 @@ async def main() -> None:
             loop = asyncio.get_running_loop()
             start = loop.time()
             for i in range(0, question.size, CHUNK):
-                chunk = (np.clip(question[i:i + CHUNK], -1, 32767 / 32768) * 32768).astype("<i2").tobytes()
+                chunk = (np.clip(question[i : i + CHUNK], -1, 32767 / 32768) * 32768).astype("<i2").tobytes()
                 await connection.input_audio_buffer.append(audio=base64.b64encode(chunk).decode())
                 await asyncio.sleep(max(0.0, start + (i // CHUNK + 1) * 0.08 - loop.time()))
 

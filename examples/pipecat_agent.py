@@ -95,8 +95,11 @@ async def main() -> None:
     # PersonaPlex hears audio only: the persona above is all the text it takes, so the context starts empty.
     user, assistant = LLMContextAggregatorPair(LLMContext())
     speaker = Loudspeaker()
-    worker = PipelineWorker(Pipeline([user, llm, speaker, assistant]),
-                            params=PipelineParams(audio_in_sample_rate=MIC_RATE), idle_timeout_secs=None)
+    worker = PipelineWorker(
+        Pipeline([user, llm, speaker, assistant]),
+        params=PipelineParams(audio_in_sample_rate=MIC_RATE),
+        idle_timeout_secs=None,
+    )
     runner = WorkerRunner(handle_sigint=False)
     await runner.add_workers(worker)
 
@@ -107,7 +110,7 @@ async def main() -> None:
         loop = asyncio.get_running_loop()
         start = loop.time()
         for n in range(pcm.size // CHUNK):  # in real time, as a microphone would
-            frame = pcm[n * CHUNK:(n + 1) * CHUNK].tobytes()
+            frame = pcm[n * CHUNK : (n + 1) * CHUNK].tobytes()
             await worker.queue_frame(InputAudioRawFrame(audio=frame, sample_rate=MIC_RATE, num_channels=1))
             await asyncio.sleep(max(0.0, start + (n + 1) * CHUNK / MIC_RATE - loop.time()))
         await worker.queue_frame(EndFrame())  # hang up: the service closes its connection
@@ -121,8 +124,12 @@ async def main() -> None:
         w.setsampwidth(2)
         w.setframerate(MODEL_RATE)
         w.writeframes(bytes(speaker.audio))
-    log.info("wrote %s (%.1f s); transcript: %r", args.output, len(speaker.audio) / 2 / MODEL_RATE,
-             "".join(speaker.transcript))
+    log.info(
+        "wrote %s (%.1f s); transcript: %r",
+        args.output,
+        len(speaker.audio) / 2 / MODEL_RATE,
+        "".join(speaker.transcript),
+    )
 
 
 if __name__ == "__main__":

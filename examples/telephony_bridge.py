@@ -39,7 +39,7 @@ def caller_frames(path: str) -> Iterator[bytes]:
     line = soxr.resample(pcm.astype(np.float32) / 32768, rate, PHONE_RATE)
     line = np.concatenate([line, np.zeros(2 * PHONE_RATE, np.float32)])
     for i in range(0, line.size - FRAME + 1, FRAME):
-        yield ulaw_encode(line[i:i + FRAME])
+        yield ulaw_encode(line[i : i + FRAME])
 
 
 async def main() -> None:
@@ -51,18 +51,24 @@ async def main() -> None:
     args = parser.parse_args()
 
     base = args.url.rstrip("/") + "/v1"
-    client = AsyncOpenAI(api_key=os.environ.get("PPLEX_TRIO_AUTH_TOKEN", "unused"), base_url=base,
-                         websocket_base_url=base.replace("http", "ws", 1))
+    client = AsyncOpenAI(
+        api_key=os.environ.get("PPLEX_TRIO_AUTH_TOKEN", "unused"),
+        base_url=base,
+        websocket_base_url=base.replace("http", "ws", 1),
+    )
     to_phone: list[bytes] = []
 
     def play(mulaw: bytes) -> None:  # your gateway: send the bytes back down the line
         to_phone.append(mulaw)
 
     async with client.realtime.connect(model="personaplex") as connection:
-        await connection.session.update(session={
-            "type": "realtime", "instructions": args.persona,
-            "audio": {"input": {"format": {"type": "audio/pcmu"}}, "output": {"format": {"type": "audio/pcmu"}}},
-        })
+        await connection.session.update(
+            session={
+                "type": "realtime",
+                "instructions": args.persona,
+                "audio": {"input": {"format": {"type": "audio/pcmu"}}, "output": {"format": {"type": "audio/pcmu"}}},
+            }
+        )
         # Start the conversation as the call is answered, and forward the caller once it is live: the model
         # takes its persona in first (seconds on a CPU), and audio sent before that is not heard.
         await connection.response.create()

@@ -96,11 +96,19 @@ class Outcome(enum.Enum):
 
 
 _CLOSE_CODES: dict[Outcome, CloseCode | None] = {
-    Outcome.COMPLETED: CloseCode.NORMAL, Outcome.HANGUP: CloseCode.NORMAL, Outcome.TIME_LIMIT: CloseCode.NORMAL,
-    Outcome.CLIENT_CLOSED: None, Outcome.CLIENT_TIMEOUT: CloseCode.POLICY,
-    Outcome.BAD_REQUEST: CloseCode.POLICY, Outcome.PROTOCOL_ERROR: CloseCode.POLICY, Outcome.REJECTED: CloseCode.POLICY,
-    Outcome.QUEUE_FULL: CloseCode.TRY_AGAIN_LATER, Outcome.QUEUE_TIMEOUT: CloseCode.TRY_AGAIN_LATER,
+    Outcome.COMPLETED: CloseCode.NORMAL,
+    Outcome.HANGUP: CloseCode.NORMAL,
+    Outcome.TIME_LIMIT: CloseCode.NORMAL,
+    Outcome.CLIENT_CLOSED: None,
+    Outcome.CLIENT_TIMEOUT: CloseCode.POLICY,
+    Outcome.BAD_REQUEST: CloseCode.POLICY,
+    Outcome.PROTOCOL_ERROR: CloseCode.POLICY,
+    Outcome.REJECTED: CloseCode.POLICY,
+    Outcome.QUEUE_FULL: CloseCode.TRY_AGAIN_LATER,
+    Outcome.QUEUE_TIMEOUT: CloseCode.TRY_AGAIN_LATER,
     Outcome.ENGINE_STALLED: CloseCode.TRY_AGAIN_LATER,
-    Outcome.ENGINE_ERROR: CloseCode.INTERNAL_ERROR, Outcome.INTERNAL_ERROR: CloseCode.INTERNAL_ERROR,
-    Outcome.SHUTDOWN: CloseCode.GOING_AWAY, Outcome.DRAINING: CloseCode.GOING_AWAY,
+    Outcome.ENGINE_ERROR: CloseCode.INTERNAL_ERROR,
+    Outcome.INTERNAL_ERROR: CloseCode.INTERNAL_ERROR,
+    Outcome.SHUTDOWN: CloseCode.GOING_AWAY,
+    Outcome.DRAINING: CloseCode.GOING_AWAY,
 }

@@ -32,6 +32,8 @@ class Precision:
 
     def describe(self) -> str:
         """For logs and reports: ``weights int8, KV cache fp8``, or ``full precision``."""
-        parts = [f"weights {self.weights}" if self.weights is not WeightFormat.NONE else "",
-                 f"KV cache {self.kv_cache}" if self.kv_cache is not KVFormat.MODEL else ""]
+        parts = [
+            f"weights {self.weights}" if self.weights is not WeightFormat.NONE else "",
+            f"KV cache {self.kv_cache}" if self.kv_cache is not KVFormat.MODEL else "",
+        ]
         return ", ".join(p for p in parts if p) or "full precision"

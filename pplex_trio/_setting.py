@@ -34,14 +34,25 @@ def setting(
     A ``secret`` is left out of the dataclass's ``repr`` (so a logged settings object never shows it).
     ``parse`` turns the flag's text into the value (default: the field's type); it raises ``ValueError``
     with a message for the user. ``env`` names the environment variable that gives the value when the
-    command line does not (for secrets: ``ps`` shows flags, not the environment). An ``advanced`` setting (a test engine's or a tuning knob) is left out of
+    command line does not (for secrets: ``ps`` shows flags, not the environment). An ``advanced`` setting (a test
+    engine's or a tuning knob) is left out of
     ``--help`` and shown by ``--help-all``; ``metavar`` names the flag's value there (``DIR``, ``SECONDS``).
     """
     return dataclasses.field(
         default=default,
         repr=not secret,
-        metadata={"help": help, "flag": flag, "low": low, "high": high, "group": group, "cli": cli,
-                  "parse": parse, "advanced": advanced, "metavar": metavar, "env": env},
+        metadata={
+            "help": help,
+            "flag": flag,
+            "low": low,
+            "high": high,
+            "group": group,
+            "cli": cli,
+            "parse": parse,
+            "advanced": advanced,
+            "metavar": metavar,
+            "env": env,
+        },
     )
 
 
@@ -77,15 +88,25 @@ def check_settings(settings: Any) -> None:
         check_bounds(field, getattr(settings, field.name))
 
 
-_SIZE_UNITS = {"": 2**30, "g": 2**30, "gib": 2**30, "gb": 10**9, "m": 2**20, "mib": 2**20, "mb": 10**6,
-               "t": 2**40, "tib": 2**40, "tb": 10**12}
+_SIZE_UNITS = {
+    "": 2**30,
+    "g": 2**30,
+    "gib": 2**30,
+    "gb": 10**9,
+    "m": 2**20,
+    "mib": 2**20,
+    "mb": 10**6,
+    "t": 2**40,
+    "tib": 2**40,
+    "tb": 10**12,
+}
 
 
 def parse_gib(text: str) -> float:
     """A memory size in GiB from ``24``, ``24GiB``, ``80GB`` (10**9 bytes), ``1536MiB``, ``0.5TiB``."""
     cleaned = text.strip().lower().replace(" ", "")
     number = cleaned.rstrip("abgimt")
-    unit = cleaned[len(number):]
+    unit = cleaned[len(number) :]
     try:
         value = float(number)
     except ValueError:

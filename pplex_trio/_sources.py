@@ -20,5 +20,4 @@ LICENCES = {
 
 def is_repo_id(source: str) -> bool:
     """``owner/name``: one slash, not a path (``.``, ``/``, ``~``), and no such local file or folder."""
-    return (source.count("/") == 1 and not source.startswith((".", "/", "~"))
-            and not Path(source).expanduser().exists())
+    return source.count("/") == 1 and not source.startswith((".", "/", "~")) and not Path(source).expanduser().exists()

@@ -30,8 +30,16 @@ OFFICIAL_VOICES: tuple[str, ...] = tuple(
 # voice (LiveKit's "marin", Pipecat's "alloy") works. A fixed table by gender of the name's usual
 # voice, not a likeness of timbre; on a server without the named voice, the engine's default voice.
 OPENAI_VOICES: dict[str, str] = {
-    "alloy": "NATF0.pt", "coral": "NATF1.pt", "marin": "NATF2.pt", "sage": "NATF3.pt", "shimmer": "VARF0.pt",
-    "ash": "NATM0.pt", "ballad": "NATM1.pt", "cedar": "NATM2.pt", "echo": "NATM3.pt", "verse": "VARM0.pt",
+    "alloy": "NATF0.pt",
+    "coral": "NATF1.pt",
+    "marin": "NATF2.pt",
+    "sage": "NATF3.pt",
+    "shimmer": "VARF0.pt",
+    "ash": "NATM0.pt",
+    "ballad": "NATM1.pt",
+    "cedar": "NATM2.pt",
+    "echo": "NATM3.pt",
+    "verse": "VARM0.pt",
 }
 
 
@@ -58,8 +66,10 @@ def check_voice_name(name: str) -> str:
     allowed) for anything but a bare ``NAME.pt``.
     """
     if not is_bare_voice_name(name):
-        raise VoiceNotFoundError(f"invalid voice name {name!r}: use a bare file name ending in .pt (like NATF0.pt) "
-                                 f"or in {', '.join(AUDIO_SUFFIXES)} (a recording)")
+        raise VoiceNotFoundError(
+            f"invalid voice name {name!r}: use a bare file name ending in .pt (like NATF0.pt) "
+            f"or in {', '.join(AUDIO_SUFFIXES)} (a recording)"
+        )
     return name
 
 
@@ -72,8 +82,9 @@ def voice_files(folder: str | os.PathLike[str]) -> list[str]:
     """
     path = Path(folder)
     if not path.is_dir():
-        raise FileNotFoundError(f"voice directory {path} does not exist: pass --voice-dir with a folder of .pt files "
-                                "or recordings")
+        raise FileNotFoundError(
+            f"voice directory {path} does not exist: pass --voice-dir with a folder of .pt files or recordings"
+        )
     return sorted(p.name for p in path.iterdir() if is_bare_voice_name(p.name) and p.is_file())
 
 

@@ -42,7 +42,17 @@ def speech_wav(shared_dir: pathlib.Path) -> pathlib.Path:
 
 # What `.ci/setup --test` installs: in CI (`.ci/run` sets PPLEX_TRIO_CI) a test skipped for want of one of
 # them is a failure, so a broken install can never pass as a green run with the oracle tests silently gone.
-INSTALLED_BY_SETUP = ("'moshi", "'openai", "'pipecat", "'livekit", "chromium", "libopus", "promtool", "'telnyx", "'plivo")
+INSTALLED_BY_SETUP = (
+    "'moshi",
+    "'openai",
+    "'pipecat",
+    "'livekit",
+    "chromium",
+    "libopus",
+    "promtool",
+    "'telnyx",
+    "'plivo",
+)
 
 
 def _fail_if_setup_should_have_installed_it(report: pytest.CollectReport | pytest.TestReport) -> None:

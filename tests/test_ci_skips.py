@@ -18,10 +18,17 @@ def run(ci: bool) -> str:
         (folder / "test_needs.py").write_text(
             "import pytest\n"
             "def test_needs_moshi():\n    pytest.importorskip('moshi_that_is_not_installed')\n"
-            "def test_skipped_for_its_own_reason():\n    pytest.skip('not on this platform')\n")
+            "def test_skipped_for_its_own_reason():\n    pytest.skip('not on this platform')\n"
+        )
         env = {k: v for k, v in os.environ.items() if k != "PPLEX_TRIO_CI"} | ({"PPLEX_TRIO_CI": "1"} if ci else {})
-        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder)],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=120).stdout
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
     finally:
         shutil.rmtree(folder)
 

@@ -14,9 +14,13 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 def _documented_methods(tree: ast.Module) -> dict[str, set[str]]:
     """Each class of a module, by name, with the names of its methods that carry a docstring."""
     return {
-        node.name: {item.name for item in node.body
-                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(item)}
-        for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+        node.name: {
+            item.name
+            for item in node.body
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(item)
+        }
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
     }
 
 
@@ -49,8 +53,11 @@ def _inherits_doc(name: str, bases: list[str], seen: frozenset[str] = frozenset(
             return True
         for tree in TREES.values():
             for node in ast.walk(tree):
-                if isinstance(node, ast.ClassDef) and node.name == base and \
-                        _inherits_doc(name, _base_names(node), seen | {base}):
+                if (
+                    isinstance(node, ast.ClassDef)
+                    and node.name == base
+                    and _inherits_doc(name, _base_names(node), seen | {base})
+                ):
                     return True
     return False
 
@@ -66,7 +73,8 @@ def undocumented(path: pathlib.Path) -> list[str]:
             if node.name.startswith("_"):
                 continue
             if ast.get_docstring(node) is None and not (
-                    owner is not None and _inherits_doc(node.name, _base_names(owner))):
+                owner is not None and _inherits_doc(node.name, _base_names(owner))
+            ):
                 missing.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}")
             if isinstance(node, ast.ClassDef):
                 visit(node.body, node)

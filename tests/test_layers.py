@@ -13,9 +13,16 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 def test_import_contracts_hold():
     """pyproject.toml's import-linter contracts: layers, sans-IO protocol and codec, no cycles."""
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys, importlinter.cli as c; "
-         "sys.exit(c.lint_imports(config_filename='pyproject.toml', no_cache=True, no_logo=True))"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-c",
+            "import sys, importlinter.cli as c; "
+            "sys.exit(c.lint_imports(config_filename='pyproject.toml', no_cache=True, no_logo=True))",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "BROKEN" not in proc.stdout and "KEPT" in proc.stdout

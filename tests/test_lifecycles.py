@@ -17,8 +17,12 @@ from pplex_trio.server._server_state import SERVER_LIFECYCLE
 from pplex_trio.server.sessions._session import SESSION_LIFECYCLE
 
 ARCHITECTURE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "ARCHITECTURE.md"
-LIFECYCLES = {"SERVER_LIFECYCLE": SERVER_LIFECYCLE, "SESSION_LIFECYCLE": SESSION_LIFECYCLE,
-              "LEASE_LIFECYCLE": LEASE_LIFECYCLE, "ACTOR_LIFECYCLE": ACTOR_LIFECYCLE}
+LIFECYCLES = {
+    "SERVER_LIFECYCLE": SERVER_LIFECYCLE,
+    "SESSION_LIFECYCLE": SESSION_LIFECYCLE,
+    "LEASE_LIFECYCLE": LEASE_LIFECYCLE,
+    "ACTOR_LIFECYCLE": ACTOR_LIFECYCLE,
+}
 
 
 def drawing(lifecycle: Lifecycle) -> str:
@@ -38,8 +42,9 @@ def test_the_architecture_draws_each_lifecycle_from_its_table(name):
     assert marker in text, f"docs/ARCHITECTURE.md has no drawing of {name} (marker: {marker})"
     drawn = text.split(marker, 1)[1].lstrip("\n")
     expected = drawing(LIFECYCLES[name])
-    assert drawn.startswith(expected), f"docs/ARCHITECTURE.md's {name} differs from its table; draw it so:\n" \
-                                       f"{marker}\n{expected}"
+    assert drawn.startswith(expected), (
+        f"docs/ARCHITECTURE.md's {name} differs from its table; draw it so:\n{marker}\n{expected}"
+    )
 
 
 def test_every_state_of_a_lifecycle_has_a_row_and_every_move_stays_inside_it():
@@ -52,8 +57,15 @@ def test_every_state_of_a_lifecycle_has_a_row_and_every_move_stays_inside_it():
 def test_the_actor_makes_one_call_at_a_time_and_refuses_conversations_from_a_stall_until_the_engine_is_back():
     """(The moves themselves, made by a running actor: ``tests/engine/test_actor.py``.)"""
     A = ActorState
-    allowed = {(A.IDLE, A.CALLING), (A.CALLING, A.IDLE), (A.CALLING, A.RESETTING), (A.CALLING, A.STALLED),
-               (A.RESETTING, A.IDLE), (A.STALLED, A.RECOVERING), (A.RECOVERING, A.IDLE)}
+    allowed = {
+        (A.IDLE, A.CALLING),
+        (A.CALLING, A.IDLE),
+        (A.CALLING, A.RESETTING),
+        (A.CALLING, A.STALLED),
+        (A.RESETTING, A.IDLE),
+        (A.STALLED, A.RECOVERING),
+        (A.RECOVERING, A.IDLE),
+    }
     for a in A:
         for b in A:
             assert ACTOR_LIFECYCLE.allows(a, b) == ((a, b) in allowed), (a, b)

@@ -15,8 +15,13 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_mypy_passes():
-    proc = subprocess.run([sys.executable, "-m", "mypy", "--config-file", "pyproject.toml"],
-                          cwd=REPO, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", "pyproject.toml"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -27,8 +32,11 @@ def test_the_strict_modules_get_every_flag_of_strict():
 
     def options(*flags: str) -> dict[str, object]:
         _, opts = process_options([*flags, "--config-file", "", "-c", "pass"])
-        return {name: getattr(opts, name) for name in dir(opts)
-                if not name.startswith("_") and not callable(getattr(opts, name))}
+        return {
+            name: getattr(opts, name)
+            for name in dir(opts)
+            if not name.startswith("_") and not callable(getattr(opts, name))
+        }
 
     strict, plain = options("--strict"), options()
     wanted = {name: value for name, value in strict.items() if value != plain[name]}
@@ -40,14 +48,39 @@ def test_the_strict_modules_get_every_flag_of_strict():
 
 def mypy_snippet(code: str) -> subprocess.CompletedProcess[str]:
     """mypy on ``code`` alone (what it imports is read, not reported), its cache beside the package's."""
-    return subprocess.run([sys.executable, "-m", "mypy", "--config-file", "", "--follow-imports=silent",
-                           "--ignore-missing-imports", "--cache-dir", str(REPO / ".mypy_cache" / "snippets"),
-                           "-c", textwrap.dedent(code)], check=False, cwd=REPO, capture_output=True, text=True,
-                          timeout=240)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            "",
+            "--follow-imports=silent",
+            "--ignore-missing-imports",
+            "--cache-dir",
+            str(REPO / ".mypy_cache" / "snippets"),
+            "-c",
+            textwrap.dedent(code),
+        ],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
-@pytest.mark.parametrize("call", ["deliver(frame)", "drained(0.0)", "take_frame(pcm, 0, 0.0)", "fail(failure)",
-                                  "assigned(0, 0.0)", "given_back(True, None)"])
+@pytest.mark.parametrize(
+    "call",
+    [
+        "deliver(frame)",
+        "drained(0.0)",
+        "take_frame(pcm, 0, 0.0)",
+        "fail(failure)",
+        "assigned(0, 0.0)",
+        "given_back(True, None)",
+    ],
+)
 def test_mypy_refuses_a_session_that_calls_the_engine_side_of_its_lease(call):
     """The session's end of a lease (``Lease``) has none of the engine's methods (``EngineLease``'s)."""
     proc = mypy_snippet(f"""
@@ -58,8 +91,9 @@ def test_mypy_refuses_a_session_that_calls_the_engine_side_of_its_lease(call):
             lease.{call}
     """)
     method = call.split("(")[0]
-    assert proc.returncode == 1 and f'error: "Lease" has no attribute "{method}"  [attr-defined]' in proc.stdout, \
+    assert proc.returncode == 1 and f'error: "Lease" has no attribute "{method}"  [attr-defined]' in proc.stdout, (
         proc.stdout + proc.stderr
+    )
 
 
 def test_mypy_accepts_a_session_that_uses_its_own_end():

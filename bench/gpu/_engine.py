@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from pplex_trio.engine._fit import GIB, plan_memory
 from pplex_trio.engine._device_tick import DeviceTick
+from pplex_trio.engine._fit import GIB, plan_memory
 from pplex_trio.engine._interface import Conversation, Sampling, SlotMode
 from pplex_trio.engine._personaplex import PersonaPlexEngine
 from pplex_trio.model import CONFIGS, random_model
@@ -57,10 +57,13 @@ def memory(device: torch.device) -> dict[str, float]:
     if device.type != "cuda":
         return {}
     free, total = torch.cuda.mem_get_info(device)
-    return {"allocated_gib": torch.cuda.memory_allocated(device) / GIB,
-            "reserved_gib": torch.cuda.memory_reserved(device) / GIB,
-            "max_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
-            "driver_free_gib": free / GIB, "driver_total_gib": total / GIB}
+    return {
+        "allocated_gib": torch.cuda.memory_allocated(device) / GIB,
+        "reserved_gib": torch.cuda.memory_reserved(device) / GIB,
+        "max_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
+        "driver_free_gib": free / GIB,
+        "driver_total_gib": total / GIB,
+    }
 
 
 def release(device: torch.device) -> None:
@@ -171,22 +174,36 @@ def equality(model, device: torch.device, frames: np.ndarray, quick: bool) -> di
             if mode is SlotMode.LIVE:
                 compared += 1
                 if mismatch is None and not np.array_equal(tokens[0][row], tokens[1][row]):
-                    mismatch = {"tick": tick, "row": row, "eager": tokens[0][row].tolist(),
-                                label: tokens[1][row].tolist()}
+                    mismatch = {
+                        "tick": tick,
+                        "row": row,
+                        "eager": tokens[0][row].tolist(),
+                        label: tokens[1][row].tolist(),
+                    }
                 diff = float(np.abs(results[0][1].pcm[row] - results[1][1].pcm[row]).max())
                 worst_pcm = max(worst_pcm, diff)
         if live_at is not None and tick > live_at + 9 and all(d.live() for d in drivers):
             all_live += 1
             if all_live == (10 if quick else 30):  # ticks with every row live, after the last start
                 break
-    return {"compared": label, "tick_path": other.tick_path, "ticks": drivers[0].ticks, "live_frames_compared":
-            compared, "tokens_equal": mismatch is None, "first_mismatch": mismatch, "pcm_max_abs_diff": worst_pcm}
+    return {
+        "compared": label,
+        "tick_path": other.tick_path,
+        "ticks": drivers[0].ticks,
+        "live_frames_compared": compared,
+        "tokens_equal": mismatch is None,
+        "first_mismatch": mismatch,
+        "pcm_max_abs_diff": worst_pcm,
+    }
 
 
 # --- (c) the sweep -------------------------------------------------------------------
 
-MODES: dict[str, dict[str, bool]] = {"eager": {"cuda_graph": False}, "graph": {"cuda_graph": True},
-                                     "compiled": {"cuda_graph": True, "compile": True}}
+MODES: dict[str, dict[str, bool]] = {
+    "eager": {"cuda_graph": False},
+    "graph": {"cuda_graph": True},
+    "compiled": {"cuda_graph": True, "compile": True},
+}
 """A sweep cell's mode -> ``PersonaPlexEngine``'s arguments ("compiled": torch.compile's tick, recorded as a graph)."""
 
 
@@ -196,8 +213,12 @@ def cell(model, batch: int, mode: str, frames: np.ndarray, timed: int, warmup: i
     began = time.perf_counter()
     engine = PersonaPlexEngine(model, batch, default_voice="", **MODES[mode])
     sync(device)
-    out: dict[str, Any] = {"B": batch, "mode": mode, "tick_path": engine.tick_path,
-                           "build_and_capture_s": time.perf_counter() - began}
+    out: dict[str, Any] = {
+        "B": batch,
+        "mode": mode,
+        "tick_path": engine.tick_path,
+        "build_and_capture_s": time.perf_counter() - began,
+    }
     driver = Driver(engine, frames)
     for row in range(batch):
         driver.start(row, Conversation(persona="Hello.", sampling=Sampling(text_seed=row, audio_seed=row)))
@@ -217,21 +238,35 @@ def cell(model, batch: int, mode: str, frames: np.ndarray, timed: int, warmup: i
         began = time.perf_counter()
         driver.step()  # engine.step ends with the read-back, its one sync
         ms.append(1000 * (time.perf_counter() - began))
-    out.update(ticks=timed, p50_ms=float(np.percentile(ms, 50)), p99_ms=float(np.percentile(ms, 99)),
-               max_ms=float(np.max(ms)), **memory(device))
+    out.update(
+        ticks=timed,
+        p50_ms=float(np.percentile(ms, 50)),
+        p99_ms=float(np.percentile(ms, 99)),
+        max_ms=float(np.max(ms)),
+        **memory(device),
+    )
     del driver, engine
     release(device)
     return out
 
 
-def sweep(model, frames: np.ndarray, batches: list[int], modes: list[str], timed: int, warmup: int,
-          deadline: float, results: Results) -> None:
+def sweep(
+    model,
+    frames: np.ndarray,
+    batches: list[int],
+    modes: list[str],
+    timed: int,
+    warmup: int,
+    deadline: float,
+    results: Results,
+) -> None:
     """Every batch in every mode; the compiled cells (minutes of compiling each) after all the others, so that
     the time box leaves those out first."""
     cells: list[dict[str, Any]] = []
     longest = 0.0
-    order = [(b, m) for b in batches for m in modes if m != "compiled"] + [(b, "compiled") for b in batches
-                                                                            if "compiled" in modes]
+    order = [(b, m) for b in batches for m in modes if m != "compiled"] + [
+        (b, "compiled") for b in batches if "compiled" in modes
+    ]
     for batch, mode in order:
         name = {"B": batch, "mode": mode}
         left = deadline - time.monotonic()
@@ -244,8 +279,13 @@ def sweep(model, frames: np.ndarray, batches: list[int], modes: list[str], timed
             cells.append(cell(model, batch, mode, frames, timed, warmup))
         except Exception as exc:  # noqa: BLE001 - a failing cell is recorded, the sweep goes on
             logger.warning("B=%d %s: %s", batch, name["mode"], exc)
-            cells.append(name | {"error": f"{type(exc).__name__}: {str(exc)[:300]}",
-                                 "out_of_memory": isinstance(exc, torch.OutOfMemoryError)})
+            cells.append(
+                name
+                | {
+                    "error": f"{type(exc).__name__}: {str(exc)[:300]}",
+                    "out_of_memory": isinstance(exc, torch.OutOfMemoryError),
+                }
+            )
             release(model.device)
         longest = max(longest, time.monotonic() - began)
         logger.info("sweep: %s", json.dumps(cells[-1], default=str))
@@ -267,8 +307,11 @@ def precision_step(model, config: str, frames: np.ndarray, quick: bool, deadline
     timed, warmup = (10, 2) if quick else (100, 10)
     out: dict[str, Any] = {"cells": [], "compare": []}
     quantized = random_model(CONFIGS[config], model.device)  # the same seed: the same weights, to quantize
-    for precision in (Precision(kv_cache=KVFormat.FP8), Precision(WeightFormat.INT8, KVFormat.FP8),
-                      Precision(WeightFormat.INT8)):
+    for precision in (
+        Precision(kv_cache=KVFormat.FP8),
+        Precision(WeightFormat.INT8, KVFormat.FP8),
+        Precision(WeightFormat.INT8),
+    ):
         target = model if precision.weights is WeightFormat.NONE else quantized
         target.lm.set_precision(precision)
         for batch in batches:
@@ -277,19 +320,29 @@ def precision_step(model, config: str, frames: np.ndarray, quick: bool, deadline
                     out["cells"].append({"precision": precision.describe(), "B": batch, "skipped": "time box"})
                     continue
                 try:
-                    out["cells"].append({"precision": precision.describe(),
-                                         **cell(target, batch, mode, frames, timed, warmup)})
+                    out["cells"].append(
+                        {"precision": precision.describe(), **cell(target, batch, mode, frames, timed, warmup)}
+                    )
                 except Exception as exc:  # noqa: BLE001 - recorded, the next cell runs
-                    out["cells"].append({"precision": precision.describe(), "B": batch,
-                                         "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                    out["cells"].append(
+                        {
+                            "precision": precision.describe(),
+                            "B": batch,
+                            "error": f"{type(exc).__name__}: {str(exc)[:300]}",
+                        }
+                    )
                     release(model.device)
                 logger.info("precision: %s", json.dumps(out["cells"][-1], default=str))
         if time.monotonic() < deadline and precision.weights is WeightFormat.INT8:
             model.lm.set_precision(Precision())
             pcm = np.resize(frames.reshape(-1), (20 if quick else 100) * frames.shape[-1])
             conversation = Conversation(persona=PERSONA, sampling=Sampling(text_seed=1, audio_seed=2))
-            result = compare(PersonaPlexEngine(model, 1, default_voice=""),
-                             PersonaPlexEngine(quantized, 1, default_voice=""), conversation, pcm)
+            result = compare(
+                PersonaPlexEngine(model, 1, default_voice=""),
+                PersonaPlexEngine(quantized, 1, default_voice=""),
+                conversation,
+                pcm,
+            )
             out["compare"].append({"precision": precision.describe(), **result.summary()})
     return out
 
@@ -338,9 +391,16 @@ def prefill(model, frames: np.ndarray, quick: bool, fit: int | None) -> dict[str
                 began = time.perf_counter()
                 driver.step()
                 tick.append(1000 * (time.perf_counter() - began))
-            out["cells"].append({"B": batch, "live_beside": batch - 1, "positions": steps,
-                                 "prompt_ms_median": float(np.median(times)), "prompt_ms_all": times,
-                                 "live_tick_ms_median": float(np.median(tick))})
+            out["cells"].append(
+                {
+                    "B": batch,
+                    "live_beside": batch - 1,
+                    "positions": steps,
+                    "prompt_ms_median": float(np.median(times)),
+                    "prompt_ms_all": times,
+                    "live_tick_ms_median": float(np.median(tick)),
+                }
+            )
             logger.info("prefill: %s", out["cells"][-1])
         del driver, engine
     release(device)
@@ -351,7 +411,8 @@ def prefill(model, frames: np.ndarray, quick: bool, fit: int | None) -> dict[str
 
 
 def profile(model, batch: int, frames: np.ndarray) -> dict[str, Any]:
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
 
     device = model.device
     cuda = device.type == "cuda"
@@ -376,10 +437,16 @@ def profile(model, batch: int, frames: np.ndarray) -> dict[str, Any]:
     attention = sorted({e.key for e in kernels if any(word in e.key.lower() for word in ATTENTION_KERNELS)})
     del driver, engine
     release(device)
-    return {"B": batch, "what": "CUDA kernels" if cuda else "CPU aten ops (no CUDA here)",
-            "launches": int(sum(e.count for e in kernels)), "distinct": len(kernels), "total_ms": total / 1000,
-            "top": [{"name": e.key[:120], "count": e.count, "ms": timed(e) / 1000} for e in top],
-            "attention_kernels": attention, "math_attention": any("math" in k.lower() for k in attention)}
+    return {
+        "B": batch,
+        "what": "CUDA kernels" if cuda else "CPU aten ops (no CUDA here)",
+        "launches": int(sum(e.count for e in kernels)),
+        "distinct": len(kernels),
+        "total_ms": total / 1000,
+        "top": [{"name": e.key[:120], "count": e.count, "ms": timed(e) / 1000} for e in top],
+        "attention_kernels": attention,
+        "math_attention": any("math" in k.lower() for k in attention),
+    }
 
 
 # --- (f) operations, kernels and syncs per tick -----------------------------------------------
@@ -391,8 +458,10 @@ def dispatch(model, batches: list[int]) -> dict[str, Any]:
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
     import kernels
 
-    return {"what": "operations dispatched by one steady eager tick (bench/kernels.py's counter)",
-            "ticks": {str(b): kernels.count_tick(model, b).as_dict(top=8) for b in batches}}
+    return {
+        "what": "operations dispatched by one steady eager tick (bench/kernels.py's counter)",
+        "ticks": {str(b): kernels.count_tick(model, b).as_dict(top=8) for b in batches},
+    }
 
 
 # --- main --------------------------------------------------------------------------------
@@ -405,8 +474,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", type=pathlib.Path, required=True)
     p.add_argument("--speech", type=pathlib.Path)
-    p.add_argument("--boxes", type=json.loads, required=True,
-                   help="seconds per step: build, equality, sweep, prefill, profile")
+    p.add_argument(
+        "--boxes", type=json.loads, required=True, help="seconds per step: build, equality, sweep, prefill, profile"
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     device = torch.device(args.device)
@@ -437,10 +507,15 @@ def main(argv: list[str] | None = None) -> int:
         plan = plan_memory(model.config, model.lm.dtype)
         free = torch.cuda.mem_get_info(device)[0] if cuda else None
         built["fit"] = plan.conversations_after_load(free, 2 * GIB) if free is not None else None
-        return {"config": args.config, "seconds_to_build": time.perf_counter() - began,
-                "lm_dtype": str(model.lm.dtype), "parameters": sum(t.numel() for t in model.lm.parameters()),
-                "plan": plan.as_dict(int(free + plan.weights) if free else 0, 2 * GIB), "fit_max": built["fit"],
-                **memory(device)}
+        return {
+            "config": args.config,
+            "seconds_to_build": time.perf_counter() - began,
+            "lm_dtype": str(model.lm.dtype),
+            "parameters": sum(t.numel() for t in model.lm.parameters()),
+            "plan": plan.as_dict(int(free + plan.weights) if free else 0, 2 * GIB),
+            "fit_max": built["fit"],
+            **memory(device),
+        }
 
     built: dict[str, Any] = {}
     step("build", build)
@@ -457,8 +532,11 @@ def main(argv: list[str] | None = None) -> int:
         timed, warmup = 200, 20
     modes = ["eager", "graph", "compiled"] if cuda else ["eager"]
     if not cuda:
-        results.put("sweep_note", "no CUDA here: the graph and compiled cells need a GPU (torch.compile of the "
-                                  "tick is inexact on the CPU: docs/BENCHMARKS.md, Kernels per tick)")
+        results.put(
+            "sweep_note",
+            "no CUDA here: the graph and compiled cells need a GPU (torch.compile of the "
+            "tick is inexact on the CPU: docs/BENCHMARKS.md, Kernels per tick)",
+        )
     deadline = time.monotonic() + args.boxes["sweep"]
     began = time.monotonic()
     try:
@@ -470,8 +548,9 @@ def main(argv: list[str] | None = None) -> int:
     profile_batch = min(64, built.get("fit") or 64) if not args.quick else 4
     step("profile", profile, model, profile_batch, frames)
     step("dispatch", dispatch, model, [1, profile_batch])
-    step("precision", precision_step, model, args.config, frames, args.quick,
-         time.monotonic() + args.boxes["precision"])
+    step(
+        "precision", precision_step, model, args.config, frames, args.quick, time.monotonic() + args.boxes["precision"]
+    )
     return 0
 
 

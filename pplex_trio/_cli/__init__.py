@@ -45,8 +45,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-SERVE_DESCRIPTION = ("Run the speech server. Any option can come from a TOML file instead (--config), its key the "
-                     "option without the dashes; the command line wins.")
+SERVE_DESCRIPTION = (
+    "Run the speech server. Any option can come from a TOML file instead (--config), its key the "
+    "option without the dashes; the command line wins."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_log_level(parser)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="run the server", usage="%(prog)s [options]",
-                                description=SERVE_DESCRIPTION)
+    serve = commands.add_parser(
+        "serve", help="run the server", usage="%(prog)s [options]", description=SERVE_DESCRIPTION
+    )
     _add_serve_arguments(serve)
 
     client = commands.add_parser("client", help="stream a wav file through a running server")
@@ -67,9 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument("--text", type=pathlib.Path, help="JSON file for the agent's text pieces")
     client.add_argument("--persona", help="persona (text prompt)")
     client.add_argument("--voice", help="voice prompt name, e.g. NATF2.pt")
-    client.add_argument("--protocol", choices=("moshi", "raw", "realtime"), default="moshi",
-                        help="wire protocol: moshi (/api/chat), raw (/v1/audio/duplex) or realtime (/v1/realtime; "
-                        "default moshi)")
+    client.add_argument(
+        "--protocol",
+        choices=("moshi", "raw", "realtime"),
+        default="moshi",
+        help="wire protocol: moshi (/api/chat), raw (/v1/audio/duplex) or realtime (/v1/realtime; default moshi)",
+    )
     add_reach_arguments(client)
 
     offline = commands.add_parser("offline", help="run a model over a wav file without a server")
@@ -78,14 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
     fit = commands.add_parser("fit", help="how many conversations of a model fit a GPU's memory")
     add_fit_arguments(fit)
 
-    voice = commands.add_parser("voice", help="make a voice from a clip (create), or add, remove and list a running "
-                                "server's voices")
+    voice = commands.add_parser(
+        "voice", help="make a voice from a clip (create), or add, remove and list a running server's voices"
+    )
     add_voice_arguments(voice)
 
     quantize = commands.add_parser("quantize", help="write a model with its LM in int8 (serve it with --model DIR)")
     add_quantize_arguments(quantize)
-    compare = commands.add_parser("compare", help="what --quantize / --kv-cache change in a conversation, against "
-                                  "full precision")
+    compare = commands.add_parser(
+        "compare", help="what --quantize / --kv-cache change in a conversation, against full precision"
+    )
     add_compare_arguments(compare)
     for command in (client, offline, fit, voice, quantize, compare):
         _add_log_level(command)  # before or after the sub-command
@@ -96,8 +104,12 @@ def _add_serve_arguments(serve: argparse.ArgumentParser, *, show_advanced: bool 
     from ..server import ServerSettings
 
     serve.add_argument("--help-all", action=_HelpAll, help="show every option, those for tests and tuning too")
-    serve.add_argument("--config", metavar="FILE", type=config_reader(ServerSettings, {"log-level": _toml_level}),
-                       help="read settings from this TOML file (deploy/serve.example.toml shows one)")
+    serve.add_argument(
+        "--config",
+        metavar="FILE",
+        type=config_reader(ServerSettings, {"log-level": _toml_level}),
+        help="read settings from this TOML file (deploy/serve.example.toml shows one)",
+    )
     groups = add_settings_arguments(serve, ServerSettings, show_advanced=show_advanced)
     _add_log_level(groups["observability"])
 
@@ -108,8 +120,13 @@ class _HelpAll(argparse.Action):
     def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
         super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help)
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: typing.Any,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: typing.Any,
+        option_string: str | None = None,
+    ) -> None:
         full = _Parser(prog=parser.prog, usage=parser.usage, description=parser.description)
         _add_serve_arguments(full, show_advanced=True)
         full.print_help()
@@ -118,8 +135,14 @@ class _HelpAll(argparse.Action):
 
 def _add_log_level(target: typing.Any) -> None:
     # SUPPRESS: a level given before the sub-command is not overwritten by the sub-command's default.
-    target.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=argparse.SUPPRESS,
-                        metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    target.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=argparse.SUPPRESS,
+        metavar="LEVEL",
+        help="DEBUG, INFO, WARNING or ERROR (default INFO)",
+    )
 
 
 def _toml_level(value: object) -> str:
@@ -167,8 +190,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ..server import ServerSettings, serve
-    from ..server import ListenError, bind_sockets, prepare_record_folder, socket_listeners, tls_certificate
+    from ..server import (
+        ListenError,
+        ServerSettings,
+        bind_sockets,
+        prepare_record_folder,
+        serve,
+        socket_listeners,
+        tls_certificate,
+    )
     from ._engines import ModelUnavailable, create_engine
 
     for field in dataclasses.fields(ServerSettings):
@@ -217,8 +247,15 @@ def _client(args: argparse.Namespace) -> int:
     try:
         trio.run(
             lambda: run_client(
-                args.url, args.input, args.output, text_json=args.text, protocol=args.protocol,
-                persona=args.persona, voice=args.voice, token=token, ssl_context=context,
+                args.url,
+                args.input,
+                args.output,
+                text_json=args.text,
+                protocol=args.protocol,
+                persona=args.persona,
+                voice=args.voice,
+                token=token,
+                ssl_context=context,
             )
         )
     except (ClientError, Refused, OSError, BaseExceptionGroup) as exc:
@@ -233,8 +270,10 @@ def _client(args: argparse.Namespace) -> int:
 def _explain(error: BaseException) -> str:
     """A failed certificate check says what to do about it."""
     if isinstance(error, ssl.SSLCertVerificationError):
-        return (f"{error.verify_message or error}: the server's certificate is not trusted here; pass "
-                "--cafile with its cert.pem, or --insecure for a self-signed one you trust")
+        return (
+            f"{error.verify_message or error}: the server's certificate is not trusted here; pass "
+            "--cafile with its cert.pem, or --insecure for a self-signed one you trust"
+        )
     return str(error)
 
 

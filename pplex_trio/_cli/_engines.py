@@ -38,10 +38,12 @@ class EchoOptions:
 
     delay: int = setting(1, "output delay, in 80 ms frames", low=0)
     prompt: int = setting(12, "system-prompt positions each conversation runs before it is live", low=0)
-    step_ms: float = setting(0.0, "sleep per step, standing in for GPU time (and a fiftieth of it per "
-                             "system-prompt position)", low=0)
-    text_share: float = setting(1.0, "the share of frames with a text piece (the frame number); a speaking "
-                                "model gives about 0.3", low=0, high=1)
+    step_ms: float = setting(
+        0.0, "sleep per step, standing in for GPU time (and a fiftieth of it per system-prompt position)", low=0
+    )
+    text_share: float = setting(
+        1.0, "the share of frames with a text piece (the frame number); a speaking model gives about 0.3", low=0, high=1
+    )
 
     @classmethod
     def from_model(cls, model: str) -> EchoOptions | None:
@@ -102,8 +104,11 @@ def resolve_model(model: str) -> str:
     if cuda_available():
         logger.info("--model auto: a GPU is here, serving %s", DEFAULT_REPO)
         return DEFAULT_REPO
-    logger.info("--model auto: no GPU here, serving the tiny random-weight model on the CPU (its voice is noise); "
-                "pass --model %s to load the real one anyway", DEFAULT_REPO)
+    logger.info(
+        "--model auto: no GPU here, serving the tiny random-weight model on the CPU (its voice is noise); "
+        "pass --model %s to load the real one anyway",
+        DEFAULT_REPO,
+    )
     return "tiny"
 
 

@@ -21,18 +21,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..server import ServerSettings
 
     reserve = ServerSettings.__dataclass_fields__["gpu_memory_reserve_gib"].default
-    parser.add_argument("--model", default=DEFAULT_REPO,
-                        help=f"a named config (personaplex-7b-v1, tiny), a Hugging Face repo id or a local folder; "
-                        f"only its config is read (default {DEFAULT_REPO})")
-    parser.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="the LM's dtype (default bfloat16, as "
-                        "served on CUDA; Mimi is float32)")
-    parser.add_argument("--gpu-memory", type=_size, help="the GPU's memory, such as 24GiB, 80GB or 141GiB "
-                        "(default: the free memory of the current CUDA device)")
-    parser.add_argument("--gpu-memory-reserve", type=_size, default=reserve,
-                        help=f"memory to leave free, as serve's --gpu-memory-reserve (default {reserve:g} GiB)")
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_REPO,
+        help=f"a named config (personaplex-7b-v1, tiny), a Hugging Face repo id or a local folder; "
+        f"only its config is read (default {DEFAULT_REPO})",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="bfloat16",
+        help="the LM's dtype (default bfloat16, as served on CUDA; Mimi is float32)",
+    )
+    parser.add_argument(
+        "--gpu-memory",
+        type=_size,
+        help="the GPU's memory, such as 24GiB, 80GB or 141GiB (default: the free memory of the current CUDA device)",
+    )
+    parser.add_argument(
+        "--gpu-memory-reserve",
+        type=_size,
+        default=reserve,
+        help=f"memory to leave free, as serve's --gpu-memory-reserve (default {reserve:g} GiB)",
+    )
     add_precision_arguments(parser)
-    parser.add_argument("--every-choice", action="store_true",
-                        help="also plan every --quantize / --kv-cache pair (some seconds each for a 7B model)")
+    parser.add_argument(
+        "--every-choice",
+        action="store_true",
+        help="also plan every --quantize / --kv-cache pair (some seconds each for a 7B model)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -60,8 +77,10 @@ def run(args: argparse.Namespace) -> int:
     chosen = precision_of(args)
     figures = plan_memory(cfg, dtype, precision=chosen).as_dict(gpu, reserve)
     if args.every_choice:
-        figures["choices"] = [plan_memory(cfg, dtype, precision=p).as_dict(gpu, reserve) | {"chosen": p == chosen}
-                              for p in (Precision(w, k) for w in WeightFormat for k in KVFormat)]
+        figures["choices"] = [
+            plan_memory(cfg, dtype, precision=p).as_dict(gpu, reserve) | {"chosen": p == chosen}
+            for p in (Precision(w, k) for w in WeightFormat for k in KVFormat)
+        ]
     if args.json:
         print(json.dumps(figures, indent=1))
         return 0
@@ -96,6 +115,8 @@ def _table(f: dict) -> str:
         return "\n".join(lines)
     lines.append("every choice on this GPU:  --quantize  --kv-cache  weights GiB  per conversation GiB  fit")
     for c in f["choices"]:
-        lines.append(f"  {'*' if c['chosen'] else ' '}{' ' * 24}{c['quantize']:10}  {c['kv_cache']:10}  "
-                     f"{c['weights_gib']:11.2f}  {c['per_conversation_gib']:20.3f}  {c['conversations']:3}")
+        lines.append(
+            f"  {'*' if c['chosen'] else ' '}{' ' * 24}{c['quantize']:10}  {c['kv_cache']:10}  "
+            f"{c['weights_gib']:11.2f}  {c['per_conversation_gib']:20.3f}  {c['conversations']:3}"
+        )
     return "\n".join(lines)

@@ -32,15 +32,21 @@ DEFAULT_PERSONA = "You are a wise and friendly teacher. Answer questions or prov
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``offline`` subcommand's arguments."""
-    parser.add_argument("--model", default=DEFAULT_REPO,
-                        help=f"'tiny', a Hugging Face repo id or a local folder (default {DEFAULT_REPO})")
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_REPO,
+        help=f"'tiny', a Hugging Face repo id or a local folder (default {DEFAULT_REPO})",
+    )
     parser.add_argument("--input-wav", required=True, help="the user's audio (any rate, first channel used)")
     parser.add_argument("--output-wav", required=True, help="where to write the agent's audio (24 kHz WAV)")
     parser.add_argument("--output-text", required=True, help="where to write the per-frame text (JSON list)")
     parser.add_argument("--text-prompt", default=DEFAULT_PERSONA, help="the persona (system prompt)")
-    parser.add_argument("--voice-prompt", default=None,
-                        help="a voice of the model's library (NATF2.pt; default: the first), or a file: a .pt voice "
-                        "prompt or a recording (.wav, .flac, .mp3, .ogg), found from here or in the model's folder")
+    parser.add_argument(
+        "--voice-prompt",
+        default=None,
+        help="a voice of the model's library (NATF2.pt; default: the first), or a file: a .pt voice "
+        "prompt or a recording (.wav, .flac, .mp3, .ogg), found from here or in the model's folder",
+    )
     parser.add_argument("--voice-prompt-dir", default=None, help="use this folder as the voice library")
     parser.add_argument("--greedy", action="store_true", help="argmax everywhere instead of sampling")
     parser.add_argument("--seed", type=int, default=-1, help="sampling seed (-1: random)")
@@ -54,10 +60,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_precision_arguments(parser: argparse.ArgumentParser) -> None:
     """``--quantize`` and ``--kv-cache``, as serve has them (``precision_of`` reads them back)."""
-    parser.add_argument("--quantize", choices=[str(f) for f in WeightFormat], default=str(WeightFormat.NONE),
-                        help="int8: the LM's projection weights in 8 bits (default none)")
-    parser.add_argument("--kv-cache", choices=[str(f) for f in KVFormat], default=str(KVFormat.MODEL),
-                        help="fp8: the KV cache in 8 bits (default model: the LM's dtype)")
+    parser.add_argument(
+        "--quantize",
+        choices=[str(f) for f in WeightFormat],
+        default=str(WeightFormat.NONE),
+        help="int8: the LM's projection weights in 8 bits (default none)",
+    )
+    parser.add_argument(
+        "--kv-cache",
+        choices=[str(f) for f in KVFormat],
+        default=str(KVFormat.MODEL),
+        help="fp8: the KV cache in 8 bits (default model: the LM's dtype)",
+    )
 
 
 def precision_of(args: argparse.Namespace) -> Precision:
@@ -67,19 +81,29 @@ def precision_of(args: argparse.Namespace) -> Precision:
 
 def run(args: argparse.Namespace) -> int:
     """Run the command; returns the process exit code."""
-    from ..engine import Conversation, Sampling, SlotMode
-    from ..engine import PersonaPlexEngine
+    from ..engine import Conversation, PersonaPlexEngine, Sampling, SlotMode
     from ..model import ModelAccessError, VoiceNotFoundError
     from ._engines import resolve_device
 
     try:
         voice_dir, voice = voice_location(args.model, args.voice_prompt, args.voice_prompt_dir)
-        engine = PersonaPlexEngine.load(args.model, 1, device=resolve_device(args.device or "auto"),
-                                        voice_dir=voice_dir, precision=precision_of(args))
+        engine = PersonaPlexEngine.load(
+            args.model,
+            1,
+            device=resolve_device(args.device or "auto"),
+            voice_dir=voice_dir,
+            precision=precision_of(args),
+        )
         seed = None if args.seed < 0 else args.seed
-        sampling = Sampling(text_temperature=args.temp_text, text_topk=args.topk_text,
-                            audio_temperature=args.temp_audio, audio_topk=args.topk_audio,
-                            text_seed=seed, audio_seed=seed, greedy=args.greedy)
+        sampling = Sampling(
+            text_temperature=args.temp_text,
+            text_topk=args.topk_text,
+            audio_temperature=args.temp_audio,
+            audio_topk=args.topk_audio,
+            text_seed=seed,
+            audio_seed=seed,
+            greedy=args.greedy,
+        )
         steps = engine.start(0, Conversation(persona=args.text_prompt, voice=voice, sampling=sampling))
     except (ModelAccessError, VoiceNotFoundError, ValueError) as exc:
         logger.error("%s", exc)
@@ -99,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     out_frames, texts = [], []
     start = time.perf_counter()
     for i in range(frames):
-        out = engine.step([SlotMode.LIVE], padded[None, i * frame:(i + 1) * frame])
+        out = engine.step([SlotMode.LIVE], padded[None, i * frame : (i + 1) * frame])
         out_frames.append(out.pcm[0])
         token = int(engine.last_tokens[0, 0])
         piece = tokenizer.offline_piece(token) if token >= 0 else ""
@@ -113,7 +137,6 @@ def run(args: argparse.Namespace) -> int:
         json.dump(texts, f, ensure_ascii=False)
     logger.info("wrote %s and %s", args.output_wav, args.output_text)
     return 0
-
 
 
 def read_frames(path: str, sample_rate: int, frame: int) -> tuple[np.ndarray, np.ndarray]:

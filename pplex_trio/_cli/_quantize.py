@@ -22,10 +22,17 @@ logger = logging.getLogger(__name__)
 
 def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``quantize`` subcommand's arguments."""
-    parser.add_argument("--model", default=DEFAULT_REPO,
-                        help=f"'tiny', a Hugging Face repo id or a local folder (default {DEFAULT_REPO})")
-    parser.add_argument("--output", required=True, type=pathlib.Path,
-                        help="folder to write: the model with its LM in int8, for `serve --model FOLDER`")
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_REPO,
+        help=f"'tiny', a Hugging Face repo id or a local folder (default {DEFAULT_REPO})",
+    )
+    parser.add_argument(
+        "--output",
+        required=True,
+        type=pathlib.Path,
+        help="folder to write: the model with its LM in int8, for `serve --model FOLDER`",
+    )
 
 
 def run_quantize(args: argparse.Namespace) -> int:
@@ -45,8 +52,11 @@ def run_quantize(args: argparse.Namespace) -> int:
 
 def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``compare`` subcommand's arguments."""
-    parser.add_argument("--model", default=DEFAULT_REPO,
-                        help=f"'tiny', a Hugging Face repo id or a local folder (default {DEFAULT_REPO})")
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_REPO,
+        help=f"'tiny', a Hugging Face repo id or a local folder (default {DEFAULT_REPO})",
+    )
     add_precision_arguments(parser)
     parser.add_argument("--input-wav", required=True, help="the caller's audio (any rate, first channel used)")
     parser.add_argument("--text-prompt", default=DEFAULT_PERSONA, help="the persona (system prompt)")
@@ -72,18 +82,27 @@ def run_compare(args: argparse.Namespace) -> int:
     device = resolve_device(args.device or "auto")
     try:
         voice_dir, voice = voice_location(args.model, args.voice_prompt, args.voice_prompt_dir)
-        reference, candidate = (PersonaPlexEngine.load(args.model, 1, device=device, voice_dir=voice_dir, precision=p)
-                                for p in (Precision(), chosen))
+        reference, candidate = (
+            PersonaPlexEngine.load(args.model, 1, device=device, voice_dir=voice_dir, precision=p)
+            for p in (Precision(), chosen)
+        )
         _audio, pcm = read_frames(args.input_wav, reference.sample_rate, reference.frame_size)
         sampling = Sampling(text_seed=args.seed, audio_seed=args.seed)
-        result = compare(reference, candidate, Conversation(persona=args.text_prompt, voice=voice, sampling=sampling),
-                         pcm)
+        result = compare(
+            reference, candidate, Conversation(persona=args.text_prompt, voice=voice, sampling=sampling), pcm
+        )
     except (ModelAccessError, VoiceNotFoundError, ValueError) as exc:
         logger.error("%s", exc)
         return 1
-    summary = {"model": args.model, "device": str(device), "lm_dtype": str(reference.model.lm.dtype),
-               "quantize": args.quantize, "kv_cache": args.kv_cache, "input": args.input_wav,
-               **result.summary()}
+    summary = {
+        "model": args.model,
+        "device": str(device),
+        "lm_dtype": str(reference.model.lm.dtype),
+        "quantize": args.quantize,
+        "kv_cache": args.kv_cache,
+        "input": args.input_wav,
+        **result.summary(),
+    }
     print(table(summary))
     if args.json is not None:
         args.json.write_text(json.dumps({"summary": summary, "per_step": result.per_step()}, indent=1))
@@ -93,16 +112,19 @@ def run_compare(args: argparse.Namespace) -> int:
 
 def table(s: dict) -> str:
     """The summary of a comparison, as text."""
-    lines = [f"{s['model']} on {s['device']} ({s['lm_dtype'].removeprefix('torch.')}): --quantize {s['quantize']} "
-             f"--kv-cache {s['kv_cache']} against full precision, teacher-forced on its tokens",
-             f"{s['steps']} steps after a system prompt of {s['prompt_steps']}; first/last: "
-             f"{s['window_steps']} steps each",
-             f"{'':8}{'text top-1':>12}{'audio top-1':>13}{'text KL':>10}{'audio KL':>10}"]
+    lines = [
+        f"{s['model']} on {s['device']} ({s['lm_dtype'].removeprefix('torch.')}): --quantize {s['quantize']} "
+        f"--kv-cache {s['kv_cache']} against full precision, teacher-forced on its tokens",
+        f"{s['steps']} steps after a system prompt of {s['prompt_steps']}; first/last: {s['window_steps']} steps each",
+        f"{'':8}{'text top-1':>12}{'audio top-1':>13}{'text KL':>10}{'audio KL':>10}",
+    ]
     for part in ("all", "first", "last"):
         f = s[part]
         lines.append(f"{part:8}{f['text_top1']:12.3f}{f['audio_top1']:13.3f}{f['text_kl']:10.1e}{f['audio_kl']:10.1e}")
     lines.append("per codebook  top-1: " + " ".join(f"{a:.3f}" for a in s["audio_top1_per_codebook"]))
     lines.append("              KL:    " + " ".join(f"{k:.1e}" for k in s["audio_kl_per_codebook"]))
-    lines.append(f"ms per step: full precision {s['reference_ms_per_step']:.1f}, "
-                 f"{s['quantize']}/{s['kv_cache']} {s['candidate_ms_per_step']:.1f} (median)")
+    lines.append(
+        f"ms per step: full precision {s['reference_ms_per_step']:.1f}, "
+        f"{s['quantize']}/{s['kv_cache']} {s['candidate_ms_per_step']:.1f} (median)"
+    )
     return "\n".join(lines)

@@ -12,14 +12,23 @@ logger = logging.getLogger(__name__)
 
 
 def add_reach_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments every subcommand that talks to a running server takes: ``--token``, ``--cafile``, ``--insecure``.
-    """
-    parser.add_argument("--token", help="the server's access token (default: the PPLEX_TRIO_AUTH_TOKEN environment "
-                        "variable, which ps does not show)")
-    parser.add_argument("--cafile", type=pathlib.Path, help="with https://, trust the certificates in this PEM file "
-                        "(such as the cert.pem a server made with --ssl)")
-    parser.add_argument("--insecure", action="store_true", help="with https://, do not check the server's "
-                        "certificate (a self-signed one you have not copied here)")
+    """The arguments every subcommand that talks to a running server takes: ``--token``, ``--cafile``,
+    ``--insecure``."""
+    parser.add_argument(
+        "--token",
+        help="the server's access token (default: the PPLEX_TRIO_AUTH_TOKEN environment "
+        "variable, which ps does not show)",
+    )
+    parser.add_argument(
+        "--cafile",
+        type=pathlib.Path,
+        help="with https://, trust the certificates in this PEM file (such as the cert.pem a server made with --ssl)",
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="with https://, do not check the server's certificate (a self-signed one you have not copied here)",
+    )
 
 
 def reach(args: argparse.Namespace) -> tuple[str | None, ssl.SSLContext | None] | None:

@@ -32,16 +32,18 @@ from .._setting import bounds_problem, flag_of
 ExtraKeys = Mapping[str, Callable[[Any], Any]]
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser, settings_class: type, *,
-                           show_advanced: bool = False) -> dict[str, Any]:
+def add_settings_arguments(
+    parser: argparse.ArgumentParser, settings_class: type, *, show_advanced: bool = False
+) -> dict[str, Any]:
     """One flag per command-line field of ``settings_class``, in argument groups; returns the groups by title.
 
     Groups come in the order of ``settings_class.help_groups``; an advanced field's help is suppressed
     unless ``show_advanced`` (then argparse leaves out a group with nothing to show).
     """
     hints = typing.get_type_hints(settings_class)
-    groups: dict[str, Any] = {title: parser.add_argument_group(title)
-                              for title in getattr(settings_class, "help_groups", ())}
+    groups: dict[str, Any] = {
+        title: parser.add_argument_group(title) for title in getattr(settings_class, "help_groups", ())
+    }
     for field in cli_fields(settings_class):
         title = field.metadata.get("group") or "other settings"
         if title not in groups:
@@ -50,19 +52,42 @@ def add_settings_arguments(parser: argparse.ArgumentParser, settings_class: type
         shown = show_advanced or not is_advanced(field)
         help_text = _help_with_default(field, kind) if shown else argparse.SUPPRESS
         if kind is bool:
-            groups[title].add_argument(flag_of(field), dest=field.name, action=argparse.BooleanOptionalAction,
-                                       default=argparse.SUPPRESS, help=help_text)
+            groups[title].add_argument(
+                flag_of(field),
+                dest=field.name,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
             continue
         if _switch(kind):  # --flag alone is on, --no-flag off, --flag VALUE any of its choices
-            groups[title].add_argument(flag_of(field), dest=field.name, default=argparse.SUPPRESS, help=help_text,
-                                       nargs="?", const=kind("on"), type=_flag_parser(field, kind),
-                                       metavar=_metavar(field, kind))
-            groups[title].add_argument("--no-" + flag_of(field).removeprefix("--"), dest=field.name,
-                                       action="store_const", const=kind("off"), default=argparse.SUPPRESS,
-                                       help=argparse.SUPPRESS)
+            groups[title].add_argument(
+                flag_of(field),
+                dest=field.name,
+                default=argparse.SUPPRESS,
+                help=help_text,
+                nargs="?",
+                const=kind("on"),
+                type=_flag_parser(field, kind),
+                metavar=_metavar(field, kind),
+            )
+            groups[title].add_argument(
+                "--no-" + flag_of(field).removeprefix("--"),
+                dest=field.name,
+                action="store_const",
+                const=kind("off"),
+                default=argparse.SUPPRESS,
+                help=argparse.SUPPRESS,
+            )
             continue
-        groups[title].add_argument(flag_of(field), dest=field.name, default=argparse.SUPPRESS, help=help_text,
-                                   type=_flag_parser(field, kind), metavar=_metavar(field, kind))
+        groups[title].add_argument(
+            flag_of(field),
+            dest=field.name,
+            default=argparse.SUPPRESS,
+            help=help_text,
+            type=_flag_parser(field, kind),
+            metavar=_metavar(field, kind),
+        )
     return groups
 
 

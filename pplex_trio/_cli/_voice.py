@@ -22,10 +22,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``voice`` subcommand's actions (create, add, rm, list) and their arguments."""
     actions = parser.add_subparsers(dest="action", required=True)
     create = actions.add_parser("create", help="make a voice prompt (.pt) from a clip, here")
-    create.add_argument("clip", type=pathlib.Path, help="a few seconds of one person speaking (.wav, .flac, .mp3, "
-                        ".ogg; 8 to 48 kHz)")
-    create.add_argument("--model", default=DEFAULT_REPO, help=f"'tiny', a Hugging Face repo id or a local folder "
-                        f"(default {DEFAULT_REPO}): a voice prompt belongs to the model that made it")
+    create.add_argument(
+        "clip", type=pathlib.Path, help="a few seconds of one person speaking (.wav, .flac, .mp3, .ogg; 8 to 48 kHz)"
+    )
+    create.add_argument(
+        "--model",
+        default=DEFAULT_REPO,
+        help=f"'tiny', a Hugging Face repo id or a local folder "
+        f"(default {DEFAULT_REPO}): a voice prompt belongs to the model that made it",
+    )
     create.add_argument("-o", "--output", required=True, type=pathlib.Path, help="the .pt file to write")
     create.add_argument("--device", default=None, help="cuda, cpu … (default: cuda if available)")
 
@@ -73,8 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _create(args: argparse.Namespace) -> int:
-    from ..model import ModelAccessError, load_model
-    from ..model import voice_from_recording
+    from ..model import ModelAccessError, load_model, voice_from_recording
     from ._engines import resolve_device
 
     if not args.clip.is_file():

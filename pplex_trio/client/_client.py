@@ -22,11 +22,10 @@ import sphn
 import trio
 from trio_websocket import ConnectionClosed
 
-from ._ws import open_websocket
-
 from .._conversation import FRAME_SECONDS, FRAME_SIZE, SAMPLE_RATE
 from ..codec import pcm16_decode, pcm16_encode
 from ..protocol import moshi
+from ._ws import open_websocket
 
 logger = logging.getLogger(__name__)
 
@@ -121,8 +120,9 @@ async def stream_moshi(url: str, pcm: np.ndarray, *, tail_seconds: float = 2.0, 
     return ClientResult(_fit(received, pcm.size), text)
 
 
-async def stream_raw(url: str, pcm: np.ndarray, params: dict[str, Any], *, tail_seconds: float = 2.0,
-                     **connect: Any) -> ClientResult:
+async def stream_raw(
+    url: str, pcm: np.ndarray, params: dict[str, Any], *, tail_seconds: float = 2.0, **connect: Any
+) -> ClientResult:
     """The raw duplex protocol: ``params`` in the open message, float32 PCM at 24 kHz both ways, paced in real time;
     ``ClientError`` on an error event.
     """
@@ -172,8 +172,9 @@ async def stream_raw(url: str, pcm: np.ndarray, params: dict[str, Any], *, tail_
     return ClientResult(_fit(received, pcm.size), text)
 
 
-async def stream_realtime(url: str, pcm: np.ndarray, session: dict[str, Any], *, tail_seconds: float = 2.0,
-                          **connect: Any) -> ClientResult:
+async def stream_realtime(
+    url: str, pcm: np.ndarray, session: dict[str, Any], *, tail_seconds: float = 2.0, **connect: Any
+) -> ClientResult:
     """The OpenAI Realtime protocol (GA events), PCM16 at 24 kHz both ways; ``session``: a session.update's."""
     received: list[np.ndarray] = []
     text: list[dict[str, Any]] = []
@@ -286,8 +287,10 @@ async def run_client(
         params.update(extra or {})
         result = await stream_raw(conversation_url(url, protocol, {}), pcm, params, **connect)
     elif protocol == "realtime":
-        session: dict[str, Any] = {"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcm"}},
-                                                                 "output": {"format": {"type": "audio/pcm"}}}}
+        session: dict[str, Any] = {
+            "type": "realtime",
+            "audio": {"input": {"format": {"type": "audio/pcm"}}, "output": {"format": {"type": "audio/pcm"}}},
+        }
         if persona is not None:
             session["instructions"] = persona
         if voice is not None:

@@ -32,8 +32,9 @@ def list_voices(url: str, *, token: str | None = None, ssl_context: ssl.SSLConte
     return _request("GET", _api(url, "/api/voices"), token=token, ssl_context=ssl_context)
 
 
-def add_voice(url: str, clip: pathlib.Path, name: str, *, token: str | None = None,
-              ssl_context: ssl.SSLContext | None = None) -> dict[str, Any]:
+def add_voice(
+    url: str, clip: pathlib.Path, name: str, *, token: str | None = None, ssl_context: ssl.SSLContext | None = None
+) -> dict[str, Any]:
     """``POST /api/voices?name=NAME`` with the clip: ``{"voice": "NAME.pt", "seconds": …}``.
 
     Error handling: ``ValueError`` for a clip whose kind the server does not
@@ -44,15 +45,23 @@ def add_voice(url: str, clip: pathlib.Path, name: str, *, token: str | None = No
     if kind is None:
         raise ValueError(f"{clip.name}: give a .wav, .flac, .mp3 or .ogg clip")
     query = urllib.parse.urlencode({"name": name})
-    return _request("POST", _api(url, f"/api/voices?{query}"), body=clip.read_bytes(), content_type=kind,
-                    token=token, ssl_context=ssl_context)
+    return _request(
+        "POST",
+        _api(url, f"/api/voices?{query}"),
+        body=clip.read_bytes(),
+        content_type=kind,
+        token=token,
+        ssl_context=ssl_context,
+    )
 
 
-def remove_voice(url: str, name: str, *, token: str | None = None,
-                 ssl_context: ssl.SSLContext | None = None) -> dict[str, Any]:
+def remove_voice(
+    url: str, name: str, *, token: str | None = None, ssl_context: ssl.SSLContext | None = None
+) -> dict[str, Any]:
     """``DELETE /api/voices/NAME``: ``{"deleted": "NAME.pt"}``."""
-    return _request("DELETE", _api(url, "/api/voices/" + urllib.parse.quote(name, safe="")), token=token,
-                    ssl_context=ssl_context)
+    return _request(
+        "DELETE", _api(url, "/api/voices/" + urllib.parse.quote(name, safe="")), token=token, ssl_context=ssl_context
+    )
 
 
 def _api(url: str, path: str) -> str:
@@ -63,8 +72,15 @@ def _api(url: str, path: str) -> str:
     return f"{scheme}://{parts.netloc}{path}"
 
 
-def _request(method: str, url: str, *, body: bytes | None = None, content_type: str | None = None,
-             token: str | None = None, ssl_context: ssl.SSLContext | None = None) -> dict[str, Any]:
+def _request(
+    method: str,
+    url: str,
+    *,
+    body: bytes | None = None,
+    content_type: str | None = None,
+    token: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+) -> dict[str, Any]:
     request = urllib.request.Request(url, data=body, method=method)
     if content_type is not None:
         request.add_header("Content-Type", content_type)

@@ -42,8 +42,13 @@ def client_ssl_context(*, insecure: bool = False, cafile: str | pathlib.Path | N
 
 @contextlib.asynccontextmanager
 async def open_websocket(
-    url: str, *, max_message_size: int = 16 * 1024 * 1024, message_queue_size: int = 64,
-    ssl_context: ssl.SSLContext | None = None, token: str | None = None, connect_timeout: float = 30.0,
+    url: str,
+    *,
+    max_message_size: int = 16 * 1024 * 1024,
+    message_queue_size: int = 64,
+    ssl_context: ssl.SSLContext | None = None,
+    token: str | None = None,
+    connect_timeout: float = 30.0,
     origin: str | None = None,
 ) -> AsyncIterator[WebSocketConnection]:
     """Open a WebSocket to a ``ws://`` or ``wss://`` URL (``ValueError`` for another scheme), optionally with a Bearer
@@ -80,8 +85,13 @@ async def open_websocket(
             async with trio.open_nursery() as nursery:
                 with trio.fail_after(connect_timeout):
                     ws = await wrap_client_stream(
-                        nursery, stream, parts.netloc, resource, extra_headers=headers,
-                        max_message_size=max_message_size, message_queue_size=message_queue_size,
+                        nursery,
+                        stream,
+                        parts.netloc,
+                        resource,
+                        extra_headers=headers,
+                        max_message_size=max_message_size,
+                        message_queue_size=message_queue_size,
                     )
                 try:
                     yield ws

@@ -82,18 +82,26 @@ class QualityStatistics:
             "response_latency_ms": {
                 "last": round(latencies[-1] * 1000) if latencies else None,
                 "median": round(_statistics.median(latencies) * 1000) if latencies else None,
-                "count": len(latencies)},
-            "talk_over_s": round(self.talk_over_s, 2), "dead_air_s": round(self.dead_air_s, 2),
-            "agent_share": round(self.agent_share, 3), "barge_ins": self.barge_ins,
+                "count": len(latencies),
+            },
+            "talk_over_s": round(self.talk_over_s, 2),
+            "dead_air_s": round(self.dead_air_s, 2),
+            "agent_share": round(self.agent_share, 3),
+            "barge_ins": self.barge_ins,
         }
 
     def summary(self) -> str:
         """One line's worth, for the end-of-call log."""
         latencies = self.response_latencies
-        response = (f"response {round(_statistics.median(latencies) * 1000)} ms median of {len(latencies)}"
-                    if latencies else "no response")
-        return (f"{response}, talk-over {self.talk_over_s:.1f} s, dead air {self.dead_air_s:.1f} s, "
-                f"agent {self.agent_share:.0%}, barge-ins {self.barge_ins}")
+        response = (
+            f"response {round(_statistics.median(latencies) * 1000)} ms median of {len(latencies)}"
+            if latencies
+            else "no response"
+        )
+        return (
+            f"{response}, talk-over {self.talk_over_s:.1f} s, dead air {self.dead_air_s:.1f} s, "
+            f"agent {self.agent_share:.0%}, barge-ins {self.barge_ins}"
+        )
 
 
 class _Speech:
@@ -155,9 +163,13 @@ class ConversationQuality:
         """The figures so far, as a frozen record (call :meth:`finish` first for the final ones)."""
         frames = self._frames
         return QualityStatistics(
-            frames=frames, response_latencies=tuple(self._latencies), talk_over_s=self._both * FRAME_SECONDS,
-            dead_air_s=self._dead * FRAME_SECONDS, agent_share=self._agent_frames / frames if frames else 0.0,
-            barge_ins=self._barge_ins)
+            frames=frames,
+            response_latencies=tuple(self._latencies),
+            talk_over_s=self._both * FRAME_SECONDS,
+            dead_air_s=self._dead * FRAME_SECONDS,
+            agent_share=self._agent_frames / frames if frames else 0.0,
+            barge_ins=self._barge_ins,
+        )
 
     def _decide(self) -> tuple[QualityEvent, ...]:
         caller, agent = self._caller_speech.decided, self._agent_speech.decided

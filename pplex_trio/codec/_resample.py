@@ -43,8 +43,11 @@ class StreamResampler:
     def __init__(self, from_rate: int, to_rate: int, *, steady: bool = False):
         self.from_rate = from_rate
         self.to_rate = to_rate
-        self._stream = soxr.ResampleStream(from_rate, to_rate, 1, dtype="float32", quality=QUALITY) \
-            if from_rate != to_rate else None
+        self._stream = (
+            soxr.ResampleStream(from_rate, to_rate, 1, dtype="float32", quality=QUALITY)
+            if from_rate != to_rate
+            else None
+        )
         self.delay = _largest_hold(from_rate, to_rate) if steady and self._stream is not None else 0
         self._ready = np.zeros(0, np.float32)  # resampled, not yet given back (steady)
         self._taken = self._given = 0  # samples in, samples out (steady)

@@ -37,8 +37,15 @@ class EnergyVAD:
     audio to start speech and ``stop_ms`` of quiet to stop it.
     """
 
-    def __init__(self, sample_rate: int, *, threshold_db: float = SPEECH_THRESHOLD_DB, start_ms: int = 100,
-                 stop_ms: int = 480, window_ms: int = 20):
+    def __init__(
+        self,
+        sample_rate: int,
+        *,
+        threshold_db: float = SPEECH_THRESHOLD_DB,
+        start_ms: int = 100,
+        stop_ms: int = 480,
+        window_ms: int = 20,
+    ):
         self.sample_rate = sample_rate
         self.threshold = 10 ** (threshold_db / 20)
         self.window = sample_rate * window_ms // 1000

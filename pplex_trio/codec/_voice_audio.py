@@ -39,8 +39,10 @@ def read_voice_recording(path: Path, sample_rate: int, max_seconds: float | None
     if pcm.ndim != 2 or pcm.shape[0] == 0 or pcm.shape[1] == 0:
         raise ValueError("the file holds no audio")
     if max_seconds is not None and pcm.shape[1] > max_seconds * rate:
-        raise ValueError(f"the recording is longer than {max_seconds:g} s: a voice needs a few seconds of speech "
-                         "(NVIDIA's voices are 4 s); cut it shorter")
+        raise ValueError(
+            f"the recording is longer than {max_seconds:g} s: a voice needs a few seconds of speech "
+            "(NVIDIA's voices are 4 s); cut it shorter"
+        )
     mono = pcm.mean(axis=0, keepdims=True, dtype=np.float32) if pcm.shape[0] > 1 else pcm[:1]
     if rate != sample_rate:
         mono = sphn.resample(mono, src_sample_rate=rate, dst_sample_rate=sample_rate)
@@ -59,8 +61,10 @@ def normalize_loudness(pcm: np.ndarray, sample_rate: int, target: float = TARGET
     seconds = pcm.size / sample_rate
     loudness = pyloudnorm.Meter(sample_rate).integrated_loudness(pcm) if seconds >= MIN_SECONDS else -np.inf
     if not np.isfinite(loudness):
-        raise ValueError(f"the recording is silent or shorter than {MIN_SECONDS:g} s ({seconds:.2f} s of audio): "
-                         "it has no loudness to bring to -24 LUFS; record a few seconds of the voice")
+        raise ValueError(
+            f"the recording is silent or shorter than {MIN_SECONDS:g} s ({seconds:.2f} s of audio): "
+            "it has no loudness to bring to -24 LUFS; record a few seconds of the voice"
+        )
     # pyloudnorm.normalize.loudness's gain, without its warning about peaks over full scale (a voice
     # prompt is encoded, not played: the reference keeps such peaks too).
     gain = np.power(10.0, (target - loudness) / 20.0)

@@ -24,12 +24,14 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING, BinaryIO, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, BinaryIO
 
 from ._encoder_wire import CLOSE, DATA, ERROR, READ_BYTES, READY, Unpacker, pack
 
 if TYPE_CHECKING:
     from ._libopus import OpusWriter
+
 
 def _encoder() -> tuple[Callable[[], OpusWriter], Callable[[OpusWriter, bytes], bytes]]:
     import numpy as np

@@ -8,25 +8,23 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._actor import ActorStatistics as ActorStatistics
+from ._actor import EngineActor as EngineActor
 from ._actor_state import ACTOR_LIFECYCLE as ACTOR_LIFECYCLE
 from ._actor_state import ActorState as ActorState
-from ._actor import EngineActor as EngineActor
 from ._echo import OFFICIAL_VOICES as OFFICIAL_VOICES
 from ._echo import EchoEngine as EchoEngine
 from ._echo import voices_in_directory as voices_in_directory
 from ._framing import InputFramer as InputFramer
+from ._framing import InputStats as InputStats
 from ._interface import FRAME_SIZE as FRAME_SIZE
-from ._interface import Job as Job
 from ._interface import SAMPLE_RATE as SAMPLE_RATE
 from ._interface import Conversation as Conversation
 from ._interface import ConversationRejected as ConversationRejected
 from ._interface import Engine as Engine
+from ._interface import Job as Job
 from ._interface import Sampling as Sampling
 from ._interface import SlotMode as SlotMode
 from ._interface import StepOutput as StepOutput
-from ._settings import OFF_GPU_SLOTS as OFF_GPU_SLOTS
-from ._settings import ActorSettings as ActorSettings
-from ._framing import InputStats as InputStats
 from ._lease import Lease as Lease
 from ._lease_core import BEGUN_STATES as BEGUN_STATES
 from ._lease_core import LEASE_LIFECYCLE as LEASE_LIFECYCLE
@@ -38,8 +36,10 @@ from ._lease_core import LeaseState as LeaseState
 from ._outbox import OutputEnd as OutputEnd
 from ._outbox import OutputEvent as OutputEvent
 from ._outbox import OutputFrame as OutputFrame
-from ._slots import QueueFull as QueueFull
+from ._settings import OFF_GPU_SLOTS as OFF_GPU_SLOTS
+from ._settings import ActorSettings as ActorSettings
 from ._slots import SLOT_STATES as SLOT_STATES
+from ._slots import QueueFull as QueueFull
 
 if TYPE_CHECKING:
     from ._compare import compare as compare

@@ -44,9 +44,9 @@ from .._conversation import CloseCode, Conversation
 from .._metrics import Metrics
 from ._actor_state import ACTOR_LIFECYCLE, ActorState
 from ._engine_call import CallResult, EngineCall, apply_result, execute, fail_call, plan_call, plan_tick
+from ._engine_lease import EngineLease
 from ._framing import InputFramer
 from ._interface import Engine, Job
-from ._engine_lease import EngineLease
 from ._lease import Lease, open_lease
 from ._lease_core import LeaseFailure, LeaseState
 from ._outbox import OutputFrame
@@ -90,8 +90,15 @@ class EngineActor:
     # -- sessions ------------------------------------------------------------
 
     @contextlib.contextmanager
-    def lease(self, conversation: Conversation, *, align: bool = False, early_audio: bool = False,
-              client: str | None = None, on_frame: Callable[[OutputFrame], None] | None = None) -> Iterator[Lease]:
+    def lease(
+        self,
+        conversation: Conversation,
+        *,
+        align: bool = False,
+        early_audio: bool = False,
+        client: str | None = None,
+        on_frame: Callable[[OutputFrame], None] | None = None,
+    ) -> Iterator[Lease]:
         """Claim a slot (or a place in the queue) for the duration of the block.
 
         ``align`` asks for phase-aligned framing of this conversation's input
@@ -105,11 +112,22 @@ class EngineActor:
         queue.  On exit the slot drains: it is freed only between engine calls.
         """
         s, ticks = self.settings, self.schedule.in_ticks  # (one frame in, one out, per tick)
-        framer = InputFramer(self.engine.frame_size, ticks(s.input_backlog_seconds), align=align,
-                             window=ticks(s.framer_window), hold_after_underrun=ticks(s.framer_hold))
-        lease, engine_end = open_lease(conversation, self, framer=framer,
-                                       output_capacity=ticks(s.output_backlog_seconds),
-                                       early_audio=early_audio, client=client, on_frame=on_frame)
+        framer = InputFramer(
+            self.engine.frame_size,
+            ticks(s.input_backlog_seconds),
+            align=align,
+            window=ticks(s.framer_window),
+            hold_after_underrun=ticks(s.framer_hold),
+        )
+        lease, engine_end = open_lease(
+            conversation,
+            self,
+            framer=framer,
+            output_capacity=ticks(s.output_backlog_seconds),
+            early_audio=early_audio,
+            client=client,
+            on_frame=on_frame,
+        )
         self.table.request(engine_end, self.schedule.now())
         self._changed()
         try:
@@ -169,8 +187,15 @@ class EngineActor:
     def statistics(self) -> ActorStatistics:
         """A frozen snapshot of the slots, the queue, the ticks and the state, now."""
         slots = self.table.slot_states(self.schedule.now())
-        return ActorStatistics(slots_total=len(self.table.rows), slots_free=slots["free"], queued=self.table.queued,
-                               slots=slots, ticks=self.ticks, ticks_skipped=self.ticks_skipped, state=self.state)
+        return ActorStatistics(
+            slots_total=len(self.table.rows),
+            slots_free=slots["free"],
+            queued=self.table.queued,
+            slots=slots,
+            ticks=self.ticks,
+            ticks_skipped=self.ticks_skipped,
+            state=self.state,
+        )
 
     # -- jobs between ticks ------------------------------------------------------
 
@@ -222,9 +247,11 @@ class EngineActor:
     def _work_waiting(self) -> bool:
         """Something between ticks could run now (a slot to free or fill, a prompt, a job)."""
         table = self.table
-        return bool(table.leases(frozenset({LeaseState.STARTING, LeaseState.PREFILL, LeaseState.DRAINING,
-                                            LeaseState.FAILED})) or self.work.jobs
-                    or (table.queued and table.free_count(self.schedule.now())))
+        return bool(
+            table.leases(frozenset({LeaseState.STARTING, LeaseState.PREFILL, LeaseState.DRAINING, LeaseState.FAILED}))
+            or self.work.jobs
+            or (table.queued and table.free_count(self.schedule.now()))
+        )
 
     async def _tick(self) -> None:
         schedule, metrics = self.schedule, self.metrics
@@ -252,8 +279,9 @@ class EngineActor:
         while not self.stalled and work.may_start(schedule.time_free(), grid=schedule.running, tick=schedule.ticks):
             now = schedule.now()
             call = plan_call(self.table, now)
-            call.prefill = work.prompt_work(self.table.prompts_left(), schedule.time_free(), grid=schedule.running,
-                                            tick=schedule.ticks)
+            call.prefill = work.prompt_work(
+                self.table.prompts_left(), schedule.time_free(), grid=schedule.running, tick=schedule.ticks
+            )
             if not (call.resets or call.starts or call.prefill):
                 call.job = work.job_work(schedule.time_free(), grid=schedule.running, tick=schedule.ticks)
             if call.empty:
@@ -283,8 +311,9 @@ class EngineActor:
                 await self._recover_from_stall(now() - started_at, call)
                 return None
             if isinstance(outcome, Exception):
-                logger.error("engine call failed; ending the conversations in it and resetting the engine",
-                             exc_info=outcome)
+                logger.error(
+                    "engine call failed; ending the conversations in it and resetting the engine", exc_info=outcome
+                )
                 self._enter(ActorState.RESETTING)
                 self.metrics.errors.labels("engine").inc()
                 fail_call(table, call, "internal error in the model engine; please reconnect")
@@ -315,8 +344,10 @@ class EngineActor:
         self._enter(ActorState.STALLED)
         self.metrics.errors.labels("engine_stalled").inc()
         self.metrics.engine_stalled.set(1)
-        logger.error("engine call has not returned for %g s: ending its conversations and refusing new ones "
-                     "until it does", self.settings.engine_timeout)
+        logger.error(
+            "engine call has not returned for %g s: ending its conversations and refusing new ones until it does",
+            self.settings.engine_timeout,
+        )
         fail_call(self.table, call, "the model engine stalled; please reconnect")
         self._changed()
 

@@ -34,10 +34,14 @@ class ActorState(enum.Enum):
 
 
 A = ActorState
-ACTOR_LIFECYCLE = Lifecycle("engine actor", A.IDLE, {
-    A.IDLE: {A.CALLING},
-    A.CALLING: {A.IDLE, A.RESETTING, A.STALLED},
-    A.RESETTING: {A.IDLE},
-    A.STALLED: {A.RECOVERING},
-    A.RECOVERING: {A.IDLE},
-})
+ACTOR_LIFECYCLE = Lifecycle(
+    "engine actor",
+    A.IDLE,
+    {
+        A.IDLE: {A.CALLING},
+        A.CALLING: {A.IDLE, A.RESETTING, A.STALLED},
+        A.RESETTING: {A.IDLE},
+        A.STALLED: {A.RECOVERING},
+        A.RECOVERING: {A.IDLE},
+    },
+)

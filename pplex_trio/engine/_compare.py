@@ -65,13 +65,20 @@ class Comparison:
 
     def per_step(self) -> list[dict[str, Any]]:
         """One record per step: whether the top tokens agreed, and the KL divergences (text, per codebook)."""
-        return [{"text_top1": bool(self.text_agree[i]), "audio_top1": self.audio_agree[i].tolist(),
-                 "text_kl": float(self.text_kl[i]), "audio_kl": self.audio_kl[i].tolist()}
-                for i in range(len(self.text_kl))]
+        return [
+            {
+                "text_top1": bool(self.text_agree[i]),
+                "audio_top1": self.audio_agree[i].tolist(),
+                "text_kl": float(self.text_kl[i]),
+                "audio_kl": self.audio_kl[i].tolist(),
+            }
+            for i in range(len(self.text_kl))
+        ]
 
 
-def compare(reference: PersonaPlexEngine, candidate: PersonaPlexEngine, conversation: Conversation,
-            pcm: np.ndarray) -> Comparison:
+def compare(
+    reference: PersonaPlexEngine, candidate: PersonaPlexEngine, conversation: Conversation, pcm: np.ndarray
+) -> Comparison:
     """Run ``conversation`` with ``pcm`` (float32 mono at the model's rate, whole frames) on both engines
     (slot 0 of each, one slot each), the candidate teacher-forced on the reference's tokens."""
     prompt_steps = reference.start(0, conversation)
@@ -85,7 +92,7 @@ def compare(reference: PersonaPlexEngine, candidate: PersonaPlexEngine, conversa
     rows: dict[str, list[Any]] = {name: [] for name in ("ta", "aa", "tk", "ak", "rms", "cms")}
     with torch.no_grad(), ref.on_device():
         for start in range(0, len(pcm) - frame + 1, frame):
-            ref.pcm.copy_(torch.from_numpy(pcm[None, start: start + frame]))
+            ref.pcm.copy_(torch.from_numpy(pcm[None, start : start + frame]))
             codes = ref.model.mimi.encode_frame(ref.pcm, ref.encoder, live)
             inputs = StepInputs(tokens=torch.cat([ref.free_tokens, codes], dim=1), exec_mask=live)
             provided, offset = ref.gen.cache.provided.clone(), ref.gen.cache.offset.clone()
@@ -112,9 +119,14 @@ def compare(reference: PersonaPlexEngine, candidate: PersonaPlexEngine, conversa
             rows["cms"].append(1000 * (ended - middle))
     codebooks = ref.gen.depformer_steps
     return Comparison(
-        text_agree=np.array(rows["ta"], dtype=bool), audio_agree=np.array(rows["aa"], dtype=bool).reshape(-1, codebooks),
-        text_kl=np.array(rows["tk"], dtype=np.float64), audio_kl=np.array(rows["ak"]).reshape(-1, codebooks),
-        reference_ms=np.array(rows["rms"]), candidate_ms=np.array(rows["cms"]), prompt_steps=prompt_steps)
+        text_agree=np.array(rows["ta"], dtype=bool),
+        audio_agree=np.array(rows["aa"], dtype=bool).reshape(-1, codebooks),
+        text_kl=np.array(rows["tk"], dtype=np.float64),
+        audio_kl=np.array(rows["ak"]).reshape(-1, codebooks),
+        reference_ms=np.array(rows["rms"]),
+        candidate_ms=np.array(rows["cms"]),
+        prompt_steps=prompt_steps,
+    )
 
 
 def _kl(reference: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:

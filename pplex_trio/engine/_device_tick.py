@@ -78,9 +78,11 @@ class CudaGraphs:
 
     def __init__(self, device: torch.device):
         if device.type != "cuda" or not torch.cuda.is_available():
-            raise ValueError(f"cuda_graph=True needs the model on a CUDA device, not {device} "
-                             f"(CUDA available here: {torch.cuda.is_available()}): use device='cuda' "
-                             "or leave cuda_graph off")
+            raise ValueError(
+                f"cuda_graph=True needs the model on a CUDA device, not {device} "
+                f"(CUDA available here: {torch.cuda.is_available()}): use device='cuda' "
+                "or leave cuda_graph off"
+            )
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def record(self, fn: Callable[[], None], stream: torch.cuda.Stream | None) -> Callable[[], None]:
@@ -117,8 +119,9 @@ class DeviceTick:
     device the graph then records the compiled tick.
     """
 
-    def __init__(self, model: LoadedModel, batch_size: int, *, depformer_steps: int | None = None,
-                 compile: bool = False):
+    def __init__(
+        self, model: LoadedModel, batch_size: int, *, depformer_steps: int | None = None, compile: bool = False
+    ):
         cfg = model.config.lm
         if max(cfg.text_card, cfg.card) + 1 >= FLOAT32_EXACT:
             raise ValueError(f"vocabularies of {cfg.text_card} / {cfg.card} tokens do not fit the float32 read-back")
@@ -185,13 +188,21 @@ class DeviceTick:
             if recorder is not None:
                 self.path = self._record(recorder)
             self.synchronize()
-        what = {TickPath.CUDA_GRAPH: "warm-up, CUDA graph capture and its check", TickPath.EAGER: "warm-up",
-                TickPath.EAGER_AFTER_FAILED_CAPTURE: "warm-up and a failed capture",
-                TickPath.EAGER_AFTER_FAILED_CHECK: "warm-up and a failed check",
-                TickPath.COMPILED: "torch.compile and its check",
-                TickPath.COMPILED_CUDA_GRAPH: "torch.compile, CUDA graph capture and their checks"}[self.path]
-        logger.info("engine tick ready (%d rows, %s) after %s in %.2f s", self.batch_size, self.path, what,
-                    time.perf_counter() - began)
+        what = {
+            TickPath.CUDA_GRAPH: "warm-up, CUDA graph capture and its check",
+            TickPath.EAGER: "warm-up",
+            TickPath.EAGER_AFTER_FAILED_CAPTURE: "warm-up and a failed capture",
+            TickPath.EAGER_AFTER_FAILED_CHECK: "warm-up and a failed check",
+            TickPath.COMPILED: "torch.compile and its check",
+            TickPath.COMPILED_CUDA_GRAPH: "torch.compile, CUDA graph capture and their checks",
+        }[self.path]
+        logger.info(
+            "engine tick ready (%d rows, %s) after %s in %.2f s",
+            self.batch_size,
+            self.path,
+            what,
+            time.perf_counter() - began,
+        )
         return self.path
 
     def _compile(self) -> TickPath:
@@ -206,8 +217,11 @@ class DeviceTick:
             return TickPath.COMPILED
         self._compiled = None
         self.reset_all()
-        logger.error("torch.compile of the engine tick FAILED (%s): every tick runs uncompiled; /health says "
-                     "tick_path=%s", problem, TickPath.EAGER_AFTER_FAILED_CHECK)
+        logger.error(
+            "torch.compile of the engine tick FAILED (%s): every tick runs uncompiled; /health says tick_path=%s",
+            problem,
+            TickPath.EAGER_AFTER_FAILED_CHECK,
+        )
         return TickPath.EAGER_AFTER_FAILED_CHECK
 
     def _record(self, recorder: CudaGraphs) -> TickPath:
@@ -217,15 +231,22 @@ class DeviceTick:
         except Exception as exc:  # any capture error: the eager path still works
             self._replay = None
             self.reset_all()
-            logger.error("CUDA graph capture of the engine tick FAILED (%s: %s): every tick runs eagerly, with more "
-                         "launch overhead per tick; /health says tick_path=%s", type(exc).__name__, exc,
-                         TickPath.EAGER_AFTER_FAILED_CAPTURE)
+            logger.error(
+                "CUDA graph capture of the engine tick FAILED (%s: %s): every tick runs eagerly, with more "
+                "launch overhead per tick; /health says tick_path=%s",
+                type(exc).__name__,
+                exc,
+                TickPath.EAGER_AFTER_FAILED_CAPTURE,
+            )
             return TickPath.EAGER_AFTER_FAILED_CAPTURE
         if problem is not None:
             self._replay = None
-            logger.error("the CUDA graph of the engine tick FAILED its check (%s): every tick runs eagerly, with more "
-                         "launch overhead per tick; /health says tick_path=%s", problem,
-                         TickPath.EAGER_AFTER_FAILED_CHECK)
+            logger.error(
+                "the CUDA graph of the engine tick FAILED its check (%s): every tick runs eagerly, with more "
+                "launch overhead per tick; /health says tick_path=%s",
+                problem,
+                TickPath.EAGER_AFTER_FAILED_CHECK,
+            )
             return TickPath.EAGER_AFTER_FAILED_CHECK
         return TickPath.COMPILED_CUDA_GRAPH if self._compiled is not None else TickPath.CUDA_GRAPH
 
@@ -250,12 +271,14 @@ class DeviceTick:
         self.reset_all()
         k = self.num_streams
         for index, (want, got) in enumerate(zip(eager, replayed)):
-            if not np.array_equal(want[:, :k + 1], got[:, :k + 1]):
+            if not np.array_equal(want[:, : k + 1], got[:, : k + 1]):
                 return f"tick {index + 1} of {CHECK_TICKS}: its tokens differ from the eager tick's"
-            difference = float(np.abs(want[:, k + 1:] - got[:, k + 1:]).max())
+            difference = float(np.abs(want[:, k + 1 :] - got[:, k + 1 :]).max())
             if not difference <= CHECK_PCM_TOLERANCE:
-                return (f"tick {index + 1} of {CHECK_TICKS}: its PCM differs from the eager tick's by {difference:.3g} "
-                        f"(at most {CHECK_PCM_TOLERANCE:g} allowed)")
+                return (
+                    f"tick {index + 1} of {CHECK_TICKS}: its PCM differs from the eager tick's by {difference:.3g} "
+                    f"(at most {CHECK_PCM_TOLERANCE:g} allowed)"
+                )
         return None
 
     # --- between ticks --------------------------------------------------------------
@@ -310,10 +333,10 @@ class DeviceTick:
         self.packed[:, :k].copy_(result.tokens)
         self.packed[:, k].copy_(result.valid)
         # Only frames that exist are decoded: a row without one yet stays silent and its decoder still.
-        agent = result.tokens[:, 1: self.first_user]
+        agent = result.tokens[:, 1 : self.first_user]
         speak = live & ((agent >= 0) & (agent < card)).all(dim=1)
         pcm = self.model.mimi.decode_frame(agent.clamp(0, card - 1), self.decoder, speak)
-        self.packed[:, k + 1:].copy_(torch.where(speak[:, None], pcm, self.silence))
+        self.packed[:, k + 1 :].copy_(torch.where(speak[:, None], pcm, self.silence))
 
     def replay(self) -> bool:
         """Run the tick as the recorded graph; False (nothing run) when there is none."""
@@ -336,4 +359,4 @@ class DeviceTick:
     def unpack(self, host: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(tokens int64 [B, K], valid bool [B], pcm float32 [B, frame])``, copies of a :meth:`download`."""
         k = self.num_streams
-        return host[:, :k].astype(np.int64), host[:, k] > 0.5, host[:, k + 1:].copy()
+        return host[:, :k].astype(np.int64), host[:, k] > 0.5, host[:, k + 1 :].copy()

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from .._voice_catalogue import OFFICIAL_VOICES, voice_files
-from ._interface import FRAME_SIZE, Conversation, Engine, SlotMode, StepOutput, Job
+from ._interface import FRAME_SIZE, Conversation, Engine, Job, SlotMode, StepOutput
 
 __all__ = ["OFFICIAL_VOICES", "EchoEngine", "voices_in_directory"]
 

@@ -26,8 +26,8 @@ import numpy as np
 
 from .._conversation import CloseCode, Conversation
 from .._metrics import Metrics
-from ._interface import ConversationRejected, Engine, Job, SlotMode, StepOutput
 from ._engine_lease import EngineLease
+from ._interface import ConversationRejected, Engine, Job, SlotMode, StepOutput
 from ._lease_core import LIVE_STATES, LeaseFailure, LeaseState
 from ._outbox import OutputFrame
 from ._slots import SlotTable
@@ -108,8 +108,14 @@ def plan_call(table: SlotTable, now: float) -> EngineCall:
     return EngineCall(rows=rows, started_at=now, resets=resets, starts=starts)
 
 
-def plan_tick(table: SlotTable, call: EngineCall, tick: int, pcm: np.ndarray, first_steps: Collection[EngineLease],
-              metrics: Metrics) -> None:
+def plan_tick(
+    table: SlotTable,
+    call: EngineCall,
+    tick: int,
+    pcm: np.ndarray,
+    first_steps: Collection[EngineLease],
+    metrics: Metrics,
+) -> None:
     """Make ``call`` a tick: cut every live conversation's next input frame into ``pcm`` (silence where none);
     the READY conversations of ``first_steps`` are stepped from this tick on."""
     modes = [SlotMode.IDLE] * len(table.rows)
@@ -186,11 +192,18 @@ def apply_result(table: SlotTable, call: EngineCall, result: CallResult, now: fl
         if mode is not SlotMode.LIVE or (lease := call.lease(table, i, LIVE_STATES)) is None:
             continue  # given back (or failed, or restarted) while the engine ran: its output is dropped
         try:
-            lease.deliver(OutputFrame(
-                result.output.pcm[i].copy(), result.output.text[i], tick.tick, heard=tick.pcm[i].copy(),
-                input_arrival=tick.arrivals[i][1],
-                step_seconds=result.step_seconds, tick_started=call.started_at, delivered=now,
-            ))
+            lease.deliver(
+                OutputFrame(
+                    result.output.pcm[i].copy(),
+                    result.output.text[i],
+                    tick.tick,
+                    heard=tick.pcm[i].copy(),
+                    input_arrival=tick.arrivals[i][1],
+                    step_seconds=result.step_seconds,
+                    tick_started=call.started_at,
+                    delivered=now,
+                )
+            )
             delivered += 1
         except Exception:  # one conversation's trouble is that conversation's, never the actor's
             _fail_row(table, i, metrics, "delivering its output")
@@ -209,4 +222,6 @@ def fail_call(table: SlotTable, call: EngineCall, message: str) -> None:
 def _fail_row(table: SlotTable, i: int, metrics: Metrics, doing: str) -> None:
     logger.exception("slot %d: internal error %s; ending that conversation", i, doing)
     metrics.errors.labels("session").inc()
-    table.fail(i, LeaseFailure(CloseCode.INTERNAL_ERROR, "internal server error in this conversation; please reconnect"))
+    table.fail(
+        i, LeaseFailure(CloseCode.INTERNAL_ERROR, "internal server error in this conversation; please reconnect")
+    )

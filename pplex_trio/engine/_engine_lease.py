@@ -235,8 +235,13 @@ class EngineLease(LeaseView):
                 self._behind_since = now
             elif not self._behind_logged and now - self._behind_since >= BEHIND_LOG_SECONDS:
                 self._behind_logged = True
-                logger.info("slot %s: %.2f s behind real time for %g s: its caller has not paused for the lag to be "
-                            "caught up with", slot, framer.behind / SAMPLE_RATE, BEHIND_LOG_SECONDS)
+                logger.info(
+                    "slot %s: %.2f s behind real time for %g s: its caller has not paused for the lag to be "
+                    "caught up with",
+                    slot,
+                    framer.behind / SAMPLE_RATE,
+                    BEHIND_LOG_SECONDS,
+                )
         elif self._behind_since is not None:
             if self._behind_logged:
                 logger.info("slot %s: back to real time after %.1f s", slot, now - self._behind_since)
@@ -249,5 +254,6 @@ class EngineLease(LeaseView):
             self._on_frame(frame)
         except Exception:
             self._on_frame = None
-            logger.exception("slot %s: the observer of its frames failed; it is let go and the conversation goes on",
-                             self._core.slot)
+            logger.exception(
+                "slot %s: the observer of its frames failed; it is let go and the conversation goes on", self._core.slot
+            )

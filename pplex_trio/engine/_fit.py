@@ -37,8 +37,8 @@ from torch.utils._pytree import tree_flatten
 
 from .._precision import KVFormat, Precision, WeightFormat
 from ..model import LMModel, LoadedModel, Mimi, ModelConfig, VoiceLibrary
-from ._settings import OFF_GPU_SLOTS
 from ._device_tick import PASS_POSITIONS, DeviceTick
+from ._settings import OFF_GPU_SLOTS
 
 logger = logging.getLogger(__name__)
 
@@ -72,17 +72,27 @@ class MemoryPlan:
     def as_dict(self, memory: int, reserve: int) -> dict[str, Any]:
         """The plan in GiB, with the conversations that fit ``memory`` bytes less ``reserve`` (``fit``'s JSON)."""
         return {
-            "model": self.model, "dtype": self.dtype, "quantize": str(self.precision.weights),
-            "kv_cache": str(self.precision.kv_cache), "weights_gib": self.weights / GIB,
-            "fixed_gib": self.fixed / GIB, "per_conversation_gib": self.per_conversation / GIB,
+            "model": self.model,
+            "dtype": self.dtype,
+            "quantize": str(self.precision.weights),
+            "kv_cache": str(self.precision.kv_cache),
+            "weights_gib": self.weights / GIB,
+            "fixed_gib": self.fixed / GIB,
+            "per_conversation_gib": self.per_conversation / GIB,
             "per_conversation_parts_gib": {name: size / GIB for name, size in self.parts.items()},
-            "gpu_memory_gib": memory / GIB, "reserve_gib": reserve / GIB,
+            "gpu_memory_gib": memory / GIB,
+            "reserve_gib": reserve / GIB,
             "conversations": self.conversations(memory, reserve),
         }
 
 
-def plan_memory(cfg: ModelConfig, lm_dtype: torch.dtype = torch.bfloat16, *,
-                depformer_steps: int | None = None, precision: Precision = Precision()) -> MemoryPlan:
+def plan_memory(
+    cfg: ModelConfig,
+    lm_dtype: torch.dtype = torch.bfloat16,
+    *,
+    depformer_steps: int | None = None,
+    precision: Precision = Precision(),
+) -> MemoryPlan:
     """The :class:`MemoryPlan` of ``cfg`` with its LM in ``lm_dtype`` stored as ``precision`` says (built on
     ``meta``: no memory used; a few seconds for the 7B shapes, so each plan is kept)."""
     key = (repr(cfg), lm_dtype, depformer_steps, precision)
@@ -95,24 +105,36 @@ _PLANS: dict[tuple[str, torch.dtype, int | None, Precision], MemoryPlan] = {}
 SPAN = 32  # the plan measures a tick of 1 row and of 1 + SPAN rows
 
 
-def _plan_memory(cfg: ModelConfig, lm_dtype: torch.dtype, depformer_steps: int | None,
-                 precision: Precision) -> MemoryPlan:
+def _plan_memory(
+    cfg: ModelConfig, lm_dtype: torch.dtype, depformer_steps: int | None, precision: Precision
+) -> MemoryPlan:
     with torch.device("meta"):
         lm = LMModel(cfg.lm).to(lm_dtype)
         mimi = Mimi(cfg.mimi)
     lm.set_precision(precision)
-    model = LoadedModel(config=cfg, lm=lm, mimi=mimi, tokenizer=None,  # type: ignore[arg-type]  # unused here
-                        voices=VoiceLibrary(None), device=torch.device("meta"))
+    model = LoadedModel(
+        config=cfg,
+        lm=lm,
+        mimi=mimi,
+        tokenizer=None,  # type: ignore[arg-type]  # unused here
+        voices=VoiceLibrary(None),
+        device=torch.device("meta"),
+    )
     weights = sum(_bytes(t) for module in (lm, mimi) for t in [*module.parameters(), *module.buffers()])
     # A tick's peak is the largest of several moments, some fixed (a weight's temporaries), some growing with
     # the rows (attention over the rings): measured far apart, the slope is the one that decides at scale.
     one, many = (_tick_bytes(model, rows, depformer_steps) for rows in (1, 1 + SPAN))
     parts = {name: -(-(many[name] - one[name]) // SPAN) for name in one}
     per_conversation = sum(parts.values())
-    return MemoryPlan(model=cfg.name, dtype=str(lm_dtype).removeprefix("torch."), precision=precision,
-                      weights=weights,
-                      fixed=sum(one.values()) - per_conversation + _prompt_pass_bytes(model),
-                      per_conversation=per_conversation, parts=parts)
+    return MemoryPlan(
+        model=cfg.name,
+        dtype=str(lm_dtype).removeprefix("torch."),
+        precision=precision,
+        weights=weights,
+        fixed=sum(one.values()) - per_conversation + _prompt_pass_bytes(model),
+        per_conversation=per_conversation,
+        parts=parts,
+    )
 
 
 def free_device_memory(device: torch.device) -> int | None:
@@ -130,22 +152,31 @@ def auto_slots(model: LoadedModel, reserve: int, *, depformer_steps: int | None 
     """
     free = free_device_memory(model.device)
     if free is None:
-        logger.info("--slots auto: %d conversations (%s: no GPU memory to size them by)", OFF_GPU_SLOTS,
-                    model.device)
+        logger.info("--slots auto: %d conversations (%s: no GPU memory to size them by)", OFF_GPU_SLOTS, model.device)
         return OFF_GPU_SLOTS
     plan = plan_memory(model.config, model.lm.dtype, depformer_steps=depformer_steps, precision=model.lm.precision)
     count = plan.conversations_after_load(free, reserve)
-    figures = (f"{free / GIB:.1f} GiB free on {model.device} with the weights loaded, {plan.fixed / GIB:.2f} GiB "
-               f"fixed, {plan.per_conversation / GIB:.3f} GiB per conversation, {reserve / GIB:.1f} GiB reserve")
+    figures = (
+        f"{free / GIB:.1f} GiB free on {model.device} with the weights loaded, {plan.fixed / GIB:.2f} GiB "
+        f"fixed, {plan.per_conversation / GIB:.3f} GiB per conversation, {reserve / GIB:.1f} GiB reserve"
+    )
     if count < 1:
-        raise NotEnoughMemory(f"no conversation fits: {figures}; free some GPU memory, lower "
-                              "--gpu-memory-reserve, or use a GPU with more memory")
+        raise NotEnoughMemory(
+            f"no conversation fits: {figures}; free some GPU memory, lower "
+            "--gpu-memory-reserve, or use a GPU with more memory"
+        )
     logger.info("--slots auto: %d conversations fit (%s)", count, figures)
     return count
 
 
-def out_of_memory_message(doing: str, cfg: ModelConfig, lm_dtype: torch.dtype, device: torch.device,
-                          slots: int | None, precision: Precision = Precision()) -> str:
+def out_of_memory_message(
+    doing: str,
+    cfg: ModelConfig,
+    lm_dtype: torch.dtype,
+    device: torch.device,
+    slots: int | None,
+    precision: Precision = Precision(),
+) -> str:
     """One line for an out-of-memory error: the figures, and what to do."""
     plan = plan_memory(cfg, lm_dtype, precision=precision)
     where = str(device)
@@ -156,14 +187,20 @@ def out_of_memory_message(doing: str, cfg: ModelConfig, lm_dtype: torch.dtype, d
     else:
         fit = None
     stored = plan.dtype if precision == Precision() else f"{plan.dtype}, {precision.describe()}"
-    need = (f"{cfg.name} needs {plan.weights / GIB:.1f} GiB of weights ({stored}) and "
-            f"{plan.per_conversation / GIB:.2f} GiB per conversation")
-    smaller = "" if precision == Precision(WeightFormat.INT8, KVFormat.FP8) else "--quantize int8 and --kv-cache fp8, or "
+    need = (
+        f"{cfg.name} needs {plan.weights / GIB:.1f} GiB of weights ({stored}) and "
+        f"{plan.per_conversation / GIB:.2f} GiB per conversation"
+    )
+    smaller = (
+        "" if precision == Precision(WeightFormat.INT8, KVFormat.FP8) else "--quantize int8 and --kv-cache fp8, or "
+    )
     if fit is None or fit < 1:
         advice = f"use {smaller}a device with more memory"
     else:
-        advice = (f"at most {fit} conversations fit this GPU with nothing else on it (`pplex-trio fit`): pass "
-                  f"--slots auto or a smaller --slots, or use a GPU with more memory")
+        advice = (
+            f"at most {fit} conversations fit this GPU with nothing else on it (`pplex-trio fit`): pass "
+            f"--slots auto or a smaller --slots, or use a GPU with more memory"
+        )
     asked = f" for {slots} conversations" if slots else ""
     return f"out of memory while {doing}{asked} on {where}: {need}; {advice}"
 
@@ -180,8 +217,12 @@ def engine_state_bytes(tick: DeviceTick) -> dict[str, int]:
     seen: set[int] = set()
     out = {}
     for name, objects in groups.items():
-        out[name] = sum(t.untyped_storage().nbytes() for obj in objects for t in _tensors(obj)
-                        if t.device == tick.device and _claim(t, seen))
+        out[name] = sum(
+            t.untyped_storage().nbytes()
+            for obj in objects
+            for t in _tensors(obj)
+            if t.device == tick.device and _claim(t, seen)
+        )
     return out
 
 
@@ -215,8 +256,13 @@ def peak_bytes(fn: Callable[[], Any], device: torch.device) -> int:
 
 
 class _EfficientAttention(TorchFunctionMode):
-    def __torch_function__(self, func: Callable[..., Any], types: Collection[type], args: Sequence[Any] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Collection[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
@@ -241,8 +287,9 @@ class _LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's
         self.now = 0
         self.peak = 0
 
-    def __torch_dispatch__(self, func: OpOverload, types: Collection[type], args: Sequence[Any] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_dispatch__(
+        self, func: OpOverload, types: Collection[type], args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         out = func(*args, **(kwargs or {}))
         aliases = any(r.alias_info is not None for r in func._schema.returns)
         for t in tree_flatten(out)[0]:

@@ -145,8 +145,9 @@ class InputFramer:
 
     def stats(self) -> InputStats:
         """Its figures now, in samples: what waits, the margin, underruns, skipped, caught up, how far behind."""
-        return InputStats(self._len, self.margin, self.underruns, self.skipped_samples, self.caught_up_samples,
-                          self.behind)
+        return InputStats(
+            self._len, self.margin, self.underruns, self.skipped_samples, self.caught_up_samples, self.behind
+        )
 
     def push(self, pcm: np.ndarray, arrived_at: float = 0.0) -> int:
         """Append float32 mono samples that arrived at ``arrived_at``; return frames dropped."""

@@ -20,8 +20,15 @@ import numpy as np
 from .._conversation import FRAME_SIZE, SAMPLE_RATE, Conversation, Sampling
 
 __all__ = [
-    "FRAME_SIZE", "SAMPLE_RATE", "Conversation", "ConversationRejected", "Engine", "Sampling", "SlotMode",
-    "StepOutput", "Job",
+    "FRAME_SIZE",
+    "SAMPLE_RATE",
+    "Conversation",
+    "ConversationRejected",
+    "Engine",
+    "Sampling",
+    "SlotMode",
+    "StepOutput",
+    "Job",
 ]
 
 
@@ -132,7 +139,7 @@ class Engine(abc.ABC):
         """
         raise NotImplementedError(f"{self.name} cannot make voices")
 
-    def use_voice_store(self, folder: pathlib.Path) -> None:
+    def use_voice_store(self, folder: pathlib.Path) -> None:  # noqa: B027 (a no-op by default, not abstract)
         """Voices added while the server runs are kept in ``folder`` (``NAME.pt``, written by the server):
         a conversation may name them like the engine's own.  Called once, before the first conversation."""
 

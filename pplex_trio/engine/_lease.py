@@ -27,12 +27,20 @@ from ._outbox import OutputBatches, OutputFrame
 logger = logging.getLogger(__name__)
 
 
-def open_lease(conversation: Conversation, owner: LeaseOwner, *, framer: InputFramer, output_capacity: int,
-               early_audio: bool = False, client: str | None = None,
-               on_frame: Callable[[OutputFrame], None] | None = None) -> tuple[Lease, EngineLease]:
+def open_lease(
+    conversation: Conversation,
+    owner: LeaseOwner,
+    *,
+    framer: InputFramer,
+    output_capacity: int,
+    early_audio: bool = False,
+    client: str | None = None,
+    on_frame: Callable[[OutputFrame], None] | None = None,
+) -> tuple[Lease, EngineLease]:
     """A new lease's two ends: the session's and the engine's (``on_frame``: see :class:`EngineLease`)."""
-    core = LeaseCore(conversation, framer=framer, output_capacity=output_capacity, client=client,
-                     count_drop=owner.count_drop)
+    core = LeaseCore(
+        conversation, framer=framer, output_capacity=output_capacity, client=client, count_drop=owner.count_drop
+    )
     engine_end = EngineLease(core, owner, on_frame)
     return Lease(core, owner, engine_end, early_audio=early_audio), engine_end
 
@@ -119,8 +127,10 @@ class Lease(LeaseView):
         if core.state is LeaseState.QUEUED:
             core.conversation = conversation  # nothing has run yet
             return True
-        if core.state not in (LeaseState.STARTING, LeaseState.PREFILL, LeaseState.READY, LeaseState.LIVE) \
-                or core.input_ended:
+        if (
+            core.state not in (LeaseState.STARTING, LeaseState.PREFILL, LeaseState.READY, LeaseState.LIVE)
+            or core.input_ended
+        ):
             return False
         if core.state in (LeaseState.READY, LeaseState.LIVE):
             core.framer.back_to_early()
@@ -157,8 +167,12 @@ class Lease(LeaseView):
         self._owner.count_drop("input_backlog", frames)
         if not self._overflow_logged:
             self._overflow_logged = True
-            logger.info("slot %s: more input came at once than its backlog holds; the oldest %d frame(s) were "
-                        "dropped (--input-backlog-seconds)", self._core.slot, frames)
+            logger.info(
+                "slot %s: more input came at once than its backlog holds; the oldest %d frame(s) were "
+                "dropped (--input-backlog-seconds)",
+                self._core.slot,
+                frames,
+            )
 
     def _skipped_output(self, frames: int) -> None:
         self._core.output_skipped += frames

@@ -43,19 +43,23 @@ class LeaseState(enum.Enum):
 
 
 S = LeaseState
-LEASE_LIFECYCLE = Lifecycle("lease", S.QUEUED, {
-    S.QUEUED: {S.QUEUED, S.STARTING, S.ENDED},  # (QUEUED: a new position)
-    S.STARTING: {S.PREFILL, S.READY, S.FLUSHING, S.FAILED, S.DRAINING},
-    S.PREFILL: {S.STARTING, S.READY, S.FLUSHING, S.FAILED, S.DRAINING},  # (STARTING: the prompt again)
-    S.READY: {S.STARTING, S.LIVE, S.FLUSHING, S.FAILED, S.DRAINING},
-    S.LIVE: {S.STARTING, S.FLUSHING, S.FAILED, S.DRAINING},
-    S.FLUSHING: {S.FLUSHED, S.FAILED, S.DRAINING},
-    S.FLUSHED: {S.FAILED, S.DRAINING},
-    S.FAILED: {S.DRAINING, S.ENDED},  # (ENDED: its slot was freed before the session gave it back)
-    S.DRAINING: {S.HELD, S.ENDED},
-    S.HELD: {S.ENDED},
-    S.ENDED: set(),
-})
+LEASE_LIFECYCLE = Lifecycle(
+    "lease",
+    S.QUEUED,
+    {
+        S.QUEUED: {S.QUEUED, S.STARTING, S.ENDED},  # (QUEUED: a new position)
+        S.STARTING: {S.PREFILL, S.READY, S.FLUSHING, S.FAILED, S.DRAINING},
+        S.PREFILL: {S.STARTING, S.READY, S.FLUSHING, S.FAILED, S.DRAINING},  # (STARTING: the prompt again)
+        S.READY: {S.STARTING, S.LIVE, S.FLUSHING, S.FAILED, S.DRAINING},
+        S.LIVE: {S.STARTING, S.FLUSHING, S.FAILED, S.DRAINING},
+        S.FLUSHING: {S.FLUSHED, S.FAILED, S.DRAINING},
+        S.FLUSHED: {S.FAILED, S.DRAINING},
+        S.FAILED: {S.DRAINING, S.ENDED},  # (ENDED: its slot was freed before the session gave it back)
+        S.DRAINING: {S.HELD, S.ENDED},
+        S.HELD: {S.ENDED},
+        S.ENDED: set(),
+    },
+)
 del S
 
 PREPARING_STATES = frozenset({LeaseState.STARTING, LeaseState.PREFILL})  # has a slot, not live yet
@@ -87,14 +91,25 @@ class LeaseCore:
     state changes only through :meth:`move`, which wakes whoever waits.
     """
 
-    def __init__(self, conversation: Conversation, *, framer: InputFramer, output_capacity: int,
-                 client: str | None, count_drop: Callable[[str, int], None]):
+    def __init__(
+        self,
+        conversation: Conversation,
+        *,
+        framer: InputFramer,
+        output_capacity: int,
+        client: str | None,
+        count_drop: Callable[[str, int], None],
+    ):
         self.conversation = conversation
         self.client = client  # who asked (an address): a slot it leaves may be held for it (see SlotTable)
         self.framer = framer
         self.outbox: DropOldestChannel[OutputEvent] = DropOldestChannel(
-            output_capacity, name="output_backlog", on_drop=lambda name: count_drop(name, 1),
-            salvage=carry_text, drop_first=silent_frame)
+            output_capacity,
+            name="output_backlog",
+            on_drop=lambda name: count_drop(name, 1),
+            salvage=carry_text,
+            drop_first=silent_frame,
+        )
         self.state = LEASE_LIFECYCLE.start
         self.slot: int | None = None
         self.position = 0
@@ -129,8 +144,11 @@ class LeaseCore:
 
     def end_output_if_flushed(self) -> None:
         """FLUSHING with every frame taken answered: send ``OutputEnd`` (never dropped) and move to FLUSHED."""
-        if (self.state is LeaseState.FLUSHING and not self.framer.pending_frames
-                and self.last_delivered_tick >= self.last_consumed_tick):
+        if (
+            self.state is LeaseState.FLUSHING
+            and not self.framer.pending_frames
+            and self.last_delivered_tick >= self.last_consumed_tick
+        ):
             self.outbox.send_nowait(OutputEnd(), droppable=False)
             self.move(LeaseState.FLUSHED)
 

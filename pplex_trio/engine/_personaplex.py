@@ -34,11 +34,21 @@ import numpy as np
 import torch
 
 from .._precision import Precision
-from ..model import (LoadedModel, PromptPlan, StreamDecoder, VoiceMaking, VoiceNotFoundError, VoicePrompt,
-                     build_prompt_plan, lm_dtype_for, load_config, load_model)
+from ..model import (
+    LoadedModel,
+    PromptPlan,
+    StreamDecoder,
+    VoiceMaking,
+    VoiceNotFoundError,
+    VoicePrompt,
+    build_prompt_plan,
+    lm_dtype_for,
+    load_config,
+    load_model,
+)
+from ._device_tick import PASS_POSITIONS, CudaGraphs, DeviceTick
 from ._fit import GIB, NotEnoughMemory, auto_slots, out_of_memory_message
 from ._interface import Conversation, ConversationRejected, Engine, Job, SlotMode, StepOutput
-from ._device_tick import PASS_POSITIONS, CudaGraphs, DeviceTick
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +107,16 @@ class PersonaPlexEngine(Engine):
     is not on a CUDA device.
     """
 
-    def __init__(self, model: LoadedModel, num_slots: int, *, default_voice: str | None = None,
-                 depformer_steps: int | None = None, cuda_graph: bool | None = None, compile: bool = False):
+    def __init__(
+        self,
+        model: LoadedModel,
+        num_slots: int,
+        *,
+        default_voice: str | None = None,
+        depformer_steps: int | None = None,
+        cuda_graph: bool | None = None,
+        compile: bool = False,
+    ):
         if num_slots < 1:
             raise ValueError("num_slots must be at least 1")
         if cuda_graph is None:
@@ -114,7 +132,9 @@ class PersonaPlexEngine(Engine):
         if default_voice is None:
             default_voice = names[0] if names else ""
         elif default_voice and default_voice not in names:
-            raise ValueError(f"default voice {default_voice!r} is not in the voice library ({', '.join(names) or 'empty'})")
+            raise ValueError(
+                f"default voice {default_voice!r} is not in the voice library ({', '.join(names) or 'empty'})"
+            )
         self.default_voice = default_voice or None
         self._rows = [_Row() for _ in range(num_slots)]
         self.last_tokens = np.full((num_slots, cfg.lm.num_streams), -2, dtype=np.int64)
@@ -124,9 +144,17 @@ class PersonaPlexEngine(Engine):
         self._tick.prepare(graphs)
 
     @classmethod
-    def load(cls, source: str, num_slots: int | None, device: str = "cpu", voice_dir: str | None = None,
-             cuda_graph: bool | None = None, memory_reserve: int = 2 * GIB, precision: Precision = Precision(),
-             **kwargs: Any) -> "PersonaPlexEngine":
+    def load(
+        cls,
+        source: str,
+        num_slots: int | None,
+        device: str = "cpu",
+        voice_dir: str | None = None,
+        cuda_graph: bool | None = None,
+        memory_reserve: int = 2 * GIB,
+        precision: Precision = Precision(),
+        **kwargs: Any,
+    ) -> PersonaPlexEngine:
         """Load ``source`` (``tiny``, a Hugging Face repo id or a local folder) and build an engine.
 
         ``num_slots=None`` sizes the batch to the device: as many
@@ -153,13 +181,17 @@ class PersonaPlexEngine(Engine):
                 torch.set_num_threads(1)
             if num_slots is None:
                 num_slots = auto_slots(model, memory_reserve, depformer_steps=kwargs.get("depformer_steps"))
-            doing = ("building the engine" if cuda_graph is False or model.device.type != "cuda"
-                     else "building the engine and capturing its tick")
+            doing = (
+                "building the engine"
+                if cuda_graph is False or model.device.type != "cuda"
+                else "building the engine and capturing its tick"
+            )
             return cls(model, num_slots, cuda_graph=cuda_graph, **kwargs)
         except torch.OutOfMemoryError:
             where = torch.device(device)
-            raise NotEnoughMemory(out_of_memory_message(doing, load_config(source), lm_dtype_for(where), where,
-                                                        num_slots, precision)) from None
+            raise NotEnoughMemory(
+                out_of_memory_message(doing, load_config(source), lm_dtype_for(where), where, num_slots, precision)
+            ) from None
 
     # --- Engine interface ---------------------------------------------------------
 
@@ -178,13 +210,16 @@ class PersonaPlexEngine(Engine):
         if self.device.type != "cuda":
             return None
         free, total = torch.cuda.mem_get_info(self.device)
-        return {"allocated": torch.cuda.memory_allocated(self.device),
-                "reserved": torch.cuda.memory_reserved(self.device), "free": free, "total": total}
+        return {
+            "allocated": torch.cuda.memory_allocated(self.device),
+            "reserved": torch.cuda.memory_reserved(self.device),
+            "free": free,
+            "total": total,
+        }
 
     def make_voice(self, pcm: np.ndarray) -> Job:
         p = self._cfg.prompt
-        return _DeviceJob(VoiceMaking(self.model.lm, self.model.mimi, pcm, p.sine_tokens, p.zero_text_code),
-                          self._tick)
+        return _DeviceJob(VoiceMaking(self.model.lm, self.model.mimi, pcm, p.sine_tokens, p.zero_text_code), self._tick)
 
     def use_voice_store(self, folder: pathlib.Path) -> None:
         self.model.voices.added = folder
@@ -210,15 +245,23 @@ class PersonaPlexEngine(Engine):
         tick = self._tick
         with tick.on_device():
             self._reset_row(slot)
-            tick.gen.set_cache(slot, torch.from_numpy(plan.cache_tokens).to(self.device),
-                               torch.from_numpy(plan.cache_provided).to(self.device), plan.offset)
+            tick.gen.set_cache(
+                slot,
+                torch.from_numpy(plan.cache_tokens).to(self.device),
+                torch.from_numpy(plan.cache_provided).to(self.device),
+                plan.offset,
+            )
             tick.sampling.set_row(slot, s)
             tick.noise.seed(slot, s.text_seed, s.audio_seed)
             inputs = torch.from_numpy(plan.inputs).to(self.device)
             if plan.voice is not None:
                 self._device_voice(plan.voice)
-        self._rows[slot] = _Row(plan=plan, inputs=inputs, decoder=self.model.tokenizer.decoder(),
-                                greedy=s.greedy or (s.text_temperature <= 0 and s.audio_temperature <= 0))
+        self._rows[slot] = _Row(
+            plan=plan,
+            inputs=inputs,
+            decoder=self.model.tokenizer.decoder(),
+            greedy=s.greedy or (s.text_temperature <= 0 and s.audio_temperature <= 0),
+        )
         return plan.num_steps
 
     def prefill(self, work: Mapping[int, int]) -> dict[int, int]:
@@ -236,8 +279,10 @@ class PersonaPlexEngine(Engine):
                 rows = [slot for slot, n in left.items() if n > 0][:PASS_POSITIONS]
                 width = max(1, PASS_POSITIONS // len(rows))
                 starts = [self._rows[slot].cursor for slot in rows]
-                counts = [self._tick.gen.prefill_limit(start, min(left[slot], width))
-                          for slot, start in zip(rows, starts, strict=True)]
+                counts = [
+                    self._tick.gen.prefill_limit(start, min(left[slot], width))
+                    for slot, start in zip(rows, starts, strict=True)
+                ]
                 self._prefill_chunk(rows, starts, counts)
                 for slot, count in zip(rows, counts, strict=True):
                     self._rows[slot].cursor += count
@@ -267,8 +312,10 @@ class PersonaPlexEngine(Engine):
         live_rows = [i for i, m in enumerate(modes) if m == SlotMode.LIVE]
         for i in live_rows:
             if self._rows[i].prompt_left:
-                raise RuntimeError(f"slot {i} is LIVE with {self._rows[i].prompt_left} prompt steps to run: "
-                                   "call start(), then prefill() until none is left")
+                raise RuntimeError(
+                    f"slot {i} is LIVE with {self._rows[i].prompt_left} prompt steps to run: "
+                    "call start(), then prefill() until none is left"
+                )
         b = self.num_slots
         if not live_rows:
             self.last_tokens = np.full_like(self.last_tokens, -2)

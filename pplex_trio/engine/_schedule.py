@@ -104,8 +104,9 @@ class TickSchedule:
         self.first_frame_timeout = settings.first_frame_timeout
         self._clock = clock
         self.grace_window = self.in_ticks(settings.input_grace_window)
-        self.steering = PhaseSteering(window=self.in_ticks(settings.steering_window),
-                                      calm_ticks=self.in_ticks(settings.steering_calm))
+        self.steering = PhaseSteering(
+            window=self.in_ticks(settings.steering_window), calm_ticks=self.in_ticks(settings.steering_calm)
+        )
         self.deadline: float | None = None
         self.ticks = 0
         self.ticks_skipped = 0
@@ -162,8 +163,11 @@ class TickSchedule:
     def _first_steps(self, now: float) -> list[EngineLease]:
         """The READY conversations due their first step: their caller's first frame is in, or waited for long
         enough."""
-        return [lease for lease in self.table.ready()
-                if lease.has_input_frame or now - lease.ready_since >= self.first_frame_timeout]
+        return [
+            lease
+            for lease in self.table.ready()
+            if lease.has_input_frame or now - lease.ready_since >= self.first_frame_timeout
+        ]
 
     def stop(self) -> None:
         """No conversation is live: no more ticks until :meth:`start_grid`."""
@@ -228,8 +232,9 @@ class TickSchedule:
     def _late_pages(self, missed: list[EngineLease], now: float) -> int:
         """How many of the previous tick's misses were late pages (their next audio came after that tick,
         within a period of it: the steering reacts a tick later than it would have); remembers this tick's."""
-        late = sum(self._missed_at < lease.last_input_arrival <= self._missed_at + self.period
-                   for lease in self._missed)
+        late = sum(
+            self._missed_at < lease.last_input_arrival <= self._missed_at + self.period for lease in self._missed
+        )
         self._missed, self._missed_at = missed, now
         return late
 
@@ -307,6 +312,12 @@ class TickSchedule:
     def snapshot(self) -> ScheduleSnapshot:
         """What it knows now, as a frozen record."""
         return ScheduleSnapshot(
-            running=self.running, deadline=self.deadline, ticks=self.ticks, ticks_skipped=self.ticks_skipped,
-            ticks_held=self._ticks_held, margin=self.steering.margin, moved=self.steering.moved,
-            reaction=self.reaction)
+            running=self.running,
+            deadline=self.deadline,
+            ticks=self.ticks,
+            ticks_skipped=self.ticks_skipped,
+            ticks_held=self._ticks_held,
+            margin=self.steering.margin,
+            moved=self.steering.moved,
+            reaction=self.reaction,
+        )

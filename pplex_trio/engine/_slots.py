@@ -30,9 +30,15 @@ RETURN_WINDOW = 2.0  # seconds a slot is held for the client that just left it
 # What ``/health`` and the ``pplex_slots`` gauge call a slot in each state of its lease.
 SLOT_STATES = ("free", "prefill", "live", "draining", "held")
 _SLOT_STATE = {
-    LeaseState.STARTING: "prefill", LeaseState.PREFILL: "prefill",
-    LeaseState.READY: "live", LeaseState.LIVE: "live", LeaseState.FLUSHING: "live", LeaseState.FLUSHED: "live",
-    LeaseState.FAILED: "draining", LeaseState.DRAINING: "draining", LeaseState.HELD: "held",
+    LeaseState.STARTING: "prefill",
+    LeaseState.PREFILL: "prefill",
+    LeaseState.READY: "live",
+    LeaseState.LIVE: "live",
+    LeaseState.FLUSHING: "live",
+    LeaseState.FLUSHED: "live",
+    LeaseState.FAILED: "draining",
+    LeaseState.DRAINING: "draining",
+    LeaseState.HELD: "held",
 }
 
 
@@ -59,8 +65,9 @@ class SlotTable:
 
         A client coming back to a slot held for it is served first (or waits at the front while it drains).
         """
-        returning = any(self._held_for(row, lease.client, now) or self._draining_for(row, lease.client)
-                        for row in self.rows)
+        returning = any(
+            self._held_for(row, lease.client, now) or self._draining_for(row, lease.client) for row in self.rows
+        )
         if returning or not self._queue:
             slot = self._free_slot(lease.client, now)
             if slot is not None:
@@ -173,13 +180,14 @@ class SlotTable:
 
     def busy(self) -> bool:
         """Anything waiting or running (a held slot is neither)."""
-        return bool(self._queue) or any(lease is not None and lease.state is not LeaseState.HELD
-                                        for lease in self.rows)
+        return bool(self._queue) or any(lease is not None and lease.state is not LeaseState.HELD for lease in self.rows)
 
     def next_change(self) -> float:
         """When the next hold lapses (inf: none does)."""
-        return min((lease.held_until for lease in self.rows if lease is not None and lease.state is LeaseState.HELD),
-                   default=math.inf)
+        return min(
+            (lease.held_until for lease in self.rows if lease is not None and lease.state is LeaseState.HELD),
+            default=math.inf,
+        )
 
     # -- inside --------------------------------------------------------------
 
@@ -191,8 +199,14 @@ class SlotTable:
         free = [i for i, lease in enumerate(self.rows) if lease is None]
         if free:
             return free[0]
-        return next((i for i, lease in enumerate(self.rows)
-                     if lease is not None and lease.state is LeaseState.HELD and now >= lease.held_until), None)
+        return next(
+            (
+                i
+                for i, lease in enumerate(self.rows)
+                if lease is not None and lease.state is LeaseState.HELD and now >= lease.held_until
+            ),
+            None,
+        )
 
     def _assign(self, slot: int, lease: EngineLease, now: float) -> None:
         held = self.rows[slot]
@@ -208,12 +222,21 @@ class SlotTable:
 
     @staticmethod
     def _held_for(lease: EngineLease | None, client: str | None, now: float) -> bool:
-        return (lease is not None and client is not None and lease.state is LeaseState.HELD
-                and lease.client == client and now < lease.held_until)
+        return (
+            lease is not None
+            and client is not None
+            and lease.state is LeaseState.HELD
+            and lease.client == client
+            and now < lease.held_until
+        )
 
     @staticmethod
     def _draining_for(lease: EngineLease | None, client: str | None) -> bool:
         """A slot that will be held for ``client`` once it has drained."""
-        return (lease is not None and client is not None and lease.state is LeaseState.DRAINING
-                and lease.client == client and lease.held_until > 0)
-
+        return (
+            lease is not None
+            and client is not None
+            and lease.state is LeaseState.DRAINING
+            and lease.client == client
+            and lease.held_until > 0
+        )

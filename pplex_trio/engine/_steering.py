@@ -36,8 +36,17 @@ class PhaseSteering:
     with a 2 s window and no wait, 1 to 3 with both (16 seeded minutes).
     """
 
-    def __init__(self, *, window: int, calm_ticks: int, margin: float = 0.003, max_margin: float = 0.030,
-                 gain: float = 0.25, max_step: float = 0.005, late_step: float = 0.004):
+    def __init__(
+        self,
+        *,
+        window: int,
+        calm_ticks: int,
+        margin: float = 0.003,
+        max_margin: float = 0.030,
+        gain: float = 0.25,
+        max_step: float = 0.005,
+        late_step: float = 0.004,
+    ):
         self.min_margin = self.margin = margin
         self.max_margin = max_margin
         self.gain = gain
@@ -77,4 +86,3 @@ class PhaseSteering:
             step = -min(self.max_step, self.gain * spare) if spare > 0 else 0.0
         self.moved += step
         return step
-

@@ -36,8 +36,13 @@ def _listing(title: str, keys: list[str]) -> str:
     return f"{title} ({len(keys)}): {shown}{more}"
 
 
-def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, torch.Tensor], *,
-                           what: str = "checkpoint", dtype: torch.dtype | None = None) -> None:
+def load_state_dict_strict(
+    module: nn.Module,
+    state_dict: Mapping[str, torch.Tensor],
+    *,
+    what: str = "checkpoint",
+    dtype: torch.dtype | None = None,
+) -> None:
     """Load ``state_dict`` into ``module``, requiring an exact match of names and shapes.
 
     Floating-point tensors are cast to ``dtype`` (default: the dtype of the
@@ -52,7 +57,8 @@ def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, torch.Ten
     unexpected = sorted(set(state_dict) - set(expected))
     wrong = sorted(
         f"{k} {tuple(state_dict[k].shape)} (expected {tuple(expected[k].shape)})"
-        for k in set(expected) & set(state_dict) if tuple(state_dict[k].shape) != tuple(expected[k].shape)
+        for k in set(expected) & set(state_dict)
+        if tuple(state_dict[k].shape) != tuple(expected[k].shape)
     )
     if missing or unexpected or wrong:
         parts = [f"{what} does not match the model built from its config"]
@@ -74,9 +80,19 @@ def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, torch.Ten
     module.requires_grad_(False)
 
 
-_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                       "F8_E4M3": torch.float8_e4m3fn, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
-                       "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
 def safetensors_metadata(path: Path) -> dict[str, str]:

@@ -138,8 +138,14 @@ class MimiConfig:
     seanet: SEANetConfig = SEANetConfig()
     quantizer: QuantizerConfig = QuantizerConfig()
     transformer: TransformerConfig = TransformerConfig(
-        d_model=512, num_heads=8, num_layers=8, dim_feedforward=2048, context=250,
-        norm="layer_norm", gating="none", layer_scale=0.01,
+        d_model=512,
+        num_heads=8,
+        num_layers=8,
+        dim_feedforward=2048,
+        context=250,
+        norm="layer_norm",
+        gating="none",
+        layer_scale=0.01,
     )
     num_codebooks: int = 8  # codebooks actually used (the file may hold more)
     upsample_channel_wise: bool = True  # Kyutai's "upsample_channel_wise_bug"
@@ -228,9 +234,15 @@ class LMConfig:
     def temporal(self) -> TransformerConfig:
         """The temporal transformer's config, derived from the LM's sizes."""
         return TransformerConfig(
-            d_model=self.dim, num_heads=self.num_heads, num_layers=self.num_layers,
-            dim_feedforward=int(self.hidden_scale * self.dim), context=self.context,
-            norm=self.norm, gating=self.gating, max_period=self.max_period, reference=self.reference,
+            d_model=self.dim,
+            num_heads=self.num_heads,
+            num_layers=self.num_layers,
+            dim_feedforward=int(self.hidden_scale * self.dim),
+            context=self.context,
+            norm=self.norm,
+            gating=self.gating,
+            max_period=self.max_period,
+            reference=self.reference,
         )
 
     def depformer_hidden(self, step: int) -> int:
@@ -298,10 +310,13 @@ def check_prompt(p: PromptConfig, lm: LMConfig, name: str) -> None:
             raise ValueError(
                 f"model {name}: personaplex.{key} {list(tokens)} must be {count} Mimi codes in 0..{lm.card - 1} "
                 f"(the model's codebooks have {lm.card} entries); set personaplex.{key} in config.json to codes of "
-                f"this model's Mimi, or \"reference\": \"kyutai\" to run it without a system prompt")
+                f'this model\'s Mimi, or "reference": "kyutai" to run it without a system prompt'
+            )
     if not 0 <= p.zero_text_code < lm.text_card:
-        raise ValueError(f"model {name}: personaplex.zero_text_code {p.zero_text_code} is not a text token "
-                         f"(0..{lm.text_card - 1}); fix it in config.json")
+        raise ValueError(
+            f"model {name}: personaplex.zero_text_code {p.zero_text_code} is not a text token "
+            f"(0..{lm.text_card - 1}); fix it in config.json"
+        )
     if p.silence_frames < 0:
         raise ValueError(f"model {name}: personaplex.audio_silence_frame_cnt must be >= 0")
 
@@ -325,16 +340,29 @@ def _tiny_config() -> ModelConfig:
     return ModelConfig(
         name="tiny",
         lm=LMConfig(
-            dim=64, num_heads=4, num_layers=2, context=3000, text_card=400, card=card,
-            depformer_dim=32, depformer_dim_feedforward=64, depformer_num_heads=2,
+            dim=64,
+            num_heads=4,
+            num_layers=2,
+            context=3000,
+            text_card=400,
+            card=card,
+            depformer_dim=32,
+            depformer_dim_feedforward=64,
+            depformer_num_heads=2,
             depformer_num_layers=2,
         ),
         mimi=MimiConfig(
             seanet=SEANetConfig(dimension=32, n_filters=4),
             quantizer=QuantizerConfig(dimension=16, n_q=8, bins=card, input_dimension=32, output_dimension=32),
             transformer=TransformerConfig(
-                d_model=32, num_heads=2, num_layers=2, dim_feedforward=64, context=250,
-                norm="layer_norm", gating="none", layer_scale=0.01,
+                d_model=32,
+                num_heads=2,
+                num_layers=2,
+                dim_feedforward=64,
+                context=250,
+                norm="layer_norm",
+                gating="none",
+                layer_scale=0.01,
             ),
         ),
         prompt=PromptConfig(

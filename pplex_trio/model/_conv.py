@@ -19,7 +19,6 @@ from torch import nn
 
 from ._streaming import reset_rows_, set_rows_, where_rows
 
-
 M = TypeVar("M", bound=nn.Module)
 
 
@@ -36,6 +35,7 @@ class Named(nn.Module, Generic[M]):
         self.add_module(name, child)
 
     if TYPE_CHECKING:
+
         def __getattr__(self, name: str) -> M: ...
 
 
@@ -66,13 +66,24 @@ class ConvTrState:
 class StreamingConv1d(nn.Module):
     """Causal 1-D conv fed chunk by chunk (see the module docstring); pad mode ``constant`` or ``replicate``."""
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
-                 dilation: int = 1, groups: int = 1, bias: bool = True, pad_mode: str = "constant"):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        stride: int = 1,
+        dilation: int = 1,
+        groups: int = 1,
+        bias: bool = True,
+        pad_mode: str = "constant",
+    ):
         super().__init__()
         if pad_mode not in ("constant", "replicate"):
             raise ValueError(f"unsupported pad_mode {pad_mode!r}")
-        self.conv = Named("conv", nn.Conv1d(in_channels, out_channels, kernel_size, stride,
-                                            dilation=dilation, groups=groups, bias=bias))
+        self.conv = Named(
+            "conv",
+            nn.Conv1d(in_channels, out_channels, kernel_size, stride, dilation=dilation, groups=groups, bias=bias),
+        )
         self.stride = stride
         self.pad_mode = pad_mode
         self.memory = (kernel_size - 1) * dilation + 1 - stride
@@ -81,8 +92,9 @@ class StreamingConv1d(nn.Module):
         """A fresh state for ``batch_size`` rows, on the weights' device and dtype."""
         w = self.conv.conv.weight
         return ConvState(
-            previous=torch.zeros(batch_size, w.shape[1] * self.conv.conv.groups, self.memory,
-                                 device=w.device, dtype=w.dtype),
+            previous=torch.zeros(
+                batch_size, w.shape[1] * self.conv.conv.groups, self.memory, device=w.device, dtype=w.dtype
+            ),
             first=torch.ones(batch_size, device=w.device, dtype=torch.bool),
         )
 
@@ -100,20 +112,22 @@ class StreamingConv1d(nn.Module):
             state.first.logical_and_(~exec_mask)
         x = torch.cat([previous, x], dim=-1)
         y = self.conv.conv(x)
-        set_rows_(state.previous, exec_mask, x[..., -self.memory:])
+        set_rows_(state.previous, exec_mask, x[..., -self.memory :])
         return y
 
 
 class StreamingConvTranspose1d(nn.Module):
     """Streaming transposed conv (upsampling); needs ``stride < kernel_size <= 2 * stride`` (else ``ValueError``)."""
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
-                 groups: int = 1, bias: bool = True):
+    def __init__(
+        self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, groups: int = 1, bias: bool = True
+    ):
         super().__init__()
         if not stride < kernel_size <= 2 * stride:
             raise ValueError("a streaming transposed conv needs stride < kernel_size <= 2 * stride")
-        self.convtr = Named("convtr", nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride,
-                                                         groups=groups, bias=bias))
+        self.convtr = Named(
+            "convtr", nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride, groups=groups, bias=bias)
+        )
         self.tail = kernel_size - stride
 
     def init_state(self, batch_size: int) -> ConvTrState:
@@ -130,7 +144,7 @@ class StreamingConvTranspose1d(nn.Module):
         y = conv(x)
         out = y[..., : -self.tail].clone()
         out[..., : self.tail].add_(state.partial)
-        tail = y[..., -self.tail:]
+        tail = y[..., -self.tail :]
         if conv.bias is not None:
             tail = tail - conv.bias[:, None]  # the next chunk adds its own bias
         set_rows_(state.partial, exec_mask, tail)

@@ -48,16 +48,18 @@ class DepformerAttention(nn.Module):
 
     def add_out(self, residual: torch.Tensor, x: torch.Tensor, step: int) -> torch.Tensor:
         """``residual`` plus step ``step``'s output projection of ``x`` (one kernel: ``addmm``)."""
-        return project_add(residual, x, *_step_rows(self.out_proj.weight, getattr(self.out_proj, "scale", None),
-                                                    step, 1))
+        return project_add(
+            residual, x, *_step_rows(self.out_proj.weight, getattr(self.out_proj, "scale", None), step, 1)
+        )
 
 
-def _step_rows(weight: torch.Tensor, scale: torch.Tensor | None, step: int,
-               parts: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _step_rows(
+    weight: torch.Tensor, scale: torch.Tensor | None, step: int, parts: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Step ``step``'s rows of a weight stacked per step (``parts * dim`` rows each), with their scales."""
     rows = parts * weight.shape[1]
     i = step if weight.shape[0] > rows else 0
-    return weight[i * rows: (i + 1) * rows], None if scale is None else scale[i * rows: (i + 1) * rows]
+    return weight[i * rows : (i + 1) * rows], None if scale is None else scale[i * rows : (i + 1) * rows]
 
 
 class DepformerLayer(nn.Module):

@@ -17,28 +17,70 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ._config import (LM_FILE, MIMI_FILE, TOKENIZER_FILE, LMConfig, MimiConfig, ModelConfig, PromptConfig,
-                      QuantizerConfig, SEANetConfig, TransformerConfig, check_reference)
+from ._config import (
+    LM_FILE,
+    MIMI_FILE,
+    TOKENIZER_FILE,
+    LMConfig,
+    MimiConfig,
+    ModelConfig,
+    PromptConfig,
+    QuantizerConfig,
+    SEANetConfig,
+    TransformerConfig,
+    check_reference,
+)
 
 logger = logging.getLogger(__name__)
 
 # Keys of config.json that are not LMModel kwargs.
 _NON_LM_KEYS = {
-    "model_type", "moshi_name", "mimi_name", "tokenizer_name", "mimi_config_name", "lm_gen_config",
-    "mimi", "personaplex", "reference", "notes", "golden", "model_id", "tts_config", "stt_config", "lora_name",
+    "model_type",
+    "moshi_name",
+    "mimi_name",
+    "tokenizer_name",
+    "mimi_config_name",
+    "lm_gen_config",
+    "mimi",
+    "personaplex",
+    "reference",
+    "notes",
+    "golden",
+    "model_id",
+    "tts_config",
+    "stt_config",
+    "lora_name",
 }
 # LMModel kwargs that only matter for training or are implied by our architecture.
 _IGNORED_LM_KEYS = {
-    "causal", "depformer_causal", "positional_embedding", "depformer_pos_emb", "depformer_context",
-    "depformer_max_period", "depformer_gating", "depformer_layer_scale", "layer_scale", "bias_proj",
-    "norm_emb", "quantize", "gradient_checkpointing",
+    "causal",
+    "depformer_causal",
+    "positional_embedding",
+    "depformer_pos_emb",
+    "depformer_context",
+    "depformer_max_period",
+    "depformer_gating",
+    "depformer_layer_scale",
+    "layer_scale",
+    "bias_proj",
+    "norm_emb",
+    "quantize",
+    "gradient_checkpointing",
 }
 # Features some Kyutai models use that this engine does not implement.
 _UNSUPPORTED_LM_DEFAULTS: dict[str, Any] = {
-    "conditioners": None, "fuser": None, "cross_attention": False, "kv_repeat": 1,
-    "depformer_weights_per_step_schedule": None, "depformer_low_rank_embeddings": None,
-    "demux_second_stream": False, "demux_second_text_stream": False, "extra_heads_num_heads": 0,
-    "text_card_out": None, "depformer_norm": None, "lora": False,
+    "conditioners": None,
+    "fuser": None,
+    "cross_attention": False,
+    "kv_repeat": 1,
+    "depformer_weights_per_step_schedule": None,
+    "depformer_low_rank_embeddings": None,
+    "demux_second_stream": False,
+    "demux_second_text_stream": False,
+    "extra_heads_num_heads": 0,
+    "text_card_out": None,
+    "depformer_norm": None,
+    "lora": False,
 }
 _LM_FIELDS = {f.name for f in dataclasses.fields(LMConfig)}
 
@@ -84,10 +126,13 @@ def mimi_config_from_dict(d: Mapping[str, Any]) -> MimiConfig:
     seanet = SEANetConfig(**s)
     q = dict(d.get("quantizer", {}))
     quant = QuantizerConfig(
-        dimension=q.get("dimension", 256), n_q=q.get("n_q", 32), bins=q.get("bins", 2048),
+        dimension=q.get("dimension", 256),
+        n_q=q.get("n_q", 32),
+        bins=q.get("bins", 2048),
         input_dimension=q.get("input_dimension", seanet.dimension),
         output_dimension=q.get("output_dimension", seanet.dimension),
-        n_q_semantic=q.get("n_q_semantic", 1), epsilon=q.get("codebook_epsilon", 1e-5),
+        n_q_semantic=q.get("n_q_semantic", 1),
+        epsilon=q.get("codebook_epsilon", 1e-5),
     )
     t = dict(d.get("transformer", {}))
     in_dim = t.pop("input_dimension", t["d_model"])
@@ -100,8 +145,11 @@ def mimi_config_from_dict(d: Mapping[str, Any]) -> MimiConfig:
     if d.get("resample_method", "conv") != "conv":
         raise ValueError("only Mimi's learnt-conv resampling is supported")
     return MimiConfig(
-        sample_rate=d.get("sample_rate", 24_000), frame_rate=d.get("frame_rate", 12.5),
-        seanet=seanet, quantizer=quant, transformer=transformer,
+        sample_rate=d.get("sample_rate", 24_000),
+        frame_rate=d.get("frame_rate", 12.5),
+        seanet=seanet,
+        quantizer=quant,
+        transformer=transformer,
         num_codebooks=d.get("num_codebooks", 8),
         upsample_channel_wise=d.get("upsample_channel_wise_bug", True),
     )
@@ -156,20 +204,24 @@ def config_from_kyutai_dict(raw: Mapping[str, Any], name: str, mimi: Mapping[str
     if mimi_dict is None or "num_codebooks" not in mimi_dict:
         mimi_cfg = dataclasses.replace(mimi_cfg, num_codebooks=lm.num_agent_codebooks)
     reference = reference_from_kyutai_dict(raw, lm)
-    prompt = dataclasses.replace(prompt_config_from_dict(raw.get("personaplex")),
-                                 enabled=reference == "personaplex")
+    prompt = dataclasses.replace(prompt_config_from_dict(raw.get("personaplex")), enabled=reference == "personaplex")
     if reference == "kyutai" and "personaplex" in raw:
         logger.info("%s follows Kyutai's reference: its personaplex prompt constants are not used", name)
     return ModelConfig(
-        name=name, lm=lm, mimi=mimi_cfg, prompt=prompt,
-        lm_gen=dict(raw.get("lm_gen_config", {})), reference=reference,
+        name=name,
+        lm=lm,
+        mimi=mimi_cfg,
+        prompt=prompt,
+        lm_gen=dict(raw.get("lm_gen_config", {})),
+        reference=reference,
     )
 
 
 def config_to_kyutai_dict(cfg: ModelConfig) -> dict[str, Any]:
     """The inverse of :func:`config_from_kyutai_dict` (used to write the tiny checkpoint)."""
-    lm = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg.lm).items()
-          if k != "reference"}
+    lm = {
+        k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg.lm).items() if k != "reference"
+    }
     m = cfg.mimi
     t = dataclasses.asdict(m.transformer)
     del t["reference"]
@@ -182,16 +234,26 @@ def config_to_kyutai_dict(cfg: ModelConfig) -> dict[str, Any]:
     return {
         "model_type": "personaplex",
         "reference": cfg.reference,
-        "moshi_name": LM_FILE, "mimi_name": MIMI_FILE, "tokenizer_name": TOKENIZER_FILE,
+        "moshi_name": LM_FILE,
+        "mimi_name": MIMI_FILE,
+        "tokenizer_name": TOKENIZER_FILE,
         **lm,
         "mimi": {
-            "sample_rate": m.sample_rate, "frame_rate": m.frame_rate, "channels": 1,
-            "resample_method": "conv", "upsample_channel_wise_bug": m.upsample_channel_wise,
-            "num_codebooks": m.num_codebooks, "seanet": seanet, "quantizer": q, "transformer": t,
+            "sample_rate": m.sample_rate,
+            "frame_rate": m.frame_rate,
+            "channels": 1,
+            "resample_method": "conv",
+            "upsample_channel_wise_bug": m.upsample_channel_wise,
+            "num_codebooks": m.num_codebooks,
+            "seanet": seanet,
+            "quantizer": q,
+            "transformer": t,
         },
         "personaplex": {
-            "silence_tokens": list(p.silence_tokens), "sine_tokens": list(p.sine_tokens),
-            "zero_text_code": p.zero_text_code, "audio_silence_frame_cnt": p.silence_frames,
+            "silence_tokens": list(p.silence_tokens),
+            "sine_tokens": list(p.sine_tokens),
+            "zero_text_code": p.zero_text_code,
+            "audio_silence_frame_cnt": p.silence_frames,
             "text_prompt_wrap": p.wrap_template,
         },
     }

@@ -80,14 +80,14 @@ class LMModel(nn.Module):
             x = x + self.emb[k](tokens[:, 1 + k])
         return x + self.text_emb(tokens[:, 0])
 
-    def temporal(self, x: torch.Tensor, state: TransformerState,
-                 exec_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def temporal(
+        self, x: torch.Tensor, state: TransformerState, exec_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One temporal step: ``x`` ``[B, dim]`` -> (normed output ``[B, dim]``, text logits ``[B, text_card]``)."""
         h = self.out_norm(self.transformer(x.unsqueeze(1), state, exec_mask))[:, 0]
         return h, self.text_linear(h)
 
-    def depformer_step(self, h: torch.Tensor, previous: torch.Tensor, step: int,
-                       cache: DepformerCache) -> torch.Tensor:
+    def depformer_step(self, h: torch.Tensor, previous: torch.Tensor, step: int, cache: DepformerCache) -> torch.Tensor:
         """Logits ``[B, card]`` of codebook ``step`` given the previous token ``[B]``."""
         x = self.depformer_in[step if len(self.depformer_in) > 1 else 0](h)
         emb = self.depformer_text_emb if step == 0 else self.depformer_emb[step - 1]

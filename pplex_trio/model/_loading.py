@@ -29,8 +29,16 @@ from ._config import CONFIGS, LM_FILE, MIMI_FILE, TOKENIZER_FILE, VOICES_ARCHIVE
 from ._kyutai_config import config_from_kyutai_dict, lm_config_from_kwargs, mimi_config_from_dict
 from ._lm import LMModel
 from ._mimi import Mimi
-from ._quant import (QUANTIZED_FILE_KEY, Precision, WeightFormat, fused_int8, is_quantized_weight, quantize_lm_,
-                     quantize_rows, scale_name)
+from ._quant import (
+    QUANTIZED_FILE_KEY,
+    Precision,
+    WeightFormat,
+    fused_int8,
+    is_quantized_weight,
+    quantize_lm_,
+    quantize_rows,
+    scale_name,
+)
 from ._text import TextTokenizer
 from ._voices import VoiceLibrary, extract_voices, voice_from_recording
 
@@ -106,22 +114,29 @@ def _hub_download(repo: str, filename: str, optional: bool) -> Path | None: ...
 
 def _hub_download(repo: str, filename: str, optional: bool = False) -> Path | None:
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError)
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
 
     try:
         return Path(hf_hub_download(repo, filename))
     except GatedRepoError as exc:
         raise ModelAccessError(
             f"{repo} is gated: accept its licence at https://huggingface.co/{repo} with your account, "
-            "then set HF_TOKEN to an access token of that account (or run `hf auth login`)") from exc
+            "then set HF_TOKEN to an access token of that account (or run `hf auth login`)"
+        ) from exc
     except RepositoryNotFoundError as exc:
         raise ModelAccessError(
             f"model {repo!r} is neither a local folder nor a Hugging Face repository you can read "
-            "(if it is private, set HF_TOKEN)") from exc
+            "(if it is private, set HF_TOKEN)"
+        ) from exc
     except LocalEntryNotFoundError as exc:  # (a subclass of EntryNotFoundError)
         raise ModelAccessError(
-            f"cannot download {filename} from {repo}: no connection and not in the local cache") from exc
+            f"cannot download {filename} from {repo}: no connection and not in the local cache"
+        ) from exc
     except EntryNotFoundError:
         if optional:
             return None
@@ -147,10 +162,14 @@ def resolve_checkpoint(source: str) -> CheckpointFiles:
     if raw.get("mimi_config_name"):
         mimi_cfg = json.loads(_hub_download(source, raw["mimi_config_name"]).read_text())
     return CheckpointFiles(
-        name=source, raw_config=raw,
-        lm=_hub_download(source, files["lm"]), mimi=_hub_download(source, files["mimi"]),
-        tokenizer=_hub_download(source, files["tokenizer"]), mimi_config=mimi_cfg,
-        voices_archive=_hub_download(source, VOICES_ARCHIVE, optional=True), card=_model_card(source),
+        name=source,
+        raw_config=raw,
+        lm=_hub_download(source, files["lm"]),
+        mimi=_hub_download(source, files["mimi"]),
+        tokenizer=_hub_download(source, files["tokenizer"]),
+        mimi_config=mimi_cfg,
+        voices_archive=_hub_download(source, VOICES_ARCHIVE, optional=True),
+        card=_model_card(source),
     )
 
 
@@ -172,10 +191,14 @@ def load_config(source: str) -> ModelConfig:
         mimi = json.loads((path / raw["mimi_config_name"]).read_text()) if raw.get("mimi_config_name") else None
         return config_from_kyutai_dict(raw, name=path.name, mimi=mimi)
     if not is_repo_id(source):
-        raise ModelAccessError(f"model {source!r}: not a named config ({', '.join(CONFIGS)}), not a folder, not a "
-                               "Hugging Face repo id (owner/name)")
+        raise ModelAccessError(
+            f"model {source!r}: not a named config ({', '.join(CONFIGS)}), not a folder, not a "
+            "Hugging Face repo id (owner/name)"
+        )
     raw = _read_config(_hub_download(source, "config.json", optional=True))
-    mimi = json.loads(_hub_download(source, raw["mimi_config_name"]).read_text()) if raw.get("mimi_config_name") else None
+    mimi = (
+        json.loads(_hub_download(source, raw["mimi_config_name"]).read_text()) if raw.get("mimi_config_name") else None
+    )
     return config_from_kyutai_dict(raw, name=source, mimi=mimi)
 
 
@@ -192,8 +215,11 @@ def _read_config(path: Path | None) -> dict[str, Any]:
 
 
 def _named_files(raw: dict[str, Any]) -> dict[str, str]:
-    return {"lm": raw.get("moshi_name", LM_FILE), "mimi": raw.get("mimi_name", MIMI_FILE),
-            "tokenizer": raw.get("tokenizer_name", TOKENIZER_FILE)}
+    return {
+        "lm": raw.get("moshi_name", LM_FILE),
+        "mimi": raw.get("mimi_name", MIMI_FILE),
+        "tokenizer": raw.get("tokenizer_name", TOKENIZER_FILE),
+    }
 
 
 def _files_in_folder(folder: Path, name: str) -> CheckpointFiles:
@@ -207,9 +233,15 @@ def _files_in_folder(folder: Path, name: str) -> CheckpointFiles:
         mimi_cfg = json.loads((folder / raw["mimi_config_name"]).read_text())
     archive, card = folder / VOICES_ARCHIVE, folder / "README.md"
     return CheckpointFiles(
-        name=name, raw_config=raw, lm=files["lm"], mimi=files["mimi"], tokenizer=files["tokenizer"],
-        mimi_config=mimi_cfg, voices_dir=folder / "voices" if (folder / "voices").is_dir() else None,
-        voices_archive=archive if archive.is_file() else None, card=card if card.is_file() else None,
+        name=name,
+        raw_config=raw,
+        lm=files["lm"],
+        mimi=files["mimi"],
+        tokenizer=files["tokenizer"],
+        mimi_config=mimi_cfg,
+        voices_dir=folder / "voices" if (folder / "voices").is_dir() else None,
+        voices_archive=archive if archive.is_file() else None,
+        card=card if card.is_file() else None,
     )
 
 
@@ -229,8 +261,9 @@ def build_mimi(mimi_config: dict[str, Any] | None = None, device: str | torch.de
         return Mimi(cfg)
 
 
-def _on_device(name: str, tensor: torch.Tensor, device: torch.device, dtype: torch.dtype,
-               weights: WeightFormat) -> dict[str, torch.Tensor]:
+def _on_device(
+    name: str, tensor: torch.Tensor, device: torch.device, dtype: torch.dtype, weights: WeightFormat
+) -> dict[str, torch.Tensor]:
     """One tensor of the LM file on ``device``: in ``dtype`` if it is a float, quantized (with its scales) if it
     is one of the int8 weights and not int8 already; the file's copy is dropped as soon as this returns."""
     if not tensor.dtype.is_floating_point:
@@ -261,8 +294,11 @@ def write_quantized(source: str, folder: Path) -> Path:
     names = _named_files(files.raw_config)
     save_file(weights, str(folder / names["lm"]), metadata={QUANTIZED_FILE_KEY: str(WeightFormat.INT8)})
     (folder / "config.json").write_text(json.dumps(files.raw_config, indent=1))
-    for path, name in ((files.mimi, names["mimi"]), (files.tokenizer, names["tokenizer"]),
-                       (files.voices_archive, VOICES_ARCHIVE)):
+    for path, name in (
+        (files.mimi, names["mimi"]),
+        (files.tokenizer, names["tokenizer"]),
+        (files.voices_archive, VOICES_ARCHIVE),
+    ):
         if path is not None:
             shutil.copyfile(path, folder / name)
     if files.raw_config.get("mimi_config_name") and files.mimi_config is not None:
@@ -273,9 +309,13 @@ def write_quantized(source: str, folder: Path) -> Path:
     return folder / names["lm"]
 
 
-def load_model(source: str = DEFAULT_REPO, device: str | torch.device = "cpu",
-               voice_dir: str | os.PathLike | None = None, dtype: torch.dtype | None = None,
-               precision: Precision = Precision()) -> LoadedModel:
+def load_model(
+    source: str = DEFAULT_REPO,
+    device: str | torch.device = "cpu",
+    voice_dir: str | os.PathLike | None = None,
+    dtype: torch.dtype | None = None,
+    precision: Precision = Precision(),
+) -> LoadedModel:
     """Load a complete model from ``source`` (``tiny``, a hub repo id or a local folder).
 
     ``voice_dir`` overrides where voice prompts are looked up (default: the
@@ -298,8 +338,9 @@ def load_model(source: str = DEFAULT_REPO, device: str | torch.device = "cpu",
     if safetensors_metadata(files.lm).get(QUANTIZED_FILE_KEY) == WeightFormat.INT8:
         precision = dataclasses.replace(precision, weights=WeightFormat.INT8)
         logger.info("%s holds int8 weights (written by pplex-trio quantize)", files.lm.name)
-    logger.info("loading %s (LM %s, %s; %s)", files.name, str(lm_dtype).removeprefix("torch."), device,
-                precision.describe())
+    logger.info(
+        "loading %s (LM %s, %s; %s)", files.name, str(lm_dtype).removeprefix("torch."), device, precision.describe()
+    )
     if source != "tiny":
         licence = files.licence()
         non_commercial = re.search(r"non-commercial|by-nc", licence, flags=re.IGNORECASE) is not None
@@ -319,8 +360,12 @@ def load_model(source: str = DEFAULT_REPO, device: str | torch.device = "cpu",
     lm.precision = precision
     if precision.weights is WeightFormat.INT8:
         fused_int8(device, lm_dtype)
-    load_state_dict_strict(mimi, load_file(str(files.mimi), device=str(device)),
-                           what=f"Mimi weights {files.mimi.name}", dtype=torch.float32)
+    load_state_dict_strict(
+        mimi,
+        load_file(str(files.mimi), device=str(device)),
+        what=f"Mimi weights {files.mimi.name}",
+        dtype=torch.float32,
+    )
     mimi.refresh()
     lm.eval()
     mimi.eval()
@@ -333,11 +378,15 @@ def load_model(source: str = DEFAULT_REPO, device: str | torch.device = "cpu",
         voices = extract_voices(files.voices_archive, cache_dir())
     else:
         voices = None
-    tokenizer = TextTokenizer(files.tokenizer, text_card=cfg.lm.text_card,
-                              pad_ids=(cfg.lm.end_of_text_padding_id, cfg.lm.existing_text_padding_id))
+    tokenizer = TextTokenizer(
+        files.tokenizer,
+        text_card=cfg.lm.text_card,
+        pad_ids=(cfg.lm.end_of_text_padding_id, cfg.lm.existing_text_padding_id),
+    )
 
     def make_voice(recording: Path):
         return voice_from_recording(lm, mimi, recording, cfg.prompt.sine_tokens, cfg.prompt.zero_text_code)[0]
 
-    return LoadedModel(config=cfg, lm=lm, mimi=mimi, tokenizer=tokenizer, voices=VoiceLibrary(voices, make_voice),
-                       device=device)
+    return LoadedModel(
+        config=cfg, lm=lm, mimi=mimi, tokenizer=tokenizer, voices=VoiceLibrary(voices, make_voice), device=device
+    )

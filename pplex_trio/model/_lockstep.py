@@ -148,7 +148,7 @@ class CacheRules:
     max_delay: int
 
     @classmethod
-    def of(cls, cfg: LMConfig, depformer_steps: int, device: torch.device | str) -> "CacheRules":
+    def of(cls, cfg: LMConfig, depformer_steps: int, device: torch.device | str) -> CacheRules:
         """The rules for ``cfg`` (delays, the reference's user timing) with ``depformer_steps`` generated codebooks, on
         ``device``.
         """
@@ -161,8 +161,14 @@ class CacheRules:
         initial[0] = cfg.text_card
         generated = torch.zeros(k, dtype=torch.bool, device=device)
         generated[: 1 + depformer_steps] = True
-        return cls(delays=delays, write_shift=delays - user_lag * is_user.long(), initial=initial,
-                   generated=generated, slots=cfg.max_delay + 3, max_delay=cfg.max_delay)
+        return cls(
+            delays=delays,
+            write_shift=delays - user_lag * is_user.long(),
+            initial=initial,
+            generated=generated,
+            slots=cfg.max_delay + 3,
+            max_delay=cfg.max_delay,
+        )
 
     def fresh_cache(self, batch_size: int) -> TokenCache:
         """A fresh token cache for ``batch_size`` rows: initial tokens everywhere, nothing forced, offset 1."""
@@ -189,18 +195,30 @@ class CacheRules:
         _scatter(cache.tokens, cur, cache.initial.expand(b, -1), warmup)
         _mark(cache.provided, cur, warmup)
         prev = ((o - 1) % self.slots)[:, None].expand_as(cur)
-        return CacheFrame(prev=prev, cur=cur, model_input=_gather(cache.tokens, prev),
-                          target=_gather(cache.tokens, cur), provided=_gather(cache.provided, cur))
+        return CacheFrame(
+            prev=prev,
+            cur=cur,
+            model_input=_gather(cache.tokens, prev),
+            target=_gather(cache.tokens, cur),
+            provided=_gather(cache.provided, cur),
+        )
 
-    def end(self, cache: TokenCache, frame: CacheFrame, exec_mask: torch.Tensor, chosen: torch.Tensor,
-            restore: torch.Tensor | None = None, restore_mask: torch.Tensor | None = None,
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+    def end(
+        self,
+        cache: TokenCache,
+        frame: CacheFrame,
+        exec_mask: torch.Tensor,
+        chosen: torch.Tensor,
+        restore: torch.Tensor | None = None,
+        restore_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Steps 4 and 5: ``chosen`` ``[B, K]`` lands where nothing was provided, the input frame's flags
         are spent, the offset moves on, the ``restore_mask`` rows take ``restore``; returns the
         de-delayed output frame and whether it is valid."""
         o = cache.offset
-        _scatter(cache.provided, frame.prev, torch.zeros_like(frame.provided),
-                 exec_mask[:, None].expand_as(frame.provided))
+        _scatter(
+            cache.provided, frame.prev, torch.zeros_like(frame.provided), exec_mask[:, None].expand_as(frame.provided)
+        )
         _scatter(cache.tokens, frame.cur, chosen, exec_mask[:, None] & ~frame.provided & self.generated)
         out = _gather(cache.tokens, (o[:, None] - self.max_delay + self.delays) % self.slots)
         valid = o > self.max_delay
@@ -237,8 +255,15 @@ class LMGen:
         self.cache.reset(mask)
 
     @torch.no_grad()
-    def prefill(self, rows: list[int], starts: list[int], counts: list[int], inputs: torch.Tensor,
-                voice: torch.Tensor | None = None, voice_mask: torch.Tensor | None = None) -> None:
+    def prefill(
+        self,
+        rows: list[int],
+        starts: list[int],
+        counts: list[int],
+        inputs: torch.Tensor,
+        voice: torch.Tensor | None = None,
+        voice_mask: torch.Tensor | None = None,
+    ) -> None:
         """A chunk of teacher-forced steps for ``rows``: their input frames ``inputs`` ``[R, T, K]``
         (a ``voice_mask`` ``[R, T]`` position reads ``voice`` ``[R, T, dim]`` instead), at LM positions
         ``starts[r] ..`` (``counts[r]`` of them), into the rows' KV rings.  The token cache is not
@@ -260,10 +285,16 @@ class LMGen:
         self.cache.offset[row] = offset
 
     @torch.no_grad()
-    def step(self, inputs: StepInputs, sampling: RowSampling | None = None,
-             noise: tuple[torch.Tensor, torch.Tensor] | None = None, *,
-             run_depformer: bool = True, return_logits: bool = False,
-             return_embeddings: bool = False) -> StepResult:
+    def step(
+        self,
+        inputs: StepInputs,
+        sampling: RowSampling | None = None,
+        noise: tuple[torch.Tensor, torch.Tensor] | None = None,
+        *,
+        run_depformer: bool = True,
+        return_logits: bool = False,
+        return_embeddings: bool = False,
+    ) -> StepResult:
         """Advance every executing row by one frame.
 
         ``sampling``/``noise`` (from :class:`~pplex_trio.model._sampling.RowNoise`)
@@ -305,10 +336,12 @@ class LMGen:
                     previous = torch.where(provided[:, 1 + step], target[:, 1 + step], token)
 
         # 4-5. Sampled tokens land where nothing was provided; the de-delayed output frame.
-        sampled = torch.cat([*chosen, target[:, len(chosen):]], dim=1)
+        sampled = torch.cat([*chosen, target[:, len(chosen) :]], dim=1)
         out, valid = self.rules.end(cache, frame, exec_mask, sampled, inputs.restore_cache, inputs.restore_mask)
         return StepResult(
-            tokens=out, valid=valid, hidden=hidden,
+            tokens=out,
+            valid=valid,
+            hidden=hidden,
             text_logits=text_logits if return_logits else None,
             audio_logits=torch.stack(logits, dim=1) if return_logits and logits else None,
             embeddings=x if return_embeddings else None,

@@ -74,8 +74,12 @@ class Mimi(nn.Module):
         self.decoder_transformer = Named("transformer", StreamingTransformer(cfg.transformer))
         self.quantizer = SplitResidualVQ(cfg.quantizer)
         self.downsample = Named("conv", StreamingConv1d(dim, dim, 2 * stride, stride, bias=False, pad_mode="replicate"))
-        self.upsample = Named("convtr", StreamingConvTranspose1d(
-            dim, dim, 2 * stride, stride, groups=dim if cfg.upsample_channel_wise else 1, bias=False))
+        self.upsample = Named(
+            "convtr",
+            StreamingConvTranspose1d(
+                dim, dim, 2 * stride, stride, groups=dim if cfg.upsample_channel_wise else 1, bias=False
+            ),
+        )
 
     @property
     def frame_size(self) -> int:
@@ -108,8 +112,9 @@ class Mimi(nn.Module):
         )
 
     @torch.no_grad()
-    def encode_latent(self, pcm: torch.Tensor, state: MimiEncoderState,
-                      exec_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def encode_latent(
+        self, pcm: torch.Tensor, state: MimiEncoderState, exec_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``pcm`` float ``[B, frame_size]`` to the latent before quantization, ``[B, dimension, 1]``."""
         if exec_mask is None:
             exec_mask = torch.ones(pcm.shape[0], dtype=torch.bool, device=pcm.device)
@@ -118,15 +123,17 @@ class Mimi(nn.Module):
         x = self.encoder_transformer.transformer(x.transpose(1, 2), state.transformer, exec_mask).transpose(1, 2)
         return self.downsample.conv(x, state.downsample, exec_mask)
 
-    def encode_frame(self, pcm: torch.Tensor, state: MimiEncoderState,
-                     exec_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def encode_frame(
+        self, pcm: torch.Tensor, state: MimiEncoderState, exec_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``pcm`` float ``[B, frame_size]`` to codes long ``[B, num_codebooks]``."""
         latent = self.encode_latent(pcm, state, exec_mask)
         return self.quantizer.encode(latent, self.cfg.num_codebooks)[:, :, 0]
 
     @torch.no_grad()
-    def decode_frame(self, codes: torch.Tensor, state: MimiDecoderState,
-                     exec_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def decode_frame(
+        self, codes: torch.Tensor, state: MimiDecoderState, exec_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Codes long ``[B, num_codebooks]`` (each in ``0..bins-1``) to pcm float ``[B, frame_size]``."""
         if exec_mask is None:
             exec_mask = torch.ones(codes.shape[0], dtype=torch.bool, device=codes.device)

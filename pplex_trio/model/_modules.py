@@ -16,6 +16,7 @@ from torch import nn
 M = TypeVar("M", bound=nn.Module)
 
 if TYPE_CHECKING:
+
     class ModuleList(nn.ModuleList, Generic[M]):
         def __init__(self, modules: Iterable[M] | None = None) -> None: ...
 

@@ -67,8 +67,9 @@ class PromptPlan:
         return self.voice.num_steps if self.voice is not None else 0
 
 
-def build_prompt_plan(cfg: ModelConfig, tokenizer: TextTokenizer, persona: str,
-                      voice: VoicePrompt | None) -> PromptPlan:
+def build_prompt_plan(
+    cfg: ModelConfig, tokenizer: TextTokenizer, persona: str, voice: VoicePrompt | None
+) -> PromptPlan:
     """Plan the system prompt of one conversation (voice, silences, persona) for ``cfg``; ``ValueError`` if the voice or
     the prompt tokens were made for another model.
     """
@@ -81,8 +82,10 @@ def build_prompt_plan(cfg: ModelConfig, tokenizer: TextTokenizer, persona: str,
     rows: list[list[int]] = []
     if voice is not None:
         if voice.embeddings.shape[1] != lm.dim or tuple(voice.cache.shape[1:]) != (lm.num_streams, lm.max_delay + 3):
-            raise ValueError(f"voice {voice.name} was made for another model "
-                             f"(embeddings {tuple(voice.embeddings.shape)}, cache {tuple(voice.cache.shape)})")
+            raise ValueError(
+                f"voice {voice.name} was made for another model "
+                f"(embeddings {tuple(voice.embeddings.shape)}, cache {tuple(voice.cache.shape)})"
+            )
         rows += [[p.zero_text_code] + [lm.card] * lm.n_q] * voice.num_steps
     agent_user = list(p.silence_tokens) + list(p.sine_tokens)
     silence = [[p.zero_text_code] + agent_user] * p.silence_frames
@@ -94,8 +97,9 @@ def build_prompt_plan(cfg: ModelConfig, tokenizer: TextTokenizer, persona: str,
     return _with_cache_run(lm, tokens, voice, tuple(persona_ids))
 
 
-def _with_cache_run(lm: LMConfig, tokens: np.ndarray, voice: VoicePrompt | None,
-                    persona: tuple[int, ...]) -> PromptPlan:
+def _with_cache_run(
+    lm: LMConfig, tokens: np.ndarray, voice: VoicePrompt | None, persona: tuple[int, ...]
+) -> PromptPlan:
     """The plan with what its steps read: the token cache's rules, run on the host for one row.
 
     These are :class:`~pplex_trio.model._lockstep.CacheRules`' ``begin`` and
@@ -125,5 +129,12 @@ def _with_cache_run(lm: LMConfig, tokens: np.ndarray, voice: VoicePrompt | None,
         provided[:, (offset - 1) % slots] = False  # the input frame's flags are spent
         if voice is not None and i == voice_steps - 1:
             cache = voice.cache[0].numpy().copy()
-    return PromptPlan(tokens=tokens, voice=voice, persona_tokens=persona, inputs=inputs, cache_tokens=cache,
-                      cache_provided=provided, offset=len(tokens) + 1)
+    return PromptPlan(
+        tokens=tokens,
+        voice=voice,
+        persona_tokens=persona,
+        inputs=inputs,
+        cache_tokens=cache,
+        cache_provided=provided,
+        offset=len(tokens) + 1,
+    )

@@ -53,8 +53,10 @@ _TINY = 1e-12  # a scale is never zero: an all-zero channel quantizes to zeros t
 QUANTIZED_FILE_KEY = "pplex_trio.weights"
 """The safetensors metadata key that marks a file of ``pplex-trio quantize`` (its value: ``int8``)."""
 
-_QUANTIZED = re.compile(r"^(transformer|depformer)\.layers\.\d+\.(self_attn\.in_proj_weight|self_attn\.out_proj\.weight|"
-                        r"gating\.(\d+\.)?linear_(in|out)\.weight|linear[12]\.weight)$")
+_QUANTIZED = re.compile(
+    r"^(transformer|depformer)\.layers\.\d+\.(self_attn\.in_proj_weight|self_attn\.out_proj\.weight|"
+    r"gating\.(\d+\.)?linear_(in|out)\.weight|linear[12]\.weight)$"
+)
 
 
 def is_quantized_weight(name: str) -> bool:
@@ -63,8 +65,11 @@ def is_quantized_weight(name: str) -> bool:
 
 
 def scale_name(name: str) -> str:
-    """The name of the scales of weight ``name`` (``in_proj_weight`` -> ``in_proj_scale``, ``x.weight`` -> ``x.scale``)."""
-    return name.removesuffix("weight") + "scale" if name.endswith(".weight") else name.removesuffix("_weight") + "_scale"
+    """The name of the scales of weight ``name`` (``in_proj_weight`` -> ``in_proj_scale``, ``x.weight`` ->
+    ``x.scale``)."""
+    return (
+        name.removesuffix("weight") + "scale" if name.endswith(".weight") else name.removesuffix("_weight") + "_scale"
+    )
 
 
 def quantize_rows(weight: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,10 +81,10 @@ def quantize_rows(weight: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch
     quantized = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
     scales = torch.empty(weight.shape[0], dtype=torch.float32, device=weight.device)
     for start in range(0, weight.shape[0], _ROWS_PER_BLOCK):
-        block = weight[start: start + _ROWS_PER_BLOCK].to(torch.float32, copy=True)  # never in place on the weight
+        block = weight[start : start + _ROWS_PER_BLOCK].to(torch.float32, copy=True)  # never in place on the weight
         scale = (block.abs().amax(dim=1) / INT8_MAX).clamp_(min=_TINY)
-        quantized[start: start + _ROWS_PER_BLOCK] = block.div_(scale[:, None]).round_().clamp_(-INT8_MAX, INT8_MAX)
-        scales[start: start + _ROWS_PER_BLOCK] = scale
+        quantized[start : start + _ROWS_PER_BLOCK] = block.div_(scale[:, None]).round_().clamp_(-INT8_MAX, INT8_MAX)
+        scales[start : start + _ROWS_PER_BLOCK] = scale
     return quantized, scales.to(scale_dtype)
 
 
@@ -97,8 +102,12 @@ def fused_int8(device: torch.device, dtype: torch.dtype) -> bool:
     if key not in _FUSED:
         _FUSED[key] = device.type != "meta" and _probe_fused(device, dtype)
         if device.type != "meta":
-            logger.info("int8 weights on %s in %s: %s", device.type, str(dtype).removeprefix("torch."),
-                        "fused kernel (_weight_int8pack_mm)" if _FUSED[key] else "converted per product")
+            logger.info(
+                "int8 weights on %s in %s: %s",
+                device.type,
+                str(dtype).removeprefix("torch."),
+                "fused kernel (_weight_int8pack_mm)" if _FUSED[key] else "converted per product",
+            )
     return _FUSED[key]
 
 
@@ -129,8 +138,9 @@ def project(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -
     return F.linear(x, weight) if scale is None else int8_linear(x, weight, scale)
 
 
-def project_add(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                scale: torch.Tensor | None) -> torch.Tensor:
+def project_add(
+    residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None
+) -> torch.Tensor:
     """``residual + F.linear(x, weight)``: with a float weight one kernel (``addmm``, the residual as its input)
     instead of a product and an add.  In float32 the bits are the same (the product is added to the residual
     as it leaves the accumulator); in bfloat16 the sum is rounded once, not twice.  An int8 weight adds its

@@ -65,8 +65,9 @@ class ResidualVQ(nn.Module):
         super().__init__()
         self.input_proj = nn.Conv1d(cfg.input_dimension, cfg.dimension, 1, bias=False)
         self.output_proj = nn.Conv1d(cfg.dimension, cfg.output_dimension, 1, bias=False)
-        self.vq = Named("layers", ModuleList(
-            VectorQuantization(cfg.dimension, cfg.bins, cfg.epsilon) for _ in range(n_q)))
+        self.vq = Named(
+            "layers", ModuleList(VectorQuantization(cfg.dimension, cfg.bins, cfg.epsilon) for _ in range(n_q))
+        )
 
     def codebooks(self, n: int) -> list[Codebook]:
         """The first ``n`` codebooks, in residual order."""
@@ -122,5 +123,5 @@ class SplitResidualVQ(nn.Module):
         """``[B, n, T]`` codes (semantic first; acoustic ones optional) to ``[B, C, T]`` latents."""
         out = self.rvq_first.decode(codes[:, : self.n_semantic])
         if codes.shape[1] > self.n_semantic:
-            out = out + self.rvq_rest.decode(codes[:, self.n_semantic:])
+            out = out + self.rvq_rest.decode(codes[:, self.n_semantic :])
         return out

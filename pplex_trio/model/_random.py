@@ -29,9 +29,16 @@ TOKENIZER_PIECES = 400
 
 
 @torch.no_grad()
-def random_model(cfg: ModelConfig, device: str | torch.device = "cpu", lm_dtype: torch.dtype | None = None, *,
-                 voice_dir: Path | None = None, voices: int = 4, voice_seconds: float = 4.0,
-                 seed: int = 0) -> LoadedModel:
+def random_model(
+    cfg: ModelConfig,
+    device: str | torch.device = "cpu",
+    lm_dtype: torch.dtype | None = None,
+    *,
+    voice_dir: Path | None = None,
+    voices: int = 4,
+    voice_seconds: float = 4.0,
+    seed: int = 0,
+) -> LoadedModel:
     """``cfg`` with N(0, 1/fan_in) weights, unit norms and random codebooks, allocated on ``device``.
 
     With ``voice_dir``, ``voices`` random voice prompts are written there
@@ -47,8 +54,11 @@ def random_model(cfg: ModelConfig, device: str | torch.device = "cpu", lm_dtype:
         stored = module.state_dict(keep_vars=True)  # not the derived buffers (codebook vectors): refresh() makes them
         for name, tensor in [*module.named_parameters(), *((n, b) for n, b in module.named_buffers() if n in stored)]:
             leaf = name.rsplit(".", 1)[-1]
-            if leaf == "alpha" or (leaf in ("scale", "weight") and tensor.dim() <= 1) or leaf in (
-                    "_initialized", "cluster_usage"):
+            if (
+                leaf == "alpha"
+                or (leaf in ("scale", "weight") and tensor.dim() <= 1)
+                or leaf in ("_initialized", "cluster_usage")
+            ):
                 tensor.fill_(1.0)
             elif leaf == "bias":
                 tensor.zero_()
@@ -60,8 +70,9 @@ def random_model(cfg: ModelConfig, device: str | torch.device = "cpu", lm_dtype:
     tokenizer = TextTokenizer(train_tokenizer(pieces), text_card=pieces)
     if voice_dir is not None:
         _write_voices(Path(voice_dir), lm, voices, round(voice_seconds * cfg.mimi.frame_rate), seed)
-    return LoadedModel(config=cfg, lm=lm.eval(), mimi=mimi.eval(), tokenizer=tokenizer,
-                       voices=VoiceLibrary(voice_dir), device=device)
+    return LoadedModel(
+        config=cfg, lm=lm.eval(), mimi=mimi.eval(), tokenizer=tokenizer, voices=VoiceLibrary(voice_dir), device=device
+    )
 
 
 def _write_voices(folder: Path, lm: LMModel, count: int, steps: int, seed: int) -> None:

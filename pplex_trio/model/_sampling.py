@@ -40,7 +40,7 @@ class RowChoice:
     vocab: int
 
     @classmethod
-    def of(cls, temperature: torch.Tensor, topk: torch.Tensor, greedy: torch.Tensor, vocab: int) -> "RowChoice":
+    def of(cls, temperature: torch.Tensor, topk: torch.Tensor, greedy: torch.Tensor, vocab: int) -> RowChoice:
         """From per-row ``temperature`` [B] float32, ``topk`` [B] long (<= 0: none) and ``greedy`` [B] bool."""
         argmax = greedy | (temperature <= 0)
         k = torch.where((topk <= 0) | (topk > vocab) | argmax, torch.full_like(topk, vocab), topk)
@@ -49,8 +49,12 @@ class RowChoice:
 
     def set_row(self, row: int, temperature: float, topk: int, greedy: bool) -> None:
         """Row ``row``'s settings, in place (between steps)."""
-        one = RowChoice.of(torch.tensor([temperature], dtype=torch.float32), torch.tensor([topk]),
-                           torch.tensor([greedy]), vocab=self.vocab)
+        one = RowChoice.of(
+            torch.tensor([temperature], dtype=torch.float32),
+            torch.tensor([topk]),
+            torch.tensor([greedy]),
+            vocab=self.vocab,
+        )
         for mine, new in ((self.temperature, one.temperature), (self.kth, one.kth), (self.argmax, one.argmax)):
             mine[row] = new[0]
 
@@ -67,8 +71,13 @@ def choose(logits: torch.Tensor, choice: RowChoice, gumbel: torch.Tensor) -> tor
     return (scaled - gumbel).masked_fill(scaled < kth, float("-inf")).argmax(dim=-1)
 
 
-def sample(logits: torch.Tensor, temperature: torch.Tensor, topk: torch.Tensor, greedy: torch.Tensor,
-           noise: torch.Tensor | None) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    topk: torch.Tensor,
+    greedy: torch.Tensor,
+    noise: torch.Tensor | None,
+) -> torch.Tensor:
     """One token per row from ``logits`` ``[B, V]``; ``noise`` is ``Exp(1)`` of the same shape.
 
     Rows that are greedy, or have a temperature <= 0, take the argmax (as
@@ -89,11 +98,13 @@ class RowSampling:
     audio: RowChoice
 
     @classmethod
-    def greedy_rows(cls, batch_size: int, text_card: int, card: int, device: torch.device | str) -> "RowSampling":
+    def greedy_rows(cls, batch_size: int, text_card: int, card: int, device: torch.device | str) -> RowSampling:
         """Settings for ``batch_size`` rows that all pick the argmax, on ``device``."""
+
         def greedy(vocab: int) -> RowChoice:
             zero = torch.zeros(batch_size, device=device)
             return RowChoice.of(zero, zero.long(), torch.ones(batch_size, dtype=torch.bool, device=device), vocab)
+
         return cls(greedy(text_card), greedy(card))
 
     def set_greedy(self) -> None:
@@ -154,8 +165,9 @@ class RowNoise:
         self.bases = torch.zeros_like(self.seeds)  # each seed's hash: the part of a step's key that never changes
         self.steps = torch.zeros(batch_size, dtype=torch.long, device=self.device)
         self._shapes = (text_card, num_audio, card)
-        self._index = torch.cat([torch.arange(text_card, device=self.device),
-                                 torch.arange(num_audio * card, device=self.device)])
+        self._index = torch.cat(
+            [torch.arange(text_card, device=self.device), torch.arange(num_audio * card, device=self.device)]
+        )
         self._column = torch.zeros_like(self._index)  # each entry's seed: text 0, audio 1
         self._column[text_card:] = 1
 

@@ -82,8 +82,10 @@ class SEANetEncoder(nn.Module):
         for ratio in reversed(cfg.ratios):
             for j in range(cfg.n_residual_layers):
                 layers.append(ResidualBlock(mult * nf, cfg, cfg.dilation_base**j))
-            layers += [nn.ELU(), StreamingConv1d(mult * nf, 2 * mult * nf, 2 * ratio, stride=ratio,
-                                                 pad_mode=cfg.pad_mode)]
+            layers += [
+                nn.ELU(),
+                StreamingConv1d(mult * nf, 2 * mult * nf, 2 * ratio, stride=ratio, pad_mode=cfg.pad_mode),
+            ]
             mult *= 2
         layers += [nn.ELU(), StreamingConv1d(mult * nf, cfg.dimension, cfg.last_kernel_size, pad_mode=cfg.pad_mode)]
         self.model = nn.Sequential(*layers)

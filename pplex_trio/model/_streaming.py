@@ -77,8 +77,9 @@ def ring_attention_mask(end: torch.Tensor, num_new: int, capacity: int, referenc
     return ok.unsqueeze(1)
 
 
-def prefill_attention_mask(start: torch.Tensor, count: torch.Tensor, num_new: int, capacity: int,
-                           reference: str) -> torch.Tensor:
+def prefill_attention_mask(
+    start: torch.Tensor, count: torch.Tensor, num_new: int, capacity: int, reference: str
+) -> torch.Tensor:
     """The ring slots each query of a prefill chunk may see: bool ``[R, 1, num_new, capacity]``.
 
     Row ``r`` writes positions ``start[r] .. start[r] + count[r] - 1`` into

@@ -50,7 +50,7 @@ class TextTokenizer:
             return PAD_NAMES[token]
         return self.sp.id_to_piece(token).replace("\u2581", " ")
 
-    def decoder(self) -> "StreamDecoder":
+    def decoder(self) -> StreamDecoder:
         """A fresh :class:`StreamDecoder` for one stream of tokens (one conversation)."""
         return StreamDecoder(self)
 
@@ -90,7 +90,7 @@ class StreamDecoder:
         if sp.is_byte(token) and text.endswith(_REPLACEMENT) and len(self.pending) < _MAX_UTF8:
             return None  # an incomplete UTF-8 character: wait for its next byte
         base = sp.decode(self.context) if self.context else ""
-        piece = text[len(base):] if text.startswith(base) else text
+        piece = text[len(base) :] if text.startswith(base) else text
         if not self.context and sp.id_to_piece(self.pending[0]).startswith("\u2581") and not piece.startswith(" "):
             piece = " " + piece  # decode() drops the leading space of the very first piece
         self.context, self.pending = self.pending, []

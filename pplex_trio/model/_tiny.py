@@ -58,8 +58,10 @@ def _spread(names: list[str], low: float, high: float) -> dict[str, float]:
     return {name: low + i * step for i, name in enumerate(names)}
 
 
-_PITCHES = {**_spread([n for n in OFFICIAL_VOICES if n[3] == "F"], 180.0, 260.0),
-            **_spread([n for n in OFFICIAL_VOICES if n[3] == "M"], 90.0, 150.0)}
+_PITCHES = {
+    **_spread([n for n in OFFICIAL_VOICES if n[3] == "F"], 180.0, 260.0),
+    **_spread([n for n in OFFICIAL_VOICES if n[3] == "M"], 90.0, 150.0),
+}
 TINY_VOICES = {name: _PITCHES[name] for name in OFFICIAL_VOICES}  # name -> pitch (Hz), the client's order
 
 _CORPUS = """\
@@ -77,8 +79,16 @@ Please remember to be polite, patient and helpful, and keep your answers short a
 
 
 def _folder_key(cfg: ModelConfig) -> str:
-    payload = json.dumps({"version": TINY_VERSION, "seed": TINY_SEED, "config": config_to_kyutai_dict(cfg),
-                          "corpus": _CORPUS, "voices": TINY_VOICES}, sort_keys=True)
+    payload = json.dumps(
+        {
+            "version": TINY_VERSION,
+            "seed": TINY_SEED,
+            "config": config_to_kyutai_dict(cfg),
+            "corpus": _CORPUS,
+            "voices": TINY_VOICES,
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -139,13 +149,23 @@ def build_tiny_checkpoint(folder: Path, cfg: ModelConfig) -> None:
 
 
 def train_tokenizer(vocab_size: int) -> bytes:
-    """A SentencePiece unigram model of ``vocab_size`` pieces trained on a small built-in corpus, as serialized bytes.
-    """
+    """A SentencePiece unigram model of ``vocab_size`` pieces trained on a small built-in corpus, as serialized
+    bytes."""
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(_CORPUS.splitlines() * 4), model_writer=model, vocab_size=vocab_size,
-        model_type="unigram", byte_fallback=True, character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2,
-        pad_id=3, num_threads=1, minloglevel=2, user_defined_symbols=["<system>"],
+        sentence_iterator=iter(_CORPUS.splitlines() * 4),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type="unigram",
+        byte_fallback=True,
+        character_coverage=1.0,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=3,
+        num_threads=1,
+        minloglevel=2,
+        user_defined_symbols=["<system>"],
     )
     return model.getvalue()
 
@@ -194,7 +214,9 @@ def _init_mimi(mimi: Mimi, gen: torch.Generator) -> None:
     pcm = torch.from_numpy(synthetic_voice(8.0, 140.0, seed=TINY_SEED))
     frame = mimi.frame_size
     state = mimi.init_encoder_state(1)
-    latents = torch.cat([mimi.encode_latent(pcm[i:i + frame][None], state) for i in range(0, pcm.shape[0], frame)], -1)
+    latents = torch.cat(
+        [mimi.encode_latent(pcm[i : i + frame][None], state) for i in range(0, pcm.shape[0], frame)], -1
+    )
     for rvq in (mimi.quantizer.rvq_first, mimi.quantizer.rvq_rest):
         _fit_codebooks(rvq, latents, gen)
     mimi.refresh()

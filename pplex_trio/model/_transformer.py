@@ -23,8 +23,15 @@ from torch import nn
 from ._config import TransformerConfig, gated_hidden
 from ._modules import ModuleList
 from ._quant import KVFormat, dequantize_fp8, project, project_add, quantize_fp8
-from ._streaming import (additive_mask, apply_rope_, prefill_attention_mask, reset_rows_, ring_attention_mask,
-                         rope_rotation, set_rows_)
+from ._streaming import (
+    additive_mask,
+    apply_rope_,
+    prefill_attention_mask,
+    reset_rows_,
+    ring_attention_mask,
+    rope_rotation,
+    set_rows_,
+)
 
 
 class RMSNorm(nn.Module):
@@ -249,8 +256,13 @@ class StreamingTransformer(nn.Module):
         self.cfg = cfg
         self.layers = ModuleList(TransformerLayer(cfg) for _ in range(cfg.num_layers))
 
-    def init_state(self, batch_size: int, device: torch.device | str | None = None,
-                   dtype: torch.dtype | None = None, kv: KVFormat = KVFormat.MODEL) -> TransformerState:
+    def init_state(
+        self,
+        batch_size: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        kv: KVFormat = KVFormat.MODEL,
+    ) -> TransformerState:
         """A fresh state (empty rings) for ``batch_size`` rows, by default on the weights' device and dtype; ``kv``
         picks the ring's storage (fp8 or the model's dtype).
         """
@@ -260,8 +272,11 @@ class StreamingTransformer(nn.Module):
         device = device or norm.device
         end = torch.zeros(batch_size, device=device, dtype=torch.long)
         if kv is KVFormat.FP8:
-            return Fp8TransformerState(kv=torch.zeros(shape, device=device, dtype=torch.uint8), end=end,
-                                       scales=torch.zeros(shape[:-1], device=device, dtype=torch.float32))
+            return Fp8TransformerState(
+                kv=torch.zeros(shape, device=device, dtype=torch.uint8),
+                end=end,
+                scales=torch.zeros(shape[:-1], device=device, dtype=torch.float32),
+            )
         return TransformerState(kv=torch.zeros(shape, device=device, dtype=dtype or norm.dtype), end=end)
 
     def forward(self, x: torch.Tensor, state: TransformerState, exec_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -308,8 +323,9 @@ class StreamingTransformer(nn.Module):
         room = self.cfg.context - start
         return max(1, min(wanted, room if room > gap else gap))
 
-    def prefill(self, x: torch.Tensor, state: TransformerState, rows: list[int], starts: list[int],
-                counts: list[int]) -> None:
+    def prefill(
+        self, x: torch.Tensor, state: TransformerState, rows: list[int], starts: list[int], counts: list[int]
+    ) -> None:
         """Teacher-forced positions of ``rows``: ``x`` ``[R, T, D]`` at positions ``starts[r] + t``.
 
         Row ``r`` takes its first ``counts[r]`` positions (the rest of its
@@ -339,7 +355,7 @@ class StreamingTransformer(nn.Module):
             for j, row in enumerate(rows):
                 state.write_row(i, row, slots[j], kv[:, j, :, : counts[j]])
                 keys, values = state.read_row(i, row, q.dtype)  # [H, C, Dh]
-                outputs.append(F.scaled_dot_product_attention(q[j: j + 1], keys[None], values[None], mask[j: j + 1]))
+                outputs.append(F.scaled_dot_product_attention(q[j : j + 1], keys[None], values[None], mask[j : j + 1]))
             att = (torch.cat(outputs) if len(outputs) > 1 else outputs[0]).transpose(1, 2).reshape(r_count, t, -1)
             x = layer.add_ffn(layer.add_attention(x, att))
         state.end[torch.tensor(rows, device=device)] = start + count

@@ -47,7 +47,7 @@ class VoicePrompt:
         return self.embeddings.shape[0]
 
     @classmethod
-    def from_file(cls, path: Path) -> "VoicePrompt":
+    def from_file(cls, path: Path) -> VoicePrompt:
         """Load a voice file (the reference's ``.pt`` layout) onto the CPU; ``ValueError`` if it is not one."""
         data = torch.load(path, map_location="cpu", weights_only=True)
         try:
@@ -72,8 +72,9 @@ class VoiceLibrary:
     file changed since it was loaded (deleted and added again) is loaded again.
     """
 
-    def __init__(self, folder: Path | None, make: Callable[[Path], VoicePrompt] | None = None,
-                 added: Path | None = None):
+    def __init__(
+        self, folder: Path | None, make: Callable[[Path], VoicePrompt] | None = None, added: Path | None = None
+    ):
         self.folder = Path(folder) if folder is not None else None
         self.added = added
         self._make = make
@@ -156,8 +157,15 @@ class VoiceMaking:
     frame costs a Mimi encoding and an embedding lookup.
     """
 
-    def __init__(self, lm: LMModel, mimi: Mimi, pcm: np.ndarray, sine_tokens: tuple[int, ...],
-                 zero_text_code: int = 3, name: str = "custom.pt"):
+    def __init__(
+        self,
+        lm: LMModel,
+        mimi: Mimi,
+        pcm: np.ndarray,
+        sine_tokens: tuple[int, ...],
+        zero_text_code: int = 3,
+        name: str = "custom.pt",
+    ):
         frame = mimi.frame_size
         pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
         frames = max(1, -(-pcm.shape[0] // frame))
@@ -185,7 +193,7 @@ class VoiceMaking:
         st = self._stream
         size = mimi.frame_size
         for i in range(self._done, min(self.frames_total, self._done + frames)):
-            codes = mimi.encode_frame(st.pcm[None, i * size:(i + 1) * size], st.encoder)
+            codes = mimi.encode_frame(st.pcm[None, i * size : (i + 1) * size], st.encoder)
             self._codes.append(codes)
             if i > 0:
                 tokens = torch.cat([st.zero_text, codes[0], st.sine])[None]
@@ -227,16 +235,28 @@ class _Stream:
     ones: torch.Tensor  # [1] bool: the one row executes
 
     @classmethod
-    def of(cls, lm: LMModel, mimi: Mimi, pcm: np.ndarray, zero_text: int, sine: tuple[int, ...]) -> "_Stream":
+    def of(cls, lm: LMModel, mimi: Mimi, pcm: np.ndarray, zero_text: int, sine: tuple[int, ...]) -> _Stream:
         device = lm.device
         rules = CacheRules.of(lm.cfg, min(lm.cfg.dep_q, lm.cfg.num_agent_codebooks), device)
-        return cls(encoder=mimi.init_encoder_state(1), rules=rules, cache=rules.fresh_cache(1),
-                   pcm=torch.from_numpy(pcm).to(device), zero_text=torch.tensor([zero_text], device=device),
-                   sine=torch.tensor(sine, device=device), ones=torch.ones(1, dtype=torch.bool, device=device))
+        return cls(
+            encoder=mimi.init_encoder_state(1),
+            rules=rules,
+            cache=rules.fresh_cache(1),
+            pcm=torch.from_numpy(pcm).to(device),
+            zero_text=torch.tensor([zero_text], device=device),
+            sine=torch.tensor(sine, device=device),
+            ones=torch.ones(1, dtype=torch.bool, device=device),
+        )
 
 
-def make_voice_prompt(lm: LMModel, mimi: Mimi, pcm: np.ndarray, sine_tokens: tuple[int, ...],
-                      zero_text_code: int = 3, name: str = "custom.pt") -> tuple[VoicePrompt, np.ndarray]:
+def make_voice_prompt(
+    lm: LMModel,
+    mimi: Mimi,
+    pcm: np.ndarray,
+    sine_tokens: tuple[int, ...],
+    zero_text_code: int = 3,
+    name: str = "custom.pt",
+) -> tuple[VoicePrompt, np.ndarray]:
     """Make a voice prompt from a recording at once (:class:`VoiceMaking`); returns it and its Mimi codes
     ``[frames, 8]``."""
     making = VoiceMaking(lm, mimi, pcm, sine_tokens, zero_text_code, name)
@@ -244,8 +264,9 @@ def make_voice_prompt(lm: LMModel, mimi: Mimi, pcm: np.ndarray, sine_tokens: tup
     return making.prompt(), making.codes
 
 
-def voice_from_recording(lm: LMModel, mimi: Mimi, path: Path, sine_tokens: tuple[int, ...],
-                         zero_text_code: int = 3) -> tuple[VoicePrompt, np.ndarray]:
+def voice_from_recording(
+    lm: LMModel, mimi: Mimi, path: Path, sine_tokens: tuple[int, ...], zero_text_code: int = 3
+) -> tuple[VoicePrompt, np.ndarray]:
     """The reference's voice generation from a recording file (read, downmix, resample to Mimi's rate,
     -24 LUFS, then :func:`make_voice_prompt`).  Error handling: ``ValueError`` (why it cannot be a voice)."""
     pcm = voice_audio(path, mimi.cfg.sample_rate)

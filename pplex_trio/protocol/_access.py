@@ -90,8 +90,10 @@ def parse_origins(text: str) -> frozenset[str]:
             continue
         normal = normalize_origin(item)
         if normal is None:
-            raise ValueError(f"--allowed-origins: {item!r} is not an origin; write it as a browser sends it, "
-                             "like https://app.example.com or http://localhost:3000 (no path), or * for any")
+            raise ValueError(
+                f"--allowed-origins: {item!r} is not an origin; write it as a browser sends it, "
+                "like https://app.example.com or http://localhost:3000 (no path), or * for any"
+            )
         origins.add(normal)
     return frozenset(origins)
 
@@ -108,8 +110,15 @@ def normalize_origin(origin: str) -> str | None:
         port = parts.port
     except ValueError:
         return None
-    if parts.scheme not in _DEFAULT_PORTS or not parts.hostname or parts.path not in ("", "/") \
-            or parts.query or parts.fragment or parts.username or parts.password:
+    if (
+        parts.scheme not in _DEFAULT_PORTS
+        or not parts.hostname
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+        or parts.username
+        or parts.password
+    ):
         return None
     host = parts.hostname.lower()
     if ":" in host:
@@ -153,9 +162,16 @@ def query_without_token(query: bytes) -> str:
 class AccessPolicy:
     """The rules of one server, and the count of open WebSocket connections per address."""
 
-    def __init__(self, *, token: str | None = None, allowed_origins: frozenset[str] = frozenset(),
-                 max_connections_per_address: int = 0, open_paths: frozenset[str] = frozenset(),
-                 in_session_paths: frozenset[str] = frozenset(), secure: bool = False):
+    def __init__(
+        self,
+        *,
+        token: str | None = None,
+        allowed_origins: frozenset[str] = frozenset(),
+        max_connections_per_address: int = 0,
+        open_paths: frozenset[str] = frozenset(),
+        in_session_paths: frozenset[str] = frozenset(),
+        secure: bool = False,
+    ):
         self.token = token or None
         self.allowed_origins = allowed_origins
         self.max_connections_per_address = max_connections_per_address
@@ -179,9 +195,12 @@ class AccessPolicy:
         if via is None and request.websocket and request.path in self.in_session_paths:
             return Allowed("session")  # checked by the session, before it takes a slot
         if via is None:
-            return Refused(401, "unauthorized",
-                           "this server needs its access token: send 'Authorization: Bearer <token>', add "
-                           "'token=<token>' to the query, or open the page once with ?token=<token>")
+            return Refused(
+                401,
+                "unauthorized",
+                "this server needs its access token: send 'Authorization: Bearer <token>', add "
+                "'token=<token>' to the query, or open the page once with ?token=<token>",
+            )
         return Allowed(via)
 
     def _check_origin(self, request: RequestHead) -> Refused | None:
@@ -196,9 +215,12 @@ class AccessPolicy:
             scheme, _, origin_host = normal.partition("://")
             if _with_port(origin_host, scheme) == _with_port(host, scheme):
                 return None  # the server's own pages
-        return Refused(403, "forbidden_origin",
-                       f"WebSocket connections from pages at {origin[:200]!r} are not allowed; the server's "
-                       "operator can allow that origin with --allowed-origins")
+        return Refused(
+            403,
+            "forbidden_origin",
+            f"WebSocket connections from pages at {origin[:200]!r} are not allowed; the server's "
+            "operator can allow that origin with --allowed-origins",
+        )
 
     def _credential(self, request: RequestHead) -> str | None:
         """How ``request`` carries the right token: "header", "query", "cookie", or None."""
@@ -233,9 +255,12 @@ class AccessPolicy:
         """Count a WebSocket connection from ``client``, or refuse it (429) at the limit."""
         if self.max_connections_per_address and client is not None:
             if self._connections[client] >= self.max_connections_per_address:
-                return Refused(429, "too_many_connections",
-                               f"this address already has {self.max_connections_per_address} open connection(s), "
-                               "the server's limit; close one and try again")
+                return Refused(
+                    429,
+                    "too_many_connections",
+                    f"this address already has {self.max_connections_per_address} open connection(s), "
+                    "the server's limit; close one and try again",
+                )
             self._connections[client] += 1
         return None
 

@@ -15,8 +15,9 @@ class ProtocolError(Exception):
     errors carry them (OpenAI Realtime).
     """
 
-    def __init__(self, message: str, code: CloseCode = CloseCode.POLICY, *, param: str | None = None,
-                 kind: str = "invalid_value"):
+    def __init__(
+        self, message: str, code: CloseCode = CloseCode.POLICY, *, param: str | None = None, kind: str = "invalid_value"
+    ):
         super().__init__(message)
         self.message = message
         self.code = code
@@ -28,8 +29,15 @@ class EventError(Exception):
     """A client event the server cannot take (OpenAI Realtime, Live): answered with an ``error`` event that
     names it (``event_id``, the client's); the session goes on."""
 
-    def __init__(self, message: str, *, param: str | None = None, code: str = "invalid_value",
-                 event_id: str | None = None, kind: str = "invalid_request_error"):
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str = "invalid_value",
+        event_id: str | None = None,
+        kind: str = "invalid_request_error",
+    ):
         super().__init__(message)
         self.message = message
         self.param = param

@@ -69,10 +69,13 @@ class ExotelCarrier(StreamEvents):
         if rate is None or media_format.get("encoding", "audio/x-raw") not in ENCODINGS:
             raise _read.unsupported(media_format, "raw 16-bit PCM (audio/x-raw) at 8000, 16000 or 24000 Hz")
         self.stream_id = stream_sid
-        return CallStart(call_id=_read.optional_text(start, "call_sid") or "", stream_id=stream_sid,
-                         account_id=_read.optional_text(start, "account_sid"),
-                         parameters=_read.parameters(start, "custom_parameters", "start"),
-                         audio_format=SampleFormat(Encoding.PCM16, rate))
+        return CallStart(
+            call_id=_read.optional_text(start, "call_sid") or "",
+            stream_id=stream_sid,
+            account_id=_read.optional_text(start, "account_sid"),
+            parameters=_read.parameters(start, "custom_parameters", "start"),
+            audio_format=SampleFormat(Encoding.PCM16, rate),
+        )
 
     # -- our messages -------------------------------------------------------------
 

@@ -30,10 +30,10 @@ DEFAULT_FORMAT = SampleFormat(Encoding.PCM16, 24_000)  # what Pipecat and LiveKi
 REFUSED = {
     "session.update": "the session's settings are fixed at session.start on this server; open a new session",
     "session.instructions.append": "PersonaPlex takes its instructions once, as the system prompt it runs before "
-                                   "the conversation; give them in session.start",
+    "the conversation; give them in session.start",
     "session.thinking.append": "PersonaPlex has no text context beside the conversation's audio to append to",
     "session.commentary.append": "PersonaPlex speaks from the conversation's audio only; it cannot be handed "
-                                 "text to say",
+    "text to say",
     "session.output_audio.fixture.play": "fixture audio is not supported",
     "response.create": "delegation to a Responses model is not supported",
     "response.item.create": "delegation to a Responses model is not supported",
@@ -83,14 +83,23 @@ def parse_client_event(message: bytes | str) -> ClientEvent:
     if kind in SIMPLE:
         return head
     if kind in REFUSED:
-        raise EventError(f"{kind} is not supported: {REFUSED[kind]}; {WHY}", param="type",
-                         code="unsupported_event", event_id=event_id)
-    raise EventError(f"unknown event type {kind[:80]!r}", param="type", code="invalid_event_type",
-                     event_id=event_id)
+        raise EventError(
+            f"{kind} is not supported: {REFUSED[kind]}; {WHY}",
+            param="type",
+            code="unsupported_event",
+            event_id=event_id,
+        )
+    raise EventError(f"unknown event type {kind[:80]!r}", param="type", code="invalid_event_type", event_id=event_id)
 
 
-def start_config(session: Mapping[str, Any], *, default_model: str, max_prompt_chars: int,
-                 voices: Collection[str], event_id: str | None) -> tuple[LiveConfig, list[EventError]]:
+def start_config(
+    session: Mapping[str, Any],
+    *,
+    default_model: str,
+    max_prompt_chars: int,
+    voices: Collection[str],
+    event_id: str | None,
+) -> tuple[LiveConfig, list[EventError]]:
     """A ``session.start``'s settings, checked; beside them, what of it is not applied (to be told once the
     session has started: an ``error`` before ``session.started`` ends a Pipecat session, and leaves LiveKit's
     waiting for ever).
@@ -101,8 +110,12 @@ def start_config(session: Mapping[str, Any], *, default_model: str, max_prompt_c
     config = LiveConfig(model=model[:200] if isinstance(model, str) and model else default_model)
     try:
         if session.get("instructions") is not None:
-            config = dataclasses.replace(config, instructions=persona_text(
-                session["instructions"], param="session.instructions", max_chars=max_prompt_chars))
+            config = dataclasses.replace(
+                config,
+                instructions=persona_text(
+                    session["instructions"], param="session.instructions", max_chars=max_prompt_chars
+                ),
+            )
     except ProtocolError as exc:
         raise EventError(exc.message, param=exc.param, code=exc.kind, event_id=event_id) from None
     audio = session.get("audio")
@@ -113,23 +126,47 @@ def start_config(session: Mapping[str, Any], *, default_model: str, max_prompt_c
     output = audio.get("output")
     if isinstance(output, Mapping) and output.get("voice") is not None:
         try:
-            config = dataclasses.replace(config, voice=voice_choice(
-                output["voice"], param="session.audio.output.voice", voices=voices))
+            config = dataclasses.replace(
+                config, voice=voice_choice(output["voice"], param="session.audio.output.voice", voices=voices)
+            )
         except ProtocolError as exc:  # the session starts with the default voice
-            not_applied.append(EventError(f"{exc.message}; this session speaks with the default voice",
-                                          param=exc.param, code="unknown_voice", event_id=event_id))
+            not_applied.append(
+                EventError(
+                    f"{exc.message}; this session speaks with the default voice",
+                    param=exc.param,
+                    code="unknown_voice",
+                    event_id=event_id,
+                )
+            )
     delegation = session.get("delegation")
     if isinstance(delegation, Mapping) and delegation.get("type") not in (None, "client"):
-        not_applied.append(EventError(
-            f"delegation {str(delegation.get('type'))[:40]!r} (and its tools) is not supported: {WHY}; the session "
-            "goes on without it", param="session.delegation", code="unsupported_delegation", event_id=event_id))
+        not_applied.append(
+            EventError(
+                f"delegation {str(delegation.get('type'))[:40]!r} (and its tools) is not supported: {WHY}; the session "
+                "goes on without it",
+                param="session.delegation",
+                code="unsupported_delegation",
+                event_id=event_id,
+            )
+        )
     if session.get("input"):
-        not_applied.append(EventError(
-            f"startup input history is not supported: PersonaPlex starts from its instructions only; {WHY}",
-            param="session.input", code="unsupported_input", event_id=event_id))
+        not_applied.append(
+            EventError(
+                f"startup input history is not supported: PersonaPlex starts from its instructions only; {WHY}",
+                param="session.input",
+                code="unsupported_input",
+                event_id=event_id,
+            )
+        )
     if session.get("triggers"):
-        not_applied.append(EventError(f"decision triggers are not supported: {WHY}", param="session.triggers",
-                                      code="unsupported_triggers", event_id=event_id))
+        not_applied.append(
+            EventError(
+                f"decision triggers are not supported: {WHY}",
+                param="session.triggers",
+                code="unsupported_triggers",
+                event_id=event_id,
+            )
+        )
     return config, not_applied
 
 
@@ -143,6 +180,10 @@ def _audio_format(value: Any, event_id: str | None) -> SampleFormat:
         return SampleFormat(encoding, rate or PCM_RATES[0])
     if encoding in (Encoding.PCMU, Encoding.PCMA) and rate in (G711_RATE, None):
         return SampleFormat(encoding, G711_RATE)
-    raise EventError(f"unsupported audio format {json.dumps(value)[:80]}: this server speaks audio/pcm at 24000 or "
-                     "16000 Hz, and audio/pcmu or audio/pcma at 8000 Hz", param="session.audio.format",
-                     code="unsupported_audio_format", event_id=event_id)
+    raise EventError(
+        f"unsupported audio format {json.dumps(value)[:80]}: this server speaks audio/pcm at 24000 or "
+        "16000 Hz, and audio/pcmu or audio/pcma at 8000 Hz",
+        param="session.audio.format",
+        code="unsupported_audio_format",
+        event_id=event_id,
+    )

@@ -35,9 +35,14 @@ class LiveEvents:
     def session(self, config: LiveConfig) -> dict[str, Any]:
         """The session object the Live events carry: its id, expiry, model, instructions and audio settings."""
         audio_format = {"type": config.audio_format.encoding.value, "rate": config.audio_format.rate}
-        return {"id": self.session_id, "expires_at": self.expires_at, "model": config.model, "status": "active",
-                "instructions": config.instructions,
-                "audio": {"format": audio_format, "output": {"voice": config.voice}}}
+        return {
+            "id": self.session_id,
+            "expires_at": self.expires_at,
+            "model": config.model,
+            "status": "active",
+            "instructions": config.instructions,
+            "audio": {"format": audio_format, "output": {"voice": config.voice}},
+        }
 
     def started(self, config: LiveConfig, client_event_id: str | None) -> str:
         """``session.started``, with the session, answering the client's ``session.start``."""
@@ -46,8 +51,9 @@ class LiveEvents:
     def closed(self, reason: str, config: LiveConfig, seconds: float, client_event_id: str | None) -> str:
         """``session.closed`` with one of ``CLOSE_REASONS``, the session and the seconds used."""
         assert reason in CLOSE_REASONS
-        return self._event("session.closed", client_event_id, reason=reason, session=self.session(config),
-                           usage={"seconds": seconds})
+        return self._event(
+            "session.closed", client_event_id, reason=reason, session=self.session(config), usage={"seconds": seconds}
+        )
 
     def usage(self, seconds: float) -> str:
         """``session.usage.updated``: the session's seconds so far."""
@@ -61,8 +67,15 @@ class LiveEvents:
         """An ``info`` event: a notice that ends nothing."""
         return self._event("info", code=code, message=message)
 
-    def error(self, message: str, *, kind: str = "invalid_request_error", code: str = "invalid_value",
-              param: str | None = None, client_event_id: str | None = None) -> str:
+    def error(
+        self,
+        message: str,
+        *,
+        kind: str = "invalid_request_error",
+        code: str = "invalid_value",
+        param: str | None = None,
+        client_event_id: str | None = None,
+    ) -> str:
         """An ``error`` event; with ``client_event_id``, it names the client's event it answers."""
         error: dict[str, Any] = {"type": kind, "code": code, "message": message, "param": param}
         if client_event_id is not None:
@@ -78,8 +91,10 @@ class LiveEvents:
         ``event_id``.
         """
         # (no event_id: the protocol's one event without, and the most frequent)
-        return json.dumps({"type": "session.output_audio.delta", "delta": base64.b64encode(audio).decode("ascii")},
-                          separators=(",", ":"))
+        return json.dumps(
+            {"type": "session.output_audio.delta", "delta": base64.b64encode(audio).decode("ascii")},
+            separators=(",", ":"),
+        )
 
     def transcript_delta(self, text: str, start_ms: int, end_ms: int) -> str:
         """``session.output_transcript.delta``: a piece of the agent's text, placed on the session timeline (ms)."""

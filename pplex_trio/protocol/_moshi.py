@@ -53,14 +53,11 @@ def parse_client_message(message: bytes | str | None) -> ClientEvent:
     """
     if isinstance(message, str):
         raise ProtocolError(
-            "text frames are not part of the Moshi protocol: send binary frames "
-            "(kind byte + payload)",
+            "text frames are not part of the Moshi protocol: send binary frames (kind byte + payload)",
             CloseCode.UNSUPPORTED_DATA,
         )
     if not message:
-        raise ProtocolError(
-            "empty message: every Moshi message starts with a kind byte", CloseCode.INVALID_PAYLOAD
-        )
+        raise ProtocolError("empty message: every Moshi message starts with a kind byte", CloseCode.INVALID_PAYLOAD)
     kind = message[0]
     if kind == Kind.AUDIO:
         return AudioReceived(bytes(message[1:]))

@@ -35,8 +35,10 @@ def load_event(message: bytes | str, protocol: str) -> tuple[dict[str, Any], Cli
     A message over the size limit never gets here: the inbound guard refuses it at its frame header.
     """
     if isinstance(message, bytes):
-        raise ProtocolError(f"binary frames are not part of the {protocol} protocol: send JSON events as text",
-                            CloseCode.UNSUPPORTED_DATA)
+        raise ProtocolError(
+            f"binary frames are not part of the {protocol} protocol: send JSON events as text",
+            CloseCode.UNSUPPORTED_DATA,
+        )
     try:
         event = json.loads(message)
     except ValueError:

@@ -15,8 +15,8 @@ import urllib.parse
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from .._voice_catalogue import OPENAI_VOICES, is_bare_voice_name
 from .._conversation import Conversation, Sampling
+from .._voice_catalogue import OPENAI_VOICES, is_bare_voice_name
 from ._errors import CloseCode, ProtocolError
 
 MAX_TEMPERATURE = 10.0
@@ -32,16 +32,15 @@ def parse_query(query: bytes | str) -> dict[str, str]:
         except UnicodeDecodeError:
             raise ProtocolError("query string is not valid UTF-8", CloseCode.POLICY) from None
     try:
-        pairs = urllib.parse.parse_qsl(
-            query, keep_blank_values=True, strict_parsing=False, errors="strict"
-        )
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=False, errors="strict")
     except UnicodeDecodeError:
         raise ProtocolError("query string is not valid UTF-8 after %-decoding") from None
     return dict(pairs)
 
 
-def conversation_from_params(params: Mapping[str, Any], *, max_prompt_chars: int,
-                             voices: Collection[str] | None = None) -> Conversation:
+def conversation_from_params(
+    params: Mapping[str, Any], *, max_prompt_chars: int, voices: Collection[str] | None = None
+) -> Conversation:
     """Validate client settings into a :class:`Conversation`.
 
     Accepts the query names of the official client (``text_prompt``,
@@ -84,8 +83,11 @@ def persona_text(value: Any, *, param: str, max_chars: int) -> str:
         raise ProtocolError(f"{param} must be a string", param=param)
     text = value.strip()
     if len(text) > max_chars:
-        raise ProtocolError(f"{param} has {len(text)} characters; this server's limit is {max_chars}: shorten the "
-                            "persona", param=param, kind="string_above_max_length")
+        raise ProtocolError(
+            f"{param} has {len(text)} characters; this server's limit is {max_chars}: shorten the persona",
+            param=param,
+            kind="string_above_max_length",
+        )
     if "\x00" in text:
         raise ProtocolError(f"{param} must not contain NUL characters", param=param)
     return text
@@ -98,8 +100,10 @@ def voice_name(value: Any, *, param: str, voices: Collection[str] | None = None)
         raise ProtocolError(f"{param} must be a string: the name of a voice (see /api/voices)", param=param)
     name = value.strip()
     if not is_bare_voice_name(name):
-        raise ProtocolError(f"{param} {name[:80]!r} is not a voice name: give a bare file name such as 'NATF0.pt' "
-                            "(see /api/voices)", param=param)
+        raise ProtocolError(
+            f"{param} {name[:80]!r} is not a voice name: give a bare file name such as 'NATF0.pt' (see /api/voices)",
+            param=param,
+        )
     if voices is not None and name not in voices:
         raise ProtocolError(f"unknown {param} {name!r}: see /api/voices for the voices this server has", param=param)
     return name
@@ -117,8 +121,9 @@ def voice_choice(value: Any, *, param: str, voices: Collection[str]) -> str | No
     try:
         return voice_name(value, param=param, voices=voices)
     except ProtocolError as exc:
-        raise ProtocolError(f"{exc.message}; OpenAI's voice names ({', '.join(OPENAI_VOICES)}) work too",
-                            param=param) from None
+        raise ProtocolError(
+            f"{exc.message}; OpenAI's voice names ({', '.join(OPENAI_VOICES)}) work too", param=param
+        ) from None
 
 
 def temperature(value: Any, *, param: str) -> float:
@@ -155,8 +160,9 @@ def _float(params: Mapping[str, Any], name: str, default: float, low: float, hig
             raise TypeError
         number = float(value)
     except (TypeError, ValueError):
-        raise ProtocolError(f"{name} must be a number between {low:g} and {high:g}, got {value!r:.40}",
-                            param=name) from None
+        raise ProtocolError(
+            f"{name} must be a number between {low:g} and {high:g}, got {value!r:.40}", param=name
+        ) from None
     if not math.isfinite(number) or not low <= number <= high:
         raise ProtocolError(f"{name} must be a number between {low:g} and {high:g}, got {value!r:.40}", param=name)
     return number
@@ -168,8 +174,7 @@ def _int(params: Mapping[str, Any], name: str, default: int, low: int, high: int
         return default
     number = _as_int(value)
     if number is None or not low <= number <= high:
-        raise ProtocolError(f"{name} must be a whole number between {low} and {high}, got {value!r:.40}",
-                            param=name)
+        raise ProtocolError(f"{name} must be a whole number between {low} and {high}, got {value!r:.40}", param=name)
     return number
 
 

@@ -29,9 +29,11 @@ from ._audio import Encoding, SampleFormat
 from ._telephony import CallEvent, CallMark, CallStart, EventReader, StreamEvents
 
 # Plivo's content types, and the rates each may stream at.
-FORMATS = {("audio/x-mulaw", 8_000): SampleFormat(Encoding.PCMU, 8_000),
-           ("audio/x-l16", 8_000): SampleFormat(Encoding.PCM16, 8_000),
-           ("audio/x-l16", 16_000): SampleFormat(Encoding.PCM16, 16_000)}
+FORMATS = {
+    ("audio/x-mulaw", 8_000): SampleFormat(Encoding.PCMU, 8_000),
+    ("audio/x-l16", 8_000): SampleFormat(Encoding.PCM16, 8_000),
+    ("audio/x-l16", 16_000): SampleFormat(Encoding.PCM16, 16_000),
+}
 CONTENT_TYPE = "audio/x-mulaw;rate=8000"  # what the answer asks for
 SIGNATURE_HEADER = "X-Plivo-Signature-V3"
 NONCE_HEADER = "X-Plivo-Signature-V3-Nonce"
@@ -90,17 +92,23 @@ class PlivoCarrier(StreamEvents):
             raise _read.unsupported(media_format, "audio/x-mulaw at 8000 Hz or audio/x-l16 at 8000 or 16000 Hz")
         headers = event.get("extra_headers", start.get("extraHeaders", event.get("extraHeaders")))
         self.stream_id, self._format = stream_id, (encoding, audio_format.rate)
-        return CallStart(call_id=_read.optional_text(start, "callId") or "", stream_id=stream_id,
-                         account_id=_read.optional_text(start, "accountId"), parameters=_extra_headers(headers),
-                         audio_format=audio_format)
+        return CallStart(
+            call_id=_read.optional_text(start, "callId") or "",
+            stream_id=stream_id,
+            account_id=_read.optional_text(start, "accountId"),
+            parameters=_extra_headers(headers),
+            audio_format=audio_format,
+        )
 
     # -- our messages -------------------------------------------------------------
 
     def media(self, audio: bytes) -> str:
         """A ``playAudio`` message of ``audio``, labelled with the stream's content type and rate."""
         content_type, rate = self._format
-        return self._message("playAudio", media={"contentType": content_type, "sampleRate": rate,
-                                                 "payload": base64.b64encode(audio).decode("ascii")})
+        return self._message(
+            "playAudio",
+            media={"contentType": content_type, "sampleRate": rate, "payload": base64.b64encode(audio).decode("ascii")},
+        )
 
     def clear(self) -> str:
         """A ``clearAudio`` message (barge-in)."""
@@ -143,8 +151,9 @@ def signature(auth_token: str, url: str, nonce: str, params: Iterable[tuple[str,
     return base64.b64encode(hmac.new(auth_token.encode(), data, hashlib.sha256).digest()).decode("ascii")
 
 
-def signature_matches(given: str | None, nonce: str | None, auth_token: str, url: str,
-                      params: Iterable[tuple[str, str]] = ()) -> bool:
+def signature_matches(
+    given: str | None, nonce: str | None, auth_token: str, url: str, params: Iterable[tuple[str, str]] = ()
+) -> bool:
     """Whether ``given`` (one signature, or several joined by commas) holds Plivo's signature of this
     request (each compared in constant time)."""
     if given is None or nonce is None:

@@ -70,7 +70,8 @@ def _parse_control(message: str) -> Open | Close:
     if len(message) > MAX_CONTROL_CHARS:
         raise ProtocolError(
             f"a control message of {len(message)} characters is over the limit of {MAX_CONTROL_CHARS}",
-            CloseCode.INVALID_PAYLOAD)
+            CloseCode.INVALID_PAYLOAD,
+        )
     try:
         obj = json.loads(message)
     except json.JSONDecodeError as exc:
@@ -78,15 +79,13 @@ def _parse_control(message: str) -> Open | Close:
     except RecursionError:
         raise ProtocolError("the JSON is nested too deeply: send a flat object", CloseCode.INVALID_PAYLOAD) from None
     if not isinstance(obj, dict):
-        raise ProtocolError("text frames must be JSON objects with a \"type\"", CloseCode.INVALID_PAYLOAD)
+        raise ProtocolError('text frames must be JSON objects with a "type"', CloseCode.INVALID_PAYLOAD)
     kind = obj.get("type")
     if kind == "open":
         return Open({k: v for k, v in obj.items() if k != "type"})
     if kind == "close":
         return Close()
-    raise ProtocolError(
-        f"unknown message type {kind!r:.40}: expected \"open\" or \"close\"", CloseCode.UNSUPPORTED_DATA
-    )
+    raise ProtocolError(f'unknown message type {kind!r:.40}: expected "open" or "close"', CloseCode.UNSUPPORTED_DATA)
 
 
 def _json(obj: dict[str, Any]) -> str:

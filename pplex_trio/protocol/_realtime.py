@@ -22,7 +22,7 @@ from typing import Any
 
 from .._conversation import Conversation, Sampling
 from ._audio import Encoding, SampleFormat
-from ._errors import ProtocolError, EventError
+from ._errors import EventError, ProtocolError
 from ._openai_events import ClientEvent, audio_append, load_event
 from ._params import persona_text, temperature, voice_choice
 
@@ -72,8 +72,11 @@ class SessionConfig:
 
     def conversation(self) -> Conversation:
         """The conversation these settings ask of the engine: persona, voice, and the audio temperature."""
-        return Conversation(persona=self.instructions, voice=self.voice,
-                            sampling=dataclasses.replace(Sampling(), audio_temperature=self.temperature))
+        return Conversation(
+            persona=self.instructions,
+            voice=self.voice,
+            sampling=dataclasses.replace(Sampling(), audio_temperature=self.temperature),
+        )
 
 
 def _object(parent: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -82,9 +85,15 @@ def _object(parent: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def apply_session_update(config: SessionConfig, session: Any, *, started: bool, max_prompt_chars: int,
-                         voices: Callable[[], Sequence[str]],
-                         event_id: str | None = None) -> tuple[SessionConfig, EventError | None]:
+def apply_session_update(
+    config: SessionConfig,
+    session: Any,
+    *,
+    started: bool,
+    max_prompt_chars: int,
+    voices: Callable[[], Sequence[str]],
+    event_id: str | None = None,
+) -> tuple[SessionConfig, EventError | None]:
     """``config`` with a ``session.update``'s ``session`` applied; both dialects' field names are read.
 
     Unknown fields are ignored. OpenAI's voice names stand for the voices of :data:`OPENAI_VOICES`.
@@ -99,8 +108,13 @@ def apply_session_update(config: SessionConfig, session: Any, *, started: bool, 
     audio_in = _object(audio, "input")
     audio_out = _object(audio, "output")
 
-    voice_param, voice = ("session.audio.output.voice", audio_out["voice"]) if "voice" in audio_out else \
-        ("session.voice", session["voice"]) if "voice" in session else (None, None)
+    voice_param, voice = (
+        ("session.audio.output.voice", audio_out["voice"])
+        if "voice" in audio_out
+        else ("session.voice", session["voice"])
+        if "voice" in session
+        else (None, None)
+    )
     voice_error = None
     if voice_param is not None:
         try:
@@ -109,14 +123,17 @@ def apply_session_update(config: SessionConfig, session: Any, *, started: bool, 
             voice_error = EventError(exc.message, param=exc.param, code=exc.kind, event_id=event_id)
     try:
         if "instructions" in session:
-            changes["instructions"] = persona_text(session["instructions"], param="session.instructions",
-                                                   max_chars=max_prompt_chars)
+            changes["instructions"] = persona_text(
+                session["instructions"], param="session.instructions", max_chars=max_prompt_chars
+            )
         if "temperature" in session:
             changes["temperature"] = temperature(session["temperature"], param="session.temperature")
     except ProtocolError as exc:
         raise EventError(exc.message, param=exc.param, code=exc.kind, event_id=event_id) from None
-    for side, ga_block, beta_name in (("input", audio_in, "input_audio_format"),
-                                      ("output", audio_out, "output_audio_format")):
+    for side, ga_block, beta_name in (
+        ("input", audio_in, "input_audio_format"),
+        ("output", audio_out, "output_audio_format"),
+    ):
         if "format" in ga_block:
             param, value = f"session.audio.{side}.format", ga_block["format"]
         elif beta_name in session:
@@ -127,8 +144,12 @@ def apply_session_update(config: SessionConfig, session: Any, *, started: bool, 
     if started:  # (a new persona, voice or temperature runs the prompt again: the session's to do)
         for side in ("input_format", "output_format"):
             if side in changes and changes[side] != getattr(config, side):
-                raise EventError(f"the {side.replace('_', ' ')} cannot change once audio flows; open a new "
-                                    "session", param=f"session.{side}", code="session_started", event_id=event_id)
+                raise EventError(
+                    f"the {side.replace('_', ' ')} cannot change once audio flows; open a new session",
+                    param=f"session.{side}",
+                    code="session_started",
+                    event_id=event_id,
+                )
     return dataclasses.replace(config, **changes), voice_error
 
 
@@ -137,8 +158,11 @@ def _audio_format(value: Any, param: str, event_id: str | None) -> AudioFormat:
     found = AudioFormat.named(name) if isinstance(name, str) else None
     if found is None or rate not in (None, found.rate):
         supported = ", ".join(f"{f.ga} / {f.beta} ({f.rate} Hz)" for f in AudioFormat)
-        raise EventError(f"unsupported audio format {json.dumps(value)[:80]}: this server speaks {supported}",
-                            param=param, event_id=event_id)
+        raise EventError(
+            f"unsupported audio format {json.dumps(value)[:80]}: this server speaks {supported}",
+            param=param,
+            event_id=event_id,
+        )
     return found
 
 
@@ -169,10 +193,12 @@ class ItemEvent(ClientEvent):
 
 
 # Events answered without effect on a full-duplex model, and events refused (docs/PROTOCOL.md).
-ANSWERED = frozenset({"input_audio_buffer.commit", "input_audio_buffer.clear", "response.cancel",
-                      "output_audio_buffer.clear"})
-ITEM_EVENTS = frozenset({"conversation.item.create", "conversation.item.truncate", "conversation.item.delete",
-                         "conversation.item.retrieve"})
+ANSWERED = frozenset(
+    {"input_audio_buffer.commit", "input_audio_buffer.clear", "response.cancel", "output_audio_buffer.clear"}
+)
+ITEM_EVENTS = frozenset(
+    {"conversation.item.create", "conversation.item.truncate", "conversation.item.delete", "conversation.item.retrieve"}
+)
 REFUSED = frozenset({"transcription_session.update"})
 MAX_METADATA = 16  # OpenAI's limits on a response's metadata: 16 pairs of strings
 MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 512
@@ -193,20 +219,31 @@ def parse_client_event(message: bytes | str) -> ClientEvent:
     if kind in ANSWERED:
         return ClientEvent(kind, event_id)
     if kind in REFUSED:
-        raise EventError(f"{kind} is not supported: this server transcribes nothing; PersonaPlex is a "
-                            "full-duplex speech model (see docs/PROTOCOL.md)", param="type",
-                            code="unsupported_event", event_id=event_id)
-    raise EventError(f"unknown event type {kind[:80]!r}", param="type", code="invalid_event_type",
-                        event_id=event_id)
+        raise EventError(
+            f"{kind} is not supported: this server transcribes nothing; PersonaPlex is a "
+            "full-duplex speech model (see docs/PROTOCOL.md)",
+            param="type",
+            code="unsupported_event",
+            event_id=event_id,
+        )
+    raise EventError(f"unknown event type {kind[:80]!r}", param="type", code="invalid_event_type", event_id=event_id)
 
 
 def _metadata(value: Any, event_id: str | None) -> dict[str, str] | None:
     if value is None:
         return None
-    if not isinstance(value, Mapping) or len(value) > MAX_METADATA or not all(
+    if (
+        not isinstance(value, Mapping)
+        or len(value) > MAX_METADATA
+        or not all(
             isinstance(k, str) and isinstance(v, str) and len(k) <= MAX_METADATA_KEY and len(v) <= MAX_METADATA_VALUE
-            for k, v in value.items()):
-        raise EventError(f"response.metadata must be an object of at most {MAX_METADATA} string pairs (keys up "
-                            f"to {MAX_METADATA_KEY} characters, values up to {MAX_METADATA_VALUE})",
-                            param="response.metadata", event_id=event_id)
+            for k, v in value.items()
+        )
+    ):
+        raise EventError(
+            f"response.metadata must be an object of at most {MAX_METADATA} string pairs (keys up "
+            f"to {MAX_METADATA_KEY} characters, values up to {MAX_METADATA_VALUE})",
+            param="response.metadata",
+            event_id=event_id,
+        )
     return dict(value)

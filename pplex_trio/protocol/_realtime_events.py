@@ -23,8 +23,14 @@ _BETA_NAMES = {
     "response.output_audio_transcript.delta": "response.audio_transcript.delta",
     "response.output_audio_transcript.done": "response.audio_transcript.done",
 }
-TURN_DETECTION = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 0, "silence_duration_ms": 480,
-                  "create_response": False, "interrupt_response": False}
+TURN_DETECTION = {
+    "type": "server_vad",
+    "threshold": 0.5,
+    "prefix_padding_ms": 0,
+    "silence_duration_ms": 480,
+    "create_response": False,
+    "interrupt_response": False,
+}
 
 
 class ServerEvents:
@@ -51,20 +57,45 @@ class ServerEvents:
         """The session object of ``session.created`` / ``session.updated`` in the connection's dialect."""
         if self.dialect is Dialect.BETA:
             # (beta's session model names only OpenAI's models: ours is left out, as the schema allows)
-            return {"id": self.session_id, "object": "realtime.session",
-                    "modalities": ["audio", "text"], "instructions": config.instructions, "voice": config.voice,
-                    "input_audio_format": config.input_format.beta, "output_audio_format": config.output_format.beta,
-                    "input_audio_transcription": None, "turn_detection": TURN_DETECTION, "tools": [],
-                    "tool_choice": "auto", "temperature": config.temperature,
-                    "max_response_output_tokens": "inf", "speed": 1.0}
-        return {"type": "realtime", "object": "realtime.session", "id": self.session_id, "model": self.model,
-                "output_modalities": ["audio"], "instructions": config.instructions,
-                "audio": {"input": {"format": _ga_format(config.input_format), "transcription": None,
-                                    "noise_reduction": None, "turn_detection": TURN_DETECTION},
-                          "output": {"format": _ga_format(config.output_format), "voice": config.voice,
-                                     "speed": 1.0}},
-                "tools": [], "tool_choice": "auto", "max_output_tokens": "inf", "tracing": None,
-                "truncation": "auto", "prompt": None}
+            return {
+                "id": self.session_id,
+                "object": "realtime.session",
+                "modalities": ["audio", "text"],
+                "instructions": config.instructions,
+                "voice": config.voice,
+                "input_audio_format": config.input_format.beta,
+                "output_audio_format": config.output_format.beta,
+                "input_audio_transcription": None,
+                "turn_detection": TURN_DETECTION,
+                "tools": [],
+                "tool_choice": "auto",
+                "temperature": config.temperature,
+                "max_response_output_tokens": "inf",
+                "speed": 1.0,
+            }
+        return {
+            "type": "realtime",
+            "object": "realtime.session",
+            "id": self.session_id,
+            "model": self.model,
+            "output_modalities": ["audio"],
+            "instructions": config.instructions,
+            "audio": {
+                "input": {
+                    "format": _ga_format(config.input_format),
+                    "transcription": None,
+                    "noise_reduction": None,
+                    "turn_detection": TURN_DETECTION,
+                },
+                "output": {"format": _ga_format(config.output_format), "voice": config.voice, "speed": 1.0},
+            },
+            "tools": [],
+            "tool_choice": "auto",
+            "max_output_tokens": "inf",
+            "tracing": None,
+            "truncation": "auto",
+            "prompt": None,
+        }
 
     def session_created(self, config: SessionConfig) -> str:
         """``session.created``: the first event of a connection, with its session."""
@@ -74,11 +105,19 @@ class ServerEvents:
         """``session.updated``: the session as it stands after a ``session.update``."""
         return self._event("session.updated", session=self.session(config))
 
-    def error(self, message: str, *, kind: str = "invalid_request_error", code: str | None = None,
-              param: str | None = None, event_id: str | None = None) -> str:
+    def error(
+        self,
+        message: str,
+        *,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        event_id: str | None = None,
+    ) -> str:
         """An ``error`` event; ``event_id`` names the client event it answers, when there is one."""
-        return self._event("error", error={"type": kind, "code": code, "message": message, "param": param,
-                                           "event_id": event_id})
+        return self._event(
+            "error", error={"type": kind, "code": code, "message": message, "param": param, "event_id": event_id}
+        )
 
     def error_from(self, exc: EventError) -> str:
         """The ``error`` event for a client event the parser refused."""
@@ -112,13 +151,16 @@ class ServerEvents:
         """The events announcing a new item: GA's ``conversation.item.added`` and ``.done``, or beta's ``.created``."""
         if self.dialect is Dialect.BETA:
             return [self._event("conversation.item.created", previous_item_id=previous_item_id, item=item)]
-        return [self._event("conversation.item.added", previous_item_id=previous_item_id, item=item),
-                self._event("conversation.item.done", previous_item_id=previous_item_id, item=item)]
+        return [
+            self._event("conversation.item.added", previous_item_id=previous_item_id, item=item),
+            self._event("conversation.item.done", previous_item_id=previous_item_id, item=item),
+        ]
 
     def item_truncated(self, item_id: str, content_index: int, audio_end_ms: int) -> str:
         """``conversation.item.truncated``: the item's audio counts as played up to ``audio_end_ms``."""
-        return self._event("conversation.item.truncated", item_id=item_id, content_index=content_index,
-                           audio_end_ms=audio_end_ms)
+        return self._event(
+            "conversation.item.truncated", item_id=item_id, content_index=content_index, audio_end_ms=audio_end_ms
+        )
 
     def item_deleted(self, item_id: str) -> str:
         """``conversation.item.deleted``, answering the client's delete."""
@@ -131,47 +173,100 @@ class ServerEvents:
     # -- a response: created, its one audio item and part, deltas, then done
 
     def item(self, item_id: str, status: str, transcript: str | None) -> dict[str, Any]:
-        """The model's audio item (an assistant message) in the dialect's shape; no content until it has a transcript.
-        """
+        """The model's audio item (an assistant message) in the dialect's shape; no content until it has a
+        transcript."""
         content = {"type": "output_audio" if self.dialect is Dialect.GA else "audio", "transcript": transcript}
-        return {"id": item_id, "object": "realtime.item", "type": "message", "status": status, "role": "assistant",
-                "content": [] if transcript is None else [content]}
+        return {
+            "id": item_id,
+            "object": "realtime.item",
+            "type": "message",
+            "status": status,
+            "role": "assistant",
+            "content": [] if transcript is None else [content],
+        }
 
-    def _response(self, response_id: str, status: str, config: SessionConfig, output: list[dict[str, Any]],
-                  metadata: dict[str, str] | None) -> dict[str, Any]:
-        base = {"id": response_id, "object": "realtime.response", "status": status, "status_details": None,
-                "output": output, "conversation_id": None, "usage": None, "metadata": metadata}
+    def _response(
+        self,
+        response_id: str,
+        status: str,
+        config: SessionConfig,
+        output: list[dict[str, Any]],
+        metadata: dict[str, str] | None,
+    ) -> dict[str, Any]:
+        base = {
+            "id": response_id,
+            "object": "realtime.response",
+            "status": status,
+            "status_details": None,
+            "output": output,
+            "conversation_id": None,
+            "usage": None,
+            "metadata": metadata,
+        }
         if self.dialect is Dialect.BETA:
-            return {**base, "modalities": ["audio", "text"], "voice": config.voice,
-                    "output_audio_format": config.output_format.beta, "max_output_tokens": "inf"}
-        return {**base, "output_modalities": ["audio"], "max_output_tokens": "inf",
-                "audio": {"output": {"format": _ga_format(config.output_format), "voice": config.voice}}}
+            return {
+                **base,
+                "modalities": ["audio", "text"],
+                "voice": config.voice,
+                "output_audio_format": config.output_format.beta,
+                "max_output_tokens": "inf",
+            }
+        return {
+            **base,
+            "output_modalities": ["audio"],
+            "max_output_tokens": "inf",
+            "audio": {"output": {"format": _ga_format(config.output_format), "voice": config.voice}},
+        }
 
-    def response_started(self, response_id: str, item_id: str, config: SessionConfig,
-                         metadata: dict[str, str] | None = None) -> list[str]:
+    def response_started(
+        self, response_id: str, item_id: str, config: SessionConfig, metadata: dict[str, str] | None = None
+    ) -> list[str]:
         """The events that open a response: ``response.created``, its output item and its audio content part."""
         where = dict(response_id=response_id, item_id=item_id, output_index=0, content_index=0)
         return [
             self._event("response.created", response=self._response(response_id, "in_progress", config, [], metadata)),
-            self._event("response.output_item.added", response_id=response_id, output_index=0,
-                        item=self.item(item_id, "in_progress", None)),
+            self._event(
+                "response.output_item.added",
+                response_id=response_id,
+                output_index=0,
+                item=self.item(item_id, "in_progress", None),
+            ),
             self._event("response.content_part.added", **where, part={"type": "audio", "transcript": ""}),
         ]
 
     def audio_delta(self, response_id: str, item_id: str, audio: bytes) -> str:
         """``response.output_audio.delta`` (beta: ``response.audio.delta``) with ``audio`` as base64."""
-        return self._event("response.output_audio.delta", response_id=response_id, item_id=item_id,
-                           output_index=0, content_index=0, delta=base64.b64encode(audio).decode("ascii"))
+        return self._event(
+            "response.output_audio.delta",
+            response_id=response_id,
+            item_id=item_id,
+            output_index=0,
+            content_index=0,
+            delta=base64.b64encode(audio).decode("ascii"),
+        )
 
     def transcript_delta(self, response_id: str, item_id: str, text: str) -> str:
         """``response.output_audio_transcript.delta`` (beta: ``response.audio_transcript.delta``): a piece of the
         agent's text.
         """
-        return self._event("response.output_audio_transcript.delta", response_id=response_id, item_id=item_id,
-                           output_index=0, content_index=0, delta=text)
+        return self._event(
+            "response.output_audio_transcript.delta",
+            response_id=response_id,
+            item_id=item_id,
+            output_index=0,
+            content_index=0,
+            delta=text,
+        )
 
-    def response_finished(self, response_id: str, item_id: str, config: SessionConfig, transcript: str,
-                          status: str = "completed", metadata: dict[str, str] | None = None) -> list[str]:
+    def response_finished(
+        self,
+        response_id: str,
+        item_id: str,
+        config: SessionConfig,
+        transcript: str,
+        status: str = "completed",
+        metadata: dict[str, str] | None = None,
+    ) -> list[str]:
         """The events that close a response, innermost first, ending with ``response.done`` of ``status``."""
         where = dict(response_id=response_id, item_id=item_id, output_index=0, content_index=0)
         item = self.item(item_id, "completed" if status == "completed" else "incomplete", transcript)

@@ -51,20 +51,25 @@ class ConversationItems:
         if not isinstance(item, Mapping):
             raise EventError("item must be an object", param="item", event_id=event_id)
         if item.get("type") not in ITEM_TYPES:
-            raise EventError(f"item.type must be one of {', '.join(ITEM_TYPES)}", param="item.type",
-                                event_id=event_id)
+            raise EventError(f"item.type must be one of {', '.join(ITEM_TYPES)}", param="item.type", event_id=event_id)
         if item.get("type") == "message" and item.get("role") not in ROLES:
-            raise EventError(f"a message item's role must be one of {', '.join(ROLES)}", param="item.role",
-                                event_id=event_id)
+            raise EventError(
+                f"a message item's role must be one of {', '.join(ROLES)}", param="item.role", event_id=event_id
+            )
         item_id = item.get("id")
         if item_id is None:
             item_id = self._new_id("item")
         elif not isinstance(item_id, str) or not 0 < len(item_id) <= MAX_ID_CHARS:
-            raise EventError(f"item.id must be a string of 1 to {MAX_ID_CHARS} characters", param="item.id",
-                                event_id=event_id)
+            raise EventError(
+                f"item.id must be a string of 1 to {MAX_ID_CHARS} characters", param="item.id", event_id=event_id
+            )
         elif item_id in self._items:
-            raise EventError(f"an item with id {item_id!r} already exists", param="item.id",
-                                code="item_already_exists", event_id=event_id)
+            raise EventError(
+                f"an item with id {item_id!r} already exists",
+                param="item.id",
+                code="item_already_exists",
+                event_id=event_id,
+            )
         previous = event.get("previous_item_id")
         if not isinstance(previous, str):
             previous = self.last_id
@@ -94,8 +99,12 @@ class ConversationItems:
         if not isinstance(item_id, str):
             raise EventError("item_id must be a string", param="item_id", event_id=event_id)
         if item_id not in self._items:
-            raise EventError(f"no item with id {item_id[:MAX_ID_CHARS]!r} in this conversation", param="item_id",
-                                code="item_not_found", event_id=event_id)
+            raise EventError(
+                f"no item with id {item_id[:MAX_ID_CHARS]!r} in this conversation",
+                param="item_id",
+                code="item_not_found",
+                event_id=event_id,
+            )
         return item_id
 
 

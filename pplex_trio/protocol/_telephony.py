@@ -148,8 +148,9 @@ class EventReader:
     def load(self, message: bytes | str) -> dict[str, Any]:
         """The event: a JSON object with a string ``event`` (1003 for a binary frame, 1007 for anything else)."""
         if isinstance(message, bytes):
-            raise ProtocolError(f"binary frames are not part of {self.label}: its events are JSON text",
-                                CloseCode.UNSUPPORTED_DATA)
+            raise ProtocolError(
+                f"binary frames are not part of {self.label}: its events are JSON text", CloseCode.UNSUPPORTED_DATA
+            )
         try:
             event = json.loads(message)
         except ValueError:
@@ -220,8 +221,10 @@ class EventReader:
 
     def unsupported(self, media_format: Mapping[str, Any], takes: str) -> ProtocolError:
         """A format the server does not take (1003), with what it does take."""
-        return ProtocolError(f"unsupported media format {json.dumps(media_format)[:120]}: this server takes {takes}",
-                             CloseCode.UNSUPPORTED_DATA)
+        return ProtocolError(
+            f"unsupported media format {json.dumps(media_format)[:120]}: this server takes {takes}",
+            CloseCode.UNSUPPORTED_DATA,
+        )
 
     def parameters(self, fields: Mapping[str, Any], key: str, where: str) -> Mapping[str, str]:
         """``fields[key]``: an object of string values, or ``{}`` when absent (else 1007)."""
@@ -241,7 +244,6 @@ def connect_stream_document(stream_url: str, parameters: Mapping[str, str], **at
     stream = ET.SubElement(ET.SubElement(response, "Connect"), "Stream", {"url": stream_url, **attributes})
     for name, value in parameters.items():
         if NOT_XML.search(value):
-            raise ProtocolError(f"{name} has control characters, which the answer document cannot carry",
-                                param=name)
+            raise ProtocolError(f"{name} has control characters, which the answer document cannot carry", param=name)
         ET.SubElement(stream, "Parameter", name=name, value=value)
     return '<?xml version="1.0" encoding="UTF-8"?>' + ET.tostring(response, encoding="unicode")

@@ -23,16 +23,19 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ._audio import Encoding, SampleFormat
-from ._telephony import CallEvent, CallStart
-from ._telephony import EventReader, StreamEvents, connect_stream_document
+from ._telephony import CallEvent, CallStart, EventReader, StreamEvents, connect_stream_document
 
 RATE = 8_000
 SIGNATURE_HEADER = "telnyx-signature-ed25519"
 TIMESTAMP_HEADER = "telnyx-timestamp"
 SIGNATURE_TOLERANCE = 300.0  # seconds a signed request stays valid either side of now (Telnyx's SDKs: 5 min)
 # The start event's media_format.encoding (Telnyx's codec names; the media types too, as some of its docs show).
-ENCODINGS = {"PCMU": Encoding.PCMU, "PCMA": Encoding.PCMA, "audio/x-mulaw": Encoding.PCMU,
-             "audio/x-alaw": Encoding.PCMA}
+ENCODINGS = {
+    "PCMU": Encoding.PCMU,
+    "PCMA": Encoding.PCMA,
+    "audio/x-mulaw": Encoding.PCMU,
+    "audio/x-alaw": Encoding.PCMA,
+}
 REPLY_CODEC = "PCMU"  # the answer's bidirectionalCodec: what Telnyx plays of ours, whatever the call's codec
 _read = EventReader("Telnyx media streaming", inbound=("inbound", "inbound_track"))
 
@@ -67,10 +70,15 @@ class TelnyxCarrier(StreamEvents):
         if encoding is None or media_format.get("sample_rate", RATE) != RATE or media_format.get("channels", 1) != 1:
             raise _read.unsupported(media_format, f"mono PCMU or PCMA at {RATE} Hz")
         self.stream_id = stream_id
-        return CallStart(call_id=_read.optional_text(start, "call_control_id", "call_sid") or "",
-                         stream_id=stream_id, account_id=_read.optional_text(start, "user_id", "account_sid"),
-                         parameters=parameters, audio_format=SampleFormat(encoding, RATE),
-                         reply_format=SampleFormat(ENCODINGS[REPLY_CODEC], RATE))
+        return CallStart(
+            call_id=_read.optional_text(start, "call_control_id", "call_sid") or "",
+            stream_id=stream_id,
+            account_id=_read.optional_text(start, "user_id", "account_sid"),
+            parameters=parameters,
+            audio_format=SampleFormat(encoding, RATE),
+            reply_format=SampleFormat(ENCODINGS[REPLY_CODEC], RATE),
+        )
+
 
 def answer_document(stream_url: str, parameters: Mapping[str, str]) -> str:
     """The TeXML that connects a call to a bidirectional RTP stream at ``stream_url`` (our audio in
@@ -90,13 +98,21 @@ def public_key(text: str) -> Ed25519PublicKey:
     except binascii.Error:
         raw = b""
     if len(raw) != 32:
-        raise ValueError("a Telnyx public key is 32 bytes in base64 (44 characters, ending in =): copy it from "
-                         "Telnyx's portal, Account Settings, Keys & Credentials, Public Key")
+        raise ValueError(
+            "a Telnyx public key is 32 bytes in base64 (44 characters, ending in =): copy it from "
+            "Telnyx's portal, Account Settings, Keys & Credentials, Public Key"
+        )
     return Ed25519PublicKey.from_public_bytes(raw)
 
 
-def signature_matches(signature: str | None, timestamp: str | None, body: bytes, key: Ed25519PublicKey,
-                      now: float, tolerance: float = SIGNATURE_TOLERANCE) -> bool:
+def signature_matches(
+    signature: str | None,
+    timestamp: str | None,
+    body: bytes,
+    key: Ed25519PublicKey,
+    now: float,
+    tolerance: float = SIGNATURE_TOLERANCE,
+) -> bool:
     """Whether ``signature`` (the ``telnyx-signature-ed25519`` header: base64 of 64 bytes) is Telnyx's Ed25519
     signature of ``timestamp|body``, made with the account's key, and ``timestamp`` (``telnyx-timestamp``,
     Unix seconds) lies within ``tolerance`` of ``now`` (a replayed request is refused once it is older).

@@ -19,8 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 from ._audio import Encoding, SampleFormat
-from ._telephony import CallEvent, CallStart
-from ._telephony import EventReader, StreamEvents, connect_stream_document
+from ._telephony import CallEvent, CallStart, EventReader, StreamEvents, connect_stream_document
 
 RATE = 8_000
 ENCODINGS = {"audio/x-mulaw": Encoding.PCMU, "audio/x-alaw": Encoding.PCMA}  # Twilio's media types
@@ -55,9 +54,14 @@ class TwilioCarrier(StreamEvents):
         if encoding is None or media_format.get("sampleRate", RATE) != RATE or media_format.get("channels", 1) != 1:
             raise _read.unsupported(media_format, f"mono audio/x-mulaw or audio/x-alaw at {RATE} Hz")
         self.stream_id = stream_sid
-        return CallStart(call_id=_read.optional_text(start, "callSid") or "", stream_id=stream_sid,
-                         account_id=_read.optional_text(start, "accountSid"),
-                         parameters=parameters, audio_format=SampleFormat(encoding, RATE))
+        return CallStart(
+            call_id=_read.optional_text(start, "callSid") or "",
+            stream_id=stream_sid,
+            account_id=_read.optional_text(start, "accountSid"),
+            parameters=parameters,
+            audio_format=SampleFormat(encoding, RATE),
+        )
+
 
 def answer_document(stream_url: str, parameters: Mapping[str, str]) -> str:
     """The TwiML that connects a call to the stream at ``stream_url``, handing it ``parameters``
@@ -76,8 +80,7 @@ def signature(auth_token: str, url: str, params: Iterable[tuple[str, str]] = ())
     return base64.b64encode(hmac.new(auth_token.encode(), data.encode(), hashlib.sha1).digest()).decode("ascii")
 
 
-def signature_matches(given: str | None, auth_token: str, url: str,
-                      params: Iterable[tuple[str, str]] = ()) -> bool:
+def signature_matches(given: str | None, auth_token: str, url: str, params: Iterable[tuple[str, str]] = ()) -> bool:
     """Whether ``given`` is Twilio's signature of this request (compared in constant time)."""
     expected = signature(auth_token, url, params)
     return given is not None and hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected.encode())

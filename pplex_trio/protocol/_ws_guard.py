@@ -147,8 +147,9 @@ class InboundGuard:
         if opcode < 8:  # a data frame: 0 continues a message, 1 and 2 start one
             self._message = size if opcode else self._message + size
             if self._message > self.max_message_bytes:
-                return Refusal(f"message over the limit of {self.max_message_bytes} bytes",
-                               close_code=CloseCode.MESSAGE_TOO_BIG)
+                return Refusal(
+                    f"message over the limit of {self.max_message_bytes} bytes", close_code=CloseCode.MESSAGE_TOO_BIG
+                )
         out += buf[:need]
         del buf[:need]
         self._skip = size

@@ -14,36 +14,46 @@ from collections.abc import Callable, Sequence
 from typing import TypedDict
 
 import trio
-
 from quart import Response, jsonify, request, send_from_directory
-from werkzeug.exceptions import NotFound
 from quart_trio import QuartTrio
+from werkzeug.exceptions import NotFound
 
 from .._version import __version__
-from .transport import AsgiWebSocket, ConversationRouter
-from .sessions import LiveProtocol
-from .sessions import MoshiProtocol
 from ..protocol import twilio
-from .transport import ROOT_QUERY, find_official_client, official_index
-from .transport import MAX_TICKET_CHARS, queue_status
-from .records import add_record_routes
-from .sessions import RawProtocol
-from .sessions import SUBPROTOCOL, RealtimeProtocol, dialect_of
+from ._context import ServerContext
 from ._server_state import Unready
-from .sessions import Session
 from ._settings import Framing
 from ._status import StatusSampler, status_report
-from ._context import ServerContext
 from ._telephony_routes import CARRIERS, STREAM_PATHS, add_telephony_routes, twilio_upgrade_signed
-from .sessions import TelephonyProtocol
+from .records import add_record_routes
+from .sessions import (
+    SUBPROTOCOL,
+    LiveProtocol,
+    MoshiProtocol,
+    RawProtocol,
+    RealtimeProtocol,
+    Session,
+    TelephonyProtocol,
+    dialect_of,
+)
+from .transport import (
+    MAX_TICKET_CHARS,
+    ROOT_QUERY,
+    AsgiWebSocket,
+    ConversationRouter,
+    find_official_client,
+    official_index,
+    queue_status,
+)
 from .voices import VoiceUpload, add_voice_routes
 
 logger = logging.getLogger(__name__)
 
 PACKAGE_DIR = pathlib.Path(__file__).resolve().parent.parent
 # The WebSocket routes (Live's also without /v1: the openai SDK's path under a websocket_base_url without it).
-CONVERSATION_PATHS = frozenset({"/api/chat", "/v1/audio/duplex", "/v1/realtime", "/v1/live/sessions", "/live/sessions",
-                                *STREAM_PATHS})
+CONVERSATION_PATHS = frozenset(
+    {"/api/chat", "/v1/audio/duplex", "/v1/realtime", "/v1/live/sessions", "/live/sessions", *STREAM_PATHS}
+)
 # Those whose session checks the token (a carrier's stream: its URL may carry none; the gate lets it through).
 TOKEN_IN_SESSION_PATHS = frozenset(STREAM_PATHS)
 
@@ -74,8 +84,9 @@ def create_app(server: ServerContext, status: StatusSampler | None = None) -> Co
     limits = _Limits(max_prompt_chars=settings.max_prompt_chars, voices=server.voices)
 
     async def chat(ws: AsgiWebSocket) -> None:
-        wire = MoshiProtocol(server.encoders, align=settings.framing is Framing.ALIGNED,
-                             pings="origin" in ws.headers, **limits)  # a browser: see MoshiProtocol
+        wire = MoshiProtocol(
+            server.encoders, align=settings.framing is Framing.ALIGNED, pings="origin" in ws.headers, **limits
+        )  # a browser: see MoshiProtocol
         await Session(ws, wire, server).run()
 
     async def duplex(ws: AsgiWebSocket) -> None:
@@ -83,33 +94,49 @@ def create_app(server: ServerContext, status: StatusSampler | None = None) -> Co
 
     async def realtime(ws: AsgiWebSocket) -> None:
         offered = ws.requested_subprotocols
-        wire = RealtimeProtocol(dialect_of(ws.headers, offered), model=model_id,
-                                align=settings.framing is Framing.ALIGNED,
-                                subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None, **limits)
+        wire = RealtimeProtocol(
+            dialect_of(ws.headers, offered),
+            model=model_id,
+            align=settings.framing is Framing.ALIGNED,
+            subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None,
+            **limits,
+        )
         await Session(ws, wire, server).run()
 
     async def live(ws: AsgiWebSocket) -> None:
         limit = settings.max_session_seconds
-        wire = LiveProtocol(model=model_id, session_id=f"sess_{secrets.token_hex(12)}",
-                            expires_at=int(time.time() + limit) if limit else 0,
-                            align=settings.framing is Framing.ALIGNED, **limits)
+        wire = LiveProtocol(
+            model=model_id,
+            session_id=f"sess_{secrets.token_hex(12)}",
+            expires_at=int(time.time() + limit) if limit else 0,
+            align=settings.framing is Framing.ALIGNED,
+            **limits,
+        )
         await Session(ws, wire, server).run()
 
     async def telephony_stream(ws: AsgiWebSocket) -> None:
         carrier = STREAM_PATHS[ws.path]
         if carrier == "twilio" and not twilio_upgrade_signed(ws, settings.twilio_auth_token):
-            logger.info("refused WebSocket %s from %s: no valid %s (403)", ws.path, ws.client,
-                        twilio.SIGNATURE_HEADER)
+            logger.info("refused WebSocket %s from %s: no valid %s (403)", ws.path, ws.client, twilio.SIGNATURE_HEADER)
             await ws.refuse(403, b'{"error": "no valid X-Twilio-Signature"}')
             return
-        wire = TelephonyProtocol(CARRIERS[carrier].new(), token=settings.auth_token,
-                                 align=settings.framing is Framing.ALIGNED, **limits)
+        wire = TelephonyProtocol(
+            CARRIERS[carrier].new(), token=settings.auth_token, align=settings.framing is Framing.ALIGNED, **limits
+        )
         await Session(ws, wire, server).run()
 
-    routes = {"/api/chat": chat, "/v1/audio/duplex": duplex, "/v1/realtime": realtime, "/v1/live/sessions": live,
-              "/live/sessions": live, **{path: telephony_stream for path in STREAM_PATHS}}
+    routes = {
+        "/api/chat": chat,
+        "/v1/audio/duplex": duplex,
+        "/v1/realtime": realtime,
+        "/v1/live/sessions": live,
+        "/live/sessions": live,
+        **{path: telephony_stream for path in STREAM_PATHS},
+    }
     assert frozenset(routes) == CONVERSATION_PATHS
-    return ConversationRouter(create_http_app(server, status or StatusSampler(server)), routes, uploads={"/api/voices": VoiceUpload(server)})
+    return ConversationRouter(
+        create_http_app(server, status or StatusSampler(server)), routes, uploads={"/api/voices": VoiceUpload(server)}
+    )
 
 
 def _model_id(server: ServerContext) -> str:
@@ -136,8 +163,9 @@ def create_http_app(server: ServerContext, status: StatusSampler) -> QuartTrio:
     async def models() -> Response:
         # What OpenAI clients list before they connect; any ``model`` is accepted by /v1/realtime and
         # /v1/live/sessions.
-        return jsonify(object="list", data=[{"id": model_id, "object": "model", "created": 0,
-                                             "owned_by": "pplex-trio"}])
+        return jsonify(
+            object="list", data=[{"id": model_id, "object": "model", "created": 0, "owned_by": "pplex-trio"}]
+        )
 
     @app.get("/health")
     async def health() -> tuple[Response, int]:

@@ -11,10 +11,10 @@ from .._conversation import Outcome
 from .._metrics import Metrics
 from ..engine import Engine, EngineActor
 from ._encoders import Encoders, make_encoders
-from .records import RecordStore
 from ._server_state import SERVER_LIFECYCLE, ServerState, Unready
-from .sessions import Session
 from ._settings import ServerSettings
+from .records import RecordStore
+from .sessions import Session
 from .voices import VoiceStore, default_folder
 
 
@@ -43,11 +43,25 @@ class ServerContext:
         encoders = make_encoders(settings.opus_encoder, settings.inline_encoders)
         store = VoiceStore(settings.voice_store or default_folder(engine.name))
         engine.use_voice_store(store.folder)
-        records = None if settings.record_dir is None else RecordStore(
-            settings.record_dir, retention_days=settings.record_retention_days, quota=settings.record_quota,
-            metrics=metrics)
-        return cls(settings=settings, engine=engine, actor=actor, metrics=metrics, encoders=encoders,
-                   voice_store=store, records=records)
+        records = (
+            None
+            if settings.record_dir is None
+            else RecordStore(
+                settings.record_dir,
+                retention_days=settings.record_retention_days,
+                quota=settings.record_quota,
+                metrics=metrics,
+            )
+        )
+        return cls(
+            settings=settings,
+            engine=engine,
+            actor=actor,
+            metrics=metrics,
+            encoders=encoders,
+            voice_store=store,
+            records=records,
+        )
 
     def voices(self) -> Sequence[str]:
         """The voices a conversation may name: the model's own, then those added over HTTP."""

@@ -29,8 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import trio
 
-from ..codec import LibopusWriter, OpusWriter, libopus_available, make_writer
-from ..codec import encoder_wire
+from ..codec import LibopusWriter, OpusWriter, encoder_wire, libopus_available, make_writer
 from ._settings import OpusEncoderPlacement
 
 logger = logging.getLogger(__name__)
@@ -57,7 +56,8 @@ NO_LIBOPUS = (
     "event loop, which holds it ~1.4 ms per frame and conversation: on 2 cores the load test holds 48 "
     "conversations at real time with libopus and none without. Install it (Debian/Ubuntu: apt-get install "
     "libopus0; Fedora: dnf install opus; macOS: brew install opus) and restart; /v1/realtime and "
-    "/v1/audio/duplex do not need it")
+    "/v1/audio/duplex do not need it"
+)
 
 
 def make_encoders(placement: OpusEncoderPlacement, inline_streams: int = 0) -> Encoders:
@@ -152,7 +152,8 @@ class EncoderProcess:
         while True:
             process = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "pplex_trio.codec._worker"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
             )
             in_flight: collections.deque[tuple[_ProcessJob, int]] = collections.deque()
             stdin, stdout = process.stdin, process.stdout
@@ -183,8 +184,9 @@ class EncoderProcess:
                     if process.returncode is None:
                         process.kill()
 
-    async def _write_batches(self, stdin: trio.abc.SendStream,
-                             in_flight: collections.deque[tuple[_ProcessJob, int]]) -> None:
+    async def _write_batches(
+        self, stdin: trio.abc.SendStream, in_flight: collections.deque[tuple[_ProcessJob, int]]
+    ) -> None:
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
@@ -201,8 +203,9 @@ class EncoderProcess:
             self.batches += 1
             self.items += len(batch)
 
-    async def _read_answers(self, stdout: trio.abc.ReceiveStream,
-                            in_flight: collections.deque[tuple[_ProcessJob, int]]) -> None:
+    async def _read_answers(
+        self, stdout: trio.abc.ReceiveStream, in_flight: collections.deque[tuple[_ProcessJob, int]]
+    ) -> None:
         unpacker = encoder_wire.Unpacker()
         while True:
             data = await stdout.receive_some(encoder_wire.READ_BYTES)
@@ -252,8 +255,8 @@ class ProcessEncoderPool:
         self.inline_open = 0
 
     def open_stream(self) -> int | LibopusWriter:
-        """A libopus writer on the event loop while fewer than ``inline_streams`` are open, else a stream of the child.
-        """
+        """A libopus writer on the event loop while fewer than ``inline_streams`` are open, else a stream of the
+        child."""
         if self.inline_open < self.inline_streams:
             self.inline_open += 1
             return LibopusWriter()

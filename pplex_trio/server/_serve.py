@@ -29,16 +29,13 @@ import hypercorn.config
 import trio
 
 from ..engine import Engine
-from ._app import CONVERSATION_PATHS, TOKEN_IN_SESSION_PATHS, create_app
 from ..protocol import AccessPolicy, Refused
-from .transport import AccessLog
-from .transport import AccessGate
+from ._app import CONVERSATION_PATHS, TOKEN_IN_SESSION_PATHS, create_app
+from ._context import ServerContext
 from ._server_state import ServerState
 from ._settings import ServerSettings
 from ._status import StatusSampler
-from ._context import ServerContext
-from .transport import Certificate, prepare_certificate
-from .transport import serve_http
+from .transport import AccessGate, AccessLog, Certificate, prepare_certificate, serve_http
 
 logger = logging.getLogger(__name__)
 
@@ -82,8 +79,9 @@ async def _drain(server: ServerContext, seconds: float) -> None:
     with trio.move_on_after(seconds) as drain:
         if not server.begin_drain(drain):  # (a second signal cancels it)
             return
-        logger.info("draining: no new conversations; %d live one(s) may go on for up to %g s",
-                    len(server.sessions), seconds)
+        logger.info(
+            "draining: no new conversations; %d live one(s) may go on for up to %g s", len(server.sessions), seconds
+        )
         while server.sessions:
             await trio.sleep(0.05)
     logger.info("drain over: %d conversation(s) left", len(server.sessions))
@@ -130,12 +128,16 @@ def bind_sockets(settings: ServerSettings) -> list[socket.socket]:
         for sock in sockets:
             sock.listen(config.backlog)
     except socket.gaierror as exc:
-        raise ListenError(f"cannot listen on {where}: the host {settings.host!r} does not resolve "
-                          f"({exc.strerror}); use an address of this machine, such as 127.0.0.1 or 0.0.0.0") from None
+        raise ListenError(
+            f"cannot listen on {where}: the host {settings.host!r} does not resolve "
+            f"({exc.strerror}); use an address of this machine, such as 127.0.0.1 or 0.0.0.0"
+        ) from None
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            raise ListenError(f"cannot listen on {where}: the address is already in use (another server on port "
-                              f"{settings.port}?); stop it or pass another --port") from None
+            raise ListenError(
+                f"cannot listen on {where}: the address is already in use (another server on port "
+                f"{settings.port}?); stop it or pass another --port"
+            ) from None
         raise ListenError(f"cannot listen on {where}: {exc.strerror or exc}") from None
     return sockets
 
@@ -167,13 +169,20 @@ async def serve(
         certificate = tls_certificate(settings)
     server = ServerContext.create(settings, engine)
     status = StatusSampler(server)
-    policy = AccessPolicy(token=settings.auth_token, allowed_origins=settings.origins,
-                          max_connections_per_address=settings.max_connections_per_ip,
-                          open_paths=OPEN_PATHS, in_session_paths=TOKEN_IN_SESSION_PATHS,
-                          secure=certificate is not None)
-    app: Any = AccessGate(create_app(server, status), policy,
-                          on_refusal=lambda reason: server.metrics.refused.labels(reason).inc(),
-                          busy=partial(_busy, server) if settings.refuse_busy_upgrades else None)
+    policy = AccessPolicy(
+        token=settings.auth_token,
+        allowed_origins=settings.origins,
+        max_connections_per_address=settings.max_connections_per_ip,
+        open_paths=OPEN_PATHS,
+        in_session_paths=TOKEN_IN_SESSION_PATHS,
+        secure=certificate is not None,
+    )
+    app: Any = AccessGate(
+        create_app(server, status),
+        policy,
+        on_refusal=lambda reason: server.metrics.refused.labels(reason).inc(),
+        busy=partial(_busy, server) if settings.refuse_busy_upgrades else None,
+    )
     if settings.access_log:
         app = AccessLog(app)
     stop = trio.Event()
@@ -190,11 +199,18 @@ async def serve(
             await nursery.start(server.records.run)
         # The transport's write deadline comes a second after the session's own, so a session that gives
         # up on a client says so (and tries to tell it) before the transport drops the connection.
-        http = partial(serve_http, app, hypercorn_config(settings), listeners, write_timeout=settings.client_timeout + 1,
-                       read_timeout=settings.client_timeout,
-                       max_message_bytes=settings.max_message_bytes, shutdown_trigger=stop.wait,
-                       on_refusal=lambda refusal: server.metrics.errors.labels("transport").inc(),
-                       ssl_context=certificate.server_context() if certificate is not None else None)
+        http = partial(
+            serve_http,
+            app,
+            hypercorn_config(settings),
+            listeners,
+            write_timeout=settings.client_timeout + 1,
+            read_timeout=settings.client_timeout,
+            max_message_bytes=settings.max_message_bytes,
+            shutdown_trigger=stop.wait,
+            on_refusal=lambda refusal: server.metrics.errors.labels("transport").inc(),
+            ssl_context=certificate.server_context() if certificate is not None else None,
+        )
         binds = await nursery.start(_http, http, nursery)
         handle = ServerHandle(server, binds, stop)
         logger.info("serving %s with %d slot(s) on %s", engine.name, engine.num_slots, ", ".join(binds))
@@ -215,11 +231,16 @@ def _busy(server: ServerContext, path: str) -> Refused | None:
 
 def tls_certificate(settings: ServerSettings) -> Certificate | None:
     """The certificate ``--ssl``/``--certfile`` ask for (made if needed), logged with its fingerprint."""
-    certificate = prepare_certificate(ssl_dir=settings.ssl_dir, certfile=settings.certfile,
-                                      keyfile=settings.keyfile, host=settings.host)
+    certificate = prepare_certificate(
+        ssl_dir=settings.ssl_dir, certfile=settings.certfile, keyfile=settings.keyfile, host=settings.host
+    )
     if certificate is not None:
-        logger.info("TLS: certificate %s, SHA-256 fingerprint %s, valid until %s", certificate.cert_path,
-                    certificate.fingerprint, certificate.not_after.date())
+        logger.info(
+            "TLS: certificate %s, SHA-256 fingerprint %s, valid until %s",
+            certificate.cert_path,
+            certificate.fingerprint,
+            certificate.not_after.date(),
+        )
     return certificate
 
 
@@ -232,15 +253,24 @@ def _log_exposure(settings: ServerSettings, certificate: Certificate | None, por
             lan = [name for name in certificate.names if _is_lan_ipv4(name)]
             host = lan[0] if lan else "localhost"
         where = f"[{host}]" if ":" in host else host
-        note = " (the certificate is self-signed: the browser asks once to accept it; compare the fingerprint)" \
-            if certificate.self_signed else ""
+        note = (
+            " (the certificate is self-signed: the browser asks once to accept it; compare the fingerprint)"
+            if certificate.self_signed
+            else ""
+        )
         logger.info("open https://%s:%d/%s", where, port, note)
     elif not loopback:
-        logger.warning("listening on %s without TLS: browsers on other machines will not give the page the "
-                       "microphone; serve with --ssl DIR (a self-signed certificate is made there)", settings.host)
+        logger.warning(
+            "listening on %s without TLS: browsers on other machines will not give the page the "
+            "microphone; serve with --ssl DIR (a self-signed certificate is made there)",
+            settings.host,
+        )
     if settings.auth_token is None and not loopback:
-        logger.warning("listening on %s without an access token: anyone who can reach the port can use the "
-                       "server; set PPLEX_TRIO_AUTH_TOKEN (see docs/SECURITY.md)", settings.host)
+        logger.warning(
+            "listening on %s without an access token: anyone who can reach the port can use the "
+            "server; set PPLEX_TRIO_AUTH_TOKEN (see docs/SECURITY.md)",
+            settings.host,
+        )
 
 
 def _is_lan_ipv4(name: str) -> bool:
@@ -263,13 +293,16 @@ def _quiet_garbage_collector() -> None:
     gc.freeze()
 
 
-async def _http(http: Any, nursery: trio.Nursery, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+async def _http(
+    http: Any, nursery: trio.Nursery, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
+) -> None:
     await http(task_status=task_status)
     nursery.cancel_scope.cancel()  # the transport is done: stop the actor, the encoders and the signal watcher
 
 
-async def _watch_signals(server: ServerContext, stop: trio.Event,
-                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+async def _watch_signals(
+    server: ServerContext, stop: trio.Event, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         task_status.started()
         async with trio.open_nursery() as nursery:

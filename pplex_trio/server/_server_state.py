@@ -24,11 +24,15 @@ class ServerState(enum.Enum):
     STOPPING = "stopping"  # every conversation is being closed (1001)
 
 
-SERVER_LIFECYCLE = Lifecycle("server", ServerState.SERVING, {
-    ServerState.SERVING: {ServerState.DRAINING, ServerState.STOPPING},
-    ServerState.DRAINING: {ServerState.STOPPING},
-    ServerState.STOPPING: set(),
-})
+SERVER_LIFECYCLE = Lifecycle(
+    "server",
+    ServerState.SERVING,
+    {
+        ServerState.SERVING: {ServerState.DRAINING, ServerState.STOPPING},
+        ServerState.DRAINING: {ServerState.STOPPING},
+        ServerState.STOPPING: set(),
+    },
+)
 
 
 class Unready(enum.Enum):
@@ -53,9 +57,13 @@ class Unready(enum.Enum):
 _MESSAGES = {
     Unready.SHUTTING_DOWN: "this server is shutting down; connect again (behind a load balancer, to another replica)",
     Unready.DRAINING: "this server is draining and takes no new conversations; connect again (behind a load "
-                      "balancer, to another replica)",
+    "balancer, to another replica)",
     Unready.ENGINE_STALLED: "the model engine is stalled and being recovered; try again in a moment",
     Unready.FULL: "every conversation slot and queue place of this server is taken; try again shortly",
 }
-_HEALTH = {Unready.SHUTTING_DOWN: "shutting_down", Unready.DRAINING: "draining", Unready.ENGINE_STALLED: "stalled",
-           Unready.FULL: "ok"}
+_HEALTH = {
+    Unready.SHUTTING_DOWN: "shutting_down",
+    Unready.DRAINING: "draining",
+    Unready.ENGINE_STALLED: "stalled",
+    Unready.FULL: "ok",
+}

@@ -114,10 +114,14 @@ class StatusSampler:
         engine_bounds, engine = self._engine.take()
         ms = lambda q, b, c: None if (v := quantile(q, b, c)) is None else round(1000 * v, 3)  # noqa: E731
         second = Second(
-            t=trio.current_time(), ticks=round(lateness[-1]) if lateness else 0,
-            lateness_p50_ms=ms(0.5, bounds, lateness), lateness_p99_ms=ms(0.99, bounds, lateness),
-            engine_p50_ms=ms(0.5, engine_bounds, engine), engine_p99_ms=ms(0.99, engine_bounds, engine),
-            live=self.server.actor.statistics().slots["live"])
+            t=trio.current_time(),
+            ticks=round(lateness[-1]) if lateness else 0,
+            lateness_p50_ms=ms(0.5, bounds, lateness),
+            lateness_p99_ms=ms(0.99, bounds, lateness),
+            engine_p50_ms=ms(0.5, engine_bounds, engine),
+            engine_p99_ms=ms(0.99, engine_bounds, engine),
+            live=self.server.actor.statistics().slots["live"],
+        )
         self.history.append(second)
         return second
 
@@ -137,8 +141,11 @@ def status_report(server: ServerContext, sampler: StatusSampler) -> dict[str, An
         "ticks": stats.ticks,
         "ticks_skipped": stats.ticks_skipped,
         "sessions": [_conversation(session, now) for session in sorted(server.sessions, key=lambda s: s.id)],
-        "history": {"period_s": 1.0, "t": [round(s.t - now, 3) for s in history],
-                    **{name: [getattr(s, name) for s in history] for name in columns}},
+        "history": {
+            "period_s": 1.0,
+            "t": [round(s.t - now, 3) for s in history],
+            **{name: [getattr(s, name) for s in history] for name in columns},
+        },
         "gpu_memory": server.engine.device_memory(),
     }
 

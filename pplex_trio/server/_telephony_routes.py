@@ -24,9 +24,9 @@ from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 
 from ..protocol import ProtocolError, conversation_from_params, exotel, parse_query, plivo, telephony, telnyx, twilio
-from .transport import AsgiWebSocket
 from ._context import ServerContext
 from ._settings import ServerSettings
+from .transport import AsgiWebSocket
 
 logger = logging.getLogger(__name__)
 
@@ -52,19 +52,27 @@ class Signature:
 
 
 def _twilio_valid(signed: SignedRequest, auth_token: str) -> bool:
-    return twilio.signature_matches(signed.headers.get(twilio.SIGNATURE_HEADER), auth_token, signed.url,
-                                    signed.form)
+    return twilio.signature_matches(signed.headers.get(twilio.SIGNATURE_HEADER), auth_token, signed.url, signed.form)
 
 
 def _telnyx_valid(signed: SignedRequest, public_key: str) -> bool:
-    return telnyx.signature_matches(signed.headers.get(telnyx.SIGNATURE_HEADER),
-                                    signed.headers.get(telnyx.TIMESTAMP_HEADER), signed.body,
-                                    telnyx.public_key(public_key), now=time.time())
+    return telnyx.signature_matches(
+        signed.headers.get(telnyx.SIGNATURE_HEADER),
+        signed.headers.get(telnyx.TIMESTAMP_HEADER),
+        signed.body,
+        telnyx.public_key(public_key),
+        now=time.time(),
+    )
 
 
 def _plivo_valid(signed: SignedRequest, auth_token: str) -> bool:
-    return plivo.signature_matches(signed.headers.get(plivo.SIGNATURE_HEADER),
-                                   signed.headers.get(plivo.NONCE_HEADER), auth_token, signed.url, signed.form)
+    return plivo.signature_matches(
+        signed.headers.get(plivo.SIGNATURE_HEADER),
+        signed.headers.get(plivo.NONCE_HEADER),
+        auth_token,
+        signed.url,
+        signed.form,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,12 +87,24 @@ class CarrierKind:
 
 
 CARRIERS = {
-    "twilio": CarrierKind(twilio.TwilioCarrier, twilio.answer_document, "text/xml",
-                          Signature(twilio.SIGNATURE_HEADER, lambda s: s.twilio_auth_token, _twilio_valid)),
-    "telnyx": CarrierKind(telnyx.TelnyxCarrier, telnyx.answer_document, "text/xml",
-                          Signature(telnyx.SIGNATURE_HEADER, lambda s: s.telnyx_public_key, _telnyx_valid)),
-    "plivo": CarrierKind(plivo.PlivoCarrier, plivo.answer_document, "text/xml",
-                         Signature(plivo.SIGNATURE_HEADER, lambda s: s.plivo_auth_token, _plivo_valid)),
+    "twilio": CarrierKind(
+        twilio.TwilioCarrier,
+        twilio.answer_document,
+        "text/xml",
+        Signature(twilio.SIGNATURE_HEADER, lambda s: s.twilio_auth_token, _twilio_valid),
+    ),
+    "telnyx": CarrierKind(
+        telnyx.TelnyxCarrier,
+        telnyx.answer_document,
+        "text/xml",
+        Signature(telnyx.SIGNATURE_HEADER, lambda s: s.telnyx_public_key, _telnyx_valid),
+    ),
+    "plivo": CarrierKind(
+        plivo.PlivoCarrier,
+        plivo.answer_document,
+        "text/xml",
+        Signature(plivo.SIGNATURE_HEADER, lambda s: s.plivo_auth_token, _plivo_valid),
+    ),
     "exotel": CarrierKind(exotel.ExotelCarrier, exotel.answer_document, "application/json"),
 }
 STREAM_PATHS = {f"/telephony/{name}": name for name in CARRIERS}
@@ -114,18 +134,21 @@ def twilio_upgrade_signed(ws: AsgiWebSocket, auth_token: str | None) -> bool:
     return twilio.signature_matches(ws.headers.get(twilio.SIGNATURE_HEADER), auth_token, url)
 
 
-async def _answer_refused(carrier: str, signature: Signature, secure: bool, host: str,
-                          secret: str) -> Response | None:
+async def _answer_refused(carrier: str, signature: Signature, secure: bool, host: str, secret: str) -> Response | None:
     body = await request.body
     form = list((await request.form).items(multi=True)) if request.method == "POST" else []
-    signed = SignedRequest(_url("https" if secure else "http", host, request.path, request.query_string),
-                           request.headers, form, body)
+    signed = SignedRequest(
+        _url("https" if secure else "http", host, request.path, request.query_string), request.headers, form, body
+    )
     if signature.valid(signed, secret):
         return None
-    logger.info("refused %s %s from %s: no valid %s (403)", request.method, request.path, request.remote_addr,
-                signature.header)
-    return jsonify(error=f"this request has no valid {signature.header}: only {carrier.capitalize()}, with the "
-                   "secret this server was given, may ask for the answer")
+    logger.info(
+        "refused %s %s from %s: no valid %s (403)", request.method, request.path, request.remote_addr, signature.header
+    )
+    return jsonify(
+        error=f"this request has no valid {signature.header}: only {carrier.capitalize()}, with the "
+        "secret this server was given, may ask for the answer"
+    )
 
 
 def add_telephony_routes(app: QuartTrio, server: ServerContext) -> None:
@@ -147,9 +170,11 @@ def add_telephony_routes(app: QuartTrio, server: ServerContext) -> None:
                 return refused, 403
         try:
             query = parse_query(request.query_string)
-            conversation = conversation_from_params({k: v for k, v in query.items() if k in ANSWER_NAMES},
-                                                    max_prompt_chars=settings.max_prompt_chars,
-                                                    voices=server.voices())
+            conversation = conversation_from_params(
+                {k: v for k, v in query.items() if k in ANSWER_NAMES},
+                max_prompt_chars=settings.max_prompt_chars,
+                voices=server.voices(),
+            )
             parameters = {"persona": conversation.persona} if conversation.persona else {}
             if conversation.voice is not None:
                 parameters["voice"] = conversation.voice

@@ -21,9 +21,17 @@ from typing import Any
 import trio
 from wsproto import ConnectionType, WSConnection
 from wsproto.connection import ConnectionState
-from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Message, Ping, RejectConnection,
-                            RejectData, Request, TextMessage)
-
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Message,
+    Ping,
+    RejectConnection,
+    RejectData,
+    Request,
+    TextMessage,
+)
 
 # The fault tests' server: faults show within a second or two.
 CLIENT_TIMEOUT = 1.5
@@ -50,9 +58,18 @@ class BadClient:
         self.pings = 0  # WebSocket pings the server sent
 
     @classmethod
-    async def connect(cls, port: int, path: str, *, rcvbuf: int | None = None, answer_pings: bool = True,
-                      timeout: float = 10.0, headers: list[tuple[str, str]] | None = None,
-                      tls: ssl.SSLContext | None = None, source: str | None = None) -> BadClient:
+    async def connect(
+        cls,
+        port: int,
+        path: str,
+        *,
+        rcvbuf: int | None = None,
+        answer_pings: bool = True,
+        timeout: float = 10.0,
+        headers: list[tuple[str, str]] | None = None,
+        tls: ssl.SSLContext | None = None,
+        source: str | None = None,
+    ) -> BadClient:
         """Open a WebSocket over a real socket to ``port``; ``source``: from this loopback address (``127.0.0.2``:
         another client than the tests' others, as the server sees it); the rest as :meth:`over`."""
         sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -61,29 +78,46 @@ class BadClient:
         if rcvbuf is not None:  # before connect, so the window is small from the start
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         await sock.connect(("127.0.0.1", port))
-        return await cls.over(trio.SocketStream(sock), path, host=f"127.0.0.1:{port}", answer_pings=answer_pings,
-                              timeout=timeout, headers=headers, tls=tls)
+        return await cls.over(
+            trio.SocketStream(sock),
+            path,
+            host=f"127.0.0.1:{port}",
+            answer_pings=answer_pings,
+            timeout=timeout,
+            headers=headers,
+            tls=tls,
+        )
 
     @classmethod
-    async def over(cls, raw: Any, path: str, *, host: str, answer_pings: bool = True, timeout: float = 10.0,
-                   headers: list[tuple[str, str]] | None = None, tls: ssl.SSLContext | None = None) -> BadClient:
+    async def over(
+        cls,
+        raw: Any,
+        path: str,
+        *,
+        host: str,
+        answer_pings: bool = True,
+        timeout: float = 10.0,
+        headers: list[tuple[str, str]] | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> BadClient:
         """Open a WebSocket over the connection ``raw``: ``headers`` go with the upgrade; ``tls``: over TLS with
         this context.  Raises :class:`Refused` if the server refuses the upgrade."""
         stream: trio.abc.Stream = raw if tls is None else trio.SSLStream(raw, tls, server_hostname="127.0.0.1")
         client = cls(stream, WSConnection(ConnectionType.CLIENT), raw)
         client.answer_pings = answer_pings
-        request = Request(host=host, target=path, extra_headers=[
-            (name.encode(), value.encode()) for name, value in headers or []])
+        request = Request(
+            host=host, target=path, extra_headers=[(name.encode(), value.encode()) for name, value in headers or []]
+        )
         await client.send_raw(client.ws.send(request))
         with trio.fail_after(timeout):
             while True:
                 events = await client._events()
                 for i, event in enumerate(events):
                     if isinstance(event, AcceptConnection):
-                        client._pending = events[i + 1:]  # what came with the answer is the first of the rest
+                        client._pending = events[i + 1 :]  # what came with the answer is the first of the rest
                         return client
                     if isinstance(event, RejectConnection):
-                        body = await client._rejection_body(events[i + 1:], event.has_body, timeout)
+                        body = await client._rejection_body(events[i + 1 :], event.has_body, timeout)
                         client.close()
                         raise Refused(event.status_code, body.decode("utf-8", "replace"))
 

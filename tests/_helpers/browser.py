@@ -100,8 +100,12 @@ class ThreadServer:
         # CPU time that the server's thread (sharing our GIL) would miss.
         if self._http is None:
             token = self.settings.auth_token
-            self._http = httpx.Client(timeout=5, trust_env=False, verify=not self.settings.tls,
-                                      headers={"authorization": f"Bearer {token}"} if token else None)
+            self._http = httpx.Client(
+                timeout=5,
+                trust_env=False,
+                verify=not self.settings.tls,
+                headers={"authorization": f"Bearer {token}"} if token else None,
+            )
         response = self._http.get(self.url + path)
         response.raise_for_status()
         return response
@@ -125,7 +129,6 @@ class ThreadServer:
             raise RuntimeError("test server crashed") from self._error
 
 
-
 def wait_until(condition: Callable[[], Any], timeout: float, message: str) -> Any:
     """Poll `condition` until it returns something truthy; fail with `message` after `timeout` s."""
     deadline = time.monotonic() + timeout
@@ -139,6 +142,7 @@ def wait_until(condition: Callable[[], Any], timeout: float, message: str) -> An
 
 
 # -- the page ------------------------------------------------------------------------
+
 
 def open_ui(context: Any, server: Any) -> Any:
     """Open the web UI and wait until it has the server's voices."""

@@ -28,6 +28,7 @@ from _helpers.twilio import CarrierEnd, now
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     import audioop
+
     from pipecat.frames.frames import InputAudioRawFrame, InputDTMFFrame, InterruptionFrame, OutputAudioRawFrame
     from pipecat.serializers.exotel import ExotelFrameSerializer
     from pipecat.serializers.plivo import PlivoFrameSerializer
@@ -90,62 +91,141 @@ def _pcm16_float(data: bytes) -> np.ndarray:
 
 
 TELNYX = CarrierWire(
-    name="telnyx", encode=ulaw_bytes, decode=_ulaw_float, chunk_seconds=0.02, stream_key=None,
-    clear="clear", media="media", mark="mark",
-    serializer=lambda: _setup(TelnyxFrameSerializer(STREAM_ID, "PCMU", "PCMU", params=TelnyxFrameSerializer.InputParams(
-        auto_hang_up=False, sample_rate=RATE))),
+    name="telnyx",
+    encode=ulaw_bytes,
+    decode=_ulaw_float,
+    chunk_seconds=0.02,
+    stream_key=None,
+    clear="clear",
+    media="media",
+    mark="mark",
+    serializer=lambda: _setup(
+        TelnyxFrameSerializer(
+            STREAM_ID, "PCMU", "PCMU", params=TelnyxFrameSerializer.InputParams(auto_hang_up=False, sample_rate=RATE)
+        )
+    ),
     connected=lambda: {"event": "connected", "version": "1.0.0"},
     start=lambda parameters, encoding="PCMU": {
-        "event": "start", "sequence_number": "1", "stream_id": STREAM_ID, "start": {
-            "user_id": ACCOUNT_ID, "call_control_id": CALL_ID, "client_state": "aGF2ZSBhIG5pY2UgZGF5ID1d",
+        "event": "start",
+        "sequence_number": "1",
+        "stream_id": STREAM_ID,
+        "start": {
+            "user_id": ACCOUNT_ID,
+            "call_control_id": CALL_ID,
+            "client_state": "aGF2ZSBhIG5pY2UgZGF5ID1d",
             "media_format": {"encoding": encoding, "sample_rate": RATE, "channels": 1},
-            "custom_parameters": parameters}},
-    media_event=lambda n, payload: {"event": "media", "sequence_number": str(n), "stream_id": STREAM_ID, "media": {
-        "track": "inbound", "chunk": str(n), "timestamp": str(20 * n), "payload": payload}},
+            "custom_parameters": parameters,
+        },
+    },
+    media_event=lambda n, payload: {
+        "event": "media",
+        "sequence_number": str(n),
+        "stream_id": STREAM_ID,
+        "media": {"track": "inbound", "chunk": str(n), "timestamp": str(20 * n), "payload": payload},
+    },
     mark_echo=lambda name: {"event": "mark", "sequence_number": "9", "stream_id": STREAM_ID, "mark": {"name": name}},
-    dtmf=lambda digit: {"event": "dtmf", "stream_id": STREAM_ID, "occurred_at": "2026-12-06T12:00:00.000000Z",
-                        "sequence_number": "10", "dtmf": {"digit": digit}},
-    stop=lambda: {"event": "stop", "sequence_number": "11", "stream_id": STREAM_ID,
-                  "stop": {"user_id": ACCOUNT_ID, "call_control_id": CALL_ID}},
+    dtmf=lambda digit: {
+        "event": "dtmf",
+        "stream_id": STREAM_ID,
+        "occurred_at": "2026-12-06T12:00:00.000000Z",
+        "sequence_number": "10",
+        "dtmf": {"digit": digit},
+    },
+    stop=lambda: {
+        "event": "stop",
+        "sequence_number": "11",
+        "stream_id": STREAM_ID,
+        "stop": {"user_id": ACCOUNT_ID, "call_control_id": CALL_ID},
+    },
 )
 
 PLIVO = CarrierWire(
-    name="plivo", encode=ulaw_bytes, decode=_ulaw_float, chunk_seconds=0.02, stream_key="streamId",
-    clear="clearAudio", media="playAudio", mark="checkpoint",
-    serializer=lambda: _setup(PlivoFrameSerializer(STREAM_ID, params=PlivoFrameSerializer.InputParams(
-        auto_hang_up=False, sample_rate=RATE))),
+    name="plivo",
+    encode=ulaw_bytes,
+    decode=_ulaw_float,
+    chunk_seconds=0.02,
+    stream_key="streamId",
+    clear="clearAudio",
+    media="playAudio",
+    mark="checkpoint",
+    serializer=lambda: _setup(
+        PlivoFrameSerializer(STREAM_ID, params=PlivoFrameSerializer.InputParams(auto_hang_up=False, sample_rate=RATE))
+    ),
     connected=lambda: None,  # Plivo opens with its start
     start=lambda parameters, encoding="audio/x-mulaw": {
-        "event": "start", "sequenceNumber": 0, "start": {
-            "callId": CALL_ID, "streamId": STREAM_ID, "accountId": ACCOUNT_ID, "tracks": ["inbound"],
-            "mediaFormat": {"encoding": encoding, "sampleRate": RATE}},
-        "extra_headers": json.dumps(parameters)},
-    media_event=lambda n, payload: {"event": "media", "sequenceNumber": n, "streamId": STREAM_ID, "media": {
-        "track": "inbound", "timestamp": str(20 * n), "chunk": n, "payload": payload}},
+        "event": "start",
+        "sequenceNumber": 0,
+        "start": {
+            "callId": CALL_ID,
+            "streamId": STREAM_ID,
+            "accountId": ACCOUNT_ID,
+            "tracks": ["inbound"],
+            "mediaFormat": {"encoding": encoding, "sampleRate": RATE},
+        },
+        "extra_headers": json.dumps(parameters),
+    },
+    media_event=lambda n, payload: {
+        "event": "media",
+        "sequenceNumber": n,
+        "streamId": STREAM_ID,
+        "media": {"track": "inbound", "timestamp": str(20 * n), "chunk": n, "payload": payload},
+    },
     mark_echo=lambda name: {"event": "playedStream", "sequenceNumber": 9, "streamId": STREAM_ID, "name": name},
-    dtmf=lambda digit: {"event": "dtmf", "sequenceNumber": 10, "streamId": STREAM_ID,
-                        "dtmf": {"track": "inbound", "digit": digit, "timestamp": "1000"}},
+    dtmf=lambda digit: {
+        "event": "dtmf",
+        "sequenceNumber": 10,
+        "streamId": STREAM_ID,
+        "dtmf": {"track": "inbound", "digit": digit, "timestamp": "1000"},
+    },
     stop=lambda: {"event": "stop", "sequenceNumber": 11, "streamId": STREAM_ID},
 )
 
 EXOTEL = CarrierWire(
-    name="exotel", encode=pcm16_bytes, decode=_pcm16_float, chunk_seconds=0.1, stream_key="stream_sid",
-    clear="clear", media="media", mark="mark",
-    serializer=lambda: _setup(ExotelFrameSerializer(STREAM_ID, params=ExotelFrameSerializer.InputParams(
-        sample_rate=RATE))),
+    name="exotel",
+    encode=pcm16_bytes,
+    decode=_pcm16_float,
+    chunk_seconds=0.1,
+    stream_key="stream_sid",
+    clear="clear",
+    media="media",
+    mark="mark",
+    serializer=lambda: _setup(
+        ExotelFrameSerializer(STREAM_ID, params=ExotelFrameSerializer.InputParams(sample_rate=RATE))
+    ),
     connected=lambda: {"event": "connected"},
     start=lambda parameters, encoding="audio/x-raw": {
-        "event": "start", "sequence_number": "1", "stream_sid": STREAM_ID, "start": {
-            "stream_sid": STREAM_ID, "call_sid": CALL_ID, "account_sid": ACCOUNT_ID, "from": "+919876543210",
-            "to": "+918047491899", "custom_parameters": parameters,
-            "media_format": {"encoding": encoding, "sample_rate": "8000", "bit_rate": "16"}}},
-    media_event=lambda n, payload: {"event": "media", "sequence_number": str(n), "stream_sid": STREAM_ID, "media": {
-        "chunk": str(n), "timestamp": str(100 * n), "payload": payload}},
+        "event": "start",
+        "sequence_number": "1",
+        "stream_sid": STREAM_ID,
+        "start": {
+            "stream_sid": STREAM_ID,
+            "call_sid": CALL_ID,
+            "account_sid": ACCOUNT_ID,
+            "from": "+919876543210",
+            "to": "+918047491899",
+            "custom_parameters": parameters,
+            "media_format": {"encoding": encoding, "sample_rate": "8000", "bit_rate": "16"},
+        },
+    },
+    media_event=lambda n, payload: {
+        "event": "media",
+        "sequence_number": str(n),
+        "stream_sid": STREAM_ID,
+        "media": {"chunk": str(n), "timestamp": str(100 * n), "payload": payload},
+    },
     mark_echo=lambda name: {"event": "mark", "sequence_number": "9", "stream_sid": STREAM_ID, "mark": {"name": name}},
-    dtmf=lambda digit: {"event": "dtmf", "sequence_number": "10", "stream_sid": STREAM_ID,
-                        "dtmf": {"digit": digit, "duration": "100"}},
-    stop=lambda: {"event": "stop", "sequence_number": "11", "stream_sid": STREAM_ID,
-                  "stop": {"call_sid": CALL_ID, "account_sid": ACCOUNT_ID, "reason": "callended"}},
+    dtmf=lambda digit: {
+        "event": "dtmf",
+        "sequence_number": "10",
+        "stream_sid": STREAM_ID,
+        "dtmf": {"digit": digit, "duration": "100"},
+    },
+    stop=lambda: {
+        "event": "stop",
+        "sequence_number": "11",
+        "stream_sid": STREAM_ID,
+        "stop": {"call_sid": CALL_ID, "account_sid": ACCOUNT_ID, "reason": "callended"},
+    },
 )
 
 WIRES = {wire.name: wire for wire in (TELNYX, PLIVO, EXOTEL)}
@@ -202,7 +282,7 @@ class CarrierCall(CarrierEnd):
         step = round(self.wire.chunk_seconds * RATE)
         deadline = trio.current_time()
         for i in range(0, pcm.size, step):
-            await self.media(self.wire.encode(pcm[i:i + step]))
+            await self.media(self.wire.encode(pcm[i : i + step]))
             deadline += self.wire.chunk_seconds
             await trio.sleep_until(deadline)
 

@@ -29,8 +29,9 @@ def run_engine_calls(monkeypatch: pytest.MonkeyPatch, runner: Runner) -> None:
     monkeypatch.setattr(trio.to_thread, "run_sync", run_sync)
 
 
-def inline_runner(compute_seconds: float = 0.0, *, prompt_position_seconds: float = 0.0,
-                  log: list[tuple[float, str]] | None = None) -> Runner:
+def inline_runner(
+    compute_seconds: float = 0.0, *, prompt_position_seconds: float = 0.0, log: list[tuple[float, str]] | None = None
+) -> Runner:
     """Engine calls that take ``compute_seconds`` of virtual time each, and a call that runs system prompts
     ``prompt_position_seconds`` more per position; ``log`` gets (time, function name) of every call."""
 

@@ -11,14 +11,14 @@ import trio
 from pplex_trio._cli._engines import create_engine
 from pplex_trio._metrics import Metrics
 from pplex_trio.engine import Engine, EngineActor
-from pplex_trio.server import ServerSettings, ServerContext
+from pplex_trio.protocol import exotel, plivo, telnyx, twilio
+from pplex_trio.server import ServerContext, ServerSettings
 from pplex_trio.server._encoders import InlineEncoders
 from pplex_trio.server.sessions._live import LiveProtocol
 from pplex_trio.server.sessions._moshi import MoshiProtocol
 from pplex_trio.server.sessions._raw import RawProtocol
 from pplex_trio.server.sessions._session import Session
 from pplex_trio.server.sessions._telephony import TelephonyProtocol
-from pplex_trio.protocol import exotel, plivo, telnyx, twilio
 
 from .engine_calls import inline_runner, run_engine_calls
 
@@ -95,24 +95,28 @@ class FakeWebSocket:
         return self.closed
 
 
-def make_host(monkeypatch: Any, engine: Engine | None = None, *, prompt_position_seconds: float = 0.0,
-              **overrides: Any) -> ServerContext:
+def make_host(
+    monkeypatch: Any, engine: Engine | None = None, *, prompt_position_seconds: float = 0.0, **overrides: Any
+) -> ServerContext:
     """A ServerContext whose actor runs the engine inline (deterministic under the virtual clock: see
     ``engine_calls``), 5 ms a call; its system prompts cost ``prompt_position_seconds`` per position."""
-    options: dict[str, Any] = dict(slots=1, model="echo:delay=1,prompt=2", keepalive_interval=0.5, input_grace_ms=0,
-                                   first_frame_timeout=0)  # (stepped from the handshake unless a test says)
+    options: dict[str, Any] = dict(
+        slots=1, model="echo:delay=1,prompt=2", keepalive_interval=0.5, input_grace_ms=0, first_frame_timeout=0
+    )  # (stepped from the handshake unless a test says)
     options.update(overrides)
     settings = ServerSettings(**options)
     engine = engine or create_engine(settings)
     metrics = Metrics()
     run_engine_calls(monkeypatch, inline_runner(0.005, prompt_position_seconds=prompt_position_seconds))
     actor = EngineActor(engine, settings, metrics=metrics)
-    return ServerContext(settings=settings, engine=engine, actor=actor, metrics=metrics,
-                         encoders=InlineEncoders("sphn"))
+    return ServerContext(
+        settings=settings, engine=engine, actor=actor, metrics=metrics, encoders=InlineEncoders("sphn")
+    )
 
 
-async def running_host(monkeypatch: Any, nursery: trio.Nursery, engine: Engine | None = None,
-                       **overrides: Any) -> ServerContext:
+async def running_host(
+    monkeypatch: Any, nursery: trio.Nursery, engine: Engine | None = None, **overrides: Any
+) -> ServerContext:
     """:func:`make_host`, with its engine actor ticking in ``nursery``."""
     host = make_host(monkeypatch, engine, **overrides)  # (prompt_position_seconds among them)
     await nursery.start(host.actor.run)
@@ -120,8 +124,12 @@ async def running_host(monkeypatch: Any, nursery: trio.Nursery, engine: Engine |
     return host
 
 
-CARRIERS: dict[str, Any] = {"twilio": twilio.TwilioCarrier, "telnyx": telnyx.TelnyxCarrier,
-                            "plivo": plivo.PlivoCarrier, "exotel": exotel.ExotelCarrier}
+CARRIERS: dict[str, Any] = {
+    "twilio": twilio.TwilioCarrier,
+    "telnyx": telnyx.TelnyxCarrier,
+    "plivo": plivo.PlivoCarrier,
+    "exotel": exotel.ExotelCarrier,
+}
 
 
 @dataclasses.dataclass
@@ -139,14 +147,26 @@ async def start_session(nursery: trio.Nursery, host: ServerContext, protocol: st
     if protocol == "raw":
         wire: Any = RawProtocol(max_prompt_chars=s.max_prompt_chars, voices=host.voices)
     elif protocol == "live":
-        wire = LiveProtocol(model="gpt-live-1", session_id="sess_fuzz", expires_at=0, voices=host.voices,
-                            max_prompt_chars=s.max_prompt_chars, align=False)
+        wire = LiveProtocol(
+            model="gpt-live-1",
+            session_id="sess_fuzz",
+            expires_at=0,
+            voices=host.voices,
+            max_prompt_chars=s.max_prompt_chars,
+            align=False,
+        )
     elif protocol in CARRIERS:
-        wire = TelephonyProtocol(CARRIERS[protocol](), token=s.auth_token, voices=host.voices,
-                                 max_prompt_chars=s.max_prompt_chars, align=False)
+        wire = TelephonyProtocol(
+            CARRIERS[protocol](),
+            token=s.auth_token,
+            voices=host.voices,
+            max_prompt_chars=s.max_prompt_chars,
+            align=False,
+        )
     else:
-        wire = MoshiProtocol(host.encoders, max_prompt_chars=s.max_prompt_chars, align=s.framing == "aligned",
-                             voices=host.voices)
+        wire = MoshiProtocol(
+            host.encoders, max_prompt_chars=s.max_prompt_chars, align=s.framing == "aligned", voices=host.voices
+        )
     session = Session(ws, wire, host)
     scope = ws.disconnected
     done = trio.Event()

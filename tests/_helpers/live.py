@@ -42,13 +42,19 @@ class LiveClient:
 
     async def start(self, event_id: str | None = "start", **session: Any) -> dict[str, Any]:
         """``session.start`` (with a model unless given), then wait for ``session.started``."""
-        await self.send("session.start", session={"model": "gpt-live-1", **session},
-                        **({} if event_id is None else {"event_id": event_id}))
+        await self.send(
+            "session.start",
+            session={"model": "gpt-live-1", **session},
+            **({} if event_id is None else {"event_id": event_id}),
+        )
         return await self.next("session.started")
 
     async def append(self, audio: bytes, event_id: str | None = None) -> None:
-        await self.send("session.input_audio.append", audio=base64.b64encode(audio).decode(),
-                        **({} if event_id is None else {"event_id": event_id}))
+        await self.send(
+            "session.input_audio.append",
+            audio=base64.b64encode(audio).decode(),
+            **({} if event_id is None else {"event_id": event_id}),
+        )
 
     async def receive(self) -> dict[str, Any]:
         event = checked(await self.ws.get_message())

@@ -62,12 +62,15 @@ def fake_hub_cache(root: pathlib.Path, archive: bytes, repo: str = REPO_ID) -> p
 
 
 @contextlib.contextmanager
-def server_process(*args: str, env: Mapping[str, str] | None = None, timeout: float = 60,
-                   lines: list[str] | None = None) -> Iterator[str]:
+def server_process(
+    *args: str, env: Mapping[str, str] | None = None, timeout: float = 60, lines: list[str] | None = None
+) -> Iterator[str]:
     """``pplex-trio serve --port 0 ARGS`` in a child process; yields its base URL (``lines``: its stderr)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "pplex_trio", "serve", "--port", "0", *args],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     lines = [] if lines is None else lines
     found = threading.Event()

@@ -19,7 +19,9 @@ def start_serve(*args: str, new_session: bool = False) -> tuple[subprocess.Popen
     """
     proc = subprocess.Popen(
         [sys.executable, "-m", "pplex_trio", "serve", "--port", "0", *args],
-        stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
         start_new_session=new_session,
     )
     assert proc.stderr is not None

@@ -23,6 +23,7 @@ from trio_websocket import ConnectionClosed
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     import audioop  # the independent μ-law reference
+
     from pipecat.frames.frames import InputAudioRawFrame, InputDTMFFrame
     from pipecat.serializers.twilio import TwilioFrameSerializer
 
@@ -42,8 +43,9 @@ def now(coroutine: Any) -> Any:
 
 
 def reference_serializer() -> TwilioFrameSerializer:
-    serializer = TwilioFrameSerializer(STREAM_SID, params=TwilioFrameSerializer.InputParams(auto_hang_up=False,
-                                                                                             sample_rate=8000))
+    serializer = TwilioFrameSerializer(
+        STREAM_SID, params=TwilioFrameSerializer.InputParams(auto_hang_up=False, sample_rate=8000)
+    )
     now(serializer.setup(types.SimpleNamespace(audio_in_sample_rate=8000)))
     return serializer
 
@@ -118,10 +120,19 @@ class TwilioCall(CarrierEnd):
         await self.send({"event": "connected", "protocol": "Call", "version": "1.0.0"})
 
     async def start(self, encoding: str = "audio/x-mulaw", **parameters: str) -> None:
-        await self.send(self._numbered("start", start={
-            "accountSid": ACCOUNT_SID, "streamSid": STREAM_SID, "callSid": CALL_SID, "tracks": ["inbound"],
-            "customParameters": parameters, "mediaFormat": {"encoding": encoding, "sampleRate": 8000,
-                                                            "channels": 1}}))
+        await self.send(
+            self._numbered(
+                "start",
+                start={
+                    "accountSid": ACCOUNT_SID,
+                    "streamSid": STREAM_SID,
+                    "callSid": CALL_SID,
+                    "tracks": ["inbound"],
+                    "customParameters": parameters,
+                    "mediaFormat": {"encoding": encoding, "sampleRate": 8000, "channels": 1},
+                },
+            )
+        )
 
     async def open(self, **parameters: str) -> None:
         await self.connected()
@@ -129,9 +140,15 @@ class TwilioCall(CarrierEnd):
 
     async def media(self, audio: bytes) -> None:
         """One chunk of the caller's μ-law audio (Twilio sends 160 bytes: 20 ms)."""
-        event = self._numbered("media", media={"track": "inbound", "chunk": str(next(self._chunk)),
-                                               "timestamp": str(self._timestamp_ms),
-                                               "payload": base64.b64encode(audio).decode()})
+        event = self._numbered(
+            "media",
+            media={
+                "track": "inbound",
+                "chunk": str(next(self._chunk)),
+                "timestamp": str(self._timestamp_ms),
+                "payload": base64.b64encode(audio).decode(),
+            },
+        )
         self._timestamp_ms += len(audio) // 8
         await self.send(event)
 

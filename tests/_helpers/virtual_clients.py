@@ -23,9 +23,8 @@ import trio
 from trio_websocket import ConnectionRejected, WebSocketConnection, wrap_client_stream
 from wsproto.utilities import LocalProtocolError
 
-from pplex_trio.client import Refused
-
 from _helpers.virtual_net import VirtualNetwork
+from pplex_trio.client import Refused
 
 
 def _port(parts: urllib.parse.SplitResult, secure: bool) -> int:
@@ -35,8 +34,9 @@ def _port(parts: urllib.parse.SplitResult, secure: bool) -> int:
 class VirtualTransport(httpx.AsyncBaseTransport):
     """httpx's requests over the virtual network, one connection each, from ``source``."""
 
-    def __init__(self, network: VirtualNetwork, *, source: str = "127.0.0.1",
-                 ssl_context: ssl.SSLContext | None = None):
+    def __init__(
+        self, network: VirtualNetwork, *, source: str = "127.0.0.1", ssl_context: ssl.SSLContext | None = None
+    ):
         self.network = network
         self.source = source
         self.ssl_context = ssl_context
@@ -55,16 +55,17 @@ class VirtualTransport(httpx.AsyncBaseTransport):
     async def _exchange(self, request: httpx.Request) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         url = request.url
         secure = url.scheme == "https"
-        stream: trio.abc.Stream = await self.network.connect(url.host, url.port or (443 if secure else 80),
-                                                             source=self.source)
+        stream: trio.abc.Stream = await self.network.connect(
+            url.host, url.port or (443 if secure else 80), source=self.source
+        )
         if secure:
-            stream = trio.SSLStream(stream, self.ssl_context or ssl.create_default_context(),
-                                    server_hostname=url.host)
+            stream = trio.SSLStream(stream, self.ssl_context or ssl.create_default_context(), server_hostname=url.host)
         connection = h11.Connection(h11.CLIENT)
         try:
             body = await request.aread()
-            data = connection.send(h11.Request(method=request.method, target=url.raw_path,
-                                               headers=list(request.headers.raw)))
+            data = connection.send(
+                h11.Request(method=request.method, target=url.raw_path, headers=list(request.headers.raw))
+            )
             if body:
                 data += connection.send(h11.Data(data=body))
             data += connection.send(h11.EndOfMessage())
@@ -86,10 +87,18 @@ class VirtualTransport(httpx.AsyncBaseTransport):
 
 @contextlib.asynccontextmanager
 async def open_websocket(
-    network: VirtualNetwork, url: str, *, token: str | None = None, origin: str | None = None,
-    ssl_context: ssl.SSLContext | None = None, subprotocols: Iterable[str] | None = None,
-    max_message_size: int = 16 * 1024 * 1024, message_queue_size: int = 64, source: str = "127.0.0.1",
-    receive_buffer: int | None = None, headers: Iterable[tuple[str, str]] = (),
+    network: VirtualNetwork,
+    url: str,
+    *,
+    token: str | None = None,
+    origin: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    subprotocols: Iterable[str] | None = None,
+    max_message_size: int = 16 * 1024 * 1024,
+    message_queue_size: int = 64,
+    source: str = "127.0.0.1",
+    receive_buffer: int | None = None,
+    headers: Iterable[tuple[str, str]] = (),
 ) -> AsyncIterator[WebSocketConnection]:
     """A WebSocket to ``url`` (``ws://`` or ``wss://``) over ``network``; ``Refused`` if the upgrade is refused.
     ``receive_buffer``: the bytes the network holds towards this client (a small one fills fast); ``headers``:
@@ -103,8 +112,9 @@ async def open_websocket(
     headers += extra
     if origin is not None:
         headers.append((b"Origin", origin.encode("ascii")))
-    stream: trio.abc.Stream = await network.connect(host, _port(parts, secure), source=source,
-                                                    receive_buffer=receive_buffer)
+    stream: trio.abc.Stream = await network.connect(
+        host, _port(parts, secure), source=source, receive_buffer=receive_buffer
+    )
     try:
         if secure:
             stream = trio.SSLStream(stream, ssl_context or ssl.create_default_context(), server_hostname=host)
@@ -116,9 +126,16 @@ async def open_websocket(
                 raise
         try:
             async with trio.open_nursery() as nursery:
-                ws = await wrap_client_stream(nursery, stream, parts.netloc, resource, subprotocols=subprotocols,
-                                              extra_headers=headers, max_message_size=max_message_size,
-                                              message_queue_size=message_queue_size)
+                ws = await wrap_client_stream(
+                    nursery,
+                    stream,
+                    parts.netloc,
+                    resource,
+                    subprotocols=subprotocols,
+                    extra_headers=headers,
+                    max_message_size=max_message_size,
+                    message_queue_size=message_queue_size,
+                )
                 try:
                     yield ws
                 finally:

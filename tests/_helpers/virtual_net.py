@@ -122,8 +122,9 @@ class FakeSocket:
 class VirtualStream(trio.abc.HalfCloseableStream):
     """One end of a virtual connection (see the module's docstring for what it does as TCP would)."""
 
-    def __init__(self, connection: _Connection, inbound: _Pipe, outbound: _Pipe, local: tuple[str, int],
-                 peer: tuple[str, int]):
+    def __init__(
+        self, connection: _Connection, inbound: _Pipe, outbound: _Pipe, local: tuple[str, int], peer: tuple[str, int]
+    ):
         self._connection = connection
         self._in = inbound
         self._out = outbound
@@ -175,8 +176,12 @@ class VirtualStream(trio.abc.HalfCloseableStream):
             self._busy_send = False
 
     async def wait_send_all_might_not_block(self) -> None:
-        while not self._closed and not self._connection.broken and not self._out.reader_gone \
-                and len(self._out.data) >= self._out.capacity:
+        while (
+            not self._closed
+            and not self._connection.broken
+            and not self._out.reader_gone
+            and len(self._out.data) >= self._out.capacity
+        ):
             await self._connection.changed.park()
         await trio.lowlevel.checkpoint()
 
@@ -230,7 +235,8 @@ class VirtualStream(trio.abc.HalfCloseableStream):
             raise trio.ClosedResourceError("this end has sent its EOF")
         if self._out.reader_gone:
             raise trio.BrokenResourceError("the peer closed the connection") from BrokenPipeError(
-                errno.EPIPE, "Broken pipe")
+                errno.EPIPE, "Broken pipe"
+            )
 
     def _close(self, *, reset: bool) -> None:
         if self._closed:
@@ -300,8 +306,15 @@ class VirtualNetwork:
         self._listeners[(host, port)] = listener
         return listener
 
-    async def connect(self, host: str, port: int, *, source: str = "127.0.0.1", buffer: int | None = None,
-                      receive_buffer: int | None = None) -> VirtualStream:
+    async def connect(
+        self,
+        host: str,
+        port: int,
+        *,
+        source: str = "127.0.0.1",
+        buffer: int | None = None,
+        receive_buffer: int | None = None,
+    ) -> VirtualStream:
         """A new connection from ``source`` (the client's end); ``buffer`` bytes each way, or
         ``receive_buffer`` for the direction towards the client (a small receive buffer, as ``SO_RCVBUF``)."""
         listener = self._listeners.get((host, port)) or self._listeners.get(("0.0.0.0", port))

@@ -30,13 +30,12 @@ import trio
 import trio.testing
 from trio_websocket import WebSocketConnection
 
-from pplex_trio.engine import EchoEngine, Engine
-from pplex_trio.server import ServerHandle, ServerSettings, serve
-
 from _helpers.bad_client import BadClient
 from _helpers.virtual_clients import VirtualTransport, open_websocket
 from _helpers.virtual_net import VirtualNetwork, VirtualStream
 from _helpers.ws import RawWitness
+from pplex_trio.engine import EchoEngine, Engine
+from pplex_trio.server import ServerHandle, ServerSettings, serve
 
 FIRST_PORT = 8998  # the first server of a test listens here, the next one on the port after
 
@@ -155,8 +154,9 @@ class VirtualServer:
         """A bare connection to the server (the client's end)."""
         return await self.network.connect("127.0.0.1", self.port, source=source, receive_buffer=receive_buffer)
 
-    async def bad_client(self, path: str, *, source: str = "127.0.0.1", receive_buffer: int | None = None,
-                         **options: Any) -> BadClient:
+    async def bad_client(
+        self, path: str, *, source: str = "127.0.0.1", receive_buffer: int | None = None, **options: Any
+    ) -> BadClient:
         """A :class:`BadClient` upgraded to ``path`` over a virtual connection (``tls``, ``headers`` …)."""
         raw = await self.connect(source=source, receive_buffer=receive_buffer)
         return await BadClient.over(raw, path, host=f"127.0.0.1:{self.port}", **options)
@@ -180,17 +180,29 @@ class VirtualServers:
         self.threads: InlineThreads | None = None
         self._next_port = FIRST_PORT
 
-    async def __call__(self, engine: Engine | None = None, *, prefill_steps: int = 2, delay_frames: int = 1,
-                       compute_seconds: float = 0.0, **overrides: Any) -> VirtualServer:
+    async def __call__(
+        self,
+        engine: Engine | None = None,
+        *,
+        prefill_steps: int = 2,
+        delay_frames: int = 1,
+        compute_seconds: float = 0.0,
+        **overrides: Any,
+    ) -> VirtualServer:
         """Serve with these settings (slots 2, inline Opus, the voice store in the test's folder) and ``engine``,
         by default an echo engine with ``prefill_steps`` and ``delay_frames``; each engine call takes
         ``compute_seconds`` of virtual time."""
         if not isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
             pytest.fail("a virtual server runs on the virtual clock: the test must ask for autojump_clock")
         self._run_threads_inline(compute_seconds)
-        options: dict[str, Any] = dict(host="127.0.0.1", port=self._next_port, slots=2, opus_encoder="inline",
-                                       voice_store=self._tmp_path / "voice-store",
-                                       first_frame_timeout=0)  # (stepped from the handshake, unless a test says)
+        options: dict[str, Any] = dict(
+            host="127.0.0.1",
+            port=self._next_port,
+            slots=2,
+            opus_encoder="inline",
+            voice_store=self._tmp_path / "voice-store",
+            first_frame_timeout=0,
+        )  # (stepped from the handshake, unless a test says)
         options.update(overrides)
         self._next_port += 1
         settings = ServerSettings(**options)

@@ -12,9 +12,8 @@ import sphn
 import trio
 from trio_websocket import ConnectionClosed
 
-from pplex_trio.client import open_websocket
-
 from _helpers import ogg
+from pplex_trio.client import open_websocket
 
 SR = 24_000
 FRAME = 1920
@@ -79,8 +78,9 @@ async def moshi_handshake(ws, timeout: float = 10.0) -> int:
             raise AssertionError(f"unexpected message before the handshake: {message[:60]!r}")
 
 
-async def moshi_talk(url: str, pcm: np.ndarray, want: int, timeout: float = 60.0, *,
-                     opener: Any = open_websocket) -> list[np.ndarray]:
+async def moshi_talk(
+    url: str, pcm: np.ndarray, want: int, timeout: float = 60.0, *, opener: Any = open_websocket
+) -> list[np.ndarray]:
     """A Moshi conversation at ``url``: stream ``pcm`` in real time (40 ms Ogg pages) and return the first
     ``want`` decoded audio chunks that came back (``opener``: as :class:`RawWitness`'s)."""
     decoder = sphn.OpusStreamReader(SR)

@@ -25,8 +25,12 @@ KIT = REPO / "bench" / "gpu"
 def test_the_kit_runs_end_to_end_in_a_clean_venv(tmp_path):
     wheels = tmp_path / "wheels"
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    subprocess.run([sys.executable, str(KIT / "wheelhouse"), "--python-version", version, "--dest", str(wheels)],
-                   check=True, timeout=300, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(KIT / "wheelhouse"), "--python-version", version, "--dest", str(wheels)],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     manifest = json.loads((wheels / "MANIFEST.json").read_text())
     assert manifest["mib"] < 48 and any(w.startswith("pplex_trio-") for w in manifest["wheels"])
     assert {"torch", "numpy"} <= set(manifest["provided_by_the_image"])
@@ -36,18 +40,38 @@ def test_the_kit_runs_end_to_end_in_a_clean_venv(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     image = ["torch==2.13.0" if name == "torch" else name for name in manifest["provided_by_the_image"]]
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
-                    *image],
-                   check=True, timeout=600, capture_output=True)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile", *image],
+        check=True,
+        timeout=600,
+        capture_output=True,
+    )
     clean = subprocess.run([str(python), "-c", "import trio"], capture_output=True, timeout=60)
     assert clean.returncode != 0  # the venv really lacks what the kit must bring
 
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PIP_NO_INDEX"] = "1"  # no package index, as on the GPU machine
-    done = subprocess.run([str(python), str(KIT / "run"), "--device", "cpu", "--config", "tiny", "--quick",
-                           "--wheels", str(wheels), "--out", str(out)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            str(python),
+            str(KIT / "run"),
+            "--device",
+            "cpu",
+            "--config",
+            "tiny",
+            "--quick",
+            "--wheels",
+            str(wheels),
+            "--out",
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["result.json", "run.log", "server.log"]
     result = json.loads((out / "result.json").read_text())

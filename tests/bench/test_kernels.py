@@ -31,8 +31,9 @@ TICK_BUDGET = 1580
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory):
     torch.set_num_threads(1)
-    return random_model(kernels.structure_config(), "cpu", torch.bfloat16, voice_dir=tmp_path_factory.mktemp("voices"),
-                        voices=1)
+    return random_model(
+        kernels.structure_config(), "cpu", torch.bfloat16, voice_dir=tmp_path_factory.mktemp("voices"), voices=1
+    )
 
 
 def test_a_tick_of_the_7b_structure_stays_within_its_kernel_budget(model):
@@ -59,8 +60,16 @@ def test_the_counter_skips_views_and_counts_a_fused_function_once():
         q = torch.randn(1, 1, 3, 8)  # one kernel (randn)
         F.scaled_dot_product_attention(q, q, q, torch.ones(3, 3, dtype=torch.bool))  # ones; the mask's 3; attention
         float(y.sum())  # a sum, and a read back to the host
-    assert counts.ops == {"rms_norm": 1, "randn": 1, "ones": 2, "logical_not": 1, "scalar_tensor": 1, "where": 1,
-                          "attention": 1, "sum": 1}
+    assert counts.ops == {
+        "rms_norm": 1,
+        "randn": 1,
+        "ones": 2,
+        "logical_not": 1,
+        "scalar_tensor": 1,
+        "where": 1,
+        "attention": 1,
+        "sum": 1,
+    }
     assert counts.total == 9 and counts.kernels == {"glue": 9}
     assert sum(counts.syncs.values()) == 1
 

@@ -56,7 +56,7 @@ def test_a_twilio_stream_is_twilios_opening_then_20_ms_of_mulaw_per_media_event(
 
     from _load_clients import JSON_EVENTS, encode_stream, speech
 
-    from _helpers.twilio import reference_serializer, now, ulaw_to_float
+    from _helpers.twilio import now, reference_serializer, ulaw_to_float
 
     twilio = JSON_EVENTS["twilio"]
     assert [json.loads(m)["event"] for m in twilio.start] == ["connected", "start"]
@@ -75,10 +75,14 @@ def test_cpu_ratios_set_each_protocol_against_moshi_and_live_against_realtime():
     from load import RunResult, cpu_ratios, protocols_summary
 
     def run(protocol, tree_cpu_percent):
-        fields = {f: 0 for f in RunResult.__dataclass_fields__ if f not in ("label", "per_session", "latency_cdf",
-                                                                             "stages_p50_ms", "cpu_ratios")}
-        return RunResult(**(fields | dict(label=protocol, clients=10, tree_cpu_percent=tree_cpu_percent,
-                                          sessions_ok=10)))
+        fields = {
+            f: 0
+            for f in RunResult.__dataclass_fields__
+            if f not in ("label", "per_session", "latency_cdf", "stages_p50_ms", "cpu_ratios")
+        }
+        return RunResult(
+            **(fields | dict(label=protocol, clients=10, tree_cpu_percent=tree_cpu_percent, sessions_ok=10))
+        )
 
     runs = {"moshi": run("moshi", 100.0)}  # 100 % over 10 conversations: 100 ms per conversation-second
     assert runs["moshi"].cpu_ms_per_conversation_second == pytest.approx(100.0)
@@ -101,8 +105,24 @@ def test_cpu_ratios_set_each_protocol_against_moshi_and_live_against_realtime():
 @pytest.mark.serial
 def test_short_load_run_reports_every_session(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "bench/load.py", "--clients", "2", "--duration", "2", "--warmup", "1", "--name", "smoke",
-         "--results", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "bench/load.py",
+            "--clients",
+            "2",
+            "--duration",
+            "2",
+            "--warmup",
+            "1",
+            "--name",
+            "smoke",
+            "--results",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((tmp_path / "smoke.json").read_text())
@@ -116,8 +136,25 @@ def test_short_load_run_reports_every_session(tmp_path):
 @pytest.mark.serial
 def test_the_protocols_side_by_side(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "bench/load.py", "--clients", "2", "--duration", "2", "--warmup", "1", "--compare-protocols",
-         "--name", "protocols", "--results", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "bench/load.py",
+            "--clients",
+            "2",
+            "--duration",
+            "2",
+            "--warmup",
+            "1",
+            "--compare-protocols",
+            "--name",
+            "protocols",
+            "--results",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     moshi, realtime, live, twilio = json.loads((tmp_path / "protocols.json").read_text())["results"]
@@ -132,8 +169,25 @@ def test_the_protocols_side_by_side(tmp_path):
 @pytest.mark.serial
 def test_a_twilio_call_beside_the_realtime_endpoint(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "bench/load.py", "--clients", "2", "--duration", "2", "--warmup", "1", "--compare-protocols",
-         "realtime,twilio", "--name", "calls", "--results", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+        [
+            sys.executable,
+            "bench/load.py",
+            "--clients",
+            "2",
+            "--duration",
+            "2",
+            "--warmup",
+            "1",
+            "--compare-protocols",
+            "realtime,twilio",
+            "--name",
+            "calls",
+            "--results",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -44,8 +44,9 @@ MOSHI_REQUIRES = [
 
 def sent_trace(pages: int, start: float = 1.0) -> client.Trace:
     """A client that sent ``pages`` audio pages, one every 40 ms from ``start``."""
-    return client.Trace(0, connect_at=0.9, handshake_at=start,
-                        pages_sent_at=[start + i * client.PAGE_S for i in range(pages)])
+    return client.Trace(
+        0, connect_at=0.9, handshake_at=start, pages_sent_at=[start + i * client.PAGE_S for i in range(pages)]
+    )
 
 
 def completes(trace: client.Trace, frame: int, skipped: int = 0) -> float:
@@ -55,9 +56,16 @@ def completes(trace: client.Trace, frame: int, skipped: int = 0) -> float:
 
 def test_moshi_requirements_keep_their_pins_except_the_ones_left_out() -> None:
     keep, left = refenv.runtime_requirements(MOSHI_REQUIRES)
-    assert keep == ["numpy<2.3,>=1.26", "safetensors<0.8.0,>=0.4.0", "huggingface-hub<1.0.0,>=0.24",
-                    "einops<0.9,>=0.7", "sentencepiece<0.3,>=0.2.0", "sphn<0.3.0,>=0.2.0",
-                    "aiohttp<3.12,>=3.10.5", "tqdm>=4.48"]
+    assert keep == [
+        "numpy<2.3,>=1.26",
+        "safetensors<0.8.0,>=0.4.0",
+        "huggingface-hub<1.0.0,>=0.24",
+        "einops<0.9,>=0.7",
+        "sentencepiece<0.3,>=0.2.0",
+        "sphn<0.3.0,>=0.2.0",
+        "aiohttp<3.12,>=3.10.5",
+        "tqdm>=4.48",
+    ]
     assert sorted(refenv.requirement_name(r) for r in left) == ["bitsandbytes", "sounddevice", "torch"]
 
 
@@ -131,8 +139,9 @@ def test_chat_url_has_the_official_query() -> None:
 
 
 @pytest.mark.oracle
-def test_moshi_loads_the_benchmark_checkpoint_offline(tmp_path: pathlib.Path, speech_wav: pathlib.Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_moshi_loads_the_benchmark_checkpoint_offline(
+    tmp_path: pathlib.Path, speech_wav: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """moshi's CheckpointInfo reads moshi-config.json with local files only; card 2048, dep_q 8, sampling on."""
     pytest.importorskip("moshi")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -146,8 +155,12 @@ def test_moshi_loads_the_benchmark_checkpoint_offline(tmp_path: pathlib.Path, sp
     flag = dict(zip(args[::2], args[1::2]))
     assert flag["--static"] == "none" and flag["--device"] == "cpu"
     info = loaders.CheckpointInfo.from_hf_repo(
-        "no/such-repo", flag["--moshi-weight"], flag["--mimi-weight"], flag["--tokenizer"],
-        config_path=flag["--config-path"])
+        "no/such-repo",
+        flag["--moshi-weight"],
+        flag["--mimi-weight"],
+        flag["--tokenizer"],
+        config_path=flag["--config-path"],
+    )
     lm = info.get_moshi("cpu", dtype=torch.float32)
     assert (lm.card, lm.dep_q, config["card"]) == (2048, 8, 2048)
     assert info.get_mimi("cpu").num_codebooks == 8
@@ -157,18 +170,32 @@ def test_moshi_loads_the_benchmark_checkpoint_offline(tmp_path: pathlib.Path, sp
 def single_run(side: str, turnaround_ms: list[float]) -> dict:
     trace = sent_trace(10)
     trace.audio_at = [1.2 + 0.08 * i for i in range(len(turnaround_ms))]
-    return {"trace": dataclasses.asdict(trace), "complete_frames": 5, "cpu_percent": 40.0,
-            "mapped_outputs": len(turnaround_ms), "turnaround_ms": turnaround_ms, "handshake_ms": 10.0,
-            "first_audio_ms": 100.0 if side == "ours" else 160.0}
+    return {
+        "trace": dataclasses.asdict(trace),
+        "complete_frames": 5,
+        "cpu_percent": 40.0,
+        "mapped_outputs": len(turnaround_ms),
+        "turnaround_ms": turnaround_ms,
+        "handshake_ms": 10.0,
+        "first_audio_ms": 100.0 if side == "ours" else 160.0,
+    }
 
 
 def many_run(n: int, serial: bool) -> dict:
     traces = []
     for i in range(n):
         start = 8.0 * i if serial else 0.1
-        traces.append(dataclasses.asdict(client.Trace(
-            i, connect_at=0.0, handshake_at=start, audio_at=[start + 0.1 + 0.08 * k for k in range(100)],
-            closed_at=start + 9.0)))
+        traces.append(
+            dataclasses.asdict(
+                client.Trace(
+                    i,
+                    connect_at=0.0,
+                    handshake_at=start,
+                    audio_at=[start + 0.1 + 0.08 * k for k in range(100)],
+                    closed_at=start + 9.0,
+                )
+            )
+        )
     return {"clients": n, "traces": traces, "wall_s": 9.0 * n, "cpu_percent": 50.0, "server_step_ms_p50": 40.0}
 
 
@@ -188,16 +215,34 @@ def test_report_puts_the_two_servers_side_by_side(tmp_path: pathlib.Path) -> Non
     text = report.table(report.many_rows(many, 8.0))
     assert "N=4: served at once" in text and "4.00" in text
 
-    report.plot({"single_runs": runs, "many": many, "many_runs": many_runs, "checkpoint_spec": "tiny"},
-                tmp_path / "plot.png")
+    report.plot(
+        {"single_runs": runs, "many": many, "many_runs": many_runs, "checkpoint_spec": "tiny"}, tmp_path / "plot.png"
+    )
     assert (tmp_path / "plot.png").stat().st_size > 0
 
-    data = {"single_runs": runs, "many_runs": many_runs, "single": single, "many": many, "checkpoint_spec": "tiny",
-            "reference_venv_versions": {"moshi": "0.2.13"}, "command": "python bench/reference.py", "date": "today",
-            "cpus": 2, "load_before": [0.5], "load_after": [0.7], "scenarios_rerun": 1,
-            "server_side": {"reference_frame_ms": 55.0, "ours_tick_engine_ms": 37.0, "ours_added_latency_ms": 38.0},
-            "args": {"load_duration": "8.0", "repeats": "1", "duration": "20.0", "our_slots": "0",
-                     "torch_threads": "1", "busy_limit": "0.5"}}
+    data = {
+        "single_runs": runs,
+        "many_runs": many_runs,
+        "single": single,
+        "many": many,
+        "checkpoint_spec": "tiny",
+        "reference_venv_versions": {"moshi": "0.2.13"},
+        "command": "python bench/reference.py",
+        "date": "today",
+        "cpus": 2,
+        "load_before": [0.5],
+        "load_after": [0.7],
+        "scenarios_rerun": 1,
+        "server_side": {"reference_frame_ms": 55.0, "ours_tick_engine_ms": 37.0, "ours_added_latency_ms": 38.0},
+        "args": {
+            "load_duration": "8.0",
+            "repeats": "1",
+            "duration": "20.0",
+            "our_slots": "0",
+            "torch_threads": "1",
+            "busy_limit": "0.5",
+        },
+    }
     text = report.render(data)
     assert "# python bench/reference.py" in text and "our server --slots = N" in text
     assert "1 scenario(s) run again" in text and "audio frames/s per client, first 8 s" in text

@@ -21,9 +21,24 @@ RSS_GROWTH_BOUND_PCT = 8.0
 @pytest.mark.serial
 def test_a_one_minute_soak_leaks_nothing(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "soak.py"), "--clients", "6", "--duration", "50", "--warmup", "20",
-         "--every", "5", "--results", str(tmp_path)],
-        capture_output=True, text=True, timeout=400, cwd=REPO,
+        [
+            sys.executable,
+            str(REPO / "bench" / "soak.py"),
+            "--clients",
+            "6",
+            "--duration",
+            "50",
+            "--warmup",
+            "20",
+            "--every",
+            "5",
+            "--results",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "soak.json").read_text())["summary"]

@@ -37,8 +37,24 @@ def test_our_variants_are_servers_serve_starts_as_the_figures_say(variant, place
 @pytest.mark.serial  # timing-bound: a frame every 80 ms only holds on an unloaded machine
 def test_a_short_run_of_two_floor_servers_measures_both(tmp_path, monkeypatch):
     monkeypatch.setattr(floor, "RESULTS", tmp_path)
-    assert floor.main(["--clients", "2", "--duration", "1", "--warmup", "0.3", "--variants", "asgi",
-                       "quart+codecs0", "--name", "t"]) == 0
+    assert (
+        floor.main(
+            [
+                "--clients",
+                "2",
+                "--duration",
+                "1",
+                "--warmup",
+                "0.3",
+                "--variants",
+                "asgi",
+                "quart+codecs0",
+                "--name",
+                "t",
+            ]
+        )
+        == 0
+    )
     rows = json.loads((tmp_path / "t.json").read_text())["results"]
     assert [r["variant"] for r in rows] == ["asgi", "quart+codecs0"]
     # CPU is measured (a process's CPU time comes in 10 ms clock ticks: two conversations for a second on the bare
@@ -50,15 +66,42 @@ def test_a_short_run_of_two_floor_servers_measures_both(tmp_path, monkeypatch):
 
 def test_rounds_interleave_the_servers_and_report_each_rounds_ratio(tmp_path, monkeypatch):
     monkeypatch.setattr(floor, "RESULTS", tmp_path)
-    assert floor.main(["--clients", "2", "--duration", "1", "--warmup", "0.3", "--variants", "asgi+codecs0",
-                       "asgi", "--rounds", "2", "--name", "t"]) == 0
+    assert (
+        floor.main(
+            [
+                "--clients",
+                "2",
+                "--duration",
+                "1",
+                "--warmup",
+                "0.3",
+                "--variants",
+                "asgi+codecs0",
+                "asgi",
+                "--rounds",
+                "2",
+                "--name",
+                "t",
+            ]
+        )
+        == 0
+    )
     rows = json.loads((tmp_path / "t.json").read_text())["results"]
-    assert [(r["variant"], r["round"]) for r in rows] == [("asgi+codecs0", 0), ("asgi", 0), ("asgi+codecs0", 1),
-                                                         ("asgi", 1)]
-    ratios = [rows[1]["cpu_ms_per_conv_s"] / rows[0]["cpu_ms_per_conv_s"],
-              rows[3]["cpu_ms_per_conv_s"] / rows[2]["cpu_ms_per_conv_s"]]
-    line = next(line for line in floor.summary(rows, ["asgi+codecs0", "asgi"], floor="asgi+codecs0").splitlines()
-                if line.startswith("| asgi |"))
+    assert [(r["variant"], r["round"]) for r in rows] == [
+        ("asgi+codecs0", 0),
+        ("asgi", 0),
+        ("asgi+codecs0", 1),
+        ("asgi", 1),
+    ]
+    ratios = [
+        rows[1]["cpu_ms_per_conv_s"] / rows[0]["cpu_ms_per_conv_s"],
+        rows[3]["cpu_ms_per_conv_s"] / rows[2]["cpu_ms_per_conv_s"],
+    ]
+    line = next(
+        line
+        for line in floor.summary(rows, ["asgi+codecs0", "asgi"], floor="asgi+codecs0").splitlines()
+        if line.startswith("| asgi |")
+    )
     assert f"({ratios[0]:.2f}, {ratios[1]:.2f})" in line
 
 
@@ -90,7 +133,11 @@ def test_a_failed_run_is_recorded_and_the_other_rounds_still_count(tmp_path, mon
     assert floor.main(["--clients", "2", "--variants", "ours", "asgi+codecs", "--rounds", "2", "--name", "t"]) == 1
     rows = json.loads((tmp_path / "t.json").read_text())["results"]
     assert [("error" in r, r.get("cpu_ms_per_conv_s")) for r in rows] == [
-        (False, 20.0), (True, None), (False, 21.0), (False, 14.0)]
+        (False, 20.0),
+        (True, None),
+        (False, 21.0),
+        (False, 14.0),
+    ]
     assert rows[1]["error"].startswith("TooSlowError")
     out = capsys.readouterr().out
     assert "round 1: asgi+codecs" in out and "failed: TooSlowError" in out
@@ -102,6 +149,7 @@ def test_a_failed_run_is_recorded_and_the_other_rounds_still_count(tmp_path, mon
 
 def test_clients_that_never_stream_fail_the_run_with_a_reason(monkeypatch):
     """Within the connect timeout (on a virtual clock), and the error says how many were streaming."""
+
     async def never_streams(url, pages, trace, **kwargs):
         await trio.sleep_forever()
 
@@ -117,10 +165,12 @@ def test_clients_that_never_stream_fail_the_run_with_a_reason(monkeypatch):
 
 def test_the_table_says_when_a_server_fell_behind():
     """A server that sent fewer frames did less work: its CPU figure is flagged, not silently compared."""
-    rows = [{"variant": "ours", "round": 0, "cpu_ms_per_conv_s": 19.0, "audio_frames_per_s": 10.0},
-            {"variant": "asgi+codecs", "round": 0, "cpu_ms_per_conv_s": 15.0, "audio_frames_per_s": 12.5},
-            {"variant": "ours", "round": 1, "cpu_ms_per_conv_s": 18.0, "audio_frames_per_s": 12.4},
-            {"variant": "asgi+codecs", "round": 1, "cpu_ms_per_conv_s": 15.0, "audio_frames_per_s": 12.5}]
+    rows = [
+        {"variant": "ours", "round": 0, "cpu_ms_per_conv_s": 19.0, "audio_frames_per_s": 10.0},
+        {"variant": "asgi+codecs", "round": 0, "cpu_ms_per_conv_s": 15.0, "audio_frames_per_s": 12.5},
+        {"variant": "ours", "round": 1, "cpu_ms_per_conv_s": 18.0, "audio_frames_per_s": 12.4},
+        {"variant": "asgi+codecs", "round": 1, "cpu_ms_per_conv_s": 15.0, "audio_frames_per_s": 12.5},
+    ]
     table = floor.summary(rows, ["ours", "asgi+codecs"])
     ours = next(line for line in table.splitlines() if line.startswith("| ours |"))
     assert "| 11.20 (fell behind in 1 of 2) |" in ours  # 10.0 < 0.98 x 12.5; 12.4 is within it

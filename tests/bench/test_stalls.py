@@ -23,14 +23,14 @@ def test_the_pages_due_during_a_stall_all_go_at_its_end():
 def test_the_call_is_the_callers_turns_with_the_pauses_between():
     pcm = stalls.speech(18.0)
     assert pcm.size == int(18.0 * SR) // FRAME * FRAME
-    assert not pcm[: int(0.5 * SR)].any() and pcm[int(0.5 * SR): int(1.0 * SR)].any()  # a pause, then a turn
+    assert not pcm[: int(0.5 * SR)].any() and pcm[int(0.5 * SR) : int(1.0 * SR)].any()  # a pause, then a turn
 
 
 def test_an_echoed_frame_is_placed_where_it_lies_even_one_cut_inside_a_pause():
     rng = np.random.default_rng(3)
     pcm = np.concatenate([np.zeros(3 * FRAME, np.float32), rng.uniform(-0.5, 0.5, 5 * FRAME).astype(np.float32)])
     cut = 2 * FRAME + 700  # a frame that begins 700 samples into the pause (after a partial skip of it)
-    frames = [(1.0, pcm[3 * FRAME: 4 * FRAME]), (2.0, pcm[cut: cut + FRAME]), (3.0, np.zeros(FRAME, np.float32))]
+    frames = [(1.0, pcm[3 * FRAME : 4 * FRAME]), (2.0, pcm[cut : cut + FRAME]), (3.0, np.zeros(FRAME, np.float32))]
     answers = stalls.echo_raw([(at, frame.astype("<f4").tobytes()) for at, frame in frames], pcm)
     assert answers == [(1.0, 4 * FRAME), (2.0, cut + FRAME)]  # (silence tells nothing: not placed)
 
@@ -45,8 +45,9 @@ def test_nvidias_outputs_are_the_steps_of_the_last_frames_sent():
 
 
 def test_a_row_counts_the_speech_not_heard_and_the_lag_left():
-    speech = np.concatenate([np.full(10 * FRAME, 0.3, np.float32), np.zeros(30 * FRAME, np.float32),
-                             np.full(110 * FRAME, 0.3, np.float32)])
+    speech = np.concatenate(
+        [np.full(10 * FRAME, 0.3, np.float32), np.zeros(30 * FRAME, np.float32), np.full(110 * FRAME, 0.3, np.float32)]
+    )
     start, stall_at, stall = 100.0, 2.0, 1.0
     times = stalls.sent_times(start, speech.size // PAGE, stall_at, stall)
     answers = []

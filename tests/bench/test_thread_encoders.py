@@ -23,8 +23,10 @@ async def test_pool_encodes_each_sessions_frames_in_order(nursery):
     await nursery.start(pool.run)
     writers = [LibopusWriter() for _ in range(5)]
     readers = [sphn.OpusStreamReader(24000) for _ in writers]
-    tones = [np.sin(2 * np.pi * (200 + 100 * k) * np.arange(1920 * 6) / 24000).astype(np.float32) * 0.3
-             for k in range(len(writers))]
+    tones = [
+        np.sin(2 * np.pi * (200 + 100 * k) * np.arange(1920 * 6) / 24000).astype(np.float32) * 0.3
+        for k in range(len(writers))
+    ]
     results = {k: [] for k in range(len(writers))}
 
     async def session(k):

@@ -65,8 +65,9 @@ def start_server(tmp_path: pathlib.Path) -> Iterator[Any]:
     servers: list[ThreadServer] = []
 
     def start(engine: Engine | None = None, **overrides: Any) -> ThreadServer:
-        options = dict(host="127.0.0.1", port=0, model="echo:delay=1,prompt=4", slots=2,
-                       voice_store=tmp_path / "voice-store")
+        options = dict(
+            host="127.0.0.1", port=0, model="echo:delay=1,prompt=4", slots=2, voice_store=tmp_path / "voice-store"
+        )
         options.update(overrides)
         settings = ServerSettings(**options)
         if engine is None:

@@ -27,8 +27,9 @@ TOKEN = "official-build-token-5b2e8c0d1a"
 @pytest.mark.skipif(not DIST, reason="set PPLEX_TRIO_OFFICIAL_DIST to a build of the official client")
 def test_the_official_client_over_ssl_with_the_token_cookie(tls_context, tmp_path):
     assert DIST is not None and (pathlib.Path(DIST) / "index.html").is_file()
-    with server_process("--model", "echo", "--ssl", str(tmp_path / "tls"), "--static", DIST,
-                        env={"PPLEX_TRIO_AUTH_TOKEN": TOKEN}) as url:
+    with server_process(
+        "--model", "echo", "--ssl", str(tmp_path / "tls"), "--static", DIST, env={"PPLEX_TRIO_AUTH_TOKEN": TOKEN}
+    ) as url:
         page = tls_context.new_page()
         page.goto(url + "/")
         expect(page.get_by_role("heading", name="Access token")).to_be_visible()

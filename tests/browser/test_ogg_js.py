@@ -32,7 +32,9 @@ def ogg_crc(data: bytes) -> int:
 
 
 def page(segments: list[int], body: bytes, *, sequence: int, flags: int = 0, granule: int = 0) -> bytes:
-    header = bytearray(b"OggS" + bytes([0, flags]) + granule.to_bytes(8, "little", signed=True) + (7).to_bytes(4, "little"))
+    header = bytearray(
+        b"OggS" + bytes([0, flags]) + granule.to_bytes(8, "little", signed=True) + (7).to_bytes(4, "little")
+    )
     header += sequence.to_bytes(4, "little") + bytes(4) + bytes([len(segments)]) + bytes(segments)
     data = bytearray(header + body)
     data[22:26] = ogg_crc(bytes(data)).to_bytes(4, "little")
@@ -47,12 +49,14 @@ def test_packet_reader_handles_splits_continuations_and_damage(context, start_se
     big = bytes(rng.randrange(256) for _ in range(700))  # 255 + 255 + 190: spans two pages
     small = b"\x01\x02\x03"
     exact = bytes(range(255))  # a multiple of 255 ends with a 0 segment
-    stream = b"".join([
-        page([19], b"OpusHead" + bytes(11), sequence=0, flags=2),
-        page([255, 255], big[:510], sequence=1, granule=-1),  # continues on the next page
-        page([190, 3], big[510:] + small, sequence=2, flags=1),
-        page([255, 0], exact, sequence=3),
-    ])
+    stream = b"".join(
+        [
+            page([19], b"OpusHead" + bytes(11), sequence=0, flags=2),
+            page([255, 255], big[:510], sequence=1, granule=-1),  # continues on the next page
+            page([190, 3], big[510:] + small, sequence=2, flags=1),
+            page([255, 0], exact, sequence=3),
+        ]
+    )
     damaged = bytearray(page([3], b"bad", sequence=4))
     damaged[-1] ^= 0xFF  # wrong checksum: skipped
     stream += b"noise" + bytes(damaged) + page([3], b"end", sequence=5, flags=4)

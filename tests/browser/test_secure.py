@@ -70,8 +70,11 @@ def test_web_ui_over_wss_asks_for_the_token_and_goes_live(tls_context, start_ser
     page.get_by_role("button", name="Connect").click()
     wait_phase(page, "live")
     assert sockets and all(url.startswith("wss://") for url in sockets), sockets
-    wait_until(lambda: server.get("/api/sessions")["sessions"][0]["frames_decoded"] >= 10, 10,
-               "the server decoded < 1 s of the page's audio over WSS")
+    wait_until(
+        lambda: server.get("/api/sessions")["sessions"][0]["frames_decoded"] >= 10,
+        10,
+        "the server decoded < 1 s of the page's audio over WSS",
+    )
     page.get_by_role("button", name="Disconnect").click()
     wait_phase(page, "ended")
 
@@ -95,7 +98,10 @@ def test_a_page_at_another_origin_cannot_use_the_server_through_the_browser(tls_
     target = server.url.replace("https://", "wss://")
     page.goto(elsewhere.url + f"/?target={target}")  # a page of another origin tries the user's server
     expect(page).to_have_title("closed")
-    refused = [line for line in server.get_text("/metrics").splitlines()
-               if line.startswith('pplex_refused_total{reason="forbidden_origin"}')]
+    refused = [
+        line
+        for line in server.get_text("/metrics").splitlines()
+        if line.startswith('pplex_refused_total{reason="forbidden_origin"}')
+    ]
     assert refused == ['pplex_refused_total{reason="forbidden_origin"} 1.0']
     assert server.get("/health")["sessions"] == 0

@@ -11,9 +11,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from pplex_trio.engine import EchoEngine
 from _helpers import ogg
-
 from _helpers.browser import (
     TONE_HZ,
     disable_voice_processing,
@@ -25,6 +23,7 @@ from _helpers.browser import (
     wait_stat_above,
     wait_until,
 )
+from pplex_trio.engine import EchoEngine
 
 pytestmark = pytest.mark.browser
 
@@ -61,13 +60,15 @@ def check_wire_format(messages: list[bytes]) -> None:
         (page,) = ogg.split_pages(message[1:])  # exactly one whole page
         segments = page[26]
         lacing = page[27 : 27 + segments]
-        pages.append({
-            "bos": bool(page[5] & 2),
-            "granule": int.from_bytes(page[6:14], "little", signed=True),
-            "sequence": ogg.page_sequence(page),
-            "packets": sum(1 for v in lacing if v < 255),
-            "body": page[27 + segments :],
-        })
+        pages.append(
+            {
+                "bos": bool(page[5] & 2),
+                "granule": int.from_bytes(page[6:14], "little", signed=True),
+                "sequence": ogg.page_sequence(page),
+                "packets": sum(1 for v in lacing if v < 255),
+                "body": page[27 + segments :],
+            }
+        )
     head, tags, audio = pages[0], pages[1], pages[2:]
     assert head["bos"] and head["sequence"] == 0 and head["body"].startswith(b"OpusHead")
     assert head["body"][9] == 1  # mono
@@ -158,8 +159,10 @@ def test_tone_round_trip_frequency(context, start_server):
     tail = stereo[-3 * rate :]  # the last 3 s: playback well under way
     model_hz, model_prominence = peak_frequency(tail[:, 0], rate)
     mic_hz, mic_prominence = peak_frequency(tail[:, 1], rate)
-    print(f"tone {TONE_HZ} Hz: mic {mic_hz:.2f} Hz ({mic_prominence:.0f} dB), "
-          f"model {model_hz:.2f} Hz ({model_prominence:.0f} dB), missed {missed:.3f} s")
+    print(
+        f"tone {TONE_HZ} Hz: mic {mic_hz:.2f} Hz ({mic_prominence:.0f} dB), "
+        f"model {model_hz:.2f} Hz ({model_prominence:.0f} dB), missed {missed:.3f} s"
+    )
     assert abs(mic_hz - TONE_HZ) < 1.0, f"microphone channel peaks at {mic_hz:.2f} Hz"
     assert abs(model_hz - TONE_HZ) < 1.0, f"model channel peaks at {model_hz:.2f} Hz, sent {TONE_HZ} Hz"
     assert model_prominence > 30, f"the returned tone stands only {model_prominence:.0f} dB over the noise"

@@ -1,4 +1,4 @@
-""""Your voice" in a real Chromium: record a clip with the (fake) microphone, hear it, name it, add it, pick
+""" "Your voice" in a real Chromium: record a clip with the (fake) microphone, hear it, name it, add it, pick
 it, talk with it; a refused clip is explained in words; the panel is absent where uploads are off."""
 
 from __future__ import annotations

@@ -29,14 +29,14 @@ def _audio(frames: int, spans: list[tuple[int, int]]) -> np.ndarray:
     """``frames`` frames, a tone over each ``[start, stop)`` span of frames, faint noise elsewhere."""
     pcm = _noise(frames * FRAME)
     for start, stop in spans:
-        pcm[start * FRAME:stop * FRAME] = _tone((stop - start) * FRAME, start * FRAME)
+        pcm[start * FRAME : stop * FRAME] = _tone((stop - start) * FRAME, start * FRAME)
     return pcm
 
 
 def _run(caller: np.ndarray, agent: np.ndarray) -> tuple[ConversationQuality, list[object]]:
     meter, events = ConversationQuality(), []
     for k in range(len(caller) // FRAME):
-        events += meter.feed(caller[k * FRAME:(k + 1) * FRAME], agent[k * FRAME:(k + 1) * FRAME])
+        events += meter.feed(caller[k * FRAME : (k + 1) * FRAME], agent[k * FRAME : (k + 1) * FRAME])
     events += meter.finish()
     return meter, events
 
@@ -52,16 +52,21 @@ def test_a_response_after_the_caller_ends() -> None:
     assert stats.talk_over_s == 0
     assert stats.agent_share == pytest.approx(20 / 60)
     assert stats.barge_ins == 0
-    assert stats.as_dict() == {"response_latency_ms": {"last": 400, "median": 400, "count": 1}, "talk_over_s": 0.0,
-                               "dead_air_s": 0.4, "agent_share": 0.333, "barge_ins": 0}
+    assert stats.as_dict() == {
+        "response_latency_ms": {"last": 400, "median": 400, "count": 1},
+        "talk_over_s": 0.0,
+        "dead_air_s": 0.4,
+        "agent_share": 0.333,
+        "barge_ins": 0,
+    }
 
 
 def test_the_brief_s_example_in_seconds_within_a_frame() -> None:
     # Not frame-aligned: the caller 0-2 s, the agent from 2.4 s to 4.5 s; latency 400 ms within a frame.
     caller = _noise(6 * RATE)
-    caller[:2 * RATE] = _tone(2 * RATE)
+    caller[: 2 * RATE] = _tone(2 * RATE)
     agent = _noise(6 * RATE)
-    agent[int(2.4 * RATE):int(4.5 * RATE)] = _tone(int(2.1 * RATE))
+    agent[int(2.4 * RATE) : int(4.5 * RATE)] = _tone(int(2.1 * RATE))
     (latency,) = _run(caller, agent)[0].statistics().response_latencies
     assert abs(latency - 0.4) <= F
 
@@ -75,8 +80,8 @@ def test_talk_over_of_one_second() -> None:
     assert stats.dead_air_s == 0
     # In seconds: the caller 0-2 s, the agent 1-3 s: one second of talk-over, within a frame at each edge.
     caller, agent = _noise(4 * RATE), _noise(4 * RATE)
-    caller[:2 * RATE] = _tone(2 * RATE)
-    agent[RATE:3 * RATE] = _tone(2 * RATE)
+    caller[: 2 * RATE] = _tone(2 * RATE)
+    agent[RATE : 3 * RATE] = _tone(2 * RATE)
     assert abs(_run(caller, agent)[0].statistics().talk_over_s - 1.0) <= 2 * F
 
 

@@ -47,15 +47,15 @@ def peak_hz(signal: np.ndarray, rate: int) -> float:
 def test_the_resampler_streams_in_80_ms_chunks_and_keeps_the_signal():
     up, down = StreamResampler(8_000, 24_000), StreamResampler(24_000, 8_000)
     sent = tone(1_000, 8_000, 2.0)
-    at_24k = np.concatenate([up(sent[i:i + 640]) for i in range(0, sent.size, 640)])
-    back = np.concatenate([down(at_24k[i:i + 1920]) for i in range(0, at_24k.size, 1920)])
+    at_24k = np.concatenate([up(sent[i : i + 640]) for i in range(0, sent.size, 640)])
+    back = np.concatenate([down(at_24k[i : i + 1920]) for i in range(0, at_24k.size, 1920)])
     assert abs(at_24k.size - 3 * sent.size) <= 3 * 640 and abs(back.size - sent.size) <= 2 * 640  # a filter's delay
     assert peak_hz(at_24k[4800:], 24_000) == pytest.approx(1_000, abs=2)
     steady = at_24k[4800:-4800]
     assert np.sqrt(2) * steady.std() == pytest.approx(0.5, abs=0.01)  # flat in the telephone band
     # Up and down again, the signal comes back whole, shifted by the filters' delay.
     window = back[4000:12000]
-    scores = [np.corrcoef(window, sent[4000 - lag:12000 - lag])[0, 1] for lag in range(0, 400)]
+    scores = [np.corrcoef(window, sent[4000 - lag : 12000 - lag])[0, 1] for lag in range(0, 400)]
     assert max(scores) > 0.999, max(scores)
 
 
@@ -63,19 +63,19 @@ def test_the_resampler_streams_in_80_ms_chunks_and_keeps_the_signal():
 def test_a_steady_resampler_gives_each_chunk_its_duration_a_constant_delay_behind(rate, chunk):
     sent = (0.1 * np.random.default_rng(3).standard_normal(30 * rate)).astype(np.float32)
     plain, steady = StreamResampler(rate, 24_000), StreamResampler(rate, 24_000, steady=True)
-    blocks = [plain(sent[i:i + chunk]) for i in range(0, sent.size, chunk)]
-    pieces = [steady(sent[i:i + chunk]) for i in range(0, sent.size, chunk)]
+    blocks = [plain(sent[i : i + chunk]) for i in range(0, sent.size, chunk)]
+    pieces = [steady(sent[i : i + chunk]) for i in range(0, sent.size, chunk)]
     # soxr alone: blocks of its own size, so chunk after chunk gives more or less than its duration.
     ratio = 24_000 // rate if rate == 8_000 else 1.5
     assert len({b.size for b in blocks[10:]}) > 1
     # The most soxr held back after any chunk (3 × in - out) is what the steady one holds back always.
-    held = max(ratio * chunk * (n + 1) - sum(b.size for b in blocks[:n + 1]) for n in range(len(blocks)))
+    held = max(ratio * chunk * (n + 1) - sum(b.size for b in blocks[: n + 1]) for n in range(len(blocks)))
     assert 0 <= steady.delay - held <= 3 * ratio
     settled = next(n for n, p in enumerate(pieces) if p.size)  # (once that much is in)
-    assert {p.size for p in pieces[settled + 1:]} == {ratio * chunk}
+    assert {p.size for p in pieces[settled + 1 :]} == {ratio * chunk}
     # The same signal, sample for sample.
     out, reference = np.concatenate(pieces), np.concatenate(blocks)
-    assert np.array_equal(out, reference[:out.size])
+    assert np.array_equal(out, reference[: out.size])
 
 
 def test_the_resampler_removes_what_8_khz_cannot_carry():
@@ -93,7 +93,7 @@ def test_vad_finds_a_burst_of_speech_level_audio():
     silence, burst = np.zeros(rate, np.float32), tone(300, rate, 1.0, amplitude=0.1)  # -23 dBFS
     audio = np.concatenate([silence, burst, silence])
     vad = EnergyVAD(rate)
-    events = [e for i in range(0, audio.size, 1920) for e in vad.feed(audio[i:i + 1920])]
+    events = [e for i in range(0, audio.size, 1920) for e in vad.feed(audio[i : i + 1920])]
     assert [e.started for e in events] == [True, False]
     assert events[0].at_ms == 1000  # where the burst begins (the 100 ms it must last are behind it)
     assert events[1].at_ms == 2000  # where the silence begins, told 480 ms later

@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 RATE = 24_000  # the model's rate, and the rate every client hands its output back at
 
-_ENDED = re.compile(r'^pplex_sessions_ended_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$')
+_ENDED = re.compile(r"^pplex_sessions_ended_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
 
 
 class EchoServer:
@@ -62,8 +62,14 @@ class EchoServer:
                     counts[labels["outcome"]] += int(float(match["value"]))
         return counts
 
-    def wait_closed(self, protocol: str, before: collections.Counter[str], count: int = 1,
-                    within: float = 1.0, outcome: str = "client_closed") -> None:
+    def wait_closed(
+        self,
+        protocol: str,
+        before: collections.Counter[str],
+        count: int = 1,
+        within: float = 1.0,
+        outcome: str = "client_closed",
+    ) -> None:
         """``count`` conversation(s) of ``protocol`` ended since ``before``, as closed by the client, within
         ``within`` s of now (the moment the client's close returned), and none is left open.
 
@@ -79,8 +85,9 @@ class EchoServer:
             if sum(new.values()) >= count or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        assert new == collections.Counter({outcome: count}), \
+        assert new == collections.Counter({outcome: count}), (
             f"within {within} s of the client closing, the server ended: {dict(new)} (want {count} {outcome})"
+        )
         assert self.get("/api/sessions")["sessions"] == []
 
     def problems_since(self, mark: int) -> list[str]:
@@ -134,7 +141,7 @@ class CallerLine:
         """The line at ``rate`` as PCM16 chunks of ``ms`` milliseconds (the last partial one dropped)."""
         pcm = pcm16(self.at(rate))
         size = rate * ms // 1000 * 2
-        return [pcm[i:i + size] for i in range(0, len(pcm) - size + 1, size)]
+        return [pcm[i : i + size] for i in range(0, len(pcm) - size + 1, size)]
 
 
 def pcm16(samples: np.ndarray) -> bytes:
@@ -153,8 +160,9 @@ def caller(shared_dir: pathlib.Path) -> CallerLine:
         speech = from_pcm16(w.readframes(w.getnframes()))
     # The file's speech runs from 3.2 s to 8.0 s and from 21.5 s to 26 s (silence between); each stretch
     # starts and ends in speech (Opus turns the file's faint noise between them into digital silence).
-    return CallerLine(first=speech[int(3.3 * RATE):int(5.3 * RATE)],
-                      second=speech[int(21.7 * RATE):int(23.7 * RATE)])
+    return CallerLine(
+        first=speech[int(3.3 * RATE) : int(5.3 * RATE)], second=speech[int(21.7 * RATE) : int(23.7 * RATE)]
+    )
 
 
 PIECE = RATE // 2  # an utterance is looked for half a second at a time
@@ -169,8 +177,9 @@ class Piece:
     bar: float  # the correlation it had to reach
 
 
-def find_echo(utterance: np.ndarray, received: np.ndarray,
-              codec: Callable[[np.ndarray], np.ndarray] | None = None) -> list[Piece]:
+def find_echo(
+    utterance: np.ndarray, received: np.ndarray, codec: Callable[[np.ndarray], np.ndarray] | None = None
+) -> list[Piece]:
     """Each half second of ``utterance`` (24 kHz) at its best lag in ``received`` (24 kHz).
 
     The bar is 0.9, or, for audio that went through a lossy ``codec`` on the
@@ -180,7 +189,7 @@ def find_echo(utterance: np.ndarray, received: np.ndarray,
     coded = codec(utterance) if codec is not None else None
     pieces = []
     for start in range(0, utterance.size - PIECE + 1, PIECE):
-        piece = utterance[start:start + PIECE]
+        piece = utterance[start : start + PIECE]
         assert received.size > piece.size, f"only {received.size / RATE:.2f} s of audio came back"
         lag, corr = best_lag(piece, received, 0, received.size - piece.size)
         bar = 0.9 if coded is None else min(0.9, best_lag(piece, coded, 0, coded.size - piece.size)[1] - 0.05)
@@ -203,8 +212,9 @@ def assert_echoed():
     or fell behind fails. Returns the pieces.
     """
 
-    def check(utterance: np.ndarray, received: np.ndarray,
-              codec: Callable[[np.ndarray], np.ndarray] | None = None) -> list[Piece]:
+    def check(
+        utterance: np.ndarray, received: np.ndarray, codec: Callable[[np.ndarray], np.ndarray] | None = None
+    ) -> list[Piece]:
         pieces = find_echo(utterance, received, codec)
         report = ", ".join(f"{p.correlation:.3f}/{p.bar:.2f} at {p.at:.2f} s" for p in pieces)
         good = [(k, p) for k, p in enumerate(pieces) if p.correlation >= p.bar]

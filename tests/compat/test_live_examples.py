@@ -59,8 +59,17 @@ def examples(echo_server, caller, tmp_path_factory) -> Iterator[Runs]:
     for name, script in RUNS.items():
         with open(folder / f"{name}.log", "w") as log:  # a file, not a pipe: nothing blocks on a full pipe
             processes[name] = subprocess.Popen(
-                [sys.executable, str(EXAMPLES / script), str(folder / "question.wav"), str(folder / f"{name}.wav"),
-                 "--url", echo_server.url], stdout=log, stderr=subprocess.STDOUT)
+                [
+                    sys.executable,
+                    str(EXAMPLES / script),
+                    str(folder / "question.wav"),
+                    str(folder / f"{name}.wav"),
+                    "--url",
+                    echo_server.url,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
     yield Runs(processes, folder, before, mark)
     for process in processes.values():
         if process.poll() is None:

@@ -39,6 +39,7 @@ from livekit import rtc  # noqa: E402
 from livekit.agents import Agent, AgentSession, ErrorEvent, function_tool, llm  # noqa: E402
 from livekit.agents.voice import io  # noqa: E402
 from livekit.plugins.openai.realtime import GPTLiveModel  # noqa: E402
+
 from _helpers.aio import run_asyncio
 from _helpers.audio import best_lag
 
@@ -135,7 +136,7 @@ class Microphone(io.AudioInput):
         pcm = (np.clip(soxr.resample(line, RATE, ROOM_RATE), -1, 32767 / 32768) * 32768).astype("<i2")
         first = max(len(self._frames), self._next)
         self._frames += [b""] * (first - len(self._frames))  # (silence went out meanwhile)
-        self._frames += [pcm[i:i + self.SIZE].tobytes() for i in range(0, pcm.size - self.SIZE + 1, self.SIZE)]
+        self._frames += [pcm[i : i + self.SIZE].tobytes() for i in range(0, pcm.size - self.SIZE + 1, self.SIZE)]
         for t, action in (actions_at or {}).items():
             self._actions[first + round(t * 1000 / CHUNK_MS)] = action
         done = self._said[len(self._frames)] = asyncio.Event()
@@ -227,16 +228,21 @@ class Call:
 
     def transcript(self) -> list[int]:
         """The model's words as the session recorded them: the echo's frame numbers."""
-        return [int(word) for item in self.items if isinstance(item, llm.ChatMessage) and item.role == "assistant"
-                for word in (item.text_content or "").split()]
+        return [
+            int(word)
+            for item in self.items
+            if isinstance(item, llm.ChatMessage) and item.role == "assistant"
+            for word in (item.text_content or "").split()
+        ]
 
 
 @contextlib.asynccontextmanager
 async def call(http_url: str, **model_options) -> AsyncIterator[Call]:
     """An ``AgentSession`` on the model, started and live (``session.started`` came); closed on the way out."""
     async with aiohttp.ClientSession() as http:
-        model = RecordedGPTLiveModel(base_url=f"{http_url}/v1", api_key="placeholder", http_session=http,
-                                     **model_options)
+        model = RecordedGPTLiveModel(
+            base_url=f"{http_url}/v1", api_key="placeholder", http_session=http, **model_options
+        )
         session = AgentSession(llm=model, aec_warmup_duration=None)
         agent = Agent(instructions=PERSONA, tools=[lookup_weather])
         c = Call(model, session, agent, Microphone(model.started), Loudspeaker(), [], [], [])
@@ -272,8 +278,10 @@ def assert_heard(utterance: np.ndarray, received: np.ndarray) -> None:
     ``caller.first`` has no such pause: ``assert_echoed`` holds for it.
     """
     half = RATE // 2
-    found = [best_lag(utterance[start:start + half], received, 0, received.size - half)
-             for start in range(0, utterance.size - half + 1, half)]
+    found = [
+        best_lag(utterance[start : start + half], received, 0, received.size - half)
+        for start in range(0, utterance.size - half + 1, half)
+    ]
     report = ", ".join(f"{corr:.3f} at {lag / RATE:.2f} s" for lag, corr in found)
     good = [lag for lag, corr in found if corr >= 0.9]
     assert len(good) >= len(found) - 1 and good == sorted(good), f"the caller's speech did not come back: {report}"
@@ -309,7 +317,9 @@ def test_livekit_live_agent_session_hears_the_echo(echo_server, caller, assert_e
     (commentary,) = model.sent_of("session.commentary.append")
     errors = model.received_of("error")
     assert [(e["error"]["code"], e["client_event_id"]) for e in errors] == [
-        ("unsupported_delegation", start["event_id"]), ("unsupported_event", commentary["event_id"])]
+        ("unsupported_delegation", start["event_id"]),
+        ("unsupported_event", commentary["event_id"]),
+    ]
     kinds = [event["type"] for _, event in model.received]
     assert kinds.index("error") > kinds.index("session.started")
     assert len(c.errors) == 2 and all(event.error.recoverable for event in c.errors), c.errors
@@ -342,8 +352,13 @@ def test_livekit_live_agent_session_hears_the_echo(echo_server, caller, assert_e
     assert closed["reason"] == "close_requested" and abs(closed["usage"]["seconds"] - output.size / RATE) < 0.25
     assert c.close_took < 1.0, c.close_took
     echo_server.wait_closed("live", before, outcome="completed")
-    logger.info("livekit live: reply in %.2f s, %.2f s played of %.2f s, close in %.3f s",
-                answered, played.size / RATE, output.size / RATE, c.close_took)
+    logger.info(
+        "livekit live: reply in %.2f s, %.2f s played of %.2f s, close in %.3f s",
+        answered,
+        played.size / RATE,
+        output.size / RATE,
+        c.close_took,
+    )
 
 
 def test_livekit_live_mute_input(echo_server, caller, assert_echoed):
@@ -358,8 +373,13 @@ def test_livekit_live_mute_input(echo_server, caller, assert_echoed):
 
     async def converse() -> Call:
         async with call(echo_server.url) as c:
-            await c.say(caller.audio, {mute_at: lambda: c.agent.duplex_session.mute_input(),
-                                       unmute_at: lambda: c.agent.duplex_session.unmute_input()})
+            await c.say(
+                caller.audio,
+                {
+                    mute_at: lambda: c.agent.duplex_session.mute_input(),
+                    unmute_at: lambda: c.agent.duplex_session.unmute_input(),
+                },
+            )
             await c.say(caller.first)
         return c
 
@@ -369,8 +389,8 @@ def test_livekit_live_mute_input(echo_server, caller, assert_echoed):
     assert echo_server.problems_since(mark) == []
 
     (mute,), (unmute,) = model.sent_of("session.input_audio.mute"), model.sent_of("session.input_audio.unmute")
-    (muted_at, muted), = [(at, e) for at, e in model.received if e["type"] == "session.input_audio.muted"]
-    (unmuted_at, unmuted), = [(at, e) for at, e in model.received if e["type"] == "session.input_audio.unmuted"]
+    ((muted_at, muted),) = [(at, e) for at, e in model.received if e["type"] == "session.input_audio.muted"]
+    ((unmuted_at, unmuted),) = [(at, e) for at, e in model.received if e["type"] == "session.input_audio.unmuted"]
     assert (muted["client_event_id"], unmuted["client_event_id"]) == (mute["event_id"], unmute["event_id"])
 
     # Heard before the mute and after the unmute; while muted the model heard silence, so what it said back

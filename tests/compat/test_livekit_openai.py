@@ -26,6 +26,7 @@ pytest.importorskip("livekit.plugins.openai")
 from livekit import rtc  # noqa: E402
 from livekit.agents import llm  # noqa: E402
 from livekit.plugins import openai  # noqa: E402
+
 from _helpers.aio import run_asyncio
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class Loudspeaker:
 
     async def _read(self, generation: llm.GenerationCreatedEvent) -> None:
         async for message in generation.message_stream:
+
             async def audio(message=message):
                 async for frame in message.audio_stream:
                     assert (frame.sample_rate, frame.num_channels) == (24_000, 1)
@@ -83,8 +85,9 @@ class Run:
 
 async def converse(http_url: str, line, recording_http) -> Run:
     http, sockets = recording_http()
-    model = openai.realtime.RealtimeModel(base_url=f"{http_url}/v1", api_key="placeholder",
-                                          model="personaplex", http_session=http)  # voice: the default, "marin"
+    model = openai.realtime.RealtimeModel(
+        base_url=f"{http_url}/v1", api_key="placeholder", model="personaplex", http_session=http
+    )  # voice: the default, "marin"
     session = model.session()
     speaker = Loudspeaker()
     sent: list[tuple[float, dict]] = []
@@ -114,8 +117,9 @@ async def converse(http_url: str, line, recording_http) -> Run:
 
     async def microphone() -> None:
         for n, chunk in enumerate(line.chunks(ROOM_RATE, CHUNK_MS)):
-            session.push_audio(rtc.AudioFrame(data=chunk, sample_rate=ROOM_RATE, num_channels=1,
-                                              samples_per_channel=len(chunk) // 2))
+            session.push_audio(
+                rtc.AudioFrame(data=chunk, sample_rate=ROOM_RATE, num_channels=1, samples_per_channel=len(chunk) // 2)
+            )
             await asyncio.sleep(max(0.0, started + (n + 1) * CHUNK_MS / 1000 - time.monotonic()))
 
     mic = asyncio.create_task(microphone())
@@ -151,10 +155,14 @@ def test_livekit_openai_realtime_session_hears_the_echo(echo_server, caller, ass
 
     # Both generate_reply calls resolved: the server echoed each request's metadata in response.created.
     assert [reply.user_initiated for reply in run.replies] == [True, True]
-    requested = [event["response"]["metadata"]["client_event_id"]
-                 for _, event in run.sent if event["type"] == "response.create"]
-    created = {e["response"]["id"]: (e["response"].get("metadata") or {}).get("client_event_id")
-               for e in received if e["type"] == "response.created"}
+    requested = [
+        event["response"]["metadata"]["client_event_id"] for _, event in run.sent if event["type"] == "response.create"
+    ]
+    created = {
+        e["response"]["id"]: (e["response"].get("metadata") or {}).get("client_event_id")
+        for e in received
+        if e["type"] == "response.created"
+    }
     assert [created[reply.response_id] for reply in run.replies] == requested
 
     # What came back is the caller's speech, both utterances, through the plugin's 48 → 24 kHz resampling.
@@ -168,7 +176,7 @@ def test_livekit_openai_realtime_session_hears_the_echo(echo_server, caller, ass
     (truncate,) = [event for _, event in run.sent if event["type"] == "conversation.item.truncate"]
     confirmed = [e["item_id"] for e in received if e["type"] == "conversation.item.truncated"]
     assert truncate["item_id"] in confirmed
-    assert_echoed(caller.second[caller.second.size // 2:], run.speaker.samples(since=run.truncated_at))
+    assert_echoed(caller.second[caller.second.size // 2 :], run.speaker.samples(since=run.truncated_at))
 
     # Text: the echo's frame numbers, in order from the first, as the generations' transcripts.
     numbers = [int(piece) for piece in run.speaker.text]
@@ -182,5 +190,9 @@ def test_livekit_openai_realtime_session_hears_the_echo(echo_server, caller, ass
     (socket,) = run.sockets
     assert socket.closed
     echo_server.wait_closed("realtime", before)
-    logger.info("livekit openai: %d audio frames, %d generations, close in %.3f s",
-                len(run.speaker.audio), len(run.speaker.generations), run.close_took)
+    logger.info(
+        "livekit openai: %d audio frames, %d generations, close in %.3f s",
+        len(run.speaker.audio),
+        len(run.speaker.generations),
+        run.close_took,
+    )

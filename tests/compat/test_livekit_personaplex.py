@@ -28,6 +28,7 @@ pytest.importorskip("livekit.plugins.nvidia.experimental.realtime")
 from livekit import rtc  # noqa: E402
 from livekit.agents import llm  # noqa: E402
 from livekit.plugins.nvidia.experimental import realtime  # noqa: E402
+
 from _helpers.aio import run_asyncio
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class Loudspeaker:
 
     async def _read(self, generation: llm.GenerationCreatedEvent) -> None:
         async for message in generation.message_stream:
+
             async def audio(message=message):
                 async for frame in message.audio_stream:
                     assert (frame.sample_rate, frame.num_channels) == (24_000, 1)
@@ -88,9 +90,10 @@ async def talk(session: realtime.RealtimeSession, audio: np.ndarray) -> None:
     pcm = (np.clip(audio, -1, 32767 / 32768) * 32768).astype("<i2")
     started = time.monotonic()
     for n in range(pcm.size // size):
-        chunk = pcm[n * size:(n + 1) * size]
-        session.push_audio(rtc.AudioFrame(data=chunk.tobytes(), sample_rate=ROOM_RATE, num_channels=1,
-                                          samples_per_channel=size))
+        chunk = pcm[n * size : (n + 1) * size]
+        session.push_audio(
+            rtc.AudioFrame(data=chunk.tobytes(), sample_rate=ROOM_RATE, num_channels=1, samples_per_channel=size)
+        )
         await asyncio.sleep(max(0.0, started + (n + 1) * CHUNK_MS / 1000 - time.monotonic()))
 
 
@@ -149,8 +152,9 @@ def opus_twice(pcm: np.ndarray) -> np.ndarray:
     pcm = np.concatenate([pcm, np.zeros(4800, np.float32)])  # room for the codec's delay
     for _ in range(2):
         writer, reader = sphn.OpusStreamWriter(24_000), sphn.OpusStreamReader(24_000)
-        pcm = np.concatenate([reader.append_bytes(writer.append_pcm(pcm[i:i + 1920]))
-                              for i in range(0, pcm.size - 1919, 1920)])
+        pcm = np.concatenate(
+            [reader.append_bytes(writer.append_pcm(pcm[i : i + 1920])) for i in range(0, pcm.size - 1919, 1920)]
+        )
     return pcm
 
 
@@ -181,11 +185,14 @@ def test_livekit_personaplex_plugin_hears_the_echo(echo_server, caller, assert_e
     # audio, on the same connection, and the caller's second utterance came back after it.
     after = [at for at, _ in run.speaker.generations if run.interrupted_at < at < run.reconnected_at]
     assert after, "no audio came after the interruption"
-    assert_echoed(caller.second[caller.second.size // 2:],
-                  run.speaker.samples(since=run.interrupted_at, until=run.reconnected_at), opus_twice)
+    assert_echoed(
+        caller.second[caller.second.size // 2 :],
+        run.speaker.samples(since=run.interrupted_at, until=run.reconnected_at),
+        opus_twice,
+    )
 
     # With the new persona, a new conversation: the echo again, and its frame numbers from 0 again.
-    assert_echoed(caller.first[:int(1.5 * 24_000)], run.speaker.samples(since=run.reconnected_at), opus_twice)
+    assert_echoed(caller.first[: int(1.5 * 24_000)], run.speaker.samples(since=run.reconnected_at), opus_twice)
     for numbers in (run.speaker.numbers(until=run.reconnected_at), run.speaker.numbers(since=run.reconnected_at)):
         assert numbers[0] == 0 and numbers == list(range(len(numbers))), numbers
 
@@ -195,5 +202,9 @@ def test_livekit_personaplex_plugin_hears_the_echo(echo_server, caller, assert_e
     assert [socket.close_code for socket in run.sockets] == [1000, 1000]
     assert run.close_took < 1.0, run.close_took
     echo_server.wait_closed("moshi", before, count=2)
-    logger.info("livekit personaplex: %d audio pieces, %d generations, close in %.3f s",
-                len(run.speaker.audio), len(run.speaker.generations), run.close_took)
+    logger.info(
+        "livekit personaplex: %d audio pieces, %d generations, close in %.3f s",
+        len(run.speaker.audio),
+        len(run.speaker.generations),
+        run.close_took,
+    )

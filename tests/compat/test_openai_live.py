@@ -53,7 +53,7 @@ def chunks(line, audio_format: dict[str, Any]) -> list[bytes]:
         return line.chunks(audio_format["rate"], CHUNK_MS)
     wire = ulaw_encode(line.at(8_000))
     size = 8_000 * CHUNK_MS // 1000
-    return [wire[i:i + size] for i in range(0, len(wire) - size + 1, size)]
+    return [wire[i : i + size] for i in range(0, len(wire) - size + 1, size)]
 
 
 def to_24k(audio: bytes, audio_format: dict[str, Any]) -> np.ndarray:
@@ -67,12 +67,14 @@ def ulaw_pass(pcm: np.ndarray) -> np.ndarray:
     return soxr.resample(ulaw_decode(ulaw_encode(soxr.resample(pcm, RATE, 8_000))), 8_000, RATE).astype(np.float32)
 
 
-async def call(url: str, line, audio_format: dict[str, Any], *, mute_second: bool = False,
-               refuse: bool = False) -> Call:
+async def call(
+    url: str, line, audio_format: dict[str, Any], *, mute_second: bool = False, refuse: bool = False
+) -> Call:
     client = openai.AsyncOpenAI(api_key="placeholder", base_url=f"{url}/v1")
     events: list[tuple[float, dict[str, Any]]] = []
     muted_at = unmuted_at = None
     async with client.live.connect() as connection:
+
         async def listen() -> None:
             while True:
                 try:
@@ -82,10 +84,14 @@ async def call(url: str, line, audio_format: dict[str, Any], *, mute_second: boo
                 events.append((time.monotonic(), event))
 
         listener = asyncio.create_task(listen())
-        await connection.session.start(session={
-            "model": "gpt-live-1", "instructions": PERSONA, "audio": {"format": audio_format,
-                                                                      "output": {"voice": "marin"}}},
-            event_id="start-1")
+        await connection.session.start(
+            session={
+                "model": "gpt-live-1",
+                "instructions": PERSONA,
+                "audio": {"format": audio_format, "output": {"voice": "marin"}},
+            },
+            event_id="start-1",
+        )
         while not any(e["type"] == "session.started" for _, e in events):
             await asyncio.sleep(0.01)
         started = time.monotonic()
@@ -95,8 +101,14 @@ async def call(url: str, line, audio_format: dict[str, Any], *, mute_second: boo
                 await connection.session.input_audio.mute(event_id="mute-1")
                 muted_at = time.monotonic()
             if refuse and n == 5:
-                await connection.send({"type": "session.instructions.append", "content": "Be terse.",
-                                       "delegation_id": None, "event_id": "refused-1"})
+                await connection.send(
+                    {
+                        "type": "session.instructions.append",
+                        "content": "Be terse.",
+                        "delegation_id": None,
+                        "event_id": "refused-1",
+                    }
+                )
             await connection.session.input_audio.append(audio=base64.b64encode(chunk).decode())
             await asyncio.sleep(max(0.0, started + (n + 1) * CHUNK_MS / 1000 - time.monotonic()))
         if muted_at is not None:
@@ -141,8 +153,9 @@ def test_the_callers_speech_comes_back_in_the_sessions_format(echo_server, calle
 
     # Text: the echo's frame numbers, each stamped with its own frame on the session timeline.
     texts = run.of("session.output_transcript.delta")
-    assert [(int(t["delta"]), t["start_ms"], t["end_ms"]) for t in texts] == \
-        [(k, 80 * k, 80 * k + 80) for k in range(len(deltas))]
+    assert [(int(t["delta"]), t["start_ms"], t["end_ms"]) for t in texts] == [
+        (k, 80 * k, 80 * k + 80) for k in range(len(deltas))
+    ]
 
     # The close: session.closed, with the call's length as its usage, then the socket closed cleanly.
     closed = run.of("session.closed")[0]
@@ -163,8 +176,10 @@ def test_muted_the_model_hears_silence(echo_server, caller, assert_echoed):
     silent = int((np.abs(frames).max(axis=1) == 0).sum())
     assert silent >= caller.second.size // 1920
     second = soxr.resample(caller.second, RATE, RATE)  # (a copy, for the correlation below)
-    best = max(abs(np.corrcoef(second[:12000], heard[k:k + 12000])[0, 1]) if heard[k:k + 12000].any() else 0.0
-               for k in range(0, heard.size - 12000, 480))
+    best = max(
+        abs(np.corrcoef(second[:12000], heard[k : k + 12000])[0, 1]) if heard[k : k + 12000].any() else 0.0
+        for k in range(0, heard.size - 12000, 480)
+    )
     assert best < 0.5, best  # nothing of it came back
 
 

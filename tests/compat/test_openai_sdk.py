@@ -26,7 +26,8 @@ from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent  #
 from openai.types.realtime import RealtimeServerEvent as ServerEvent  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402
-from _helpers.aio import run_asyncio
+
+from _helpers.aio import run_asyncio  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +53,9 @@ class Run:
 
 
 async def converse(server, line, beta: bool) -> Run:
-    client = openai.AsyncOpenAI(api_key="placeholder", base_url=f"{server.url}/v1",
-                                websocket_base_url=f"{server.ws_url}/v1")
+    client = openai.AsyncOpenAI(
+        api_key="placeholder", base_url=f"{server.url}/v1", websocket_base_url=f"{server.ws_url}/v1"
+    )
     audio_delta = "response.audio.delta" if beta else "response.output_audio.delta"
     events: list[tuple[float, dict]] = []
     played: dict[str, int] = {}  # samples of each of the model's items received
@@ -62,6 +64,7 @@ async def converse(server, line, beta: bool) -> Run:
     started = time.monotonic() + 3600.0  # until the microphone starts
 
     async with (client.beta.realtime if beta else client.realtime).connect(model="personaplex") as connection:
+
         async def listen() -> None:
             nonlocal truncate, truncated_at
             while True:
@@ -74,8 +77,12 @@ async def converse(server, line, beta: bool) -> Run:
                 events.append((time.monotonic(), event))
                 if event["type"] == audio_delta:
                     played[event["item_id"]] = played.get(event["item_id"], 0) + len(event["delta"]) * 3 // 8
-                elif (event["type"] == "input_audio_buffer.speech_started" and truncate is None
-                      and time.monotonic() >= started + line.second_starts and played):
+                elif (
+                    event["type"] == "input_audio_buffer.speech_started"
+                    and truncate is None
+                    and time.monotonic() >= started + line.second_starts
+                    and played
+                ):
                     # The caller speaks over the model: cut its message where the caller stopped hearing it.
                     item = list(played)[-1]
                     truncate = dict(item_id=item, content_index=0, audio_end_ms=played[item] * 1000 // 24_000)
@@ -86,10 +93,12 @@ async def converse(server, line, beta: bool) -> Run:
         if beta:
             await connection.session.update(session={"instructions": PERSONA, "voice": "alloy"})
         else:
-            await connection.session.update(session={"type": "realtime", "instructions": PERSONA,
-                                                     "audio": {"output": {"voice": "marin"}}})
-        await connection.conversation.item.create(item={
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say hello!"}]})
+            await connection.session.update(
+                session={"type": "realtime", "instructions": PERSONA, "audio": {"output": {"voice": "marin"}}}
+            )
+        await connection.conversation.item.create(
+            item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say hello!"}]}
+        )
         await connection.response.create(response={"metadata": {"client_event_id": "greeting"}})
 
         started = time.monotonic()
@@ -155,9 +164,10 @@ def test_openai_sdk_conversation_with_a_barge_in(echo_server, caller, assert_ech
     assert run.truncated_at < run.started + caller.second_starts + 1.5
     (confirmed,) = run.of("conversation.item.truncated")
     assert {key: confirmed[key] for key in run.truncate} == run.truncate
-    later = b"".join(base64.b64decode(e["delta"]) for at, e in run.events
-                     if e["type"] == delta and at > run.truncated_at)
-    assert_echoed(caller.second[caller.second.size // 2:], samples(later))
+    later = b"".join(
+        base64.b64decode(e["delta"]) for at, e in run.events if e["type"] == delta and at > run.truncated_at
+    )
+    assert_echoed(caller.second[caller.second.size // 2 :], samples(later))
 
     # Text: the echo's frame numbers, one per frame, in order from the first.
     transcript = "response.audio_transcript.delta" if beta else "response.output_audio_transcript.delta"
@@ -167,6 +177,10 @@ def test_openai_sdk_conversation_with_a_barge_in(echo_server, caller, assert_ech
     # counted the conversation as closed by the client.
     assert run.close_took < 1.0, run.close_took
     echo_server.wait_closed("realtime", before)
-    logger.info("openai sdk (%s): %d frames, truncated %.2f s after the barge-in, close in %.3f s",
-                "beta" if beta else "ga", len(pcm), run.truncated_at - run.started - caller.second_starts,
-                run.close_took)
+    logger.info(
+        "openai sdk (%s): %d frames, truncated %.2f s after the barge-in, close in %.3f s",
+        "beta" if beta else "ga",
+        len(pcm),
+        run.truncated_at - run.started - caller.second_starts,
+        run.close_took,
+    )

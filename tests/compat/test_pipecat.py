@@ -41,6 +41,7 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor  #
 from pipecat.services.openai.realtime import events  # noqa: E402
 from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService  # noqa: E402
 from pipecat.workers.runner import WorkerRunner  # noqa: E402
+
 from _helpers.aio import run_asyncio
 
 logger = logging.getLogger(__name__)
@@ -132,15 +133,19 @@ async def converse(ws_url: str, line, monkeypatch, service_class: type[RecordedS
             model="personaplex",
             system_instruction="You are a friendly assistant. Keep your answers short.",
             session_properties=events.SessionProperties(
-                audio=events.AudioConfiguration(output=events.AudioOutput(voice="alloy"))),
+                audio=events.AudioConfiguration(output=events.AudioOutput(voice="alloy"))
+            ),
         ),
     )
     context = LLMContext([{"role": "developer", "content": "Say hello!"}])
     user, assistant = LLMContextAggregatorPair(context)
     speaker = Speaker()
-    worker = PipelineWorker(Pipeline([user, service, speaker, assistant]),
-                            params=PipelineParams(audio_in_sample_rate=MIC_RATE),
-                            idle_timeout_secs=None, enable_rtvi=False)
+    worker = PipelineWorker(
+        Pipeline([user, service, speaker, assistant]),
+        params=PipelineParams(audio_in_sample_rate=MIC_RATE),
+        idle_timeout_secs=None,
+        enable_rtvi=False,
+    )
     errors: list[ErrorFrame] = []
 
     @worker.event_handler("on_pipeline_error")
@@ -178,7 +183,7 @@ def test_pipecat_realtime_pipeline_hears_the_echo(echo_server, caller, assert_ec
     assert echo_server.problems_since(mark) == []
 
     # The template's opening: the context message was taken in as a conversation item, then a response.
-    (_, item), = run.service.sent_of("conversation.item.create")
+    ((_, item),) = run.service.sent_of("conversation.item.create")
     added = [event for _, event in run.received if event["type"] == "conversation.item.added"]
     assert item.item.id in [event["item"]["id"] for event in added]
     assert run.service.sent_of("response.create") and "response.created" in kinds
@@ -201,7 +206,7 @@ def test_pipecat_realtime_pipeline_hears_the_echo(echo_server, caller, assert_ec
     confirmed = [event for _, event in run.received if event["type"] == "conversation.item.truncated"]
     assert truncate.item_id in [event["item_id"] for event in confirmed]
     later = samples(b"".join(chunk for at, chunk in run.speaker.audio if at > truncated_at))
-    assert_echoed(caller.second[caller.second.size // 2:], later)
+    assert_echoed(caller.second[caller.second.size // 2 :], later)
 
     # Text: the echo's frame numbers, in order from the first.
     numbers = [int(piece) for piece in run.speaker.text]
@@ -214,8 +219,12 @@ def test_pipecat_realtime_pipeline_hears_the_echo(echo_server, caller, assert_ec
     (socket,) = run.service.sockets
     assert socket.close_code == 1000  # the server's answer to the close frame (1006 had it not answered)
     echo_server.wait_closed("realtime", before)
-    logger.info("pipecat: %d audio frames, %d text pieces, truncated %.2f s after the barge-in",
-                len(run.speaker.audio), len(numbers), truncated_at - barge_in)
+    logger.info(
+        "pipecat: %d audio frames, %d text pieces, truncated %.2f s after the barge-in",
+        len(run.speaker.audio),
+        len(numbers),
+        truncated_at - barge_in,
+    )
 
 
 def test_pipecat_with_the_server_a_round_trip_away(echo_server, caller, assert_echoed, monkeypatch):

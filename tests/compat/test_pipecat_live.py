@@ -45,6 +45,7 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor  #
 from pipecat.services.openai.live import events  # noqa: E402
 from pipecat.services.openai.live.llm import OpenAILiveLLMService  # noqa: E402
 from pipecat.workers.runner import WorkerRunner  # noqa: E402
+
 from _helpers.aio import run_asyncio
 
 logger = logging.getLogger(__name__)
@@ -130,14 +131,20 @@ async def converse(ws_url: str, line, monkeypatch, *, persona: str | None = None
 
     monkeypatch.setattr(events, "parse_server_event", recording_parse)
 
-    service = RecordedService(api_key="placeholder", base_url=f"{ws_url}/v1/live/sessions",
-                              settings=OpenAILiveLLMService.Settings(system_instruction=persona))
+    service = RecordedService(
+        api_key="placeholder",
+        base_url=f"{ws_url}/v1/live/sessions",
+        settings=OpenAILiveLLMService.Settings(system_instruction=persona),
+    )
     context = LLMContext([{"role": "developer", "content": opening}] if opening else None)
     user, assistant = LLMContextAggregatorPair(context)
     speaker = Speaker()
-    worker = PipelineWorker(Pipeline([user, service, speaker, assistant]),
-                            params=PipelineParams(audio_in_sample_rate=MIC_RATE),
-                            idle_timeout_secs=None, enable_rtvi=False)
+    worker = PipelineWorker(
+        Pipeline([user, service, speaker, assistant]),
+        params=PipelineParams(audio_in_sample_rate=MIC_RATE),
+        idle_timeout_secs=None,
+        enable_rtvi=False,
+    )
     errors: list[ErrorFrame] = []
     started = asyncio.Event()
 
@@ -198,7 +205,7 @@ def test_pipecat_live_pipeline_hears_the_echo(echo_server, caller, assert_echoed
     assert_echoed(caller.first, audio)
     assert_echoed(caller.second, audio)
     # The echo comes one 80 ms frame after the caller spoke, not all of it at the end.
-    pieces = assert_echoed(caller.first, audio[int(run.mic_from * RATE):])
+    pieces = assert_echoed(caller.first, audio[int(run.mic_from * RATE) :])
     assert pieces[0].at < 0.5, pieces
 
     # Text: the echo's frame numbers, every frame's, in order from the first.
@@ -216,8 +223,9 @@ def test_pipecat_live_pipeline_hears_the_echo(echo_server, caller, assert_echoed
     (socket,) = run.service.sockets
     assert socket.close_code == 1000
     echo_server.wait_closed("live", before, outcome="completed")
-    logger.info("pipecat live: %d audio frames, %d text pieces, end in %.3f s",
-                run.speaker.frames, len(numbers), run.end_took)
+    logger.info(
+        "pipecat live: %d audio frames, %d text pieces, end in %.3f s", run.speaker.frames, len(numbers), run.end_took
+    )
 
 
 def test_pipecat_live_with_persona_and_opening_instruction(echo_server, caller, assert_echoed, monkeypatch):
@@ -236,8 +244,9 @@ def test_pipecat_live_with_persona_and_opening_instruction(echo_server, caller, 
     (commentary,) = run.service.sent_of("session.commentary.append")
     assert commentary["content"] == "Say hello!"
     errors = [event for event in run.received if event["type"] == "error"]
-    assert [(e["error"]["code"], e["client_event_id"]) for e in errors] == \
-        [("unsupported_event", commentary["event_id"])]
+    assert [(e["error"]["code"], e["client_event_id"]) for e in errors] == [
+        ("unsupported_event", commentary["event_id"])
+    ]
     assert kinds(run).index("error") > kinds(run).index("session.started")
     assert [frame.fatal for frame in run.errors] == [False], run.errors
     assert echo_server.problems_since(mark) == []  # a refused event is the client's, not the server's problem

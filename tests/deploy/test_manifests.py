@@ -156,8 +156,11 @@ def test_the_image_runs_the_server_as_pid_1_with_flags_it_knows():
     steps = dict(dockerfile())  # the last of each instruction
     entrypoint, command = json.loads(steps["ENTRYPOINT"]), json.loads(steps["CMD"])
     assert entrypoint == ["pplex-trio"]  # exec form: SIGTERM reaches the server, not a shell
-    copied = {argument.split()[1]: REPO / argument.split()[0] for instruction, argument in dockerfile()
-              if instruction == "COPY" and len(argument.split()) == 2}
+    copied = {
+        argument.split()[1]: REPO / argument.split()[0]
+        for instruction, argument in dockerfile()
+        if instruction == "COPY" and len(argument.split()) == 2
+    }
     assert copied.get("/etc/pplex-trio/serve.toml") == REPO / "deploy" / "serve.example.toml"
     settings = serve_settings(command, copied)  # the example file, as the image has it
     assert settings.refuse_busy_upgrades and settings.drain_seconds > 0 and settings.host == "0.0.0.0"

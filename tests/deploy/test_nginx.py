@@ -100,7 +100,9 @@ def nginx_in_front_of(replicas: list[Replica], tmp_path: pathlib.Path) -> Iterat
     port = free_port()
     (tmp_path / "tmp").mkdir()
     (tmp_path / "pplex-trio.conf").write_text(render(CONF.read_text(), port, [r.address for r in replicas]))
-    user = "user root;" if os.geteuid() == 0 else ""  # as root, nginx's workers would be nobody, and our temp dir is ours
+    user = (
+        "user root;" if os.geteuid() == 0 else ""
+    )  # as root, nginx's workers would be nobody, and our temp dir is ours
     (tmp_path / "nginx.conf").write_text(f"""
 {user}
 worker_processes 2;
@@ -117,8 +119,9 @@ http {{
     binary = nginx_binary()
     check = subprocess.run([binary, "-t", "-p", str(tmp_path), "-c", "nginx.conf"], capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
-    proc = subprocess.Popen([binary, "-p", str(tmp_path), "-c", "nginx.conf", "-g", "daemon off;"],
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [binary, "-p", str(tmp_path), "-c", "nginx.conf", "-g", "daemon off;"], stderr=subprocess.PIPE, text=True
+    )
     try:
         for _ in range(200):
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.1):

@@ -29,8 +29,21 @@ ALERTS_TEST = pathlib.Path(__file__).with_name("alerts_test.yml")
 PROMETHEUS_OWN = {"up"}  # series Prometheus writes itself for every target
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 
-_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
-             "offset", "inf", "nan"}
+_KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+    "inf",
+    "nan",
+}
 
 
 def metric_names(expr: str) -> set[str]:
@@ -83,9 +96,11 @@ def every_reference() -> dict[str, set[str]]:
 
 
 def test_metric_names_are_read_out_of_promql():
-    expr = ('histogram_quantile(0.99, sum by (le, instance) (rate(pplex_a_bucket{instance=~"$instance", '
-            'x="by (y)"}[$__rate_interval]))) > 0.01 and on (instance) pplex_b == bool 1 or vector(0) '
-            'unless up{job="pplex-trio"} offset 5m')
+    expr = (
+        'histogram_quantile(0.99, sum by (le, instance) (rate(pplex_a_bucket{instance=~"$instance", '
+        'x="by (y)"}[$__rate_interval]))) > 0.01 and on (instance) pplex_b == bool 1 or vector(0) '
+        'unless up{job="pplex-trio"} offset 5m'
+    )
     assert metric_names(expr) == {"pplex_a_bucket", "pplex_b", "up"}
 
 
@@ -94,8 +109,11 @@ async def exported(virtual_server) -> set[str]:
     """The series names the real server's /metrics exports, from its families' types (the test asks for
     ``autojump_clock``)."""
     handle = await virtual_server()
-    return {name for family in text_string_to_metric_families(await handle.metrics())
-            for name in series_names(family.name, family.type)}
+    return {
+        name
+        for family in text_string_to_metric_families(await handle.metrics())
+        for name in series_names(family.name, family.type)
+    }
 
 
 def allowed_names(exported: set[str]) -> set[str]:
@@ -105,9 +123,16 @@ def allowed_names(exported: set[str]) -> set[str]:
 async def test_the_dashboard_and_the_alerts_read_only_exported_metrics(exported, autojump_clock):
     references = every_reference()
     assert {name for name in references if name.startswith("pplex_")} >= {
-        "pplex_slots", "pplex_queued", "pplex_tick_lateness_seconds_bucket", "pplex_engine_stalled",
-        "pplex_added_latency_stage_seconds_bucket", "pplex_frames_dropped_total", "pplex_unready",
-        "pplex_response_latency_seconds_bucket", "pplex_barge_ins_total"}
+        "pplex_slots",
+        "pplex_queued",
+        "pplex_tick_lateness_seconds_bucket",
+        "pplex_engine_stalled",
+        "pplex_added_latency_stage_seconds_bucket",
+        "pplex_frames_dropped_total",
+        "pplex_unready",
+        "pplex_response_latency_seconds_bucket",
+        "pplex_barge_ins_total",
+    }
     unknown = {name: sorted(places) for name, places in references.items() if name not in allowed_names(exported)}
     assert not unknown, f"not exported by the server (or not under this name for its type): {unknown}"
 
@@ -134,9 +159,15 @@ def test_the_dashboard_is_one_grafana_imports():
 
 def test_the_alerts_are_the_ones_docs_deploy_describes():
     rules = {rule["alert"]: rule for rule in alert_rules()}
-    assert set(rules) == {"PplexTicksLate", "PplexEngineStalled", "PplexSlotsExhaustedWithQueue",
-                          "PplexFramesDroppedRising", "PplexReplicaNotReady", "PplexReplicaDown",
-                          "PplexResponseLatencyHigh"}
+    assert set(rules) == {
+        "PplexTicksLate",
+        "PplexEngineStalled",
+        "PplexSlotsExhaustedWithQueue",
+        "PplexFramesDroppedRising",
+        "PplexReplicaNotReady",
+        "PplexReplicaDown",
+        "PplexResponseLatencyHigh",
+    }
     deploy_doc = (REPO / "docs" / "DEPLOY.md").read_text()
     for name, rule in rules.items():
         assert rule["labels"]["severity"] in ("warning", "critical") and re.fullmatch(r"\d+[sm]", rule["for"])
@@ -147,8 +178,7 @@ def test_the_alerts_are_the_ones_docs_deploy_describes():
 def promtool() -> str:
     found = shutil.which("promtool")
     if found is None:
-        pytest.skip("promtool is not installed: `bash .ci/setup --test` installs Debian's (apt-get install "
-                    "prometheus)")
+        pytest.skip("promtool is not installed: `bash .ci/setup --test` installs Debian's (apt-get install prometheus)")
     return found
 
 
@@ -174,7 +204,9 @@ def test_the_alerts_fire_on_made_up_series(tmp_path):
 
 def test_every_dashboard_query_is_valid_promql(tmp_path):
     """The dashboard's expressions, Grafana's variables filled in, as recording rules promtool parses."""
-    rules = [{"record": f"dashboard:expr_{n}", "expr": expr.replace("$__rate_interval", "5m")
-              .replace("$instance", ".*")} for n, expr in enumerate(dashboard_exprs().values())]
+    rules = [
+        {"record": f"dashboard:expr_{n}", "expr": expr.replace("$__rate_interval", "5m").replace("$instance", ".*")}
+        for n, expr in enumerate(dashboard_exprs().values())
+    ]
     (tmp_path / "dashboard.yml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     run_promtool("check", "rules", tmp_path / "dashboard.yml")

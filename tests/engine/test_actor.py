@@ -14,6 +14,7 @@ import pytest
 import trio
 import trio.testing
 
+from _helpers.engine_calls import inline_runner, run_engine_calls
 from pplex_trio.engine import (
     BEGUN_STATES,
     ActorSettings,
@@ -25,10 +26,7 @@ from pplex_trio.engine import (
     QueueFull,
     SlotMode,
 )
-
 from pplex_trio.engine._schedule import GRACE_PER_WINDOW
-
-from _helpers.engine_calls import inline_runner, run_engine_calls
 
 INPUT_GRACE = ActorSettings().input_grace_ms / 1000
 EARLY_START = ActorSettings().early_start_ms / 1000
@@ -371,7 +369,8 @@ async def test_a_dropped_output_frame_keeps_its_text(nursery, autojump_clock, mo
 
 
 async def test_an_observer_sees_every_frame_with_what_the_model_heard_even_those_the_outbox_drops(
-        nursery, autojump_clock, monkeypatch):
+    nursery, autojump_clock, monkeypatch
+):
     """``on_frame`` gets the conversation's timeline: each tick's input frame beside the model's output, before the
     outbox, so a reader that stalls loses frames that the observer still has."""
     engine = EchoEngine(1, prefill_steps=0, delay_frames=1)
@@ -380,8 +379,9 @@ async def test_an_observer_sees_every_frame_with_what_the_model_heard_even_those
     await nursery.start(actor.run)
     seen = []
     said = [np.full(FRAME, (k + 1) / 16, np.float32) for k in range(4)]
-    with actor.lease(Conversation(), on_frame=lambda f: seen.append((f.tick, f.heard.copy(), f.pcm.copy(), f.text))) \
-            as lease:
+    with actor.lease(
+        Conversation(), on_frame=lambda f: seen.append((f.tick, f.heard.copy(), f.pcm.copy(), f.text))
+    ) as lease:
         await wait_begun(lease)
         for pcm in said:
             lease.push_input(pcm, trio.current_time())
@@ -394,8 +394,9 @@ async def test_an_observer_sees_every_frame_with_what_the_model_heard_even_those
     assert [text for *_, text in seen] == [f" {k}" for k in range(6)]
 
 
-async def test_an_observer_that_fails_is_let_go_and_the_conversation_goes_on(nursery, autojump_clock, monkeypatch,
-                                                                            caplog):
+async def test_an_observer_that_fails_is_let_go_and_the_conversation_goes_on(
+    nursery, autojump_clock, monkeypatch, caplog
+):
     engine = EchoEngine(1, prefill_steps=0)
     run_engine_calls(monkeypatch, inline_runner())
     actor = EngineActor(engine, STEP_AT_ONCE)
@@ -442,8 +443,11 @@ async def test_the_tick_grid_moves_to_just_after_the_audio_arrives(nursery, auto
     assert actor.metrics.frames_silence._value.get() <= 2  # and no frame was missed on the way
 
 
-async def test_a_client_that_starts_at_the_handshake_lands_just_ahead_of_the_ticks(nursery, autojump_clock, monkeypatch):
-    """Sending the handshake `lead` before a tick: the client's frames wait ~lead, from the first one (no early start)."""
+async def test_a_client_that_starts_at_the_handshake_lands_just_ahead_of_the_ticks(
+    nursery, autojump_clock, monkeypatch
+):
+    """Sending the handshake `lead` before a tick: the client's frames wait ~lead, from the first one (no early
+    start)."""
     engine = RecordingEcho(1, prefill_steps=3)
     run_engine_calls(monkeypatch, inline_runner())
     actor = EngineActor(engine, STEP_AT_ONCE_NO_EARLY_START)
@@ -460,7 +464,9 @@ async def test_a_client_that_starts_at_the_handshake_lands_just_ahead_of_the_tic
             lease.push_input(np.full(1920, 0.5, np.float32), trio.current_time())
         await trio.sleep(TICK)
     assert waits[0] == pytest.approx(0.010, abs=1e-6)  # no settling needed
-    assert all(actor.schedule.steering.margin - 1e-6 < w <= 0.010 + 1e-6 for w in waits)  # then steering trims it towards its margin
+    assert all(
+        actor.schedule.steering.margin - 1e-6 < w <= 0.010 + 1e-6 for w in waits
+    )  # then steering trims it towards its margin
     assert len(waits) == 39 and lease.input_stats().underruns == 0  # every frame taken, none late
 
 
@@ -620,8 +626,9 @@ async def test_holds_are_rationed(nursery, autojump_clock, monkeypatch):
     await nursery.start(actor.run)
     ticks_before = actor.ticks
     grace_window = round(2.0 / TICK)  # ticks in 2 s
-    lease, _ = await _aligned_client(actor, nursery, 2 * grace_window * 2,
-                                     lambda k: 0.005 if k % 2 == 0 and k >= 4 else 0.0)
+    lease, _ = await _aligned_client(
+        actor, nursery, 2 * grace_window * 2, lambda k: 0.005 if k % 2 == 0 and k >= 4 else 0.0
+    )
     count = _histogram(actor.metrics.tick_input_wait, "_count")
     windows = (actor.ticks - ticks_before) / grace_window
     assert 1 <= count <= GRACE_PER_WINDOW * (windows + 1)
@@ -690,8 +697,13 @@ async def test_a_step_past_the_engine_timeout_stalls_the_actor_until_it_returns(
     while actor.stalled:
         await trio.sleep(0.1)
     A = ActorState
-    assert moves(states) == {(A.IDLE, A.CALLING), (A.CALLING, A.IDLE), (A.CALLING, A.STALLED),
-                             (A.STALLED, A.RECOVERING), (A.RECOVERING, A.IDLE)}
+    assert moves(states) == {
+        (A.IDLE, A.CALLING),
+        (A.CALLING, A.IDLE),
+        (A.CALLING, A.STALLED),
+        (A.STALLED, A.RECOVERING),
+        (A.RECOVERING, A.IDLE),
+    }
     assert trio.current_time() - stalled_at == pytest.approx(20.0, abs=0.2)  # it waited for the call
     assert engine.reset_all_calls == 1 and actor.metrics.engine_stalled._value.get() == 0
     with actor.lease(Conversation()) as fresh:
@@ -859,6 +871,7 @@ async def test_a_flood_of_joins_queues_and_never_starves_the_live_rows(nursery, 
 
 # --- voices made from recordings, between ticks ---------------------------------------------------
 
+
 def _clip(seconds: float) -> np.ndarray:
     return np.full(int(seconds * 24_000), 0.1, dtype=np.float32)
 
@@ -926,8 +939,10 @@ async def test_a_voice_that_fails_is_its_callers_error_alone(nursery, autojump_c
         def make_voice(self, pcm):
             job = super().make_voice(pcm)
             if len(pcm) < 24_000:
+
                 def advance(frames):
                     raise ValueError("this clip is no voice")
+
                 job.advance = advance
             return job
 

@@ -14,10 +14,9 @@ import pytest
 import sphn
 import trio
 
+from _helpers.engine_calls import inline_runner, run_engine_calls
 from pplex_trio.codec import is_silent
 from pplex_trio.engine import BEGUN_STATES, ActorSettings, Conversation, EchoEngine, EngineActor, LeaseState
-
-from _helpers.engine_calls import inline_runner, run_engine_calls
 
 TICK = 0.080
 FRAME = 1920
@@ -74,7 +73,7 @@ async def test_the_first_step_consumes_the_callers_first_frame(nursery, autojump
         lease.push_input(first[PAGE:], sent_at)
         await trio.sleep(TICK / 2)
         assert lease.state is LeaseState.LIVE and engine.live_steps == 1
-        (at, frame), = out
+        ((at, frame),) = out
         np.testing.assert_array_equal(frame.pcm, first)  # the model's first step heard the caller's first frame
         assert at - sent_at == pytest.approx(actor.schedule.steering.margin)  # at once, with no grid running
         await trio.sleep(1.0)
@@ -96,8 +95,7 @@ async def test_a_listening_client_is_stepped_once_its_first_frame_is_overdue(nur
         assert out[0][0] - ready == pytest.approx(2.0 + actor.schedule.steering.margin)
 
 
-async def test_a_first_frame_beside_live_conversations_waits_for_their_next_tick(nursery, autojump_clock,
-                                                                                 monkeypatch):
+async def test_a_first_frame_beside_live_conversations_waits_for_their_next_tick(nursery, autojump_clock, monkeypatch):
     run_engine_calls(monkeypatch, inline_runner())
     actor = EngineActor(CountingEcho(2, prefill_steps=0, delay_frames=0), ActorSettings(first_frame_timeout=0))
     await nursery.start(actor.run)
@@ -127,20 +125,20 @@ async def stream(lease, pcm, start, *, stall=None):
     for k in range(len(pcm) // PAGE):
         due = start + k * PAGE / 24_000
         if stall is not None and stall[0] <= due < stall[0] + stall[1]:
-            held.append(pcm[k * PAGE:(k + 1) * PAGE])
+            held.append(pcm[k * PAGE : (k + 1) * PAGE])
             continue
         await trio.sleep_until(due)
         if held:
             for page in held:
                 lease.push_input(page, trio.current_time())
             held = []
-        lease.push_input(pcm[k * PAGE:(k + 1) * PAGE], trio.current_time())
+        lease.push_input(pcm[k * PAGE : (k + 1) * PAGE], trio.current_time())
 
 
 def heard(out, pcm):
     """Which of ``pcm``'s frames the model heard (the echo gives back exactly what each tick took)."""
     frames = {frame.pcm.tobytes() for _, frame in out}
-    return [pcm[i * FRAME:(i + 1) * FRAME].tobytes() in frames for i in range(len(pcm) // FRAME)]
+    return [pcm[i * FRAME : (i + 1) * FRAME].tobytes() in frames for i in range(len(pcm) // FRAME)]
 
 
 def turnaround(out, since, until=np.inf):
@@ -151,15 +149,19 @@ def turnaround(out, since, until=np.inf):
 
 @pytest.mark.parametrize("seconds", [0.5, 1.0, 2.5, 5.0])
 @pytest.mark.parametrize("during", ["speech", "silence"])
-async def test_an_uplink_stall_loses_no_speech_and_leaves_no_lasting_latency(nursery, autojump_clock, monkeypatch,
-                                                                            speech, during, seconds):
+async def test_an_uplink_stall_loses_no_speech_and_leaves_no_lasting_latency(
+    nursery, autojump_clock, monkeypatch, speech, during, seconds
+):
     run_engine_calls(monkeypatch, inline_runner(0.010))
     actor = EngineActor(EchoEngine(1, prefill_steps=0, delay_frames=0), ActorSettings(input_backlog_seconds=4.0))
     await nursery.start(actor.run)
-    silent = [is_silent(speech[i * FRAME:(i + 1) * FRAME]) for i in range(len(speech) // FRAME)]
+    silent = [is_silent(speech[i * FRAME : (i + 1) * FRAME]) for i in range(len(speech) // FRAME)]
     # The stall: in the first spoken stretch of 1 s or more after 2 s, or in the longest pause.
-    starts = [i for i in range(25, len(silent) - 12) if not any(silent[i:i + 12])] if during == "speech" \
-        else [max(range(25, len(silent)), key=lambda i: sum(silent[i:i + 25]))]
+    starts = (
+        [i for i in range(25, len(silent) - 12) if not any(silent[i : i + 12])]
+        if during == "speech"
+        else [max(range(25, len(silent)), key=lambda i: sum(silent[i : i + 25]))]
+    )
     out = []
     with actor.lease(Conversation()) as lease:
         await begun(lease)
@@ -178,8 +180,7 @@ async def test_an_uplink_stall_loses_no_speech_and_leaves_no_lasting_latency(nur
     assert after <= before + 0.040, (before, after)
 
 
-async def test_the_grid_of_a_conversation_that_ended_is_not_the_next_ones(nursery, autojump_clock, monkeypatch,
-                                                                          caplog):
+async def test_the_grid_of_a_conversation_that_ended_is_not_the_next_ones(nursery, autojump_clock, monkeypatch, caplog):
     """One conversation ends; the next one's caller sends its first frame seconds later: its ticks start then,
     with no stale deadline to catch up with (no tick skipped, no warning)."""
     run_engine_calls(monkeypatch, inline_runner())
@@ -204,7 +205,8 @@ async def test_the_grid_of_a_conversation_that_ended_is_not_the_next_ones(nurser
 
 
 async def test_a_reader_that_stalls_gets_every_spoken_frame_and_every_text_then_real_time(
-        nursery, autojump_clock, monkeypatch, speech):
+    nursery, autojump_clock, monkeypatch, speech
+):
     """The session's reader is stuck for 2.5 s (its client's downlink held), then reads again: nothing the
     model said is lost, its silent frames go instead, and from then on the reader keeps up with the ticks."""
     run_engine_calls(monkeypatch, inline_runner())
@@ -229,8 +231,11 @@ async def test_a_reader_that_stalls_gets_every_spoken_frame_and_every_text_then_
     frames = [frame for _, frame in out]
     texts = "".join(frame.text or "" for frame in frames)
     assert texts == "".join(f" {n}" for n in range(lease.frames_delivered))  # every text piece, in order
-    said = {speech[i * FRAME:(i + 1) * FRAME].tobytes() for i in range(len(speech) // FRAME)
-            if not is_silent(speech[i * FRAME:(i + 1) * FRAME])}
+    said = {
+        speech[i * FRAME : (i + 1) * FRAME].tobytes()
+        for i in range(len(speech) // FRAME)
+        if not is_silent(speech[i * FRAME : (i + 1) * FRAME])
+    }
     assert said <= {frame.pcm.tobytes() for frame in frames}  # every spoken frame of the model's reached it
     assert lease.output_skipped > 0 and lease.output_dropped == 0  # silence went instead, nothing else
     late = [at - frame.delivered for at, frame in out if at > start + 4.5 + 4.0]

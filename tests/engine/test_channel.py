@@ -62,9 +62,11 @@ async def test_close_lets_the_receiver_drain_then_end():
 async def test_close_wakes_a_waiting_receiver():
     ch = DropOldestChannel(1, name="t")
     async with trio.open_nursery() as nursery:
+
         async def consumer():
             with pytest.raises(trio.EndOfChannel):
                 await ch.receive()
+
         nursery.start_soon(consumer)
         await trio.testing.wait_all_tasks_blocked()
         ch.close()

@@ -59,7 +59,9 @@ def test_overflow_drops_oldest_whole_frames_and_keeps_alignment(sizes, max_frame
         assert frame[0] % FRAME == 0  # frames still start on stream frame boundaries
         np.testing.assert_array_equal(frame, np.arange(frame[0], frame[0] + FRAME, dtype=np.float32))
     if frames:
-        np.testing.assert_array_equal(np.concatenate(frames), data[dropped * FRAME : dropped * FRAME + len(frames) * FRAME])
+        np.testing.assert_array_equal(
+            np.concatenate(frames), data[dropped * FRAME : dropped * FRAME + len(frames) * FRAME]
+        )
 
 
 def test_odd_length_chunks_from_a_raw_client():
@@ -138,7 +140,9 @@ def test_alignment_cuts_latency_to_the_newest_page():
         # Continuity: the audio is the stream with at most one contiguous skip.
         jumps = np.flatnonzero(np.diff(aligned_audio) != 1)
         assert len(jumps) <= 1
-        assert framer.skipped_samples == (aligned_audio[jumps[0] + 1] - aligned_audio[jumps[0]] - 1 if len(jumps) else 0)
+        assert framer.skipped_samples == (
+            aligned_audio[jumps[0] + 1] - aligned_audio[jumps[0]] - 1 if len(jumps) else 0
+        )
         assert np.all(np.diff(naive_audio) == 1)  # naive never skips
 
 
@@ -242,8 +246,9 @@ def test_a_burst_after_a_stall_is_kept_whole_and_caught_up_over_the_pauses():
     framer = make_framer(FRAME, max_frames=50)
     speech, pause = 0.3, 0.0
     script = [speech] * 20 + [speech] * 12 + [speech] * 10 + [pause] * 20 + [speech] * 30  # frames, in order
-    stream = np.concatenate([np.full(FRAME, v if v else 0.0, np.float32) + (k if v else 0) * 1e-6
-                             for k, v in enumerate(script)])
+    stream = np.concatenate(
+        [np.full(FRAME, v if v else 0.0, np.float32) + (k if v else 0) * 1e-6 for k, v in enumerate(script)]
+    )
     heard, delays = [], []
     for tick in range(len(script) + 20):
         if tick < 20 or tick >= 32:  # frames 20-31 are held by the network for 12 ticks (0.96 s) ...

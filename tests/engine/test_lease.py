@@ -52,8 +52,14 @@ class Owner:
 
 def new_lease(owner: Owner, *, early_audio: bool = False, client: str | None = None) -> tuple[Lease, EngineLease]:
     """A lease's two ends, as the actor makes them: the session's, and the engine's (in the table)."""
-    lease, engine = open_lease(Conversation(), owner, framer=InputFramer(FRAME, 4, window=25, hold_after_underrun=50),
-                               output_capacity=8, early_audio=early_audio, client=client)
+    lease, engine = open_lease(
+        Conversation(),
+        owner,
+        framer=InputFramer(FRAME, 4, window=25, hold_after_underrun=50),
+        output_capacity=8,
+        early_audio=early_audio,
+        client=client,
+    )
     owner.table.request(engine, owner.now)
     return lease, engine
 
@@ -85,6 +91,7 @@ def test_the_moves_a_lease_may_make():
 def test_each_end_has_only_its_own_side():
     """Two thin ends over one core: what the engine is told is not the session's to call, nor the reverse
     (tests/test_types.py: mypy refuses it)."""
+
     def own(end: type) -> set[str]:
         return {name for name in vars(end) if not name.startswith("_")}
 

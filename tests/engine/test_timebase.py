@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 import trio
 
-from pplex_trio.engine import BEGUN_STATES, ActorSettings, Conversation, EchoEngine, EngineActor
-
 from _helpers.engine_calls import inline_runner, run_engine_calls
+from pplex_trio.engine import BEGUN_STATES, ActorSettings, Conversation, EchoEngine, EngineActor
 
 PERIODS = [0.040, 0.080, 0.100]
 FRAME = 1920

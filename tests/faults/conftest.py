@@ -11,16 +11,22 @@ import httpx
 import pytest
 import trio
 
+from _helpers.bad_client import CLIENT_TIMEOUT, LIMIT, BadClient
+from _helpers.ws import RawWitness
 from pplex_trio.client import open_websocket
 from pplex_trio.engine import EchoEngine, Engine
 from pplex_trio.server import ServerHandle, ServerSettings, serve
 
-from _helpers.bad_client import CLIENT_TIMEOUT, LIMIT, BadClient
-from _helpers.ws import RawWitness
-
 PREFILL_STEPS = 8  # a system prompt long enough to misbehave in (run instantly between ticks)
-SETTINGS = dict(slots=2, client_timeout=CLIENT_TIMEOUT, keepalive_interval=0.5, max_message_bytes=LIMIT,
-                shutdown_grace=0.5, queue_size=4, first_frame_timeout=0)  # (stepped from the handshake)
+SETTINGS = dict(
+    slots=2,
+    client_timeout=CLIENT_TIMEOUT,
+    keepalive_interval=0.5,
+    max_message_bytes=LIMIT,
+    shutdown_grace=0.5,
+    queue_size=4,
+    first_frame_timeout=0,
+)  # (stepped from the handshake)
 
 
 @pytest.fixture(autouse=True)
@@ -33,8 +39,7 @@ def no_error_in_the_server_log(request, caplog):
         return
     records = caplog.get_records("setup") + caplog.get_records("call") + caplog.records  # (teardown so far)
     bad = [r for r in records if r.levelno >= logging.ERROR or r.exc_info or "Traceback" in r.getMessage()]
-    assert not bad, "the server logged: " + "; ".join(f"{r.levelname} {r.name}: {r.getMessage()[:200]}"
-                                                       for r in bad)
+    assert not bad, "the server logged: " + "; ".join(f"{r.levelname} {r.name}: {r.getMessage()[:200]}" for r in bad)
 
 
 @pytest.fixture

@@ -17,15 +17,27 @@ import ssl
 
 import pytest
 import trio
+from faults.test_transport_faults import (
+    BEHAVIOURS,
+    GONE_WITHIN,
+    PATHS,
+    POLL,
+    REAL_GONE_WITHIN,
+    bring_to,
+    misbehave,
+    start_witness,
+    witness_talks_on_then_ends,
+)
 
 from _helpers.bad_client import CLIENT_TIMEOUT
-from faults.test_transport_faults import (BEHAVIOURS, GONE_WITHIN, PATHS, POLL, REAL_GONE_WITHIN, bring_to,
-                                          misbehave, start_witness, witness_talks_on_then_ends)
 from pplex_trio.client import client_ssl_context
 from pplex_trio.server.transport._transport import WATCH_INTERVAL
 
-OPENINGS = {"nothing": b"", "half a ClientHello": b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
-            "neither TLS nor HTTP": b"\x00\x01garbage"}
+OPENINGS = {
+    "nothing": b"",
+    "half a ClientHello": b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+    "neither TLS nor HTTP": b"\x00\x01garbage",
+}
 
 
 def trusting() -> ssl.SSLContext:
@@ -66,11 +78,13 @@ async def test_on_real_sockets_a_handshake_that_never_finishes_is_dropped(real_f
     await a_handshake_that_never_finishes_is_dropped(server, OPENINGS["half a ClientHello"], CLIENT_TIMEOUT + 2)
 
 
-async def a_misbehaving_wss_client_costs_the_others_nothing(server, nursery, protocol: str, behaviour: str,
-                                                            gone_within: float) -> None:
+async def a_misbehaving_wss_client_costs_the_others_nothing(
+    server, nursery, protocol: str, behaviour: str, gone_within: float
+) -> None:
     witness = await start_witness(nursery, server, ssl_context=trusting())
-    bad = await server.bad_client(PATHS[protocol], tls=trusting(),
-                                  receive_buffer=4096 if behaviour == "stop_reading" else None)
+    bad = await server.bad_client(
+        PATHS[protocol], tls=trusting(), receive_buffer=4096 if behaviour == "stop_reading" else None
+    )
     await bring_to("live", protocol, bad, server, 0)
     await misbehave(behaviour, bad)
     async with server.http(ssl_context=trusting()) as http:
@@ -83,16 +97,19 @@ async def a_misbehaving_wss_client_costs_the_others_nothing(server, nursery, pro
 
 @pytest.mark.parametrize("behaviour", BEHAVIOURS)
 @pytest.mark.parametrize("protocol", ["raw", "moshi"])
-async def test_a_misbehaving_wss_client_costs_the_others_nothing(fault_server, autojump_clock, tmp_path, nursery,
-                                                                 protocol, behaviour):
+async def test_a_misbehaving_wss_client_costs_the_others_nothing(
+    fault_server, autojump_clock, tmp_path, nursery, protocol, behaviour
+):
     server = await fault_server(ssl_dir=tmp_path / "tls")
-    await a_misbehaving_wss_client_costs_the_others_nothing(server, nursery, protocol, behaviour,
-                                                            GONE_WITHIN[behaviour])
+    await a_misbehaving_wss_client_costs_the_others_nothing(
+        server, nursery, protocol, behaviour, GONE_WITHIN[behaviour]
+    )
 
 
 @pytest.mark.serial
-async def test_on_real_sockets_a_wss_client_that_stops_reading_costs_the_others_nothing(real_fault_server, tmp_path,
-                                                                                        nursery):
+async def test_on_real_sockets_a_wss_client_that_stops_reading_costs_the_others_nothing(
+    real_fault_server, tmp_path, nursery
+):
     server = await real_fault_server(ssl_dir=tmp_path / "tls")
     await a_misbehaving_wss_client_costs_the_others_nothing(server, nursery, "raw", "stop_reading", REAL_GONE_WITHIN)
 

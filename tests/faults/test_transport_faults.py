@@ -38,39 +38,117 @@ from _helpers.ws import RawWitness, raw_open
 from pplex_trio._conversation import CLOSE_BUDGET
 from pplex_trio.server.transport._transport import WATCH_INTERVAL
 
-PATHS = {"raw": "/v1/audio/duplex", "moshi": "/api/chat?voice_prompt=NATF0.pt", "realtime": "/v1/realtime",
-         "live": "/v1/live/sessions", "twilio": "/telephony/twilio", "telnyx": "/telephony/telnyx",
-         "plivo": "/telephony/plivo", "exotel": "/telephony/exotel"}
+PATHS = {
+    "raw": "/v1/audio/duplex",
+    "moshi": "/api/chat?voice_prompt=NATF0.pt",
+    "realtime": "/v1/realtime",
+    "live": "/v1/live/sessions",
+    "twilio": "/telephony/twilio",
+    "telnyx": "/telephony/telnyx",
+    "plivo": "/telephony/plivo",
+    "exotel": "/telephony/exotel",
+}
 OPEN = json.dumps({"type": "open"})
 APPEND = json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(3840)).decode()})
 START = json.dumps({"type": "session.start", "session": {"model": "gpt-live-1"}})
-TWILIO_OPEN = [json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}),
-               json.dumps({"event": "start", "sequenceNumber": "1", "streamSid": "MZ1", "start": {
-                   "streamSid": "MZ1", "callSid": "CA1", "accountSid": "AC1", "tracks": ["inbound"],
-                   "customParameters": {}, "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000,
-                                                           "channels": 1}}})]
-TWILIO_MEDIA = json.dumps({"event": "media", "streamSid": "MZ1", "media": {
-    "track": "inbound", "payload": base64.b64encode(b"\xff" * 160).decode()}})
-TELNYX_OPEN = [json.dumps({"event": "connected", "version": "1.0.0"}),
-               json.dumps({"event": "start", "sequence_number": "1", "stream_id": "S1", "start": {
-                   "user_id": "U1", "call_control_id": "v3:C1", "custom_parameters": {},
-                   "media_format": {"encoding": "PCMU", "sample_rate": 8000, "channels": 1}}})]
-TELNYX_MEDIA = json.dumps({"event": "media", "stream_id": "S1", "media": {
-    "track": "inbound", "payload": base64.b64encode(b"\xff" * 160).decode()}})
-PLIVO_OPEN = [json.dumps({"event": "start", "sequenceNumber": 0, "start": {
-    "callId": "C1", "streamId": "S1", "accountId": "A1", "tracks": ["inbound"],
-    "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000}}, "extra_headers": "{}"})]
-PLIVO_MEDIA = json.dumps({"event": "media", "streamId": "S1", "media": {
-    "track": "inbound", "payload": base64.b64encode(b"\xff" * 160).decode()}})
-EXOTEL_OPEN = [json.dumps({"event": "connected"}),
-               json.dumps({"event": "start", "sequence_number": "1", "stream_sid": "S1", "start": {
-                   "stream_sid": "S1", "call_sid": "C1", "account_sid": "A1", "custom_parameters": {},
-                   "media_format": {"encoding": "audio/x-raw", "sample_rate": "8000", "bit_rate": "16"}}})]
-EXOTEL_MEDIA = json.dumps({"event": "media", "stream_sid": "S1", "media": {
-    "chunk": "1", "payload": base64.b64encode(bytes(1600)).decode()}})
+TWILIO_OPEN = [
+    json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}),
+    json.dumps(
+        {
+            "event": "start",
+            "sequenceNumber": "1",
+            "streamSid": "MZ1",
+            "start": {
+                "streamSid": "MZ1",
+                "callSid": "CA1",
+                "accountSid": "AC1",
+                "tracks": ["inbound"],
+                "customParameters": {},
+                "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+            },
+        }
+    ),
+]
+TWILIO_MEDIA = json.dumps(
+    {
+        "event": "media",
+        "streamSid": "MZ1",
+        "media": {"track": "inbound", "payload": base64.b64encode(b"\xff" * 160).decode()},
+    }
+)
+TELNYX_OPEN = [
+    json.dumps({"event": "connected", "version": "1.0.0"}),
+    json.dumps(
+        {
+            "event": "start",
+            "sequence_number": "1",
+            "stream_id": "S1",
+            "start": {
+                "user_id": "U1",
+                "call_control_id": "v3:C1",
+                "custom_parameters": {},
+                "media_format": {"encoding": "PCMU", "sample_rate": 8000, "channels": 1},
+            },
+        }
+    ),
+]
+TELNYX_MEDIA = json.dumps(
+    {
+        "event": "media",
+        "stream_id": "S1",
+        "media": {"track": "inbound", "payload": base64.b64encode(b"\xff" * 160).decode()},
+    }
+)
+PLIVO_OPEN = [
+    json.dumps(
+        {
+            "event": "start",
+            "sequenceNumber": 0,
+            "start": {
+                "callId": "C1",
+                "streamId": "S1",
+                "accountId": "A1",
+                "tracks": ["inbound"],
+                "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000},
+            },
+            "extra_headers": "{}",
+        }
+    )
+]
+PLIVO_MEDIA = json.dumps(
+    {
+        "event": "media",
+        "streamId": "S1",
+        "media": {"track": "inbound", "payload": base64.b64encode(b"\xff" * 160).decode()},
+    }
+)
+EXOTEL_OPEN = [
+    json.dumps({"event": "connected"}),
+    json.dumps(
+        {
+            "event": "start",
+            "sequence_number": "1",
+            "stream_sid": "S1",
+            "start": {
+                "stream_sid": "S1",
+                "call_sid": "C1",
+                "account_sid": "A1",
+                "custom_parameters": {},
+                "media_format": {"encoding": "audio/x-raw", "sample_rate": "8000", "bit_rate": "16"},
+            },
+        }
+    ),
+]
+EXOTEL_MEDIA = json.dumps(
+    {"event": "media", "stream_sid": "S1", "media": {"chunk": "1", "payload": base64.b64encode(bytes(1600)).decode()}}
+)
 # What opens a carrier's stream, and a media event of the caller's (a call says nothing until it hears something).
-CARRIER_OPEN = {"twilio": (TWILIO_OPEN, TWILIO_MEDIA), "telnyx": (TELNYX_OPEN, TELNYX_MEDIA),
-                "plivo": (PLIVO_OPEN, PLIVO_MEDIA), "exotel": (EXOTEL_OPEN, EXOTEL_MEDIA)}
+CARRIER_OPEN = {
+    "twilio": (TWILIO_OPEN, TWILIO_MEDIA),
+    "telnyx": (TELNYX_OPEN, TELNYX_MEDIA),
+    "plivo": (PLIVO_OPEN, PLIVO_MEDIA),
+    "exotel": (EXOTEL_OPEN, EXOTEL_MEDIA),
+}
 PROTOCOLS = ["raw", "moshi", "realtime", "live", "twilio", "telnyx", "plivo", "exotel"]
 PHASES = ["connected", "queued", "preparing", "live", "closing"]
 BEHAVIOURS = ["stop_reading", "freeze", "reset", "fragments", "header_only"]
@@ -79,8 +157,13 @@ POLL = 0.05  # how often the tests look (a session that ends at once may still b
 # the limit, are seen at once; a silent client is aborted at the read deadline (since its last byte, checked
 # every WATCH_INTERVAL); a write it never reads at the session's send deadline, or at worst at the transport's,
 # a second later.
-GONE_WITHIN = {"reset": 0.0, "fragments": 0.0, "header_only": 0.0, "freeze": CLIENT_TIMEOUT + WATCH_INTERVAL,
-               "stop_reading": CLIENT_TIMEOUT + 1 + WATCH_INTERVAL}
+GONE_WITHIN = {
+    "reset": 0.0,
+    "fragments": 0.0,
+    "header_only": 0.0,
+    "freeze": CLIENT_TIMEOUT + WATCH_INTERVAL,
+    "stop_reading": CLIENT_TIMEOUT + 1 + WATCH_INTERVAL,
+}
 
 
 def gone_within(phase: str, behaviour: str) -> float:
@@ -88,6 +171,8 @@ def gone_within(phase: str, behaviour: str) -> float:
     first write can go unseen until then (hypercorn drops the disconnect when the write that met the reset was
     made by a task being cancelled: the session's send task, as its session ends)."""
     return max(GONE_WITHIN[behaviour], CLOSE_BUDGET) if phase == "closing" else GONE_WITHIN[behaviour]
+
+
 REAL_GONE_WITHIN = CLIENT_TIMEOUT + 1 + 2.5  # on the real clock: the close budget, and slack for a loaded machine
 REAL_SAMPLE = list(zip(["raw", "moshi", "realtime", "raw", "moshi"], BEHAVIOURS))  # (protocol, behaviour), live
 
@@ -151,8 +236,13 @@ async def bring_to(phase: str, protocol: str, bad: BadClient, server, after: int
             await bad.send(CARRIER_OPEN[protocol][1])
         while True:
             message = await bad.receive()
-            if message == b"\x00" or (isinstance(message, str) and (json.loads(message).get("type") in (
-                    "ready", "response.created", "session.started") or json.loads(message).get("event") in ("media", "playAudio"))):
+            if message == b"\x00" or (
+                isinstance(message, str)
+                and (
+                    json.loads(message).get("type") in ("ready", "response.created", "session.started")
+                    or json.loads(message).get("event") in ("media", "playAudio")
+                )
+            ):
                 break
     if phase == "closing":
         if protocol == "raw":
@@ -190,8 +280,9 @@ async def misbehave(behaviour: str, bad: BadClient) -> None:
         pass
 
 
-async def a_misbehaving_client_costs_the_others_nothing(server, nursery, protocol: str, phase: str,
-                                                         behaviour: str, gone_within: float) -> None:
+async def a_misbehaving_client_costs_the_others_nothing(
+    server, nursery, protocol: str, phase: str, behaviour: str, gone_within: float
+) -> None:
     witness = await start_witness(nursery, server)
     blocker_done = trio.Event()
     if phase == "queued":  # both slots taken: the bad client waits in the queue
@@ -216,20 +307,24 @@ async def a_misbehaving_client_costs_the_others_nothing(server, nursery, protoco
 @pytest.mark.parametrize("behaviour", BEHAVIOURS)
 @pytest.mark.parametrize("phase", PHASES)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-async def test_a_misbehaving_client_costs_the_others_nothing(fault_server, autojump_clock, nursery, protocol, phase,
-                                                             behaviour):
+async def test_a_misbehaving_client_costs_the_others_nothing(
+    fault_server, autojump_clock, nursery, protocol, phase, behaviour
+):
     if protocol == "moshi" and phase == "connected":
         phase = "preparing"  # a Moshi conversation is admitted from its query at once: there is no wait to misbehave in
-    await a_misbehaving_client_costs_the_others_nothing(await fault_server(), nursery, protocol, phase, behaviour,
-                                                        gone_within(phase, behaviour))
+    await a_misbehaving_client_costs_the_others_nothing(
+        await fault_server(), nursery, protocol, phase, behaviour, gone_within(phase, behaviour)
+    )
 
 
 @pytest.mark.serial
 @pytest.mark.parametrize("protocol, behaviour", REAL_SAMPLE)
-async def test_on_real_sockets_a_misbehaving_client_costs_the_others_nothing(real_fault_server, nursery, protocol,
-                                                                             behaviour):
-    await a_misbehaving_client_costs_the_others_nothing(await real_fault_server(), nursery, protocol, "live",
-                                                        behaviour, REAL_GONE_WITHIN)
+async def test_on_real_sockets_a_misbehaving_client_costs_the_others_nothing(
+    real_fault_server, nursery, protocol, behaviour
+):
+    await a_misbehaving_client_costs_the_others_nothing(
+        await real_fault_server(), nursery, protocol, "live", behaviour, REAL_GONE_WITHIN
+    )
 
 
 async def _blocker(server, done: trio.Event) -> None:
@@ -238,9 +333,11 @@ async def _blocker(server, done: trio.Event) -> None:
         await raw_open(ws)
         with trio.move_on_after(60):
             async with trio.open_nursery() as nursery:
+
                 async def read():
                     while True:
                         await ws.get_message()
+
                 nursery.start_soon(read)
                 await done.wait()
                 nursery.cancel_scope.cancel()
@@ -329,8 +426,10 @@ async def test_a_request_head_over_16_kib_is_refused_with_431(fault_server, auto
 async def test_data_before_the_upgrade_is_answered_is_refused(fault_server, autojump_clock):
     server = await fault_server()
     stream = await server.connect()
-    request = (b"GET /v1/audio/duplex HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-               b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    request = (
+        b"GET /v1/audio/duplex HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
     await stream.send_all(request + masked_frame(b"{}", opcode=0x1, fin=True))
     with trio.fail_after(3):
         answer = await stream.receive_some(1024)
@@ -344,7 +443,8 @@ async def test_compression_is_never_negotiated(fault_server, autojump_clock):
     await stream.send_all(
         b"GET /v1/audio/duplex HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
         b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
-        b"Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n\r\n")
+        b"Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n\r\n"
+    )
     with trio.fail_after(3):
         answer = await stream.receive_some(4096)
     assert answer.startswith(b"HTTP/1.1 101") and b"permessage-deflate" not in answer.lower()

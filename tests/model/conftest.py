@@ -63,12 +63,14 @@ class Golden:
         self.output_text = json.loads((exp / "output_text.json").read_text())
         self.prompt_tokens = json.loads((exp / "prompt_text_tokens.json").read_text())
         self.step_log = dict(np.load(exp / "step_log.npz"))
-        self.lm_only = {name: np.load(root / "expected_lm_only" / f"{name}.npy")
-                        for name in ("transformer_out", "text_logits", "audio_logits", "output_tokens")}
+        self.lm_only = {
+            name: np.load(root / "expected_lm_only" / f"{name}.npy")
+            for name in ("transformer_out", "text_logits", "audio_logits", "output_tokens")
+        }
         self.voicegen = root / "expected_voicegen"
 
     def frame(self, i: int) -> np.ndarray:
-        return self.input_pcm[i * 1920:(i + 1) * 1920]
+        return self.input_pcm[i * 1920 : (i + 1) * 1920]
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,9 @@ def test_a_candidate_equal_to_the_reference_agrees_everywhere(golden_model, gold
     """Same weights on both sides: teacher forcing must reproduce the reference's very logits, step after
     step (a candidate that ran free, or saw other tokens, would drift from the sampled ones)."""
     pcm = golden.input_pcm[: 40 * 1920]
-    conversation = Conversation(persona=golden.persona, voice=golden.voice, sampling=Sampling(text_seed=1, audio_seed=2))
+    conversation = Conversation(
+        persona=golden.persona, voice=golden.voice, sampling=Sampling(text_seed=1, audio_seed=2)
+    )
     result = compare(PersonaPlexEngine(golden_model, 1), PersonaPlexEngine(golden_model, 1), conversation, pcm)
     assert result.text_agree.shape == (40,) and result.audio_agree.shape == (40, 8)
     assert result.text_agree.all() and result.audio_agree.all()
@@ -26,13 +28,33 @@ def test_a_candidate_equal_to_the_reference_agrees_everywhere(golden_model, gold
     assert summary["window_steps"] == 20 and summary["first"]["text_top1"] == 1.0
 
 
-@pytest.mark.parametrize("options", [["--quantize", "int8"], ["--kv-cache", "fp8"],
-                                     ["--quantize", "int8", "--kv-cache", "fp8"]], ids=" ".join)
+@pytest.mark.parametrize(
+    "options",
+    [["--quantize", "int8"], ["--kv-cache", "fp8"], ["--quantize", "int8", "--kv-cache", "fp8"]],
+    ids=" ".join,
+)
 def test_compare_reports_a_table_and_per_step_json(options, golden_dir, golden, tmp_path, capsys):
     out = tmp_path / "compare.json"
     wav = str(golden_dir / "input.wav")
-    assert main(["compare", "--model", str(golden_dir), *options, "--input-wav", wav, "--text-prompt",
-                 golden.persona, "--voice-prompt", golden.voice, "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "--model",
+                str(golden_dir),
+                *options,
+                "--input-wav",
+                wav,
+                "--text-prompt",
+                golden.persona,
+                "--voice-prompt",
+                golden.voice,
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     figures = json.loads(out.read_text())
     frames = -(-len(golden.input_pcm) // 1920)

@@ -27,9 +27,12 @@ def _drive(engine: PersonaPlexEngine, frames: int = 10) -> tuple[np.ndarray, np.
     """Two conversations (one sampled, one greedy) through their prompts and ``frames`` live frames: the
     tokens ``[frames, 2, K]`` and the PCM."""
     voice = engine.model.voices.names()[0]
-    engine.prefill({0: engine.start(0, Conversation(persona="Hi.", voice=voice,
-                                                    sampling=Sampling(text_seed=1, audio_seed=2))),
-                    1: engine.start(1, Conversation(persona="Other.", voice=voice, sampling=Sampling(greedy=True)))})
+    engine.prefill(
+        {
+            0: engine.start(0, Conversation(persona="Hi.", voice=voice, sampling=Sampling(text_seed=1, audio_seed=2))),
+            1: engine.start(1, Conversation(persona="Other.", voice=voice, sampling=Sampling(greedy=True))),
+        }
+    )
     audio = (0.1 * np.random.RandomState(0).randn(frames, 2, 1920)).astype(np.float32)
     tokens, pcm = [], []
     for frame in audio:
@@ -53,7 +56,9 @@ def fake_compile(monkeypatch):
             def wrong() -> None:
                 fn()
                 fn.__self__.packed[:, 1].add_(1.0)
+
             return wrong
+
         monkeypatch.setattr(torch, "compile", compile)
         return calls
 
@@ -66,8 +71,9 @@ def test_a_compiled_tick_that_agrees_is_used_for_every_tick(tiny_model, fake_com
         engine = PersonaPlexEngine(tiny_model, 2, compile=True)
     assert calls == [{"fullgraph": True, "dynamic": False}]
     assert engine.tick_path == "compiled"
-    assert any("engine tick ready (2 rows, compiled) after torch.compile and its check" in r.message
-               for r in caplog.records)
+    assert any(
+        "engine tick ready (2 rows, compiled) after torch.compile and its check" in r.message for r in caplog.records
+    )
     got, want = _drive(engine), _drive(PersonaPlexEngine(tiny_model, 2))
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
@@ -99,7 +105,9 @@ def test_a_compiled_tick_whose_tokens_differ_is_dropped_loudly(tiny_model, fake_
         engine = PersonaPlexEngine(tiny_model, 2, compile=True)
     assert engine.tick_path == "eager_after_failed_check"
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert len(errors) == 1 and "torch.compile of the engine tick FAILED (tick 1 of 6: its tokens differ" in \
-        errors[0].getMessage()
+    assert (
+        len(errors) == 1
+        and "torch.compile of the engine tick FAILED (tick 1 of 6: its tokens differ" in errors[0].getMessage()
+    )
     got, want = _drive(engine), _drive(PersonaPlexEngine(tiny_model, 2))
     np.testing.assert_array_equal(got[0], want[0])  # eager, every row fresh after the check

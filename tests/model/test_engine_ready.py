@@ -12,19 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 
 import numpy as np
 import pytest
 import torch
 
 from pplex_trio._precision import KVFormat, Precision, WeightFormat
-
 from pplex_trio.engine import _device_tick, _personaplex
-from pplex_trio.engine._interface import Conversation, ConversationRejected, Sampling, SlotMode
-from pplex_trio.engine._personaplex import PersonaPlexEngine
 from pplex_trio.engine._device_tick import DeviceTick, TickPath
-from pplex_trio.model import CONFIGS, LMModel, LoadedModel, Mimi, VoiceLibrary, VoicePrompt, load_model
+from pplex_trio.engine._interface import Conversation, Sampling, SlotMode
+from pplex_trio.engine._personaplex import PersonaPlexEngine
+from pplex_trio.model import CONFIGS, LMModel, LoadedModel, Mimi, VoiceLibrary, load_model
 
 IDLE, LIVE = SlotMode.IDLE, SlotMode.LIVE
 
@@ -71,16 +69,22 @@ def _meta_model(cfg, precision: Precision = Precision()) -> LoadedModel:
         lm = LMModel(cfg.lm).to(torch.bfloat16)
         mimi = Mimi(cfg.mimi)
     lm.set_precision(precision)
-    return LoadedModel(config=cfg, lm=lm, mimi=mimi, tokenizer=None, voices=VoiceLibrary(None),
-                       device=torch.device("meta"))
+    return LoadedModel(
+        config=cfg, lm=lm, mimi=mimi, tokenizer=None, voices=VoiceLibrary(None), device=torch.device("meta")
+    )
 
 
 def _drive(engine: PersonaPlexEngine, frames: int = 12, seed: int = 0) -> list[np.ndarray]:
     """Two conversations (one sampled, one greedy) through their prompts and ``frames`` live frames."""
     audio = (0.1 * np.random.RandomState(seed).randn(frames, engine.num_slots, 1920)).astype(np.float32)
-    engine.prefill({0: engine.start(0, Conversation(persona="Hi.", voice="NATF1.pt",
-                                                    sampling=Sampling(text_seed=1, audio_seed=2))),
-                    1: engine.start(1, Conversation(persona="Other.", voice="NATM0.pt", sampling=Sampling(greedy=True)))})
+    engine.prefill(
+        {
+            0: engine.start(
+                0, Conversation(persona="Hi.", voice="NATF1.pt", sampling=Sampling(text_seed=1, audio_seed=2))
+            ),
+            1: engine.start(1, Conversation(persona="Other.", voice="NATM0.pt", sampling=Sampling(greedy=True))),
+        }
+    )
     outputs = []
     for frame in audio:
         out = engine.step([LIVE, LIVE] + [IDLE] * (engine.num_slots - 2), frame)
@@ -125,11 +129,15 @@ def test_the_graph_is_checked_against_eager_ticks_at_load_before_any_conversatio
     assert not engine._tick.live.any()  # every row left fresh (the comparison with a fresh eager engine: above)
 
 
-@pytest.mark.parametrize("corrupt, says", [
-    (lambda tick: tick.packed[:, -5:].add_(0.01), "its PCM differs from the eager tick's by 0.01"),
-    (lambda tick: tick.packed[:, 0].add_(1.0), "its tokens differ from the eager tick's"),
-    (lambda tick: None, None),
-], ids=["pcm", "tokens", "faithful"])
+@pytest.mark.parametrize(
+    "corrupt, says",
+    [
+        (lambda tick: tick.packed[:, -5:].add_(0.01), "its PCM differs from the eager tick's by 0.01"),
+        (lambda tick: tick.packed[:, 0].add_(1.0), "its tokens differ from the eager tick's"),
+        (lambda tick: None, None),
+    ],
+    ids=["pcm", "tokens", "faithful"],
+)
 def test_a_graph_whose_replay_differs_from_the_eager_tick_is_not_used(tiny_model, caplog, fake_graphs, corrupt, says):
     graphs = fake_graphs(corrupt=corrupt)
     with caplog.at_level(logging.INFO):
@@ -255,4 +263,4 @@ def test_the_engine_runs_in_bfloat16_on_the_cpu(tiny_model):
         tokens = out[: 2 * cfg.num_streams].reshape(2, -1)
         assert ((tokens[:, 1:] >= 0) & (tokens[:, 1:] < cfg.card)).all()
         assert np.isfinite(out).all()
-    assert np.abs(outputs[-1][2 * cfg.num_streams:]).max() > 0  # it speaks
+    assert np.abs(outputs[-1][2 * cfg.num_streams :]).max() > 0  # it speaks

@@ -16,15 +16,14 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from _model_flows import every_part
 from torch.overrides import TorchFunctionMode
 
 from pplex_trio._precision import KVFormat, Precision, WeightFormat
+from pplex_trio.engine._device_tick import DeviceTick
 from pplex_trio.engine._interface import Conversation, Sampling, SlotMode
 from pplex_trio.engine._personaplex import PersonaPlexEngine
-from pplex_trio.engine._device_tick import DeviceTick
 from pplex_trio.model import load_model
-
-from _model_flows import every_part
 
 IDLE, LIVE = SlotMode.IDLE, SlotMode.LIVE
 
@@ -123,8 +122,22 @@ def test_tick_is_a_function_of_its_buffers(busy_engine):
 class HostTraffic(TorchFunctionMode):
     """Records torch calls: which touch the host staging buffers, and any read of a tensor's values on the host."""
 
-    READS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "cpu", "nonzero",
-             "masked_select", "unique", "tensor", "as_tensor", "bool-mask indexing"}
+    READS = {
+        "item",
+        "tolist",
+        "numpy",
+        "__bool__",
+        "__int__",
+        "__float__",
+        "__index__",
+        "cpu",
+        "nonzero",
+        "masked_select",
+        "unique",
+        "tensor",
+        "as_tensor",
+        "bool-mask indexing",
+    }
     METADATA = {"__get__", "_set_grad_enabled", "size", "dim", "stride", "numel", "data_ptr", "is_contiguous"}
 
     def __init__(self, staging: dict[str, torch.Tensor]):
@@ -136,8 +149,10 @@ class HostTraffic(TorchFunctionMode):
         kwargs = kwargs or {}
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         name = getattr(func, "__name__", str(func))
-        if name == "__getitem__" and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
-                                         for i in (args[1] if isinstance(args[1], tuple) else (args[1],))):
+        if name == "__getitem__" and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool
+            for i in (args[1] if isinstance(args[1], tuple) else (args[1],))
+        ):
             name = "bool-mask indexing"  # a hidden nonzero(): a host sync on CUDA
         if name not in self.METADATA:
             self.events.append((name, [self.staging.get(t.data_ptr(), "") for t in tensors]))
@@ -182,11 +197,11 @@ def test_packed_read_back_is_exact(tiny_model):
     tokens = torch.tensor([[-2] * k, [2**24 - 1, 31_999, 2048, 3, 0] + [-1] * (k - 5)])
     tick.packed[:, :k].copy_(tokens)
     tick.packed[:, k].copy_(torch.tensor([False, True]))
-    tick.packed[:, k + 1:] = torch.linspace(-1, 1, 2 * 1920).view(2, 1920)
+    tick.packed[:, k + 1 :] = torch.linspace(-1, 1, 2 * 1920).view(2, 1920)
     got_tokens, valid, pcm = tick.unpack(tick.download())
     np.testing.assert_array_equal(got_tokens, tokens.numpy())
     assert got_tokens.dtype == np.int64 and valid.tolist() == [False, True]
-    np.testing.assert_array_equal(pcm, tick.packed[:, k + 1:].numpy())
+    np.testing.assert_array_equal(pcm, tick.packed[:, k + 1 :].numpy())
     lm = dataclasses.replace(tiny_model.config.lm, text_card=2**24)
     with pytest.raises(ValueError, match="float32 read-back"):
         DeviceTick(dataclasses.replace(tiny_model, config=dataclasses.replace(tiny_model.config, lm=lm)), 1)

@@ -34,8 +34,14 @@ def _engine_state_bytes(engine: PersonaPlexEngine) -> int:
 
 def test_the_plan_matches_what_the_engine_allocates(tiny_model):
     plan = plan_memory(CONFIGS["tiny"], torch.float32)
-    real_weights = _distinct_bytes([*tiny_model.lm.parameters(), *tiny_model.lm.buffers(),
-                                    *tiny_model.mimi.parameters(), *tiny_model.mimi.buffers()])
+    real_weights = _distinct_bytes(
+        [
+            *tiny_model.lm.parameters(),
+            *tiny_model.lm.buffers(),
+            *tiny_model.mimi.parameters(),
+            *tiny_model.mimi.buffers(),
+        ]
+    )
     assert plan.weights == real_weights
     state_per_row = plan.per_conversation - plan.parts["tick_temporaries"]
     three, five = (_engine_state_bytes(PersonaPlexEngine(tiny_model, n)) for n in (3, 5))
@@ -49,7 +55,9 @@ def test_the_7b_plan_is_what_the_model_card_says():
     assert plan.parts["lm_kv_ring"] == 32 * 2 * 3001 * 4096 * 2 + 8  # 1.465 GiB (3000 positions, a spare slot)
     assert 15.5 * GIB < plan.weights < 16.5 * GIB  # 8.37 B parameters in bf16, Mimi in float32
     assert 1.46 * GIB < plan.per_conversation < 1.5 * GIB
-    assert plan.conversations(141 * GIB, 2 * GIB) == int((139 * GIB - plan.weights - plan.fixed) // plan.per_conversation)
+    assert plan.conversations(141 * GIB, 2 * GIB) == int(
+        (139 * GIB - plan.weights - plan.fixed) // plan.per_conversation
+    )
     assert plan.conversations(16 * GIB) == 0
 
 
@@ -90,16 +98,34 @@ def test_int8_weights_and_an_fp8_cache_fit_a_16_gib_card(capsys):
     with torch.device("meta"):
         lm = LMModel(cfg.lm)
     # Every matrix of the two transformers' layers becomes one byte per weight plus a bf16 scale per row.
-    matrices = [p for name, p in lm.named_parameters()
-                if name.startswith(("transformer.layers.", "depformer.layers.")) and p.dim() == 2]
+    matrices = [
+        p
+        for name, p in lm.named_parameters()
+        if name.startswith(("transformer.layers.", "depformer.layers.")) and p.dim() == 2
+    ]
     saved = sum(p.numel() * 2 - (p.numel() + 2 * p.shape[0]) for p in matrices)
     assert main(["fit", "--model", "personaplex-7b-v1", "--gpu-memory", "16GiB", "--quantize", "int8", "--json"]) == 0
     int8 = json.loads(capsys.readouterr().out)
     assert int8["weights_gib"] * GIB == full.weights - saved
     assert 0.5 < int8["weights_gib"] * GIB / full.weights < 0.6
     assert int8["conversations"] >= 1 and int8["quantize"] == "int8"
-    assert main(["fit", "--model", "personaplex-7b-v1", "--gpu-memory", "16GiB", "--quantize", "int8",
-                 "--kv-cache", "fp8", "--json"]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                "--model",
+                "personaplex-7b-v1",
+                "--gpu-memory",
+                "16GiB",
+                "--quantize",
+                "int8",
+                "--kv-cache",
+                "fp8",
+                "--json",
+            ]
+        )
+        == 0
+    )
     both = json.loads(capsys.readouterr().out)
     fp8_ring = 32 * 2 * 3001 * 4096 * 1 + 32 * 2 * 3001 * 32 * 4 + 8  # bytes, and a float32 scale per head
     assert both["per_conversation_parts_gib"]["lm_kv_ring"] * GIB == fp8_ring
@@ -108,8 +134,26 @@ def test_int8_weights_and_an_fp8_cache_fit_a_16_gib_card(capsys):
 
 
 def test_fit_lists_every_choice_when_asked(capsys):
-    assert main(["fit", "--model", "tiny", "--dtype", "float32", "--gpu-memory", "0.05GiB", "--kv-cache", "fp8",
-                 "--gpu-memory-reserve", "0", "--every-choice", "--json"]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                "--model",
+                "tiny",
+                "--dtype",
+                "float32",
+                "--gpu-memory",
+                "0.05GiB",
+                "--kv-cache",
+                "fp8",
+                "--gpu-memory-reserve",
+                "0",
+                "--every-choice",
+                "--json",
+            ]
+        )
+        == 0
+    )
     figures = json.loads(capsys.readouterr().out)
     choices = {(c["quantize"], c["kv_cache"]): c for c in figures["choices"]}
     assert set(choices) == {("none", "model"), ("none", "fp8"), ("int8", "model"), ("int8", "fp8")}
@@ -131,8 +175,23 @@ def test_serve_slots_auto_takes_the_count_fit_gives(tiny_model, monkeypatch, cap
     total = 0.25 * GIB
     plan = plan_memory(CONFIGS["tiny"], torch.float32)
     monkeypatch.setattr("pplex_trio.engine._fit.free_device_memory", lambda device: int(total) - plan.weights)
-    assert main(["fit", "--model", "tiny", "--dtype", "float32", "--gpu-memory", "0.25GiB",
-                 "--gpu-memory-reserve", "0.1GiB", "--json"]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                "--model",
+                "tiny",
+                "--dtype",
+                "float32",
+                "--gpu-memory",
+                "0.25GiB",
+                "--gpu-memory-reserve",
+                "0.1GiB",
+                "--json",
+            ]
+        )
+        == 0
+    )
     expected = json.loads(capsys.readouterr().out)["conversations"]
     assert 10 < expected < 100
     with caplog.at_level(logging.INFO):

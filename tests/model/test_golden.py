@@ -13,12 +13,11 @@ import pytest
 import sphn
 import torch
 import trio
+from _model_flows import LMRun, every_part, run_lm
 
 from pplex_trio.engine._interface import Conversation, Sampling, SlotMode
 from pplex_trio.engine._personaplex import PersonaPlexEngine
 from pplex_trio.model import persona_tokens
-
-from _model_flows import LMRun, every_part, run_lm
 
 GREEDY = Sampling(greedy=True)
 
@@ -45,8 +44,10 @@ def test_persona_tokens_match(golden_model, golden):
 def test_mimi_streaming_encode_matches_input_codes(golden_model, golden):
     mimi = golden_model.mimi
     state = mimi.init_encoder_state(1)
-    codes = [mimi.encode_frame(torch.from_numpy(golden.frame(i))[None], state)[0].numpy()
-             for i in range(len(golden.input_codes))]
+    codes = [
+        mimi.encode_frame(torch.from_numpy(golden.frame(i))[None], state)[0].numpy()
+        for i in range(len(golden.input_codes))
+    ]
     np.testing.assert_array_equal(np.stack(codes), golden.input_codes)
 
 
@@ -54,8 +55,10 @@ def test_mimi_streaming_encode_matches_input_codes(golden_model, golden):
 def test_mimi_streaming_decode_matches_output_pcm(golden_model, golden):
     mimi = golden_model.mimi
     state = mimi.init_decoder_state(1)
-    pcm = [mimi.decode_frame(torch.from_numpy(golden.output_tokens[i: i + 1, 1:9]), state)[0].numpy()
-           for i in range(len(golden.output_tokens))]
+    pcm = [
+        mimi.decode_frame(torch.from_numpy(golden.output_tokens[i : i + 1, 1:9]), state)[0].numpy()
+        for i in range(len(golden.output_tokens))
+    ]
     assert np.abs(np.concatenate(pcm) - golden.output_pcm).max() <= 1e-4
 
 
@@ -78,8 +81,9 @@ def test_prompt_phases_match_step_log(lm_run, golden):
     np.testing.assert_array_equal(lm_run.tokens[~none], out[~none])
     # The forced inputs of the token steps are the ones the reference logged.
     steps = np.flatnonzero(log["kind"][keep] == "step")
-    np.testing.assert_array_equal(lm_run.forced[steps, 1:9][phase[steps] != "user"],
-                                  log["moshi_tokens"][keep][steps][phase[steps] != "user"])
+    np.testing.assert_array_equal(
+        lm_run.forced[steps, 1:9][phase[steps] != "user"], log["moshi_tokens"][keep][steps][phase[steps] != "user"]
+    )
     np.testing.assert_array_equal(lm_run.forced[steps, 9:], log["input_tokens"][keep][steps])
     text = log["text_token"][keep][steps]
     np.testing.assert_array_equal(lm_run.forced[steps, 0][text >= 0], text[text >= 0])
@@ -93,8 +97,15 @@ def test_skipping_teacher_forced_depformer_steps_changes_nothing(golden_model, g
     np.testing.assert_array_equal(short.audio_logits, lm_run.audio_logits[:, :8])
 
 
-def run_engine(model, golden, num_slots: int, golden_row: int, other_joins_at: int | None = None,
-               shortcuts: bool = True, chunk: int = 1000):
+def run_engine(
+    model,
+    golden,
+    num_slots: int,
+    golden_row: int,
+    other_joins_at: int | None = None,
+    shortcuts: bool = True,
+    chunk: int = 1000,
+):
     """The golden conversation in ``golden_row``; optionally another one joins the other row.
 
     Prompts run through ``engine.prefill`` in calls of at most ``chunk``
@@ -111,8 +122,12 @@ def run_engine(model, golden, num_slots: int, golden_row: int, other_joins_at: i
     rng = np.random.RandomState(7)
 
     def start_other() -> int:
-        return engine.start(other, Conversation(persona="You run a small bakery.", voice=golden.voice,
-                                                sampling=Sampling(text_seed=1, audio_seed=2)))
+        return engine.start(
+            other,
+            Conversation(
+                persona="You run a small bakery.", voice=golden.voice, sampling=Sampling(text_seed=1, audio_seed=2)
+            ),
+        )
 
     prefill = engine.start(golden_row, Conversation(persona=golden.persona, voice=golden.voice, sampling=GREEDY))
     left = {golden_row: prefill} | ({other: start_other()} if other_joins_at == -1 else {})
@@ -158,8 +173,9 @@ def test_engine_reproduces_golden_beside_another_conversation(golden_model, gold
     With ``shortcuts=False`` every tick runs with every part on: the function ``cuda_graph=True`` records,
     checked here on CPU.
     """
-    pcm, tokens, texts, _ = run_engine(golden_model, golden, 2, golden_row, other_joins_at=joins,
-                                       shortcuts=shortcuts, chunk=9)
+    pcm, tokens, texts, _ = run_engine(
+        golden_model, golden, 2, golden_row, other_joins_at=joins, shortcuts=shortcuts, chunk=9
+    )
     np.testing.assert_array_equal(tokens, golden.output_tokens)
     assert np.abs(pcm - golden.output_pcm).max() <= 1e-4
     assert texts == golden.output_text
@@ -173,10 +189,30 @@ def test_offline_command_reproduces_golden(golden_dir, golden, tmp_path):
     wav, text = tmp_path / "out.wav", tmp_path / "out.json"
     persona = json.loads((golden_dir / "config.json").read_text())["golden"]["text_prompt"]
     proc = subprocess.run(
-        [sys.executable, "-m", "pplex_trio", "offline", "--model", str(golden_dir),
-         "--input-wav", str(golden_dir / "input.wav"), "--output-wav", str(wav), "--output-text", str(text),
-         "--text-prompt", persona, "--voice-prompt", golden.voice, "--greedy", "--device", "cpu"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pplex_trio",
+            "offline",
+            "--model",
+            str(golden_dir),
+            "--input-wav",
+            str(golden_dir / "input.wav"),
+            "--output-wav",
+            str(wav),
+            "--output-text",
+            str(text),
+            "--text-prompt",
+            persona,
+            "--voice-prompt",
+            golden.voice,
+            "--greedy",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(text.read_text()) == golden.output_text
@@ -188,7 +224,9 @@ def test_offline_command_reproduces_golden(golden_dir, golden, tmp_path):
 
 
 @pytest.mark.parametrize("voice", ["TINY0.pt", "TINY0.wav"])
-async def test_the_golden_conversation_through_a_server_session(voice, nursery, autojump_clock, golden_model, golden, monkeypatch):
+async def test_the_golden_conversation_through_a_server_session(
+    voice, nursery, autojump_clock, golden_model, golden, monkeypatch
+):
     """The whole server path (a raw session, the actor's schedule, the prompt as chunked prefill between
     calls, the ticks) on the golden checkpoint: the reference's audio, frame for frame, with the voice as
     its ``.pt`` or as the recording it was made from (``expected_voicegen/``: the same run)."""
@@ -197,11 +235,21 @@ async def test_the_golden_conversation_through_a_server_session(voice, nursery, 
     from _helpers.fake_ws import running_host, start_session
 
     engine = PersonaPlexEngine(golden_model, 2)
-    host = await running_host(monkeypatch, nursery, engine=engine, slots=2, prompt_position_seconds=0.001,
-                              first_frame_timeout=3.0)  # the first step takes the first frame, as the reference
+    host = await running_host(
+        monkeypatch, nursery, engine=engine, slots=2, prompt_position_seconds=0.001, first_frame_timeout=3.0
+    )  # the first step takes the first frame, as the reference
     run = await start_session(nursery, host, "raw")
-    run.ws.client_send(_json.dumps({"type": "open", "text_prompt": golden.persona, "voice_prompt": voice,
-                                    "text_temperature": 0, "audio_temperature": 0}))
+    run.ws.client_send(
+        _json.dumps(
+            {
+                "type": "open",
+                "text_prompt": golden.persona,
+                "voice_prompt": voice,
+                "text_temperature": 0,
+                "audio_temperature": 0,
+            }
+        )
+    )
     await run.ws.wait_for(lambda sent: any(isinstance(m, str) and '"ready"' in m for m in sent))
     frames = len(golden.input_codes)
 
@@ -215,7 +263,7 @@ async def test_the_golden_conversation_through_a_server_session(voice, nursery, 
             run.ws.client_send(golden.frame(sent).tobytes())
             sent += 1
         count = len(outputs())
-        await run.ws.wait_for(lambda _: len(outputs()) > count or None)
+        await run.ws.wait_for(lambda _: len(outputs()) > count or None)  # noqa: B023 (awaited here)
     pcm = np.concatenate(outputs()[:frames])
     assert np.abs(pcm - golden.output_pcm).max() <= 1e-4
     await trio.sleep(0.2)  # the last frame's text goes out after its audio

@@ -4,19 +4,28 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
-
 import logging
+import shutil
 
 import pytest
 import torch
+from _model_flows import run_lm
 from safetensors.torch import load_file, save_file
 
-from pplex_trio.model import (CONFIGS, CheckpointMismatchError, LMModel, Mimi, ModelAccessError, build_lm, build_mimi,
-                              config_from_kyutai_dict, config_to_kyutai_dict, load_model, load_state_dict_strict)
-from pplex_trio.model import _loading
-
-from _model_flows import run_lm
+from pplex_trio.model import (
+    CONFIGS,
+    CheckpointMismatchError,
+    LMModel,
+    Mimi,
+    ModelAccessError,
+    _loading,
+    build_lm,
+    build_mimi,
+    config_from_kyutai_dict,
+    config_to_kyutai_dict,
+    load_model,
+    load_state_dict_strict,
+)
 
 
 def _golden_lm_weights(golden_dir):
@@ -31,7 +40,9 @@ def _fresh_lm(golden_model) -> LMModel:
 def test_missing_tensor_is_named(golden_dir, golden_model):
     weights = _golden_lm_weights(golden_dir)
     del weights["transformer.layers.1.gating.linear_out.weight"]
-    with pytest.raises(CheckpointMismatchError, match=r"missing keys \(1\): transformer\.layers\.1\.gating\.linear_out"):
+    with pytest.raises(
+        CheckpointMismatchError, match=r"missing keys \(1\): transformer\.layers\.1\.gating\.linear_out"
+    ):
         load_state_dict_strict(_fresh_lm(golden_model), weights)
 
 
@@ -71,7 +82,9 @@ def test_eight_step_checkpoint_is_expanded_to_sixteen(golden_dir, golden, golden
     eight = {}
     for key, value in full.items():
         parts = key.split(".")
-        if parts[0] in ("depformer_in", "linears", "depformer_emb") and int(parts[1]) >= (8 if parts[0] != "depformer_emb" else 7):
+        if parts[0] in ("depformer_in", "linears", "depformer_emb") and int(parts[1]) >= (
+            8 if parts[0] != "depformer_emb" else 7
+        ):
             continue
         if key.startswith("depformer.layers.") and ".gating." in key and int(parts[4]) >= 8:
             continue
@@ -86,11 +99,12 @@ def test_eight_step_checkpoint_is_expanded_to_sixteen(golden_dir, golden, golden
     assert torch.equal(lm.linears[8].weight, full["linears.0.weight"])
     assert torch.equal(lm.depformer_in[15].weight, full["depformer_in.7.weight"])
     assert torch.equal(lm.depformer_emb[14].weight, full["depformer_emb.6.weight"])
-    assert torch.equal(lm.depformer.layers[1].gating[9].linear_in.weight,
-                       full["depformer.layers.1.gating.1.linear_in.weight"])
+    assert torch.equal(
+        lm.depformer.layers[1].gating[9].linear_in.weight, full["depformer.layers.1.gating.1.linear_in.weight"]
+    )
     attn = lm.depformer.layers[0].self_attn.in_proj_weight
     assert attn.shape == full["depformer.layers.0.self_attn.in_proj_weight"].shape
-    assert torch.equal(attn[: attn.shape[0] // 2], attn[attn.shape[0] // 2:])
+    assert torch.equal(attn[: attn.shape[0] // 2], attn[attn.shape[0] // 2 :])
     # Steps 0-7 are the original ones, so the agent's tokens are unchanged.
     assert (run_lm(model, golden, depformer_steps=8).tokens[-100:] == golden.output_tokens).all()
 
@@ -120,7 +134,9 @@ def test_gated_repo_says_what_to_do(monkeypatch):
         raise _hub_error(GatedRepoError)
 
     monkeypatch.setattr("huggingface_hub.hf_hub_download", gated)
-    with pytest.raises(ModelAccessError, match=r"accept its licence at https://huggingface.co/nvidia/personaplex-7b-v1.*HF_TOKEN"):
+    with pytest.raises(
+        ModelAccessError, match=r"accept its licence at https://huggingface.co/nvidia/personaplex-7b-v1.*HF_TOKEN"
+    ):
         load_model("nvidia/personaplex-7b-v1")
 
 
@@ -131,14 +147,20 @@ def test_hub_repo_files_are_fetched_by_their_configured_names(monkeypatch, golde
         fetched.append((repo, filename))
         if filename == "voices.tgz":
             from huggingface_hub.errors import EntryNotFoundError
+
             raise _hub_error(EntryNotFoundError)
         return str(golden_dir / filename)
 
     monkeypatch.setattr("huggingface_hub.hf_hub_download", fake_download)
     files = _loading.resolve_checkpoint("someone/tiny-golden")
-    assert [f for _, f in fetched] == ["config.json", "model.safetensors",
-                                       "tokenizer-e351c8d8-checkpoint125.safetensors",
-                                       "tokenizer_spm_32k_3.model", "voices.tgz", "README.md"]
+    assert [f for _, f in fetched] == [
+        "config.json",
+        "model.safetensors",
+        "tokenizer-e351c8d8-checkpoint125.safetensors",
+        "tokenizer_spm_32k_3.model",
+        "voices.tgz",
+        "README.md",
+    ]
     assert files.voices_archive is None and files.name == "someone/tiny-golden"
 
 
@@ -163,8 +185,12 @@ def _laid_out_as_the_rl_repo(folder):
 
     tiny = ensure_tiny_checkpoint()
     folder.mkdir()
-    for name in ("config.json", "model.safetensors", "tokenizer-e351c8d8-checkpoint125.safetensors",
-                 "tokenizer_spm_32k_3.model"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer-e351c8d8-checkpoint125.safetensors",
+        "tokenizer_spm_32k_3.model",
+    ):
         shutil.copy(tiny / name, folder / name)
     with tarfile.open(folder / "voices.tgz", "w:gz") as archive:
         archive.add(tiny / "voices", arcname="voices")
@@ -189,8 +215,10 @@ def test_the_rl_checkpoint_loads_by_repo_id_and_says_its_licence(monkeypatch, tm
     assert "voices.tgz" in fetched and "README.md" in fetched
     said = [r for r in caplog.records if "licence" in r.getMessage()]
     assert len(said) == 1 and said[0].levelno == logging.WARNING
-    assert said[0].getMessage() == ("kyutai/personaplex-rl-seamless: licence CC BY-NC 4.0 with the NVIDIA Open Model "
-                                    "License: NON-COMMERCIAL use only")
+    assert said[0].getMessage() == (
+        "kyutai/personaplex-rl-seamless: licence CC BY-NC 4.0 with the NVIDIA Open Model "
+        "License: NON-COMMERCIAL use only"
+    )
 
 
 def test_a_folder_says_the_licence_its_card_names(tmp_path, caplog):
@@ -211,21 +239,51 @@ def test_empty_config_means_personaplex_7b():
     cfg = config_from_kyutai_dict({}, "nvidia/personaplex-7b-v1")
     assert cfg.lm == CONFIGS["personaplex-7b-v1"].lm and cfg.mimi == CONFIGS["personaplex-7b-v1"].mimi
     lm = cfg.lm
-    assert (lm.dim, lm.num_layers, lm.num_heads, lm.dep_q, lm.context, lm.text_card, lm.card) == \
-        (4096, 32, 32, 16, 3000, 32000, 2048)
+    assert (lm.dim, lm.num_layers, lm.num_heads, lm.dep_q, lm.context, lm.text_card, lm.card) == (
+        4096,
+        32,
+        32,
+        16,
+        3000,
+        32000,
+        2048,
+    )
     assert lm.temporal.dim_feedforward == 16896 and lm.depformer_hidden(0) == 2816
 
 
 def test_kyutai_style_config_with_eight_depformer_steps():
-    raw = {"moshi_name": "model.safetensors", "dim": 4096, "text_card": 32000, "existing_text_padding_id": 3,
-           "n_q": 16, "dep_q": 8, "card": 2048, "num_heads": 32, "num_layers": 32, "hidden_scale": 4.125,
-           "causal": True, "layer_scale": None, "context": 3000, "max_period": 10000, "gating": "silu",
-           "norm": "rms_norm_f32", "positional_embedding": "rope", "depformer_dim": 1024,
-           "depformer_dim_feedforward": 4224, "depformer_num_heads": 16, "depformer_num_layers": 6,
-           "depformer_layer_scale": None, "depformer_multi_linear": True, "depformer_context": 8,
-           "depformer_max_period": 10000, "depformer_gating": "silu", "depformer_pos_emb": "none",
-           "depformer_weights_per_step": True, "delays": [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1],
-           "lm_gen_config": {"temp": 0.8}}
+    raw = {
+        "moshi_name": "model.safetensors",
+        "dim": 4096,
+        "text_card": 32000,
+        "existing_text_padding_id": 3,
+        "n_q": 16,
+        "dep_q": 8,
+        "card": 2048,
+        "num_heads": 32,
+        "num_layers": 32,
+        "hidden_scale": 4.125,
+        "causal": True,
+        "layer_scale": None,
+        "context": 3000,
+        "max_period": 10000,
+        "gating": "silu",
+        "norm": "rms_norm_f32",
+        "positional_embedding": "rope",
+        "depformer_dim": 1024,
+        "depformer_dim_feedforward": 4224,
+        "depformer_num_heads": 16,
+        "depformer_num_layers": 6,
+        "depformer_layer_scale": None,
+        "depformer_multi_linear": True,
+        "depformer_context": 8,
+        "depformer_max_period": 10000,
+        "depformer_gating": "silu",
+        "depformer_pos_emb": "none",
+        "depformer_weights_per_step": True,
+        "delays": [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1],
+        "lm_gen_config": {"temp": 0.8},
+    }
     cfg = config_from_kyutai_dict(raw, "kyutai/moshiko-pytorch-bf16")
     assert cfg.lm.dep_q == 8 and cfg.mimi.num_codebooks == 8 and cfg.mimi.quantizer.n_q == 32
 
@@ -233,21 +291,29 @@ def test_kyutai_style_config_with_eight_depformer_steps():
 _SMALL_MOSHI = {"dim": 64, "num_heads": 4, "num_layers": 2, "card": 64, "text_card": 128, "n_q": 16, "dep_q": 8}
 
 
-@pytest.mark.parametrize("raw,reference", [
-    ({}, "personaplex"),  # PersonaPlex's empty config.json: the official PersonaPlex-7B
-    (_SMALL_MOSHI, "kyutai"),  # Kyutai's Moshi: dep_q < n_q, no personaplex object
-    (dict(_SMALL_MOSHI, personaplex={"silence_tokens": [1] * 8, "sine_tokens": [2] * 8}), "personaplex"),
-    (dict(_SMALL_MOSHI, dep_q=16, personaplex={"silence_tokens": [1] * 8, "sine_tokens": [2] * 8}), "personaplex"),
-    (dict(_SMALL_MOSHI, card=2048, dep_q=16), "personaplex"),  # a depformer over the user's codebooks too
-    (dict(_SMALL_MOSHI, card=2048, reference="personaplex"), "personaplex"),  # explicit, real codes fit
-    (dict(_SMALL_MOSHI, dep_q=16, personaplex={}, reference="kyutai"), "kyutai"),
-])
+@pytest.mark.parametrize(
+    "raw,reference",
+    [
+        ({}, "personaplex"),  # PersonaPlex's empty config.json: the official PersonaPlex-7B
+        (_SMALL_MOSHI, "kyutai"),  # Kyutai's Moshi: dep_q < n_q, no personaplex object
+        (dict(_SMALL_MOSHI, personaplex={"silence_tokens": [1] * 8, "sine_tokens": [2] * 8}), "personaplex"),
+        (dict(_SMALL_MOSHI, dep_q=16, personaplex={"silence_tokens": [1] * 8, "sine_tokens": [2] * 8}), "personaplex"),
+        (dict(_SMALL_MOSHI, card=2048, dep_q=16), "personaplex"),  # a depformer over the user's codebooks too
+        (dict(_SMALL_MOSHI, card=2048, reference="personaplex"), "personaplex"),  # explicit, real codes fit
+        (dict(_SMALL_MOSHI, dep_q=16, personaplex={}, reference="kyutai"), "kyutai"),
+    ],
+)
 def test_reference_is_read_from_config_json(raw, reference):
     cfg = config_from_kyutai_dict(raw, "m")
     assert cfg.reference == reference and cfg.prompt.enabled == (reference == "personaplex")
     # One switch: every module's config carries the same value.
-    assert cfg.lm.reference == cfg.lm.temporal.reference == cfg.mimi.reference == cfg.mimi.transformer.reference \
+    assert (
+        cfg.lm.reference
+        == cfg.lm.temporal.reference
+        == cfg.mimi.reference
+        == cfg.mimi.transformer.reference
         == reference
+    )
 
 
 def test_reference_switches_every_part_at_once():
@@ -262,14 +328,18 @@ def test_prompt_tokens_that_do_not_fit_the_codebooks_are_refused():
     with pytest.raises(ValueError, match=r"personaplex\.silence_tokens \[948, .*0\.\.63.*config\.json"):
         config_from_kyutai_dict(dict(_SMALL_MOSHI, reference="personaplex"), "m")
     with pytest.raises(ValueError, match=r"personaplex\.sine_tokens"):
-        config_from_kyutai_dict(dict(_SMALL_MOSHI, personaplex={"silence_tokens": [1] * 8, "sine_tokens": [64] * 8}),
-                                "m")
+        config_from_kyutai_dict(
+            dict(_SMALL_MOSHI, personaplex={"silence_tokens": [1] * 8, "sine_tokens": [64] * 8}), "m"
+        )
     with pytest.raises(ValueError, match=r"personaplex\.silence_tokens .* must be 8 Mimi codes"):
-        config_from_kyutai_dict(dict(_SMALL_MOSHI, personaplex={"silence_tokens": [1] * 7, "sine_tokens": [2] * 8}),
-                                "m")
+        config_from_kyutai_dict(
+            dict(_SMALL_MOSHI, personaplex={"silence_tokens": [1] * 7, "sine_tokens": [2] * 8}), "m"
+        )
     with pytest.raises(ValueError, match=r"zero_text_code 128"):
-        config_from_kyutai_dict(dict(_SMALL_MOSHI, personaplex={
-            "silence_tokens": [1] * 8, "sine_tokens": [2] * 8, "zero_text_code": 128}), "m")
+        config_from_kyutai_dict(
+            dict(_SMALL_MOSHI, personaplex={"silence_tokens": [1] * 8, "sine_tokens": [2] * 8, "zero_text_code": 128}),
+            "m",
+        )
 
 
 def test_a_checkpoint_with_unfit_prompt_tokens_fails_at_load(golden_dir, tmp_path):

@@ -34,9 +34,9 @@ def _one_shot(lm, x: torch.Tensor, window: int) -> torch.Tensor:
         q, k = _rope(q, lm.cfg.max_period), _rope(k, lm.cfg.max_period)
         out = torch.empty_like(q)
         for s in range(0, t, 500):  # chunks of queries keep the score matrix small
-            qp = pos[s: s + 500, None]
+            qp = pos[s : s + 500, None]
             allowed = (pos[None] <= qp) & (pos[None] > qp - window)
-            out[:, s: s + 500] = F.scaled_dot_product_attention(q[:, s: s + 500], k, v, allowed)
+            out[:, s : s + 500] = F.scaled_dot_product_attention(q[:, s : s + 500], k, v, allowed)
         x = x + layer.self_attn.out_proj(out.transpose(0, 1).reshape(t, -1))
         x = x + layer.gating(layer.norm2(x[None])[0])
     return lm.out_norm(x[None])[0]
@@ -56,8 +56,11 @@ def test_4000_frames_slide_the_window_past_the_context(tiny_model):
     yes = torch.ones(1, dtype=torch.bool)
     embeddings, hidden, tokens = [], [], []
     for i in range(STEPS):
-        r = gen.step(StepInputs(tokens=torch.from_numpy(forced[i: i + 1]), exec_mask=yes),
-                     run_depformer=i >= STEPS - 20, return_embeddings=True)
+        r = gen.step(
+            StepInputs(tokens=torch.from_numpy(forced[i : i + 1]), exec_mask=yes),
+            run_depformer=i >= STEPS - 20,
+            return_embeddings=True,
+        )
         embeddings.append(r.embeddings[0])
         hidden.append(r.hidden[0])
         tokens.append(r.tokens[0])
@@ -68,7 +71,7 @@ def test_4000_frames_slide_the_window_past_the_context(tiny_model):
     # ...which matters: a plain window of `context` keys differs once the ring is full.
     plain = _one_shot(lm, torch.stack(embeddings[: context + 5]), window=context)
     assert (streamed[: context - 1] - plain[: context - 1]).abs().max() < 1e-4
-    assert (streamed[context - 1: context + 5] - plain[context - 1:]).abs().max() > 1e-4
+    assert (streamed[context - 1 : context + 5] - plain[context - 1 :]).abs().max() > 1e-4
     last = torch.stack(tokens[-19:])
     assert ((last[:, 1:9] >= 0) & (last[:, 1:9] < lm.cfg.card)).all()
     assert gen.state.end.item() == STEPS and gen.cache.offset.item() == STEPS + 1

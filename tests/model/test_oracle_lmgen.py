@@ -8,8 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from pplex_trio.model import (FREE, LMGen, LMModel, StepInputs, convert_kyutai_state_dict, lm_config_from_kwargs,
-                              load_state_dict_strict)
+from pplex_trio.model import (
+    FREE,
+    LMGen,
+    LMModel,
+    StepInputs,
+    convert_kyutai_state_dict,
+    lm_config_from_kwargs,
+    load_state_dict_strict,
+)
 
 pytestmark = [pytest.mark.oracle, pytest.mark.filterwarnings("ignore::DeprecationWarning")]  # moshi imports
 
@@ -25,8 +32,20 @@ def test_user_audio_timing_against_kyutai_lmgen(reference, lag):
     """
     loaders = pytest.importorskip("moshi.models.loaders")
     kyutai_lm = pytest.importorskip("moshi.models.lm")
-    kw = dict(loaders._lm_kwargs, dim=64, num_heads=4, num_layers=2, context=100, card=64, text_card=128,
-              depformer_dim=32, depformer_dim_feedforward=64, depformer_num_heads=2, depformer_num_layers=2, dep_q=8)
+    kw = dict(
+        loaders._lm_kwargs,
+        dim=64,
+        num_heads=4,
+        num_layers=2,
+        context=100,
+        card=64,
+        text_card=128,
+        depformer_dim=32,
+        depformer_dim_feedforward=64,
+        depformer_num_heads=2,
+        depformer_num_layers=2,
+        dep_q=8,
+    )
     torch.manual_seed(0)
     theirs = loaders.get_moshi_lm(None, lm_kwargs=kw, device="cpu", dtype=torch.float32)
     with torch.device("meta"):

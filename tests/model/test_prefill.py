@@ -23,9 +23,19 @@ CONTEXT = 16
 
 
 def _lm(reference: str, seed: int) -> LMModel:
-    cfg = LMConfig(dim=32, num_heads=2, num_layers=2, context=CONTEXT, text_card=40, card=32, depformer_dim=16,
-                   depformer_dim_feedforward=32, depformer_num_heads=2, depformer_num_layers=1,
-                   reference=reference)
+    cfg = LMConfig(
+        dim=32,
+        num_heads=2,
+        num_layers=2,
+        context=CONTEXT,
+        text_card=40,
+        card=32,
+        depformer_dim=16,
+        depformer_dim_feedforward=32,
+        depformer_num_heads=2,
+        depformer_num_layers=1,
+        reference=reference,
+    )
     gen = torch.Generator().manual_seed(seed)
     lm = LMModel(cfg)
     with torch.no_grad():
@@ -98,8 +108,14 @@ def _chunked(gen: LMGen, rows: dict[int, object], chunk: int, between=None) -> N
 
 def _rows_state(gen: LMGen, rows: list[int]) -> dict[str, torch.Tensor]:
     s, c = gen.state, gen.cache
-    return {"keys": s.keys[:, rows].clone(), "values": s.values[:, rows].clone(), "end": s.end[rows].clone(),
-            "tokens": c.tokens[rows].clone(), "provided": c.provided[rows].clone(), "offset": c.offset[rows].clone()}
+    return {
+        "keys": s.keys[:, rows].clone(),
+        "values": s.values[:, rows].clone(),
+        "end": s.end[rows].clone(),
+        "tokens": c.tokens[rows].clone(),
+        "provided": c.provided[rows].clone(),
+        "offset": c.offset[rows].clone(),
+    }
 
 
 def _live(gen: LMGen, rows: list[int], steps: int, seed: int) -> np.ndarray:
@@ -111,14 +127,16 @@ def _live(gen: LMGen, rows: list[int], steps: int, seed: int) -> np.ndarray:
     out = []
     for _ in range(steps):
         tokens = torch.full((gen.batch_size, cfg.num_streams), -1, dtype=torch.long)
-        tokens[:, 1 + cfg.num_agent_codebooks:] = torch.from_numpy(rng.randint(0, cfg.card, (1, cfg.n_q // 2)))
+        tokens[:, 1 + cfg.num_agent_codebooks :] = torch.from_numpy(rng.randint(0, cfg.card, (1, cfg.n_q // 2)))
         out.append(gen.step(StepInputs(tokens=tokens, exec_mask=mask)).tokens[rows].numpy())
     return np.stack(out)
 
 
 @pytest.mark.parametrize("reference", ["personaplex", "kyutai"])
-@pytest.mark.parametrize("steps,voice_steps", [(1, 0), (CONTEXT - 1, 4), (CONTEXT, 0), (CONTEXT + 1, 5),
-                                                (2 * CONTEXT + 3, 7), (3 * CONTEXT, 0)])
+@pytest.mark.parametrize(
+    "steps,voice_steps",
+    [(1, 0), (CONTEXT - 1, 4), (CONTEXT, 0), (CONTEXT + 1, 5), (2 * CONTEXT + 3, 7), (3 * CONTEXT, 0)],
+)
 def test_chunked_prefill_equals_the_stepwise_prompt(reference, steps, voice_steps):
     lm = _lm(reference, seed=steps)
     plan = _plan(lm, steps, voice_steps, seed=steps + 1)
@@ -158,8 +176,9 @@ def test_rows_at_different_points_prefill_together_beside_a_live_row(chunk):
     # The prefilled rows continue exactly as their stepwise prompts would.
     for row, plan in plans.items():
         _stepwise(reference, row, plan)
-    np.testing.assert_array_equal(_live(chunked, [0, 2], 2 * CONTEXT, seed=9),
-                                  _live(reference, [0, 2], 2 * CONTEXT, seed=9))
+    np.testing.assert_array_equal(
+        _live(chunked, [0, 2], 2 * CONTEXT, seed=9), _live(reference, [0, 2], 2 * CONTEXT, seed=9)
+    )
 
 
 def test_prefill_limit_stops_chunks_at_the_first_wrap():

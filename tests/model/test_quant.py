@@ -19,8 +19,7 @@ from pplex_trio._cli import main
 from pplex_trio._precision import KVFormat, Precision, WeightFormat
 from pplex_trio.engine._interface import Conversation, Sampling, SlotMode
 from pplex_trio.engine._personaplex import PersonaPlexEngine
-from pplex_trio.model import LMGen, TransformerConfig, load_model
-from pplex_trio.model import _quant
+from pplex_trio.model import LMGen, TransformerConfig, _quant, load_model
 from pplex_trio.model._checkpoint import read_safetensors
 from pplex_trio.model._loading import resolve_checkpoint, write_quantized
 from pplex_trio.model._transformer import Fp8TransformerState, StreamingTransformer
@@ -90,14 +89,16 @@ def test_fp8_ring_holds_the_rounded_keys_across_a_wrap():
     outs = []
     with torch.no_grad():
         for t in range(21):  # 21 positions through a ring of 8: it wraps twice
-            outs.append((model(x[:, t: t + 1], plain), model(x[:, t: t + 1], fp8)))
+            outs.append((model(x[:, t : t + 1], plain), model(x[:, t : t + 1], fp8)))
             # Layer 0's keys come straight from the input: the fp8 ring holds exactly their rounding.
             keys, values = fp8.read(0, torch.float32)
             written = slice(0, min(t + 1, cfg.context))
-            torch.testing.assert_close(keys[:, :, written], _fp8_round_trip(plain.keys[0][:, :, written]),
-                                       rtol=0, atol=1e-6)
-            torch.testing.assert_close(values[:, :, written], _fp8_round_trip(plain.values[0][:, :, written]),
-                                       rtol=0, atol=1e-6)
+            torch.testing.assert_close(
+                keys[:, :, written], _fp8_round_trip(plain.keys[0][:, :, written]), rtol=0, atol=1e-6
+            )
+            torch.testing.assert_close(
+                values[:, :, written], _fp8_round_trip(plain.values[0][:, :, written]), rtol=0, atol=1e-6
+            )
     assert torch.equal(fp8.end, plain.end) and int(fp8.end[0]) == 21
     for a, b in outs:
         assert (a - b).norm() / a.norm() < 0.08  # e4m3 keeps 3 mantissa bits: a few percent at most
@@ -163,15 +164,35 @@ def test_quantize_writes_a_folder_that_loads_without_the_original(tmp_path, quan
     for (name, a), b in zip(loaded.lm.state_dict().items(), quantized_model.lm.state_dict().values()):
         assert torch.equal(a, b), name
     conversation = Conversation(persona="Hello.", sampling=Sampling(text_seed=5, audio_seed=6))
-    np.testing.assert_array_equal(np.array(_run(PersonaPlexEngine(loaded, 1), 0, conversation, 10)),
-                                  np.array(_run(PersonaPlexEngine(quantized_model, 1), 0, conversation, 10)))
+    np.testing.assert_array_equal(
+        np.array(_run(PersonaPlexEngine(loaded, 1), 0, conversation, 10)),
+        np.array(_run(PersonaPlexEngine(quantized_model, 1), 0, conversation, 10)),
+    )
 
 
 def test_offline_takes_both_options(golden_dir, tmp_path, caplog):
     wav, text = tmp_path / "out.wav", tmp_path / "out.json"
     with caplog.at_level(logging.INFO):
-        assert main(["offline", "--model", "tiny", "--input-wav", str(golden_dir / "input.wav"), "--output-wav",
-                     str(wav), "--output-text", str(text), "--quantize", "int8", "--kv-cache", "fp8"]) == 0
+        assert (
+            main(
+                [
+                    "offline",
+                    "--model",
+                    "tiny",
+                    "--input-wav",
+                    str(golden_dir / "input.wav"),
+                    "--output-wav",
+                    str(wav),
+                    "--output-text",
+                    str(text),
+                    "--quantize",
+                    "int8",
+                    "--kv-cache",
+                    "fp8",
+                ]
+            )
+            == 0
+        )
     assert "weights int8, KV cache fp8" in caplog.text
     pcm, rate = sphn.read(str(wav))
     source, _ = sphn.read(str(golden_dir / "input.wav"))
@@ -185,8 +206,9 @@ def test_serve_builds_its_engine_with_both_options(tiny_model):
     from pplex_trio._cli._settings_cli import settings_from_args
     from pplex_trio.server import ServerSettings
 
-    args = build_parser().parse_args(["serve", "--model", "tiny", "--slots", "2", "--quantize", "int8",
-                                      "--kv-cache", "fp8"])
+    args = build_parser().parse_args(
+        ["serve", "--model", "tiny", "--slots", "2", "--quantize", "int8", "--kv-cache", "fp8"]
+    )
     engine = create_engine(settings_from_args(ServerSettings, args))
     assert engine.model.lm.precision == INT8_FP8 and engine.num_slots == 2
     assert isinstance(engine._tick.gen.state, Fp8TransformerState)

@@ -18,15 +18,16 @@ from pplex_trio.model._sampling import mix32
 def _conversation_tokens(model, samplings: list[Sampling], frames: int = 25) -> np.ndarray:
     """Run one conversation per slot on the same input; returns their output tokens [slots, frames, 17]."""
     engine = PersonaPlexEngine(model, len(samplings))
-    steps = [engine.start(i, Conversation(persona="Hi.", voice="NATF0.pt", sampling=s))
-             for i, s in enumerate(samplings)]
+    steps = [
+        engine.start(i, Conversation(persona="Hi.", voice="NATF0.pt", sampling=s)) for i, s in enumerate(samplings)
+    ]
     assert len(set(steps)) == 1
     rng = np.random.RandomState(5)
     pcm = np.repeat((0.1 * rng.randn(1, frames * 1920)).astype(np.float32), len(samplings), axis=0)
     engine.prefill({i: n for i, n in enumerate(steps)})
     tokens = []
     for f in range(frames):
-        engine.step([SlotMode.LIVE] * len(samplings), pcm[:, f * 1920:(f + 1) * 1920])
+        engine.step([SlotMode.LIVE] * len(samplings), pcm[:, f * 1920 : (f + 1) * 1920])
         tokens.append(engine.last_tokens.copy())
     return np.stack(tokens, axis=1)
 
@@ -82,8 +83,13 @@ def _fmix32_numpy(x: np.ndarray) -> np.ndarray:
 
 
 def test_mix32_is_murmur3_fmix32():
-    values = np.concatenate([np.arange(1000), np.random.RandomState(0).randint(0, 2**32, 5000, dtype=np.uint64),
-                             [2**32 - 1, 2**31, 2**16 - 1]]).astype(np.int64)
+    values = np.concatenate(
+        [
+            np.arange(1000),
+            np.random.RandomState(0).randint(0, 2**32, 5000, dtype=np.uint64),
+            [2**32 - 1, 2**31, 2**16 - 1],
+        ]
+    ).astype(np.int64)
     got = mix32(torch.from_numpy(values)).numpy()
     np.testing.assert_array_equal(got, _fmix32_numpy(values).astype(np.int64))
     assert got[1] == 0x514E28B7  # fmix32(1), a published value
@@ -138,8 +144,18 @@ def test_sampling_with_row_noise_follows_the_softmax():
     for row in range(rows):
         noise.seed(row, row, 1000 + row)
     temp, topk = torch.full((rows,), 0.8), torch.full((rows,), 4)
-    drawn = torch.stack([sample(logits.expand(rows, -1), temp, topk, torch.zeros(rows, dtype=torch.bool),
-                                noise.draw(torch.ones(rows, dtype=torch.bool))[0]) for _ in range(steps)])
+    drawn = torch.stack(
+        [
+            sample(
+                logits.expand(rows, -1),
+                temp,
+                topk,
+                torch.zeros(rows, dtype=torch.bool),
+                noise.draw(torch.ones(rows, dtype=torch.bool))[0],
+            )
+            for _ in range(steps)
+        ]
+    )
     expected = torch.softmax(logits[:4] / 0.8, dim=0)
     freq = torch.stack([(drawn == i).double().mean() for i in range(4)])
     assert (drawn < 4).all()  # top 4 only
@@ -153,8 +169,19 @@ def byte_tokenizer() -> TextTokenizer:
     text = [" ".join(rng.choice(words, 12)) for _ in range(200)]
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(text), model_writer=model, vocab_size=300, model_type="unigram", byte_fallback=True,
-        character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=3, num_threads=1, minloglevel=2)
+        sentence_iterator=iter(text),
+        model_writer=model,
+        vocab_size=300,
+        model_type="unigram",
+        byte_fallback=True,
+        character_coverage=1.0,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=3,
+        num_threads=1,
+        minloglevel=2,
+    )
     return TextTokenizer(model.getvalue(), text_card=300)
 
 

@@ -47,7 +47,7 @@ def _mimi_run(mimi, audio: np.ndarray, reset_at: int | None, reset_row: int):
         if i == reset_at:
             enc.reset(_mask(b, [reset_row]))
             dec.reset(_mask(b, [reset_row]))
-        c = mimi.encode_frame(torch.from_numpy(audio[:, i * 1920:(i + 1) * 1920]), enc)
+        c = mimi.encode_frame(torch.from_numpy(audio[:, i * 1920 : (i + 1) * 1920]), enc)
         codes.append(c)
         pcm.append(mimi.decode_frame(c, dec))
     return torch.stack(codes, 1).numpy(), torch.cat(pcm, -1).numpy()
@@ -55,7 +55,7 @@ def _mimi_run(mimi, audio: np.ndarray, reset_at: int | None, reset_row: int):
 
 def test_mimi_row_reset_leaves_other_rows_bit_identical(golden_model, golden):
     mimi = golden_model.mimi
-    audio = np.stack([golden.input_pcm[s: s + 1920 * 70] for s in (0, 1920 * 10, 1920 * 25)])
+    audio = np.stack([golden.input_pcm[s : s + 1920 * 70] for s in (0, 1920 * 10, 1920 * 25)])
     codes, pcm = _mimi_run(mimi, audio, None, 1)
     codes_r, pcm_r = _mimi_run(mimi, audio, 30, 1)
     for row in (0, 2):
@@ -63,14 +63,15 @@ def test_mimi_row_reset_leaves_other_rows_bit_identical(golden_model, golden):
         np.testing.assert_array_equal(pcm_r[row], pcm[row])
     assert not np.array_equal(codes_r[1, 30:], codes[1, 30:])
     # The reset row is a fresh stream from frame 30 on (its transformer rings wrap within 40 frames).
-    fresh_codes, fresh_pcm = _mimi_run(mimi, audio[1:2, 1920 * 30:], None, 0)
+    fresh_codes, fresh_pcm = _mimi_run(mimi, audio[1:2, 1920 * 30 :], None, 0)
     np.testing.assert_array_equal(codes_r[1, 30:], fresh_codes[0])
-    np.testing.assert_allclose(pcm_r[1, 1920 * 30:], fresh_pcm[0], atol=1e-6, rtol=0)
+    np.testing.assert_allclose(pcm_r[1, 1920 * 30 :], fresh_pcm[0], atol=1e-6, rtol=0)
 
 
 @torch.no_grad()
-def _lm_run(lm, user: np.ndarray, reset_at: int | None = None, reset_row: int = 1,
-            paused: range = range(0), paused_row: int = 1):
+def _lm_run(
+    lm, user: np.ndarray, reset_at: int | None = None, reset_row: int = 1, paused: range = range(0), paused_row: int = 1
+):
     """Greedy LM over forced user codes ``[B, steps, 8]`` (no prompt)."""
     b, steps, _ = user.shape
     gen = LMGen(lm, b)
@@ -108,7 +109,7 @@ def test_paused_row_resumes_as_if_nothing_happened(golden_model, golden):
     tokens, hidden = _lm_run(golden_model.lm, user[:, :80])
     paused = range(20, 35)
     user_p = user.copy()
-    user_p[1, 35: 35 + 45] = user[1, 20:65]  # the paused row sees the same frames, later
+    user_p[1, 35 : 35 + 45] = user[1, 20:65]  # the paused row sees the same frames, later
     tokens_p, hidden_p = _lm_run(golden_model.lm, user_p[:, :80], paused=paused)
     np.testing.assert_array_equal(tokens_p[0], tokens[0])
     np.testing.assert_array_equal(tokens_p[1, :20], tokens[1, :20])
@@ -118,8 +119,9 @@ def test_paused_row_resumes_as_if_nothing_happened(golden_model, golden):
 
 def _engine_run(model, start_other_at: int | None, ticks: int = 62):
     engine = PersonaPlexEngine(model, 2)
-    prefill = engine.start(0, Conversation(persona="Hello there.", voice="NATF1.pt",
-                                           sampling=Sampling(text_seed=3, audio_seed=4)))
+    prefill = engine.start(
+        0, Conversation(persona="Hello there.", voice="NATF1.pt", sampling=Sampling(text_seed=3, audio_seed=4))
+    )
     rng = np.random.RandomState(0)
     pcm_out, text_out, other_left = [], [], 0
     engine.prefill({0: prefill})

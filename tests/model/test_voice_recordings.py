@@ -18,10 +18,10 @@ import pytest
 import sphn
 import torch
 
+from pplex_trio.codec._voice_audio import normalize_loudness, read_voice_recording
 from pplex_trio.engine._interface import Conversation, Sampling, SlotMode
 from pplex_trio.engine._personaplex import PersonaPlexEngine
 from pplex_trio.model import VoiceLibrary, VoiceNotFoundError, VoicePrompt
-from pplex_trio.codec._voice_audio import normalize_loudness, read_voice_recording
 from pplex_trio.model._voices import voice_from_recording
 
 
@@ -49,8 +49,9 @@ def test_a_voice_from_the_wav_is_the_reference_pt(wav, golden, golden_model):
 
 def _greedy_run(model, voice: str, golden) -> np.ndarray:
     engine = PersonaPlexEngine(model, 1)
-    engine.prefill({0: engine.start(0, Conversation(persona=golden.persona, voice=voice,
-                                                    sampling=Sampling(greedy=True)))})
+    engine.prefill(
+        {0: engine.start(0, Conversation(persona=golden.persona, voice=voice, sampling=Sampling(greedy=True)))}
+    )
     tokens = []
     for i in range(len(golden.input_codes)):
         engine.step([SlotMode.LIVE], golden.frame(i)[None])
@@ -67,10 +68,32 @@ def test_offline_with_a_wav_voice_path_reproduces_voicegen(golden_dir, golden, t
     """The issue's command as a user types it: ``--voice-prompt voices/TINY0.wav`` (found in the model folder)."""
     out_wav, out_text = tmp_path / "out.wav", tmp_path / "out.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "pplex_trio", "offline", "--model", str(golden_dir),
-         "--input-wav", str(golden_dir / "input.wav"), "--output-wav", str(out_wav), "--output-text", str(out_text),
-         "--text-prompt", golden.persona, "--voice-prompt", "voices/TINY0.wav", "--greedy", "--device", "cpu"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "pplex_trio",
+            "offline",
+            "--model",
+            str(golden_dir),
+            "--input-wav",
+            str(golden_dir / "input.wav"),
+            "--output-wav",
+            str(out_wav),
+            "--output-text",
+            str(out_text),
+            "--text-prompt",
+            golden.persona,
+            "--voice-prompt",
+            "voices/TINY0.wav",
+            "--greedy",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out_text.read_text()) == json.loads((golden.voicegen / "output_text.json").read_text())
     # The voicegen run's tokens are the .pt run's (a fact of the golden data), so its audio is expected/'s.
@@ -81,19 +104,43 @@ def test_offline_with_a_wav_voice_path_reproduces_voicegen(golden_dir, golden, t
 
 def test_offline_refuses_a_voice_path_that_is_nowhere(golden_dir, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "pplex_trio", "offline", "--model", str(golden_dir),
-         "--input-wav", str(golden_dir / "input.wav"), "--output-wav", str(tmp_path / "o.wav"),
-         "--output-text", str(tmp_path / "o.json"), "--voice-prompt", "voices/NOPE.wav", "--device", "cpu"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "pplex_trio",
+            "offline",
+            "--model",
+            str(golden_dir),
+            "--input-wav",
+            str(golden_dir / "input.wav"),
+            "--output-wav",
+            str(tmp_path / "o.wav"),
+            "--output-text",
+            str(tmp_path / "o.json"),
+            "--voice-prompt",
+            "voices/NOPE.wav",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1 and "voices/NOPE.wav not found" in proc.stderr and "Traceback" not in proc.stderr
 
 
 # --- recordings of every kind, and the ones that cannot be a voice -------------------------------------
 
+
 def _library(golden_model, folder) -> VoiceLibrary:
     cfg = golden_model.config.prompt
-    return VoiceLibrary(folder, lambda path: voice_from_recording(golden_model.lm, golden_model.mimi, path,
-                                                                  cfg.sine_tokens, cfg.zero_text_code)[0])
+    return VoiceLibrary(
+        folder,
+        lambda path: voice_from_recording(
+            golden_model.lm, golden_model.mimi, path, cfg.sine_tokens, cfg.zero_text_code
+        )[0],
+    )
 
 
 def _speech(seconds: float, rate: int) -> np.ndarray:
@@ -117,14 +164,17 @@ def test_any_rate_from_8_to_48_khz_and_stereo_are_taken(golden_model, tmp_path):
     assert np.abs(mono - expected).max() < 1e-4
 
 
-@pytest.mark.parametrize("case, message", [
-    ("silent", "silent or shorter than 0.4 s"),
-    ("short", "silent or shorter than 0.4 s"),
-    ("rate", "96000 Hz: give one at 8 to 48 kHz"),
-    ("garbage", "not a recording this server can read"),
-    ("truncated", "not a recording this server can read|silent or shorter"),
-    ("empty", "not a recording this server can read|holds no audio"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("silent", "silent or shorter than 0.4 s"),
+        ("short", "silent or shorter than 0.4 s"),
+        ("rate", "96000 Hz: give one at 8 to 48 kHz"),
+        ("garbage", "not a recording this server can read"),
+        ("truncated", "not a recording this server can read|silent or shorter"),
+        ("empty", "not a recording this server can read|holds no audio"),
+    ],
+)
 def test_a_recording_that_cannot_be_a_voice_is_refused_in_words(case, message, golden_model, golden_dir, tmp_path):
     path = tmp_path / f"{case}.wav"
     if case == "silent":

@@ -31,8 +31,21 @@ def test_voice_prompt_round_trips_through_a_file(tmp_path, golden, golden_model)
     assert torch.equal(again.embeddings, ref.embeddings) and torch.equal(again.cache, ref.cache)
 
 
-@pytest.mark.parametrize("name", ["../TINY0.pt", "voices/TINY0.pt", "TINY0", "TINY0.txt", "..", "", ".hidden.pt",
-                                  "a\\b.pt", "/etc/passwd", "x/../TINY0.pt"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../TINY0.pt",
+        "voices/TINY0.pt",
+        "TINY0",
+        "TINY0.txt",
+        "..",
+        "",
+        ".hidden.pt",
+        "a\\b.pt",
+        "/etc/passwd",
+        "x/../TINY0.pt",
+    ],
+)
 def test_voice_names_outside_the_library_are_refused(name, golden_model):
     with pytest.raises(VoiceNotFoundError, match="voice"):
         check_voice_name(name)
@@ -61,7 +74,9 @@ def test_the_catalogue_is_the_one_listing_rule(tmp_path):
     for name in ("B.pt", "A.pt", ".hidden.pt", "notes.txt", "a..b.pt", "C.wav", "D.FLAC", "E.ogg", "F.mp3"):
         (tmp_path / name).write_bytes(b"")
     (tmp_path / "folder.pt").mkdir()
-    assert voice_files(tmp_path) == ["A.pt", "B.pt", "C.wav", "D.FLAC", "E.ogg", "F.mp3"] == VoiceLibrary(tmp_path).names()
+    assert (
+        voice_files(tmp_path) == ["A.pt", "B.pt", "C.wav", "D.FLAC", "E.ogg", "F.mp3"] == VoiceLibrary(tmp_path).names()
+    )
     assert voice_path(tmp_path, "A.pt") == tmp_path / "A.pt"
     with pytest.raises(VoiceNotFoundError, match="available: A.pt, B.pt, C.wav"):
         voice_path(tmp_path, "C.pt")

@@ -41,10 +41,9 @@ import typing as tp
 # before moshi is imported.
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
 
+import _tiny_moshi as tiny  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
-import _tiny_moshi as tiny  # noqa: E402
 
 if tp.TYPE_CHECKING:  # pragma: no cover
     from moshi.models.compression import MimiModel
@@ -158,9 +157,7 @@ def mimi_encode(
     just before frame ``t``; ``exec_masks[t]`` is frame ``t``'s exec mask
     (``set_exec_mask``; rows off keep their state, their output is garbage).
     """
-    return _mimi_stream(
-        mimi, lambda x: mimi.encode(x.float()[:, None])[:, :, 0], pcm, resets, exec_masks, rule
-    )
+    return _mimi_stream(mimi, lambda x: mimi.encode(x.float()[:, None])[:, :, 0], pcm, resets, exec_masks, rule)
 
 
 def mimi_decode(

@@ -10,12 +10,11 @@ from __future__ import annotations
 import pathlib
 import typing as tp
 
+import _moshi_ref as ref
 import numpy as np
 import torch
 
 from pplex_trio.model import FREE, LMGen, LoadedModel, StepInputs, load_model
-
-import _moshi_ref as ref
 
 
 def load(directory: pathlib.Path) -> LoadedModel:

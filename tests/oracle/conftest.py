@@ -13,11 +13,9 @@ import typing as tp
 
 os.environ.setdefault("NO_TORCH_COMPILE", "1")  # before anything imports moshi
 
+import _tiny_moshi as tiny  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-
-import _tiny_moshi as tiny  # noqa: E402
-
 from _tiny_moshi import BATCH, LM_STEPS, ROW_OFFSET_S  # noqa: E402
 
 

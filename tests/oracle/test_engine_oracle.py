@@ -27,9 +27,9 @@ import _moshi_ref as ref  # noqa: E402
 import _ours  # noqa: E402
 import _tiny_moshi as tiny  # noqa: E402
 
+from pplex_trio._cli import _offline  # noqa: E402
 from pplex_trio.engine._interface import Conversation, Sampling, SlotMode  # noqa: E402
 from pplex_trio.engine._personaplex import PersonaPlexEngine  # noqa: E402
-from pplex_trio._cli import _offline  # noqa: E402
 
 pytestmark = pytest.mark.oracle
 
@@ -130,11 +130,21 @@ def test_offline_command_runs_a_kyutai_checkpoint(tiny_checkpoints, speech: np.n
     parser = argparse.ArgumentParser()
     _offline.add_arguments(parser)
     sphn.write_wav(str(tmp_path / "in.wav"), speech[: 2 * tiny.SAMPLE_RATE], tiny.SAMPLE_RATE)
-    args = parser.parse_args([
-        "--model", str(tiny_checkpoints["kyutai-dep8"]), "--input-wav", str(tmp_path / "in.wav"),
-        "--output-wav", str(tmp_path / "out.wav"), "--output-text", str(tmp_path / "out.json"),
-        "--greedy", "--device", "cpu",
-    ])
+    args = parser.parse_args(
+        [
+            "--model",
+            str(tiny_checkpoints["kyutai-dep8"]),
+            "--input-wav",
+            str(tmp_path / "in.wav"),
+            "--output-wav",
+            str(tmp_path / "out.wav"),
+            "--output-text",
+            str(tmp_path / "out.json"),
+            "--greedy",
+            "--device",
+            "cpu",
+        ]
+    )
     assert _offline.run(args) == 0
     texts = json.loads((tmp_path / "out.json").read_text())
     pcm, rate = sphn.read(str(tmp_path / "out.wav"))

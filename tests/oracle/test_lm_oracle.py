@@ -67,7 +67,9 @@ def test_greedy_tokens_equal_moshi(ours, moshi_lm, checkpoint: pathlib.Path, use
     expected = ref.lm_generate(moshi_lm, codes, semantics=ref.checkpoint_semantics(checkpoint))
     assert (expected[0, 0] == -2).all() and (expected[0, 1:] >= 0).all()
     first_bad = np.flatnonzero((got != expected).any(-1)[0])
-    assert first_bad.size == 0, f"first differing step {first_bad[0]}: ours {got[0, first_bad[0]]}, moshi {expected[0, first_bad[0]]}"
+    assert first_bad.size == 0, (
+        f"first differing step {first_bad[0]}: ours {got[0, first_bad[0]]}, moshi {expected[0, first_bad[0]]}"
+    )
 
 
 def test_batch_reset_and_pause(ours, moshi_lm, checkpoint: pathlib.Path, user_codes) -> None:

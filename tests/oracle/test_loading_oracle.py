@@ -39,16 +39,27 @@ def edited_copy(source: pathlib.Path, dest: pathlib.Path, filename: str, edit) -
 
 
 EDITS = {
-    "missing-lm": (tiny.MOSHI_NAME, lambda s: s.pop("depformer.layers.1.gating.5.linear_in.weight"),
-                   "depformer.layers.1.gating.5.linear_in.weight"),
-    "extra-lm": (tiny.MOSHI_NAME, lambda s: s.update({"depformer_in.8.weight": s["depformer_in.0.weight"].clone()}),
-                 "depformer_in.8.weight"),
-    "wrong-shape-lm": (tiny.MOSHI_NAME, lambda s: s.update({"emb.3.weight": s["emb.3.weight"][:-1]}),
-                       "emb.3.weight"),
-    "missing-mimi": (tiny.MIMI_NAME, lambda s: s.pop("quantizer.rvq_rest.vq.layers.4._codebook.embedding_sum"),
-                     "quantizer.rvq_rest.vq.layers.4._codebook.embedding_sum"),
-    "extra-mimi": (tiny.MIMI_NAME, lambda s: s.update({"decoder.model.99.conv.conv.weight": torch.zeros(1)}),
-                   "decoder.model.99.conv.conv.weight"),
+    "missing-lm": (
+        tiny.MOSHI_NAME,
+        lambda s: s.pop("depformer.layers.1.gating.5.linear_in.weight"),
+        "depformer.layers.1.gating.5.linear_in.weight",
+    ),
+    "extra-lm": (
+        tiny.MOSHI_NAME,
+        lambda s: s.update({"depformer_in.8.weight": s["depformer_in.0.weight"].clone()}),
+        "depformer_in.8.weight",
+    ),
+    "wrong-shape-lm": (tiny.MOSHI_NAME, lambda s: s.update({"emb.3.weight": s["emb.3.weight"][:-1]}), "emb.3.weight"),
+    "missing-mimi": (
+        tiny.MIMI_NAME,
+        lambda s: s.pop("quantizer.rvq_rest.vq.layers.4._codebook.embedding_sum"),
+        "quantizer.rvq_rest.vq.layers.4._codebook.embedding_sum",
+    ),
+    "extra-mimi": (
+        tiny.MIMI_NAME,
+        lambda s: s.update({"decoder.model.99.conv.conv.weight": torch.zeros(1)}),
+        "decoder.model.99.conv.conv.weight",
+    ),
 }
 
 
@@ -104,7 +115,10 @@ def test_eight_step_checkpoint_is_expanded_as_the_reference_does(expanded_checkp
     for s in range(7):
         assert torch.equal(state[f"depformer_emb.{s + 8}.weight"], source[f"depformer_emb.{s}.weight"])
     for j in range(2):
-        for key in (f"depformer.layers.{j}.self_attn.in_proj_weight", f"depformer.layers.{j}.self_attn.out_proj.weight"):
+        for key in (
+            f"depformer.layers.{j}.self_attn.in_proj_weight",
+            f"depformer.layers.{j}.self_attn.out_proj.weight",
+        ):
             assert torch.equal(state[key], torch.cat([source[key], source[key]]))
 
 
@@ -121,6 +135,8 @@ def test_expanded_checkpoint_speaks_like_moshi_on_the_eight_step_file(
     codes = user_codes["kyutai-dep8"][:1, :100]
     got = _ours.lm_generate(ours, codes)
     expected = ref.lm_generate(
-        tiny.load_moshi_lm(tiny_checkpoints["kyutai-dep8"]), codes, semantics=ref.checkpoint_semantics(expanded_checkpoint)
+        tiny.load_moshi_lm(tiny_checkpoints["kyutai-dep8"]),
+        codes,
+        semantics=ref.checkpoint_semantics(expanded_checkpoint),
     )
     np.testing.assert_array_equal(got, expected)

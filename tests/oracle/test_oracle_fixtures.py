@@ -26,7 +26,9 @@ def _keys(path: pathlib.Path) -> dict[str, tuple[int, ...]]:
         return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
 
 
-def test_tiny_checkpoint_has_the_golden_layout(tiny_checkpoints: dict[str, pathlib.Path], golden_dir: pathlib.Path) -> None:
+def test_tiny_checkpoint_has_the_golden_layout(
+    tiny_checkpoints: dict[str, pathlib.Path], golden_dir: pathlib.Path
+) -> None:
     """The dep_q 16 checkpoint holds exactly the golden set's tensor names, Kyutai's holds the dep_q 8 subset."""
     for name in (tiny.MOSHI_NAME, tiny.MIMI_NAME):
         golden = set(_keys(golden_dir / name))
@@ -37,13 +39,18 @@ def test_tiny_checkpoint_has_the_golden_layout(tiny_checkpoints: dict[str, pathl
     steps_8_to_15 = {f"{p}.{s}.weight" for s in range(8, 16) for p in ("depformer_in", "linears")}
     steps_8_to_15 |= {f"depformer_emb.{s - 1}.weight" for s in range(8, 16)}
     steps_8_to_15 |= {
-        f"depformer.layers.{j}.gating.{s}.linear_{io}.weight" for j in range(2) for s in range(8, 16) for io in ("in", "out")
+        f"depformer.layers.{j}.gating.{s}.linear_{io}.weight"
+        for j in range(2)
+        for s in range(8, 16)
+        for io in ("in", "out")
     }
     assert golden_lm - kyutai == steps_8_to_15
     assert kyutai <= golden_lm
 
 
-def test_moshi_reloads_the_checkpoint_bit_for_bit(tiny_checkpoints: dict[str, pathlib.Path], speech: np.ndarray) -> None:
+def test_moshi_reloads_the_checkpoint_bit_for_bit(
+    tiny_checkpoints: dict[str, pathlib.Path], speech: np.ndarray
+) -> None:
     """Saving then loading through moshi's strict loaders gives back the very modules that were built."""
     for name, directory in tiny_checkpoints.items():
         spec = tiny.SPECS[name]
@@ -66,7 +73,9 @@ def test_tokenizer_ids_match_the_golden_convention(tiny_checkpoints: dict[str, p
         assert [sp.id_to_piece(i) for i in range(4)] == ["<unk>", "<s>", "</s>", "<pad>"]
 
 
-def test_codes_and_audio_are_not_degenerate(tiny_checkpoints: dict[str, pathlib.Path], user_codes: dict[str, np.ndarray]) -> None:
+def test_codes_and_audio_are_not_degenerate(
+    tiny_checkpoints: dict[str, pathlib.Path], user_codes: dict[str, np.ndarray]
+) -> None:
     """Random codebooks would give all-zero codes; ours must use many entries of every codebook."""
     for name, codes in user_codes.items():
         card = tiny.read_config(tiny_checkpoints[name])["card"]
@@ -99,7 +108,9 @@ def test_fork_window_reproduces_golden_mimi(golden_dir: pathlib.Path) -> None:
     assert np.abs(plain_pcm - expected_pcm).max() > 1e-3
 
 
-def test_truncated_depformer_is_an_exact_oracle(tiny_checkpoints: dict[str, pathlib.Path], user_codes: dict[str, np.ndarray]) -> None:
+def test_truncated_depformer_is_an_exact_oracle(
+    tiny_checkpoints: dict[str, pathlib.Path], user_codes: dict[str, np.ndarray]
+) -> None:
     """Depformer steps 8-15 never change text or agent audio: PersonaPlex's dep_q 16 == its first 8 steps.
 
     moshi 0.2.13 cannot teacher-force steps 8-15, so we check the claim inside

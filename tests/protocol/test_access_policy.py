@@ -14,8 +14,13 @@ TOKEN = "s3cret-token-0123456789"
 
 
 def head(path="/api/chat", *, websocket=True, query=b"", client="10.0.0.7", **headers: str) -> RequestHead:
-    return RequestHead(websocket=websocket, path=path, query=query, client=client,
-                       headers=[(name.replace("_", "-").encode(), value.encode()) for name, value in headers.items()])
+    return RequestHead(
+        websocket=websocket,
+        path=path,
+        query=query,
+        client=client,
+        headers=[(name.replace("_", "-").encode(), value.encode()) for name, value in headers.items()],
+    )
 
 
 def expected_cookie(token: str) -> str:
@@ -31,32 +36,38 @@ def test_without_a_token_set_everything_is_allowed(websocket):
     assert AccessPolicy().check(head(websocket=websocket)) == Allowed(None)
 
 
-@pytest.mark.parametrize("request_head, via", [
-    (head(authorization=f"Bearer {TOKEN}"), "header"),
-    (head(authorization=f"bearer   {TOKEN} "), "header"),
-    (head(query=f"text_prompt=hi&token={TOKEN}".encode()), "query"),
-    (head(cookie=f"other=1; {COOKIE_NAME}={expected_cookie(TOKEN)}"), "cookie"),
-    (head(cookie=f'{COOKIE_NAME}="{expected_cookie(TOKEN)}"'), "cookie"),
-])
+@pytest.mark.parametrize(
+    "request_head, via",
+    [
+        (head(authorization=f"Bearer {TOKEN}"), "header"),
+        (head(authorization=f"bearer   {TOKEN} "), "header"),
+        (head(query=f"text_prompt=hi&token={TOKEN}".encode()), "query"),
+        (head(cookie=f"other=1; {COOKIE_NAME}={expected_cookie(TOKEN)}"), "cookie"),
+        (head(cookie=f'{COOKIE_NAME}="{expected_cookie(TOKEN)}"'), "cookie"),
+    ],
+)
 def test_the_three_ways_in(request_head, via):
     assert AccessPolicy(token=TOKEN).check(request_head) == Allowed(via)
 
 
-@pytest.mark.parametrize("request_head", [
-    head(),
-    head(authorization="Bearer wrong"),
-    head(authorization=f"Basic {TOKEN}"),
-    head(authorization=f"Bearer {TOKEN[:-1]}"),
-    head(authorization=f"Bearer {TOKEN}x"),
-    head(authorization="Bearer"),
-    head(query=b"token="),
-    head(query=f"tok={TOKEN}".encode()),
-    head(query=f"token={TOKEN.upper()}".encode()),
-    head(cookie=f"{COOKIE_NAME}={TOKEN}"),  # the cookie carries a derived value, not the token
-    head(cookie=f"{COOKIE_NAME}={expected_cookie('another-token-xxxxxxxx')}"),
-    head(cookie=f"x{COOKIE_NAME}={expected_cookie(TOKEN)}"),
-    head(query="token=\udcff".encode("utf-8", "surrogateescape")),
-])
+@pytest.mark.parametrize(
+    "request_head",
+    [
+        head(),
+        head(authorization="Bearer wrong"),
+        head(authorization=f"Basic {TOKEN}"),
+        head(authorization=f"Bearer {TOKEN[:-1]}"),
+        head(authorization=f"Bearer {TOKEN}x"),
+        head(authorization="Bearer"),
+        head(query=b"token="),
+        head(query=f"tok={TOKEN}".encode()),
+        head(query=f"token={TOKEN.upper()}".encode()),
+        head(cookie=f"{COOKIE_NAME}={TOKEN}"),  # the cookie carries a derived value, not the token
+        head(cookie=f"{COOKIE_NAME}={expected_cookie('another-token-xxxxxxxx')}"),
+        head(cookie=f"x{COOKIE_NAME}={expected_cookie(TOKEN)}"),
+        head(query="token=\udcff".encode("utf-8", "surrogateescape")),
+    ],
+)
 def test_a_wrong_or_missing_token_is_401_and_the_message_never_holds_the_token(request_head):
     verdict = AccessPolicy(token=TOKEN).check(request_head)
     assert isinstance(verdict, Refused) and verdict.status == 401 and verdict.reason == "unauthorized"
@@ -77,34 +88,39 @@ def test_the_cookie_is_http_only_strict_and_secure_under_tls():
 
 
 def test_query_without_token_keeps_the_rest():
-    assert query_without_token(b"official&token=abc&voice_prompt=NATF2.pt&token=x") == \
-        "official=&voice_prompt=NATF2.pt"
+    assert query_without_token(b"official&token=abc&voice_prompt=NATF2.pt&token=x") == "official=&voice_prompt=NATF2.pt"
     assert query_without_token(b"token=abc") == ""
 
 
 # -- origins --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("origin, host", [
-    ("http://127.0.0.1:8998", "127.0.0.1:8998"),
-    ("https://Box.Local:8998", "box.local:8998"),
-    ("https://example.com", "example.com"),
-    ("https://example.com", "example.com:443"),
-    ("http://example.com:80", "example.com"),
-    ("http://[::1]:8998", "[::1]:8998"),
-])
+@pytest.mark.parametrize(
+    "origin, host",
+    [
+        ("http://127.0.0.1:8998", "127.0.0.1:8998"),
+        ("https://Box.Local:8998", "box.local:8998"),
+        ("https://example.com", "example.com"),
+        ("https://example.com", "example.com:443"),
+        ("http://example.com:80", "example.com"),
+        ("http://[::1]:8998", "[::1]:8998"),
+    ],
+)
 def test_own_origin_is_let_in(origin, host):
     assert AccessPolicy().check(head(origin=origin, host=host)) == Allowed(None)
 
 
-@pytest.mark.parametrize("origin, host", [
-    ("https://evil.example", "127.0.0.1:8998"),
-    ("http://127.0.0.1:8999", "127.0.0.1:8998"),  # another port is another origin
-    ("https://example.com", "example.com:8443"),
-    ("null", "127.0.0.1:8998"),
-    ("not an origin", "127.0.0.1:8998"),
-    ("http://127.0.0.1:8998", ""),
-])
+@pytest.mark.parametrize(
+    "origin, host",
+    [
+        ("https://evil.example", "127.0.0.1:8998"),
+        ("http://127.0.0.1:8999", "127.0.0.1:8998"),  # another port is another origin
+        ("https://example.com", "example.com:8443"),
+        ("null", "127.0.0.1:8998"),
+        ("not an origin", "127.0.0.1:8998"),
+        ("http://127.0.0.1:8998", ""),
+    ],
+)
 def test_a_foreign_origin_is_403(origin, host):
     verdict = AccessPolicy().check(head(origin=origin, host=host))
     assert isinstance(verdict, Refused) and verdict.status == 403 and "--allowed-origins" in verdict.message
@@ -125,13 +141,23 @@ def test_allowed_origins_are_honoured():
 
 
 def test_the_origin_is_checked_before_the_token():
-    verdict = AccessPolicy(token=TOKEN).check(head(origin="https://evil.example", host="h",
-                                                   authorization=f"Bearer {TOKEN}"))
+    verdict = AccessPolicy(token=TOKEN).check(
+        head(origin="https://evil.example", host="h", authorization=f"Bearer {TOKEN}")
+    )
     assert isinstance(verdict, Refused) and verdict.status == 403
 
 
-@pytest.mark.parametrize("text", ["example.com", "https://example.com/path", "ftp://example.com", "https://",
-                                  "https://example.com:99999", "https://user@example.com"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "example.com",
+        "https://example.com/path",
+        "ftp://example.com",
+        "https://",
+        "https://example.com:99999",
+        "https://user@example.com",
+    ],
+)
 def test_parse_origins_refuses_what_is_not_an_origin(text):
     with pytest.raises(ValueError, match="--allowed-origins"):
         parse_origins(text)

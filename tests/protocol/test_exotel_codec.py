@@ -11,10 +11,20 @@ import pytest
 from pplex_trio.protocol import CloseCode, Encoding, ProtocolError, exotel, telephony
 
 STREAM = "a8cdb7e0a1b5c3d2e4f6"
-START = {"event": "start", "sequence_number": "1", "stream_sid": STREAM, "start": {
-    "stream_sid": STREAM, "call_sid": "CA1", "account_sid": "AC1", "from": "+919876543210", "to": "+918047491899",
-    "custom_parameters": {"persona": "Hello & <welcome>", "token": "t"},
-    "media_format": {"encoding": "audio/x-raw", "sample_rate": "8000", "bit_rate": "16"}}}
+START = {
+    "event": "start",
+    "sequence_number": "1",
+    "stream_sid": STREAM,
+    "start": {
+        "stream_sid": STREAM,
+        "call_sid": "CA1",
+        "account_sid": "AC1",
+        "from": "+919876543210",
+        "to": "+918047491899",
+        "custom_parameters": {"persona": "Hello & <welcome>", "token": "t"},
+        "media_format": {"encoding": "audio/x-raw", "sample_rate": "8000", "bit_rate": "16"},
+    },
+}
 
 
 def started() -> exotel.ExotelCarrier:
@@ -31,8 +41,12 @@ def test_every_event_of_a_stream_is_parsed():
     assert (start.stream_id, start.call_id, start.account_id) == (STREAM, "CA1", "AC1")
     assert start.parameters == {"persona": "Hello & <welcome>", "token": "t"}
     assert (start.audio_format.encoding, start.audio_format.rate) == (Encoding.PCM16, 8000)
-    media = {"event": "media", "sequence_number": "2", "stream_sid": STREAM, "media": {
-        "chunk": "1", "timestamp": "100", "payload": base64.b64encode(b"\x01\x00" * 800).decode()}}
+    media = {
+        "event": "media",
+        "sequence_number": "2",
+        "stream_sid": STREAM,
+        "media": {"chunk": "1", "timestamp": "100", "payload": base64.b64encode(b"\x01\x00" * 800).decode()},
+    }
     assert carrier.parse(json.dumps(media)) == telephony.CallAudio(b"\x01\x00" * 800)
     assert carrier.parse('{"event": "mark", "mark": {"name": "m1"}}') == telephony.CallMark("m1")
     assert carrier.parse('{"event": "dtmf", "dtmf": {"digit": "1", "duration": "100"}}') == telephony.CallDtmf("1")
@@ -51,28 +65,36 @@ def test_the_stream_sid_may_be_outside_the_start_and_the_format_defaults_to_8_kh
     assert parsed.stream_id == "S2" and parsed.audio_format.rate == 8000 and parsed.parameters == {}
 
 
-@pytest.mark.parametrize("media_format", [{"encoding": "audio/x-raw", "sample_rate": "44100"},
-                                          {"encoding": "audio/x-raw", "sample_rate": 8000.0},
-                                          {"encoding": "audio/x-raw", "sample_rate": True},
-                                          {"encoding": "audio/x-raw", "sample_rate": "fast"},
-                                          {"encoding": "audio/x-mulaw", "sample_rate": "8000"}])
+@pytest.mark.parametrize(
+    "media_format",
+    [
+        {"encoding": "audio/x-raw", "sample_rate": "44100"},
+        {"encoding": "audio/x-raw", "sample_rate": 8000.0},
+        {"encoding": "audio/x-raw", "sample_rate": True},
+        {"encoding": "audio/x-raw", "sample_rate": "fast"},
+        {"encoding": "audio/x-mulaw", "sample_rate": "8000"},
+    ],
+)
 def test_other_formats_are_refused_with_1003(media_format):
     with pytest.raises(ProtocolError) as refused:
         exotel.ExotelCarrier().parse(json.dumps({**START, "start": {**START["start"], "media_format": media_format}}))
     assert refused.value.code == CloseCode.UNSUPPORTED_DATA
 
 
-@pytest.mark.parametrize("message, code", [
-    (b"\x00", CloseCode.UNSUPPORTED_DATA),
-    ("{not json", CloseCode.INVALID_PAYLOAD),
-    ('{"event": "media"}', CloseCode.INVALID_PAYLOAD),
-    ('{"event": "media", "media": {"payload": "not base64!"}}', CloseCode.INVALID_PAYLOAD),
-    ('{"event": "media", "media": {"payload": "AAAA"}}', CloseCode.INVALID_PAYLOAD),  # 3 bytes: half a sample
-    ('{"event": "start", "start": {}}', CloseCode.INVALID_PAYLOAD),  # no stream_sid
-    ('{"event": "start", "start": {"stream_sid": "S", "media_format": "x"}}', CloseCode.INVALID_PAYLOAD),
-    ('{"event": "start", "start": {"stream_sid": "S", "custom_parameters": {"a": 1}}}', CloseCode.INVALID_PAYLOAD),
-    ('{"event": "mark", "mark": {}}', CloseCode.INVALID_PAYLOAD),
-])
+@pytest.mark.parametrize(
+    "message, code",
+    [
+        (b"\x00", CloseCode.UNSUPPORTED_DATA),
+        ("{not json", CloseCode.INVALID_PAYLOAD),
+        ('{"event": "media"}', CloseCode.INVALID_PAYLOAD),
+        ('{"event": "media", "media": {"payload": "not base64!"}}', CloseCode.INVALID_PAYLOAD),
+        ('{"event": "media", "media": {"payload": "AAAA"}}', CloseCode.INVALID_PAYLOAD),  # 3 bytes: half a sample
+        ('{"event": "start", "start": {}}', CloseCode.INVALID_PAYLOAD),  # no stream_sid
+        ('{"event": "start", "start": {"stream_sid": "S", "media_format": "x"}}', CloseCode.INVALID_PAYLOAD),
+        ('{"event": "start", "start": {"stream_sid": "S", "custom_parameters": {"a": 1}}}', CloseCode.INVALID_PAYLOAD),
+        ('{"event": "mark", "mark": {}}', CloseCode.INVALID_PAYLOAD),
+    ],
+)
 def test_a_malformed_event_is_a_protocol_error_with_its_close_code(message, code):
     with pytest.raises(ProtocolError) as refused:
         exotel.ExotelCarrier().parse(message)
@@ -86,10 +108,16 @@ def payload(message: str) -> bytes:
 def test_our_messages_name_the_stream():
     carrier = started()
     audio = bytes(range(256)) * 5  # 1280 bytes: four whole chunks
-    assert json.loads(carrier.media(audio)) == {"event": "media", "stream_sid": STREAM,
-                                                "media": {"payload": base64.b64encode(audio).decode()}}
-    assert json.loads(carrier.mark("barge-in-1")) == {"event": "mark", "stream_sid": STREAM,
-                                                      "mark": {"name": "barge-in-1"}}
+    assert json.loads(carrier.media(audio)) == {
+        "event": "media",
+        "stream_sid": STREAM,
+        "media": {"payload": base64.b64encode(audio).decode()},
+    }
+    assert json.loads(carrier.mark("barge-in-1")) == {
+        "event": "mark",
+        "stream_sid": STREAM,
+        "mark": {"name": "barge-in-1"},
+    }
     assert json.loads(carrier.clear()) == {"event": "clear", "stream_sid": STREAM}
 
 
@@ -105,8 +133,9 @@ def test_our_audio_goes_out_in_whole_320_byte_chunks_and_the_rest_with_the_next(
 
 def test_the_answer_is_the_applets_json_with_the_parameters_in_the_urls_query():
     tricky = 'Say "hi" & <smile>\'s\nnew line'
-    answer = json.loads(exotel.answer_document("wss://example.com/telephony/exotel",
-                                               {"persona": tricky, "token": "a&b"}))
+    answer = json.loads(
+        exotel.answer_document("wss://example.com/telephony/exotel", {"persona": tricky, "token": "a&b"})
+    )
     assert list(answer) == ["url"]
     url = urllib.parse.urlsplit(answer["url"])
     assert (url.scheme, url.netloc, url.path) == ("wss", "example.com", "/telephony/exotel")

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import sphn
 
-from pplex_trio.codec._ogg_writer import OggOpusMuxer, build_page, ogg_crc
 from _helpers.ogg import is_bos, page_sequence, split_pages
+from pplex_trio.codec._ogg_writer import OggOpusMuxer, build_page, ogg_crc
 
 
 def crc_bitwise(data: bytes) -> int:

@@ -39,13 +39,14 @@ def test_unknown_parameters_are_ignored():
 
 
 def test_bytes_query_and_percent_encoding():
-    c = conversation_from_params(parse_query("text_prompt=caf%C3%A9%20au+lait".encode()), max_prompt_chars=100)
+    c = conversation_from_params(parse_query(b"text_prompt=caf%C3%A9%20au+lait"), max_prompt_chars=100)
     assert c.persona == "café au lait"
 
 
 def test_raw_open_names_and_json_numbers():
-    c = conversation_from_params({"persona": "p", "voice": "V.pt", "text_topk": 5, "audio_temperature": 0.5},
-                                 max_prompt_chars=10)
+    c = conversation_from_params(
+        {"persona": "p", "voice": "V.pt", "text_topk": 5, "audio_temperature": 0.5}, max_prompt_chars=10
+    )
     assert (c.persona, c.voice, c.sampling.text_topk, c.sampling.audio_temperature) == ("p", "V.pt", 5, 0.5)
 
 
@@ -128,14 +129,17 @@ def test_invalid_utf8_query():
 # -- one check per setting, for every protocol --------------------------------------------------
 
 
-@pytest.mark.parametrize("persona, voice, words, kind", [
-    ("x" * 51, None, "has 51 characters; this server's limit is 50", "string_above_max_length"),
-    ("a\x00b", None, "must not contain NUL characters", "invalid_value"),
-    (7, None, "must be a string", "invalid_value"),
-    (None, "../etc/passwd", "is not a voice name", "invalid_value"),
-    (None, "NOBODY.pt", "unknown", "invalid_value"),
-    (None, 3, "must be a string", "invalid_value"),
-])
+@pytest.mark.parametrize(
+    "persona, voice, words, kind",
+    [
+        ("x" * 51, None, "has 51 characters; this server's limit is 50", "string_above_max_length"),
+        ("a\x00b", None, "must not contain NUL characters", "invalid_value"),
+        (7, None, "must be a string", "invalid_value"),
+        (None, "../etc/passwd", "is not a voice name", "invalid_value"),
+        (None, "NOBODY.pt", "unknown", "invalid_value"),
+        (None, 3, "must be a string", "invalid_value"),
+    ],
+)
 def test_a_bad_persona_or_voice_gets_the_same_answer_on_every_protocol(persona, voice, words, kind):
     """The official client's query, the raw open message and a Realtime session.update: one check each."""
     from pplex_trio.protocol._realtime import EventError, SessionConfig, apply_session_update
@@ -150,8 +154,9 @@ def test_a_bad_persona_or_voice_gets_the_same_answer_on_every_protocol(persona, 
         answers.append((info.value.message.replace(info.value.param, "PARAM", 1), info.value.kind))
     session = {"instructions": persona} if persona is not None else {"voice": voice}
     try:  # (a bad voice alone is reported beside the rest of the update, applied)
-        error = apply_session_update(SessionConfig(), session, started=False, max_prompt_chars=50,
-                                     voices=lambda: voices)[1]
+        error = apply_session_update(
+            SessionConfig(), session, started=False, max_prompt_chars=50, voices=lambda: voices
+        )[1]
     except EventError as exc:
         error = exc
     param = "session.instructions" if persona is not None else "session.voice"

@@ -12,10 +12,18 @@ import pytest
 from pplex_trio.protocol import CloseCode, Encoding, ProtocolError, plivo, telephony
 
 STREAM = "20170ada-f610-433b-8758-c02a2aab3662"
-START = {"event": "start", "sequenceNumber": 0, "start": {
-    "callId": "CA1", "streamId": STREAM, "accountId": "MA1", "tracks": ["inbound"],
-    "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000}},
-    "extra_headers": '{"persona": "Hello & <welcome>", "token": "t"}'}
+START = {
+    "event": "start",
+    "sequenceNumber": 0,
+    "start": {
+        "callId": "CA1",
+        "streamId": STREAM,
+        "accountId": "MA1",
+        "tracks": ["inbound"],
+        "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000},
+    },
+    "extra_headers": '{"persona": "Hello & <welcome>", "token": "t"}',
+}
 
 
 def started(start: dict = START) -> plivo.PlivoCarrier:
@@ -31,24 +39,38 @@ def test_every_event_of_a_stream_is_parsed():
     assert (start.stream_id, start.call_id, start.account_id) == (STREAM, "CA1", "MA1")
     assert start.parameters == {"persona": "Hello & <welcome>", "token": "t"}
     assert (start.audio_format.encoding, start.audio_format.rate) == (Encoding.PCMU, 8000)
-    media = {"event": "media", "sequenceNumber": 3, "streamId": STREAM, "media": {
-        "track": "inbound", "timestamp": "60", "chunk": 3, "payload": base64.b64encode(b"\xff" * 160).decode()}}
+    media = {
+        "event": "media",
+        "sequenceNumber": 3,
+        "streamId": STREAM,
+        "media": {
+            "track": "inbound",
+            "timestamp": "60",
+            "chunk": 3,
+            "payload": base64.b64encode(b"\xff" * 160).decode(),
+        },
+    }
     assert carrier.parse(json.dumps(media)) == telephony.CallAudio(b"\xff" * 160)
     assert carrier.parse(json.dumps({**media, "media": {**media["media"], "track": "outbound"}})) is None
-    assert carrier.parse(json.dumps({"event": "playedStream", "streamId": STREAM, "name": "m1"})) == \
-        telephony.CallMark("m1")
+    assert carrier.parse(json.dumps({"event": "playedStream", "streamId": STREAM, "name": "m1"})) == telephony.CallMark(
+        "m1"
+    )
     assert carrier.parse('{"event": "clearedAudio", "streamId": "s"}') is None
     assert carrier.parse('{"event": "dtmf", "dtmf": {"track": "inbound", "digit": "5"}}') == telephony.CallDtmf("5")
     assert isinstance(carrier.parse('{"event": "stop", "streamId": "s"}'), telephony.CallStop)
     assert carrier.parse('{"event": "something.new"}') is None
 
 
-@pytest.mark.parametrize("headers, parameters", [
-    ('{"persona": "a, b=c"}', {"persona": "a, b=c"}),  # a JSON object's text
-    ({"voice": "NATF0.pt"}, {"voice": "NATF0.pt"}),  # an object
-    ("persona=Hi,voice=NATF0.pt", {"persona": "Hi", "voice": "NATF0.pt"}),  # Plivo's k=v,k=v
-    ("", {}), (None, {}),
-])
+@pytest.mark.parametrize(
+    "headers, parameters",
+    [
+        ('{"persona": "a, b=c"}', {"persona": "a, b=c"}),  # a JSON object's text
+        ({"voice": "NATF0.pt"}, {"voice": "NATF0.pt"}),  # an object
+        ("persona=Hi,voice=NATF0.pt", {"persona": "Hi", "voice": "NATF0.pt"}),  # Plivo's k=v,k=v
+        ("", {}),
+        (None, {}),
+    ],
+)
 def test_the_extra_headers_are_read_in_each_of_their_shapes(headers, parameters):
     start = {**START, "extra_headers": headers}
     assert plivo.PlivoCarrier().parse(json.dumps(start)).parameters == parameters
@@ -72,30 +94,41 @@ def test_linear_pcm_streams_are_taken_and_answered_in_their_format(rate):
         carrier.parse(json.dumps(odd))
     assert refused.value.code == CloseCode.INVALID_PAYLOAD
     assert json.loads(carrier.media(b"\x01\x00"))["media"] == {
-        "contentType": "audio/x-l16", "sampleRate": rate, "payload": base64.b64encode(b"\x01\x00").decode()}
+        "contentType": "audio/x-l16",
+        "sampleRate": rate,
+        "payload": base64.b64encode(b"\x01\x00").decode(),
+    }
 
 
-@pytest.mark.parametrize("media_format", [{"encoding": "audio/x-mulaw", "sampleRate": 16000},
-                                          {"encoding": "audio/x-l16", "sampleRate": 24000},
-                                          {"encoding": "audio/x-l16", "sampleRate": 8000.0},
-                                          {"encoding": "audio/x-l16", "sampleRate": "8000"},
-                                          {"encoding": "audio/x-alaw", "sampleRate": 8000}])
+@pytest.mark.parametrize(
+    "media_format",
+    [
+        {"encoding": "audio/x-mulaw", "sampleRate": 16000},
+        {"encoding": "audio/x-l16", "sampleRate": 24000},
+        {"encoding": "audio/x-l16", "sampleRate": 8000.0},
+        {"encoding": "audio/x-l16", "sampleRate": "8000"},
+        {"encoding": "audio/x-alaw", "sampleRate": 8000},
+    ],
+)
 def test_other_formats_are_refused_with_1003(media_format):
     with pytest.raises(ProtocolError) as refused:
         plivo.PlivoCarrier().parse(json.dumps({**START, "start": {**START["start"], "mediaFormat": media_format}}))
     assert refused.value.code == CloseCode.UNSUPPORTED_DATA
 
 
-@pytest.mark.parametrize("message, code", [
-    (b"\x00", CloseCode.UNSUPPORTED_DATA),
-    ("{not json", CloseCode.INVALID_PAYLOAD),
-    ('{"event": "media", "media": {"payload": "not base64!"}}', CloseCode.INVALID_PAYLOAD),
-    ('{"event": "start", "start": {}}', CloseCode.INVALID_PAYLOAD),  # no streamId
-    ('{"event": "start", "start": {"streamId": "S", "mediaFormat": 5}}', CloseCode.INVALID_PAYLOAD),
-    ('{"event": "start", "start": {"streamId": "S"}, "extra_headers": {"a": 1}}', CloseCode.INVALID_PAYLOAD),
-    ('{"event": "start", "start": {"streamId": "S"}, "extra_headers": "[1]"}', CloseCode.INVALID_PAYLOAD),
-    ('{"event": "playedStream"}', CloseCode.INVALID_PAYLOAD),
-])
+@pytest.mark.parametrize(
+    "message, code",
+    [
+        (b"\x00", CloseCode.UNSUPPORTED_DATA),
+        ("{not json", CloseCode.INVALID_PAYLOAD),
+        ('{"event": "media", "media": {"payload": "not base64!"}}', CloseCode.INVALID_PAYLOAD),
+        ('{"event": "start", "start": {}}', CloseCode.INVALID_PAYLOAD),  # no streamId
+        ('{"event": "start", "start": {"streamId": "S", "mediaFormat": 5}}', CloseCode.INVALID_PAYLOAD),
+        ('{"event": "start", "start": {"streamId": "S"}, "extra_headers": {"a": 1}}', CloseCode.INVALID_PAYLOAD),
+        ('{"event": "start", "start": {"streamId": "S"}, "extra_headers": "[1]"}', CloseCode.INVALID_PAYLOAD),
+        ('{"event": "playedStream"}', CloseCode.INVALID_PAYLOAD),
+    ],
+)
 def test_a_malformed_event_is_a_protocol_error_with_its_close_code(message, code):
     with pytest.raises(ProtocolError) as refused:
         plivo.PlivoCarrier().parse(message)
@@ -104,10 +137,16 @@ def test_a_malformed_event_is_a_protocol_error_with_its_close_code(message, code
 
 def test_our_messages_name_the_stream():
     carrier = started()
-    assert json.loads(carrier.media(b"\x7f\x00")) == {"event": "playAudio", "streamId": STREAM, "media": {
-        "contentType": "audio/x-mulaw", "sampleRate": 8000, "payload": base64.b64encode(b"\x7f\x00").decode()}}
-    assert json.loads(carrier.mark("barge-in-1")) == {"event": "checkpoint", "streamId": STREAM,
-                                                      "name": "barge-in-1"}
+    assert json.loads(carrier.media(b"\x7f\x00")) == {
+        "event": "playAudio",
+        "streamId": STREAM,
+        "media": {
+            "contentType": "audio/x-mulaw",
+            "sampleRate": 8000,
+            "payload": base64.b64encode(b"\x7f\x00").decode(),
+        },
+    }
+    assert json.loads(carrier.mark("barge-in-1")) == {"event": "checkpoint", "streamId": STREAM, "name": "barge-in-1"}
     assert json.loads(carrier.clear()) == {"event": "clearAudio", "streamId": STREAM}
 
 
@@ -118,7 +157,10 @@ def test_the_answer_document_is_plivo_xml_with_the_parameters_in_the_stream_urls
     stream = ET.fromstring(document).find("./Stream")
     assert stream is not None and stream.text is not None
     assert (stream.get("bidirectional"), stream.get("keepCallAlive"), stream.get("contentType")) == (
-        "true", "true", "audio/x-mulaw;rate=8000")
+        "true",
+        "true",
+        "audio/x-mulaw;rate=8000",
+    )
     url = urllib.parse.urlsplit(stream.text)
     assert (url.scheme, url.netloc, url.path) == ("wss", "example.com", "/telephony/plivo")
     assert dict(urllib.parse.parse_qsl(url.query)) == {"persona": tricky, "token": "a&b"}

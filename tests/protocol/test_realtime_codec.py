@@ -14,16 +14,26 @@ import pytest
 from pydantic import TypeAdapter
 
 from pplex_trio.protocol import AudioAppend, ClientEvent, ProtocolError
-from pplex_trio.protocol._realtime import (AudioFormat, Dialect, ItemEvent, EventError,
-                                           ResponseCreate, SessionConfig, SessionUpdate, apply_session_update,
-                                           parse_client_event)
+from pplex_trio.protocol._realtime import (
+    AudioFormat,
+    Dialect,
+    EventError,
+    ItemEvent,
+    ResponseCreate,
+    SessionConfig,
+    SessionUpdate,
+    apply_session_update,
+    parse_client_event,
+)
 from pplex_trio.protocol._realtime_events import ServerEvents
 from pplex_trio.protocol._realtime_items import MAX_ITEMS, ConversationItems
 
 openai_ga = pytest.importorskip("openai.types.realtime")
 openai_beta = pytest.importorskip("openai.types.beta.realtime")
-UNIONS = {Dialect.GA: TypeAdapter(openai_ga.RealtimeServerEvent),
-          Dialect.BETA: TypeAdapter(openai_beta.RealtimeServerEvent)}
+UNIONS = {
+    Dialect.GA: TypeAdapter(openai_ga.RealtimeServerEvent),
+    Dialect.BETA: TypeAdapter(openai_beta.RealtimeServerEvent),
+}
 VOICES = ["NATF0.pt", "NATF2.pt", "VARM1.pt"]
 
 
@@ -39,8 +49,12 @@ def test_every_supported_client_event_is_parsed():
     assert update == SessionUpdate("session.update", "e1", {"instructions": "x"})
     append = parse({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x01\x02").decode()})
     assert append == AudioAppend("input_audio_buffer.append", None, b"\x01\x02")
-    for kind in ("input_audio_buffer.commit", "input_audio_buffer.clear", "response.cancel",
-                 "output_audio_buffer.clear"):
+    for kind in (
+        "input_audio_buffer.commit",
+        "input_audio_buffer.clear",
+        "response.cancel",
+        "output_audio_buffer.clear",
+    ):
         assert parse({"type": kind, "event_id": 7}) == ClientEvent(kind, None)  # a non-string id is dropped
     assert parse({"type": "response.create"}) == ResponseCreate("response.create", None, None)
     create = {"type": "response.create", "response": {"metadata": {"client_event_id": "c1"}, "instructions": "x"}}
@@ -49,18 +63,21 @@ def test_every_supported_client_event_is_parsed():
     assert parse(truncate) == ItemEvent("conversation.item.truncate", None, truncate)
 
 
-@pytest.mark.parametrize("message, param, code", [
-    ("not json", None, "invalid_json"),
-    ("[1, 2]", "type", "invalid_event"),
-    ('{"type": 5}', "type", "invalid_event"),
-    ('{"type": "nonsense.event"}', "type", "invalid_event_type"),
-    ('{"type": "transcription_session.update", "session": {}}', "type", "unsupported_event"),
-    ('{"type": "response.create", "response": {"metadata": {"k": 5}}}', "response.metadata", "invalid_value"),
-    ('{"type": "response.create", "response": {"metadata": []}}', "response.metadata", "invalid_value"),
-    ('{"type": "input_audio_buffer.append", "audio": "***"}', "audio", "invalid_value"),
-    ('{"type": "input_audio_buffer.append", "audio": "QUJ"}', "audio", "invalid_value"),  # bad padding
-    ('{"type": "input_audio_buffer.append"}', "audio", "invalid_value"),
-])
+@pytest.mark.parametrize(
+    "message, param, code",
+    [
+        ("not json", None, "invalid_json"),
+        ("[1, 2]", "type", "invalid_event"),
+        ('{"type": 5}', "type", "invalid_event"),
+        ('{"type": "nonsense.event"}', "type", "invalid_event_type"),
+        ('{"type": "transcription_session.update", "session": {}}', "type", "unsupported_event"),
+        ('{"type": "response.create", "response": {"metadata": {"k": 5}}}', "response.metadata", "invalid_value"),
+        ('{"type": "response.create", "response": {"metadata": []}}', "response.metadata", "invalid_value"),
+        ('{"type": "input_audio_buffer.append", "audio": "***"}', "audio", "invalid_value"),
+        ('{"type": "input_audio_buffer.append", "audio": "QUJ"}', "audio", "invalid_value"),  # bad padding
+        ('{"type": "input_audio_buffer.append"}', "audio", "invalid_value"),
+    ],
+)
 def test_bad_client_events_are_errors_that_name_the_field(message, param, code):
     with pytest.raises(EventError) as error:
         parse(message)
@@ -77,21 +94,40 @@ def test_binary_messages_end_the_session():
 
 
 def update(session: dict, config: SessionConfig = SessionConfig(), *, started: bool = False) -> SessionConfig:
-    updated, voice_error = apply_session_update(config, session, started=started, max_prompt_chars=50,
-                                                voices=lambda: VOICES)
+    updated, voice_error = apply_session_update(
+        config, session, started=started, max_prompt_chars=50, voices=lambda: VOICES
+    )
     if voice_error is not None:
         raise voice_error
     return updated
 
 
 def test_ga_and_beta_shapes_set_the_same_things():
-    ga = update({"type": "realtime", "instructions": " Be brief. ", "audio": {
-        "input": {"format": {"type": "audio/pcmu"}},
-        "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "NATF2.pt"}}})
-    beta = update({"instructions": "Be brief.", "voice": "NATF2.pt", "input_audio_format": "g711_ulaw",
-                   "output_audio_format": "pcm16"})
-    assert ga == beta == SessionConfig(instructions="Be brief.", voice="NATF2.pt", input_format=AudioFormat.PCMU,
-                                       output_format=AudioFormat.PCM16)
+    ga = update(
+        {
+            "type": "realtime",
+            "instructions": " Be brief. ",
+            "audio": {
+                "input": {"format": {"type": "audio/pcmu"}},
+                "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "NATF2.pt"},
+            },
+        }
+    )
+    beta = update(
+        {
+            "instructions": "Be brief.",
+            "voice": "NATF2.pt",
+            "input_audio_format": "g711_ulaw",
+            "output_audio_format": "pcm16",
+        }
+    )
+    assert (
+        ga
+        == beta
+        == SessionConfig(
+            instructions="Be brief.", voice="NATF2.pt", input_format=AudioFormat.PCMU, output_format=AudioFormat.PCM16
+        )
+    )
     assert update({"input_audio_format": "g711_alaw"}).input_format is AudioFormat.PCMA
     assert update({"temperature": 0.6}).conversation().sampling.audio_temperature == 0.6
 
@@ -100,19 +136,22 @@ def test_unknown_fields_are_ignored():
     assert update({"tools": [{"type": "function"}], "turn_detection": None, "whatever": 1}) == SessionConfig()
 
 
-@pytest.mark.parametrize("session, param", [
-    ({"instructions": "x" * 51}, "session.instructions"),
-    ({"instructions": 5}, "session.instructions"),
-    ({"instructions": "a\x00b"}, "session.instructions"),
-    ({"voice": "allo"}, "session.voice"),
-    ({"voice": "../NATF0.pt"}, "session.voice"),
-    ({"audio": {"output": {"voice": "NOPE.pt"}}}, "session.audio.output.voice"),
-    ({"input_audio_format": "opus"}, "session.input_audio_format"),
-    ({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}, "session.audio.input.format"),
-    ({"audio": {"output": {"format": {"type": "audio/mp3"}}}}, "session.audio.output.format"),
-    ({"temperature": "hot"}, "session.temperature"),
-    ({"temperature": 99}, "session.temperature"),
-])
+@pytest.mark.parametrize(
+    "session, param",
+    [
+        ({"instructions": "x" * 51}, "session.instructions"),
+        ({"instructions": 5}, "session.instructions"),
+        ({"instructions": "a\x00b"}, "session.instructions"),
+        ({"voice": "allo"}, "session.voice"),
+        ({"voice": "../NATF0.pt"}, "session.voice"),
+        ({"audio": {"output": {"voice": "NOPE.pt"}}}, "session.audio.output.voice"),
+        ({"input_audio_format": "opus"}, "session.input_audio_format"),
+        ({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}, "session.audio.input.format"),
+        ({"audio": {"output": {"format": {"type": "audio/mp3"}}}}, "session.audio.output.format"),
+        ({"temperature": "hot"}, "session.temperature"),
+        ({"temperature": 99}, "session.temperature"),
+    ],
+)
 def test_bad_values_are_errors_with_their_param(session, param):
     with pytest.raises(EventError) as error:
         update(session)
@@ -127,9 +166,14 @@ def test_openai_voice_names_stand_for_model_voices():
 
 
 def test_an_unknown_voice_is_reported_and_the_rest_applied():
-    config, error = apply_session_update(SessionConfig(), {"voice": "nova2", "instructions": "Be kind.",
-                                                           "output_audio_format": "g711_alaw"},
-                                         started=False, max_prompt_chars=50, voices=lambda: VOICES, event_id="e9")
+    config, error = apply_session_update(
+        SessionConfig(),
+        {"voice": "nova2", "instructions": "Be kind.", "output_audio_format": "g711_alaw"},
+        started=False,
+        max_prompt_chars=50,
+        voices=lambda: VOICES,
+        event_id="e9",
+    )
     assert config == SessionConfig(instructions="Be kind.", output_format=AudioFormat.PCMA)
     assert (error.param, error.event_id) == ("session.voice", "e9") and "'nova2'" in error.message
     assert "marin" in error.message  # the names that work are said
@@ -150,27 +194,44 @@ def test_once_started_a_new_persona_is_taken_and_the_formats_are_fixed():
 
 
 def every_server_event(events: ServerEvents) -> list[str]:
-    config = SessionConfig(instructions="Hi.", voice="NATF2.pt", input_format=AudioFormat.PCMU,
-                           output_format=AudioFormat.PCMA)
+    config = SessionConfig(
+        instructions="Hi.", voice="NATF2.pt", input_format=AudioFormat.PCMU, output_format=AudioFormat.PCMA
+    )
     return [
-        events.session_created(config), events.session_updated(SessionConfig()),
-        events.error("bad", param="session.voice", event_id="e1"), events.error("down", kind="server_error"),
-        events.committed("item_1", None), events.committed("item_2", "item_1"), events.cleared(),
-        events.speech_started(120, "item_3"), events.speech_stopped(900, "item_3"),
-        *events.response_started("resp_1", "item_4", config), events.output_cleared("resp_1"),
-        events.audio_delta("resp_1", "item_4", b"\x00\xff"), events.transcript_delta("resp_1", "item_4", " hi"),
+        events.session_created(config),
+        events.session_updated(SessionConfig()),
+        events.error("bad", param="session.voice", event_id="e1"),
+        events.error("down", kind="server_error"),
+        events.committed("item_1", None),
+        events.committed("item_2", "item_1"),
+        events.cleared(),
+        events.speech_started(120, "item_3"),
+        events.speech_stopped(900, "item_3"),
+        *events.response_started("resp_1", "item_4", config),
+        events.output_cleared("resp_1"),
+        events.audio_delta("resp_1", "item_4", b"\x00\xff"),
+        events.transcript_delta("resp_1", "item_4", " hi"),
         *events.response_finished("resp_1", "item_4", config, " hi"),
         *events.response_finished("resp_2", "item_5", config, "", status="cancelled"),
         *events.response_started("resp_3", "item_6", config, {"client_event_id": "c1"}),
         *events.response_finished("resp_3", "item_6", config, "", metadata={"client_event_id": "c1"}),
-        *events.item_added(None, USER_TEXT), *events.item_added("item_6", USER_TEXT),
-        events.item_truncated("item_6", 0, 1500), events.item_deleted("item_7"), events.item_retrieved(USER_TEXT),
+        *events.item_added(None, USER_TEXT),
+        *events.item_added("item_6", USER_TEXT),
+        events.item_truncated("item_6", 0, 1500),
+        events.item_deleted("item_7"),
+        events.item_retrieved(USER_TEXT),
         events.item_retrieved(events.item("item_6", "completed", " hi")),
     ]
 
 
-USER_TEXT = {"id": "item_7", "object": "realtime.item", "type": "message", "role": "user", "status": "completed",
-             "content": [{"type": "input_text", "text": "Greet the caller."}]}
+USER_TEXT = {
+    "id": "item_7",
+    "object": "realtime.item",
+    "type": "message",
+    "role": "user",
+    "status": "completed",
+    "content": [{"type": "input_text", "text": "Greet the caller."}],
+}
 
 
 @pytest.mark.parametrize("dialect", list(Dialect))
@@ -194,11 +255,18 @@ def test_the_dialects_name_the_audio_events_their_way():
 def test_the_session_object_says_what_was_set():
     config = SessionConfig(instructions="Hi.", voice="NATF2.pt", input_format=AudioFormat.PCMU)
     ga = ServerEvents(Dialect.GA, model="tiny").session(config)
-    assert (ga["instructions"], ga["audio"]["output"]["voice"], ga["audio"]["input"]["format"], ga["model"]) == \
-        ("Hi.", "NATF2.pt", {"type": "audio/pcmu"}, "tiny")
+    assert (ga["instructions"], ga["audio"]["output"]["voice"], ga["audio"]["input"]["format"], ga["model"]) == (
+        "Hi.",
+        "NATF2.pt",
+        {"type": "audio/pcmu"},
+        "tiny",
+    )
     beta = ServerEvents(Dialect.BETA, model="tiny").session(config)
-    assert (beta["voice"], beta["input_audio_format"], beta["output_audio_format"]) == \
-        ("NATF2.pt", "g711_ulaw", "pcm16")
+    assert (beta["voice"], beta["input_audio_format"], beta["output_audio_format"]) == (
+        "NATF2.pt",
+        "g711_ulaw",
+        "pcm16",
+    )
 
 
 def test_the_queue_event_is_ours():
@@ -238,13 +306,16 @@ def test_items_are_kept_named_and_chained():
     assert items.delete({"item_id": "item_1"}, None) == "item_1" and items.last_id == "mine"
 
 
-@pytest.mark.parametrize("event, param, code", [
-    ({"item": "text"}, "item", "invalid_value"),
-    ({"item": {"type": "image"}}, "item.type", "invalid_value"),
-    ({"item": {"type": "message", "role": "robot"}}, "item.role", "invalid_value"),
-    ({"item": {"type": "message", "role": "user", "id": 5}}, "item.id", "invalid_value"),
-    ({"item": {"type": "message", "role": "user", "id": "x" * 65}}, "item.id", "invalid_value"),
-])
+@pytest.mark.parametrize(
+    "event, param, code",
+    [
+        ({"item": "text"}, "item", "invalid_value"),
+        ({"item": {"type": "image"}}, "item.type", "invalid_value"),
+        ({"item": {"type": "message", "role": "robot"}}, "item.role", "invalid_value"),
+        ({"item": {"type": "message", "role": "user", "id": 5}}, "item.id", "invalid_value"),
+        ({"item": {"type": "message", "role": "user", "id": "x" * 65}}, "item.id", "invalid_value"),
+    ],
+)
 def test_bad_items_are_refused_by_field(event, param, code):
     with pytest.raises(EventError) as error:
         new_items().create(event, "e1")
@@ -261,8 +332,12 @@ def test_unknown_item_ids_and_bad_offsets_are_refused():
         with pytest.raises(EventError) as missing:
             items.truncate(bad, None)
         assert missing.value.param == "item_id"
-    for bad in ({"audio_end_ms": -1}, {"audio_end_ms": 1.5}, {"audio_end_ms": True}, {"content_index": -2,
-                                                                                       "audio_end_ms": 0}):
+    for bad in (
+        {"audio_end_ms": -1},
+        {"audio_end_ms": 1.5},
+        {"audio_end_ms": True},
+        {"content_index": -2, "audio_end_ms": 0},
+    ):
         with pytest.raises(EventError):
             items.truncate({"item_id": "a", **bad}, None)
 

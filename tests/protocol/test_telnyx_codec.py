@@ -11,10 +11,18 @@ import pytest
 from pplex_trio.protocol import CloseCode, Encoding, ProtocolError, telephony, telnyx
 
 STREAM = "32de0dea-53cb-4b21-89a4-9b3a7cfb6d41"
-START = {"event": "start", "sequence_number": "1", "stream_id": STREAM, "start": {
-    "user_id": "3fa85f64", "call_control_id": "v3:u5OAKGEPT3Dx8SZSSDRWEMdNH2OripQhO",
-    "client_state": "aGF2ZSBhIG5pY2UgZGF5ID1d", "custom_parameters": {"persona": "Hello & <welcome>", "token": "t"},
-    "media_format": {"encoding": "PCMU", "sample_rate": 8000, "channels": 1}}}
+START = {
+    "event": "start",
+    "sequence_number": "1",
+    "stream_id": STREAM,
+    "start": {
+        "user_id": "3fa85f64",
+        "call_control_id": "v3:u5OAKGEPT3Dx8SZSSDRWEMdNH2OripQhO",
+        "client_state": "aGF2ZSBhIG5pY2UgZGF5ID1d",
+        "custom_parameters": {"persona": "Hello & <welcome>", "token": "t"},
+        "media_format": {"encoding": "PCMU", "sample_rate": 8000, "channels": 1},
+    },
+}
 
 
 def started(start: dict = START) -> telnyx.TelnyxCarrier:
@@ -28,13 +36,25 @@ def test_every_event_of_a_stream_is_parsed():
     assert isinstance(carrier.parse('{"event": "connected", "version": "1.0.0"}'), telephony.CallConnected)
     start = carrier.parse(json.dumps(START))
     assert isinstance(start, telephony.CallStart)
-    assert (start.stream_id, start.call_id, start.account_id) == (STREAM, "v3:u5OAKGEPT3Dx8SZSSDRWEMdNH2OripQhO",
-                                                                  "3fa85f64")
+    assert (start.stream_id, start.call_id, start.account_id) == (
+        STREAM,
+        "v3:u5OAKGEPT3Dx8SZSSDRWEMdNH2OripQhO",
+        "3fa85f64",
+    )
     assert start.parameters == {"persona": "Hello & <welcome>", "token": "t"}
     assert (start.audio_format.encoding, start.audio_format.rate) == (Encoding.PCMU, 8000)
     assert start.reply_format is not None and start.reply_format.encoding is Encoding.PCMU  # the answer's codec
-    media = {"event": "media", "sequence_number": "4", "stream_id": STREAM, "media": {
-        "track": "inbound", "chunk": "2", "timestamp": "40", "payload": base64.b64encode(b"\xff" * 160).decode()}}
+    media = {
+        "event": "media",
+        "sequence_number": "4",
+        "stream_id": STREAM,
+        "media": {
+            "track": "inbound",
+            "chunk": "2",
+            "timestamp": "40",
+            "payload": base64.b64encode(b"\xff" * 160).decode(),
+        },
+    }
     assert carrier.parse(json.dumps(media)) == telephony.CallAudio(b"\xff" * 160)
     inbound_track = {**media, "media": {**media["media"], "track": "inbound_track"}}
     assert carrier.parse(json.dumps(inbound_track)) == telephony.CallAudio(b"\xff" * 160)
@@ -60,29 +80,37 @@ def test_alaw_calls_are_heard_in_alaw_and_answered_in_pcmu(encoding):
     assert start.audio_format.encoding is Encoding.PCMA and start.reply_format.encoding is Encoding.PCMU
 
 
-@pytest.mark.parametrize("media_format", [{"encoding": "L16", "sample_rate": 16000},
-                                          {"encoding": "PCMU", "sample_rate": 16000},
-                                          {"encoding": "PCMU", "sample_rate": 8000, "channels": 2},
-                                          {"encoding": "OPUS", "sample_rate": 8000}])
+@pytest.mark.parametrize(
+    "media_format",
+    [
+        {"encoding": "L16", "sample_rate": 16000},
+        {"encoding": "PCMU", "sample_rate": 16000},
+        {"encoding": "PCMU", "sample_rate": 8000, "channels": 2},
+        {"encoding": "OPUS", "sample_rate": 8000},
+    ],
+)
 def test_other_formats_are_refused_with_1003(media_format):
     with pytest.raises(ProtocolError) as refused:
         telnyx.TelnyxCarrier().parse(json.dumps({**START, "start": {**START["start"], "media_format": media_format}}))
     assert refused.value.code == CloseCode.UNSUPPORTED_DATA and "8000" in refused.value.message
 
 
-@pytest.mark.parametrize("message, code", [
-    (b"\x00", CloseCode.UNSUPPORTED_DATA),
-    ("{not json", CloseCode.INVALID_PAYLOAD),
-    ("[1]", CloseCode.INVALID_PAYLOAD),
-    ('{"event": 5}', CloseCode.INVALID_PAYLOAD),
-    ('{"event": "media"}', CloseCode.INVALID_PAYLOAD),
-    ('{"event": "media", "media": {"payload": "not base64!"}}', CloseCode.INVALID_PAYLOAD),
-    ('{"event": "start", "stream_id": "S", "start": {"custom_parameters": {"a": 1}}}', CloseCode.INVALID_PAYLOAD),
-    ('{"event": "start", "start": {}}', CloseCode.INVALID_PAYLOAD),  # no stream_id anywhere
-    ('{"event": "start", "stream_id": "S", "start": {"media_format": [1]}}', CloseCode.INVALID_PAYLOAD),
-    ('{"event": "mark", "mark": {}}', CloseCode.INVALID_PAYLOAD),
-    ('{"event": "dtmf", "dtmf": {"digit": 1}}', CloseCode.INVALID_PAYLOAD),
-])
+@pytest.mark.parametrize(
+    "message, code",
+    [
+        (b"\x00", CloseCode.UNSUPPORTED_DATA),
+        ("{not json", CloseCode.INVALID_PAYLOAD),
+        ("[1]", CloseCode.INVALID_PAYLOAD),
+        ('{"event": 5}', CloseCode.INVALID_PAYLOAD),
+        ('{"event": "media"}', CloseCode.INVALID_PAYLOAD),
+        ('{"event": "media", "media": {"payload": "not base64!"}}', CloseCode.INVALID_PAYLOAD),
+        ('{"event": "start", "stream_id": "S", "start": {"custom_parameters": {"a": 1}}}', CloseCode.INVALID_PAYLOAD),
+        ('{"event": "start", "start": {}}', CloseCode.INVALID_PAYLOAD),  # no stream_id anywhere
+        ('{"event": "start", "stream_id": "S", "start": {"media_format": [1]}}', CloseCode.INVALID_PAYLOAD),
+        ('{"event": "mark", "mark": {}}', CloseCode.INVALID_PAYLOAD),
+        ('{"event": "dtmf", "dtmf": {"digit": 1}}', CloseCode.INVALID_PAYLOAD),
+    ],
+)
 def test_a_malformed_event_is_a_protocol_error_with_its_close_code(message, code):
     with pytest.raises(ProtocolError) as refused:
         telnyx.TelnyxCarrier().parse(message)
@@ -91,8 +119,10 @@ def test_a_malformed_event_is_a_protocol_error_with_its_close_code(message, code
 
 def test_our_messages():
     carrier = started()
-    assert json.loads(carrier.media(b"\x7f\x00")) == {"event": "media",
-                                                      "media": {"payload": base64.b64encode(b"\x7f\x00").decode()}}
+    assert json.loads(carrier.media(b"\x7f\x00")) == {
+        "event": "media",
+        "media": {"payload": base64.b64encode(b"\x7f\x00").decode()},
+    }
     assert json.loads(carrier.mark("barge-in-1")) == {"event": "mark", "mark": {"name": "barge-in-1"}}
     assert json.loads(carrier.clear()) == {"event": "clear"}
     with pytest.raises(AssertionError):

@@ -13,10 +13,19 @@ import pytest
 from pplex_trio.protocol import CloseCode, Encoding, ProtocolError, telephony, twilio
 
 STREAM = "MZ18ad3ab5a668481ce02b83e7395059f0"
-START = {"event": "start", "sequenceNumber": "1", "streamSid": STREAM, "start": {
-    "accountSid": "AC123", "streamSid": STREAM, "callSid": "CA123", "tracks": ["inbound"],
-    "customParameters": {"persona": "Hello & <welcome>", "token": "t"},
-    "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}}
+START = {
+    "event": "start",
+    "sequenceNumber": "1",
+    "streamSid": STREAM,
+    "start": {
+        "accountSid": "AC123",
+        "streamSid": STREAM,
+        "callSid": "CA123",
+        "tracks": ["inbound"],
+        "customParameters": {"persona": "Hello & <welcome>", "token": "t"},
+        "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+    },
+}
 
 
 def started() -> twilio.TwilioCarrier:
@@ -27,20 +36,30 @@ def started() -> twilio.TwilioCarrier:
 
 def test_every_event_of_a_stream_is_parsed():
     carrier = twilio.TwilioCarrier()
-    assert isinstance(carrier.parse('{"event": "connected", "protocol": "Call", "version": "1.0.0"}'),
-                      telephony.CallConnected)
+    assert isinstance(
+        carrier.parse('{"event": "connected", "protocol": "Call", "version": "1.0.0"}'), telephony.CallConnected
+    )
     start = carrier.parse(json.dumps(START))
     assert isinstance(start, telephony.CallStart)
     assert (start.stream_id, start.call_id, start.account_id) == (STREAM, "CA123", "AC123")
     assert start.parameters == {"persona": "Hello & <welcome>", "token": "t"}
     assert (start.audio_format.encoding, start.audio_format.rate) == (Encoding.PCMU, 8000)
-    media = {"event": "media", "streamSid": STREAM, "media": {"track": "inbound", "chunk": "2", "timestamp": "20",
-                                                              "payload": base64.b64encode(b"\xff" * 160).decode()}}
+    media = {
+        "event": "media",
+        "streamSid": STREAM,
+        "media": {
+            "track": "inbound",
+            "chunk": "2",
+            "timestamp": "20",
+            "payload": base64.b64encode(b"\xff" * 160).decode(),
+        },
+    }
     assert carrier.parse(json.dumps(media)) == telephony.CallAudio(b"\xff" * 160)
     assert carrier.parse(json.dumps({**media, "media": {**media["media"], "track": "outbound"}})) is None
     assert carrier.parse('{"event": "mark", "mark": {"name": "m1"}}') == telephony.CallMark("m1")
-    assert carrier.parse('{"event": "dtmf", "dtmf": {"track": "inbound_track", "digit": "#"}}') == \
-        telephony.CallDtmf("#")
+    assert carrier.parse('{"event": "dtmf", "dtmf": {"track": "inbound_track", "digit": "#"}}') == telephony.CallDtmf(
+        "#"
+    )
     assert isinstance(carrier.parse('{"event": "stop", "stop": {"callSid": "CA123"}}'), telephony.CallStop)
     assert carrier.parse('{"event": "something.new"}') is None  # an event Twilio may add later
 
@@ -54,18 +73,21 @@ def test_alaw_is_taken_where_the_stream_says_so_and_other_formats_are_refused():
     assert refused.value.code == CloseCode.UNSUPPORTED_DATA and "8000" in refused.value.message
 
 
-@pytest.mark.parametrize("message, code", [
-    (b"\x00", CloseCode.UNSUPPORTED_DATA),
-    ("{not json", CloseCode.INVALID_PAYLOAD),
-    ("[1]", CloseCode.INVALID_PAYLOAD),
-    ('{"event": 5}', CloseCode.INVALID_PAYLOAD),
-    ('{"event": "media"}', CloseCode.INVALID_PAYLOAD),
-    ('{"event": "media", "media": {"payload": "not base64!"}}', CloseCode.INVALID_PAYLOAD),
-    ('{"event": "media", "media": {"payload": 5}}', CloseCode.INVALID_PAYLOAD),
-    ('{"event": "start", "start": {"streamSid": "MZ", "customParameters": {"a": 1}}}', CloseCode.INVALID_PAYLOAD),
-    ('{"event": "start", "start": {}}', CloseCode.INVALID_PAYLOAD),
-    ('{"event": "mark", "mark": {}}', CloseCode.INVALID_PAYLOAD),
-])
+@pytest.mark.parametrize(
+    "message, code",
+    [
+        (b"\x00", CloseCode.UNSUPPORTED_DATA),
+        ("{not json", CloseCode.INVALID_PAYLOAD),
+        ("[1]", CloseCode.INVALID_PAYLOAD),
+        ('{"event": 5}', CloseCode.INVALID_PAYLOAD),
+        ('{"event": "media"}', CloseCode.INVALID_PAYLOAD),
+        ('{"event": "media", "media": {"payload": "not base64!"}}', CloseCode.INVALID_PAYLOAD),
+        ('{"event": "media", "media": {"payload": 5}}', CloseCode.INVALID_PAYLOAD),
+        ('{"event": "start", "start": {"streamSid": "MZ", "customParameters": {"a": 1}}}', CloseCode.INVALID_PAYLOAD),
+        ('{"event": "start", "start": {}}', CloseCode.INVALID_PAYLOAD),
+        ('{"event": "mark", "mark": {}}', CloseCode.INVALID_PAYLOAD),
+    ],
+)
 def test_a_malformed_event_is_a_protocol_error_with_its_close_code(message, code):
     with pytest.raises(ProtocolError) as refused:
         twilio.TwilioCarrier().parse(message)
@@ -74,10 +96,16 @@ def test_a_malformed_event_is_a_protocol_error_with_its_close_code(message, code
 
 def test_our_messages_name_the_stream():
     carrier = started()
-    assert json.loads(carrier.media(b"\x7f\x00")) == {"event": "media", "streamSid": STREAM,
-                                                      "media": {"payload": base64.b64encode(b"\x7f\x00").decode()}}
-    assert json.loads(carrier.mark("barge-in-1")) == {"event": "mark", "streamSid": STREAM,
-                                                      "mark": {"name": "barge-in-1"}}
+    assert json.loads(carrier.media(b"\x7f\x00")) == {
+        "event": "media",
+        "streamSid": STREAM,
+        "media": {"payload": base64.b64encode(b"\x7f\x00").decode()},
+    }
+    assert json.loads(carrier.mark("barge-in-1")) == {
+        "event": "mark",
+        "streamSid": STREAM,
+        "mark": {"name": "barge-in-1"},
+    }
     assert json.loads(carrier.clear()) == {"event": "clear", "streamSid": STREAM}
 
 
@@ -97,8 +125,7 @@ def test_the_answer_document_is_twiml_with_escaped_parameters():
 
 def test_the_signature_is_twilios_hmac_sha1_over_the_url_and_the_sorted_form():
     token, url = "12345", "https://example.com/telephony/twilio/answer?token=t&persona=Hi"
-    form = [("To", "+18005551212"), ("CallSid", "CA1234567890ABCDE"), ("From", "+14158675310"),
-            ("Digits", "1234")]
+    form = [("To", "+18005551212"), ("CallSid", "CA1234567890ABCDE"), ("From", "+14158675310"), ("Digits", "1234")]
     # Twilio's documented recipe, written out by hand: the URL, then each name and value, by name.
     data = url + "CallSidCA1234567890ABCDE" + "Digits1234" + "From+14158675310" + "To+18005551212"
     expected = base64.b64encode(hmac.new(token.encode(), data.encode(), hashlib.sha1).digest()).decode()

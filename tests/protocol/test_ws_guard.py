@@ -6,12 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pplex_trio.protocol._ws_guard import InboundGuard
 from _helpers.bad_client import frame_header, masked_frame
+from pplex_trio.protocol._ws_guard import InboundGuard
 
-UPGRADE = (b"GET /api/chat HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-           b"Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n"
-           b"Sec-WebSocket-Key: abc\r\nSec-WebSocket-Version: 13\r\n\r\n")
+UPGRADE = (
+    b"GET /api/chat HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n"
+    b"Sec-WebSocket-Key: abc\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
 
 
 def upgraded(limit=1000) -> InboundGuard:
@@ -26,7 +28,7 @@ def upgraded(limit=1000) -> InboundGuard:
 def feed(guard, data, step):
     out, refusal = bytearray(), None
     for i in range(0, len(data), step):
-        passed, refusal = guard.inbound(data[i:i + step])
+        passed, refusal = guard.inbound(data[i : i + step])
         out += passed
         if refusal:
             break
@@ -49,8 +51,11 @@ def test_a_header_claiming_more_than_the_limit_is_refused_before_any_payload():
 
 def test_fragments_count_towards_one_message_and_control_frames_do_not():
     guard = upgraded(limit=1000)
-    stream = (masked_frame(b"a" * 400, opcode=0x2, fin=False) + masked_frame(b"", opcode=0x9, fin=True)
-              + masked_frame(b"b" * 400, opcode=0x0, fin=False))
+    stream = (
+        masked_frame(b"a" * 400, opcode=0x2, fin=False)
+        + masked_frame(b"", opcode=0x9, fin=True)
+        + masked_frame(b"b" * 400, opcode=0x0, fin=False)
+    )
     assert guard.inbound(stream)[1] is None
     assert guard.inbound(masked_frame(b"c" * 201, opcode=0x0, fin=True))[1].close_code == 1009
     fresh = upgraded(limit=1000)  # a new message starts counting again
@@ -58,11 +63,14 @@ def test_fragments_count_towards_one_message_and_control_frames_do_not():
         assert fresh.inbound(masked_frame(b"d" * 900, opcode=0x1, fin=True))[1] is None
 
 
-@pytest.mark.parametrize("head, status", [
-    (b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\n\r\n", 431),
-    (b"GET / HTTP/1.1\r\nHost: x\r\n" + b"X: " + b"y" * 20_000, 431),
-    (b"POST / HTTP/1.1\r\nContent-Length: lots\r\n\r\n", 400),
-])
+@pytest.mark.parametrize(
+    "head, status",
+    [
+        (b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\n\r\n", 431),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n" + b"X: " + b"y" * 20_000, 431),
+        (b"POST / HTTP/1.1\r\nContent-Length: lots\r\n\r\n", 400),
+    ],
+)
 def test_bad_request_heads_are_refused(head, status):
     assert InboundGuard(1000).inbound(head)[1].http_status == status
 

@@ -18,9 +18,14 @@ def start_server(nursery, tmp_path):
     engine unless ``model`` says otherwise)."""
 
     async def start(engine=None, **overrides):
-        defaults = dict(host="127.0.0.1", port=0, model="echo:delay=1,prompt=2", slots=2,
-                        first_frame_timeout=0,  # (stepped from the handshake: tests of the first frame set it)
-                        voice_store=tmp_path / "voice-store")
+        defaults = dict(
+            host="127.0.0.1",
+            port=0,
+            model="echo:delay=1,prompt=2",
+            slots=2,
+            first_frame_timeout=0,  # (stepped from the handshake: tests of the first frame set it)
+            voice_store=tmp_path / "voice-store",
+        )
         defaults.update(overrides)
         settings = ServerSettings(**defaults)
         if engine is None:

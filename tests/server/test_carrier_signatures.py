@@ -40,12 +40,12 @@ def telnyx_headers(body: str, *, timestamp: float | None = None, key: Ed25519Pri
 
 
 def plivo_headers(url: str, nonce: str, form: dict[str, str] | None = None, token: str = PLIVO_AUTH) -> dict:
-    base = (plivo_signature.construct_post_url(url, dict(form)) if form
-            else plivo_signature.construct_get_url(url, {}))
+    base = plivo_signature.construct_post_url(url, dict(form)) if form else plivo_signature.construct_get_url(url, {})
     sig = plivo_signature.get_signature_v3(token.encode(), base.decode(), nonce).decode()
     if token == PLIVO_AUTH:
-        assert plivo_signature.validate_v3_signature("POST" if form else "GET", url, nonce, token, sig,
-                                                      dict(form) if form else None)
+        assert plivo_signature.validate_v3_signature(
+            "POST" if form else "GET", url, nonce, token, sig, dict(form) if form else None
+        )
     return {"X-Plivo-Signature-V3": f"someone-else's,{sig}", "X-Plivo-Signature-V3-Nonce": nonce}
 
 
@@ -55,8 +55,17 @@ def test_telnyx_signatures_the_sdk_accepts_are_ours_too_and_no_others():
     sig, stamp, now = headers["telnyx-signature-ed25519"], headers["telnyx-timestamp"], time.time()
     assert telnyx.signature_matches(sig, stamp, body, key, now)
     assert not telnyx.signature_matches(sig, stamp, body + b"&x=1", key, now)
-    assert not telnyx.signature_matches(sig, stamp, body, telnyx.public_key(base64.b64encode(
-        Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()), now)
+    assert not telnyx.signature_matches(
+        sig,
+        stamp,
+        body,
+        telnyx.public_key(
+            base64.b64encode(
+                Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+            ).decode()
+        ),
+        now,
+    )
     assert not telnyx.signature_matches(sig, stamp, body, key, now + 301)  # a replay, too late
     assert not telnyx.signature_matches(sig, str(int(stamp) + 1), body, key, now)
     assert not telnyx.signature_matches(None, stamp, body, key, now)
@@ -66,23 +75,35 @@ def test_telnyx_signatures_the_sdk_accepts_are_ours_too_and_no_others():
         telnyx.public_key("c2hvcnQ=")
 
 
-@pytest.mark.parametrize("url, form", [
-    ("https://voice.example.com/telephony/plivo/answer", None),
-    ("https://voice.example.com/telephony/plivo/answer?token=t&persona=Hi+there%21&voice=NATM1.pt&a=2&a=1&e=", None),
-    ("https://voice.example.com/telephony/plivo/answer", FORM),
-    ("https://voice.example.com/telephony/plivo/answer?persona=caf%20au+lait&token=t", FORM),
-])
+@pytest.mark.parametrize(
+    "url, form",
+    [
+        ("https://voice.example.com/telephony/plivo/answer", None),
+        (
+            "https://voice.example.com/telephony/plivo/answer?token=t&persona=Hi+there%21&voice=NATM1.pt&a=2&a=1&e=",
+            None,
+        ),
+        ("https://voice.example.com/telephony/plivo/answer", FORM),
+        ("https://voice.example.com/telephony/plivo/answer?persona=caf%20au+lait&token=t", FORM),
+    ],
+)
 def test_plivo_signatures_match_the_sdk(url, form):
     pairs = list((form or {}).items())
     headers = plivo_headers(url, "05429567804466091622", form)
     assert plivo.signature_matches(headers["X-Plivo-Signature-V3"], "05429567804466091622", PLIVO_AUTH, url, pairs)
     mine = plivo.signature(PLIVO_AUTH, url, "05429567804466091622", pairs)
-    assert plivo_signature.validate_v3_signature("POST" if form else "GET", url, "05429567804466091622",
-                                                 PLIVO_AUTH, mine, dict(form) if form else None)
+    assert plivo_signature.validate_v3_signature(
+        "POST" if form else "GET", url, "05429567804466091622", PLIVO_AUTH, mine, dict(form) if form else None
+    )
     assert not plivo.signature_matches(headers["X-Plivo-Signature-V3"], "1", PLIVO_AUTH, url, pairs)
     assert not plivo.signature_matches(headers["X-Plivo-Signature-V3"], "05429567804466091622", "other", url, pairs)
-    assert not plivo.signature_matches(headers["X-Plivo-Signature-V3"], "05429567804466091622", PLIVO_AUTH,
-                                       url + ("&" if "?" in url else "?") + "persona=x", pairs)
+    assert not plivo.signature_matches(
+        headers["X-Plivo-Signature-V3"],
+        "05429567804466091622",
+        PLIVO_AUTH,
+        url + ("&" if "?" in url else "?") + "persona=x",
+        pairs,
+    )
     assert not plivo.signature_matches(None, "05429567804466091622", PLIVO_AUTH, url, pairs)
 
 
@@ -101,9 +122,13 @@ async def test_with_a_telnyx_public_key_only_signed_requests_are_answered(virtua
         assert good.status_code == 200 and "<Stream" in good.text
         assert (await http.get(path, headers=telnyx_headers(""))).status_code == 200
         other = Ed25519PrivateKey.generate()
-        for headers in ({}, telnyx_headers(FORM_BODY + "&x=1"), telnyx_headers(FORM_BODY, key=other),
-                        telnyx_headers(FORM_BODY, timestamp=time.time() - 600),
-                        {"telnyx-signature-ed25519": telnyx_headers(FORM_BODY)["telnyx-signature-ed25519"]}):
+        for headers in (
+            {},
+            telnyx_headers(FORM_BODY + "&x=1"),
+            telnyx_headers(FORM_BODY, key=other),
+            telnyx_headers(FORM_BODY, timestamp=time.time() - 600),
+            {"telnyx-signature-ed25519": telnyx_headers(FORM_BODY)["telnyx-signature-ed25519"]},
+        ):
             refused = await http.post(path, content=FORM_BODY, headers={**FORM_TYPE, **headers})
             assert refused.status_code == 403 and "telnyx-signature-ed25519" in refused.json()["error"]
         # The other carriers are not asked for Telnyx's signature.
@@ -122,8 +147,12 @@ async def test_with_a_plivo_auth_token_only_signed_requests_are_answered(virtual
         public = "https://voice.example.com" + path
         proxied = {"X-Forwarded-Proto": "https", "X-Forwarded-Host": "voice.example.com"}
         assert (await http.get(path, headers={**proxied, **plivo_headers(public, "n-3")})).status_code == 200
-        for headers in ({}, plivo_headers(url, "n-4", {**FORM, "To": "+1"}), plivo_headers(url, "n-5", FORM, "x"),
-                        plivo_headers(url + "&voice=NATM1.pt", "n-6", FORM),
-                        {"X-Plivo-Signature-V3": plivo_headers(url, "n-7", FORM)["X-Plivo-Signature-V3"]}):
+        for headers in (
+            {},
+            plivo_headers(url, "n-4", {**FORM, "To": "+1"}),
+            plivo_headers(url, "n-5", FORM, "x"),
+            plivo_headers(url + "&voice=NATM1.pt", "n-6", FORM),
+            {"X-Plivo-Signature-V3": plivo_headers(url, "n-7", FORM)["X-Plivo-Signature-V3"]},
+        ):
             refused = await http.post(path, data=FORM, headers=headers)
             assert refused.status_code == 403 and "X-Plivo-Signature-V3" in refused.json()["error"]

@@ -22,7 +22,9 @@ def server_process():
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "pplex_trio", "serve", "--model", "echo", "--slots", "4", "--port", "0"],
-        stderr=subprocess.PIPE, text=True, env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     for line in proc.stderr:
         match = re.search(r"Running on (http://127\.0\.0\.1:\d+)", line)
@@ -38,9 +40,27 @@ def server_process():
 
 def run_client(url, wav, out, text, protocol):
     return subprocess.Popen(
-        [sys.executable, "-m", "pplex_trio", "client", url, "--input", str(wav), "--output", str(out),
-         "--text", str(text), "--protocol", protocol, "--persona", "A test.", "--voice", "NATF1.pt"],
-        stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pplex_trio",
+            "client",
+            url,
+            "--input",
+            str(wav),
+            "--output",
+            str(out),
+            "--text",
+            str(text),
+            "--protocol",
+            protocol,
+            "--persona",
+            "A test.",
+            "--voice",
+            "NATF1.pt",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -54,8 +74,11 @@ def test_client_round_trips_a_wav_file_with_every_protocol(server_process, golde
     sent, _ = sphn.read(str(wav))
     sent = sent[0]
     assert len(voiced_frames(sent)) > 50
-    procs = {p: run_client(server_process, wav, tmp_path / f"{p}.wav", tmp_path / f"{p}.json", p) for p in ("moshi", "raw", "realtime")}
-    for protocol, proc in procs.items():
+    procs = {
+        p: run_client(server_process, wav, tmp_path / f"{p}.wav", tmp_path / f"{p}.json", p)
+        for p in ("moshi", "raw", "realtime")
+    }
+    for proc in procs.values():
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
     for protocol in procs:
@@ -86,7 +109,9 @@ def test_client_round_trips_a_wav_file_with_every_protocol(server_process, golde
 def test_unknown_model_fails_with_a_clear_message():
     proc = subprocess.run(
         [sys.executable, "-m", "pplex_trio", "serve", "--model", "/nonexistent/checkpoint", "--port", "0"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2
     assert "nonexistent" in proc.stderr
@@ -103,20 +128,27 @@ def test_the_echo_engine_takes_its_options_in_the_model_name():
     assert (plain.delay_frames, plain.prefill_steps, plain.step_seconds, plain.text_share) == (1, 12, 0.0, 1.0)
 
 
-@pytest.mark.parametrize("model,problem", [
-    ("echo:dealy=2", "unknown option 'dealy'"),
-    ("echo:delay", "delay needs a value, as in delay=1"),
-    ("echo:delay=soon", "delay must be a whole number, not 'soon'"),
-    ("echo:prompt=2.5", "prompt must be a whole number, not '2.5'"),
-    ("echo:step_ms=-5", "step_ms must be at least 0, got -5"),
-    ("echo:step_ms=inf", "step_ms must be finite, got inf"),
-    ("echo:text_share=1.5", "text_share must be between 0 and 1, got 1.5"),
-    ("echo:delay=1,delay=2", "delay is given twice"),
-    ("echo:delay=1,", "an empty option"),
-])
+@pytest.mark.parametrize(
+    "model,problem",
+    [
+        ("echo:dealy=2", "unknown option 'dealy'"),
+        ("echo:delay", "delay needs a value, as in delay=1"),
+        ("echo:delay=soon", "delay must be a whole number, not 'soon'"),
+        ("echo:prompt=2.5", "prompt must be a whole number, not '2.5'"),
+        ("echo:step_ms=-5", "step_ms must be at least 0, got -5"),
+        ("echo:step_ms=inf", "step_ms must be finite, got inf"),
+        ("echo:text_share=1.5", "text_share must be between 0 and 1, got 1.5"),
+        ("echo:delay=1,delay=2", "delay is given twice"),
+        ("echo:delay=1,", "an empty option"),
+    ],
+)
 def test_a_bad_echo_option_stops_the_server_with_one_line(model, problem):
-    proc = subprocess.run([sys.executable, "-m", "pplex_trio", "serve", "--model", model, "--port", "0"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pplex_trio", "serve", "--model", model, "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     (line,) = proc.stderr.splitlines()
     assert f"--model {model}: {problem} " in line
@@ -137,9 +169,22 @@ def test_the_model_flag_names_every_echo_option_with_its_default():
 
 def test_client_reports_a_refused_conversation(server_process, golden_dir, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "pplex_trio", "client", server_process, "--input", str(golden_dir / "input.wav"),
-         "--output", str(tmp_path / "o.wav"), "--voice", "../secret.pt"],
-        capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "pplex_trio",
+            "client",
+            server_process,
+            "--input",
+            str(golden_dir / "input.wav"),
+            "--output",
+            str(tmp_path / "o.wav"),
+            "--voice",
+            "../secret.pt",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert proc.returncode == 1
     assert "bare file name" in proc.stderr
@@ -149,7 +194,7 @@ def test_input_grace_flag_is_checked_and_reaches_the_engine_actor(capsys):
     from pplex_trio._cli import build_parser
     from pplex_trio._cli._settings_cli import settings_from_args
     from pplex_trio.engine import EchoEngine
-    from pplex_trio.server import ServerSettings, ServerContext
+    from pplex_trio.server import ServerContext, ServerSettings
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--input-grace-ms", "50"])
@@ -172,20 +217,42 @@ def test_every_setting_is_a_flag_with_the_dataclass_default():
     from pplex_trio.server import ServerSettings
 
     assert settings_from_args(ServerSettings, build_parser().parse_args(["serve"])) == ServerSettings()
-    flags = {f.name: f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-             for f in dataclasses.fields(ServerSettings) if f.metadata["cli"]}
+    flags = {
+        f.name: f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+        for f in dataclasses.fields(ServerSettings)
+        if f.metadata["cli"]
+    }
     assert {"--input-grace-ms", "--static", "--opus-encoder", "--framing", "--inline-encoders"} <= set(flags.values())
-    args = build_parser().parse_args(["serve", "--framing", "naive", "--opus-encoder", "inline", "--cuda-graph",
-                                      "--static", "/srv/ui", "--inline-encoders", "7"])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--framing",
+            "naive",
+            "--opus-encoder",
+            "inline",
+            "--cuda-graph",
+            "--static",
+            "/srv/ui",
+            "--inline-encoders",
+            "7",
+        ]
+    )
     settings = settings_from_args(ServerSettings, args)
     assert (settings.framing, settings.opus_encoder, settings.cuda_graph) == ("naive", "inline", "on")
     assert str(settings.static_dir) == "/srv/ui" and settings.inline_encoders == 7
 
 
-@pytest.mark.parametrize("flags, mode, argument", [
-    ([], "auto", None), (["--cuda-graph"], "on", True), (["--no-cuda-graph"], "off", False),
-    (["--cuda-graph", "auto"], "auto", None), (["--cuda-graph", "off"], "off", False),
-    (["--cuda-graph=on", "--port", "1"], "on", True)])
+@pytest.mark.parametrize(
+    "flags, mode, argument",
+    [
+        ([], "auto", None),
+        (["--cuda-graph"], "on", True),
+        (["--no-cuda-graph"], "off", False),
+        (["--cuda-graph", "auto"], "auto", None),
+        (["--cuda-graph", "off"], "off", False),
+        (["--cuda-graph=on", "--port", "1"], "on", True),
+    ],
+)
 def test_cuda_graphs_are_auto_by_default_and_either_flag_still_forces_them(flags, mode, argument):
     from pplex_trio._cli import build_parser
     from pplex_trio._cli._settings_cli import settings_from_args
@@ -233,21 +300,29 @@ def test_the_readme_lists_every_serve_flag():
     from pplex_trio.server import ServerSettings
 
     readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
-    table = readme[readme.index("## `pplex-trio serve`"):readme.index("## How it works")]
-    missing = [flag_of(f) for f in dataclasses.fields(ServerSettings)
-               if f.metadata["cli"] and f"`{flag_of(f)}`" not in table]
+    table = readme[readme.index("## `pplex-trio serve`") : readme.index("## How it works")]
+    missing = [
+        flag_of(f) for f in dataclasses.fields(ServerSettings) if f.metadata["cli"] and f"`{flag_of(f)}`" not in table
+    ]
     assert not missing, f"README's flag table lacks {missing}"
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--port", "80000"], "--port: must be between 0 and 65535, got 80000"),
-    (["--port", "eighty"], "--port: 'eighty' is not a whole number"),
-    (["--host", "no-such-host.invalid"], "the host 'no-such-host.invalid' does not resolve"),
-    (["--client-timeout", "0"], "--client-timeout: must be at least 0.1, got 0"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--port", "80000"], "--port: must be between 0 and 65535, got 80000"),
+        (["--port", "eighty"], "--port: 'eighty' is not a whole number"),
+        (["--host", "no-such-host.invalid"], "the host 'no-such-host.invalid' does not resolve"),
+        (["--client-timeout", "0"], "--client-timeout: must be at least 0.1, got 0"),
+    ],
+)
 def test_a_bad_command_line_gets_one_line_and_exit_status_2(args, words):
-    proc = subprocess.run([sys.executable, "-m", "pplex_trio", "serve", "--model", "echo", *args],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pplex_trio", "serve", "--model", "echo", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert words in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) <= 3
@@ -260,8 +335,12 @@ def test_a_port_in_use_is_named():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = subprocess.run([sys.executable, "-m", "pplex_trio", "serve", "--model", "echo", "--port", str(port)],
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pplex_trio", "serve", "--model", "echo", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert proc.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port}: the address is already in use" in proc.stderr
     assert "Traceback" not in proc.stderr

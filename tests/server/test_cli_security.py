@@ -20,8 +20,13 @@ TOKEN = "cli-token-3b8d1f0a6c2e4"
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pplex_trio", *args], capture_output=True, text=True, timeout=90,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "pplex_trio", *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @pytest.fixture
@@ -29,8 +34,9 @@ def secured(tmp_path):
     """`pplex-trio serve --ssl DIR` with PPLEX_TRIO_AUTH_TOKEN set: its URL, its stderr lines, DIR."""
     lines: list[str] = []
     folder = tmp_path / "tls"
-    with server_process("--model", "echo", "--ssl", str(folder), env={"PPLEX_TRIO_AUTH_TOKEN": TOKEN},
-                        lines=lines) as url:
+    with server_process(
+        "--model", "echo", "--ssl", str(folder), env={"PPLEX_TRIO_AUTH_TOKEN": TOKEN}, lines=lines
+    ) as url:
         yield url, lines, folder
     assert not any(TOKEN in line for line in lines), "the token reached the server's log"
 
@@ -69,13 +75,16 @@ def test_the_client_over_wss(secured, golden_dir, tmp_path):
     assert (tmp_path / "out.wav").stat().st_size > 100_000
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--certfile", "c.pem"], "--certfile and --keyfile go together"),
-    (["--allowed-origins", "example.com"], "is not an origin"),
-    (["--auth-token", " "], "is empty"),
-    (["--max-connections-per-ip", "-1"], "must be at least 0"),
-    (["--ssl", "/proc/no-such-place/tls"], "--ssl /proc/no-such-place/tls"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--certfile", "c.pem"], "--certfile and --keyfile go together"),
+        (["--allowed-origins", "example.com"], "is not an origin"),
+        (["--auth-token", " "], "is empty"),
+        (["--max-connections-per-ip", "-1"], "must be at least 0"),
+        (["--ssl", "/proc/no-such-place/tls"], "--ssl /proc/no-such-place/tls"),
+    ],
+)
 def test_security_flags_are_checked_with_one_line(args, message):
     result = run("serve", "--model", "echo", "--port", "0", *args)
     assert result.returncode == 2

@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 import sphn
-import trio
 
 from _helpers.audio import best_lag
 from _helpers.ogg import page_sequence, split_pages
@@ -31,8 +30,9 @@ def test_libopus_stream_decodes_with_sphn_like_sphns_own(speech_wav):
     lag, corr = best_lag(pcm, decoded, 0, 1000)
     # Reference: sphn's own writer on the same audio.
     sphn_writer, sphn_reader = sphn.OpusStreamWriter(24000), sphn.OpusStreamReader(24000)
-    reference = np.concatenate([sphn_reader.append_bytes(sphn_writer.append_pcm(pcm[i : i + 1920]))
-                                for i in range(0, pcm.size, 1920)])
+    reference = np.concatenate(
+        [sphn_reader.append_bytes(sphn_writer.append_pcm(pcm[i : i + 1920])) for i in range(0, pcm.size, 1920)]
+    )
     ref_lag, ref_corr = best_lag(pcm, reference, 0, 1000)
     assert abs(lag - ref_lag) <= 4  # same codec delay (libopus lookahead)
     assert corr > 0.95 and corr >= ref_corr - 0.02
@@ -69,7 +69,10 @@ async def test_encoder_process_matches_an_in_process_writer(nursery):
     other = await pool.encode_many(b, frames[:2])  # a second stream starts its own Ogg stream
     local = LibopusWriter()
     reference = [local.append_pcm(f) for f in frames]
-    decode = lambda messages: np.concatenate([r.append_bytes(m) for r in [sphn.OpusStreamReader(24000)] for m in messages])  # noqa: E731
+
+    def decode(messages):
+        return np.concatenate([r.append_bytes(m) for r in [sphn.OpusStreamReader(24000)] for m in messages])
+
     np.testing.assert_allclose(decode(from_child), decode(reference), atol=1e-6)
     assert split_pages(other[0])[0][28:36] == b"OpusHead"
     pool.close_stream(a)
@@ -122,8 +125,11 @@ def test_worker_writes_its_answers_out_at_most_a_millisecond_after_the_first_is_
     ticks = iter(range(100))
     tone = (0.3 * np.sin(np.arange(1920) / 7)).astype("<f4").tobytes()
     stdout = WritesThrough()
-    serve(io.BufferedReader(io.BytesIO(pack([(i, DATA, tone) for i in range(10)]))), stdout,
-          clock=lambda: next(ticks) * 0.4 * FLUSH_AFTER)
+    serve(
+        io.BufferedReader(io.BytesIO(pack([(i, DATA, tone) for i in range(10)]))),
+        stdout,
+        clock=lambda: next(ticks) * 0.4 * FLUSH_AFTER,
+    )
     assert stdout.writes[0] == READY
     groups = []
     for chunk in stdout.writes[1:]:
@@ -142,9 +148,13 @@ async def test_the_first_streams_encode_inline_and_the_rest_in_the_child(nursery
     frames = [tone[i * 1920 : (i + 1) * 1920] for i in range(3)]
     inline, child = pool.open_stream(), pool.open_stream()
     assert isinstance(inline, LibopusWriter) and isinstance(child, int)
-    decode = lambda messages: np.concatenate([r.append_bytes(m) for r in [sphn.OpusStreamReader(24000)] for m in messages])  # noqa: E731
-    np.testing.assert_allclose(decode(await pool.encode_many(inline, frames)),
-                               decode(await pool.encode_many(child, frames)), atol=1e-6)
+
+    def decode(messages):
+        return np.concatenate([r.append_bytes(m) for r in [sphn.OpusStreamReader(24000)] for m in messages])
+
+    np.testing.assert_allclose(
+        decode(await pool.encode_many(inline, frames)), decode(await pool.encode_many(child, frames)), atol=1e-6
+    )
     pool.close_stream(inline)  # its place is free for the next conversation
     assert isinstance(pool.open_stream(), LibopusWriter)
     assert isinstance(pool.open_stream(), int)

@@ -33,8 +33,9 @@ def read_wav(path: pathlib.Path) -> tuple[np.ndarray, int]:
 
 
 def run_example(name: str, url: str, *args: str) -> str:
-    result = subprocess.run([sys.executable, str(EXAMPLES / name), *args, "--url", url], capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args, "--url", url], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -49,7 +50,7 @@ def echo_url():
 
 def peak_hz(pcm: np.ndarray, rate: int) -> float:
     """The loudest frequency of the second second of ``pcm``."""
-    spectrum = np.abs(np.fft.rfft(pcm[rate:2 * rate] * np.hanning(rate)))
+    spectrum = np.abs(np.fft.rfft(pcm[rate : 2 * rate] * np.hanning(rate)))
     return float(np.argmax(spectrum))  # a bin per hertz: one second at ``rate``
 
 

@@ -107,8 +107,12 @@ async def test_the_refusal_carries_retry_after(virtual_server, autojump_clock):
     handle = await virtual_server(slots=1, queue_size=0, refuse_busy_upgrades=True)
     async with handle.open_websocket(handle.ws_url + DUPLEX) as first:
         await raw_open(first)
-        headers = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
-                   "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+        headers = {
+            "Connection": "Upgrade",
+            "Upgrade": "websocket",
+            "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+        }
         async with handle.http() as client:
             response = await client.get(DUPLEX, headers=headers)
         assert response.status_code == 503 and response.headers["retry-after"] == "1"
@@ -151,15 +155,19 @@ async def test_drain_refuses_new_conversations_and_lets_the_live_one_finish(virt
 
 
 def unready_series(metrics: str) -> dict[str, float]:
-    return {line.split('"')[1]: float(line.rsplit(" ", 1)[1])
-            for line in metrics.splitlines() if line.startswith("pplex_unready{")}
+    return {
+        line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("pplex_unready{")
+    }
 
 
 async def test_the_unready_gauge_says_what_ready_says(virtual_server, autojump_clock, nursery):
     """``pplex_unready{reason}``: the alert rules' view of /ready (deploy/prometheus/alerts.yml)."""
     handle = await virtual_server(slots=1, queue_size=0)
     assert unready_series(await handle.metrics()) == dict.fromkeys(
-        ("shutting_down", "draining", "engine_stalled", "full"), 0.0)
+        ("shutting_down", "draining", "engine_stalled", "full"), 0.0
+    )
     async with handle.open_websocket(handle.ws_url + DUPLEX) as live:
         await raw_open(live)
         assert unready_series(await handle.metrics())["full"] == 1.0
@@ -169,7 +177,9 @@ async def test_the_unready_gauge_says_what_ready_says(virtual_server, autojump_c
         assert series["draining"] == 1.0 and sum(series.values()) == 1.0
 
 
-async def test_without_the_flag_a_draining_server_closes_new_conversations_with_1001(virtual_server, autojump_clock, nursery):
+async def test_without_the_flag_a_draining_server_closes_new_conversations_with_1001(
+    virtual_server, autojump_clock, nursery
+):
     handle = await virtual_server(slots=2)
     async with handle.open_websocket(handle.ws_url + DUPLEX) as live:
         await raw_open(live)
@@ -193,8 +203,9 @@ async def test_a_drain_that_runs_out_closes_the_live_ones_with_1001(virtual_serv
 
 def test_sigterm_to_the_whole_service_drains_then_exits_0():
     """The real command, as systemd stops it (SIGTERM to every process of the group): drain, then exit."""
-    proc, port, _ = start_serve("--model", "echo:prompt=1", "--slots", "2",
-                                "--drain-seconds", "30", "--refuse-busy-upgrades", new_session=True)
+    proc, port, _ = start_serve(
+        "--model", "echo:prompt=1", "--slots", "2", "--drain-seconds", "30", "--refuse-busy-upgrades", new_session=True
+    )
     try:
         base = f"127.0.0.1:{port}"
 

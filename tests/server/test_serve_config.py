@@ -39,15 +39,24 @@ def test_help_fits_two_screens_and_leaves_the_test_and_tuning_knobs_to_help_all(
     lines = text.splitlines()
     assert len(lines) <= 100 and max(map(len, lines)) <= 80
     assert lines[0] == "usage: pplex-trio serve [options]"
-    for common in ("--host", "--port", "--ssl", "--model", "--slots", "--device", "--auth-token", "--config",
-                   "--log-level", "--help-all"):
+    for common in (
+        "--host",
+        "--port",
+        "--ssl",
+        "--model",
+        "--slots",
+        "--device",
+        "--auth-token",
+        "--config",
+        "--log-level",
+        "--help-all",
+    ):
         assert re.search(rf"^  {common}\b", text, flags=re.M), common
     for hidden in ("--framing", "--opus-encoder", "--input-grace-ms", "--input-backlog-seconds"):
         assert hidden not in text
     # The groups in the order a person looks for them.
     titles = [line[:-1] for line in lines if re.fullmatch(r"[a-z][a-zA-Z ]+:", line)]
-    assert titles == ["options", "listening", "model and GPU", "conversations", "voices", "security",
-                      "observability"]
+    assert titles == ["options", "listening", "model and GPU", "conversations", "voices", "security", "observability"]
 
 
 def test_help_all_lists_every_flag_and_says_defaults_as_one_would_type_them(monkeypatch, capsys):
@@ -63,8 +72,16 @@ def test_help_all_lists_every_flag_and_says_defaults_as_one_would_type_them(monk
 
 def test_advanced_means_tests_and_tuning():
     advanced = {flag_of(field) for field in cli_fields(ServerSettings) if is_advanced(field)}
-    assert {"--framing", "--opus-encoder", "--inline-encoders", "--input-grace-ms",
-            "--early-start-ms", "--input-backlog-seconds", "--output-backlog-seconds", "--first-frame-timeout"} <= advanced
+    assert {
+        "--framing",
+        "--opus-encoder",
+        "--inline-encoders",
+        "--input-grace-ms",
+        "--early-start-ms",
+        "--input-backlog-seconds",
+        "--output-backlog-seconds",
+        "--first-frame-timeout",
+    } <= advanced
     assert not advanced & {"--host", "--port", "--ssl", "--model", "--slots", "--drain-seconds"}
     groups = {field.metadata["group"] for field in cli_fields(ServerSettings)}
     assert groups <= set(ServerSettings.help_groups)
@@ -91,12 +108,22 @@ def toml_value(value) -> str:
 
 
 # Fields whose default (None) TOML cannot write: a value each (as written, as read), to show their key works.
-SAMPLES = {"slots": ("auto", None), "certfile": ("c.pem", pathlib.Path("c.pem")),
-           "keyfile": ("k.pem", pathlib.Path("k.pem")), "voice_dir": ("v", pathlib.Path("v")),
-           "voice_store": ("s", pathlib.Path("s")), "static_dir": ("ui", pathlib.Path("ui")),
-           "record_dir": ("r", pathlib.Path("r")),
-           "auth_token": ("t0ken", "t0ken"), "twilio_auth_token": ("tw1l1o", "tw1l1o"),
-           "telnyx_public_key": ("+WGjuHv0XbhfVLCZEebb7l6ADv+UMXv2/0cVHqFbaHg=", "+WGjuHv0XbhfVLCZEebb7l6ADv+UMXv2/0cVHqFbaHg="), "plivo_auth_token": ("pl1v0", "pl1v0")}
+SAMPLES = {
+    "slots": ("auto", None),
+    "certfile": ("c.pem", pathlib.Path("c.pem")),
+    "keyfile": ("k.pem", pathlib.Path("k.pem")),
+    "voice_dir": ("v", pathlib.Path("v")),
+    "voice_store": ("s", pathlib.Path("s")),
+    "static_dir": ("ui", pathlib.Path("ui")),
+    "record_dir": ("r", pathlib.Path("r")),
+    "auth_token": ("t0ken", "t0ken"),
+    "twilio_auth_token": ("tw1l1o", "tw1l1o"),
+    "telnyx_public_key": (
+        "+WGjuHv0XbhfVLCZEebb7l6ADv+UMXv2/0cVHqFbaHg=",
+        "+WGjuHv0XbhfVLCZEebb7l6ADv+UMXv2/0cVHqFbaHg=",
+    ),
+    "plivo_auth_token": ("pl1v0", "pl1v0"),
+}
 
 
 def test_every_flag_has_a_toml_key_that_round_trips(tmp_path):
@@ -120,28 +147,33 @@ def test_every_flag_has_a_toml_key_that_round_trips(tmp_path):
 
 def test_the_command_line_overrides_the_file(tmp_path):
     config = tmp_path / "serve.toml"
-    config.write_text('port = 9000\nslots = 8\nclient-timeout = 20\nframing = "naive"\naccess-log = true\n'
-                      'gpu-memory-reserve = "1536MiB"\n')
+    config.write_text(
+        'port = 9000\nslots = 8\nclient-timeout = 20\nframing = "naive"\naccess-log = true\n'
+        'gpu-memory-reserve = "1536MiB"\n'
+    )
     settings = parse("--config", str(config), "--port", "9001", "--no-access-log")
     assert (settings.port, settings.slots, settings.client_timeout) == (9001, 8, 20.0)
     assert settings.framing == "naive" and settings.access_log is False and settings.gpu_memory_reserve_gib == 1.5
     assert parse("--port", "9001", "--config", str(config)).port == 9001  # wherever the flag is
 
 
-@pytest.mark.parametrize("text, words", [
-    ("slot = 8\n", "unknown key 'slot' (did you mean 'slots'?)"),
-    ("client_timeout = 20\n", "unknown key 'client_timeout' (did you mean 'client-timeout'?)"),
-    ("[listening]\nport = 1\n", "unknown key 'listening'"),
-    ('port = "8998"\n', 'port: expected a whole number, got "8998"'),
-    ("port = 80000\n", "port: must be between 0 and 65535, got 80000"),
-    ("client-timeout = true\n", "client-timeout: expected a number, got true"),
-    ('access-log = "yes"\n', 'access-log: expected true or false, got "yes"'),
-    ('framing = "wide"\n', 'framing: expected one of aligned, naive, got "wide"'),
-    ("host = 1\n", "host: expected text in quotes, got 1"),
-    ('slots = "many"\n', "slots: 'many' is neither a whole number nor auto"),
-    ('log-level = "LOUD"\n', "log-level: expected one of DEBUG, INFO, WARNING, ERROR"),
-    ("port = \n", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("slot = 8\n", "unknown key 'slot' (did you mean 'slots'?)"),
+        ("client_timeout = 20\n", "unknown key 'client_timeout' (did you mean 'client-timeout'?)"),
+        ("[listening]\nport = 1\n", "unknown key 'listening'"),
+        ('port = "8998"\n', 'port: expected a whole number, got "8998"'),
+        ("port = 80000\n", "port: must be between 0 and 65535, got 80000"),
+        ("client-timeout = true\n", "client-timeout: expected a number, got true"),
+        ('access-log = "yes"\n', 'access-log: expected true or false, got "yes"'),
+        ('framing = "wide"\n', 'framing: expected one of aligned, naive, got "wide"'),
+        ("host = 1\n", "host: expected text in quotes, got 1"),
+        ('slots = "many"\n', "slots: 'many' is neither a whole number nor auto"),
+        ('log-level = "LOUD"\n', "log-level: expected one of DEBUG, INFO, WARNING, ERROR"),
+        ("port = \n", "not valid TOML"),
+    ],
+)
 def test_a_mistake_in_the_file_is_said_in_words(tmp_path, capsys, text, words):
     config = tmp_path / "serve.toml"
     config.write_text(text)
@@ -168,8 +200,9 @@ def test_the_example_file_parses_with_its_commented_lines_too(tmp_path):
 
 def test_serve_starts_from_the_example_file_with_flags_over_it(tmp_path):
     config = tmp_path / "serve.toml"  # the example, serving the test engine with 3 slots
-    config.write_text(EXAMPLE.read_text().replace('model = "auto"', 'model = "echo"')
-                      .replace('slots = "auto"', "slots = 3"))
+    config.write_text(
+        EXAMPLE.read_text().replace('model = "auto"', 'model = "echo"').replace('slots = "auto"', "slots = 3")
+    )
     proc, port, _ = start_serve("--config", str(config), "--log-level", "DEBUG")  # and --port 0: over the file's
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as response:

@@ -7,11 +7,10 @@ import contextlib
 import pytest
 import trio
 
+from _helpers.fake_ws import make_host
 from pplex_trio._conversation import Conversation
 from pplex_trio.engine import ActorState
 from pplex_trio.server._server_state import SERVER_LIFECYCLE, ServerState, Unready
-
-from _helpers.fake_ws import make_host
 
 
 def test_the_lifecycle_only_moves_forward():
@@ -35,13 +34,16 @@ async def test_a_drain_then_a_shutdown_each_happen_once_and_a_stopping_server_ne
     assert host.state is ServerState.STOPPING
 
 
-@pytest.mark.parametrize("state, stalled, full, ready, health", [
-    (ServerState.SERVING, False, False, None, "ok"),
-    (ServerState.SERVING, False, True, "full", "ok"),
-    (ServerState.SERVING, True, True, "engine_stalled", "stalled"),
-    (ServerState.DRAINING, True, True, "draining", "draining"),
-    (ServerState.STOPPING, True, True, "shutting_down", "shutting_down"),
-])
+@pytest.mark.parametrize(
+    "state, stalled, full, ready, health",
+    [
+        (ServerState.SERVING, False, False, None, "ok"),
+        (ServerState.SERVING, False, True, "full", "ok"),
+        (ServerState.SERVING, True, True, "engine_stalled", "stalled"),
+        (ServerState.DRAINING, True, True, "draining", "draining"),
+        (ServerState.STOPPING, True, True, "shutting_down", "shutting_down"),
+    ],
+)
 async def test_one_answer_in_one_order_for_ready_health_and_refusals(state, stalled, full, ready, health, monkeypatch):
     host = make_host(monkeypatch, slots=1, queue_size=0)
     host.state = state

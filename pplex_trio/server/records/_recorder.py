@@ -87,8 +87,17 @@ def utc_stamp(moment: datetime.datetime) -> str:
 class Recorder:
     """One call's record, on the Trio side: the observer, the writer task and the end."""
 
-    def __init__(self, record_id: str, folder: Path, *, protocol: str, conversation: Conversation,
-                 limiter: trio.CapacityLimiter, metrics: Metrics, on_done: Callable[[Recorder], None]):
+    def __init__(
+        self,
+        record_id: str,
+        folder: Path,
+        *,
+        protocol: str,
+        conversation: Conversation,
+        limiter: trio.CapacityLimiter,
+        metrics: Metrics,
+        on_done: Callable[[Recorder], None],
+    ):
         self.id = record_id
         self.protocol = protocol
         self.conversation = conversation
@@ -156,13 +165,22 @@ class Recorder:
                 stuck = self.files.busy
                 self.files.error = self.files.error or f"the disk did not answer within {FINISH_SECONDS:g} s"
                 if stuck:  # (else the close itself is stuck, on its abandoned thread)
-                    threading.Thread(target=self.files.close, args=(description, self._text), daemon=True,
-                                     name=f"call record {self.id}").start()
+                    threading.Thread(
+                        target=self.files.close,
+                        args=(description, self._text),
+                        daemon=True,
+                        name=f"call record {self.id}",
+                    ).start()
             self._tell_failure()
             if self.frames_lost:
                 self._metrics.record_frames_lost.inc(self.frames_lost)
-                logger.warning("call record %s: %d frame(s) lost while the disk was more than %d s behind (silence "
-                               "stands in for them)", self.id, self.frames_lost, MAX_QUEUED_FRAMES * FRAME_MS // 1000)
+                logger.warning(
+                    "call record %s: %d frame(s) lost while the disk was more than %d s behind (silence "
+                    "stands in for them)",
+                    self.id,
+                    self.frames_lost,
+                    MAX_QUEUED_FRAMES * FRAME_MS // 1000,
+                )
             if closed is Closed.WRITTEN:
                 self._metrics.records_written.inc()
         finally:
@@ -170,17 +188,32 @@ class Recorder:
 
     def describe(self) -> dict[str, Any]:
         """A record in progress, as ``GET /api/recordings`` lists it."""
-        return {"id": self.id, "protocol": self.protocol, "persona": self.conversation.persona,
-                "voice": self.conversation.voice, "started": utc_stamp(self.started),
-                "seconds": self._frames * FRAME_MS / 1000, "frames": self._frames, "in_progress": True}
+        return {
+            "id": self.id,
+            "protocol": self.protocol,
+            "persona": self.conversation.persona,
+            "voice": self.conversation.voice,
+            "started": utc_stamp(self.started),
+            "seconds": self._frames * FRAME_MS / 1000,
+            "frames": self._frames,
+            "in_progress": True,
+        }
 
     def _description(self, ending: CallEnding) -> dict[str, Any]:
         conversation = ending.conversation
         return {
-            "id": self.id, "protocol": self.protocol, "persona": conversation.persona, "voice": conversation.voice,
-            "started": utc_stamp(self.started), "seconds": self._frames * FRAME_MS / 1000, "frames": self._frames,
-            "sample_rate": SAMPLE_RATE, "channels": ["caller", "agent"],
-            "ending": ending.outcome.value, "close_code": ending.close_code, **ending.details,
+            "id": self.id,
+            "protocol": self.protocol,
+            "persona": conversation.persona,
+            "voice": conversation.voice,
+            "started": utc_stamp(self.started),
+            "seconds": self._frames * FRAME_MS / 1000,
+            "frames": self._frames,
+            "sample_rate": SAMPLE_RATE,
+            "channels": ["caller", "agent"],
+            "ending": ending.outcome.value,
+            "close_code": ending.close_code,
+            **ending.details,
             "frames_lost": self.frames_lost,
         }
 
@@ -241,8 +274,11 @@ class RecordFiles:
             self._drop_files()  # (what a failure, or a finish that gave up on this thread, left open)
             if self.error is None:
                 self._guarded(self._write_whole, self.vtt_path, webvtt(text).encode())
-            description.update(complete=self.error is None, error=self.error,
-                               text=[{"t": position * FRAME_MS / 1000, "text": piece} for position, piece in text])
+            description.update(
+                complete=self.error is None,
+                error=self.error,
+                text=[{"t": position * FRAME_MS / 1000, "text": piece} for position, piece in text],
+            )
             try:
                 self._write_whole(self.json_path, json.dumps(description, ensure_ascii=False, indent=1).encode())
             except Exception as exc:

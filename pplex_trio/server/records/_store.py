@@ -53,11 +53,13 @@ def prepare_record_folder(folder: Path) -> Path:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise RecordFolderError(f"--record {folder}: cannot create the folder ({exc.strerror or exc}); give a "
-                                "folder this user may create") from None
+        raise RecordFolderError(
+            f"--record {folder}: cannot create the folder ({exc.strerror or exc}); give a folder this user may create"
+        ) from None
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        raise RecordFolderError(f"--record {folder}: not a folder this user may write in; give another one, or "
-                                "change its owner or mode")
+        raise RecordFolderError(
+            f"--record {folder}: not a folder this user may write in; give another one, or change its owner or mode"
+        )
     return folder
 
 
@@ -95,8 +97,15 @@ class RecordStore:
         """A record for a new call, in progress until its recorder has finished."""
         now = datetime.datetime.now(datetime.UTC)
         record_id = f"{now:%Y%m%dT%H%M%SZ}-s{session_id}-{secrets.token_hex(3)}"
-        recorder = Recorder(record_id, self.folder, protocol=protocol, conversation=conversation,
-                            limiter=self.limiter, metrics=self._metrics, on_done=self._finished)
+        recorder = Recorder(
+            record_id,
+            self.folder,
+            protocol=protocol,
+            conversation=conversation,
+            limiter=self.limiter,
+            metrics=self._metrics,
+            on_done=self._finished,
+        )
         self._recording[record_id] = recorder
         return recorder
 
@@ -127,8 +136,9 @@ class RecordStore:
         try:
             deleted = await self._in_thread(self._prune)
         except OSError as exc:
-            logger.warning("call records in %s: cannot apply retention and quota (%s)", self.folder,
-                           exc.strerror or exc)
+            logger.warning(
+                "call records in %s: cannot apply retention and quota (%s)", self.folder, exc.strerror or exc
+            )
             return
         for reason in ("retention", "quota"):
             ids = [record_id for record_id, why in deleted if why == reason]
@@ -140,8 +150,9 @@ class RecordStore:
         """(On a thread.) Delete what is past retention, then the oldest beyond the quota; what was deleted, why."""
         records = self._scan()
         deleted: list[tuple[str, str]] = []
-        finished = sorted((r.changed, record_id) for record_id, r in records.items()
-                          if record_id not in self._recording)
+        finished = sorted(
+            (r.changed, record_id) for record_id, r in records.items() if record_id not in self._recording
+        )
         if self.retention_days:
             limit = time.time() - self.retention_days * DAY
             for changed, record_id in finished:
@@ -271,5 +282,10 @@ def _age(summary: dict[str, Any]) -> tuple[str, int, str]:
 def _unfinished(record_id: str) -> dict[str, Any]:
     """A record whose call was cut off by the server's own end (no JSON was written)."""
     started = datetime.datetime.strptime(record_id[:16], "%Y%m%dT%H%M%SZ").replace(tzinfo=datetime.UTC)
-    return {"id": record_id, "started": utc_stamp(started), "complete": False, "in_progress": False,
-            "error": "the server stopped during the call: only its audio is kept"}
+    return {
+        "id": record_id,
+        "started": utc_stamp(started),
+        "complete": False,
+        "in_progress": False,
+        "error": "the server stopped during the call: only its audio is kept",
+    }

@@ -4,8 +4,8 @@ lease on the engine, and one adapter per wire protocol (Moshi, raw, Realtime, Li
 from ._live import LiveProtocol as LiveProtocol
 from ._moshi import MoshiProtocol as MoshiProtocol
 from ._raw import RawProtocol as RawProtocol
-from ._realtime import RealtimeProtocol as RealtimeProtocol
 from ._realtime import SUBPROTOCOL as SUBPROTOCOL
+from ._realtime import RealtimeProtocol as RealtimeProtocol
 from ._realtime import dialect_of as dialect_of
 from ._session import Session as Session
 from ._telephony import TelephonyProtocol as TelephonyProtocol

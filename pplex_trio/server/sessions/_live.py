@@ -34,8 +34,11 @@ from ._wire import EndOfInput, InputAudio, InputEvent, Message, Replies
 USAGE_MS = 5_000  # of the session timeline between session.usage.updated events
 
 # Why a session ended (the session core's outcome) → session.closed's reason.
-CLOSE_REASONS = {Outcome.COMPLETED: "close_requested", Outcome.TIME_LIMIT: "expired",
-                 Outcome.CLIENT_TIMEOUT: "connection_lost"}  # else: the server hung up (remote_hangup)
+CLOSE_REASONS = {
+    Outcome.COMPLETED: "close_requested",
+    Outcome.TIME_LIMIT: "expired",
+    Outcome.CLIENT_TIMEOUT: "connection_lost",
+}  # else: the server hung up (remote_hangup)
 CALM_OUTCOMES = frozenset({Outcome.TIME_LIMIT, Outcome.SHUTDOWN, Outcome.DRAINING})  # said as an info, not an error
 
 
@@ -46,8 +49,16 @@ class LiveProtocol(OpenAIProtocol[LiveEvents]):
     early_audio = True
     opening_hint = "send session.start to start the session"
 
-    def __init__(self, *, model: str, session_id: str, expires_at: int, voices: Callable[[], Sequence[str]],
-                 max_prompt_chars: int, align: bool):
+    def __init__(
+        self,
+        *,
+        model: str,
+        session_id: str,
+        expires_at: int,
+        voices: Callable[[], Sequence[str]],
+        max_prompt_chars: int,
+        align: bool,
+    ):
         super().__init__(LiveEvents(session_id=session_id, expires_at=expires_at))
         self.config = live.LiveConfig(model=model)
         self.align_input = align
@@ -69,11 +80,19 @@ class LiveProtocol(OpenAIProtocol[LiveEvents]):
         try:
             event = live.parse_client_event(message)
             if not isinstance(event, live.SessionStart):
-                raise EventError(f"send session.start first: {event.type} needs a started session",
-                                 param="type", code="session_not_started", event_id=event.event_id)
+                raise EventError(
+                    f"send session.start first: {event.type} needs a started session",
+                    param="type",
+                    code="session_not_started",
+                    event_id=event.event_id,
+                )
             self.config, self._not_applied = live.start_config(
-                event.session, default_model=self.config.model, max_prompt_chars=self._max_prompt_chars,
-                voices=self._voices(), event_id=event.event_id)
+                event.session,
+                default_model=self.config.model,
+                max_prompt_chars=self._max_prompt_chars,
+                voices=self._voices(),
+                event_id=event.event_id,
+            )
         except EventError as exc:
             return Replies([self._refuse(exc)])
         self._start_event = event.event_id
@@ -91,9 +110,18 @@ class LiveProtocol(OpenAIProtocol[LiveEvents]):
         if isinstance(event, AudioAppend):
             return InputAudio((event.audio, self._muted)) if event.audio else None
         if isinstance(event, live.SessionStart):
-            return Replies([self._refuse(EventError("the session has started already; open a new connection for "
-                                                    "another", param="type", code="session_already_started",
-                                                    event_id=event.event_id))])
+            return Replies(
+                [
+                    self._refuse(
+                        EventError(
+                            "the session has started already; open a new connection for another",
+                            param="type",
+                            code="session_already_started",
+                            event_id=event.event_id,
+                        )
+                    )
+                ]
+            )
         return self._control(event)
 
     def _control(self, event: ClientEvent) -> InputEvent:
@@ -118,8 +146,11 @@ class LiveProtocol(OpenAIProtocol[LiveEvents]):
     def keepalive(self, position: int | None) -> Message | None:
         if not position:
             return None
-        return self.events.info("queued", f"waiting for a conversation slot: number {position} in the queue; what "
-                                "you send meanwhile is heard once the session starts")
+        return self.events.info(
+            "queued",
+            f"waiting for a conversation slot: number {position} in the queue; what "
+            "you send meanwhile is heard once the session starts",
+        )
 
     def ready(self) -> list[Message]:
         started = self.events.started(self.config, self._start_event)
@@ -134,8 +165,9 @@ class LiveProtocol(OpenAIProtocol[LiveEvents]):
             index = frame.tick - self._first_tick  # (frames left out for a slow reader leave a gap)
             messages.append((self.events.audio_delta(self._audio_out(frame.pcm)), frame))
             if frame.text:
-                messages.append((self.events.transcript_delta(frame.text, index * FRAME_MS, (index + 1) * FRAME_MS),
-                                 None))
+                messages.append(
+                    (self.events.transcript_delta(frame.text, index * FRAME_MS, (index + 1) * FRAME_MS), None)
+                )
             if (index + 1) * FRAME_MS // USAGE_MS > self._frames * FRAME_MS // USAGE_MS:
                 messages.append((self.events.usage(self._seconds(index + 1)), None))
             self._frames = index + 1
@@ -147,7 +179,8 @@ class LiveProtocol(OpenAIProtocol[LiveEvents]):
     def closing(self, message: str | None, code: int, outcome: Outcome) -> list[Message]:
         said: list[Message] = []
         if message is not None:
-            said.append(self.events.info(outcome.value, message) if outcome in CALM_OUTCOMES
-                        else self.error(message, code))
+            said.append(
+                self.events.info(outcome.value, message) if outcome in CALM_OUTCOMES else self.error(message, code)
+            )
         reason = CLOSE_REASONS.get(outcome, "remote_hangup")
         return [*said, self.events.closed(reason, self.config, self._seconds(self._frames), self._close_event)]

@@ -32,8 +32,15 @@ class MoshiProtocol(OpensWithQuery):
 
     name = "moshi"
 
-    def __init__(self, encoders: Encoders, *, max_prompt_chars: int, align: bool,
-                 voices: Callable[[], Collection[str]] | None = None, pings: bool = True):
+    def __init__(
+        self,
+        encoders: Encoders,
+        *,
+        max_prompt_chars: int,
+        align: bool,
+        voices: Callable[[], Collection[str]] | None = None,
+        pings: bool = True,
+    ):
         self._encoders = encoders
         self._pings = pings  # 0x06 while waiting: for a browser page
         self._max_prompt_chars = max_prompt_chars
@@ -43,8 +50,11 @@ class MoshiProtocol(OpensWithQuery):
         self._stream: Any = None  # this conversation's encoder stream, while the send task runs
 
     def conversation(self, query: bytes) -> Conversation:
-        return conversation_from_params(parse_query(query), max_prompt_chars=self._max_prompt_chars,
-                                        voices=None if self._voices is None else self._voices())
+        return conversation_from_params(
+            parse_query(query),
+            max_prompt_chars=self._max_prompt_chars,
+            voices=None if self._voices is None else self._voices(),
+        )
 
     def parse(self, message: Message) -> InputEvent:
         event = moshi.parse_client_message(message)

@@ -22,8 +22,7 @@ class RawProtocol(OpensWithMessage):
     early_audio = True
     opening_hint = 'send {"type": "open", ...} first'
 
-    def __init__(self, *, max_prompt_chars: int,
-                 voices: Callable[[], Collection[str]] | None = None):
+    def __init__(self, *, max_prompt_chars: int, voices: Callable[[], Collection[str]] | None = None):
         self._max_prompt_chars = max_prompt_chars
         self._voices = voices  # the voices a conversation may name (None: not checked here)
         self._closing = False
@@ -32,8 +31,11 @@ class RawProtocol(OpensWithMessage):
         event = raw.parse_client_message(message)
         if not isinstance(event, raw.Open):
             raise ProtocolError('the first message must be {"type": "open", ...}', CloseCode.POLICY)
-        return conversation_from_params(event.params, max_prompt_chars=self._max_prompt_chars,
-                                        voices=None if self._voices is None else self._voices())
+        return conversation_from_params(
+            event.params,
+            max_prompt_chars=self._max_prompt_chars,
+            voices=None if self._voices is None else self._voices(),
+        )
 
     def parse(self, message: Message) -> InputEvent:
         event = raw.parse_client_message(message)

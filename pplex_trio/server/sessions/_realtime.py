@@ -29,9 +29,19 @@ import numpy as np
 from ..._conversation import SAMPLE_RATE, Conversation
 from ...codec import EnergyVAD
 from ...engine import OutputFrame
-from ...protocol import (AudioAppend, AudioFormat, ConversationItems, Dialect, ItemEvent, EventError,
-                        ResponseCreate, ServerEvents, SessionConfig, SessionUpdate, apply_session_update,
-                        parse_realtime_event)
+from ...protocol import (
+    AudioAppend,
+    ConversationItems,
+    Dialect,
+    EventError,
+    ItemEvent,
+    ResponseCreate,
+    ServerEvents,
+    SessionConfig,
+    SessionUpdate,
+    apply_session_update,
+    parse_realtime_event,
+)
 from ._audio_io import AudioIn, AudioOut
 from ._openai import OpenAIProtocol
 from ._wire import InputAudio, InputEvent, Message, Replies, Restart
@@ -41,8 +51,9 @@ SUBPROTOCOL = "realtime"  # what browsers offer (with the token and beta markers
 
 def dialect_of(headers: Any, subprotocols: Sequence[str]) -> Dialect:
     """Beta when the client says so (the SDK's ``OpenAI-Beta: realtime=v1``, or a browser's subprotocol)."""
-    beta = "realtime=v1" in (headers.get("OpenAI-Beta") or "").replace(" ", "") or \
-        any(p.startswith("openai-beta.realtime-v1") for p in subprotocols)
+    beta = "realtime=v1" in (headers.get("OpenAI-Beta") or "").replace(" ", "") or any(
+        p.startswith("openai-beta.realtime-v1") for p in subprotocols
+    )
     return Dialect.BETA if beta else Dialect.GA
 
 
@@ -54,8 +65,16 @@ class RealtimeProtocol(OpenAIProtocol[ServerEvents]):
     early_audio = True
     opening_hint = "send input_audio_buffer.append (or response.create) to start the conversation"
 
-    def __init__(self, dialect: Dialect, *, model: str, voices: Callable[[], Sequence[str]],
-                 max_prompt_chars: int, align: bool, subprotocol: str | None = None):
+    def __init__(
+        self,
+        dialect: Dialect,
+        *,
+        model: str,
+        voices: Callable[[], Sequence[str]],
+        max_prompt_chars: int,
+        align: bool,
+        subprotocol: str | None = None,
+    ):
         super().__init__(ServerEvents(dialect, model=model))
         self.dialect = dialect
         self.config = SessionConfig()
@@ -134,8 +153,13 @@ class RealtimeProtocol(OpenAIProtocol[ServerEvents]):
             before = self.config
             try:
                 self.config, voice_error = apply_session_update(
-                    self.config, event.session, started=self._started, max_prompt_chars=self._max_prompt_chars,
-                    voices=self._voices, event_id=event.event_id)
+                    self.config,
+                    event.session,
+                    started=self._started,
+                    max_prompt_chars=self._max_prompt_chars,
+                    voices=self._voices,
+                    event_id=event.event_id,
+                )
             except EventError as exc:
                 return Replies([self._refuse(exc)])
             updated: list[Message] = [events.session_updated(self.config)]
@@ -150,7 +174,9 @@ class RealtimeProtocol(OpenAIProtocol[ServerEvents]):
                 if created:
                     self._metadata = event.metadata
             else:
-                self._pending.add(*self._cut("completed" if created else "cancelled", event.metadata if created else None))
+                self._pending.add(
+                    *self._cut("completed" if created else "cancelled", event.metadata if created else None)
+                )
             return Replies([])
         self.notices.note(f"{event.type}: answered, without effect on the model (docs/PROTOCOL.md)", key=event.type)
         if isinstance(event, ItemEvent):
@@ -161,8 +187,16 @@ class RealtimeProtocol(OpenAIProtocol[ServerEvents]):
         if event.type == "input_audio_buffer.commit":
             item = self._speech_item or events.new_id("item")
             previous, self._last_item = self._last_item, item
-            self.items.record({"id": item, "object": "realtime.item", "type": "message", "role": "user",
-                               "status": "completed", "content": [{"type": "input_audio", "transcript": None}]})
+            self.items.record(
+                {
+                    "id": item,
+                    "object": "realtime.item",
+                    "type": "message",
+                    "role": "user",
+                    "status": "completed",
+                    "content": [{"type": "input_audio", "transcript": None}],
+                }
+            )
             return Replies([events.committed(item, previous)])
         if event.type == "input_audio_buffer.clear":
             return Replies([events.cleared()])
@@ -192,7 +226,9 @@ class RealtimeProtocol(OpenAIProtocol[ServerEvents]):
                     self._speech_item = self.events.new_id("item")
                     self._pending.add(self.events.speech_started(speech.at_ms, self._speech_item))
                     if self._response is not None:
-                        self._pending.add(*self._cut("completed"))  # the caller's turn starts: so does the next response
+                        self._pending.add(
+                            *self._cut("completed")
+                        )  # the caller's turn starts: so does the next response
                 elif self._speech_item is not None:
                     self._pending.add(self.events.speech_stopped(speech.at_ms, self._speech_item))
             out.append(pcm)
@@ -216,10 +252,12 @@ class RealtimeProtocol(OpenAIProtocol[ServerEvents]):
         """End the open response and open the next (with ``next_metadata``), back to back."""
         assert self._response is not None and self._item is not None
         transcript = "".join(self._transcript)
-        done = self.events.response_finished(self._response, self._item, self.config, transcript, status,
-                                             self._metadata)
-        self.items.record(self.events.item(self._item, "completed" if status == "completed" else "incomplete",
-                                           transcript))
+        done = self.events.response_finished(
+            self._response, self._item, self.config, transcript, status, self._metadata
+        )
+        self.items.record(
+            self.events.item(self._item, "completed" if status == "completed" else "incomplete", transcript)
+        )
         self._metadata = next_metadata
         return done + self._open_response()
 

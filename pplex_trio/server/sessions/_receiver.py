@@ -51,8 +51,17 @@ class InputEnd(enum.Enum):
 class Receiver:
     """One session's reads: :meth:`opening` while it is admitted, then :meth:`receive` and :meth:`process`."""
 
-    def __init__(self, ws: WebSocket, wire: WireProtocol, settings: ServerSettings, *, name: str, frame_size: int,
-                 reply: Callable[[Message], Awaitable[None]], on_drop: Callable[[str], None]):
+    def __init__(
+        self,
+        ws: WebSocket,
+        wire: WireProtocol,
+        settings: ServerSettings,
+        *,
+        name: str,
+        frame_size: int,
+        reply: Callable[[Message], Awaitable[None]],
+        on_drop: Callable[[str], None],
+    ):
         self.ws = ws
         self.wire = wire
         self.name = name  # for its log lines: "session 3 (raw)"
@@ -60,8 +69,11 @@ class Receiver:
         self._frame_size = frame_size
         self._reply = reply
         self._inbound: DropOldestChannel[tuple[float, Any]] = DropOldestChannel(
-            settings.max_message_bytes + int(settings.input_backlog_seconds * SAMPLE_RATE * 4), name="inbound",
-            on_drop=on_drop, weigh=_payload_bytes)
+            settings.max_message_bytes + int(settings.input_backlog_seconds * SAMPLE_RATE * 4),
+            name="inbound",
+            on_drop=on_drop,
+            weigh=_payload_bytes,
+        )
         self._opened_at = 0.0  # when the opening message that gave the conversation arrived
         self._samples_pushed = 0
 

@@ -48,19 +48,33 @@ class CallReport:
         self.metrics.agent_share.observe(stats.agent_share)
         return f" ({stats.summary()})"
 
-    def call_ending(self, outcome: Outcome, close_code: int | None, lease: Lease | None,
-                    details: dict[str, Any], sample_rate: int) -> CallEnding:
+    def call_ending(
+        self, outcome: Outcome, close_code: int | None, lease: Lease | None, details: dict[str, Any], sample_rate: int
+    ) -> CallEnding:
         """What the call record says of how the call went (``details``: the protocol's and the sender's)."""
         quality = self.quality.statistics().as_dict()
         if lease is None:  # (the queue was full: nothing was recorded)
             assert self.recorder is not None
-            return CallEnding(outcome=outcome, close_code=close_code, conversation=self.recorder.conversation,
-                              details={**details, "quality": quality})
+            return CallEnding(
+                outcome=outcome,
+                close_code=close_code,
+                conversation=self.recorder.conversation,
+                details={**details, "quality": quality},
+            )
         inputs = lease.input_stats()
         ms = 1000 / sample_rate  # per sample
         return CallEnding(
-            outcome=outcome, close_code=close_code, conversation=lease.conversation,
-            details={**details, "restarts": lease.restarts, "output_dropped": lease.output_dropped,
-                     "output_skipped": lease.output_skipped, "input_underruns": inputs.underruns,
-                     "input_skipped_ms": round(inputs.skipped * ms, 1),
-                     "input_caught_up_ms": round(inputs.caught_up * ms, 1), "quality": quality})
+            outcome=outcome,
+            close_code=close_code,
+            conversation=lease.conversation,
+            details={
+                **details,
+                "restarts": lease.restarts,
+                "output_dropped": lease.output_dropped,
+                "output_skipped": lease.output_skipped,
+                "input_underruns": inputs.underruns,
+                "input_skipped_ms": round(inputs.skipped * ms, 1),
+                "input_caught_up_ms": round(inputs.caught_up * ms, 1),
+                "quality": quality,
+            },
+        )

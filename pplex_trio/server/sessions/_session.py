@@ -45,11 +45,11 @@ import trio
 from ..._conversation import CloseCode, Conversation, Outcome
 from ..._lifecycle import Lifecycle
 from ..._metrics import Metrics
-from ...engine import BEGUN_STATES, PREPARING_STATES, EngineActor, Lease, LeaseState, OutputFrame, QueueFull
+from ...engine import BEGUN_STATES, PREPARING_STATES, EngineActor, Lease, LeaseState, QueueFull
 from ...protocol import ProtocolError
-from ..records import RecordStore
 from .._server_state import Unready
 from .._settings import ServerSettings
+from ..records import RecordStore
 from ._receiver import InputEnd, Receiver
 from ._report import CallReport
 from ._sender import Sender, StreamEnd
@@ -82,12 +82,16 @@ class SessionState(enum.Enum):
 
 
 # A client that vanishes ends it from any of them.
-SESSION_LIFECYCLE = Lifecycle("session", SessionState.ADMITTING, {
-    SessionState.ADMITTING: {SessionState.LIVE, SessionState.CLOSING, SessionState.CLOSED},
-    SessionState.LIVE: {SessionState.CLOSING, SessionState.CLOSED},
-    SessionState.CLOSING: {SessionState.CLOSED},
-    SessionState.CLOSED: set(),
-})
+SESSION_LIFECYCLE = Lifecycle(
+    "session",
+    SessionState.ADMITTING,
+    {
+        SessionState.ADMITTING: {SessionState.LIVE, SessionState.CLOSING, SessionState.CLOSED},
+        SessionState.LIVE: {SessionState.CLOSING, SessionState.CLOSED},
+        SessionState.CLOSING: {SessionState.CLOSED},
+        SessionState.CLOSED: set(),
+    },
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,9 +113,15 @@ class Session:
         self.host = host
         self.settings = host.settings
         self._sender = Sender(ws, wire, host.metrics, timeout=self.settings.client_timeout)
-        self._receiver = Receiver(ws, wire, self.settings, name=f"session {self.id} ({wire.name})",
-                                  frame_size=host.actor.engine.frame_size, reply=self._send_control,
-                                  on_drop=host.metrics.drop)
+        self._receiver = Receiver(
+            ws,
+            wire,
+            self.settings,
+            name=f"session {self.id} ({wire.name})",
+            frame_size=host.actor.engine.frame_size,
+            reply=self._send_control,
+            on_drop=host.metrics.drop,
+        )
         self.stats = self._receiver.stats
         self._step = SESSION_LIFECYCLE.start  # the session's own step; see `state`
         self.lease: Lease | None = None
@@ -165,8 +175,9 @@ class Session:
                 unready = host.unready(when_full=False)
                 if unready in (Unready.SHUTTING_DOWN, Unready.DRAINING):
                     assert unready is not None
-                    self.end(Outcome.SHUTDOWN if unready is Unready.SHUTTING_DOWN else Outcome.DRAINING,
-                             unready.message)
+                    self.end(
+                        Outcome.SHUTDOWN if unready is Unready.SHUTTING_DOWN else Outcome.DRAINING, unready.message
+                    )
                 else:
                     try:
                         await self._converse()
@@ -182,8 +193,9 @@ class Session:
             self._enter(SessionState.CLOSED)
             host.sessions.discard(self)
             host.metrics.sessions_ended.labels(self.protocol, outcome.value).inc()
-            logger.info("session %d (%s) ended: %s%s", self.id, self.protocol, outcome.value,
-                        self.report.finish_quality())
+            logger.info(
+                "session %d (%s) ended: %s%s", self.id, self.protocol, outcome.value, self.report.finish_quality()
+            )
             if self.report.recorder is not None:  # (after the close: a slow disk never delays it)
                 code = None if self.ending is None else int(self.ending.code)
                 details = {**self.wire.call_details(), "frames_sent": self._sender.frames_sent}
@@ -200,8 +212,13 @@ class Session:
         if self.host.records is not None:
             self.report.recorder = self.host.records.recorder(self.id, self.protocol, conversation)
         try:
-            with self.host.actor.lease(conversation, align=self.wire.align_input, early_audio=self.wire.early_audio,
-                                       client=self.ws.client, on_frame=self.report.on_frame) as lease:
+            with self.host.actor.lease(
+                conversation,
+                align=self.wire.align_input,
+                early_audio=self.wire.early_audio,
+                client=self.ws.client,
+                on_frame=self.report.on_frame,
+            ) as lease:
                 self.lease = lease
                 try:
                     await self._run_conversation(lease)
@@ -267,8 +284,10 @@ class Session:
                 with trio.move_on_after(interval):
                     await lease.wait_changed()
         if queue_timer.cancelled_caught:
-            self.end(Outcome.QUEUE_TIMEOUT,
-                     f"no conversation slot became free within {self.settings.queue_timeout:g} s; try again later")
+            self.end(
+                Outcome.QUEUE_TIMEOUT,
+                f"no conversation slot became free within {self.settings.queue_timeout:g} s; try again later",
+            )
             return False
         while lease.state in PREPARING_STATES and lease.failure is None:
             await self._keepalive(None)
@@ -330,8 +349,10 @@ class Session:
     async def _time_limit(self, seconds: float) -> None:
         """``--max-session-seconds``: one conversation cannot hold a slot for ever."""
         await trio.sleep(seconds)
-        self.end(Outcome.TIME_LIMIT, f"this conversation reached the server's time limit of {seconds:g} s; "
-                 "start a new one to go on")
+        self.end(
+            Outcome.TIME_LIMIT,
+            f"this conversation reached the server's time limit of {seconds:g} s; start a new one to go on",
+        )
 
     def _end_from_failure(self, lease: Lease) -> None:
         assert lease.failure is not None
@@ -363,4 +384,3 @@ class Session:
             "quality": self.report.quality.statistics().as_dict(),
             **self.wire.call_details(),  # (a phone call: the carrier's call, stream and account ids)
         }
-

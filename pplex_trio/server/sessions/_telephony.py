@@ -1,4 +1,5 @@
-"""A phone call's media stream on the session core, for any carrier (Twilio, Telnyx, Plivo, Exotel: ``docs/TELEPHONY.md``).
+"""A phone call's media stream on the session core, for any carrier (Twilio, Telnyx, Plivo, Exotel:
+``docs/TELEPHONY.md``).
 
 The carrier (a :class:`~pplex_trio.protocol.telephony.Carrier`) says what its
 events mean; this adapter is the same for all of them:
@@ -34,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._conversation import SAMPLE_RATE, CloseCode, Conversation, Outcome
+from ..._conversation import SAMPLE_RATE, CloseCode, Conversation
 from ...codec import EnergyVAD
 from ...engine import OutputFrame
 from ...protocol import ProtocolError, conversation_from_params, parse_query, same_secret, telephony
@@ -50,8 +51,15 @@ class TelephonyProtocol(OpensWithMessage):
     early_audio = True  # what the caller says from the start on is heard, in order
     opening_hint = "a carrier's stream opens with its start event"
 
-    def __init__(self, carrier: telephony.Carrier, *, token: str | None, voices: Callable[[], Sequence[str]],
-                 max_prompt_chars: int, align: bool):
+    def __init__(
+        self,
+        carrier: telephony.Carrier,
+        *,
+        token: str | None,
+        voices: Callable[[], Sequence[str]],
+        max_prompt_chars: int,
+        align: bool,
+    ):
         self.carrier = carrier
         self.name = carrier.name
         self.align_input = align
@@ -79,17 +87,20 @@ class TelephonyProtocol(OpensWithMessage):
         if isinstance(event, telephony.CallStop):
             return Hangup()
         if isinstance(event, telephony.CallAudio):
-            raise ProtocolError(f"{self.name}: media before the start event; a stream starts with its start event",
-                                CloseCode.POLICY)
+            raise ProtocolError(
+                f"{self.name}: media before the start event; a stream starts with its start event", CloseCode.POLICY
+            )
         if not isinstance(event, telephony.CallStart):
             self._note(event)
             return Replies([])
         params = {**parse_query(query), **event.parameters}
         if self._token is not None and not same_secret(params.get(TOKEN_PARAMETER, ""), self._token):
-            raise ProtocolError(f"this server needs its access token as the stream's '{TOKEN_PARAMETER}' parameter: "
-                                "give it in the answer URL (see docs/TELEPHONY.md)", CloseCode.POLICY)
-        conversation = conversation_from_params(params, max_prompt_chars=self._max_prompt_chars,
-                                                voices=self._voices())
+            raise ProtocolError(
+                f"this server needs its access token as the stream's '{TOKEN_PARAMETER}' parameter: "
+                "give it in the answer URL (see docs/TELEPHONY.md)",
+                CloseCode.POLICY,
+            )
+        conversation = conversation_from_params(params, max_prompt_chars=self._max_prompt_chars, voices=self._voices())
         self.call = event
         self._audio_in = AudioIn(event.audio_format)
         self._audio_out = AudioOut(event.reply_format or event.audio_format)

@@ -76,7 +76,9 @@ class Hangup:
     its slot is given back (outcome ``hangup``)."""
 
 
-InputEvent = InputAudio | EndOfInput | Replies | Restart | Hangup | None  # None: a well-formed message the server ignores
+InputEvent = (
+    InputAudio | EndOfInput | Replies | Restart | Hangup | None
+)  # None: a well-formed message the server ignores
 
 
 class Notices:

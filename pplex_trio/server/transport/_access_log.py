@@ -54,5 +54,11 @@ class AccessLog:
             query = scope.get("query_string", b"")
             target = scope["path"] + (f"?{masked_query(query)}" if query else "")
             method = "WebSocket" if scope["type"] == "websocket" else scope.get("method", "?")
-            logger.info('%s "%s %s" %s %.3fs', client[0] if client else "-", method, target,
-                        status[0] if status else "-", trio.current_time() - started)
+            logger.info(
+                '%s "%s %s" %s %.3fs',
+                client[0] if client else "-",
+                method,
+                target,
+                status[0] if status else "-",
+                trio.current_time() - started,
+            )

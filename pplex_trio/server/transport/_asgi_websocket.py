@@ -37,8 +37,9 @@ class AsgiWebSocket:
         self.query_string: bytes = scope.get("query_string", b"")
         self.raw_headers: list[tuple[bytes, bytes]] = list(scope.get("headers", ()))
         self._http_response = "websocket.http.response" in scope.get("extensions", {})
-        self.headers = Headers([(name.decode("latin-1"), value.decode("latin-1"))
-                                for name, value in scope.get("headers", ())])
+        self.headers = Headers(
+            [(name.decode("latin-1"), value.decode("latin-1")) for name, value in scope.get("headers", ())]
+        )
         self.requested_subprotocols: list[str] = list(scope.get("subprotocols", ()))
         client = scope.get("client")
         self.client: str | None = client[0] if client else None  # the peer's address
@@ -61,9 +62,17 @@ class AsgiWebSocket:
         if not self._http_response:
             await self._send({"type": "websocket.close", "code": 1008})
             return
-        await self._send({"type": "websocket.http.response.start", "status": status, "headers": [
-            (b"content-type", content_type), (b"content-length", str(len(body)).encode()),
-            (b"cache-control", b"no-store")]})
+        await self._send(
+            {
+                "type": "websocket.http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", content_type),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"cache-control", b"no-store"),
+                ],
+            }
+        )
         await self._send({"type": "websocket.http.response.body", "body": body, "more_body": False})
 
     async def receive(self) -> bytes | str:
@@ -92,8 +101,8 @@ class AsgiWebSocket:
             await self._send({"type": "websocket.send", "bytes": data, "text": None})
 
     async def close(self, code: int, reason: str = "") -> None:
-        """Send the close frame with ``code`` and ``reason``; a second call, or one after :meth:`refuse`, does nothing.
-        """
+        """Send the close frame with ``code`` and ``reason``; a second call, or one after :meth:`refuse`, does
+        nothing."""
         if self.closed:
             return
         self.closed = True

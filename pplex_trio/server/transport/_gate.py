@@ -28,8 +28,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
-from ...protocol import AccessPolicy, Refused, RequestHead
-from ...protocol import TOKEN_PARAMETER, query_without_token
+from ...protocol import TOKEN_PARAMETER, AccessPolicy, Refused, RequestHead, query_without_token
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +43,14 @@ PAGES = frozenset({"/", "/official/", "/status"})
 class AccessGate:
     """``app`` behind ``policy``; ``on_refusal(reason)`` counts each refusal."""
 
-    def __init__(self, app: Any, policy: AccessPolicy, *, on_refusal: Callable[[str], None] = lambda reason: None,
-                 busy: Callable[[str], Refused | None] | None = None):
+    def __init__(
+        self,
+        app: Any,
+        policy: AccessPolicy,
+        *,
+        on_refusal: Callable[[str], None] = lambda reason: None,
+        busy: Callable[[str], Refused | None] | None = None,
+    ):
         self.app = app
         self.policy = policy
         self.on_refusal = on_refusal
@@ -57,8 +62,13 @@ class AccessGate:
             return
         websocket = scope["type"] == "websocket"
         client = scope.get("client")
-        request = RequestHead(websocket=websocket, path=scope["path"], query=scope.get("query_string", b""),
-                              headers=scope.get("headers", ()), client=client[0] if client else None)
+        request = RequestHead(
+            websocket=websocket,
+            path=scope["path"],
+            query=scope.get("query_string", b""),
+            headers=scope.get("headers", ()),
+            client=client[0] if client else None,
+        )
         verdict = self.policy.check(request)
         if isinstance(verdict, Refused):
             await self._refuse(scope, send, request, verdict)
@@ -84,8 +94,9 @@ class AccessGate:
     async def _refuse(self, scope: Scope, send: Send, request: RequestHead, refused: Refused) -> None:
         # The path only: a query may hold a (wrong) token, which is never logged.
         what = "WebSocket" if request.websocket else scope.get("method", "?")
-        logger.info("refused %s %s from %s: %s (%d)", what, request.path, request.client, refused.reason,
-                    refused.status)
+        logger.info(
+            "refused %s %s from %s: %s (%d)", what, request.path, request.client, refused.reason, refused.status
+        )
         self.on_refusal(refused.reason)
         headers = [(b"cache-control", b"no-store")]
         if refused.status == 401:
@@ -97,8 +108,9 @@ class AccessGate:
         if not request.websocket and _wants_page(scope, request):
             body = _token_form(request).encode()
             headers.append((b"content-type", b"text/html; charset=utf-8"))
-            headers.append((b"content-security-policy", b"default-src 'none'; style-src 'unsafe-inline'; "
-                                                        b"form-action 'self'"))
+            headers.append(
+                (b"content-security-policy", b"default-src 'none'; style-src 'unsafe-inline'; form-action 'self'")
+            )
         else:
             body = json.dumps({"error": refused.message}).encode()
             headers.append((b"content-type", b"application/json"))
@@ -117,13 +129,19 @@ class AccessGate:
         rest = query_without_token(request.query)
         location = request.path + (f"?{rest}" if rest else "")
         logger.info("gave the access cookie to %s", request.client)
-        await send({"type": "http.response.start", "status": 303, "headers": [
-            (b"location", location.encode("latin-1", "replace")),
-            (b"set-cookie", self.policy.set_cookie_header().encode()),
-            (b"cache-control", b"no-store"),
-            (b"referrer-policy", b"no-referrer"),
-            (b"content-length", b"0"),
-        ]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 303,
+                "headers": [
+                    (b"location", location.encode("latin-1", "replace")),
+                    (b"set-cookie", self.policy.set_cookie_header().encode()),
+                    (b"cache-control", b"no-store"),
+                    (b"referrer-policy", b"no-referrer"),
+                    (b"content-length", b"0"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": b""})
 
 
@@ -136,8 +154,11 @@ def _token_form(request: RequestHead) -> str:
     """The page that asks for the token; the other query parameters ride along in the form."""
     pairs = urllib.parse.parse_qsl(request.query.decode("latin-1"), keep_blank_values=True)
     wrong = any(name == TOKEN_PARAMETER for name, _ in pairs)
-    hidden = "".join(f'<input type="hidden" name="{html.escape(name)}" value="{html.escape(value)}">'
-                     for name, value in pairs if name != TOKEN_PARAMETER)
+    hidden = "".join(
+        f'<input type="hidden" name="{html.escape(name)}" value="{html.escape(value)}">'
+        for name, value in pairs
+        if name != TOKEN_PARAMETER
+    )
     note = '<p class="wrong" role="alert">That token is not the right one.</p>' if wrong else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">

@@ -58,13 +58,16 @@ class Certificate:
         try:
             context.load_cert_chain(self.cert_path, self.key_path)
         except (ssl.SSLError, OSError) as exc:
-            raise TLSError(f"cannot use the certificate {self.cert_path} with the key {self.key_path}: {exc}; "
-                           "check that the key belongs to the certificate and is not encrypted") from None
+            raise TLSError(
+                f"cannot use the certificate {self.cert_path} with the key {self.key_path}: {exc}; "
+                "check that the key belongs to the certificate and is not encrypted"
+            ) from None
         return context
 
 
-def prepare_certificate(*, ssl_dir: pathlib.Path | None, certfile: pathlib.Path | None,
-                        keyfile: pathlib.Path | None, host: str) -> Certificate | None:
+def prepare_certificate(
+    *, ssl_dir: pathlib.Path | None, certfile: pathlib.Path | None, keyfile: pathlib.Path | None, host: str
+) -> Certificate | None:
     """The certificate the settings ask for (None: plain HTTP), created in ``ssl_dir`` if it has none."""
     if ssl_dir is None and certfile is None:
         return None
@@ -78,8 +81,10 @@ def prepare_certificate(*, ssl_dir: pathlib.Path | None, certfile: pathlib.Path 
     cert, key = ssl_dir / CERT_FILE, ssl_dir / KEY_FILE
     if cert.exists() != key.exists():
         have, missing = (cert, key) if cert.exists() else (key, cert)
-        raise TLSError(f"--ssl {ssl_dir}: found {have.name} but not {missing.name}; put the other file beside "
-                       f"it, or remove {have.name} to have a new self-signed pair made")
+        raise TLSError(
+            f"--ssl {ssl_dir}: found {have.name} but not {missing.name}; put the other file beside "
+            f"it, or remove {have.name} to have a new self-signed pair made"
+        )
     created = not cert.exists()
     if created:
         create_self_signed(ssl_dir, local_names(host))
@@ -87,9 +92,14 @@ def prepare_certificate(*, ssl_dir: pathlib.Path | None, certfile: pathlib.Path 
     if not created:
         missing_names = [name for name in local_names(host) if name not in certificate.names]
         if missing_names:
-            logger.warning("TLS: the certificate in %s is not valid for %s; browsers will warn there (remove "
-                           "%s and %s to have a new one made)", ssl_dir, ", ".join(missing_names), CERT_FILE,
-                           KEY_FILE)
+            logger.warning(
+                "TLS: the certificate in %s is not valid for %s; browsers will warn there (remove "
+                "%s and %s to have a new one made)",
+                ssl_dir,
+                ", ".join(missing_names),
+                CERT_FILE,
+                KEY_FILE,
+            )
     return certificate
 
 
@@ -130,7 +140,7 @@ def create_self_signed(directory: pathlib.Path, names: list[str]) -> None:
         raise TLSError(f"--ssl {directory}: cannot create the folder: {exc.strerror or exc}") from None
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "pplex-trio self-signed")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     alternative_names: list[x509.GeneralName] = []
     for name in names:
         try:
@@ -150,15 +160,20 @@ def create_self_signed(directory: pathlib.Path, names: list[str]) -> None:
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .sign(key, hashes.SHA256())
     )
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     try:
         _write(directory / KEY_FILE, key_pem, mode=0o600)
         _write(directory / CERT_FILE, certificate.public_bytes(serialization.Encoding.PEM), mode=0o644)
     except OSError as exc:
         raise TLSError(f"--ssl {directory}: cannot write the certificate: {exc.strerror or exc}") from None
-    logger.info("TLS: created a self-signed certificate in %s for %s (valid for %d days)", directory,
-                ", ".join(names), VALID_DAYS)
+    logger.info(
+        "TLS: created a self-signed certificate in %s for %s (valid for %d days)",
+        directory,
+        ", ".join(names),
+        VALID_DAYS,
+    )
 
 
 def _write(path: pathlib.Path, data: bytes, *, mode: int) -> None:
@@ -183,10 +198,20 @@ def _load(cert_path: pathlib.Path, key_path: pathlib.Path, *, created: bool) -> 
         names = tuple(str(name.value) for name in alternative)
     except x509.ExtensionNotFound:
         names = ()
-    certificate_info = Certificate(cert_path, key_path, fingerprint, names, certificate.not_valid_after_utc, created,
-                                   self_signed=certificate.issuer == certificate.subject)
+    certificate_info = Certificate(
+        cert_path,
+        key_path,
+        fingerprint,
+        names,
+        certificate.not_valid_after_utc,
+        created,
+        self_signed=certificate.issuer == certificate.subject,
+    )
     certificate_info.server_context()  # the key must load and match, now rather than at the first client
-    if certificate.not_valid_after_utc < datetime.datetime.now(datetime.timezone.utc):
-        logger.warning("TLS: the certificate %s expired on %s; clients will refuse it", cert_path,
-                       certificate.not_valid_after_utc.date())
+    if certificate.not_valid_after_utc < datetime.datetime.now(datetime.UTC):
+        logger.warning(
+            "TLS: the certificate %s expired on %s; clients will refuse it",
+            cert_path,
+            certificate.not_valid_after_utc.date(),
+        )
     return certificate_info

@@ -30,9 +30,9 @@ import math
 import socket
 import ssl
 import struct
-from http import HTTPStatus
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
+from http import HTTPStatus
 from typing import Any
 
 import trio
@@ -49,11 +49,19 @@ from ...protocol import InboundGuard, Refusal
 
 logger = logging.getLogger(__name__)
 
+
 class GuardedStream(trio.abc.HalfCloseableStream):
     """A client's socket stream with write deadlines, an inbound guard, and an abort."""
 
-    def __init__(self, stream: trio.SocketStream, *, write_timeout: float, max_message_bytes: int,
-                 read_timeout: float = math.inf, on_refusal: Callable[[Refusal], None] | None = None):
+    def __init__(
+        self,
+        stream: trio.SocketStream,
+        *,
+        write_timeout: float,
+        max_message_bytes: int,
+        read_timeout: float = math.inf,
+        on_refusal: Callable[[Refusal], None] | None = None,
+    ):
         self._stream: trio.abc.Stream = stream  # what bytes are read from and written to
         self.socket = stream.socket  # hypercorn reads the peer's address from it
         self._write_timeout = write_timeout
@@ -162,8 +170,10 @@ class GuardedStream(trio.abc.HalfCloseableStream):
         if self._on_refusal is not None:
             self._on_refusal(refusal)
         if refusal.http_status is not None:
-            message = (f"HTTP/1.1 {refusal.http_status} {HTTPStatus(refusal.http_status).phrase}\r\n"
-                       "connection: close\r\ncontent-length: 0\r\n\r\n").encode()
+            message = (
+                f"HTTP/1.1 {refusal.http_status} {HTTPStatus(refusal.http_status).phrase}\r\n"
+                "connection: close\r\ncontent-length: 0\r\n\r\n"
+            ).encode()
         else:
             assert refusal.close_code is not None
             reason = refusal.reason.encode()[:123]
@@ -219,8 +229,11 @@ class GuardedTLSStream(GuardedStream):
             message = b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
         else:
             location = f"https://{host}{target}".encode("latin-1", "replace")
-            message = (b"HTTP/1.1 301 Moved Permanently\r\nlocation: " + location +
-                       b"\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
+            message = (
+                b"HTTP/1.1 301 Moved Permanently\r\nlocation: "
+                + location
+                + b"\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+            )
         logger.info("connection from %s: plain HTTP on the TLS port, redirected to https://", self.peer())
         with trio.move_on_after(CLOSE_BUDGET) as deadline:
             await self._first.send_all(message)
@@ -324,13 +337,17 @@ async def serve_http(
 
     async def handle(stream: trio.SocketStream) -> None:
         guard = GuardedStream if ssl_context is None else partial(GuardedTLSStream, context=ssl_context)
-        guarded = guard(stream, write_timeout=write_timeout, read_timeout=read_timeout,
-                        max_message_bytes=max_message_bytes, on_refusal=on_refusal)
+        guarded = guard(
+            stream,
+            write_timeout=write_timeout,
+            read_timeout=read_timeout,
+            max_message_bytes=max_message_bytes,
+            on_refusal=on_refusal,
+        )
         connections.open.add(guarded)
         try:
             # hypercorn annotates its stream as an SSLStream; it takes any stream and tells TLS by do_handshake
-            await _Connection(app, config, context, ConnectionState(lifespan_state.copy()),
-                              guarded)  # type: ignore[arg-type]  # any stream, see above
+            await _Connection(app, config, context, ConnectionState(lifespan_state.copy()), guarded)  # type: ignore[arg-type]  # any stream, see above
         finally:
             connections.open.discard(guarded)
             await trio.aclose_forcefully(guarded)  # hypercorn leaves it open when a TLS handshake fails
@@ -344,8 +361,9 @@ async def serve_http(
             await config.log.info(f"Running on {bind} (CTRL + C to quit)")
         async with trio.open_nursery() as connection_nursery:
             async with trio.open_nursery() as accepting:
-                accepting.start_soon(partial(trio.serve_listeners, handle, list(listeners),
-                                             handler_nursery=connection_nursery))
+                accepting.start_soon(
+                    partial(trio.serve_listeners, handle, list(listeners), handler_nursery=connection_nursery)
+                )
                 shortest = min(write_timeout, read_timeout)
                 lifespan_nursery.start_soon(_watch_deadlines, connections, shortest)
                 task_status.started(binds)
@@ -363,7 +381,7 @@ async def serve_http(
 def _address(listener: trio.abc.Listener[trio.SocketStream]) -> str:
     """Where ``listener`` listens, as ``host:port``: from its socket (not part of ``trio.abc.Listener``, but a
     ``trio.SocketListener`` has one, and so must any other listener served here)."""
-    sock = getattr(listener, "socket")
+    sock = getattr(listener, "socket")  # noqa: B009 (not in trio.abc.Listener: mypy would refuse the attribute)
     return repr_socket_addr(sock.family, sock.getsockname())
 
 

@@ -36,8 +36,15 @@ logger = logging.getLogger(__name__)
 
 # The Content-Types of an upload, and the file suffix sphn is told.
 AUDIO_TYPES = {
-    "audio/wav": ".wav", "audio/x-wav": ".wav", "audio/wave": ".wav", "audio/vnd.wave": ".wav",
-    "audio/flac": ".flac", "audio/x-flac": ".flac", "audio/mpeg": ".mp3", "audio/mp3": ".mp3", "audio/ogg": ".ogg",
+    "audio/wav": ".wav",
+    "audio/x-wav": ".wav",
+    "audio/wave": ".wav",
+    "audio/vnd.wave": ".wav",
+    "audio/flac": ".flac",
+    "audio/x-flac": ".flac",
+    "audio/mpeg": ".mp3",
+    "audio/mp3": ".mp3",
+    "audio/ogg": ".ogg",
 }
 
 
@@ -75,8 +82,9 @@ class VoiceUpload:
         began = self._clock()
         try:
             if not self.server.settings.voice_uploads_allowed:
-                raise Refusal(403, "this server does not take voice uploads: its operator can allow them with "
-                              "--voice-uploads on")
+                raise Refusal(
+                    403, "this server does not take voice uploads: its operator can allow them with --voice-uploads on"
+                )
             self._check_rate(client)
             if self._busy >= self.limits.at_once:
                 raise Refusal(429, f"{self._busy} voices are being added now; try again in a few seconds", 5)
@@ -94,8 +102,9 @@ class VoiceUpload:
             self._count(str(refusal.status))
             await _answer(send, refusal.status, {"error": refusal.message}, getattr(refusal, "retry_after", None))
             return
-        logger.info("added voice %s from %s: a %.1f s clip, made in %.2f s", name, client, seconds,
-                    self._clock() - began)
+        logger.info(
+            "added voice %s from %s: a %.1f s clip, made in %.2f s", name, client, seconds, self._clock() - began
+        )
         self._count("added")
         await _answer(send, 201, {"voice": name, "seconds": round(seconds, 2)})
 
@@ -104,8 +113,11 @@ class VoiceUpload:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
         kind = headers.get("content-type", "").split(";")[0].strip().lower()
         if kind not in AUDIO_TYPES:
-            raise Refusal(415, "send the clip as the body, with Content-Type audio/wav, audio/flac, audio/mpeg or "
-                          f"audio/ogg (not {kind or 'none'!r})")
+            raise Refusal(
+                415,
+                "send the clip as the body, with Content-Type audio/wav, audio/flac, audio/mpeg or "
+                f"audio/ogg (not {kind or 'none'!r})",
+            )
         query = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1"))
         name = (query.get("name") or [""])[0]
         if not name:
@@ -114,8 +126,10 @@ class VoiceUpload:
         store.check_room()
         declared = headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limits.max_bytes):
-            raise Refusal(413 if declared.isdigit() else 400, _too_big(limits) if declared.isdigit()
-                          else "the Content-Length header is not a number")
+            raise Refusal(
+                413 if declared.isdigit() else 400,
+                _too_big(limits) if declared.isdigit() else "the Content-Length header is not a number",
+            )
         with store.making(file_name):
             body = await self._read_body(receive)
             # The client now waits in silence for the answer, and its connection is cut after
@@ -125,8 +139,11 @@ class VoiceUpload:
             pcm = await self._decode(body, AUDIO_TYPES[kind])
             seconds = len(pcm) / server.engine.sample_rate
             if seconds < limits.min_seconds:
-                raise Refusal(422, f"the clip holds {seconds:.2f} s of audio: a voice needs at least "
-                              f"{limits.min_seconds:g} s (a few seconds of one person speaking)")
+                raise Refusal(
+                    422,
+                    f"the clip holds {seconds:.2f} s of audio: a voice needs at least "
+                    f"{limits.min_seconds:g} s (a few seconds of one person speaking)",
+                )
             data = await self._make(pcm, answer_by)
             await trio.to_thread.run_sync(store.add, file_name, data)  # (its fsyncs would stall the event loop)
         return file_name, seconds
@@ -194,8 +211,9 @@ class VoiceUpload:
             recent.popleft()
         if len(recent) >= per_minute:
             wait = math.ceil(recent[0] + 60 - now)
-            raise Refusal(429, f"at most {per_minute} voice uploads a minute from one address; try again in "
-                          f"{wait} s", wait)
+            raise Refusal(
+                429, f"at most {per_minute} voice uploads a minute from one address; try again in {wait} s", wait
+            )
         recent.append(now)
 
     def _count(self, result: str) -> None:
@@ -203,14 +221,19 @@ class VoiceUpload:
 
 
 def _too_big(limits: VoiceLimits) -> str:
-    return (f"the clip is over {limits.max_bytes / 2**20:g} MiB: a voice needs a few seconds of speech "
-            f"(at most {limits.max_seconds:g} s)")
+    return (
+        f"the clip is over {limits.max_bytes / 2**20:g} MiB: a voice needs a few seconds of speech "
+        f"(at most {limits.max_seconds:g} s)"
+    )
 
 
 async def _answer(send: Callable[..., Any], status: int, body: dict[str, Any], retry_after: int | None = None) -> None:
     data = json.dumps(body).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
-               (b"cache-control", b"no-store")]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(data)).encode()),
+        (b"cache-control", b"no-store"),
+    ]
     if retry_after is not None:
         headers.append((b"retry-after", str(retry_after).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -222,14 +245,17 @@ def add_voice_routes(app: Any, server: Any) -> None:
 
     @app.get("/api/voices")
     async def voices() -> Response:
-        return jsonify(voices=list(server.voices()), added=server.added_voices(),
-                       uploads=server.settings.voice_uploads_allowed)
+        return jsonify(
+            voices=list(server.voices()), added=server.added_voices(), uploads=server.settings.voice_uploads_allowed
+        )
 
     @app.delete("/api/voices/<name>")
     async def delete_voice(name: str) -> tuple[Response, int]:
         if not server.settings.voice_uploads_allowed:
-            return jsonify(error="this server does not take voice uploads, nor deletions: its operator can allow "
-                                 "them with --voice-uploads on"), 403
+            return jsonify(
+                error="this server does not take voice uploads, nor deletions: its operator can allow "
+                "them with --voice-uploads on"
+            ), 403
         if name in server.engine.voices() or f"{name}.pt" in server.engine.voices():
             return jsonify(error=f"{name} is one of the model's own voices, which cannot be deleted"), 409
         try:

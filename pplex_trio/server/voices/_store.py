@@ -73,8 +73,9 @@ class VoiceStore:
         """The added voices, ``NAME.pt``, sorted."""
         if not self.folder.is_dir():
             return []
-        return sorted(p.name for p in self.folder.iterdir()
-                      if p.suffix == SUFFIX and NAME.fullmatch(p.stem) and p.is_file())
+        return sorted(
+            p.name for p in self.folder.iterdir() if p.suffix == SUFFIX and NAME.fullmatch(p.stem) and p.is_file()
+        )
 
     def usage(self) -> tuple[int, int]:
         """(voices kept, their bytes)."""
@@ -91,8 +92,11 @@ class VoiceStore:
         if file_name in model_voices:
             raise StoreRefusal(409, f"{file_name} is one of the model's own voices: choose another name")
         if file_name in self._making or (self.folder / file_name).exists():
-            raise StoreRefusal(409, f"there is already a voice {file_name}: choose another name, or delete it "
-                               "first (DELETE /api/voices/" + stem + ")")
+            raise StoreRefusal(
+                409,
+                f"there is already a voice {file_name}: choose another name, or delete it "
+                "first (DELETE /api/voices/" + stem + ")",
+            )
         return file_name
 
     def check_room(self) -> None:
@@ -104,8 +108,10 @@ class VoiceStore:
 
     def _check_bytes(self, size: int) -> None:
         if size > self.limits.max_store_bytes:
-            raise StoreRefusal(507, f"the voice store is full ({self.limits.max_store_bytes / 2**20:.0f} MiB of "
-                               "voices): delete one first")
+            raise StoreRefusal(
+                507,
+                f"the voice store is full ({self.limits.max_store_bytes / 2**20:.0f} MiB of voices): delete one first",
+            )
 
     @contextlib.contextmanager
     def making(self, file_name: str) -> Iterator[None]:

@@ -27,19 +27,18 @@ import soxr
 import trio
 from trio_websocket import ConnectionClosed
 
+from _helpers.live import PATH as LIVE_PATH
+from _helpers.live import LiveClient
+from _helpers.twilio import ACCOUNT_SID, CALL_SID, STREAM_SID, TwilioCall, float_to_ulaw
+from _helpers.twilio import PATH as TWILIO_PATH
+from _helpers.ws import FRAME, SR, moshi_handshake, moshi_url, opus_messages, raw_open, read_until_closed
 from pplex_trio._cli import build_parser
 from pplex_trio._cli._settings_cli import settings_from_args
-from pplex_trio.server import RecordFolderError, ServerSettings, prepare_record_folder
 from pplex_trio._conversation import Conversation, Outcome
 from pplex_trio._metrics import Metrics
 from pplex_trio.engine import OutputFrame
+from pplex_trio.server import RecordFolderError, ServerSettings, prepare_record_folder
 from pplex_trio.server.records._recorder import MAX_QUEUED_FRAMES, CallEnding, Recorder, RecordFiles
-
-from _helpers.live import PATH as LIVE_PATH
-from _helpers.live import LiveClient
-from _helpers.twilio import PATH as TWILIO_PATH
-from _helpers.twilio import ACCOUNT_SID, CALL_SID, STREAM_SID, TwilioCall, float_to_ulaw
-from _helpers.ws import FRAME, SR, moshi_handshake, moshi_url, opus_messages, raw_open, read_until_closed
 
 TOKEN = "records-token-5e7a1c"
 PERSONA = "You answer the phone for a bakery."
@@ -53,7 +52,7 @@ def speech_frames(path, seconds: float = 2.0, offset: float = 3.0) -> np.ndarray
         assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (SR, 1, 2)
         samples = np.frombuffer(w.readframes(w.getnframes()), "<i2")
     start = int(offset * SR)
-    return samples[start:start + int(seconds * SR) // FRAME * FRAME].copy()
+    return samples[start : start + int(seconds * SR) // FRAME * FRAME].copy()
 
 
 def read_wav(path) -> tuple[np.ndarray, tuple[int, int, int]]:
@@ -77,7 +76,7 @@ async def until(predicate, timeout: float = 10.0) -> None:
 async def say_and_close(ws, samples: np.ndarray) -> None:
     """Say int16 ``samples`` over the raw protocol at real-time pace, a frame a message, then close."""
     for i in range(0, samples.size, FRAME):
-        await ws.send_message((samples[i:i + FRAME].astype(np.float32) / 32768).astype("<f4").tobytes())
+        await ws.send_message((samples[i : i + FRAME].astype(np.float32) / 32768).astype("<f4").tobytes())
         await trio.sleep(FRAME / SR)
     await ws.send_message(json.dumps({"type": "close"}))
 
@@ -111,8 +110,9 @@ async def raw_call(handle, samples: np.ndarray, **params) -> tuple[list[np.ndarr
 # -- what a record holds ---------------------------------------------------------------------------------------
 
 
-async def test_a_raw_call_is_recorded_exactly_as_it_was_heard_and_said(virtual_server, autojump_clock, tmp_path,
-                                                                      speech_wav):
+async def test_a_raw_call_is_recorded_exactly_as_it_was_heard_and_said(
+    virtual_server, autojump_clock, tmp_path, speech_wav
+):
     folder = tmp_path / "records"
     handle = await virtual_server(record_dir=folder)
     said = speech_frames(speech_wav)
@@ -130,8 +130,8 @@ async def test_a_raw_call_is_recorded_exactly_as_it_was_heard_and_said(virtual_s
     # The caller's side is what the client said, at its place on the timeline (a whole frame), silence around it.
     caller = audio[:, CALLER]
     start = int(np.flatnonzero(caller)[0]) // FRAME * FRAME
-    assert np.array_equal(caller[start:start + said.size], said)
-    assert not caller[:start].any() and not caller[start + said.size:].any()
+    assert np.array_equal(caller[start : start + said.size], said)
+    assert not caller[:start].any() and not caller[start + said.size :].any()
 
     record = json.loads((folder / f"{record_id}.json").read_text())
     assert record["id"] == record_id and record["protocol"] == "raw"
@@ -143,13 +143,15 @@ async def test_a_raw_call_is_recorded_exactly_as_it_was_heard_and_said(virtual_s
     assert record["frames_sent"] == len(frames) and record["output_dropped"] == 0
     assert abs(time.time() - time.mktime(time.strptime(record["started"], "%Y-%m-%dT%H:%M:%SZ")) + time.timezone) < 60
     assert [(piece["t"], piece["text"]) for piece in record["text"]] == [
-        (pytest.approx(k * 0.08), text) for k, text in zip(text_frames, texts)]
+        (pytest.approx(k * 0.08), text) for k, text in zip(text_frames, texts)
+    ]
 
     vtt = (folder / f"{record_id}.vtt").read_text().split("\n\n")
     assert vtt[0] == "WEBVTT"
     cues = [cue.split("\n") for cue in vtt[1:] if cue.strip()]
     assert [(cue[0].split(" --> ")[0], cue[1]) for cue in cues] == [
-        (f"00:00:{k * 80 // 1000:02d}.{k * 80 % 1000:03d}", text.strip()) for k, text in zip(text_frames, texts)]
+        (f"00:00:{k * 80 // 1000:02d}.{k * 80 % 1000:03d}", text.strip()) for k, text in zip(text_frames, texts)
+    ]
 
 
 def pcm16_event(kind: str, pcm: np.ndarray) -> str:
@@ -185,7 +187,7 @@ async def moshi_call(handle, pcm: np.ndarray) -> str:
 async def raw_call_ended_by_close(handle, pcm: np.ndarray) -> str:
     async with handle.open_websocket(handle.ws_url + "/v1/audio/duplex") as ws:
         await raw_open(ws, persona=PERSONA, voice=VOICE)
-        await say(ws, [pcm[i:i + FRAME].astype("<f4").tobytes() for i in range(0, pcm.size, FRAME)], 0.08)
+        await say(ws, [pcm[i : i + FRAME].astype("<f4").tobytes() for i in range(0, pcm.size, FRAME)], 0.08)
         await ws.send_message(json.dumps({"type": "close"}))
         await read_until_closed(ws)
     return "completed"
@@ -194,10 +196,19 @@ async def raw_call_ended_by_close(handle, pcm: np.ndarray) -> str:
 async def realtime_call(handle, pcm: np.ndarray) -> str:
     async with handle.open_websocket(handle.ws_url + "/v1/realtime") as ws:
         assert json.loads(await ws.get_message())["type"] == "session.created"
-        await ws.send_message(json.dumps({"type": "session.update", "session": {
-            "type": "realtime", "instructions": PERSONA, "audio": {"output": {"voice": VOICE}}}}))
-        await say(ws, [pcm16_event("input_audio_buffer.append", pcm[i:i + FRAME // 2])
-                       for i in range(0, pcm.size, FRAME // 2)], 0.04)
+        await ws.send_message(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {"type": "realtime", "instructions": PERSONA, "audio": {"output": {"voice": VOICE}}},
+                }
+            )
+        )
+        await say(
+            ws,
+            [pcm16_event("input_audio_buffer.append", pcm[i : i + FRAME // 2]) for i in range(0, pcm.size, FRAME // 2)],
+            0.04,
+        )
     return "client_closed"
 
 
@@ -205,8 +216,14 @@ async def live_call(handle, pcm: np.ndarray) -> str:
     async with handle.open_websocket(handle.ws_url + LIVE_PATH) as ws:
         client = LiveClient(ws)
         await client.start(instructions=PERSONA, audio={"output": {"voice": VOICE}})
-        await say(ws, [pcm16_event("session.input_audio.append", pcm[i:i + FRAME // 2])
-                       for i in range(0, pcm.size, FRAME // 2)], 0.04)
+        await say(
+            ws,
+            [
+                pcm16_event("session.input_audio.append", pcm[i : i + FRAME // 2])
+                for i in range(0, pcm.size, FRAME // 2)
+            ],
+            0.04,
+        )
         await client.send("session.close")
         await client.until_closed()
     return "completed"
@@ -220,7 +237,7 @@ async def twilio_call(handle, pcm: np.ndarray) -> str:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(read_on, ws)
             for i in range(0, len(mulaw), 160):
-                await call.media(mulaw[i:i + 160])
+                await call.media(mulaw[i : i + 160])
                 await trio.sleep(0.02)
             await trio.sleep(0.5)
             nursery.cancel_scope.cancel()
@@ -230,8 +247,13 @@ async def twilio_call(handle, pcm: np.ndarray) -> str:
     return "hangup"
 
 
-CALLS = {"moshi": moshi_call, "raw": raw_call_ended_by_close, "realtime": realtime_call, "live": live_call,
-         "twilio": twilio_call}
+CALLS = {
+    "moshi": moshi_call,
+    "raw": raw_call_ended_by_close,
+    "realtime": realtime_call,
+    "live": live_call,
+    "twilio": twilio_call,
+}
 
 
 @pytest.mark.parametrize("protocol", sorted(CALLS))
@@ -260,7 +282,8 @@ async def test_every_protocol_gets_its_record(virtual_server, autojump_clock, tm
 
 
 async def test_a_client_that_stalls_its_reading_gets_fewer_frames_but_the_record_has_every_one(
-        virtual_server, autojump_clock, tmp_path, speech_wav):
+    virtual_server, autojump_clock, tmp_path, speech_wav
+):
     folder = tmp_path / "records"
     handle = await virtual_server(record_dir=folder, output_backlog_seconds=0.4)
     said = speech_frames(speech_wav, seconds=4.0)
@@ -288,7 +311,7 @@ async def test_a_client_that_stalls_its_reading_gets_fewer_frames_but_the_record
             nursery.start_soon(network)
             nursery.start_soon(read)
             for i in range(0, said.size, FRAME):
-                await ws.send_message((said[i:i + FRAME].astype(np.float32) / 32768).astype("<f4").tobytes())
+                await ws.send_message((said[i : i + FRAME].astype(np.float32) / 32768).astype("<f4").tobytes())
                 await trio.sleep(FRAME / SR)
             await ws.send_message(json.dumps({"type": "close"}))
         await read_until_closed(ws)
@@ -317,8 +340,9 @@ def old_record(folder, n: int, *, days: float, size: int = 1000) -> str:
     record_id = f"20261101T1200{n:02d}Z-s{n}-abcdef"
     (folder / f"{record_id}.wav").write_bytes(bytes(size))
     (folder / f"{record_id}.vtt").write_text("WEBVTT\n")
-    (folder / f"{record_id}.json").write_text(json.dumps({"id": record_id, "started": f"2026-11-01T12:00:{n:02d}Z",
-                                                          "protocol": "raw", "complete": True}))
+    (folder / f"{record_id}.json").write_text(
+        json.dumps({"id": record_id, "started": f"2026-11-01T12:00:{n:02d}Z", "protocol": "raw", "complete": True})
+    )
     when = time.time() - days * DAY
     for suffix in (".wav", ".vtt", ".json"):
         os.utime(folder / f"{record_id}{suffix}", (when, when))
@@ -329,8 +353,9 @@ def ids_in(folder) -> set[str]:
     return {name.split(".", 1)[0] for name in os.listdir(folder) if re.match(r"\d{8}T", name)}
 
 
-async def test_records_past_retention_are_deleted_at_start_and_after_each_call(virtual_server, autojump_clock,
-                                                                              tmp_path, speech_wav):
+async def test_records_past_retention_are_deleted_at_start_and_after_each_call(
+    virtual_server, autojump_clock, tmp_path, speech_wav
+):
     folder = tmp_path / "records"
     stale, fresh = old_record(folder, 1, days=8), old_record(folder, 2, days=6)
     (folder / "notes.txt").write_text("the operator's own file")
@@ -346,8 +371,9 @@ async def test_records_past_retention_are_deleted_at_start_and_after_each_call(v
     assert 'pplex_records_deleted_total{reason="retention"} 2.0' in await handle.metrics()
 
 
-async def test_beyond_the_quota_the_oldest_go_first_never_a_call_in_progress(virtual_server, autojump_clock,
-                                                                           tmp_path, speech_wav):
+async def test_beyond_the_quota_the_oldest_go_first_never_a_call_in_progress(
+    virtual_server, autojump_clock, tmp_path, speech_wav
+):
     folder = tmp_path / "records"
     oldest, older, old = (old_record(folder, n, days=3 - n, size=100_000) for n in range(3))
     # 250 kB: the three (300 kB) are too many, and a second of a call is 96 kB.
@@ -376,8 +402,9 @@ async def test_beyond_the_quota_the_oldest_go_first_never_a_call_in_progress(vir
     assert 'pplex_records_deleted_total{reason="quota"} 5.0' in await handle.metrics()
 
 
-async def test_a_record_is_deleted_on_request_but_not_while_its_call_goes_on(virtual_server, autojump_clock,
-                                                                             tmp_path, speech_wav):
+async def test_a_record_is_deleted_on_request_but_not_while_its_call_goes_on(
+    virtual_server, autojump_clock, tmp_path, speech_wav
+):
     folder = tmp_path / "records"
     handle = await virtual_server(record_dir=folder)
     said = speech_frames(speech_wav, seconds=2.0)
@@ -408,11 +435,19 @@ async def test_a_record_is_deleted_on_request_but_not_while_its_call_goes_on(vir
     assert 'pplex_records_deleted_total{reason="request"} 1.0' in await handle.metrics()
 
 
-@pytest.mark.parametrize("bad", ["..%2F..%2Foutside", "..%2Foutside.json", "%2E%2E", "x" * 5000,
-                                 "20261101T120001Z-s1-abcdef.json", "20261101T120001Z-s1-ABCDEF",
-                                 "20261101T120001Z-s1-abcdef%00"])
-async def test_an_id_that_is_not_a_records_is_404_and_touches_nothing(virtual_server, autojump_clock, tmp_path,
-                                                                      bad):
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "..%2F..%2Foutside",
+        "..%2Foutside.json",
+        "%2E%2E",
+        "x" * 5000,
+        "20261101T120001Z-s1-abcdef.json",
+        "20261101T120001Z-s1-ABCDEF",
+        "20261101T120001Z-s1-abcdef%00",
+    ],
+)
+async def test_an_id_that_is_not_a_records_is_404_and_touches_nothing(virtual_server, autojump_clock, tmp_path, bad):
     folder = tmp_path / "deep" / "records"
     kept = old_record(folder, 1, days=0)
     (tmp_path / "deep" / "outside.json").write_text("{}")
@@ -423,8 +458,11 @@ async def test_an_id_that_is_not_a_records_is_404_and_touches_nothing(virtual_se
             response = await http.get(path)
             assert response.status_code == 404 and "outside" not in response.text, path
         assert (await http.delete(f"/api/recordings/{bad}")).status_code in (404, 405)
-    assert ids_in(folder) == {kept} and sorted(os.listdir(tmp_path / "deep")) == ["outside.json", "outside.wav",
-                                                                                   "records"]
+    assert ids_in(folder) == {kept} and sorted(os.listdir(tmp_path / "deep")) == [
+        "outside.json",
+        "outside.wav",
+        "records",
+    ]
 
 
 async def test_the_records_need_the_token(virtual_server, autojump_clock, tmp_path):
@@ -432,23 +470,31 @@ async def test_the_records_need_the_token(virtual_server, autojump_clock, tmp_pa
     record_id = old_record(folder, 1, days=0)
     handle = await virtual_server(record_dir=folder, auth_token=TOKEN)
     async with handle.http() as http:
-        for path in ("/api/recordings", f"/api/recordings/{record_id}", f"/api/recordings/{record_id}/audio",
-                     f"/api/recordings/{record_id}/text"):
+        for path in (
+            "/api/recordings",
+            f"/api/recordings/{record_id}",
+            f"/api/recordings/{record_id}/audio",
+            f"/api/recordings/{record_id}/text",
+        ):
             assert (await http.get(path)).status_code == 401, path
             assert (await http.get(path, headers={"Authorization": f"Bearer {TOKEN}"})).status_code == 200, path
         assert (await http.delete(f"/api/recordings/{record_id}")).status_code == 401
         assert ids_in(folder) == {record_id}
-        assert (await http.delete(f"/api/recordings/{record_id}",
-                                  headers={"Authorization": f"Bearer {TOKEN}"})).status_code == 204
+        assert (
+            await http.delete(f"/api/recordings/{record_id}", headers={"Authorization": f"Bearer {TOKEN}"})
+        ).status_code == 204
 
 
 async def test_with_recording_off_the_routes_say_how_to_turn_it_on(virtual_server, autojump_clock, speech_wav):
     handle = await virtual_server()
     await raw_call(handle, speech_frames(speech_wav, seconds=0.5))
     async with handle.http() as http:
-        for method, path in (("GET", "/api/recordings"), ("GET", "/api/recordings/20261101T120001Z-s1-abcdef"),
-                             ("GET", "/api/recordings/20261101T120001Z-s1-abcdef/audio"),
-                             ("DELETE", "/api/recordings/20261101T120001Z-s1-abcdef")):
+        for method, path in (
+            ("GET", "/api/recordings"),
+            ("GET", "/api/recordings/20261101T120001Z-s1-abcdef"),
+            ("GET", "/api/recordings/20261101T120001Z-s1-abcdef/audio"),
+            ("DELETE", "/api/recordings/20261101T120001Z-s1-abcdef"),
+        ):
             response = await http.request(method, path)
             assert response.status_code == 404 and "--record DIR" in response.json()["error"], path
 
@@ -459,13 +505,21 @@ async def test_a_disk_that_falls_behind_loses_the_oldest_frames_and_a_gap_stays_
     silence; the WAV stays on the timeline."""
     done = []
     metrics = Metrics()
-    recorder = Recorder("20261205T220102Z-s1-abcdef", tmp_path, protocol="raw", conversation=Conversation(),
-                        limiter=trio.CapacityLimiter(1), metrics=metrics, on_done=done.append)
+    recorder = Recorder(
+        "20261205T220102Z-s1-abcdef",
+        tmp_path,
+        protocol="raw",
+        conversation=Conversation(),
+        limiter=trio.CapacityLimiter(1),
+        metrics=metrics,
+        on_done=done.append,
+    )
     ticks = [*range(100, 400), *range(420, 620)]  # 20 ticks without it at 400-419
     for n, tick in enumerate(ticks):
         level = (n % 100 + 1) / 128
-        recorder.on_frame(OutputFrame(np.full(FRAME, -level, np.float32), f" {tick}", tick,
-                                      heard=np.full(FRAME, level, np.float32)))
+        recorder.on_frame(
+            OutputFrame(np.full(FRAME, -level, np.float32), f" {tick}", tick, heard=np.full(FRAME, level, np.float32))
+        )
     await recorder.finish(CallEnding(Outcome.COMPLETED, 1000, Conversation(), {}))
     assert done == [recorder]
     lost = len(ticks) - MAX_QUEUED_FRAMES
@@ -490,8 +544,9 @@ class FakeDisk:
     """Stands in for the filesystem where the recorder opens its files: a write that would pass ``room`` bytes
     (of the files ``failing`` picks) fails with ``error``; one of a file ``hanging`` picks waits for ``release``."""
 
-    def __init__(self, room: int = 1 << 40, error: int = errno.ENOSPC, failing=lambda path: True,
-                 hanging=lambda path: False):
+    def __init__(
+        self, room: int = 1 << 40, error: int = errno.ENOSPC, failing=lambda path: True, hanging=lambda path: False
+    ):
         self.room, self.error, self.failing, self.hanging = room, error, failing, hanging
         self.release = threading.Event()
         self.hung = threading.Event()
@@ -546,13 +601,17 @@ async def timed_raw_call(handle, samples: np.ndarray) -> list[float]:
 
 
 @pytest.mark.parametrize("error", [errno.ENOSPC, errno.EIO])
-async def test_a_disk_that_fails_loses_the_record_never_the_call(virtual_server, autojump_clock, tmp_path, caplog,
-                                                                 monkeypatch, speech_wav, error):
+async def test_a_disk_that_fails_loses_the_record_never_the_call(
+    virtual_server, autojump_clock, tmp_path, caplog, monkeypatch, speech_wav, error
+):
     """A full disk (every write fails once 150 kB are written) loses the whole record; an I/O error in the audio
     alone leaves a JSON that says so.  Either way the call goes on to its end, on time, and one line says why."""
     caplog.set_level(logging.INFO, logger="pplex_trio")
-    disk = FakeDisk(room=150_000, error=error,
-                    failing=(lambda path: True) if error == errno.ENOSPC else (lambda path: path.suffix == ".wav"))
+    disk = FakeDisk(
+        room=150_000,
+        error=error,
+        failing=(lambda path: True) if error == errno.ENOSPC else (lambda path: path.suffix == ".wav"),
+    )
     monkeypatch.setattr(RecordFiles, "_open", staticmethod(disk.open))
     folder = tmp_path / "records"
     handle = await virtual_server(record_dir=folder)
@@ -563,7 +622,8 @@ async def test_a_disk_that_fails_loses_the_record_never_the_call(virtual_server,
     warnings = [r for r in caplog.records if "call record" in r.getMessage() and r.levelno >= logging.WARNING]
     reason = os.strerror(error)
     assert [r.getMessage().split(": ", 1)[1] for r in warnings] == [
-        f"cannot write ({reason}); the call goes on unrecorded"]
+        f"cannot write ({reason}); the call goes on unrecorded"
+    ]
     assert not any(r.exc_info for r in caplog.records) and "Traceback" not in caplog.text
     metrics = await handle.metrics()
     assert "pplex_records_failed_total 1.0" in metrics and "pplex_records_written_total 0.0" in metrics
@@ -577,9 +637,9 @@ async def test_a_disk_that_fails_loses_the_record_never_the_call(virtual_server,
         assert listed[0]["complete"] is False
 
 
-async def test_a_hung_disk_holds_neither_the_other_calls_nor_the_end_of_its_own(virtual_server, autojump_clock,
-                                                                                 tmp_path, caplog, monkeypatch,
-                                                                                 speech_wav):
+async def test_a_hung_disk_holds_neither_the_other_calls_nor_the_end_of_its_own(
+    virtual_server, autojump_clock, tmp_path, caplog, monkeypatch, speech_wav
+):
     """The first call's audio file hangs on its first write (a disk that stopped answering), on a real thread;
     a second call at the same time keeps its frames on time and its record; the first ends on time, its session
     is gone within the recorder's 5 s, and it holds one of the records' threads, not two.  (The second call's
@@ -623,7 +683,8 @@ async def test_a_hung_disk_holds_neither_the_other_calls_nor_the_end_of_its_own(
         first = hung_files[0].wav_path.stem
         [second] = ids_in(folder) - {first}
         assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
-            f"call record {first}: cannot write (the disk did not answer within 5 s); the call goes on unrecorded"]
+            f"call record {first}: cannot write (the disk did not answer within 5 s); the call goes on unrecorded"
+        ]
         assert json.loads((folder / f"{second}.json").read_text())["complete"] is True
     finally:
         disk.release.set()
@@ -642,8 +703,9 @@ REAL_RUN_SYNC = trio.to_thread.run_sync
 
 
 def test_the_record_flags_parse_and_a_folder_that_cannot_be_used_is_said_at_start(tmp_path):
-    args = build_parser().parse_args(["serve", "--record", str(tmp_path / "r"), "--record-retention", "7",
-                                      "--record-quota", "1GiB"])
+    args = build_parser().parse_args(
+        ["serve", "--record", str(tmp_path / "r"), "--record-retention", "7", "--record-quota", "1GiB"]
+    )
     settings = settings_from_args(ServerSettings, args)
     assert settings.record_dir == tmp_path / "r" and settings.record_retention_days == 7
     assert settings.record_quota == 2**30

@@ -22,9 +22,8 @@ import pytest
 import soxr
 import trio
 
-from pplex_trio.server import ServerSettings
-
 from _helpers.carriers import STREAM_ID, WIRES, CarrierCall, reference_clear, reference_media, shape
+from pplex_trio.server import ServerSettings
 
 RATE = 8_000
 TOKEN = "tele-token-4b1d9e0c7a"
@@ -47,7 +46,7 @@ def speech_8k(path) -> np.ndarray:
 def best_correlation(piece: np.ndarray, received: np.ndarray) -> tuple[int, float]:
     best = (0, -1.0)
     for lag in range(0, received.size - piece.size, 4):
-        window = received[lag:lag + piece.size]
+        window = received[lag : lag + piece.size]
         if window.std() > 0:
             corr = float(np.corrcoef(piece, window)[0, 1])
             if corr > best[1]:
@@ -57,7 +56,7 @@ def best_correlation(piece: np.ndarray, received: np.ndarray) -> tuple[int, floa
 
 async def test_a_call_hears_its_caller_echoed_back(virtual_server, autojump_clock, speech_wav, wire):
     handle = await virtual_server(first_frame_timeout=FIRST_FRAME)
-    speech = speech_8k(speech_wav)[3 * RATE:6 * RATE]  # 3 s of real speech
+    speech = speech_8k(speech_wav)[3 * RATE : 6 * RATE]  # 3 s of real speech
     pause = np.zeros(RATE // 2, np.float32)
     async with handle.open_websocket(handle.ws_url + wire.path) as ws:
         call = CarrierCall(wire, ws, check=True)
@@ -68,14 +67,15 @@ async def test_a_call_hears_its_caller_echoed_back(virtual_server, autojump_cloc
             nursery.cancel_scope.cancel()
     media = call.of(wire.media)
     reference = reference_media(wire, speech[:640])
-    assert all(shape(m) == {**shape(reference), **({wire.stream_key: STREAM_ID} if wire.stream_key else {})}
-               for m in media), (media[0], reference)
+    assert all(
+        shape(m) == {**shape(reference), **({wire.stream_key: STREAM_ID} if wire.stream_key else {})} for m in media
+    ), (media[0], reference)
     received = call.audio()
     assert abs(received.size - len(media) * 640) <= 640 and abs(len(media) - (speech.size / RATE + 1.0) / 0.08) <= 2
     half = RATE // 2
     lags = []
     for start in range(0, speech.size - half + 1, half):
-        lag, corr = best_correlation(speech[start:start + half], received)
+        lag, corr = best_correlation(speech[start : start + half], received)
         assert corr > 0.9, (start, corr)
         lags.append(lag - pause.size - start)
     # 80 ms: the echo's frame; with Exotel's 100 ms messages one silent frame more at most, in the pause (the grid
@@ -84,8 +84,9 @@ async def test_a_call_hears_its_caller_echoed_back(virtual_server, autojump_cloc
     assert max(lags) - min(lags) <= 8 and 640 - 40 <= lags[0] <= most + 40, lags
 
 
-async def test_when_the_caller_starts_speaking_the_carriers_clear_goes_out(virtual_server, autojump_clock, caplog,
-                                                                           wire):
+async def test_when_the_caller_starts_speaking_the_carriers_clear_goes_out(
+    virtual_server, autojump_clock, caplog, wire
+):
     caplog.set_level(logging.INFO, logger="pplex_trio")
     handle = await virtual_server()
     loud = (0.3 * np.sin(2 * np.pi * 440 * np.arange(RATE) / RATE)).astype(np.float32)
@@ -104,11 +105,11 @@ async def test_when_the_caller_starts_speaking_the_carriers_clear_goes_out(virtu
             nursery.cancel_scope.cancel()
     kinds = [e["event"] for e in call.received]
     at = kinds.index(wire.clear)
-    assert kinds[at:at + 3] == [wire.clear, wire.media, wire.mark]
+    assert kinds[at : at + 3] == [wire.clear, wire.media, wire.mark]
     mark = call.received[at + 2]
     assert mark.get("name", mark.get("mark", {}).get("name")) == "barge-in-1"
     assert call.received[at] == reference_clear(wire)  # the clear the reference sends for an interruption
-    assert kinds[at + 3:].count(wire.media) >= 5
+    assert kinds[at + 3 :].count(wire.media) >= 5
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
 
 
@@ -132,13 +133,16 @@ async def test_stop_ends_the_call_and_frees_its_slot(virtual_server, autojump_cl
     assert f'pplex_sessions_ended_total{{outcome="hangup",protocol="{wire.name}"}} 1.0' in await handle.metrics()
 
 
-@pytest.mark.parametrize("case, code, reason", [
-    ("malformed", 1007, "malformed"),
-    ("binary", 1003, "binary frames"),
-    ("media_before_start", 1008, "media before the start event"),
-    ("wrong_token", 1008, "access token"),
-    ("bad_format", 1003, "unsupported media format"),
-])
+@pytest.mark.parametrize(
+    "case, code, reason",
+    [
+        ("malformed", 1007, "malformed"),
+        ("binary", 1003, "binary frames"),
+        ("media_before_start", 1008, "media before the start event"),
+        ("wrong_token", 1008, "access token"),
+        ("bad_format", 1003, "unsupported media format"),
+    ],
+)
 async def test_a_bad_stream_is_closed_clearly(virtual_server, autojump_clock, caplog, wire, case, code, reason):
     handle = await virtual_server(auth_token=TOKEN)
     async with handle.open_websocket(handle.ws_url + wire.path) as ws:
@@ -175,7 +179,10 @@ def stream_of(wire, text: str) -> tuple[str, dict[str, str]]:
         assert root.tag == "Response" and [c.tag for c in root] == ["Stream"]
         stream = root[0]
         assert (stream.get("bidirectional"), stream.get("keepCallAlive"), stream.get("contentType")) == (
-            "true", "true", "audio/x-mulaw;rate=8000")
+            "true",
+            "true",
+            "audio/x-mulaw;rate=8000",
+        )
         url = stream.text.strip()
     else:
         url = json.loads(text)["url"]
@@ -183,8 +190,9 @@ def stream_of(wire, text: str) -> tuple[str, dict[str, str]]:
     return base, dict(urllib.parse.parse_qsl(query))
 
 
-async def test_the_answer_points_the_call_at_our_stream_with_persona_voice_and_token(virtual_server,
-                                                                                     autojump_clock, wire):
+async def test_the_answer_points_the_call_at_our_stream_with_persona_voice_and_token(
+    virtual_server, autojump_clock, wire
+):
     handle = await virtual_server(auth_token=TOKEN)
     persona = 'You are "Ada" & you <help>.'
     query = urllib.parse.urlencode({"token": TOKEN, "persona": persona, "voice": "NATM1.pt"})
@@ -195,8 +203,11 @@ async def test_the_answer_points_the_call_at_our_stream_with_persona_voice_and_t
         url, parameters = stream_of(wire, answer.text)
         assert url == f"ws://127.0.0.1:{handle.port}{wire.path}"
         assert parameters == {"persona": persona, "voice": "NATM1.pt", "token": TOKEN}
-        answer = await http.post(f"{answer_path}?{query}", data={"CallSid": "CA1"},
-                                 headers={"X-Forwarded-Proto": "https", "X-Forwarded-Host": "voice.example.com"})
+        answer = await http.post(
+            f"{answer_path}?{query}",
+            data={"CallSid": "CA1"},
+            headers={"X-Forwarded-Proto": "https", "X-Forwarded-Host": "voice.example.com"},
+        )
         assert stream_of(wire, answer.text)[0] == f"wss://voice.example.com{wire.path}"
         bad = await http.get(f"{answer_path}?" + urllib.parse.urlencode({"token": TOKEN, "voice": "../x"}))
         assert bad.status_code == 400 and "voice" in bad.json()["error"]

@@ -10,10 +10,9 @@ import numpy as np
 import sphn
 import trio
 
-from pplex_trio.server import ServerSettings
-
 from _helpers.audio import best_lag, correlation_at
 from _helpers.ws import FRAME, SR, moshi_handshake, moshi_url, opus_messages, raw_open, read_until_closed
+from pplex_trio.server import ServerSettings
 
 
 def speech(path, seconds):

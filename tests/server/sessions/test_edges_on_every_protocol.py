@@ -18,11 +18,10 @@ import pytest
 import sphn
 import trio
 
-from pplex_trio.codec import is_silent
-from pplex_trio.server import ServerSettings
-
 from _helpers.audio import best_lag
 from _helpers.ws import FRAME, SR, moshi_handshake, moshi_url, opus_messages, raw_open
+from pplex_trio.codec import is_silent
+from pplex_trio.server import ServerSettings
 
 PAGE = FRAME // 2  # 40 ms: what the official client sends per message
 DEFAULTS = ServerSettings()
@@ -34,15 +33,16 @@ def speech(shared_dir) -> np.ndarray:
     pcm, _ = sphn.read(str(shared_dir / "data" / "speech_service.wav"), sample_rate=SR)
     pcm = pcm[0].astype(np.float32)
     frames = len(pcm) // FRAME
-    first = next(i for i in range(frames) if not is_silent(pcm[i * FRAME:(i + 1) * FRAME]))
-    return pcm[(first - 1) * FRAME: frames * FRAME]
+    first = next(i for i in range(frames) if not is_silent(pcm[i * FRAME : (i + 1) * FRAME]))
+    return pcm[(first - 1) * FRAME : frames * FRAME]
 
 
 # -- the first step ------------------------------------------------------------------------------------------
 
 
 async def test_a_moshi_client_that_talks_a_second_after_the_handshake_hears_the_models_first_words(
-        virtual_server, autojump_clock, speech):
+    virtual_server, autojump_clock, speech
+):
     """Nothing of the model's reaches it before its first frame; then the echo (the model) answers its first
     words from the start."""
     handle = await virtual_server(first_frame_timeout=DEFAULTS.first_frame_timeout)
@@ -77,11 +77,12 @@ async def test_a_moshi_client_that_talks_a_second_after_the_handshake_hears_the_
 def opus_pass(pcm: np.ndarray) -> np.ndarray:
     """One encode + decode through sphn, as the client and server each do once."""
     writer, reader = sphn.OpusStreamWriter(SR), sphn.OpusStreamReader(SR)
-    return np.concatenate([reader.append_bytes(writer.append_pcm(pcm[i: i + FRAME])) for i in range(0, pcm.size, FRAME)])
+    return np.concatenate(
+        [reader.append_bytes(writer.append_pcm(pcm[i : i + FRAME])) for i in range(0, pcm.size, FRAME)]
+    )
 
 
-async def test_a_raw_client_that_only_listens_is_stepped_after_the_first_frame_timeout(virtual_server,
-                                                                                      autojump_clock):
+async def test_a_raw_client_that_only_listens_is_stepped_after_the_first_frame_timeout(virtual_server, autojump_clock):
     handle = await virtual_server(first_frame_timeout=2.0)
     async with handle.open_websocket(handle.ws_url + "/v1/audio/duplex") as ws:
         await raw_open(ws)
@@ -92,8 +93,7 @@ async def test_a_raw_client_that_only_listens_is_stepped_after_the_first_frame_t
         assert not np.frombuffer(message, "<f4").any()  # (silence: it said nothing)
 
 
-async def test_a_realtime_conversation_opened_by_response_create_is_stepped_at_once(virtual_server,
-                                                                                   autojump_clock):
+async def test_a_realtime_conversation_opened_by_response_create_is_stepped_at_once(virtual_server, autojump_clock):
     handle = await virtual_server(first_frame_timeout=DEFAULTS.first_frame_timeout)
     async with handle.open_websocket(handle.ws_url + "/v1/realtime") as ws:
         assert json.loads(await ws.get_message())["type"] == "session.created"
@@ -107,7 +107,8 @@ async def test_a_realtime_conversation_opened_by_response_create_is_stepped_at_o
 
 
 async def test_a_live_client_that_talks_a_second_after_session_started_hears_the_models_first_words(
-        virtual_server, autojump_clock, speech):
+    virtual_server, autojump_clock, speech
+):
     """Live's model, too, is first stepped on the caller's first frame: nothing comes before it, and the echo's
     first frame is the caller's first, one frame late."""
     handle = await virtual_server(first_frame_timeout=DEFAULTS.first_frame_timeout)
@@ -139,11 +140,15 @@ def json_payload(kind: str):
     def encode(pcm: np.ndarray) -> str:
         pcm16 = (np.clip(pcm, -1, 1) * 32767).astype("<i2").tobytes()
         return json.dumps({"type": kind, "audio": base64.b64encode(pcm16).decode()})
+
     return encode
 
 
-ENCODERS = {"raw": raw_payload, "realtime": json_payload("input_audio_buffer.append"),
-            "live": json_payload("session.input_audio.append")}
+ENCODERS = {
+    "raw": raw_payload,
+    "realtime": json_payload("input_audio_buffer.append"),
+    "live": json_payload("session.input_audio.append"),
+}
 
 
 async def open_conversation(handle, protocol: str, ws) -> None:
@@ -161,11 +166,15 @@ async def open_conversation(handle, protocol: str, ws) -> None:
 def pages_of(protocol: str, pcm: np.ndarray) -> list[bytes | str]:
     if protocol == "moshi":
         return [b"\x01" + page for frame in opus_messages(pcm) for page in frame]
-    return [ENCODERS[protocol](pcm[i:i + PAGE]) for i in range(0, pcm.size, PAGE)]
+    return [ENCODERS[protocol](pcm[i : i + PAGE]) for i in range(0, pcm.size, PAGE)]
 
 
-PATHS = {"raw": "/v1/audio/duplex", "moshi": "/api/chat?voice_prompt=NATF0.pt", "realtime": "/v1/realtime",
-         "live": "/v1/live/sessions"}
+PATHS = {
+    "raw": "/v1/audio/duplex",
+    "moshi": "/api/chat?voice_prompt=NATF0.pt",
+    "realtime": "/v1/realtime",
+    "live": "/v1/live/sessions",
+}
 
 
 async def stalled_call(handle, protocol: str, speech: np.ndarray, stall_at: int, seconds: float):
@@ -212,11 +221,15 @@ async def stalled_call(handle, protocol: str, speech: np.ndarray, stall_at: int,
 @pytest.mark.parametrize("during", ["speech", "silence"])
 @pytest.mark.parametrize("seconds", [0.5, 1.0, 2.5])
 async def test_a_stall_costs_no_speech_and_no_lasting_latency_on_every_protocol(
-        virtual_server, autojump_clock, speech, protocol, during, seconds):
+    virtual_server, autojump_clock, speech, protocol, during, seconds
+):
     handle = await virtual_server(first_frame_timeout=DEFAULTS.first_frame_timeout, compute_seconds=0.005)
-    silent = [is_silent(speech[i * FRAME:(i + 1) * FRAME]) for i in range(len(speech) // FRAME)]
-    frame = next(i for i in range(25, len(silent)) if (not any(silent[i:i + 13])) == (during == "speech")
-                 and (during == "speech" or all(silent[i:i + 13])))
+    silent = [is_silent(speech[i * FRAME : (i + 1) * FRAME]) for i in range(len(speech) // FRAME)]
+    frame = next(
+        i
+        for i in range(25, len(silent))
+        if (not any(silent[i : i + 13])) == (during == "speech") and (during == "speech" or all(silent[i : i + 13]))
+    )
     views, ended = await stalled_call(handle, protocol, speech, 2 * frame, seconds)
     metrics = await handle.metrics()
     assert 'pplex_frames_dropped_total{reason="input_backlog"} 0.0' in metrics
@@ -235,8 +248,9 @@ async def test_a_stall_costs_no_speech_and_no_lasting_latency_on_every_protocol(
 
 
 @pytest.mark.parametrize("protocol", ["raw", "moshi", "live"])
-async def test_a_downlink_stall_costs_no_text_nor_speech_and_no_lasting_delay(virtual_server, autojump_clock,
-                                                                               speech, protocol):
+async def test_a_downlink_stall_costs_no_text_nor_speech_and_no_lasting_delay(
+    virtual_server, autojump_clock, speech, protocol
+):
     """What the client receives is held by the network for 2.5 s while it talks on, and once the network's
     buffers are full the server's writes wait: every text piece comes, the model's silent frames are what is
     left out, and 4 s after the stall the client is back in real time.  (A Moshi stream is small: 8 KiB of
@@ -287,7 +301,9 @@ async def test_a_downlink_stall_costs_no_text_nor_speech_and_no_lasting_delay(vi
             session = (await handle.get_json("/api/sessions"))["sessions"][0]
             nursery.cancel_scope.cancel()
     pieces = "".join(texts).split()
-    assert pieces == [str(n) for n in range(len(pieces))] and len(pieces) >= len(speech) // FRAME  # every piece, in order
+    assert (
+        pieces == [str(n) for n in range(len(pieces))] and len(pieces) >= len(speech) // FRAME
+    )  # every piece, in order
     assert session["output_caught_up_frames"] > 0
     if protocol == "live":
         # Each delta is stamped with the frame it came with: its own piece (the last) is that frame's number, and

@@ -23,10 +23,9 @@ import numpy as np
 import pytest
 import trio
 
-from pplex_trio.server import ServerSettings
-
 from _helpers.carriers import WIRES, CarrierCall, pcm16_bytes, ulaw_bytes
 from _helpers.twilio import TwilioCall, ulaw_to_float
+from pplex_trio.server import ServerSettings
 
 SECONDS = 60
 FRAME_SECONDS = 0.08
@@ -40,7 +39,7 @@ class Client:
     path: str
     rate: int
     chunk_seconds: float
-    talk: Callable[[Any, "Client", np.ndarray], Awaitable[np.ndarray]]  # (ws, self, pcm) → the audio sent back
+    talk: Callable[[Any, Client, np.ndarray], Awaitable[np.ndarray]]  # (ws, self, pcm) → the audio sent back
     late: float = 0.0  # each message up to this much later than its audio was said (a jittery network)
 
 
@@ -51,11 +50,15 @@ async def _paced(send: Callable[[np.ndarray], Awaitable[None]], client: Client, 
     lateness = np.random.default_rng(11).uniform(0, client.late, pcm.size // step + 1)
     for n, at in enumerate(range(0, pcm.size, step)):
         await trio.sleep_until(max(trio.current_time(), start + (n + 1) * client.chunk_seconds + lateness[n]))
-        await send(pcm[at:at + step])
+        await send(pcm[at : at + step])
 
 
-async def _listening(listen: Callable[[], Awaitable[None]], send: Callable[[np.ndarray], Awaitable[None]],
-                     client: Client, pcm: np.ndarray) -> None:
+async def _listening(
+    listen: Callable[[], Awaitable[None]],
+    send: Callable[[np.ndarray], Awaitable[None]],
+    client: Client,
+    pcm: np.ndarray,
+) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(listen)
         await _paced(send, client, pcm)
@@ -73,6 +76,7 @@ def carrier(wire_name: str, rate: int = 8_000) -> Callable[[Any, Client, np.ndar
         await call.send(start)
         await _listening(call.listen, lambda chunk: call.media(wire.encode(chunk)), client, pcm)
         return call.audio()
+
     return talk
 
 
@@ -83,14 +87,17 @@ async def twilio(ws: Any, client: Client, pcm: np.ndarray) -> np.ndarray:
     async def listen() -> None:
         while True:
             await call.next()
+
     await _listening(listen, lambda chunk: call.media(ulaw_bytes(chunk)), client, pcm)
     return ulaw_to_float(call.audio())
 
 
 def openai_json(start: dict[str, Any], started: str, append: str, delta: str, encoding: str):
     """The Realtime or Live protocol: ``start`` sets the session's audio format, then appends."""
-    encode, decode = {"pcm": (pcm16_bytes, lambda b: np.frombuffer(b, "<i2").astype(np.float32) / 32768),
-                      "pcmu": (ulaw_bytes, ulaw_to_float)}[encoding]
+    encode, decode = {
+        "pcm": (pcm16_bytes, lambda b: np.frombuffer(b, "<i2").astype(np.float32) / 32768),
+        "pcmu": (ulaw_bytes, ulaw_to_float),
+    }[encoding]
 
     async def talk(ws: Any, client: Client, pcm: np.ndarray) -> np.ndarray:
         await ws.send_message(json.dumps(start))
@@ -106,21 +113,33 @@ def openai_json(start: dict[str, Any], started: str, append: str, delta: str, en
 
         async def send(chunk: np.ndarray) -> None:
             await ws.send_message(json.dumps({"type": append, "audio": base64.b64encode(encode(chunk)).decode()}))
+
         await _listening(listen, send, client, pcm)
         return decode(b"".join(received))
+
     return talk
 
 
 def realtime(kind: str, encoding: str):
     audio = {"input": {"format": {"type": kind}}, "output": {"format": {"type": kind}}}
-    return openai_json({"type": "session.update", "session": {"type": "realtime", "audio": audio}},
-                       "session.updated", "input_audio_buffer.append", "response.output_audio.delta", encoding)
+    return openai_json(
+        {"type": "session.update", "session": {"type": "realtime", "audio": audio}},
+        "session.updated",
+        "input_audio_buffer.append",
+        "response.output_audio.delta",
+        encoding,
+    )
 
 
 def live(kind: str, rate: int, encoding: str):
     session = {"model": "gpt-live-1", "audio": {"format": {"type": kind, "rate": rate}}}
-    return openai_json({"type": "session.start", "session": session}, "session.started",
-                       "session.input_audio.append", "session.output_audio.delta", encoding)
+    return openai_json(
+        {"type": "session.start", "session": session},
+        "session.started",
+        "session.input_audio.append",
+        "session.output_audio.delta",
+        encoding,
+    )
 
 
 CLIENTS = [
@@ -136,8 +155,8 @@ CLIENTS = [
 
 def lag_at(sent: np.ndarray, received: np.ndarray, at: int, rate: int) -> int:
     """Where a quarter second of ``sent`` from ``at`` on comes back in ``received``, in samples after ``at``."""
-    piece = sent[at:at + rate // 4]
-    window = received[at:at + rate + piece.size]
+    piece = sent[at : at + rate // 4]
+    window = received[at : at + rate + piece.size]
     return int(np.argmax(np.correlate(window, piece, "valid")))
 
 
@@ -152,6 +171,7 @@ async def a_minute(virtual_server, client: Client) -> tuple[float, float, list[i
 
     def count(series: str) -> float:
         return float(re.search(rf"^{re.escape(series)} (\S+)$", metrics, re.M).group(1))
+
     lags = [lag_at(noise, received, second * client.rate, client.rate) for second in range(1, SECONDS - 1, 3)]
     return count("pplex_frames_silence_filled_total"), count("pplex_input_samples_skipped_total"), lags
 

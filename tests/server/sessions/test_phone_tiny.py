@@ -28,7 +28,7 @@ SECONDS = 2
 def speech_8k(path) -> np.ndarray:
     with wave.open(str(path)) as w:
         pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32) / 32768
-    return soxr.resample(pcm, w.getframerate(), RATE).astype(np.float32)[3 * RATE:(3 + SECONDS) * RATE]
+    return soxr.resample(pcm, w.getframerate(), RATE).astype(np.float32)[3 * RATE : (3 + SECONDS) * RATE]
 
 
 class TwilioAsCarrier:
@@ -45,7 +45,7 @@ class TwilioAsCarrier:
     async def talk(self, pcm: np.ndarray) -> None:
         deadline = trio.current_time()
         for i in range(0, pcm.size, 160):  # 20 ms a message, as Twilio sends
-            await self.call.media(float_to_ulaw(pcm[i:i + 160]))
+            await self.call.media(float_to_ulaw(pcm[i : i + 160]))
             deadline += 0.02
             await trio.sleep_until(deadline)
 
@@ -90,8 +90,9 @@ class OtherCarrier:
 
 
 @pytest.mark.parametrize("carrier", ["twilio", *WIRES])
-async def test_a_phone_call_reaches_the_tiny_model_and_hears_its_voice(virtual_server, autojump_clock, engine,
-                                                                      speech_wav, carrier):
+async def test_a_phone_call_reaches_the_tiny_model_and_hears_its_voice(
+    virtual_server, autojump_clock, engine, speech_wav, carrier
+):
     handle = await virtual_server(engine, slots=2)
     path = TWILIO_PATH if carrier == "twilio" else WIRES[carrier].path
     async with handle.open_websocket(handle.ws_url + path) as ws:

@@ -51,7 +51,7 @@ async def test_quality_figures_of_an_echoed_call(virtual_server, autojump_clock,
         async with trio.open_nursery() as nursery:
             nursery.start_soon(read)
             for i in range(0, audio.size, FRAME):
-                await ws.send_message(audio[i:i + FRAME].astype("<f4").tobytes())
+                await ws.send_message(audio[i : i + FRAME].astype("<f4").tobytes())
                 await trio.sleep(FRAME / SR)
             await trio.sleep(2.0)  # (past the hangover: every figure decided)
             (session,) = (await handle.get_json("/api/sessions"))["sessions"]

@@ -66,8 +66,10 @@ async def test_shutdown_is_an_error_event_then_1001(virtual_server, autojump_clo
             nursery.start_soon(handle.shutdown)
             closed = await read_until_closed(ws)
     assert closed.code == 1001
-    assert any(json.loads(m)["type"] == "error" and "shutting down" in json.loads(m)["error"]["message"]
-               for m in closed.messages)
+    assert any(
+        json.loads(m)["type"] == "error" and "shutting down" in json.loads(m)["error"]["message"]
+        for m in closed.messages
+    )
 
 
 async def test_cancel_and_create_cut_the_response_and_the_next_begins(virtual_server, autojump_clock):
@@ -90,10 +92,12 @@ async def test_commit_clear_and_output_clear_are_answered(virtual_server, autoju
     handle = await virtual_server()
     async with handle.open_websocket(handle.ws_url + "/v1/realtime") as ws:
         await live(ws)
-        for sent, answer in (("input_audio_buffer.commit", "input_audio_buffer.committed"),
-                             ("input_audio_buffer.commit", "input_audio_buffer.committed"),
-                             ("input_audio_buffer.clear", "input_audio_buffer.cleared"),
-                             ("output_audio_buffer.clear", "output_audio_buffer.cleared")):
+        for sent, answer in (
+            ("input_audio_buffer.commit", "input_audio_buffer.committed"),
+            ("input_audio_buffer.commit", "input_audio_buffer.committed"),
+            ("input_audio_buffer.clear", "input_audio_buffer.cleared"),
+            ("output_audio_buffer.clear", "output_audio_buffer.cleared"),
+        ):
             await ws.send_message(json.dumps({"type": sent}))
             event = await next_event(ws, answer)
             if answer == "input_audio_buffer.committed":
@@ -156,8 +160,19 @@ async def test_pipecat_opening_context_message_then_response_create(virtual_serv
     handle = await virtual_server()
     async with handle.open_websocket(handle.ws_url + "/v1/realtime") as ws:
         await next_event(ws, "session.created")
-        await ws.send_message(json.dumps({"type": "conversation.item.create", "event_id": "ctx", "item": {
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say hello."}]}}))
+        await ws.send_message(
+            json.dumps(
+                {
+                    "type": "conversation.item.create",
+                    "event_id": "ctx",
+                    "item": {
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": "Say hello."}],
+                    },
+                }
+            )
+        )
         added = await next_event(ws)
         assert added["type"] == "conversation.item.added" and added["item"]["content"][0]["text"] == "Say hello."
         assert (await next_event(ws))["type"] == "conversation.item.done"
@@ -175,21 +190,33 @@ async def test_barge_in_truncate_and_a_matched_reply(virtual_server, autojump_cl
     handle = await virtual_server()
     async with handle.open_websocket(handle.ws_url + "/v1/realtime") as ws:
         first = (await live(ws))["response"]
-        played = first["output"][0]["id"] if first["output"] else (await next_event(ws, "response.output_item.added")
-                                                                   )["item"]["id"]
+        played = (
+            first["output"][0]["id"]
+            if first["output"]
+            else (await next_event(ws, "response.output_item.added"))["item"]["id"]
+        )
         for _ in range(2):  # a framework truncates on every barge-in, the same item maybe twice
-            await ws.send_message(json.dumps({"type": "conversation.item.truncate", "item_id": played,
-                                              "content_index": 0, "audio_end_ms": 240}))
+            await ws.send_message(
+                json.dumps(
+                    {"type": "conversation.item.truncate", "item_id": played, "content_index": 0, "audio_end_ms": 240}
+                )
+            )
             truncated = await next_event(ws, "conversation.item.truncated")
             assert (truncated["item_id"], truncated["audio_end_ms"]) == (played, 240)
-        await ws.send_message(json.dumps({"type": "response.create", "event_id": "r1", "response": {
-            "metadata": {"client_event_id": "r1"}, "instructions": "ignored"}}))
+        await ws.send_message(
+            json.dumps(
+                {
+                    "type": "response.create",
+                    "event_id": "r1",
+                    "response": {"metadata": {"client_event_id": "r1"}, "instructions": "ignored"},
+                }
+            )
+        )
         done = await next_event(ws, "response.done")
         assert done["response"]["id"] == first["id"] and done["response"]["metadata"] is None
         created = await next_event(ws, "response.created")
         assert created["response"]["metadata"] == {"client_event_id": "r1"}
-        await ws.send_message(json.dumps({"type": "conversation.item.truncate", "item_id": "nope",
-                                          "audio_end_ms": 0}))
+        await ws.send_message(json.dumps({"type": "conversation.item.truncate", "item_id": "nope", "audio_end_ms": 0}))
         error = (await next_event(ws, "error"))["error"]
         assert (error["code"], error["param"]) == ("item_not_found", "item_id")
         await next_event(ws, "response.output_audio.delta")  # the session goes on
@@ -201,11 +228,24 @@ async def test_openai_voice_names_and_an_unknown_voice(virtual_server, autojump_
     handle = await virtual_server()
     async with handle.open_websocket(handle.ws_url + "/v1/realtime") as ws:
         await next_event(ws, "session.created")
-        await ws.send_message(json.dumps({"type": "session.update", "session": {
-            "type": "realtime", "audio": {"output": {"voice": "marin"}}}}))
+        await ws.send_message(
+            json.dumps(
+                {"type": "session.update", "session": {"type": "realtime", "audio": {"output": {"voice": "marin"}}}}
+            )
+        )
         assert (await next_event(ws, "session.updated"))["session"]["audio"]["output"]["voice"] == "NATF2.pt"
-        await ws.send_message(json.dumps({"type": "session.update", "session": {
-            "type": "realtime", "instructions": "Be brief.", "audio": {"output": {"voice": "nova2"}}}}))
+        await ws.send_message(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {
+                        "type": "realtime",
+                        "instructions": "Be brief.",
+                        "audio": {"output": {"voice": "nova2"}},
+                    },
+                }
+            )
+        )
         updated = await next_event(ws)
         assert updated["type"] == "session.updated" and updated["session"]["instructions"] == "Be brief."
         assert updated["session"]["audio"]["output"]["voice"] == "NATF2.pt"  # the voice alone was not applied
@@ -222,8 +262,18 @@ async def test_a_new_persona_runs_the_prompt_again_in_the_same_slot(virtual_serv
         await live(ws)
         assert await queue_position(waiting) == 1
         before = [(await next_event(ws, "response.output_audio_transcript.delta"))["delta"] for _ in range(3)]
-        await ws.send_message(json.dumps({"type": "session.update", "session": {
-            "type": "realtime", "instructions": "You are a pirate.", "audio": {"output": {"voice": "marin"}}}}))
+        await ws.send_message(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {
+                        "type": "realtime",
+                        "instructions": "You are a pirate.",
+                        "audio": {"output": {"voice": "marin"}},
+                    },
+                }
+            )
+        )
         updated = await next_event(ws)  # nothing refused: no error comes first
         assert updated["type"] == "session.updated" and updated["session"]["instructions"] == "You are a pirate."
         for _ in range(4):

@@ -99,6 +99,7 @@ class Recorder:
 
     def stream(self, chunks: list[bytes], seconds_after: float) -> None:
         """Send ``chunks`` (one per 80 ms) in real time and record until ``seconds_after`` past the last."""
+
         def send() -> None:
             started = time.monotonic()
             for i, chunk in enumerate(chunks):
@@ -133,11 +134,11 @@ def best_correlation(sent: np.ndarray, received: np.ndarray, max_lag: int) -> fl
     frame = max_lag // 12
     scores = []
     for start in range(0, received.size - frame + 1, frame):
-        chunk = received[start:start + frame]
-        if np.sqrt(np.mean(chunk ** 2)) < 0.05:
+        chunk = received[start : start + frame]
+        if np.sqrt(np.mean(chunk**2)) < 0.05:
             continue  # (the fade-in, and a silent frame put in for a late page)
         lags = range(max(0, start - max_lag), min(sent.size - frame, start) + 1, 4)
-        scores.append(max(float(np.corrcoef(chunk, sent[lag:lag + frame])[0, 1]) for lag in lags))
+        scores.append(max(float(np.corrcoef(chunk, sent[lag : lag + frame])[0, 1]) for lag in lags))
     assert len(scores) >= received.size // frame // 2, "less than half the echo carries the tone"
     return float(np.median(scores))
 
@@ -164,16 +165,30 @@ def test_the_sdk_talks_pcm16_with_the_echo(server, beta):
         created = recorder.until("session.created")["session"]
         assert created["instructions"] == ""
         if beta:
-            connection.session.update(session={"instructions": "Be kind.", "voice": "NATF2.pt",
-                                               "input_audio_format": "pcm16", "output_audio_format": "pcm16"})
+            connection.session.update(
+                session={
+                    "instructions": "Be kind.",
+                    "voice": "NATF2.pt",
+                    "input_audio_format": "pcm16",
+                    "output_audio_format": "pcm16",
+                }
+            )
         else:
-            connection.session.update(session={"type": "realtime", "instructions": "Be kind.", "audio": {
-                "input": {"format": {"type": "audio/pcm", "rate": 24000}}, "output": {"voice": "NATF2.pt"}}})
+            connection.session.update(
+                session={
+                    "type": "realtime",
+                    "instructions": "Be kind.",
+                    "audio": {
+                        "input": {"format": {"type": "audio/pcm", "rate": 24000}},
+                        "output": {"voice": "NATF2.pt"},
+                    },
+                }
+            )
         updated = recorder.until("session.updated")["session"]
         assert updated["instructions"] == "Be kind."
         assert (updated["voice"] if beta else updated["audio"]["output"]["voice"]) == "NATF2.pt"
         sent = tone(24_000, 2.4)
-        recorder.stream([pcm16(sent[i:i + 1920]) for i in range(0, sent.size, 1920)], seconds_after=1.0)
+        recorder.stream([pcm16(sent[i : i + 1920]) for i in range(0, sent.size, 1920)], seconds_after=1.0)
         session = running.get("/api/sessions")["sessions"][0]
         assert session["protocol"] == "realtime" and session["frames_decoded"] >= 20
     delta = "response.audio.delta" if beta else "response.output_audio.delta"
@@ -196,12 +211,19 @@ def test_the_sdk_talks_mu_law_at_8_khz(server, beta):
         if beta:
             connection.session.update(session={"input_audio_format": "g711_ulaw", "output_audio_format": "g711_ulaw"})
         else:
-            connection.session.update(session={"type": "realtime", "audio": {
-                "input": {"format": {"type": "audio/pcmu"}}, "output": {"format": {"type": "audio/pcmu"}}}})
+            connection.session.update(
+                session={
+                    "type": "realtime",
+                    "audio": {
+                        "input": {"format": {"type": "audio/pcmu"}},
+                        "output": {"format": {"type": "audio/pcmu"}},
+                    },
+                }
+            )
         recorder.until("session.updated")
         sent = tone(8_000, 2.4, hz=700.0)
         ulaw = audioop.lin2ulaw(pcm16(sent), 2)  # encoded by the reference, not by our codec
-        recorder.stream([ulaw[i:i + 640] for i in range(0, len(ulaw), 640)], seconds_after=1.0)
+        recorder.stream([ulaw[i : i + 640] for i in range(0, len(ulaw), 640)], seconds_after=1.0)
     delta = "response.audio.delta" if beta else "response.output_audio.delta"
     received = b"".join(base64.b64decode(e["delta"]) for e in recorder.of(delta))
     decoded = np.frombuffer(audioop.ulaw2lin(received, 2), "<i2").astype(np.float32) / 32768
@@ -216,12 +238,24 @@ def test_bad_events_get_errors_and_the_session_goes_on(server):
         recorder = Recorder(connection, False)
         recorder.until("session.created")
         bad: list[tuple[Any, str | None]] = [
-            ({"type": "session.update", "session": {"type": "realtime", "audio": {"output": {"voice": "nova2"}}}},
-             "session.audio.output.voice"),
-            ({"type": "session.update", "session": {"type": "realtime", "instructions": "x" * 41}},
-             "session.instructions"),
-            ({"type": "session.update", "session": {"type": "realtime", "audio": {
-                "input": {"format": {"type": "audio/pcm", "rate": 16000}}}}}, "session.audio.input.format"),
+            (
+                {"type": "session.update", "session": {"type": "realtime", "audio": {"output": {"voice": "nova2"}}}},
+                "session.audio.output.voice",
+            ),
+            (
+                {"type": "session.update", "session": {"type": "realtime", "instructions": "x" * 41}},
+                "session.instructions",
+            ),
+            (
+                {
+                    "type": "session.update",
+                    "session": {
+                        "type": "realtime",
+                        "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}},
+                    },
+                },
+                "session.audio.input.format",
+            ),
             ({"type": "input_audio_buffer.append", "audio": "not base64!"}, "audio"),
             ({"type": "conversation.item.create", "item": {"type": "message"}}, "item.role"),
             ("{not json", None),
@@ -272,9 +306,11 @@ def test_the_sdk_with_the_tiny_model(server, tiny_engine, beta):
         recorder = Recorder(connection, beta)
         recorder.until("session.created")
         persona = "You are a pirate captain."
-        connection.session.update(session={"instructions": persona, "voice": "NATM1.pt"} if beta else
-                                  {"type": "realtime", "instructions": persona,
-                                   "audio": {"output": {"voice": "NATM1.pt"}}})
+        connection.session.update(
+            session={"instructions": persona, "voice": "NATM1.pt"}
+            if beta
+            else {"type": "realtime", "instructions": persona, "audio": {"output": {"voice": "NATM1.pt"}}}
+        )
         recorder.until("session.updated")
         connection.response.create()
         recorder.until("response.created")  # live: the tiny model has run the persona and the voice

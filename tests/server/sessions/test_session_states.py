@@ -14,12 +14,12 @@ import pytest
 import sphn
 import trio
 
-from _helpers.fake_ws import FakeWebSocket, make_host, running_host, start_session
-from pplex_trio.engine import EchoEngine
 from _helpers import ogg
+from _helpers.fake_ws import FakeWebSocket, make_host, running_host, start_session
 from pplex_trio._conversation import CloseCode, Outcome
-from pplex_trio.server.sessions._session import Ending, Session, SessionState
+from pplex_trio.engine import EchoEngine
 from pplex_trio.server.sessions._raw import RawProtocol
+from pplex_trio.server.sessions._session import Ending, Session, SessionState
 
 FRAME = 1920
 OPEN = json.dumps({"type": "open"})
@@ -113,7 +113,9 @@ async def test_flush_with_a_full_output_queue_ends_with_done_after_what_survived
     assert len(pcm_frames(run.ws.sent)) < lease.frames_delivered  # but audio was
 
 
-async def test_a_client_that_never_reads_again_is_dropped_after_the_client_timeout(nursery, autojump_clock, monkeypatch):
+async def test_a_client_that_never_reads_again_is_dropped_after_the_client_timeout(
+    nursery, autojump_clock, monkeypatch
+):
     host = await running_host(monkeypatch, nursery, slots=1, output_backlog_seconds=0.16, client_timeout=3)
     run = await start_session(nursery, host, "raw")
     run.ws.client_send(OPEN)
@@ -121,7 +123,9 @@ async def test_a_client_that_never_reads_again_is_dropped_after_the_client_timeo
     run.ws.reading = False
     started = trio.current_time()
     await run.done.wait()
-    assert run.session.ending == Ending(CloseCode.POLICY, "client did not read its messages in time", Outcome.CLIENT_TIMEOUT)
+    assert run.session.ending == Ending(
+        CloseCode.POLICY, "client did not read its messages in time", Outcome.CLIENT_TIMEOUT
+    )
     assert trio.current_time() - started < 3 + 1 + 0.2  # the timeout, then at most the 1 s close budget
     assert run.ws.closed is None  # it could not even be told: the session gave up on it
     await trio.sleep(0.2)  # the slot drains at the next tick
@@ -130,7 +134,9 @@ async def test_a_client_that_never_reads_again_is_dropped_after_the_client_timeo
 
 @pytest.mark.parametrize("phase", ["admitting", "queued", "preparing", "live"])
 @pytest.mark.parametrize("protocol", ["raw", "moshi"])
-async def test_a_client_that_vanishes_in_any_phase_frees_everything(nursery, autojump_clock, phase, protocol, monkeypatch):
+async def test_a_client_that_vanishes_in_any_phase_frees_everything(
+    nursery, autojump_clock, phase, protocol, monkeypatch
+):
     host = await running_host(monkeypatch, nursery, slots=1, model="echo:prompt=50")
     blocker = None
     if phase == "queued":
@@ -163,14 +169,19 @@ async def test_raw_without_an_open_message_is_told_so(nursery, autojump_clock, m
     assert trio.current_time() == pytest.approx(2.0, abs=0.01)
 
 
-@pytest.mark.parametrize("message, code, words", [
-    ("not json", 1007, "JSON"),
-    (json.dumps({"type": "open"}), 1008, "already open"),
-    (json.dumps({"type": "jump"}), 1003, "unknown message type"),
-    (b"\x00\x00\xc0\x7f", 1007, "NaN"),
-    (b"abc", 1007, "multiple of 4"),
-])
-async def test_raw_bad_messages_while_live_end_with_their_code(nursery, autojump_clock, message, code, words, monkeypatch):
+@pytest.mark.parametrize(
+    "message, code, words",
+    [
+        ("not json", 1007, "JSON"),
+        (json.dumps({"type": "open"}), 1008, "already open"),
+        (json.dumps({"type": "jump"}), 1003, "unknown message type"),
+        (b"\x00\x00\xc0\x7f", 1007, "NaN"),
+        (b"abc", 1007, "multiple of 4"),
+    ],
+)
+async def test_raw_bad_messages_while_live_end_with_their_code(
+    nursery, autojump_clock, message, code, words, monkeypatch
+):
     host = await running_host(monkeypatch, nursery)
     run = await start_session(nursery, host, "raw")
     run.ws.client_send(OPEN)
@@ -207,11 +218,13 @@ async def test_closing_before_the_conversation_is_live_ends_normally(nursery, au
 
 def moshi_pages(pcm):
     writer = sphn.OpusStreamWriter(24000)
-    return [page for i in range(0, pcm.size, FRAME) for page in ogg.split_pages(writer.append_pcm(pcm[i:i + FRAME]))]
+    return [page for i in range(0, pcm.size, FRAME) for page in ogg.split_pages(writer.append_pcm(pcm[i : i + FRAME]))]
 
 
 async def test_moshi_session_pings_while_preparing_then_handshakes_and_echoes(nursery, autojump_clock, monkeypatch):
-    host = await running_host(monkeypatch, nursery, keepalive_interval=0.5, prompt_position_seconds=0.08, model="echo:prompt=20")
+    host = await running_host(
+        monkeypatch, nursery, keepalive_interval=0.5, prompt_position_seconds=0.08, model="echo:prompt=20"
+    )
     run = await start_session(nursery, host, "moshi", b"text_prompt=hello&voice_prompt=NATF0.pt")
     await run.ws.wait_for(lambda sent: sent.count(b"\x06") >= 2)  # pings while the prompt runs (a slow 1.6 s)
     assert run.session.status == "preparing"
@@ -241,8 +254,10 @@ async def test_moshi_garbage_audio_is_refused_with_1007_and_an_error_message(nur
 
 async def test_unknown_voice_and_bad_parameters_are_refused_at_admission(nursery, autojump_clock, monkeypatch):
     host = await running_host(monkeypatch, nursery)
-    for query, words in ((b"voice_prompt=NOPE.pt", "unknown voice_prompt"),
-                         (b"text_temperature=hot", "text_temperature must be a number")):
+    for query, words in (
+        (b"voice_prompt=NOPE.pt", "unknown voice_prompt"),
+        (b"text_temperature=hot", "text_temperature must be a number"),
+    ):
         run = await start_session(nursery, host, "moshi", query)
         assert (await run.ws.wait_closed())[0] == 1008
         assert words in [m for m in run.ws.sent if m[:1] == b"\x05"][0].decode()
@@ -316,9 +331,22 @@ async def test_shutdown_tells_every_phase_going_away(nursery, autojump_clock, ph
 def test_every_outcome_keeps_its_label_and_has_its_close_code():
     """The labels are what dashboards and call records read: renaming one breaks them."""
     assert {outcome.value for outcome in Outcome} == {
-        "completed", "hangup", "time_limit", "client_closed", "client_timeout", "bad_request", "protocol_error",
-        "queue_full", "queue_timeout", "rejected", "engine_error", "engine_stalled", "internal_error", "shutdown",
-        "draining"}
+        "completed",
+        "hangup",
+        "time_limit",
+        "client_closed",
+        "client_timeout",
+        "bad_request",
+        "protocol_error",
+        "queue_full",
+        "queue_timeout",
+        "rejected",
+        "engine_error",
+        "engine_stalled",
+        "internal_error",
+        "shutdown",
+        "draining",
+    }
     assert [outcome for outcome in Outcome if outcome.code is None] == [Outcome.CLIENT_CLOSED]  # (no close of ours)
     assert Outcome.QUEUE_FULL.code == CloseCode.TRY_AGAIN_LATER and Outcome.SHUTDOWN.code == CloseCode.GOING_AWAY
 

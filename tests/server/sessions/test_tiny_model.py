@@ -29,7 +29,9 @@ def speech_frames(speech_wav):
     return pcm.reshape(FRAMES, FRAME)
 
 
-async def test_two_slots_two_protocols_each_with_its_persona_and_voice(virtual_server, autojump_clock, engine, speech_frames):
+async def test_two_slots_two_protocols_each_with_its_persona_and_voice(
+    virtual_server, autojump_clock, engine, speech_frames
+):
     handle = await virtual_server(engine, slots=2)
     assert set((await handle.get_json("/api/voices"))["voices"]) >= {"NATF1.pt", "NATM0.pt"}
     moshi_audio, raw_result = [], {}
@@ -40,7 +42,8 @@ async def test_two_slots_two_protocols_each_with_its_persona_and_voice(virtual_s
 
     async def raw_talk():
         raw_result["pcm"], raw_result["text"] = await raw_conversation(
-            handle, speech_frames, persona=HOST, voice="NATM0.pt", **GREEDY)
+            handle, speech_frames, persona=HOST, voice="NATM0.pt", **GREEDY
+        )
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(moshi_conversation)
@@ -60,12 +63,14 @@ async def test_two_slots_two_protocols_each_with_its_persona_and_voice(virtual_s
     assert any(matches), "served audio differs from a direct engine run"
     lead = matches.index(True)
     # And it depends on the voice: another voice gives other audio.
-    other = direct_run(engine, Conversation(persona=HOST, voice="NATF1.pt", sampling=Sampling(**GREEDY)),
-                       speech_frames, lead)
+    other = direct_run(
+        engine, Conversation(persona=HOST, voice="NATF1.pt", sampling=Sampling(**GREEDY)), speech_frames, lead
+    )
     assert not np.array_equal(other[: len(served)], served[: len(other)])
     # And on the persona.
-    pirate = direct_run(engine, Conversation(persona=PIRATE, voice="NATM0.pt", sampling=Sampling(**GREEDY)),
-                        speech_frames, lead)
+    pirate = direct_run(
+        engine, Conversation(persona=PIRATE, voice="NATM0.pt", sampling=Sampling(**GREEDY)), speech_frames, lead
+    )
     assert not np.array_equal(pirate[: len(served)], served[: len(pirate)])
 
 
@@ -87,5 +92,7 @@ async def test_a_seed_makes_a_sampled_conversation_reproducible(virtual_server, 
         runs = [direct_run(engine, seeded, speech_frames, lead) for lead in range(3)]
         assert any(np.array_equal(got, run[: len(got)]) for run in runs), f"{name}: not the seeded engine's output"
     other = Conversation(persona=HOST, voice="NATM0.pt", sampling=Sampling(text_seed=43, audio_seed=43))
-    assert not any(np.array_equal(served["first"], direct_run(engine, other, speech_frames, lead)[: len(
-        served["first"])]) for lead in range(3))
+    assert not any(
+        np.array_equal(served["first"], direct_run(engine, other, speech_frames, lead)[: len(served["first"])])
+        for lead in range(3)
+    )

@@ -23,10 +23,19 @@ import pytest
 import soxr
 import trio
 
+from _helpers.twilio import (
+    ACCOUNT_SID,
+    CALL_SID,
+    PATH,
+    STREAM_SID,
+    TwilioCall,
+    float_to_ulaw,
+    now,
+    reference_serializer,
+    ulaw_to_float,
+)
 from pplex_trio.client import Refused
 from pplex_trio.server import ServerSettings
-
-from _helpers.twilio import ACCOUNT_SID, CALL_SID, PATH, STREAM_SID, TwilioCall, float_to_ulaw, now, reference_serializer, ulaw_to_float
 
 RATE = 8_000
 CHUNK = 160  # μ-law bytes in Twilio's 20 ms media message
@@ -47,7 +56,7 @@ async def talk(call: TwilioCall, audio: bytes) -> None:
     """``audio`` as Twilio sends it: 160 bytes every 20 ms."""
     deadline = trio.current_time()
     for i in range(0, len(audio), CHUNK):
-        await call.media(audio[i:i + CHUNK])
+        await call.media(audio[i : i + CHUNK])
         deadline += 0.02
         await trio.sleep_until(deadline)
 
@@ -61,7 +70,7 @@ def best_correlation(piece: np.ndarray, received: np.ndarray) -> tuple[int, floa
     """The lag at which ``piece`` best matches ``received``, and the Pearson correlation there."""
     best = (0, -1.0)
     for lag in range(0, received.size - piece.size, 4):
-        window = received[lag:lag + piece.size]
+        window = received[lag : lag + piece.size]
         if window.std() == 0:
             continue
         corr = float(np.corrcoef(piece, window)[0, 1])
@@ -72,7 +81,7 @@ def best_correlation(piece: np.ndarray, received: np.ndarray) -> tuple[int, floa
 
 async def test_a_call_hears_its_caller_echoed_back_in_mulaw(virtual_server, autojump_clock, speech_wav):
     handle = await virtual_server(first_frame_timeout=FIRST_FRAME)
-    speech = speech_8k(speech_wav)[3 * RATE:6 * RATE]  # 3 s of real speech (the file opens with silence)
+    speech = speech_8k(speech_wav)[3 * RATE : 6 * RATE]  # 3 s of real speech (the file opens with silence)
     async with handle.open_websocket(handle.ws_url + PATH) as ws:
         call = TwilioCall(ws, check=True)  # every media and dtmf we send, taken by Pipecat's serializer
         await call.open(persona="You answer the phone.", voice="NATF0.pt")
@@ -90,14 +99,15 @@ async def test_a_call_hears_its_caller_echoed_back_in_mulaw(virtual_server, auto
     half = RATE // 2
     lags = []
     for start in range(0, speech.size - half + 1, half):
-        lag, corr = best_correlation(speech[start:start + half], received)
+        lag, corr = best_correlation(speech[start : start + half], received)
         assert corr > 0.9, (start, corr)
         lags.append(lag - start)
     assert max(lags) - min(lags) <= 8 and abs(lags[0] - 640) <= 40  # 80 ms: the echo's frame
 
 
-async def test_when_the_caller_starts_speaking_clear_goes_out_then_a_frame_then_a_mark(virtual_server,
-                                                                                         autojump_clock, caplog):
+async def test_when_the_caller_starts_speaking_clear_goes_out_then_a_frame_then_a_mark(
+    virtual_server, autojump_clock, caplog
+):
     caplog.set_level(logging.INFO, logger="pplex_trio")
     handle = await virtual_server()
     loud = (0.3 * np.sin(2 * np.pi * 440 * np.arange(RATE) / RATE)).astype(np.float32)
@@ -117,10 +127,10 @@ async def test_when_the_caller_starts_speaking_clear_goes_out_then_a_frame_then_
             nursery.cancel_scope.cancel()
     kinds = [e["event"] for e in call.received]
     at = kinds.index("clear")
-    assert kinds[at:at + 3] == ["clear", "media", "mark"] and call.received[at + 2]["mark"] == {"name": "barge-in-1"}
+    assert kinds[at : at + 3] == ["clear", "media", "mark"] and call.received[at + 2]["mark"] == {"name": "barge-in-1"}
     # The clear is the one the reference sends for an interruption.
     assert call.received[at] == json.loads(now(reference_serializer().serialize(_interruption())))
-    assert kinds[at + 3:].count("media") >= 10  # the call went on
+    assert kinds[at + 3 :].count("media") >= 10  # the call went on
     notices = [r.getMessage() for r in caplog.records if "(twilio): dtmf" in r.getMessage()]
     assert len(notices) == 1
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
@@ -153,9 +163,9 @@ async def test_stop_ends_the_call_and_frees_its_slot_at_once(virtual_server, aut
 
 
 @pytest.mark.parametrize("seconds", [600])
-async def test_ten_minutes_of_20_ms_frames_feed_the_model_exactly_and_the_output_stays_in_step(virtual_server,
-                                                                                                autojump_clock,
-                                                                                                seconds):
+async def test_ten_minutes_of_20_ms_frames_feed_the_model_exactly_and_the_output_stays_in_step(
+    virtual_server, autojump_clock, seconds
+):
     """At Twilio's pace on the virtual clock: 30,000 media messages in, one media message per tick out.
 
     Ten minutes, not an hour: every count on the way (samples pushed, the resampler's in and out, the framer's
@@ -187,8 +197,11 @@ async def test_ten_minutes_of_20_ms_frames_feed_the_model_exactly_and_the_output
                 if k % (50 * 120) == 50 * 120 - 1 or k == 50 * seconds - 1:  # every two minutes, and at the end:
                     assert abs(out - (k + 1) // 4) <= 2, (k, out)  # the output is in step with the input,
                     session = (await handle.get_json("/api/sessions"))["sessions"][0]  # and every tick had a frame
-                    assert (session["input_underruns"], session["input_skipped_ms"],
-                            session["input_caught_up_ms"]) == (0, 0, 0), session
+                    assert (session["input_underruns"], session["input_skipped_ms"], session["input_caught_up_ms"]) == (
+                        0,
+                        0,
+                        0,
+                    ), session
             for k in range(4):  # 80 ms more: the resampler's few ms of delay are through, the frame after is not
                 await call.media(chunks[k])
                 deadline += 0.02
@@ -218,17 +231,21 @@ async def witness_ends_whole(handle, witness) -> None:
     witness.check()  # every frame it sent came back
 
 
-@pytest.mark.parametrize("case, code, reason", [
-    ("malformed", 1007, "malformed Twilio Media Streams event"),
-    ("binary", 1003, "binary frames"),
-    ("media_before_start", 1008, "media before the start event"),
-    ("bad_persona", 1008, "text_prompt"),
-    ("unknown_voice", 1008, "unknown voice"),
-    ("wrong_token", 1008, "access token"),
-    ("second_start", 1008, "a second start"),
-])
-async def test_a_bad_stream_is_closed_clearly_and_a_witness_goes_on(virtual_server, autojump_clock, nursery, caplog,
-                                                                    case, code, reason):
+@pytest.mark.parametrize(
+    "case, code, reason",
+    [
+        ("malformed", 1007, "malformed Twilio Media Streams event"),
+        ("binary", 1003, "binary frames"),
+        ("media_before_start", 1008, "media before the start event"),
+        ("bad_persona", 1008, "text_prompt"),
+        ("unknown_voice", 1008, "unknown voice"),
+        ("wrong_token", 1008, "access token"),
+        ("second_start", 1008, "a second start"),
+    ],
+)
+async def test_a_bad_stream_is_closed_clearly_and_a_witness_goes_on(
+    virtual_server, autojump_clock, nursery, caplog, case, code, reason
+):
     handle = await virtual_server(auth_token=TOKEN, max_prompt_chars=50)
     witness = await start_witness(nursery, handle)
     async with handle.open_websocket(handle.ws_url + PATH, token=TOKEN) as ws:
@@ -286,8 +303,7 @@ def parse_answer(text: str) -> tuple[str, dict[str, str]]:
     return stream.get("url"), {p.get("name"): p.get("value") for p in stream.findall("Parameter")}
 
 
-async def test_the_answer_points_the_call_at_our_stream_with_persona_voice_and_token(virtual_server,
-                                                                                     autojump_clock):
+async def test_the_answer_points_the_call_at_our_stream_with_persona_voice_and_token(virtual_server, autojump_clock):
     handle = await virtual_server(auth_token=TOKEN)
     persona = 'You are "Ada" & you <help>.'
     query = urllib.parse.urlencode({"token": TOKEN, "persona": persona, "voice": "NATM1.pt"})
@@ -298,11 +314,15 @@ async def test_the_answer_points_the_call_at_our_stream_with_persona_voice_and_t
         assert url == f"ws://127.0.0.1:{handle.port}/telephony/twilio"
         assert parameters == {"persona": persona, "voice": "NATM1.pt", "token": TOKEN}
         # Behind a TLS proxy: wss, and the host the carrier used.
-        answer = await http.post(f"/telephony/twilio/answer?{query}", data={"CallSid": "CA1"},
-                                 headers={"X-Forwarded-Proto": "https", "X-Forwarded-Host": "voice.example.com"})
+        answer = await http.post(
+            f"/telephony/twilio/answer?{query}",
+            data={"CallSid": "CA1"},
+            headers={"X-Forwarded-Proto": "https", "X-Forwarded-Host": "voice.example.com"},
+        )
         assert parse_answer(answer.text)[0] == "wss://voice.example.com/telephony/twilio"
-        bad = await http.get("/telephony/twilio/answer?" + urllib.parse.urlencode({"token": TOKEN,
-                                                                                   "persona": "x" * 2000}))
+        bad = await http.get(
+            "/telephony/twilio/answer?" + urllib.parse.urlencode({"token": TOKEN, "persona": "x" * 2000})
+        )
         assert bad.status_code == 400 and "persona" in bad.json()["error"]
         bad = await http.get("/telephony/twilio/answer?" + urllib.parse.urlencode({"token": TOKEN, "voice": "../x"}))
         assert bad.status_code == 400 and "voice" in bad.json()["error"]
@@ -333,8 +353,7 @@ async def test_with_a_twilio_auth_token_only_signed_requests_are_answered(virtua
             async with handle.open_websocket(handle.ws_url + PATH, headers=headers):
                 pass
         assert refused.value.status == 403
-    async with handle.open_websocket(handle.ws_url + PATH,
-                                     headers=[("X-Twilio-Signature", signed(stream_url))]) as ws:
+    async with handle.open_websocket(handle.ws_url + PATH, headers=[("X-Twilio-Signature", signed(stream_url))]) as ws:
         call = TwilioCall(ws)
         await call.open()
         await call.media(bytes(CHUNK) * 4)

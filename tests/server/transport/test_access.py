@@ -53,16 +53,27 @@ async def test_every_route_but_the_probes_needs_the_token(virtual_server, autoju
     http_paths, ws_paths = protected_routes(handle)
     assert {"/", "/metrics", "/api/info", "/api/sessions", "/api/voices", "/api/queue", "/v1/models"} <= set(http_paths)
     carriers = ["/telephony/exotel", "/telephony/plivo", "/telephony/telnyx", "/telephony/twilio"]
-    assert sorted(ws_paths) == ["/api/chat", "/live/sessions", *carriers, "/v1/audio/duplex", "/v1/live/sessions",
-                                "/v1/realtime"]
+    assert sorted(ws_paths) == [
+        "/api/chat",
+        "/live/sessions",
+        *carriers,
+        "/v1/audio/duplex",
+        "/v1/live/sessions",
+        "/v1/realtime",
+    ]
     # A phone carrier's stream cannot always carry the token in its URL: its session checks the one in its start
     # event's parameters or its URL's query (tests/server/sessions/test_twilio.py, test_carriers.py); the gate lets the
     # upgrade through.
     for path in carriers:
         ws_paths.remove(path)
         assert await status_of_upgrade(handle, path) == 101
-    wrong_ways = [{}, {"headers": {"authorization": "Bearer wrong"}}, {"params": {"token": "wrong"}},
-                  {"headers": {"authorization": f"Basic {TOKEN}"}}, {"headers": {"cookie": f"{COOKIE}={TOKEN}"}}]
+    wrong_ways = [
+        {},
+        {"headers": {"authorization": "Bearer wrong"}},
+        {"params": {"token": "wrong"}},
+        {"headers": {"authorization": f"Basic {TOKEN}"}},
+        {"headers": {"cookie": f"{COOKIE}={TOKEN}"}},
+    ]
     async with handle.http() as http:
         assert (await http.get("/health")).status_code == 200
         assert (await http.get("/ready")).status_code == 200
@@ -92,8 +103,9 @@ async def test_a_refused_upgrade_says_why_and_never_reaches_a_session(virtual_se
     assert refused.value.status == 401 and "token" in json.loads(refused.value.body)["error"]
     metrics = handle.server.metrics.render().decode()
     assert 'pplex_refused_total{reason="unauthorized"} 1.0' in metrics
-    assert "pplex_sessions_started_total" not in metrics.replace("# HELP pplex_sessions_started_total", "") \
-        .replace("# TYPE pplex_sessions_started_total", "")
+    assert "pplex_sessions_started_total" not in metrics.replace("# HELP pplex_sessions_started_total", "").replace(
+        "# TYPE pplex_sessions_started_total", ""
+    )
 
 
 async def test_our_client_sends_the_token_and_reports_a_refusal(virtual_server, autojump_clock, monkeypatch):
@@ -179,8 +191,11 @@ async def test_the_token_never_reaches_the_logs(virtual_server, autojump_clock, 
 async def test_the_token_form_escapes_what_it_echoes(virtual_server, autojump_clock):
     handle = await virtual_server(auth_token=TOKEN)
     async with handle.http() as http:
-        page = await http.get('/"><script>alert(1)</script>', params={'"><img src=x>': '"><script>x</script>'},
-                              headers={"accept": "text/html"})
+        page = await http.get(
+            '/"><script>alert(1)</script>',
+            params={'"><img src=x>': '"><script>x</script>'},
+            headers={"accept": "text/html"},
+        )
     assert page.status_code == 401
     assert "<script>alert" not in page.text and "<img" not in page.text and "<script>x" not in page.text
     assert "&lt;script&gt;" in page.text

@@ -16,8 +16,13 @@ import trio.testing
 
 from pplex_trio.server.transport._asgi_websocket import AsgiWebSocket, ConversationRouter
 
-SCOPE = {"type": "websocket", "path": "/api/chat", "query_string": b"voice_prompt=NATF0.pt",
-         "headers": [(b"openai-beta", b"realtime=v1"), (b"host", b"x")], "subprotocols": ["a", "b"]}
+SCOPE = {
+    "type": "websocket",
+    "path": "/api/chat",
+    "query_string": b"voice_prompt=NATF0.pt",
+    "headers": [(b"openai-beta", b"realtime=v1"), (b"host", b"x")],
+    "subprotocols": ["a", "b"],
+}
 
 
 class FakeAsgiServer:
@@ -50,9 +55,12 @@ class RecordingApp:
 
 
 async def test_the_socket_reads_the_scope_and_skips_the_connect_event(autojump_clock):
-    server = FakeAsgiServer({"type": "websocket.connect"}, {"type": "websocket.receive", "bytes": b"\x01ogg"},
-                            {"type": "websocket.receive", "bytes": None, "text": '{"type": "open"}'},
-                            {"type": "websocket.receive", "bytes": b"", "text": None})
+    server = FakeAsgiServer(
+        {"type": "websocket.connect"},
+        {"type": "websocket.receive", "bytes": b"\x01ogg"},
+        {"type": "websocket.receive", "bytes": None, "text": '{"type": "open"}'},
+        {"type": "websocket.receive", "bytes": b"", "text": None},
+    )
     ws = AsgiWebSocket(SCOPE, server.receive, server.send)
     assert ws.query_string == b"voice_prompt=NATF0.pt"
     assert ws.headers.get("OpenAI-Beta") == "realtime=v1"  # case-insensitive, as Quart's headers
@@ -129,8 +137,7 @@ async def test_everything_else_goes_to_the_app(autojump_clock):
 
     router = ConversationRouter(app, {"/api/chat": handler})
     server = FakeAsgiServer()
-    others = [{"type": "http", "path": "/api/chat"}, {"type": "websocket", "path": "/elsewhere"},
-              {"type": "lifespan"}]
+    others = [{"type": "http", "path": "/api/chat"}, {"type": "websocket", "path": "/elsewhere"}, {"type": "lifespan"}]
     for scope in others:
         await router(scope, server.receive, server.send)
     assert app.scopes == others and server.sent == []

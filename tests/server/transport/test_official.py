@@ -75,7 +75,10 @@ def test_static_flag_turns_the_official_route_off(tmp_path):
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "index.html").write_text("<h1>mine</h1>")
     env = {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", "PPLEX_TRIO_CACHE": str(tmp_path / "cache")}
-    with server_process("--model", "echo", "--static", str(tmp_path / "site"), env=env) as url, httpx.Client(base_url=url) as http:
+    with (
+        server_process("--model", "echo", "--static", str(tmp_path / "site"), env=env) as url,
+        httpx.Client(base_url=url) as http,
+    ):
         assert http.get("/api/info").json()["official_client"] is None
         assert http.get("/official/").status_code == 404
         assert http.get("/").text == "<h1>mine</h1>"

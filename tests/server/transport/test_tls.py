@@ -50,7 +50,7 @@ def test_ssl_dir_makes_a_self_signed_pair_for_the_local_names(tmp_path, caplog):
     assert cert.issuer == cert.subject
     key = serialization.load_pem_private_key(key_file.read_bytes(), password=None)
     assert key.public_key().public_numbers() == cert.public_key().public_numbers()  # the key matches
-    lifetime = cert.not_valid_after_utc - datetime.datetime.now(datetime.timezone.utc)
+    lifetime = cert.not_valid_after_utc - datetime.datetime.now(datetime.UTC)
     assert datetime.timedelta(days=360) < lifetime <= datetime.timedelta(days=366)
     der = cert.public_bytes(serialization.Encoding.DER)
     assert certificate.fingerprint == ":".join(f"{b:02X}" for b in hashlib.sha256(der).digest())
@@ -124,8 +124,9 @@ async def test_https_and_wss_with_a_real_certificate(start_server, tmp_path):  #
     async with httpx.AsyncClient(verify=issued.client_context()) as http:
         health = await http.get(handle.http_url + "/health")
         assert health.status_code == 200 and health.json()["status"] == "ok"
-    result = await stream_moshi(handle.ws_url + "/api/chat", tone(), tail_seconds=0.5,
-                                ssl_context=client_ssl_context(cafile=issued.ca))
+    result = await stream_moshi(
+        handle.ws_url + "/api/chat", tone(), tail_seconds=0.5, ssl_context=client_ssl_context(cafile=issued.ca)
+    )
     assert np.abs(result.pcm).max() > 0.05  # the echo came back through TLS
     with pytest.raises(ssl.SSLCertVerificationError):  # the system's authorities do not know the test CA
         async with open_websocket(handle.ws_url + "/api/chat"):

@@ -14,22 +14,23 @@ import pytest
 import trio
 import trio.testing
 
-from pplex_trio.server.transport._transport import WATCH_INTERVAL, Connections, GuardedStream, _watch_deadlines
-
 from _helpers.virtual_net import VirtualNetwork, VirtualStream
+from pplex_trio.server.transport._transport import WATCH_INTERVAL, Connections, GuardedStream, _watch_deadlines
 
 WRITE_TIMEOUT = 3.0
 
 
-async def guarded_pair(write_timeout: float = WRITE_TIMEOUT, *, read_timeout: float = math.inf,
-                       buffer: int = 4096) -> tuple[GuardedStream, VirtualStream]:
+async def guarded_pair(
+    write_timeout: float = WRITE_TIMEOUT, *, read_timeout: float = math.inf, buffer: int = 4096
+) -> tuple[GuardedStream, VirtualStream]:
     """Our end of a connection, guarded, and the client's end; ``buffer`` bytes each way."""
     network = VirtualNetwork(buffer=buffer)
     listener = network.listen("127.0.0.1", 8998)
     theirs = await network.connect("127.0.0.1", 8998)
     ours = await listener.accept()
-    return GuardedStream(ours, write_timeout=write_timeout, read_timeout=read_timeout,
-                         max_message_bytes=1 << 20), theirs
+    return GuardedStream(
+        ours, write_timeout=write_timeout, read_timeout=read_timeout, max_message_bytes=1 << 20
+    ), theirs
 
 
 async def test_a_write_the_client_never_reads_is_aborted_at_its_deadline(autojump_clock):

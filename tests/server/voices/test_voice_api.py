@@ -18,9 +18,8 @@ import pytest
 import sphn
 import trio
 
-from pplex_trio.server.voices._store import VoiceLimits
-
 from _helpers.ws import raw_open, read_until_closed
+from pplex_trio.server.voices._store import VoiceLimits
 
 RATE = 24_000
 FRAME_SECONDS = 0.08  # one frame of a conversation
@@ -31,8 +30,22 @@ def wav_bytes(seconds: float, rate: int = RATE, level: float = 0.2, channels: in
     t = np.arange(int(seconds * rate)) / rate
     tone = (level * np.sin(2 * np.pi * 200 * t * (1 + 0.1 * np.sin(2 * np.pi * 2 * t)))).astype(np.float32)
     pcm16 = (np.clip(np.tile(tone[:, None], (1, channels)), -1, 1) * 32767).astype("<i2").tobytes()
-    header = struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", 36 + len(pcm16), b"WAVE", b"fmt ", 16, 1, channels, rate,
-                         rate * 2 * channels, 2 * channels, 16, b"data", len(pcm16))
+    header = struct.pack(
+        "<4sI4s4sIHHIIHH4sI",
+        b"RIFF",
+        36 + len(pcm16),
+        b"WAVE",
+        b"fmt ",
+        16,
+        1,
+        channels,
+        rate,
+        rate * 2 * channels,
+        2 * channels,
+        16,
+        b"data",
+        len(pcm16),
+    )
     return header + pcm16
 
 
@@ -47,8 +60,9 @@ def store_files(handle) -> list[str]:
     return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
 
 
-async def upload(handle, name: str | None, body: bytes, content_type: str | None = "audio/wav",
-                 **headers: str) -> httpx.Response:
+async def upload(
+    handle, name: str | None, body: bytes, content_type: str | None = "audio/wav", **headers: str
+) -> httpx.Response:
     params = {} if name is None else {"name": name}
     if content_type is not None:
         headers["content-type"] = content_type
@@ -61,7 +75,8 @@ async def read_answer(stream: trio.abc.Stream, timeout: float = 5.0) -> bytes:
     data = b""
     with trio.fail_after(timeout):
         while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < int(
-                data.split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0]):
+            data.split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0]
+        ):
             chunk = await stream.receive_some(4096)
             if not chunk:
                 break
@@ -167,10 +182,11 @@ async def test_every_bad_upload_gets_its_answer_and_harms_nothing(virtual_server
 
 async def test_a_declared_length_over_the_limit_is_refused_before_the_body(virtual_server, autojump_clock):
     handle = await virtual_server()
-    port = handle.port
     stream = await handle.connect()
-    head = (f"POST /api/voices?name=Big HTTP/1.1\r\nHost: x\r\nContent-Type: audio/wav\r\n"
-            f"Content-Length: {50 * 2**20}\r\n\r\n").encode()
+    head = (
+        f"POST /api/voices?name=Big HTTP/1.1\r\nHost: x\r\nContent-Type: audio/wav\r\n"
+        f"Content-Length: {50 * 2**20}\r\n\r\n"
+    ).encode()
     await stream.send_all(head)
     answer = await read_answer(stream)
     assert answer.startswith(b"HTTP/1.1 413") and b"over 10 MiB" in answer
@@ -181,8 +197,10 @@ async def test_a_body_without_its_length_is_refused(virtual_server, autojump_clo
     """A chunked body has no length to check before reading: the transport refuses it (411) at the head."""
     handle = await virtual_server()
     stream = await handle.connect()
-    await stream.send_all(b"POST /api/voices?name=Big HTTP/1.1\r\nHost: x\r\nContent-Type: audio/wav\r\n"
-                          b"Transfer-Encoding: chunked\r\n\r\n")
+    await stream.send_all(
+        b"POST /api/voices?name=Big HTTP/1.1\r\nHost: x\r\nContent-Type: audio/wav\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
     answer = await read_answer(stream)
     assert answer.startswith(b"HTTP/1.1 411 Length Required")
     await stream.aclose()
@@ -197,15 +215,21 @@ async def test_a_body_that_never_finishes_is_cut_off(virtual_server, autojump_cl
         await witness.ready.wait()
         stream = await handle.connect()
         body = wav_bytes(2.0)
-        await stream.send_all(b"POST /api/voices?name=Slow HTTP/1.1\r\nHost: x\r\nContent-Type: audio/wav\r\n"
-                              + f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:1000])
+        await stream.send_all(
+            b"POST /api/voices?name=Slow HTTP/1.1\r\nHost: x\r\nContent-Type: audio/wav\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[:1000]
+        )
         answer = await read_answer(stream)
         assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.5 s" in answer
         await stream.aclose()
         # One that vanishes mid-body: nobody to answer, nothing kept.
         stream = await handle.connect()
-        await stream.send_all(b"POST /api/voices?name=Gone HTTP/1.1\r\nHost: x\r\nContent-Type: audio/wav\r\n"
-                              + f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:1000])
+        await stream.send_all(
+            b"POST /api/voices?name=Gone HTTP/1.1\r\nHost: x\r\nContent-Type: audio/wav\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[:1000]
+        )
         await trio.sleep(0.1)
         await stream.aclose()
         await trio.sleep(0.3)
@@ -243,8 +267,9 @@ async def test_a_hundred_uploads_at_once_each_get_a_clear_answer(virtual_server,
     body = wav_bytes(1.5)
 
     async def one(client, i):
-        answers[i] = await client.post("/api/voices", params={"name": f"V{i}"}, content=body,
-                                       headers={"content-type": "audio/wav"})
+        answers[i] = await client.post(
+            "/api/voices", params={"name": f"V{i}"}, content=body, headers={"content-type": "audio/wav"}
+        )
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(witness.run)
@@ -298,13 +323,16 @@ async def test_the_upload_log_says_what_happened(virtual_server, autojump_clock,
     assert "refused a voice upload from 127.0.0.1: a voice name is 1 to 48" in caplog.text
 
 
-async def test_a_voice_the_engine_cannot_make_in_time_is_answered_before_the_connection_is_cut(virtual_server, autojump_clock):
+async def test_a_voice_the_engine_cannot_make_in_time_is_answered_before_the_connection_is_cut(
+    virtual_server, autojump_clock
+):
     # Each frame of a voice costs the stand-in engine 0.1 s: a 4 s clip (50 frames) needs 5 s, more than the
     # 3 s the client's connection may stay silent.  The client must get an answer, not a closed connection.
     from pplex_trio.engine import EchoEngine
 
-    handle = await virtual_server(EchoEngine(2, delay_frames=1, prefill_steps=2, prefill_seconds=0.1),
-                                  client_timeout=3.0)
+    handle = await virtual_server(
+        EchoEngine(2, delay_frames=1, prefill_steps=2, prefill_seconds=0.1), client_timeout=3.0
+    )
     began = trio.current_time()
     busy = await upload(handle, "Slow", wav_bytes(4.0))
     assert busy.status_code == 503 and "too busy to make the voice in time" in busy.json()["error"]
@@ -319,11 +347,13 @@ def test_the_loudness_library_is_imported_at_start_not_at_the_first_upload():
     import subprocess
     import sys
 
-    script = ("import sys, types\n"
-              "from pplex_trio.server.voices._routes import VoiceUpload\n"
-              "def state(allowed):\n"
-              "    return types.SimpleNamespace(settings=types.SimpleNamespace(voice_uploads_allowed=allowed))\n"
-              "VoiceUpload(state(False)); print('pyloudnorm' in sys.modules)\n"
-              "VoiceUpload(state(True)); print('pyloudnorm' in sys.modules)\n")
+    script = (
+        "import sys, types\n"
+        "from pplex_trio.server.voices._routes import VoiceUpload\n"
+        "def state(allowed):\n"
+        "    return types.SimpleNamespace(settings=types.SimpleNamespace(voice_uploads_allowed=allowed))\n"
+        "VoiceUpload(state(False)); print('pyloudnorm' in sys.modules)\n"
+        "VoiceUpload(state(True)); print('pyloudnorm' in sys.modules)\n"
+    )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split() == ["False", "True"]

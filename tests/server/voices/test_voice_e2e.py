@@ -16,11 +16,10 @@ import sphn
 import torch
 import trio
 
+from _helpers.tiny_runs import FRAMES, GREEDY, direct_run, raw_conversation
+from _helpers.ws import moshi_talk, moshi_url, raw_open
 from pplex_trio.engine import Conversation, Sampling
 from pplex_trio.model import VoicePrompt
-
-from _helpers.ws import moshi_talk, moshi_url, raw_open
-from _helpers.tiny_runs import FRAMES, GREEDY, direct_run, raw_conversation
 
 HOST = "You work for SwiftPlex Appliances and your name is Farhod."
 
@@ -42,8 +41,9 @@ def clip(speech, tmp_path):
 
 async def post_voice(handle, name: str, body: bytes) -> httpx.Response:
     async with handle.http(timeout=60) as client:
-        return await client.post("/api/voices", params={"name": name}, content=body,
-                                 headers={"content-type": "audio/wav"})
+        return await client.post(
+            "/api/voices", params={"name": name}, content=body, headers={"content-type": "audio/wav"}
+        )
 
 
 async def test_the_reference_voice_comes_out_of_an_upload(virtual_server, autojump_clock, golden_dir, tmp_path):
@@ -62,14 +62,19 @@ async def test_the_reference_voice_comes_out_of_an_upload(virtual_server, autoju
 
 
 async def moshi_frames(handle, voice: str, frames: np.ndarray, want: int = 5) -> list[np.ndarray]:
-    return await moshi_talk(moshi_url(handle.ws_url, voice_prompt=voice, text_seed=1, audio_seed=2), frames, want,
-                            opener=handle.open_websocket)
+    return await moshi_talk(
+        moshi_url(handle.ws_url, voice_prompt=voice, text_seed=1, audio_seed=2),
+        frames,
+        want,
+        opener=handle.open_websocket,
+    )
 
 
 async def realtime_voice(handle, voice: str) -> tuple[dict, dict]:
     """session.update to ``voice``, then talk: (the session.updated event, the first audio delta)."""
     silence = base64.b64encode(bytes(1920 * 2)).decode()
     async with handle.open_websocket(handle.ws_url + "/v1/realtime") as ws:
+
         async def event(kind):
             with trio.fail_after(60):
                 while True:
@@ -79,8 +84,11 @@ async def realtime_voice(handle, voice: str) -> tuple[dict, dict]:
                         return message
 
         await event("session.created")
-        await ws.send_message(json.dumps({"type": "session.update",
-                                          "session": {"type": "realtime", "audio": {"output": {"voice": voice}}}}))
+        await ws.send_message(
+            json.dumps(
+                {"type": "session.update", "session": {"type": "realtime", "audio": {"output": {"voice": voice}}}}
+            )
+        )
         updated = await event("session.updated")
         for _ in range(5):
             await ws.send_message(json.dumps({"type": "input_audio_buffer.append", "audio": silence}))
@@ -89,9 +97,10 @@ async def realtime_voice(handle, voice: str) -> tuple[dict, dict]:
 
 
 async def test_an_added_voice_on_every_protocol_then_a_restart_then_deleted_in_use(
-        virtual_server, autojump_clock, tiny_engine, clip, speech, tmp_path):
+    virtual_server, autojump_clock, tiny_engine, clip, speech, tmp_path
+):
     store = tmp_path / "store"
-    frames = speech[24_000: 24_000 + FRAMES * 1920].reshape(FRAMES, 1920)
+    frames = speech[24_000 : 24_000 + FRAMES * 1920].reshape(FRAMES, 1920)
     handle = await virtual_server(tiny_engine, slots=2, voice_store=store)
     response = await post_voice(handle, "Mine", clip.read_bytes())
     assert response.status_code == 201 and response.json() == {"voice": "Mine.pt", "seconds": 3.0}
@@ -100,11 +109,15 @@ async def test_an_added_voice_on_every_protocol_then_a_restart_then_deleted_in_u
     # Raw: exactly the engine's conversation with that voice (and not the one with a model voice).
     served, _ = await raw_conversation(handle, frames, persona=HOST, voice="Mine.pt", **GREEDY)
     mine = Conversation(persona=HOST, voice="Mine.pt", sampling=Sampling(**GREEDY))
-    matches = [lead for lead in range(3)
-               if np.array_equal(served[:FRAMES], direct_run(tiny_engine, mine, frames, lead)[:FRAMES])]
+    matches = [
+        lead
+        for lead in range(3)
+        if np.array_equal(served[:FRAMES], direct_run(tiny_engine, mine, frames, lead)[:FRAMES])
+    ]
     assert matches, "served audio differs from a direct engine run with the added voice"
-    other = direct_run(tiny_engine, Conversation(persona=HOST, voice="NATF0.pt", sampling=Sampling(**GREEDY)),
-                       frames, matches[0])
+    other = direct_run(
+        tiny_engine, Conversation(persona=HOST, voice="NATF0.pt", sampling=Sampling(**GREEDY)), frames, matches[0]
+    )
     assert not np.array_equal(other[:FRAMES], served[:FRAMES])
     # Moshi and Realtime take it by name too.
     assert len(await moshi_frames(handle, "Mine.pt", frames)) == 5
