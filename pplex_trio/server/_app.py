@@ -22,7 +22,7 @@ from .._version import __version__
 from ..protocol import twilio
 from ._context import ServerContext
 from ._server_state import Unready
-from ._settings import Framing
+from ._setting_types import Framing
 from ._status import StatusSampler, status_report
 from ._telephony_routes import CARRIERS, STREAM_PATHS, add_telephony_routes, twilio_upgrade_signed
 from .records import add_record_routes

@@ -30,7 +30,7 @@ import numpy as np
 import trio
 
 from ..codec import LibopusWriter, OpusWriter, encoder_wire, libopus_available, make_writer
-from ._settings import OpusEncoderPlacement
+from ._setting_types import OpusEncoderPlacement
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ Plain units: seconds, bytes, frames, except where the name says ``_ms``.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import pathlib
 from typing import ClassVar
 
@@ -17,61 +16,12 @@ from .._precision import KVFormat, WeightFormat
 from .._setting import check_settings, parse_gib, setting
 from ..engine import ActorSettings
 from ..protocol import AUTH_TOKEN_ENV, parse_origins, telnyx
+from ._setting_types import LOOPBACK_HOSTS, CudaGraphMode, Framing, OpusEncoderPlacement, VoiceUploads, parse_slots
 
 MIB = 1024 * 1024
 TWILIO_AUTH_TOKEN_ENV = "PPLEX_TRIO_TWILIO_AUTH_TOKEN"
 TELNYX_PUBLIC_KEY_ENV = "PPLEX_TRIO_TELNYX_PUBLIC_KEY"
 PLIVO_AUTH_TOKEN_ENV = "PPLEX_TRIO_PLIVO_AUTH_TOKEN"
-
-
-def parse_slots(text: str) -> int | None:
-    """``--slots``: a whole number, or ``auto`` (None: sized to the device)."""
-    if text.strip().lower() == "auto":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is neither a whole number nor auto") from None
-
-
-class Framing(enum.StrEnum):
-    """``--framing``: how Moshi input is cut into engine frames."""
-
-    ALIGNED = "aligned"  # frames end at the newest audio before each tick (lower latency)
-    NAIVE = "naive"  # fixed 1920-sample boundaries
-
-
-class OpusEncoderPlacement(enum.StrEnum):
-    """``--opus-encoder``: where the Opus encoding of ``/api/chat`` output runs."""
-
-    AUTO = "auto"  # process when the system has libopus, else sphn
-    PROCESS = "process"  # libopus in a child process (the first --inline-encoders conversations inline)
-    INLINE = "inline"  # libopus on the event loop
-    SPHN = "sphn"  # sphn on the event loop (holds the GIL: the fallback without libopus)
-
-
-class CudaGraphMode(enum.StrEnum):
-    """``--cuda-graph``: whether each tick's GPU work is recorded at load as a CUDA graph and replayed."""
-
-    AUTO = "auto"  # on a CUDA device; eager when the capture or its check against an eager tick fails
-    ON = "on"  # as auto, but refused on a device without CUDA
-    OFF = "off"  # every tick eager
-
-    @property
-    def engine_argument(self) -> bool | None:
-        """``PersonaPlexEngine``'s ``cuda_graph``: None (on CUDA), True, False."""
-        return {CudaGraphMode.AUTO: None, CudaGraphMode.ON: True, CudaGraphMode.OFF: False}[self]
-
-
-class VoiceUploads(enum.StrEnum):
-    """``--voice-uploads``: whether clients may add (and delete) voices over HTTP."""
-
-    AUTO = "auto"  # on while the server listens on loopback only
-    ON = "on"
-    OFF = "off"
-
-
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
 @dataclasses.dataclass

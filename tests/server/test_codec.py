@@ -8,7 +8,7 @@ from _helpers.audio import best_lag
 from _helpers.ogg import page_sequence, split_pages
 from pplex_trio.codec import LibopusWriter, libopus_available, make_writer
 from pplex_trio.server._encoders import InlineEncoders, ProcessEncoderPool, make_encoders
-from pplex_trio.server._settings import OpusEncoderPlacement
+from pplex_trio.server._setting_types import OpusEncoderPlacement
 
 pytestmark = pytest.mark.skipif(not libopus_available(), reason="needs the system libopus")
 
@@ -180,7 +180,7 @@ async def test_every_placement_encodes_the_same_stream(nursery):
 
 def test_without_libopus_auto_falls_back_loudly(monkeypatch, caplog):
     from pplex_trio.server import _encoders
-    from pplex_trio.server._settings import OpusEncoderPlacement
+    from pplex_trio.server._setting_types import OpusEncoderPlacement
 
     monkeypatch.setattr(_encoders, "libopus_available", lambda: False)
     with caplog.at_level("WARNING"):
