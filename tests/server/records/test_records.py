@@ -38,7 +38,8 @@ from pplex_trio._conversation import Conversation, Outcome
 from pplex_trio._metrics import Metrics
 from pplex_trio.engine import OutputFrame
 from pplex_trio.server import RecordFolderError, ServerSettings, prepare_record_folder
-from pplex_trio.server.records._recorder import MAX_QUEUED_FRAMES, CallEnding, Recorder, RecordFiles
+from pplex_trio.server.records._files import RecordFiles
+from pplex_trio.server.records._recorder import MAX_QUEUED_FRAMES, CallEnding, Recorder
 
 TOKEN = "records-token-5e7a1c"
 PERSONA = "You answer the phone for a bakery."
