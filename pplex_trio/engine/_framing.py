@@ -25,23 +25,25 @@ delivered at once (Wi-Fi retries, a handover, a TCP retransmission).  All of
 it is kept while it fits the backlog (``max_frames``, a few seconds; beyond
 that the oldest whole frames go, counted).  Then, while more than the
 conversation's *usual* surplus waits (the smallest of its recent calm ticks;
-two frames more at once, or one frame more for a whole window, so that a
-page's jitter is no lag), the caller's **silent** frames at the head are not
-fed to the model: the lag is worked off over the caller's next pauses, and no
-speech is ever skipped.
+two frames more at once, or, with phase alignment, one frame more for a
+whole window, so that a page's jitter is no lag), the caller's **silent**
+frames at the head are not fed to the model: the lag is worked off over the
+caller's next pauses, and no speech is ever skipped.
 So a stall costs neither words nor lasting latency.  Phase alignment waits
 until the conversation is back to real time.
 
-**A late frame is no stall.**  A frame that misses its tick by less than a
-tick (an underrun of one tick: the network's jitter, or a server busy with
-other clients reading it a moment late) leaves one frame waiting beyond the
-usual once it comes.  That frame is the reserve this caller's timing needs:
-worked off, it would only bring the next late frame's underrun (a silence fed
-to the model) and cost one of the caller's quiet frames each time.  So,
-without phase alignment (whose margin does this job), such an underrun sets a
-*reserve* of one frame that is never counted as lag; a caller's timing can
-then cost it 80 ms of latency once, never its audio.  A longer underrun run is
-a stall, caught up with as above.
+**One frame more is no lag without phase alignment.**  A caller at real time
+whose frames land near the tick finds one more frame waiting whenever the
+tick starts a little later against its arrivals (a tick starts up to
+``early_start_ms`` early or on time, as the other conversations' frames
+allow; under load, when the server reads a frame a moment late, a tick is
+fed silence first).  Nothing came early: that frame is the caller's own
+timing against the tick's.  Counted as lag, it was skipped as soon as it was
+a silent one, and the next tick that started early found no frame and fed
+the model silence: a quiet caller beside churning clients lost a frame every
+few seconds.  So without phase alignment only two frames more start a catch
+up; a caller's timing can cost it one frame of latency, never its audio.
+(With phase alignment, the margin and the alignment own that frame.)
 """
 
 from __future__ import annotations
@@ -103,11 +105,10 @@ class InputFramer:
         self._surplus: collections.deque[int] = collections.deque(maxlen=window)  # aligned: the recent surplus
         self._calm: collections.deque[int] = collections.deque(maxlen=window)  # what waited after calm pops
         self._catching_up = False
-        self._lagging = 0  # ticks in a row a frame or more behind (a steady lag, not a page's jitter)
+        self._lagging = 0  # aligned: ticks in a row a frame or more behind (a steady lag, not a page's jitter)
         self._hold = 0
         self._popped = False
-        self._starved = 0  # ticks in a row that found no whole frame (an underrun run goes on)
-        self.reserve = 0  # unaligned: samples kept in hand once a frame came a tick late (see the docstring)
+        self._starved = False  # the last tick found no whole frame (an underrun run goes on)
         self.margin = 0  # samples kept back against jitter (see the module docstring)
         self._last_arrival = float("-inf")
         self._last_push = 0  # samples in the newest push (a client's page size)
@@ -134,9 +135,8 @@ class InputFramer:
 
     @property
     def behind(self) -> int:
-        """Samples waiting beyond the next frame, the usual surplus and the reserve: how far behind real time
-        it is."""
-        return max(0, self._len - self.frame_size - max(self.usual, self.reserve))
+        """Samples waiting beyond the next frame and the usual surplus: how far behind real time it is."""
+        return max(0, self._len - self.frame_size - self.usual)
 
     @property
     def last_arrival(self) -> float:
@@ -188,11 +188,9 @@ class InputFramer:
         if self._len < self.frame_size:
             self._underrun()
             return None
-        if self._starved == 1 and not self.align:  # one tick late: jitter, not a stall
-            self.reserve = self.frame_size
-        self._starved = 0
+        self._starved = False
         behind = self.behind
-        self._lagging = self._lagging + 1 if behind >= self.frame_size else 0
+        self._lagging = self._lagging + 1 if behind >= self.frame_size and self.align else 0
         if self._catching_up or behind >= 2 * self.frame_size or self._lagging >= self.window:
             self._skip_silence()
         elif self.align:
@@ -254,16 +252,14 @@ class InputFramer:
     # -- inside --------------------------------------------------------------
 
     def _underrun(self) -> None:
-        if not self._popped:  # before the first frame, nothing is late yet
-            return
-        self._starved += 1
-        if not self.align:
+        if not (self.align and self._popped):  # before the first frame, nothing is late yet
             return
         self.underruns += 1
         self._hold = self.hold_after_underrun
         self._surplus.clear()
-        if self._starved == 1:  # a stall is one run of underruns: it widens the margin once
+        if not self._starved:  # a stall is one run of underruns: it widens the margin once
             self.margin = min(self.margin + self.frame_size // 4, self.frame_size)
+        self._starved = True
 
     def _skip_silence(self) -> None:
         """Behind real time: drop the caller's silence at the head (whole frames, then what is left of the lag
