@@ -13,12 +13,22 @@ while queued, a reset while its system prompt runs, or it stops reading and
 leaves the server to give up on it.  A well-behaved raw conversation (clean
 close) checks that every frame it sent came back.
 
+Beside them (``--steady``, on by default) one raw conversation lasts the whole
+run: it streams quiet noise (``--steady-db``, -50 dBFS: below the speech
+threshold, so the server may take it for a pause) at real time, each frame
+numbered in its first sample, and counts its frames back (the echo returns
+every one).  Others misbehaving must cost it nothing: a frame it misses, out
+of order or twice makes the run fail (exit status 1).
+
 Every few seconds it samples the server from ``/proc`` (RSS of the server and
 its encoder child, open file descriptors, threads) and ``/metrics`` (Trio
 tasks).  At the end (all clients gone) it reports RSS growth after the
-warm-up, fds, threads and tasks at the start and end, slots free, frames lost
-by the well-behaved conversations, and writes JSON and a PNG plot of RSS and
-fds over time to ``bench/results/NAME.*``.
+warm-up and the steady RSS (the median over the run's second half), fds,
+threads and tasks at the start and end, slots free, frames lost by the
+well-behaved conversations and by the steady one, where the server left
+frames out (``pplex_frames_dropped_total`` by reason, silence skipped to catch
+up, ticks fed silence), and writes JSON and a PNG plot of RSS and fds over
+time to ``bench/results/NAME.*``.
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ RESULTS = REPO / "bench" / "results"
 EXITS = ("clean", "clean", "reset", "mid_queue", "mid_prefill", "stop_reading")
 PATHS = {"raw": "/v1/audio/duplex", "moshi": "/api/chat?voice_prompt=NATF0.pt"}
 CLIENT_TIMEOUT = 5.0
+STEADY_TAG = 2**20  # the steady conversation's frame n starts with the sample n / STEADY_TAG
 
 
 @dataclasses.dataclass
@@ -169,6 +180,69 @@ async def churner(port: int, end: float, rng: random.Random, pages: list[bytes],
                 tally.failures[f"{protocol} {exit}: {type(first).__name__}: {first}"[:120]] += 1
 
 
+@dataclasses.dataclass
+class Steady:
+    """The conversation that lasts the whole run: frames numbered 1, 2, ... sent, and the numbers echoed."""
+
+    sent: int = 0
+    echoed: list[int] = dataclasses.field(default_factory=list)
+    ended: str = ""  # "done" when the server answered its close, else what went wrong
+
+    def report(self) -> dict:
+        back = set(self.echoed)
+        return {
+            "frames_sent": self.sent,
+            "frames_back": len(back & set(range(1, self.sent + 1))),
+            "frames_lost": self.sent - len(back & set(range(1, self.sent + 1))),
+            "duplicates": len(self.echoed) - len(back),
+            "in_order": self.echoed == sorted(self.echoed),
+            "exact": self.ended == "done" and self.echoed == list(range(1, self.sent + 1)),
+            "ended": self.ended,
+        }
+
+
+async def steady_conversation(port: int, seconds: float, level_db: float, steady: Steady) -> None:
+    """A raw conversation that streams noise at real time for ``seconds`` and counts its frames back.
+
+    The noise is at ``level_db`` dBFS RMS; its frame number n is its first sample, n / 2**20 (exact in
+    float32, and too small to lift a quiet frame above the speech threshold)."""
+    rng = np.random.default_rng(0)
+    level = 10 ** (level_db / 20)
+    client = await BadClient.connect(port, PATHS["raw"])
+    try:
+        await client.send(json.dumps({"type": "open"}))
+        while await read_until_live(client) != "live":
+            pass
+
+        async def receive() -> None:
+            while True:
+                message = await client.receive(timeout=30)
+                if isinstance(message, bytes) and len(message) == FRAME * 4:
+                    number = round(float(np.frombuffer(message, "<f4")[0]) * STEADY_TAG)
+                    if number:
+                        steady.echoed.append(number)
+                elif isinstance(message, str) and json.loads(message)["type"] == "done":
+                    steady.ended = "done"
+                    return
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(receive)
+            deadline = trio.current_time()
+            while steady.sent * 0.08 < seconds:
+                frame = (level * rng.standard_normal(FRAME)).astype("<f4")
+                steady.sent += 1
+                frame[0] = steady.sent / STEADY_TAG
+                await client.send(frame.tobytes())
+                deadline += 0.08
+                await trio.sleep_until(deadline)
+            await client.send(np.zeros(FRAME, "<f4").tobytes())  # pushes the echo's last frame out
+            await client.send(json.dumps({"type": "close"}))
+    except Exception as error:  # reported, not raised: the churn goes on and the summary tells
+        steady.ended = f"{type(error).__name__}: {error}"[:200]
+    finally:
+        client.reset()
+
+
 def proc_sample(pid: int) -> dict:
     """RSS (server plus its children), fds and threads of the server, from /proc."""
 
@@ -202,6 +276,21 @@ def http_get(port: int, path: str) -> str:
         return response.read().decode()
 
 
+def drop_counters(metrics: str) -> dict:
+    """``pplex_frames_dropped_total`` by reason, and the silence skipped to catch up, from /metrics."""
+    counters = {}
+    for line in metrics.splitlines():
+        for prefix in (
+            "pplex_frames_dropped_total{",
+            "pplex_silence_skipped_seconds_total{",
+            "pplex_frames_silence_filled_total ",
+            "pplex_ticks_skipped_total ",
+        ):
+            if line.startswith(prefix):
+                counters[line.rsplit(" ", 1)[0]] = float(line.rsplit(" ", 1)[1])
+    return counters
+
+
 def server_sample(server: ServerProcess, port: int, started: float) -> dict:
     sample = proc_sample(server.pid)
     metrics = http_get(port, "/metrics")
@@ -214,6 +303,7 @@ def server_sample(server: ServerProcess, port: int, started: float) -> dict:
         "slots_free": health["slots_free"],
         "sessions": health["sessions"],
         "queued": health["queued"],
+        "drops": drop_counters(metrics),
     }
 
 
@@ -223,7 +313,9 @@ async def sampler(server: ServerProcess, port: int, started: float, samples: lis
         await trio.sleep(every)
 
 
-async def run(args: argparse.Namespace, server: ServerProcess, port: int) -> tuple[list[dict], Tally, dict, dict]:
+async def run(
+    args: argparse.Namespace, server: ServerProcess, port: int, steady: Steady
+) -> tuple[list[dict], Tally, dict, dict]:
     pages = moshi_pages(4.0)
     tally = Tally()
     samples: list[dict] = []
@@ -233,6 +325,8 @@ async def run(args: argparse.Namespace, server: ServerProcess, port: int) -> tup
     async with trio.open_nursery() as nursery:
         nursery.start_soon(sampler, server, port, started, samples, args.every)
         async with trio.open_nursery() as clients:
+            if args.steady:
+                clients.start_soon(steady_conversation, port, args.duration, args.steady_db, steady)
             for i in range(args.clients):
                 clients.start_soon(churner, port, end, random.Random(args.seed + i), pages, tally)
                 await trio.sleep(0.1)
@@ -242,10 +336,13 @@ async def run(args: argparse.Namespace, server: ServerProcess, port: int) -> tup
     return samples, tally, idle_before, idle_after
 
 
-def summarize(args: argparse.Namespace, samples: list[dict], tally: Tally, before: dict, after: dict) -> dict:
+def summarize(
+    args: argparse.Namespace, samples: list[dict], tally: Tally, before: dict, after: dict, steady: Steady
+) -> dict:
     warm = [s for s in samples if s["t"] >= args.warmup]
     rss_warm = warm[0]["rss_mb"] if warm else before["rss_mb"]
     rss_peak = max(s["rss_mb"] for s in samples)
+    second_half = [s["rss_mb"] for s in samples if s["t"] >= args.duration / 2] or [rss_peak]
     return {
         "clients": args.clients,
         "slots": args.slots,
@@ -256,10 +353,12 @@ def summarize(args: argparse.Namespace, samples: list[dict], tally: Tally, befor
         "frames_sent_checked": tally.frames_sent,
         "frames_lost": tally.frames_lost,
         "failed_clean_conversations": dict(tally.failures),
+        "steady": steady.report() if args.steady else None,
         "rss_mb": {
             "idle_start": before["rss_mb"],
             "after_warmup": rss_warm,
             "peak": rss_peak,
+            "steady": round(float(np.median(second_half)), 1),
             "idle_end": after["rss_mb"],
         },
         "rss_growth_after_warmup_pct": round(100 * (after["rss_mb"] - rss_warm) / rss_warm, 2),
@@ -269,6 +368,7 @@ def summarize(args: argparse.Namespace, samples: list[dict], tally: Tally, befor
         "slots_free_end": after["slots_free"],
         "sessions_end": after["sessions"],
         "queued_end": after["queued"],
+        "drops": {k: v - before["drops"].get(k, 0.0) for k, v in after["drops"].items() if v != before["drops"].get(k)},
     }
 
 
@@ -303,6 +403,18 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=60, help="seconds before RSS growth is counted (default 60)")
     parser.add_argument("--every", type=float, default=5, help="seconds between samples (default 5)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--steady",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="beside the churn, one raw conversation streaming for the whole run (default on)",
+    )
+    parser.add_argument(
+        "--steady-db",
+        type=float,
+        default=-50.0,
+        help="its noise level, dBFS RMS (default -50: a quiet line, below the speech threshold)",
+    )
     parser.add_argument("--name", default="soak", help="results: NAME.json and NAME.png under --results")
     parser.add_argument("--results", type=pathlib.Path, default=RESULTS, help="their folder (default bench/results)")
     args = parser.parse_args()
@@ -326,11 +438,12 @@ def main() -> int:
         ]
     )
     port = int(server.address.rsplit(":", 1)[1])
+    steady = Steady()
     try:
-        samples, tally, before, after = trio.run(run, args, server, port)
+        samples, tally, before, after = trio.run(run, args, server, port, steady)
     finally:
         code = server.stop()
-    summary = summarize(args, samples, tally, before, after)
+    summary = summarize(args, samples, tally, before, after, steady)
     summary["server_exit_code"] = code
     summary["server_log"] = dict(
         collections.Counter(
@@ -339,8 +452,8 @@ def main() -> int:
     )
     summary["server_errors"] = [line.strip()[:200] for line in server.log if " ERROR " in line][:10]
     summary["session_outcomes"] = dict(
-        collections.Counter(line.rsplit("ended: ", 1)[1].strip() for line in server.log if " ended: " in line)
-    )
+        collections.Counter(line.rsplit("ended: ", 1)[1].split()[0] for line in server.log if " ended: " in line)
+    )  # (less quality)
     summary["connections_aborted"] = sum(" aborted" in line for line in server.log)
     args.results.mkdir(parents=True, exist_ok=True)
     stem = args.results / args.name
@@ -348,6 +461,9 @@ def main() -> int:
     plot(samples, stem.with_suffix(".png"), f"bench/soak: {args.clients} churning clients, {args.slots} slots")
     print(json.dumps(summary, indent=1))
     print(f"wrote {stem}.json and {stem}.png")
+    if args.steady and not summary["steady"]["exact"]:
+        logger.error("the steady conversation lost frames: %s", summary["steady"])
+        return 1
     return 0
 
 

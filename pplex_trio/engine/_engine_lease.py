@@ -247,6 +247,10 @@ class EngineLease(LeaseView):
                 logger.info("slot %s: back to real time after %.1f s", slot, now - self._behind_since)
             self._behind_since, self._behind_logged = None, False
 
+    def stop_observing(self) -> None:
+        """The conversation has ended (the session's end says so): its observer is let go."""
+        self._on_frame = None
+
     def _observe(self, frame: OutputFrame) -> None:
         """Tell ``on_frame``; one that fails is let go, never the conversation."""
         assert self._on_frame is not None

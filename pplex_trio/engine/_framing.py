@@ -25,12 +25,25 @@ delivered at once (Wi-Fi retries, a handover, a TCP retransmission).  All of
 it is kept while it fits the backlog (``max_frames``, a few seconds; beyond
 that the oldest whole frames go, counted).  Then, while more than the
 conversation's *usual* surplus waits (the smallest of its recent calm ticks;
-two frames more at once, or one frame more for a whole window, so that a
-page's jitter is no lag), the caller's **silent** frames at the head are not
-fed to the model: the lag is worked off over the caller's next pauses, and no
-speech is ever skipped.
+two frames more at once, or, with phase alignment, one frame more for a
+whole window, so that a page's jitter is no lag), the caller's **silent**
+frames at the head are not fed to the model: the lag is worked off over the
+caller's next pauses, and no speech is ever skipped.
 So a stall costs neither words nor lasting latency.  Phase alignment waits
 until the conversation is back to real time.
+
+**One frame more is no lag without phase alignment.**  A caller at real time
+whose frames land near the tick finds one more frame waiting whenever the
+tick starts a little later against its arrivals (a tick starts up to
+``early_start_ms`` early or on time, as the other conversations' frames
+allow; under load, when the server reads a frame a moment late, a tick is
+fed silence first).  Nothing came early: that frame is the caller's own
+timing against the tick's.  Counted as lag, it was skipped as soon as it was
+a silent one, and the next tick that started early found no frame and fed
+the model silence: a quiet caller beside churning clients lost a frame every
+few seconds.  So without phase alignment only two frames more start a catch
+up; a caller's timing can cost it one frame of latency, never its audio.
+(With phase alignment, the margin and the alignment own that frame.)
 """
 
 from __future__ import annotations
@@ -95,7 +108,7 @@ class InputFramer:
         self._surplus: collections.deque[int] = collections.deque(maxlen=window)  # aligned: the recent surplus
         self._calm: collections.deque[int] = collections.deque(maxlen=window)  # what waited after calm pops
         self._catching_up = False
-        self._lagging = 0  # ticks in a row a frame or more behind (a steady lag, not a page's jitter)
+        self._lagging = 0  # aligned: ticks in a row a frame or more behind (a steady lag, not a page's jitter)
         self._hold = 0
         self._popped = False
         self._starved = False  # the last tick found no whole frame (an underrun run goes on)
@@ -183,7 +196,7 @@ class InputFramer:
             return None
         self._starved = False
         behind = self.behind
-        self._lagging = self._lagging + 1 if behind >= self.frame_size else 0
+        self._lagging = self._lagging + 1 if behind >= self.frame_size and self.align else 0
         if self._catching_up or behind >= 2 * self.frame_size or self._lagging >= self.window:
             self._skip_silence()
         elif self.align:

@@ -155,6 +155,9 @@ class Lease(LeaseView):
         ``client_left``: it ended because the client left (not by the server's doing), so the slot may be held
         a moment for the same client to come back (a persona change).
         """
+        # Nothing is observed after the end: an observer kept would keep whoever holds it (the session, its socket
+        # and backlogs) in a cycle for the collector the server runs rarely (serve's _quiet_garbage_collector).
+        self._engine_end.stop_observing()
         if self._core.state not in GONE_STATES:
             self._owner.lease_ended(self._engine_end, client_left)
 

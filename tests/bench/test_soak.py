@@ -1,7 +1,9 @@
 """The one-minute soak: churning conversations that leave in every way; nothing may leak.
 
 Runs ``bench/soak.py`` at a small size (6 clients on 4 slots, 50 s of churn,
-RSS growth counted after 20 s); the 30-minute figures are in docs/RELIABILITY.md.
+RSS growth counted after 20 s, and the steady raw conversation beside them,
+which must get every frame back); the 30-minute figures are in
+docs/RELIABILITY.md, the churn's in docs/BENCHMARKS.md.
 """
 
 import json
@@ -50,6 +52,9 @@ def test_a_one_minute_soak_leaks_nothing(tmp_path):
     assert summary["threads"]["idle_end"] <= summary["threads"]["idle_start"] + 1
     assert summary["rss_growth_after_warmup_pct"] < RSS_GROWTH_BOUND_PCT
     assert summary["well_behaved_checked"] >= 3 and summary["frames_lost"] == 0
+    # The raw conversation beside the churn for the whole run, at real time: every frame back, in order.
+    steady = summary["steady"]
+    assert steady["exact"] and steady["frames_lost"] == 0 and steady["frames_sent"] >= 50 / 0.08, steady
     assert summary["failed_clean_conversations"] == {}
     assert set(summary["conversations"]) == {"clean", "reset", "mid_queue", "mid_prefill", "stop_reading"}
     assert summary["server_errors"] == []

@@ -270,6 +270,31 @@ def test_a_burst_after_a_stall_is_kept_whole_and_caught_up_over_the_pauses():
     assert talk[-30:] == [0] * 30  # ... and on time again after the pause
 
 
+@pytest.mark.parametrize("late", [set(), {40, 90, 140, 200, 260, 330}])
+def test_a_quiet_caller_at_real_time_loses_no_frame_to_the_tick_s_timing(late):
+    """A raw caller at real time whose frames land 5 ms before the tick is due; the tick starts 10 ms early for
+    a while (the other conversations' frames were in), then on time for a while, and so on (as beside churning
+    clients), and now and then a frame is read just after its tick (``late``).  The frame that waits beside the
+    next one when the tick starts later is the caller's timing, not a lag: none of its frames is skipped,
+    quiet as they are; they come in order, a tick of silence at most where one was late."""
+    framer = InputFramer(1920, max_frames=50, **WINDOWS)
+    heard = []
+    for k in range(400):
+        due = 80.0 * k
+        arrival = due - 5 + (10 if k in late else 0)
+        start = due - 10 if (k // 60) % 2 == 0 else due  # early for 60 ticks, then on time for 60
+        frame = np.full(1920, (k + 1) * 1e-5, np.float32)  # frame n is n * 1e-5: below the speech threshold
+        if arrival <= start:
+            framer.push(frame, arrival)
+        row = np.zeros(1920, np.float32)
+        if framer.pop_frame_into(row) is not None:
+            heard.append(round(float(row[0]) * 1e5))
+        if arrival > start:
+            framer.push(frame, arrival)
+    assert heard == list(range(1, len(heard) + 1))  # in order, whole
+    assert len(heard) >= 399 - len(late) and framer.caught_up_samples == 0
+
+
 def test_catching_up_holds_phase_alignment_off():
     framer = make_framer(FRAME, max_frames=10, align=True, window=3)
     for pcm in _frames([0.5] * 6):

@@ -275,3 +275,34 @@ def test_a_restart_while_queued_changes_the_settings_only_and_none_after_the_end
     first_engine.started(0, 0.0)
     first.flush()
     assert not first.restart(pirate)  # the input has ended: too late
+
+
+def test_an_ended_lease_lets_its_observer_go():
+    """The observer is the session's bound method: a lease that kept it after the end would keep its session
+    (socket, backlogs) in a cycle, freed only by a full collection, which the server runs rarely."""
+    import gc
+    import weakref
+
+    class Session:
+        def on_frame(self, frame):
+            pass
+
+    owner = Owner(SlotTable(1, queue_size=1))
+    session = Session()
+    lease, engine = open_lease(
+        Conversation(),
+        owner,
+        framer=InputFramer(FRAME, 4, window=25, hold_after_underrun=50),
+        output_capacity=8,
+        on_frame=session.on_frame,
+    )
+    session.lease = lease  # as the server's session holds its lease
+    owner.table.request(engine, owner.now)
+    lease.end()
+    gone = weakref.ref(session)
+    gc.disable()
+    try:
+        del session, lease, engine
+        assert gone() is None  # freed at once, by reference counting
+    finally:
+        gc.enable()
