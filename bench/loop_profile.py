@@ -48,7 +48,11 @@ BUCKETS = [
     # The guarded transport under hypercorn: its socket reads and writes, the inbound guard.
     (
         "transport: socket I/O and the guard",
-        ("pplex_trio/server/transport/_transport.py", "pplex_trio/protocol/_ws_guard.py"),
+        (
+            "pplex_trio/server/transport/_transport.py",
+            "pplex_trio/server/transport/_guarded_stream.py",
+            "pplex_trio/protocol/_ws_guard.py",
+        ),
     ),
     ("sessions: receive, encode, send loops", ("pplex_trio/server/",)),
     ("our protocol codecs and channels", ("pplex_trio/protocol/", "pplex_trio/_channel")),

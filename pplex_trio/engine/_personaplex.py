@@ -16,15 +16,14 @@ positions takes a chunk or two, not one tick per position.
 
 :meth:`~PersonaPlexEngine.start` resets one row and plans its system
 prompt; the other rows are untouched (bit for bit), by ``start`` and by
-``prefill``.  Everything per row that lives on the host (the prompt plan,
-its cursor, the text detokenizer) is in this object; the tick's tensors and
-device work are in :class:`~pplex_trio.engine._device_tick.DeviceTick`.
+``prefill``.  What each row keeps on the host (the prompt plan, its cursor,
+the text detokenizer) is a :class:`~pplex_trio.engine._prompts.PromptRow`,
+with the plans and voices it shares in a ``PromptCache``; the tick's tensors
+and device work are in :class:`~pplex_trio.engine._device_tick.DeviceTick`.
 """
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import logging
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -36,12 +35,8 @@ import torch
 from .._precision import Precision
 from ..model import (
     LoadedModel,
-    PromptPlan,
-    StreamDecoder,
     VoiceMaking,
     VoiceNotFoundError,
-    VoicePrompt,
-    build_prompt_plan,
     lm_dtype_for,
     load_config,
     load_model,
@@ -49,23 +44,9 @@ from ..model import (
 from ._device_tick import PASS_POSITIONS, CudaGraphs, DeviceTick
 from ._fit import GIB, NotEnoughMemory, auto_slots, out_of_memory_message
 from ._interface import Conversation, ConversationRejected, Engine, Job, SlotMode, StepOutput
+from ._prompts import PromptCache, PromptRow
 
 logger = logging.getLogger(__name__)
-
-PLANS_KEPT = 64  # prompt plans kept by (voice, persona): most callers share a few
-
-
-@dataclasses.dataclass
-class _Row:
-    plan: PromptPlan | None = None
-    inputs: torch.Tensor | None = None  # [steps, K] on the device: each prompt step's input frame
-    cursor: int = 0  # prompt steps done
-    decoder: StreamDecoder | None = None
-    greedy: bool = True
-
-    @property
-    def prompt_left(self) -> int:
-        return 0 if self.plan is None else self.plan.num_steps - self.cursor
 
 
 class PersonaPlexEngine(Engine):
@@ -136,10 +117,9 @@ class PersonaPlexEngine(Engine):
                 f"default voice {default_voice!r} is not in the voice library ({', '.join(names) or 'empty'})"
             )
         self.default_voice = default_voice or None
-        self._rows = [_Row() for _ in range(num_slots)]
+        self._rows = [PromptRow() for _ in range(num_slots)]
         self.last_tokens = np.full((num_slots, cfg.lm.num_streams), -2, dtype=np.int64)
-        self._plans: collections.OrderedDict[tuple[str | None, str], PromptPlan] = collections.OrderedDict()
-        self._voice_embeddings: dict[str, tuple[VoicePrompt, torch.Tensor]] = {}  # on the device, LM's dtype
+        self._prompts = PromptCache(model)
         self._tick = DeviceTick(model, num_slots, depformer_steps=depformer_steps, compile=compile)
         self._tick.prepare(graphs)
 
@@ -238,7 +218,7 @@ class PersonaPlexEngine(Engine):
                 logger.info("%s has no system prompt: persona and voice are ignored", self.name)
             voice_name = None
         try:
-            plan = self._plan(voice_name, conversation.persona)
+            plan = self._prompts.plan(voice_name, conversation.persona)
         except (VoiceNotFoundError, ValueError) as exc:
             raise ConversationRejected(str(exc)) from exc
         s = conversation.sampling
@@ -255,8 +235,8 @@ class PersonaPlexEngine(Engine):
             tick.noise.seed(slot, s.text_seed, s.audio_seed)
             inputs = torch.from_numpy(plan.inputs).to(self.device)
             if plan.voice is not None:
-                self._device_voice(plan.voice)
-        self._rows[slot] = _Row(
+                self._prompts.device_voice(plan.voice)
+        self._rows[slot] = PromptRow(
             plan=plan,
             inputs=inputs,
             decoder=self.model.tokenizer.decoder(),
@@ -298,12 +278,12 @@ class PersonaPlexEngine(Engine):
         self._check_slot(slot)
         with self._tick.on_device():
             self._reset_row(slot)
-        self._rows[slot] = _Row()
+        self._rows[slot] = PromptRow()
 
     def reset_all(self) -> None:
         with self._tick.on_device():
             self._tick.reset_all()
-        self._rows = [_Row() for _ in range(self.num_slots)]
+        self._rows = [PromptRow() for _ in range(self.num_slots)]
 
     @torch.no_grad()
     def step(self, modes: Sequence[SlotMode], pcm: np.ndarray) -> StepOutput:
@@ -346,49 +326,10 @@ class PersonaPlexEngine(Engine):
 
     # --- helpers ------------------------------------------------------------------
 
-    def _plan(self, voice_name: str | None, persona: str) -> PromptPlan:
-        key = (voice_name, persona)
-        voice = self.model.voices.get(voice_name) if voice_name is not None else None
-        plan = self._plans.get(key)
-        if plan is None or plan.voice is not voice:  # (a voice deleted and added again is another voice)
-            plan = self._plans[key] = build_prompt_plan(self._cfg, self.model.tokenizer, persona, voice)
-            if len(self._plans) > PLANS_KEPT:
-                self._plans.popitem(last=False)
-        self._plans.move_to_end(key)
-        return plan
-
-    def _device_voice(self, voice: VoicePrompt) -> torch.Tensor:
-        cached = self._voice_embeddings.get(voice.name)
-        if cached is None or cached[0] is not voice:  # a voice replaced under its name is copied again
-            cached = self._voice_embeddings[voice.name] = (voice, voice.embeddings.to(self.device, self.model.lm.dtype))
-        return cached[1]
-
     def _prefill_chunk(self, rows: list[int], starts: list[int], counts: list[int]) -> None:
         """One pass: row ``rows[j]`` runs prompt steps ``starts[j] .. + counts[j]`` (padded to the longest)."""
-        width = max(counts)
-        steps = torch.arange(width, device=self.device)
-        inputs: list[torch.Tensor] = []
-        voices: list[torch.Tensor | None] = []
-        masks: list[torch.Tensor] = []
-        for slot, start in zip(rows, starts, strict=True):
-            row = self._rows[slot]
-            assert row.plan is not None and row.inputs is not None
-            index = (start + steps).clamp(max=row.plan.num_steps - 1)
-            inputs.append(row.inputs[index])
-            voice_steps = row.plan.voice_steps
-            if voice_steps and start < voice_steps:
-                assert row.plan.voice is not None
-                voices.append(self._device_voice(row.plan.voice)[index.clamp(max=voice_steps - 1)])
-                masks.append(start + steps < voice_steps)
-            else:
-                voices.append(None)
-                masks.append(torch.zeros(width, dtype=torch.bool, device=self.device))
-        voice = mask = None
-        if any(v is not None for v in voices):
-            zeros = torch.zeros(width, self._cfg.lm.dim, device=self.device, dtype=self.model.lm.dtype)
-            voice = torch.stack([zeros if v is None else v for v in voices])
-            mask = torch.stack(masks)
-        self._tick.gen.prefill(rows, starts, counts, torch.stack(inputs), voice, mask)
+        inputs, voice, mask = self._prompts.chunk_inputs([self._rows[slot] for slot in rows], starts, counts)
+        self._tick.gen.prefill(rows, starts, counts, inputs, voice, mask)
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.num_slots:

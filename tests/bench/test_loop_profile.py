@@ -14,7 +14,7 @@ thread (100): MainThread;run (trio/_core/_run.py:2300);Session._process_loop (pp
 thread (100): MainThread;run (trio/_core/_run.py:2300);_send_loop (pplex_trio/server/sessions/_session.py:250);send (quart/wrappers/websocket.py:80);app_send (hypercorn/protocol/ws_stream.py:300);send (wsproto/connection.py:90) 20
 thread (100): MainThread;run (trio/_core/_run.py:2300);_send_loop (pplex_trio/server/sessions/_session.py:250);send (quart/wrappers/websocket.py:80) 10
 thread (100): MainThread;run (trio/_core/_run.py:2300);app_send (hypercorn/protocol/ws_stream.py:300);send_all (trio/_highlevel_socket.py:120) 7
-thread (100): MainThread;run (trio/_core/_run.py:2300);_read_data (hypercorn/trio/tcp_server.py:101);GuardedStream.receive_some (pplex_trio/server/transport/_transport.py:70);receive_some (trio/_highlevel_socket.py:150) 5
+thread (100): MainThread;run (trio/_core/_run.py:2300);_read_data (hypercorn/trio/tcp_server.py:101);GuardedStream.receive_some (pplex_trio/server/transport/_guarded_stream.py:70);receive_some (trio/_highlevel_socket.py:150) 5
 thread (100): MainThread;main (pplex_trio/_cli.py:101);run (trio/_core/_run.py:2300);unrolled_run (trio/_core/_run.py:2500) 3
 thread (101): Trio thread 0;_execute (pplex_trio/engine/_actor.py:240) 500
 bad line

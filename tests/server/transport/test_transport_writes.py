@@ -15,7 +15,8 @@ import trio
 import trio.testing
 
 from _helpers.virtual_net import VirtualNetwork, VirtualStream
-from pplex_trio.server.transport._transport import WATCH_INTERVAL, Connections, GuardedStream, _watch_deadlines
+from pplex_trio.server.transport._guarded_stream import GuardedStream
+from pplex_trio.server.transport._transport import WATCH_INTERVAL, Connections, _watch_deadlines
 
 WRITE_TIMEOUT = 3.0
 
