@@ -78,16 +78,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _create(args: argparse.Namespace) -> int:
-    from ..model import ModelAccessError, load_model, voice_from_recording
+    from .._conversation import SAMPLE_RATE
+    from ..codec import voice_audio
+    from ..model import ModelAccessError, load_model, make_voice_prompt
     from ._engines import resolve_device
 
     if not args.clip.is_file():
         logger.error("%s: no such file", args.clip)
         return 1
     try:
+        pcm = voice_audio(args.clip, SAMPLE_RATE)  # a clip that cannot be a voice is told before the model loads
         model = load_model(args.model, device=resolve_device(args.device or "auto"))
         p = model.config.prompt
-        prompt, _ = voice_from_recording(model.lm, model.mimi, args.clip, p.sine_tokens, p.zero_text_code)
+        prompt, _ = make_voice_prompt(model.lm, model.mimi, pcm, p.sine_tokens, p.zero_text_code, name=args.clip.name)
     except (ModelAccessError, ValueError) as exc:
         logger.error("%s", exc)
         return 1
