@@ -21,6 +21,7 @@ def test_a_short_run_measures_every_placement_where_its_encoding_runs(tmp_path, 
     rows = {r["placement"]: r for r in json.loads((tmp_path / "t.json").read_text())["results"]}
     assert list(rows) == ["none", "inline", "process"]
     assert all(11.5 <= r["frames_per_s_per_stream"] <= 13.5 for r in rows.values())  # a frame per stream a tick
-    # 200 frames of ~0.2 ms of libopus each: the child's CPU shows only where the child encodes
-    assert rows["process"]["child_us_per_frame"] > 50
+    # The child's CPU shows only where the child encodes.  (200 frames of libopus are 10-40 ms of CPU, and the
+    # kernel counts a process's CPU in 10 ms ticks: 50 µs a frame a tick, so more than 0 is what can be asked.)
+    assert rows["process"]["child_us_per_frame"] > 0
     assert rows["none"]["child_us_per_frame"] == rows["inline"]["child_us_per_frame"] == 0
