@@ -147,6 +147,10 @@ from ._transcriber import TranscriptStep as TranscriptStep
 from ._transformer import StreamingTransformer as StreamingTransformer
 from ._transformer import TransformerState as TransformerState
 from ._voices import VoiceLibrary as VoiceLibrary
+from ._words import TurnEnd as TurnEnd
+from ._words import Word as Word
+from ._words import WordAssembler as WordAssembler
+from ._words import is_end_of_turn as is_end_of_turn
 from ._voices import VoiceNotFoundError as VoiceNotFoundError
 from ._voices import VoicePrompt as VoicePrompt
 from ._voices import check_voice_name as check_voice_name
