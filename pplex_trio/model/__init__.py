@@ -70,6 +70,21 @@ frame (as trained and as Kyutai does); NVIDIA's fork drops step 0 from its
 last step (15, a discarded user codebook), so only that step's logits
 differ from it.  Only the agent's depformer steps run by default.
 
+Speech to text (the caller's words)
+-----------------------------------
+``load_transcriber(source=DEFAULT_STT_REPO, device="cpu") ->
+LoadedTranscriber`` (``config`` :class:`STTConfig`, ``model``
+:class:`SpeechToText`, ``mimi``, ``tokenizer``) loads Kyutai's streaming STT
+(``STT_REPOS``; ``TINY_STT`` is a random-weight one, built once by
+``ensure_tiny_stt_checkpoint``).  ``t = Transcriber(model, B)``;
+``t.step(codes[B, 32], exec_mask) -> TranscriptStep`` (``text [B]``,
+``valid``, ``extra_heads [B, heads, dim]``, ``end_of_turn [B]`` or None);
+``t.reset(mask)``.  The codes come from the same Mimi encode as
+PersonaPlex's: ``mimi.encode_frame(pcm, state, mask, num_codebooks=32)``,
+whose first 8 levels are PersonaPlex's codes bit for bit.
+``WordAssembler`` turns one row's tokens into timed ``Word`` s;
+``TurnEnd`` / ``is_end_of_turn`` decide the end of a turn.
+
 Engine-level pieces: ``build_prompt_plan`` (system prompt as forced steps),
 ``RowSampling`` / ``RowNoise`` / ``sample`` (per-row seeded sampling),
 ``StreamDecoder`` (incremental detokenization), ``VoiceMaking`` / ``make_voice_prompt``
