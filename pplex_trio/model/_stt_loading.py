@@ -17,7 +17,6 @@ import re
 import torch
 from safetensors.torch import load_file
 
-from .._sources import LICENCES
 from ._checkpoint import load_state_dict_strict, read_safetensors
 from ._loading import CheckpointFiles, _files_in_folder, lm_dtype_for, resolve_checkpoint
 from ._mimi import Mimi
@@ -74,12 +73,6 @@ def resolve_stt_checkpoint(source: str) -> CheckpointFiles:
     return resolve_checkpoint(source)
 
 
-def _licence(files: CheckpointFiles) -> str:
-    if files.name in LICENCES:
-        return LICENCES[files.name]
-    return files.licence()
-
-
 def load_transcriber(source: str = DEFAULT_STT_REPO, device: str | torch.device = "cpu",
                      dtype: torch.dtype | None = None) -> LoadedTranscriber:
     """Load a Kyutai speech-to-text model from ``source`` (``tiny-stt``, a hub repo id or a local folder).
@@ -99,7 +92,7 @@ def load_transcriber(source: str = DEFAULT_STT_REPO, device: str | torch.device 
     logger.info("loading speech-to-text %s (%s, %s; %.1f s behind the caller)", files.name,
                 str(lm_dtype).removeprefix("torch."), device, cfg.audio_delay_seconds)
     if source != TINY_STT:
-        licence = _licence(files)
+        licence = files.licence()  # (Kyutai's STT repos are in the table of known licences: CC-BY 4.0)
         non_commercial = re.search(r"non-commercial|by-nc", licence, flags=re.IGNORECASE) is not None
         logger.log(logging.WARNING if non_commercial else logging.INFO, "%s: licence %s", files.name, licence)
     with torch.device("meta"):
