@@ -18,7 +18,12 @@ import torch
 from safetensors.torch import load_file
 
 from ._checkpoint import load_state_dict_strict, read_safetensors
-from ._loading import CheckpointFiles, _files_in_folder, lm_dtype_for, resolve_checkpoint
+from ._loading import (
+    CheckpointFiles,
+    _files_in_folder,
+    lm_dtype_for,
+    resolve_checkpoint,
+)
 from ._mimi import Mimi
 from ._stt_config import STT_REPOS, STTConfig, stt_config_from_dict
 from ._text import TextTokenizer

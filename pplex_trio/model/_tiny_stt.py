@@ -31,7 +31,15 @@ import torch
 from safetensors.torch import save_file
 
 from .._cache import cache_dir
-from ._config import MIMI_FILE, TOKENIZER_FILE, LM_FILE, MimiConfig, QuantizerConfig, SEANetConfig, TransformerConfig
+from ._config import (
+    LM_FILE,
+    MIMI_FILE,
+    TOKENIZER_FILE,
+    MimiConfig,
+    QuantizerConfig,
+    SEANetConfig,
+    TransformerConfig,
+)
 from ._mimi import Mimi
 from ._stt_config import STTConfig, mimi_config_to_dict, stt_config_to_dict
 from ._tiny import TINY_SEED, _init_lm, _init_mimi, _normal_, train_tokenizer

@@ -35,8 +35,8 @@ import dataclasses
 import torch
 from torch import nn
 
-from ._stt_config import END_OF_TURN_HEAD, END_OF_TURN_INDEX, STTConfig
 from ._streaming import reset_rows_
+from ._stt_config import END_OF_TURN_HEAD, END_OF_TURN_INDEX, STTConfig
 from ._transformer import StreamingTransformer, TransformerState, make_norm
 
 UNGENERATED = -2

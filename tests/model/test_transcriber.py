@@ -12,8 +12,17 @@ import numpy as np
 import pytest
 import torch
 
-from pplex_trio.model import (TINY_STT, LoadedModel, LoadedTranscriber, Mimi, Transcriber, ensure_tiny_stt_checkpoint,
-                              load_state_dict_strict, load_transcriber, stt_config_from_dict)
+from pplex_trio.model import (
+    TINY_STT,
+    LoadedModel,
+    LoadedTranscriber,
+    Mimi,
+    Transcriber,
+    ensure_tiny_stt_checkpoint,
+    load_state_dict_strict,
+    load_transcriber,
+    stt_config_from_dict,
+)
 from pplex_trio.model._tiny import synthetic_voice
 
 FRAMES = 30

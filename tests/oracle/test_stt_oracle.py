@@ -21,10 +21,15 @@ import torch
 
 pytest.importorskip("moshi")
 
-import _tiny_moshi as tiny  # noqa: E402
+import _tiny_moshi as tiny
 
-from pplex_trio.model import (END_OF_TURN_HEAD, END_OF_TURN_INDEX, Transcriber,  # noqa: E402
-                              ensure_tiny_stt_checkpoint, load_transcriber)
+from pplex_trio.model import (
+    END_OF_TURN_HEAD,
+    END_OF_TURN_INDEX,
+    Transcriber,
+    ensure_tiny_stt_checkpoint,
+    load_transcriber,
+)
 
 pytestmark = pytest.mark.oracle
 
