@@ -15,6 +15,9 @@ RL_REPO = "kyutai/personaplex-rl-seamless"  # the same architecture, RL-tuned fo
 LICENCES = {
     DEFAULT_REPO: "NVIDIA Open Model License (commercial use allowed)",
     RL_REPO: "CC BY-NC 4.0 with the NVIDIA Open Model License: NON-COMMERCIAL use only",
+    # Kyutai's streaming speech-to-text models (their cards: CC-BY 4.0, commercial use allowed with attribution).
+    "kyutai/stt-1b-en_fr": "CC-BY 4.0 (credit Kyutai)",
+    "kyutai/stt-2.6b-en": "CC-BY 4.0 (credit Kyutai)",
 }
 
 
