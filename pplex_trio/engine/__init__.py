@@ -46,8 +46,15 @@ if TYPE_CHECKING:
     from ._fit import GIB as GIB
     from ._fit import plan_memory as plan_memory
     from ._personaplex import PersonaPlexEngine as PersonaPlexEngine
+    from ._transcribing import TranscriberUnavailable as TranscriberUnavailable
 
-_NEEDS_TORCH = {"PersonaPlexEngine": "._personaplex", "compare": "._compare", "plan_memory": "._fit", "GIB": "._fit"}
+_NEEDS_TORCH = {
+    "PersonaPlexEngine": "._personaplex",
+    "compare": "._compare",
+    "plan_memory": "._fit",
+    "GIB": "._fit",
+    "TranscriberUnavailable": "._transcribing",
+}
 
 
 def __getattr__(name: str) -> Any:
