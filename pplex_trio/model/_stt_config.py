@@ -29,6 +29,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from .._sources import STT_DEFAULT_REPO
 from ._config import MimiConfig, TransformerConfig
 from ._kyutai_config import mimi_config_from_dict
 
@@ -39,7 +40,7 @@ END_OF_TURN_HEAD = 2
 END_OF_TURN_INDEX = 0
 """The class of :data:`END_OF_TURN_HEAD` that means "the turn has ended"."""
 
-STT_REPOS = ("kyutai/stt-1b-en_fr", "kyutai/stt-2.6b-en")
+STT_REPOS = (STT_DEFAULT_REPO, "kyutai/stt-2.6b-en")
 """Kyutai's published streaming STT checkpoints (English and French with end-of-turn heads; English only)."""
 
 # config.json keys that are not LMModel kwargs, or LMModel kwargs that do not matter without a depformer.
