@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from ._fit import GIB as GIB
     from ._fit import plan_memory as plan_memory
     from ._personaplex import PersonaPlexEngine as PersonaPlexEngine
+    from ._transcribing import EngineTranscriber as EngineTranscriber
     from ._transcribing import TranscriberUnavailable as TranscriberUnavailable
 
 _NEEDS_TORCH = {
@@ -54,6 +55,7 @@ _NEEDS_TORCH = {
     "plan_memory": "._fit",
     "GIB": "._fit",
     "TranscriberUnavailable": "._transcribing",
+    "EngineTranscriber": "._transcribing",
 }
 
 

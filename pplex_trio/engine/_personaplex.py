@@ -128,10 +128,10 @@ class PersonaPlexEngine(Engine):
         self._rows = [PromptRow() for _ in range(num_slots)]
         self.last_tokens = np.full((num_slots, cfg.lm.num_streams), -2, dtype=np.int64)
         self._prompts = PromptCache(model)
-        self._heard = None if transcriber is None else EngineTranscriber(transcriber, num_slots)
+        self.transcriber = None if transcriber is None else EngineTranscriber(transcriber, num_slots)
         self.last_heard: list[int] = [-2] * num_slots  # the transcriber's last tokens (-2: none)
         self._tick = DeviceTick(
-            model, num_slots, depformer_steps=depformer_steps, compile=compile, transcriber=self._heard
+            model, num_slots, depformer_steps=depformer_steps, compile=compile, transcriber=self.transcriber
         )
         self._tick.prepare(graphs)
 
@@ -205,7 +205,7 @@ class PersonaPlexEngine(Engine):
 
     @property
     def transcript_delay(self) -> float | None:
-        return None if self._heard is None else self._heard.delay_s
+        return None if self.transcriber is None else self.transcriber.delay_s
 
     def voices(self) -> Sequence[str]:
         return self.model.voices.names()
@@ -266,8 +266,8 @@ class PersonaPlexEngine(Engine):
             decoder=self.model.tokenizer.decoder(),
             greedy=s.greedy or (s.text_temperature <= 0 and s.audio_temperature <= 0),
         )
-        if self._heard is not None:
-            self._heard.start_row(slot)
+        if self.transcriber is not None:
+            self.transcriber.start_row(slot)
         return plan.num_steps
 
     def prefill(self, work: Mapping[int, int]) -> dict[int, int]:
@@ -305,15 +305,15 @@ class PersonaPlexEngine(Engine):
         with self._tick.on_device():
             self._reset_row(slot)
         self._rows[slot] = PromptRow()
-        if self._heard is not None:
-            self._heard.end_row(slot)
+        if self.transcriber is not None:
+            self.transcriber.end_row(slot)
 
     def reset_all(self) -> None:
         with self._tick.on_device():
             self._tick.reset_all()
         self._rows = [PromptRow() for _ in range(self.num_slots)]
-        if self._heard is not None:
-            self._heard.end_all()
+        if self.transcriber is not None:
+            self.transcriber.end_all()
 
     @torch.no_grad()
     def step(self, modes: Sequence[SlotMode], pcm: np.ndarray) -> StepOutput:
@@ -339,11 +339,11 @@ class PersonaPlexEngine(Engine):
             row = self._rows[i]
             if valid[i] and row.decoder is not None:
                 text[i] = row.decoder.push(int(tokens[i, 0]))
-        if self._heard is None:
+        if self.transcriber is None:
             return StepOutput(pcm=pcm_out, text=text)
         heard, heard_valid, turn = self._tick.unpack_heard(host)
         self.last_heard = [t if ok else -2 for t, ok in zip(heard, heard_valid, strict=True)]
-        heard_text, end_of_turn = self._heard.pieces(live_rows, heard, heard_valid, turn, b)
+        heard_text, end_of_turn = self.transcriber.pieces(live_rows, heard, heard_valid, turn, b)
         return StepOutput(pcm_out, text, heard_text, end_of_turn, transcriber_failed=failed)
 
     def _step(self, live_rows: list[int], pcm: np.ndarray) -> tuple[np.ndarray, bool]:
@@ -360,7 +360,9 @@ class PersonaPlexEngine(Engine):
             # Eagerly, the sampling noise is drawn only when a LIVE row samples (greedy rows never read it).
             tick.run(sample=any(not self._rows[i].greedy for i in live_rows), listen=False)
             # Apart: the transcriber's failure costs this tick's words, never the conversation.
-            failed = self._heard is not None and self._heard.step_guarded(tick.live.bool(), tick.heard_columns)
+            failed = self.transcriber is not None and self.transcriber.step_guarded(
+                tick.live.bool(), tick.heard_columns
+            )
         return tick.download(), failed  # the tick's one read back to the host
 
     # --- helpers ------------------------------------------------------------------

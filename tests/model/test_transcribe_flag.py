@@ -54,3 +54,34 @@ def test_a_transcriber_asked_for_by_name_that_cannot_be_had_stops_the_server(
         create_engine(ServerSettings(model=model, slots=1, device="cpu", transcribe=transcribe))
     message = str(info.value)
     assert message.startswith(f"--transcribe {transcribe}: ") and problem in message and "\n" not in message
+
+
+def test_offline_writes_the_callers_words_beside_the_agents(_private_cache, speech_wav, tmp_path):
+    import argparse
+    import json
+
+    import sphn
+
+    from pplex_trio._cli import _offline
+
+    pcm, rate = sphn.read(str(speech_wav))
+    wav = tmp_path / "in.wav"
+    sphn.write_wav(str(wav), pcm[0, : 6 * rate], rate)
+    parser = argparse.ArgumentParser()
+    _offline.add_arguments(parser)
+    common = ["--model", "tiny", "--input-wav", str(wav), "--output-wav", str(tmp_path / "out.wav"), "--greedy"]
+    args = parser.parse_args([*common, "--output-text", str(tmp_path / "out.json"), "--transcribe", "tiny"])
+    assert _offline.run(args) == 0
+    heard = json.loads((tmp_path / "out.heard.json").read_text())
+    agent = json.loads((tmp_path / "out.json").read_text())
+    assert heard["model"] == "tiny-stt" and heard["delay_s"] == 0.5
+    assert len(heard["tokens"]) == len(heard["end_of_turn"]) == len(agent) == 75
+    assert all(0.0 <= p <= 1.0 for p in heard["end_of_turn"])
+    words = heard["words"]
+    assert words and all(w["text"] and 0.0 <= w["start"] <= w["end"] <= 6.0 for w in words)
+    assert all(a["start"] <= b["start"] for a, b in zip(words, words[1:]))
+    # Without --transcribe nothing more is written, and the agent's text is the same.
+    args = parser.parse_args([*common, "--output-text", str(tmp_path / "alone.json")])
+    assert _offline.run(args) == 0
+    assert json.loads((tmp_path / "alone.json").read_text()) == agent
+    assert not (tmp_path / "alone.heard.json").exists()

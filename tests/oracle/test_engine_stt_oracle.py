@@ -89,8 +89,8 @@ def run_engine(transcribe: bool, clips: np.ndarray, other: np.ndarray) -> dict[s
             if 0 <= tick - join < FRAMES:
                 out["tokens"][r, tick - join] = engine.last_tokens[r]
                 if transcribe:
-                    assert step.end_of_turn is not None and engine._heard is not None
-                    out["codes"][r, tick - join] = engine._heard.codes[r].numpy()
+                    assert step.end_of_turn is not None and engine.transcriber is not None
+                    out["codes"][r, tick - join] = engine.transcriber.codes[r].numpy()
                     out["text"][r, tick - join] = engine.last_heard[r]
                     out["end_of_turn"][r, tick - join] = step.end_of_turn[r]
     return out
