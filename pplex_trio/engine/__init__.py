@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from ._compare import compare as compare
     from ._fit import GIB as GIB
     from ._fit import plan_memory as plan_memory
+    from ._fit_transcriber import plan_transcriber_memory as plan_transcriber_memory
     from ._personaplex import PersonaPlexEngine as PersonaPlexEngine
     from ._transcribing import EngineTranscriber as EngineTranscriber
     from ._transcribing import TranscriberUnavailable as TranscriberUnavailable
@@ -56,6 +57,7 @@ _NEEDS_TORCH = {
     "GIB": "._fit",
     "TranscriberUnavailable": "._transcribing",
     "EngineTranscriber": "._transcribing",
+    "plan_transcriber_memory": "._fit_transcriber",
 }
 
 

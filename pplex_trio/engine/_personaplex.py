@@ -44,9 +44,10 @@ from ..model import (
 )
 from ._device_tick import PASS_POSITIONS, CudaGraphs, DeviceTick
 from ._fit import GIB, NotEnoughMemory, auto_slots, out_of_memory_message
+from ._fit_transcriber import transcriber_for
 from ._interface import Conversation, ConversationRejected, Engine, Job, SlotMode, StepOutput
 from ._prompts import PromptCache, PromptRow
-from ._transcribing import EngineTranscriber, load_for_engine
+from ._transcribing import EngineTranscriber
 
 logger = logging.getLogger(__name__)
 
@@ -86,10 +87,8 @@ class PersonaPlexEngine(Engine):
     small golden model on a CPU), and its floats are not the eager tick's
     bit for bit (docs/BENCHMARKS.md).
 
-    ``transcriber``: the caller's words too, stepped in the same tick on the
-    same Mimi encode (``engine/_transcribing.py``): each LIVE row's text piece
-    and end-of-turn probability in :class:`StepOutput`; PersonaPlex's tokens
-    are the same with it or without.
+    ``transcriber``: the caller's words too, on the same Mimi encode (``_transcribing.py``), in
+    :class:`StepOutput`; PersonaPlex's tokens are the same with it or without.
 
     Error handling: ``ValueError`` for ``cuda_graph=True`` on a model that
     is not on a CUDA device, or a transcriber whose Mimi is not the model's.
@@ -160,9 +159,7 @@ class PersonaPlexEngine(Engine):
         ``cuda_graph``: None records the tick as a CUDA graph on a CUDA device; True needs one (checked before
         loading); False never records.
         ``precision``: int8 weights and an fp8 KV cache (:func:`~pplex_trio.model.load_model`).
-        ``transcribe``: a transcriber to load beside it (``tiny-stt``, a repo id, a folder); one that fails
-        raises :class:`~pplex_trio.engine._transcribing.TranscriberUnavailable`, or, unless
-        ``transcribe_required``, is left out with a warning.
+        ``transcribe``: a transcriber beside it (``tiny-stt``, a repo id, a folder): see ``transcriber_for``.
 
         Error handling: :class:`~pplex_trio.engine._fit.NotEnoughMemory` (one
         line with the figures and the way out) when the device runs out of
@@ -176,11 +173,14 @@ class PersonaPlexEngine(Engine):
             if model.device.type == "cpu" and model.config.lm.dim <= 1024 and torch.get_num_threads() > 1:
                 logger.info("small model on CPU: using one torch thread")
                 torch.set_num_threads(1)
+            steps, extra = kwargs.get("depformer_steps"), 0
             if transcribe is not None:
                 doing = "loading the transcriber"
-                kwargs["transcriber"] = load_for_engine(transcribe, model, required=transcribe_required)
+                kwargs["transcriber"], extra = transcriber_for(
+                    transcribe, model, required=transcribe_required, reserve=memory_reserve, depformer_steps=steps
+                )
             if num_slots is None:
-                num_slots = auto_slots(model, memory_reserve, depformer_steps=kwargs.get("depformer_steps"))
+                num_slots = auto_slots(model, memory_reserve, depformer_steps=steps, extra=extra)
             doing = (
                 "building the engine"
                 if cuda_graph is False or model.device.type != "cuda"

@@ -76,7 +76,7 @@ Speech to text (the caller's words)
 LoadedTranscriber`` (``config`` :class:`STTConfig`, ``model``
 :class:`SpeechToText`, ``mimi``, ``tokenizer``) loads Kyutai's streaming STT
 (``STT_REPOS``; ``TINY_STT`` is a random-weight one, built once by
-``ensure_tiny_stt_checkpoint``).  ``t = Transcriber(model, B)``;
+``ensure_tiny_stt_checkpoint``); ``load_stt_config(source)`` reads only its config.  ``t = Transcriber(model, B)``;
 ``t.step(codes[B, 32], exec_mask) -> TranscriptStep`` (``text [B]``,
 ``valid``, ``extra_heads [B, heads, dim]``, ``end_of_turn [B]`` or None);
 ``t.reset(mask)``.  The codes come from the same Mimi encode as
@@ -148,6 +148,7 @@ from ._stt_config import stt_config_from_dict as stt_config_from_dict
 from ._stt_loading import DEFAULT_STT_REPO as DEFAULT_STT_REPO
 from ._stt_loading import TINY_STT as TINY_STT
 from ._stt_loading import LoadedTranscriber as LoadedTranscriber
+from ._stt_loading import load_stt_config as load_stt_config
 from ._stt_loading import load_transcriber as load_transcriber
 from ._text import StreamDecoder as StreamDecoder
 from ._text import TextTokenizer as TextTokenizer

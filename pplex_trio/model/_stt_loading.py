@@ -11,16 +11,22 @@ elsewhere, Mimi in float32, and the licence said at load.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import re
+from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
+from .._sources import is_repo_id
 from ._checkpoint import load_state_dict_strict, read_safetensors
 from ._loading import (
     CheckpointFiles,
+    ModelAccessError,
     _files_in_folder,
+    _hub_download,
+    _read_config,
     lm_dtype_for,
     resolve_checkpoint,
 )
@@ -77,6 +83,27 @@ def resolve_stt_checkpoint(source: str) -> CheckpointFiles:
 
         return _files_in_folder(ensure_tiny_stt_checkpoint(), name=TINY_STT)
     return resolve_checkpoint(source)
+
+
+def load_stt_config(source: str) -> STTConfig:
+    """The :class:`STTConfig` of ``source`` without its weights (``tiny-stt``, a folder, or a hub repo id: only
+    its ``config.json`` is fetched).  Errors as :func:`resolve_stt_checkpoint`."""
+    if source == TINY_STT:
+        from ._tiny_stt import tiny_stt_config
+
+        return tiny_stt_config()
+    path = Path(source).expanduser()
+    if path.is_dir():
+        raw = _read_config(path / "config.json")
+        mimi = json.loads((path / raw["mimi_config_name"]).read_text()) if raw.get("mimi_config_name") else None
+        return stt_config_from_dict(raw, name=path.name, mimi=mimi)
+    if not is_repo_id(source):
+        raise ModelAccessError(f"speech-to-text model {source!r}: not {TINY_STT}, not a folder, not a repo id")
+    raw = _read_config(_hub_download(source, "config.json"))
+    mimi_name = raw.get("mimi_config_name")
+    return stt_config_from_dict(
+        raw, name=source, mimi=json.loads(_hub_download(source, mimi_name).read_text()) if mimi_name else None
+    )
 
 
 def load_transcriber(

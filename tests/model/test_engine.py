@@ -159,6 +159,7 @@ EXPORTS = {
     "WordAssembler",
     "ensure_tiny_stt_checkpoint",
     "is_end_of_turn",
+    "load_stt_config",
     "load_transcriber",
     "stt_config_from_dict",
 }
