@@ -58,11 +58,15 @@ from pplex_trio.engine._personaplex import PersonaPlexEngine  # noqa: E402
 from pplex_trio.model import (  # noqa: E402
     CONFIGS,
     LMModel,
+    LoadedTranscriber,
     Mimi,
     ModelConfig,
     RowNoise,
     SEANetConfig,
+    SpeechToText,
     StreamingTransformer,
+    STTConfig,
+    Transcriber,
     TransformerConfig,
     VoiceMaking,
     _lockstep,  # noqa: E402
@@ -132,7 +136,7 @@ SYNC_OPS = frozenset(
 
 SYNC_METHODS = {torch.Tensor.cpu: "cpu", torch.Tensor.tolist: "tolist", torch.Tensor.numpy: "numpy"}
 
-STAGES = ("mimi encode", "temporal", "depformer", "sampling", "mimi decode", "glue")
+STAGES = ("mimi encode", "temporal", "depformer", "sampling", "mimi decode", "transcriber", "glue")
 
 
 @dataclasses.dataclass
@@ -252,6 +256,7 @@ def counting(host: Callable[[torch.Tensor], bool] = lambda t: False) -> Iterator
         (RowNoise, "draw", "sampling"),
         (RowChoice, "gumbel", "sampling"),
         (_lockstep, "choose", "sampling"),
+        (Transcriber, "step", "transcriber"),
     ]
     saved = [(owner, attr, vars(owner)[attr]) for owner, attr, _ in patches]
     for owner, attr, stage in patches:
@@ -292,14 +297,40 @@ def structure_config() -> ModelConfig:
     return dataclasses.replace(real, name="personaplex-7b-v1 structure", lm=lm, mimi=mimi)
 
 
+def stt_structure_config(model: Any) -> STTConfig:
+    """Kyutai's 1B speech-to-text structure (``kyutai/stt-1b-en_fr``: 16 layers, 32 codebooks, 4 extra heads,
+    its vocabularies and context) at small widths, reading the structure model's Mimi codes."""
+    return STTConfig(
+        name="stt-1b-en_fr structure",
+        dim=64,
+        num_heads=4,
+        num_layers=16,
+        context=750,
+        text_card=8000,
+        card=model.config.lm.card,
+        n_q=32,
+        extra_heads_num_heads=4,
+        extra_heads_dim=6,
+        mimi=model.config.mimi,
+    )
+
+
+def random_transcriber(model: Any) -> LoadedTranscriber:
+    """A random-weight transcriber of :func:`stt_structure_config`, its LM in bfloat16 as on a GPU."""
+    cfg = stt_structure_config(model)
+    stt = SpeechToText(cfg).to(model.device, torch.bfloat16).eval()
+    return LoadedTranscriber(cfg, stt, Mimi(cfg.mimi), model.tokenizer, model.device)
+
+
 PERSONA = (
     "You are a wise and friendly teacher. Answer questions or provide advice in a clear and engaging way, "
     "and keep your answers short."
 )
 
 
-def _engine(model: Any, rows: int) -> PersonaPlexEngine:
-    return PersonaPlexEngine(model, rows, cuda_graph=False)  # (every op dispatched, even on CUDA)
+def _engine(model: Any, rows: int, transcriber: bool = False) -> PersonaPlexEngine:
+    stt = random_transcriber(model) if transcriber else None
+    return PersonaPlexEngine(model, rows, cuda_graph=False, transcriber=stt)  # (every op dispatched, even on CUDA)
 
 
 def _conversation(row: int) -> Conversation:
@@ -317,9 +348,10 @@ def _is_host(engine: PersonaPlexEngine) -> Callable[[torch.Tensor], bool]:
     return lambda t: isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in staging
 
 
-def count_tick(model: Any, rows: int, warm: int = 3) -> Counts:
-    """One steady tick with every row LIVE and sampling (the prompts done, ``warm`` ticks run before)."""
-    engine = _engine(model, rows)
+def count_tick(model: Any, rows: int, warm: int = 3, transcriber: bool = False) -> Counts:
+    """One steady tick with every row LIVE and sampling (the prompts done, ``warm`` ticks run before); with
+    ``transcriber``, Kyutai's 1B speech-to-text structure beside it (:func:`random_transcriber`)."""
+    engine = _engine(model, rows, transcriber)
     engine.prefill({row: engine.start(row, _conversation(row)) for row in range(rows)})
     live = [SlotMode.LIVE] * rows
     for i in range(warm):
@@ -362,6 +394,8 @@ def measure(tick_rows: list[int], prefill_rows: list[int]) -> dict[str, Any]:
         runs: dict[str, Counts] = {}
         for rows in tick_rows:
             runs[f"tick, {rows} row{'s' * (rows > 1)}"] = count_tick(model, rows)
+        for rows in tick_rows:
+            runs[f"tick + 1B transcriber, {rows} row{'s' * (rows > 1)}"] = count_tick(model, rows, transcriber=True)
         for rows in prefill_rows:
             runs[f"prefill chunk (102 positions), {rows} row{'s' * (rows > 1)}"] = count_prefill(model, rows)
         runs["voice-making frame"] = count_voice_frame(model)

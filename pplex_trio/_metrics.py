@@ -212,6 +212,11 @@ class Metrics:
             registry=r,
         )
         self.errors = Counter("pplex_errors_total", "Errors, by kind", ["kind"], registry=r)
+        self.transcriber_failures = Counter(
+            "pplex_transcriber_failures_total",
+            "Ticks whose transcriber step failed: the caller's words of that tick lost, the conversations went on",
+            registry=r,
+        )
         self.voice_uploads = Counter(
             "pplex_voice_uploads_total",
             "Voice uploads by outcome (added, deleted, client_gone, or the HTTP status of the refusal)",

@@ -112,6 +112,38 @@ def resolve_model(model: str) -> str:
     return "tiny"
 
 
+TRANSCRIBE_OFF = "off"
+TRANSCRIBE_AUTO = "auto"
+TRANSCRIBE_TINY = "tiny"
+
+
+def resolve_transcriber(transcribe: str, model: str, device: str) -> tuple[str | None, bool]:
+    """What ``--transcribe`` loads beside ``model`` (resolved) on ``device`` (resolved): ``(source, required)``.
+
+    ``off``: nothing; ``tiny``: the random-weight ``tiny-stt``; a repo id or a folder: that, required (a failure
+    stops the server); ``auto``: Kyutai's 1B model beside the real model on a GPU, not required (the engine
+    leaves it out, with a warning, when it does not fit or load), else nothing, and one log line says why.
+    """
+    from .._sources import STT_DEFAULT_REPO
+
+    if transcribe == TRANSCRIBE_OFF:
+        return None, False
+    if transcribe == TRANSCRIBE_TINY:
+        return "tiny-stt", True
+    if transcribe != TRANSCRIBE_AUTO:
+        return transcribe, True
+    if EchoOptions.from_model(model) is not None or model == "tiny" or not device.startswith("cuda"):
+        why = "the echo engine" if model.startswith(ECHO) else "the tiny model" if model == "tiny" else "no GPU"
+        logger.info(
+            "--transcribe auto: off (%s); pass --transcribe tiny or --transcribe %s to hear the caller in words",
+            why,
+            STT_DEFAULT_REPO,
+        )
+        return None, False
+    logger.info("--transcribe auto: %s beside %s, if the GPU has room for it", STT_DEFAULT_REPO, model)
+    return STT_DEFAULT_REPO, False
+
+
 def create_engine(settings: ServerSettings) -> Engine:
     """``echo`` (with its options) is the test engine, only when asked for by name; anything else is a model.
 
@@ -119,7 +151,13 @@ def create_engine(settings: ServerSettings) -> Engine:
     served here.
     """
     model = resolve_model(settings.model)
+    device = resolve_device(settings.device)
+    transcribe, required = resolve_transcriber(settings.transcribe, model, device)
     echo = EchoOptions.from_model(model)
+    if echo is not None and transcribe is not None:
+        raise ModelUnavailable(
+            f"--transcribe {settings.transcribe}: the echo test engine has no transcriber; use --transcribe off"
+        )
     if echo is not None:
         kwargs: _EchoVoices = {}
         if settings.voice_dir is not None:
@@ -139,18 +177,23 @@ def create_engine(settings: ServerSettings) -> Engine:
         raise ModelUnavailable(
             f"--model {model}: the PersonaPlex engine is not available in this build ({exc}); use --model echo"
         ) from exc
+    from ..engine import TranscriberUnavailable
     from ..model import CheckpointMismatchError, ModelAccessError, VoiceNotFoundError
 
     try:
         return PersonaPlexEngine.load(
             model,
             num_slots=settings.slots,
-            device=resolve_device(settings.device),
+            device=device,
             voice_dir=None if settings.voice_dir is None else str(settings.voice_dir),
             cuda_graph=settings.cuda_graph.engine_argument,
             compile=settings.compile,
             memory_reserve=settings.gpu_memory_reserve,
             precision=Precision(settings.quantize, settings.kv_cache),
+            transcribe=transcribe,
+            transcribe_required=required,
         )
+    except TranscriberUnavailable as exc:
+        raise ModelUnavailable(str(exc)) from exc
     except (ModelAccessError, CheckpointMismatchError, VoiceNotFoundError, ValueError) as exc:
         raise ModelUnavailable(f"--model {model}: {exc}") from exc

@@ -50,6 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also plan every --quantize / --kv-cache pair (some seconds each for a 7B model)",
     )
+    parser.add_argument(
+        "--transcribe",
+        default=None,
+        metavar="MODEL",
+        help="also plan this transcriber beside the model (tiny, a Kyutai speech-to-text repo id or folder; only "
+        "its config is read): the conversations that fit with it and without",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -59,11 +66,16 @@ def run(args: argparse.Namespace) -> int:
     """
     import torch
 
-    from ..engine import GIB, plan_memory
-    from ..model import ModelAccessError, load_config
+    from ..engine import GIB, plan_memory, plan_transcriber_memory
+    from ..model import ModelAccessError, load_config, load_stt_config
 
     try:
         cfg = load_config(args.model)
+        stt = (
+            None
+            if args.transcribe is None
+            else load_stt_config("tiny-stt" if args.transcribe == "tiny" else args.transcribe)
+        )
     except (ModelAccessError, ValueError) as exc:
         logger.error("%s", exc)
         return 2
@@ -75,7 +87,13 @@ def run(args: argparse.Namespace) -> int:
         memory = torch.cuda.mem_get_info()[0] / GIB
     dtype, gpu, reserve = getattr(torch, args.dtype), int(memory * GIB), int(args.gpu_memory_reserve * GIB)
     chosen = precision_of(args)
-    figures = plan_memory(cfg, dtype, precision=chosen).as_dict(gpu, reserve)
+    plan = plan_memory(cfg, dtype, precision=chosen)
+    figures = plan.as_dict(gpu, reserve)
+    if stt is not None:
+        beside = plan_transcriber_memory(stt, dtype)
+        per_conversation = plan.per_conversation + beside.per_conversation
+        fit = max(0, (gpu - reserve - plan.weights - beside.weights - plan.fixed) // per_conversation)
+        figures["transcriber"] = beside.as_dict() | {"conversations": fit}
     if args.every_choice:
         figures["choices"] = [
             plan_memory(cfg, dtype, precision=p).as_dict(gpu, reserve) | {"chosen": p == chosen}
@@ -108,6 +126,11 @@ def _table(f: dict) -> str:
         lines.append(f"    {name:21} {gib * 1024:9.2f} MiB")
     count = f["conversations"]
     lines.append(f"conversations that fit: {count}")
+    if (t := f.get("transcriber")) is not None:
+        lines.append(
+            f"  with the transcriber {t['model']} ({t['weights_gib']:.2f} GiB of weights, "
+            f"{t['per_conversation_gib'] * 1024:.1f} MiB per conversation): {t['conversations']}"
+        )
     if count == 0:
         need = f["weights_gib"] + f["fixed_gib"] + f["reserve_gib"] + f["per_conversation_gib"]
         lines.append(f"  (one conversation needs {need:.1f} GiB in all)")

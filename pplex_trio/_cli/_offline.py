@@ -8,22 +8,33 @@ user's audio.  Written: the agent's audio (same duration as the input,
 as a space (exactly the reference's ``output_text.json``).  A frame the
 model has no output for yet (the first one of a model without system
 prompt, such as Kyutai's Moshi) is silent, and its text is ``""``.
+
+With ``--transcribe`` the caller's words are written too (``--output-heard``,
+by default beside ``--output-text``): the transcriber's piece per frame in the
+same convention, its end-of-turn probability per frame, and the words with
+the seconds into the input where each began and ended
+(:class:`~pplex_trio.model.WordAssembler`, the model's delay taken off).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import sphn
 
 from .._precision import KVFormat, Precision, WeightFormat
 from .._sources import DEFAULT_REPO
+
+if TYPE_CHECKING:
+    from ..engine import EngineTranscriber
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +66,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temp-audio", type=float, default=0.8)
     parser.add_argument("--topk-audio", type=int, default=250)
     parser.add_argument("--device", default=None, help="cuda, cpu, cuda:1 ... (default: cuda if available)")
+    parser.add_argument(
+        "--transcribe",
+        default="off",
+        help="also write the caller's words: tiny, a Kyutai speech-to-text repo id or folder, auto (as serve), or "
+        "off (the default)",
+    )
+    parser.add_argument(
+        "--output-heard", default=None, help="where to write the caller's words (default: beside --output-text)"
+    )
     add_precision_arguments(parser)
 
 
@@ -83,16 +103,20 @@ def run(args: argparse.Namespace) -> int:
     """Run the command; returns the process exit code."""
     from ..engine import Conversation, PersonaPlexEngine, Sampling, SlotMode
     from ..model import ModelAccessError, VoiceNotFoundError
-    from ._engines import resolve_device
+    from ._engines import resolve_device, resolve_transcriber
 
     try:
         voice_dir, voice = voice_location(args.model, args.voice_prompt, args.voice_prompt_dir)
+        device = resolve_device(args.device or "auto")
+        transcribe, required = resolve_transcriber(args.transcribe, args.model, device)
         engine = PersonaPlexEngine.load(
             args.model,
             1,
-            device=resolve_device(args.device or "auto"),
+            device=device,
             voice_dir=voice_dir,
             precision=precision_of(args),
+            transcribe=transcribe,
+            transcribe_required=required,
         )
         seed = None if args.seed < 0 else args.seed
         sampling = Sampling(
@@ -121,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
     logger.info("system prompt: %d steps in %.2f s", steps, time.perf_counter() - began)
     tokenizer = engine.model.tokenizer
     out_frames, texts = [], []
+    heard = HeardWriter(engine.transcriber) if engine.transcriber is not None else None
     start = time.perf_counter()
     for i in range(frames):
         out = engine.step([SlotMode.LIVE], padded[None, i * frame : (i + 1) * frame])
@@ -129,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
         piece = tokenizer.offline_piece(token) if token >= 0 else ""
         texts.append(piece)
         logger.debug("frame %d text %r", i, piece)
+        if heard is not None:
+            heard.push(i, engine.last_heard[0], None if out.end_of_turn is None else out.end_of_turn[0])
     elapsed = time.perf_counter() - start
     logger.info("%d frames in %.1f s (%.1f ms per frame)", frames, elapsed, 1000 * elapsed / max(frames, 1))
     output = np.concatenate(out_frames)[: audio.shape[0]] if out_frames else np.zeros(0, dtype=np.float32)
@@ -136,7 +163,51 @@ def run(args: argparse.Namespace) -> int:
     with open(args.output_text, "w", encoding="utf-8") as f:
         json.dump(texts, f, ensure_ascii=False)
     logger.info("wrote %s and %s", args.output_wav, args.output_text)
+    if heard is not None:
+        path = args.output_heard or str(Path(args.output_text).with_suffix("")) + ".heard.json"
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(heard.result(), f, ensure_ascii=False, indent=1)
+        logger.info("wrote the caller's words to %s", path)
     return 0
+
+
+class HeardWriter:
+    """The caller's words of one offline run: each frame's piece and end-of-turn probability, and the words."""
+
+    def __init__(self, transcriber: EngineTranscriber):
+        from ..model import WordAssembler
+
+        cfg, tokenizer = transcriber.config, transcriber.loaded.tokenizer
+        self.name, self.delay_s, self.tokenizer = transcriber.name, cfg.audio_delay_seconds, tokenizer
+        self.words = WordAssembler(
+            tokenizer.sp,
+            text_card=cfg.text_card,
+            delay_s=cfg.audio_delay_seconds,
+            frame_rate=cfg.frame_rate,
+            pad_ids=(cfg.end_of_text_padding_id, cfg.existing_text_padding_id),
+            end_of_padding_id=cfg.end_of_text_padding_id,
+        )
+        self.pieces: list[str] = []
+        self.end_of_turn: list[float | None] = []
+        self.done: list[dict[str, float | str]] = []
+
+    def push(self, step: int, token: int, end_of_turn: float | None) -> None:
+        """Frame ``step``'s token (negative: none) and end-of-turn probability."""
+        self.pieces.append(self.tokenizer.offline_piece(token) if token >= 0 else "")
+        self.end_of_turn.append(end_of_turn)
+        if token >= 0:
+            self.done += [dataclasses.asdict(word) for word in self.words.push(step, token)]
+
+    def result(self) -> dict[str, object]:
+        """The JSON object written: the model, its delay, the pieces, the probabilities, the words."""
+        words = self.done + [dataclasses.asdict(word) for word in self.words.flush()]
+        return {
+            "model": self.name,
+            "delay_s": self.delay_s,
+            "tokens": self.pieces,
+            "end_of_turn": self.end_of_turn,
+            "words": words,
+        }
 
 
 def read_frames(path: str, sample_rate: int, frame: int) -> tuple[np.ndarray, np.ndarray]:

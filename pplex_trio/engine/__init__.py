@@ -45,9 +45,20 @@ if TYPE_CHECKING:
     from ._compare import compare as compare
     from ._fit import GIB as GIB
     from ._fit import plan_memory as plan_memory
+    from ._fit_transcriber import plan_transcriber_memory as plan_transcriber_memory
     from ._personaplex import PersonaPlexEngine as PersonaPlexEngine
+    from ._transcribing import EngineTranscriber as EngineTranscriber
+    from ._transcribing import TranscriberUnavailable as TranscriberUnavailable
 
-_NEEDS_TORCH = {"PersonaPlexEngine": "._personaplex", "compare": "._compare", "plan_memory": "._fit", "GIB": "._fit"}
+_NEEDS_TORCH = {
+    "PersonaPlexEngine": "._personaplex",
+    "compare": "._compare",
+    "plan_memory": "._fit",
+    "GIB": "._fit",
+    "TranscriberUnavailable": "._transcribing",
+    "EngineTranscriber": "._transcribing",
+    "plan_transcriber_memory": "._fit_transcriber",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -21,8 +21,10 @@ Host <-> device traffic per tick:
   (float32 ``[B, frame]``);
 * after the work, **one** device->host copy of ``packed`` (float32
   ``[B, K + 1 + frame]``: the de-delayed tokens, exact in float32 as every
-  id is below 2**24, the valid flag, the output PCM), which on CUDA is the
-  tick's only sync.
+  id is below 2**24, the valid flag, the output PCM; then a transcriber's
+  token, valid flag and end-of-turn probability: ``engine/_transcribing.py``,
+  stepped by :meth:`DeviceTick.listen` on the same encode's 32 levels, in the
+  graph or, eagerly, apart), which on CUDA is the tick's only sync.
 
 Rows that do not execute keep their state bit for bit (the model package's
 rule), so the graph serves every mix of IDLE and LIVE rows, and a warm-up
@@ -46,6 +48,7 @@ import numpy as np
 import torch
 
 from ..model import FREE, LMGen, LoadedModel, RowNoise, RowSampling, StepInputs
+from ._transcribing import HEARD_COLUMNS, EngineTranscriber
 
 logger = logging.getLogger(__name__)
 
@@ -117,10 +120,18 @@ class DeviceTick:
     static shapes; compiled during the warm-up), used only if a few ticks
     of noise give the eager tick's tokens (:meth:`prepare`); on a CUDA
     device the graph then records the compiled tick.
+
+    ``transcriber``: stepped in every tick on the same codes (:meth:`listen`).
     """
 
     def __init__(
-        self, model: LoadedModel, batch_size: int, *, depformer_steps: int | None = None, compile: bool = False
+        self,
+        model: LoadedModel,
+        batch_size: int,
+        *,
+        depformer_steps: int | None = None,
+        compile: bool = False,
+        transcriber: EngineTranscriber | None = None,
     ):
         cfg = model.config.lm
         if max(cfg.text_card, cfg.card) + 1 >= FLOAT32_EXACT:
@@ -132,6 +143,9 @@ class DeviceTick:
         self.num_streams = k = cfg.num_streams
         self.first_user = 1 + cfg.num_agent_codebooks
         frame = model.mimi.frame_size
+        self.transcriber = transcriber
+        self.levels = max(model.mimi.num_codebooks, transcriber.levels if transcriber else 0)
+        self.heard_at = k + 1 + frame  # the transcriber's columns in packed
 
         self.gen = LMGen(model.lm, b, depformer_steps=depformer_steps)
         self.encoder = model.mimi.init_encoder_state(b)
@@ -142,7 +156,8 @@ class DeviceTick:
 
         self.live = torch.zeros(b, dtype=torch.long, device=dev)
         self.pcm = torch.zeros(b, frame, dtype=torch.float32, device=dev)
-        self.packed = torch.zeros(b, k + 1 + frame, dtype=torch.float32, device=dev)
+        self.packed = torch.zeros(b, self.heard_at + (HEARD_COLUMNS if transcriber else 0), device=dev)
+        self.heard_columns = self.packed[:, self.heard_at :]  # (a view: the transcriber writes into packed)
         self.silence = torch.zeros((), dtype=torch.float32, device=dev)
         pin = dev.type == "cuda"
         self.host_live = torch.zeros(self.live.shape, dtype=torch.long, pin_memory=pin)
@@ -210,7 +225,7 @@ class DeviceTick:
         assert self._compiled is not None
         try:
             self._compiled()  # compiles, every row masked: nothing of any row moves
-            problem = self._differs(self._compiled)
+            problem = self._differs(self.run)  # (the compiled tick, then the transcriber's step)
         except Exception as exc:  # any compile error: the eager path still works
             problem = f"{type(exc).__name__}: {exc}"
         if problem is None:
@@ -267,13 +282,19 @@ class DeviceTick:
                 outputs.append(self.download().copy())
             return outputs
 
-        eager, replayed = run_ticks(self._sampled), run_ticks(tick)
+        def eager() -> None:
+            self._eager(sample=True)
+            self.listen()
+
+        eager_outputs, replayed = run_ticks(eager), run_ticks(tick)
         self.reset_all()
-        k = self.num_streams
-        for index, (want, got) in enumerate(zip(eager, replayed)):
-            if not np.array_equal(want[:, : k + 1], got[:, : k + 1]):
+        k, h = self.num_streams, self.heard_at
+        for index, (want, got) in enumerate(zip(eager_outputs, replayed)):
+            exact = np.r_[0 : k + 1, h : min(h + 2, want.shape[1])]  # the tokens and valid flags of both models
+            if not np.array_equal(want[:, exact], got[:, exact]):
                 return f"tick {index + 1} of {CHECK_TICKS}: its tokens differ from the eager tick's"
-            difference = float(np.abs(want[:, k + 1 :] - got[:, k + 1 :]).max())
+            close = np.r_[k + 1 : h, h + 2 : want.shape[1]]  # the PCM, the end-of-turn probability
+            difference = float(np.abs(want[:, close] - got[:, close]).max())
             if not difference <= CHECK_PCM_TOLERANCE:
                 return (
                     f"tick {index + 1} of {CHECK_TICKS}: its PCM differs from the eager tick's by {difference:.3g} "
@@ -288,6 +309,8 @@ class DeviceTick:
         self.gen.reset(mask)
         self.encoder.reset(mask)
         self.decoder.reset(mask)
+        if self.transcriber is not None:
+            self.transcriber.reset(mask)
 
     def reset_all(self) -> None:
         """Every row fresh, in place (the recorded graph reads the same buffers)."""
@@ -304,18 +327,25 @@ class DeviceTick:
         self.live.copy_(self.host_live, non_blocking=True)
         self.pcm.copy_(self.host_pcm, non_blocking=True)
 
-    def run(self, *, sample: bool = True) -> None:
+    def run(self, *, sample: bool = True, listen: bool = True) -> None:
         """The tick's device work, from ``live`` / ``pcm`` (and the states) into ``packed``.
 
         With ``sample`` on this is what the CUDA graph records; the eager
-        engine switches it off when every LIVE row is greedy (the result is
-        the same: the noise matters only to sampled rows).  A compiled tick
-        always samples.
+        engine switches it off when every LIVE row is greedy (the same result:
+        the noise matters only to sampled rows); a compiled tick always samples.
+        ``listen=False`` leaves out the transcriber's step (the eager engine runs it apart).
         """
         if self._compiled is not None:
             self._compiled()
         else:
             self._eager(sample=sample)
+        if listen:
+            self.listen()
+
+    def listen(self) -> None:
+        """The transcriber's step on the LIVE rows, from this tick's codes into its columns (none: nothing)."""
+        if self.transcriber is not None:
+            self.transcriber.step(self.live.bool(), self.heard_columns)
 
     def _sampled(self) -> None:
         self._eager(sample=True)
@@ -324,7 +354,10 @@ class DeviceTick:
     def _eager(self, *, sample: bool) -> None:
         card = self.cfg.card
         live = self.live.bool()
-        codes = self.model.mimi.encode_frame(self.pcm, self.encoder, live)
+        codes = self.model.mimi.encode_frame(self.pcm, self.encoder, live, num_codebooks=self.levels)
+        if self.transcriber is not None:
+            self.transcriber.codes.copy_(codes)
+            codes = codes[:, : self.model.mimi.num_codebooks]  # PersonaPlex's, bit for bit
         inputs = StepInputs(tokens=torch.cat([self.free_tokens, codes], dim=1), exec_mask=live)
         noise = self.noise.draw(live) if sample else None
         result = self.gen.step(inputs, self.sampling, noise)
@@ -336,7 +369,7 @@ class DeviceTick:
         agent = result.tokens[:, 1 : self.first_user]
         speak = live & ((agent >= 0) & (agent < card)).all(dim=1)
         pcm = self.model.mimi.decode_frame(agent.clamp(0, card - 1), self.decoder, speak)
-        self.packed[:, k + 1 :].copy_(torch.where(speak[:, None], pcm, self.silence))
+        self.packed[:, k + 1 : self.heard_at].copy_(torch.where(speak[:, None], pcm, self.silence))
 
     def replay(self) -> bool:
         """Run the tick as the recorded graph; False (nothing run) when there is none."""
@@ -359,4 +392,9 @@ class DeviceTick:
     def unpack(self, host: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(tokens int64 [B, K], valid bool [B], pcm float32 [B, frame])``, copies of a :meth:`download`."""
         k = self.num_streams
-        return host[:, :k].astype(np.int64), host[:, k] > 0.5, host[:, k + 1 :].copy()
+        return host[:, :k].astype(np.int64), host[:, k] > 0.5, host[:, k + 1 : self.heard_at].copy()
+
+    def unpack_heard(self, host: np.ndarray) -> tuple[list[int], list[bool], list[float]]:
+        """The transcriber's ``(token, valid, end-of-turn probability)`` per row, from a :meth:`download`."""
+        h = self.heard_at
+        return host[:, h].astype(np.int64).tolist(), (host[:, h + 1] > 0.5).tolist(), host[:, h + 2].tolist()

@@ -9,14 +9,29 @@ step to stand in for GPU compute time.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
 from .._voice_catalogue import OFFICIAL_VOICES, voice_files
 from ._interface import FRAME_SIZE, Conversation, Engine, Job, SlotMode, StepOutput
 
-__all__ = ["OFFICIAL_VOICES", "EchoEngine", "voices_in_directory"]
+__all__ = ["OFFICIAL_VOICES", "EchoEngine", "Transcript", "scripted_transcript", "voices_in_directory"]
+
+Transcript = Callable[[int, np.ndarray], tuple[str | None, float | None]]
+"""A stand-in transcriber for :class:`EchoEngine`: given a LIVE row's frame number (from 0 at its start) and
+the frame it heard, the text piece it "heard" (None: none) and the end-of-turn probability (None: no head)."""
+
+
+def scripted_transcript(pieces: Mapping[int, str], turn_ends: Collection[int] = ()) -> Transcript:
+    """A :data:`Transcript` that hears ``pieces[n]`` at a row's frame ``n`` whatever the audio, with an
+    end-of-turn probability of 0.9 at the frames of ``turn_ends`` and 0.01 elsewhere."""
+
+    def transcript(frame: int, pcm: np.ndarray) -> tuple[str | None, float | None]:
+        return pieces.get(frame), 0.9 if frame in turn_ends else 0.01
+
+    return transcript
+
 
 # Echo offers the official client's voices unless given a voice folder; a folder is listed
 # by the catalogue's one rule, so echo and the real model agree on what a folder holds.
@@ -34,6 +49,10 @@ class EchoEngine(Engine):
     - Faults, for tests of the server: ``fail_at_step`` raises in that step
       (counted from 0 over all steps), ``hang_at_step`` sleeps ``hang_seconds``
       in it, as a GPU call that never returns would.
+    - ``transcript`` (for tests, not on the command line): what a transcriber
+      would have heard (:data:`Transcript`, e.g. :func:`scripted_transcript`),
+      given out as ``heard_text`` / ``end_of_turn``, ``transcript_delay`` seconds
+      behind; one that raises costs that step's words, as the real engine's does.
     """
 
     def __init__(
@@ -49,6 +68,8 @@ class EchoEngine(Engine):
         hang_at_step: int | None = None,
         hang_seconds: float = 30.0,
         text_share: float = 1.0,
+        transcript: Transcript | None = None,
+        transcript_delay: float = 0.5,
     ):
         if num_slots < 1:
             raise ValueError("num_slots must be at least 1")
@@ -72,10 +93,16 @@ class EchoEngine(Engine):
         self.hang_at_step = hang_at_step
         self.hang_seconds = hang_seconds
         self.steps_taken = 0
+        self.transcript = transcript
+        self._transcript_delay = transcript_delay
 
     @property
     def name(self) -> str:
         return f"echo (test engine, {self.delay_frames}-frame delay)"
+
+    @property
+    def transcript_delay(self) -> float | None:
+        return None if self.transcript is None else self._transcript_delay
 
     def voices(self) -> Sequence[str]:
         return self._voices
@@ -126,7 +153,16 @@ class EchoEngine(Engine):
         for row, k in zip(rows.tolist(), n.tolist()):
             if int((k + 1) * self.text_share) > int(k * self.text_share):  # evenly spread, exact share
                 text[row] = f" {k}"
-        return StepOutput(pcm=out, text=text)
+        if self.transcript is None:
+            return StepOutput(pcm=out, text=text)
+        heard: list[str | None] = [None] * self.num_slots
+        turn: list[float | None] = [None] * self.num_slots
+        try:
+            for row, k in zip(rows.tolist(), n.tolist()):
+                heard[row], turn[row] = self.transcript(k, pcm[row])
+        except Exception:  # as the real engine: a transcriber's failure costs this step's words only
+            return StepOutput(out, text, [None] * self.num_slots, [None] * self.num_slots, transcriber_failed=True)
+        return StepOutput(out, text, heard, turn)
 
 
 class _EchoVoice:

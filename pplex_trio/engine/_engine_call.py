@@ -185,8 +185,10 @@ def apply_result(table: SlotTable, call: EngineCall, result: CallResult, now: fl
         if (lease := call.lease(table, i, _PREFILL)) is not None and lease.prefilled(positions, now):
             metrics.time_to_live.observe(now - lease.prompt_since)
     tick = call.tick
-    if tick is None or result.output is None:
+    if tick is None or (output := result.output) is None:
         return
+    if output.transcriber_failed:
+        metrics.transcriber_failures.inc()
     delivered = 0
     for i, mode in enumerate(tick.modes):
         if mode is not SlotMode.LIVE or (lease := call.lease(table, i, LIVE_STATES)) is None:
@@ -194,12 +196,14 @@ def apply_result(table: SlotTable, call: EngineCall, result: CallResult, now: fl
         try:
             lease.deliver(
                 OutputFrame(
-                    result.output.pcm[i].copy(),
-                    result.output.text[i],
+                    output.pcm[i].copy(),
+                    output.text[i],
                     tick.tick,
                     heard=tick.pcm[i].copy(),
                     input_arrival=tick.arrivals[i][1],
                     step_seconds=result.step_seconds,
+                    heard_text=None if output.heard_text is None else output.heard_text[i],
+                    end_of_turn=None if output.end_of_turn is None else output.end_of_turn[i],
                     tick_started=call.started_at,
                     delivered=now,
                 )

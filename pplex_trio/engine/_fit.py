@@ -145,8 +145,9 @@ def free_device_memory(device: torch.device) -> int | None:
     return free
 
 
-def auto_slots(model: LoadedModel, reserve: int, *, depformer_steps: int | None = None) -> int:
-    """``--slots auto``: the conversations that fit the device's free memory now, the weights loaded.
+def auto_slots(model: LoadedModel, reserve: int, *, depformer_steps: int | None = None, extra: int = 0) -> int:
+    """``--slots auto``: the conversations that fit the device's free memory now, the weights loaded (a
+    transcriber's too: ``extra`` is its bytes per conversation).
 
     Logs the figures.  Error handling: :class:`NotEnoughMemory` when not even one fits.
     """
@@ -155,10 +156,11 @@ def auto_slots(model: LoadedModel, reserve: int, *, depformer_steps: int | None 
         logger.info("--slots auto: %d conversations (%s: no GPU memory to size them by)", OFF_GPU_SLOTS, model.device)
         return OFF_GPU_SLOTS
     plan = plan_memory(model.config, model.lm.dtype, depformer_steps=depformer_steps, precision=model.lm.precision)
-    count = plan.conversations_after_load(free, reserve)
+    per_conversation = plan.per_conversation + extra
+    count = max(0, (free - reserve - plan.fixed) // per_conversation)
     figures = (
         f"{free / GIB:.1f} GiB free on {model.device} with the weights loaded, {plan.fixed / GIB:.2f} GiB "
-        f"fixed, {plan.per_conversation / GIB:.3f} GiB per conversation, {reserve / GIB:.1f} GiB reserve"
+        f"fixed, {per_conversation / GIB:.3f} GiB per conversation, {reserve / GIB:.1f} GiB reserve"
     )
     if count < 1:
         raise NotEnoughMemory(

@@ -55,10 +55,20 @@ class StepOutput:
     ``text[i]`` is the text piece row ``i`` produced this step (with its
     leading space, if any), or ``None``.  Rows that were not LIVE carry
     silence and ``None``.
+
+    An engine with a transcriber also gives what it heard: ``heard_text[i]``,
+    the piece of the caller's words row ``i``'s transcriber wrote this step
+    (None: padding), and ``end_of_turn[i]``, its probability that the
+    caller's turn has ended (None: no such head); both None without a
+    transcriber.  ``transcriber_failed``: its step raised, this step's words
+    are lost (the conversations go on).
     """
 
     pcm: np.ndarray
     text: list[str | None]
+    heard_text: list[str | None] | None = None
+    end_of_turn: list[float | None] | None = None
+    transcriber_failed: bool = False
 
 
 class Job(typing.Protocol):
@@ -90,6 +100,12 @@ class Engine(abc.ABC):
         ``compiled_cuda_graph``, or, when one was wanted, ``eager_after_failed_capture`` /
         ``eager_after_failed_check`` (its replay or the compiled tick differed from the eager tick)."""
         return "eager"
+
+    @property
+    def transcript_delay(self) -> float | None:
+        """Seconds the caller's words (``StepOutput.heard_text``) run behind their audio: a piece of step
+        ``n`` of a conversation is about ``n * 0.08 - transcript_delay`` s into it; None without a transcriber."""
+        return None
 
     @property
     @abc.abstractmethod

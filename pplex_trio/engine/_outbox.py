@@ -35,6 +35,11 @@ class OutputFrame:
     of that input frame reached the server (``None`` if the tick had no
     input), and ``step_seconds`` the engine's compute time in that tick: the
     send task turns them into the server-added latency of this frame.
+
+    With a transcriber, ``heard_text`` is the piece of the caller's words it
+    wrote this tick (as ``text`` is the model's; None: none), about what the
+    caller said ``Engine.transcript_delay`` seconds before ``heard``, and
+    ``end_of_turn`` its probability that the caller's turn has ended.
     """
 
     pcm: np.ndarray
@@ -43,6 +48,8 @@ class OutputFrame:
     heard: np.ndarray | None = None
     input_arrival: float | None = None
     step_seconds: float = 0.0
+    heard_text: str | None = None
+    end_of_turn: float | None = None
     tick_started: float = 0.0  # when the tick that made it began
     delivered: float = 0.0  # when it reached the outbox
     _silent: bool | None = dataclasses.field(default=None, repr=False)
@@ -64,9 +71,16 @@ OutputEvent = OutputFrame | OutputEnd
 
 
 def carry_text(dropped: OutputEvent, successor: OutputEvent) -> None:
-    """A dropped frame's audio is gone, but its text piece goes out with the next frame."""
-    if isinstance(dropped, OutputFrame) and isinstance(successor, OutputFrame) and dropped.text:
+    """A dropped frame's audio is gone, but its text pieces (the model's, the caller's) go out with the next
+    frame, and its end-of-turn probability if higher."""
+    if not isinstance(dropped, OutputFrame) or not isinstance(successor, OutputFrame):
+        return
+    if dropped.text:
         successor.text = dropped.text + (successor.text or "")
+    if dropped.heard_text:
+        successor.heard_text = dropped.heard_text + (successor.heard_text or "")
+    if dropped.end_of_turn is not None:
+        successor.end_of_turn = max(dropped.end_of_turn, successor.end_of_turn or 0.0)
 
 
 def silent_frame(event: OutputEvent) -> bool:

@@ -35,6 +35,7 @@ import torch
 from .._precision import Precision
 from ..model import (
     LoadedModel,
+    LoadedTranscriber,
     VoiceMaking,
     VoiceNotFoundError,
     lm_dtype_for,
@@ -43,8 +44,10 @@ from ..model import (
 )
 from ._device_tick import PASS_POSITIONS, CudaGraphs, DeviceTick
 from ._fit import GIB, NotEnoughMemory, auto_slots, out_of_memory_message
+from ._fit_transcriber import transcriber_for
 from ._interface import Conversation, ConversationRejected, Engine, Job, SlotMode, StepOutput
 from ._prompts import PromptCache, PromptRow
+from ._transcribing import EngineTranscriber
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +87,11 @@ class PersonaPlexEngine(Engine):
     small golden model on a CPU), and its floats are not the eager tick's
     bit for bit (docs/BENCHMARKS.md).
 
+    ``transcriber``: the caller's words too, on the same Mimi encode (``_transcribing.py``), in
+    :class:`StepOutput`; PersonaPlex's tokens are the same with it or without.
+
     Error handling: ``ValueError`` for ``cuda_graph=True`` on a model that
-    is not on a CUDA device.
+    is not on a CUDA device, or a transcriber whose Mimi is not the model's.
     """
 
     def __init__(
@@ -97,6 +103,7 @@ class PersonaPlexEngine(Engine):
         depformer_steps: int | None = None,
         cuda_graph: bool | None = None,
         compile: bool = False,
+        transcriber: LoadedTranscriber | None = None,
     ):
         if num_slots < 1:
             raise ValueError("num_slots must be at least 1")
@@ -120,7 +127,11 @@ class PersonaPlexEngine(Engine):
         self._rows = [PromptRow() for _ in range(num_slots)]
         self.last_tokens = np.full((num_slots, cfg.lm.num_streams), -2, dtype=np.int64)
         self._prompts = PromptCache(model)
-        self._tick = DeviceTick(model, num_slots, depformer_steps=depformer_steps, compile=compile)
+        self.transcriber = None if transcriber is None else EngineTranscriber(transcriber, num_slots)
+        self.last_heard: list[int] = [-2] * num_slots  # the transcriber's last tokens (-2: none)
+        self._tick = DeviceTick(
+            model, num_slots, depformer_steps=depformer_steps, compile=compile, transcriber=self.transcriber
+        )
         self._tick.prepare(graphs)
 
     @classmethod
@@ -133,6 +144,8 @@ class PersonaPlexEngine(Engine):
         cuda_graph: bool | None = None,
         memory_reserve: int = 2 * GIB,
         precision: Precision = Precision(),
+        transcribe: str | None = None,
+        transcribe_required: bool = True,
         **kwargs: Any,
     ) -> PersonaPlexEngine:
         """Load ``source`` (``tiny``, a Hugging Face repo id or a local folder) and build an engine.
@@ -146,6 +159,7 @@ class PersonaPlexEngine(Engine):
         ``cuda_graph``: None records the tick as a CUDA graph on a CUDA device; True needs one (checked before
         loading); False never records.
         ``precision``: int8 weights and an fp8 KV cache (:func:`~pplex_trio.model.load_model`).
+        ``transcribe``: a transcriber beside it (``tiny-stt``, a repo id, a folder): see ``transcriber_for``.
 
         Error handling: :class:`~pplex_trio.engine._fit.NotEnoughMemory` (one
         line with the figures and the way out) when the device runs out of
@@ -159,8 +173,14 @@ class PersonaPlexEngine(Engine):
             if model.device.type == "cpu" and model.config.lm.dim <= 1024 and torch.get_num_threads() > 1:
                 logger.info("small model on CPU: using one torch thread")
                 torch.set_num_threads(1)
+            steps, extra = kwargs.get("depformer_steps"), 0
+            if transcribe is not None:
+                doing = "loading the transcriber"
+                kwargs["transcriber"], extra = transcriber_for(
+                    transcribe, model, required=transcribe_required, reserve=memory_reserve, depformer_steps=steps
+                )
             if num_slots is None:
-                num_slots = auto_slots(model, memory_reserve, depformer_steps=kwargs.get("depformer_steps"))
+                num_slots = auto_slots(model, memory_reserve, depformer_steps=steps, extra=extra)
             doing = (
                 "building the engine"
                 if cuda_graph is False or model.device.type != "cuda"
@@ -182,6 +202,10 @@ class PersonaPlexEngine(Engine):
     @property
     def tick_path(self) -> str:
         return str(self._tick.path)
+
+    @property
+    def transcript_delay(self) -> float | None:
+        return None if self.transcriber is None else self.transcriber.delay_s
 
     def voices(self) -> Sequence[str]:
         return self.model.voices.names()
@@ -242,6 +266,8 @@ class PersonaPlexEngine(Engine):
             decoder=self.model.tokenizer.decoder(),
             greedy=s.greedy or (s.text_temperature <= 0 and s.audio_temperature <= 0),
         )
+        if self.transcriber is not None:
+            self.transcriber.start_row(slot)
         return plan.num_steps
 
     def prefill(self, work: Mapping[int, int]) -> dict[int, int]:
@@ -279,11 +305,15 @@ class PersonaPlexEngine(Engine):
         with self._tick.on_device():
             self._reset_row(slot)
         self._rows[slot] = PromptRow()
+        if self.transcriber is not None:
+            self.transcriber.end_row(slot)
 
     def reset_all(self) -> None:
         with self._tick.on_device():
             self._tick.reset_all()
         self._rows = [PromptRow() for _ in range(self.num_slots)]
+        if self.transcriber is not None:
+            self.transcriber.end_all()
 
     @torch.no_grad()
     def step(self, modes: Sequence[SlotMode], pcm: np.ndarray) -> StepOutput:
@@ -301,16 +331,22 @@ class PersonaPlexEngine(Engine):
             self.last_tokens = np.full_like(self.last_tokens, -2)
             return StepOutput(pcm=np.zeros((b, self.frame_size), dtype=np.float32), text=[None] * b)
         with self._tick.on_device():
-            tokens, valid, pcm_out = self._step(live_rows, pcm)
+            host, failed = self._step(live_rows, pcm)
+        tokens, valid, pcm_out = self._tick.unpack(host)
         self.last_tokens = tokens
         text: list[str | None] = [None] * b
         for i in live_rows:
             row = self._rows[i]
             if valid[i] and row.decoder is not None:
                 text[i] = row.decoder.push(int(tokens[i, 0]))
-        return StepOutput(pcm=pcm_out, text=text)
+        if self.transcriber is None:
+            return StepOutput(pcm=pcm_out, text=text)
+        heard, heard_valid, turn = self._tick.unpack_heard(host)
+        self.last_heard = [t if ok else -2 for t, ok in zip(heard, heard_valid, strict=True)]
+        heard_text, end_of_turn = self.transcriber.pieces(live_rows, heard, heard_valid, turn, b)
+        return StepOutput(pcm_out, text, heard_text, end_of_turn, transcriber_failed=failed)
 
-    def _step(self, live_rows: list[int], pcm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _step(self, live_rows: list[int], pcm: np.ndarray) -> tuple[np.ndarray, bool]:
         tick = self._tick
         # What the device needs from the host this tick: the LIVE flags and the input audio, both
         # copied over before any kernel is queued.
@@ -319,10 +355,15 @@ class PersonaPlexEngine(Engine):
         live[live_rows] = 1
         np.copyto(tick.host_pcm.numpy(), pcm, casting="same_kind")
         tick.upload()
+        failed = False
         if not tick.replay():  # else the recorded graph ran: every part, every row
             # Eagerly, the sampling noise is drawn only when a LIVE row samples (greedy rows never read it).
-            tick.run(sample=any(not self._rows[i].greedy for i in live_rows))
-        return tick.unpack(tick.download())  # the tick's one read back to the host
+            tick.run(sample=any(not self._rows[i].greedy for i in live_rows), listen=False)
+            # Apart: the transcriber's failure costs this tick's words, never the conversation.
+            failed = self.transcriber is not None and self.transcriber.step_guarded(
+                tick.live.bool(), tick.heard_columns
+            )
+        return tick.download(), failed  # the tick's one read back to the host
 
     # --- helpers ------------------------------------------------------------------
 

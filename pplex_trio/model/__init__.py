@@ -70,6 +70,21 @@ frame (as trained and as Kyutai does); NVIDIA's fork drops step 0 from its
 last step (15, a discarded user codebook), so only that step's logits
 differ from it.  Only the agent's depformer steps run by default.
 
+Speech to text (the caller's words)
+-----------------------------------
+``load_transcriber(source=DEFAULT_STT_REPO, device="cpu") ->
+LoadedTranscriber`` (``config`` :class:`STTConfig`, ``model``
+:class:`SpeechToText`, ``mimi``, ``tokenizer``) loads Kyutai's streaming STT
+(``STT_REPOS``; ``TINY_STT`` is a random-weight one, built once by
+``ensure_tiny_stt_checkpoint``); ``load_stt_config(source)`` reads only its config.  ``t = Transcriber(model, B)``;
+``t.step(codes[B, 32], exec_mask) -> TranscriptStep`` (``text [B]``,
+``valid``, ``extra_heads [B, heads, dim]``, ``end_of_turn [B]`` or None);
+``t.reset(mask)``.  The codes come from the same Mimi encode as
+PersonaPlex's: ``mimi.encode_frame(pcm, state, mask, num_codebooks=32)``,
+whose first 8 levels are PersonaPlex's codes bit for bit.
+``WordAssembler`` turns one row's tokens into timed ``Word`` s;
+``TurnEnd`` / ``is_end_of_turn`` decide the end of a turn.
+
 Engine-level pieces: ``build_prompt_plan`` (system prompt as forced steps),
 ``RowSampling`` / ``RowNoise`` / ``sample`` (per-row seeded sampling),
 ``StreamDecoder`` (incremental detokenization), ``VoiceMaking`` / ``make_voice_prompt``
@@ -125,11 +140,26 @@ from ._sampling import RowNoise as RowNoise
 from ._sampling import RowSampling as RowSampling
 from ._sampling import sample as sample
 from ._streaming import ring_attention_mask as ring_attention_mask
+from ._stt_config import END_OF_TURN_HEAD as END_OF_TURN_HEAD
+from ._stt_config import END_OF_TURN_INDEX as END_OF_TURN_INDEX
+from ._stt_config import STT_REPOS as STT_REPOS
+from ._stt_config import STTConfig as STTConfig
+from ._stt_config import stt_config_from_dict as stt_config_from_dict
+from ._stt_loading import DEFAULT_STT_REPO as DEFAULT_STT_REPO
+from ._stt_loading import TINY_STT as TINY_STT
+from ._stt_loading import LoadedTranscriber as LoadedTranscriber
+from ._stt_loading import load_stt_config as load_stt_config
+from ._stt_loading import load_transcriber as load_transcriber
 from ._text import StreamDecoder as StreamDecoder
 from ._text import TextTokenizer as TextTokenizer
 from ._text import persona_tokens as persona_tokens
 from ._text import wrap_persona as wrap_persona
 from ._tiny import ensure_tiny_checkpoint as ensure_tiny_checkpoint
+from ._tiny_stt import ensure_tiny_stt_checkpoint as ensure_tiny_stt_checkpoint
+from ._transcriber import SpeechToText as SpeechToText
+from ._transcriber import STTState as STTState
+from ._transcriber import Transcriber as Transcriber
+from ._transcriber import TranscriptStep as TranscriptStep
 from ._transformer import StreamingTransformer as StreamingTransformer
 from ._transformer import TransformerState as TransformerState
 from ._voices import VoiceLibrary as VoiceLibrary
@@ -139,3 +169,7 @@ from ._voices import VoicePrompt as VoicePrompt
 from ._voices import check_voice_name as check_voice_name
 from ._voices import make_voice_prompt as make_voice_prompt
 from ._voices import voice_from_recording as voice_from_recording
+from ._words import TurnEnd as TurnEnd
+from ._words import Word as Word
+from ._words import WordAssembler as WordAssembler
+from ._words import is_end_of_turn as is_end_of_turn

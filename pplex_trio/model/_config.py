@@ -353,7 +353,8 @@ def _tiny_config() -> ModelConfig:
         ),
         mimi=MimiConfig(
             seanet=SEANetConfig(dimension=32, n_filters=4),
-            quantizer=QuantizerConfig(dimension=16, n_q=8, bins=card, input_dimension=32, output_dimension=32),
+            # 32 levels stored, 8 used, as the real Mimi: a transcriber reads all 32 from the same encode.
+            quantizer=QuantizerConfig(dimension=16, n_q=32, bins=card, input_dimension=32, output_dimension=32),
             transformer=TransformerConfig(
                 d_model=32,
                 num_heads=2,

@@ -123,12 +123,32 @@ class Mimi(nn.Module):
         x = self.encoder_transformer.transformer(x.transpose(1, 2), state.transformer, exec_mask).transpose(1, 2)
         return self.downsample.conv(x, state.downsample, exec_mask)
 
+    @property
+    def stored_codebooks(self) -> int:
+        """Codebooks the quantizer holds (32 for the real Mimi): the most :meth:`encode_frame` can emit."""
+        return self.cfg.quantizer.n_q
+
     def encode_frame(
-        self, pcm: torch.Tensor, state: MimiEncoderState, exec_mask: torch.Tensor | None = None
+        self,
+        pcm: torch.Tensor,
+        state: MimiEncoderState,
+        exec_mask: torch.Tensor | None = None,
+        num_codebooks: int | None = None,
     ) -> torch.Tensor:
-        """``pcm`` float ``[B, frame_size]`` to codes long ``[B, num_codebooks]``."""
+        """``pcm`` float ``[B, frame_size]`` to codes long ``[B, num_codebooks]`` (default: the codebooks used).
+
+        One encode serves both models of a call: ``num_codebooks=32`` gives the
+        speech-to-text model its 32 levels, and their first ``num_codebooks``
+        (8) are bit for bit the codes of a default encode, because each
+        residual level only reads the ones before it.
+
+        Error handling: ``ValueError`` when more codebooks are asked than stored.
+        """
+        n = self.cfg.num_codebooks if num_codebooks is None else num_codebooks
+        if not 0 < n <= self.stored_codebooks:
+            raise ValueError(f"this Mimi stores {self.stored_codebooks} codebooks, {n} were asked")
         latent = self.encode_latent(pcm, state, exec_mask)
-        return self.quantizer.encode(latent, self.cfg.num_codebooks)[:, :, 0]
+        return self.quantizer.encode(latent, n)[:, :, 0]
 
     @torch.no_grad()
     def decode_frame(

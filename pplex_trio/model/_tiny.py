@@ -180,7 +180,7 @@ def _uniform_(t: torch.Tensor, low: float, high: float, gen: torch.Generator) ->
         t.copy_(low + (high - low) * torch.rand(t.shape, generator=gen))
 
 
-def _init_lm(lm: LMModel, gen: torch.Generator) -> None:
+def _init_lm(lm: nn.Module, gen: torch.Generator) -> None:
     for name, p in lm.named_parameters():
         if name.endswith(".alpha"):
             _uniform_(p, 0.5, 1.5, gen)

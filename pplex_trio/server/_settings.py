@@ -77,6 +77,12 @@ class ServerSettings(ActorSettings):
         metavar="NAME",
     )
     device: str = setting("auto", "torch device: auto, cpu, cuda, cuda:1 …", group="model and GPU", metavar="DEVICE")
+    transcribe: str = setting(
+        "auto",
+        "caller's words: off, tiny, a Kyutai STT repo/folder, or auto (the 1B one on a GPU)",
+        group="model and GPU",
+        metavar="MODEL",
+    )
     slots: int | None = setting(
         None,
         "concurrent conversations: a number, or auto (the default): as many as fit the GPU's free "
@@ -100,7 +106,7 @@ class ServerSettings(ActorSettings):
         "int8: half the weights' memory, for 16-24 GB cards (check it with `pplex-trio compare`)",
         group="model and GPU",
     )
-    kv_cache: KVFormat = setting(KVFormat.MODEL, "fp8: about twice the conversations per GPU", group="model and GPU")
+    kv_cache: KVFormat = setting(KVFormat.MODEL, "fp8: twice the conversations per GPU", group="model and GPU")
     cuda_graph: CudaGraphMode = setting(
         CudaGraphMode.AUTO,
         "replay each tick as a CUDA graph recorded at load: auto (on CUDA; eager when its "
@@ -115,7 +121,7 @@ class ServerSettings(ActorSettings):
         advanced=True,
     )
     queue_timeout: float = setting(
-        60.0, "seconds one may wait in the queue for a slot", low=0, group="conversations", metavar="SECONDS"
+        60.0, "seconds one may wait for a slot", low=0, group="conversations", metavar="SECONDS"
     )
     max_session_seconds: float = setting(
         0.0,
@@ -146,7 +152,7 @@ class ServerSettings(ActorSettings):
         group="conversations",
     )
     shutdown_grace: float = setting(
-        1.0, "seconds conversations get to close on shutdown", low=0, group="conversations", metavar="SECONDS"
+        1.0, "seconds given to close on shutdown", low=0, group="conversations", metavar="SECONDS"
     )
     keepalive_interval: float = setting(
         2.0,

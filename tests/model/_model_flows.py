@@ -19,7 +19,7 @@ def every_part(engine, on: bool = True) -> None:
     """
     tick = engine._tick
     if on:
-        tick.run = lambda *, sample: DeviceTick.run(tick, sample=True)
+        tick.run = lambda *, sample, listen=True: DeviceTick.run(tick, sample=True, listen=listen)
     else:
         vars(tick).pop("run", None)
 

@@ -142,6 +142,26 @@ EXPORTS = {
     "voice_from_recording",
     "wrap_persona",
     "write_quantized",
+    # speech to text: the caller's words
+    "DEFAULT_STT_REPO",
+    "END_OF_TURN_HEAD",
+    "END_OF_TURN_INDEX",
+    "LoadedTranscriber",
+    "STTConfig",
+    "STTState",
+    "STT_REPOS",
+    "SpeechToText",
+    "TINY_STT",
+    "Transcriber",
+    "TranscriptStep",
+    "TurnEnd",
+    "Word",
+    "WordAssembler",
+    "ensure_tiny_stt_checkpoint",
+    "is_end_of_turn",
+    "load_stt_config",
+    "load_transcriber",
+    "stt_config_from_dict",
 }
 
 
