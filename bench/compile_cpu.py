@@ -35,32 +35,14 @@ import torch
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
 
+from _helpers.engine_runs import drive  # noqa: E402
 from pplex_trio.engine import _device_tick  # noqa: E402
-from pplex_trio.engine._interface import Conversation, Sampling, SlotMode  # noqa: E402
 from pplex_trio.engine._personaplex import PersonaPlexEngine  # noqa: E402
 from pplex_trio.model import load_model  # noqa: E402
 
 GOLDEN = REPO.parent / "shared" / "golden" / "tiny-public"
-LIVE = SlotMode.LIVE
-
-
-def drive(engine: PersonaPlexEngine, frames: int) -> tuple[np.ndarray, np.ndarray]:
-    """Two conversations (one sampled, one greedy) through their prompts and ``frames`` live frames: the
-    tokens ``[frames, 2, K]`` and the PCM."""
-    voice = engine.model.voices.names()[0]
-    engine.prefill(
-        {
-            0: engine.start(0, Conversation(persona="Hi.", voice=voice, sampling=Sampling(text_seed=1, audio_seed=2))),
-            1: engine.start(1, Conversation(persona="Other.", voice=voice, sampling=Sampling(greedy=True))),
-        }
-    )
-    audio = (0.1 * np.random.RandomState(0).randn(frames, 2, 1920)).astype(np.float32)
-    tokens, pcm = [], []
-    for frame in audio:
-        pcm.append(engine.step([LIVE, LIVE], frame).pcm.copy())
-        tokens.append(engine.last_tokens.copy())
-    return np.stack(tokens), np.stack(pcm)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,29 +16,9 @@ import numpy as np
 import pytest
 import torch
 
+from _helpers.engine_runs import drive
 from pplex_trio.engine import _personaplex
-from pplex_trio.engine._interface import Conversation, Sampling, SlotMode
 from pplex_trio.engine._personaplex import PersonaPlexEngine
-
-LIVE = SlotMode.LIVE
-
-
-def _drive(engine: PersonaPlexEngine, frames: int = 10) -> tuple[np.ndarray, np.ndarray]:
-    """Two conversations (one sampled, one greedy) through their prompts and ``frames`` live frames: the
-    tokens ``[frames, 2, K]`` and the PCM."""
-    voice = engine.model.voices.names()[0]
-    engine.prefill(
-        {
-            0: engine.start(0, Conversation(persona="Hi.", voice=voice, sampling=Sampling(text_seed=1, audio_seed=2))),
-            1: engine.start(1, Conversation(persona="Other.", voice=voice, sampling=Sampling(greedy=True))),
-        }
-    )
-    audio = (0.1 * np.random.RandomState(0).randn(frames, 2, 1920)).astype(np.float32)
-    tokens, pcm = [], []
-    for frame in audio:
-        pcm.append(engine.step([LIVE, LIVE], frame).pcm.copy())
-        tokens.append(engine.last_tokens.copy())
-    return np.stack(tokens), np.stack(pcm)
 
 
 @pytest.fixture
@@ -74,7 +54,7 @@ def test_a_compiled_tick_that_agrees_is_used_for_every_tick(tiny_model, fake_com
     assert any(
         "engine tick ready (2 rows, compiled) after torch.compile and its check" in r.message for r in caplog.records
     )
-    got, want = _drive(engine), _drive(PersonaPlexEngine(tiny_model, 2))
+    got, want = drive(engine), drive(PersonaPlexEngine(tiny_model, 2))
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
 
@@ -109,5 +89,5 @@ def test_a_compiled_tick_whose_tokens_differ_is_dropped_loudly(tiny_model, fake_
         len(errors) == 1
         and "torch.compile of the engine tick FAILED (tick 1 of 6: its tokens differ" in errors[0].getMessage()
     )
-    got, want = _drive(engine), _drive(PersonaPlexEngine(tiny_model, 2))
+    got, want = drive(engine), drive(PersonaPlexEngine(tiny_model, 2))
     np.testing.assert_array_equal(got[0], want[0])  # eager, every row fresh after the check
