@@ -135,7 +135,7 @@ def every_part(engine: PersonaPlexEngine) -> PersonaPlexEngine:
     (The engine draws the sampling noise only when a LIVE row samples.)
     """
     tick = engine._tick
-    tick.run = lambda *, sample: DeviceTick.run(tick, sample=True)
+    tick.run = lambda *, sample, listen=True: DeviceTick.run(tick, sample=True, listen=listen)
     return engine
 
 
