@@ -80,6 +80,8 @@ def quantize_rows(weight: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch
     """
     quantized = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
     scales = torch.empty(weight.shape[0], dtype=torch.float32, device=weight.device)
+    if weight.is_meta:  # shapes only (a memory plan): the arithmetic would only cost seconds of meta dispatch
+        return quantized, scales.to(scale_dtype)
     for start in range(0, weight.shape[0], _ROWS_PER_BLOCK):
         block = weight[start : start + _ROWS_PER_BLOCK].to(torch.float32, copy=True)  # never in place on the weight
         scale = (block.abs().amax(dim=1) / INT8_MAX).clamp_(min=_TINY)
