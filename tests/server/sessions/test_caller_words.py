@@ -132,3 +132,30 @@ async def test_without_the_head_the_vad_ends_the_turn(virtual_server, autojump_c
     events = await _realtime_call(handle, "ga", ASK["ga"])
     (completed,) = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]
     assert completed["transcript"] == "hello world"
+
+
+async def test_live_sends_the_callers_words_stamped_where_they_were_said(virtual_server, autojump_clock):
+    from _helpers.live import PATH, LiveClient  # (every event it reads is checked by openai.types.live)
+
+    handle = await virtual_server(_engine())
+    async with handle.open_websocket(handle.ws_url + PATH) as ws:
+        client = LiveClient(ws)
+        await client.start()
+        async with trio.open_nursery() as nursery:
+
+            async def speak() -> None:
+                for frame in _caller_frames():
+                    await client.append((frame * 32767).astype("<i2").tobytes())
+                    await trio.sleep(0.08)
+
+            nursery.start_soon(speak)
+            while len(client.of("session.input_transcript.delta")) < 3:
+                await client.next()
+            nursery.cancel_scope.cancel()
+    deltas = client.of("session.input_transcript.delta")
+    # frame n is about n × 80 ms - 0.4 s into the caller's audio
+    assert [(d["delta"], d["start_ms"], d["end_ms"]) for d in deltas] == [
+        (" hel", 80, 160),
+        ("lo", 160, 240),
+        (" world", 320, 400),
+    ]
