@@ -56,8 +56,12 @@ class CallReport:
     def call_ending(
         self, outcome: Outcome, close_code: int | None, lease: Lease | None, details: dict[str, Any], sample_rate: int
     ) -> CallEnding:
-        """What the call record says of how the call went (``details``: the protocol's and the sender's)."""
+        """What the call record says of how the call went (``details``: the protocol's and the sender's), with the
+        caller's words and turns when the engine transcribes (``caller``: its last words end the last turn)."""
         quality = self.quality.statistics().as_dict()
+        if self.transcript.enabled:
+            self.transcript.finish(tick=-1)
+            details = {**details, "caller": self.transcript.as_dict()}
         if lease is None:  # (the queue was full: nothing was recorded)
             assert self.recorder is not None
             return CallEnding(

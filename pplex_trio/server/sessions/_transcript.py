@@ -131,7 +131,16 @@ class CallerTranscript:
         return {
             "delay_s": self.delay,
             "words": [{"text": w.text, "start": round(w.start, 3), "end": round(w.end, 3)} for w in words],
-            "turns": [{"end": round(t.at, 3), "by": t.by, "text": t.text} for t in self.turns],
+            "turns": [
+                {
+                    "start": round(t.words[0].start, 3),
+                    "end": round(t.words[-1].end, 3),
+                    "ended_at": round(t.at, 3),
+                    "by": t.by,
+                    "text": t.text,
+                }
+                for t in self.turns
+            ],
         }
 
     # -- words and turns

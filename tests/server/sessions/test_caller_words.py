@@ -159,3 +159,24 @@ async def test_live_sends_the_callers_words_stamped_where_they_were_said(virtual
         ("lo", 160, 240),
         (" world", 320, 400),
     ]
+
+
+async def test_the_record_has_both_speakers_voice_tagged_and_the_callers_words_with_their_times(
+    virtual_server, autojump_clock, tmp_path
+):
+    import os
+
+    folder = tmp_path / "records"
+    handle = await virtual_server(_engine(), record_dir=folder)
+    await _realtime_call(handle, "ga", {"type": "realtime"})  # (the record has them whatever the client asked)
+    with trio.fail_after(10):
+        while not any(name.endswith(".json") for name in os.listdir(folder)):
+            await trio.sleep(0.05)
+    (name,) = [name for name in os.listdir(folder) if name.endswith(".json")]
+    record = json.loads((folder / name).read_text())
+    caller = record["caller"]
+    assert [(w["text"], w["start"]) for w in caller["words"]] == [("hello", 0.08), ("world", 0.32)]
+    assert [(t["text"], t["by"]) for t in caller["turns"]] == [("hello world", "model")]
+    vtt = (folder / name.replace(".json", ".vtt")).read_text()
+    assert "00:00:00.080 --> 00:00:00.400\n<v caller>hello world\n" in vtt
+    assert "<v agent> " not in vtt and "<v agent>0\n" in vtt  # the echo's frame numbers, the agent's
