@@ -1,6 +1,6 @@
 """Audio codecs: Opus output for the Moshi protocol (our libopus writer, its Ogg muxer, the encoder
 child), and G.711, resampling and a voice-activity detector for the Realtime protocol, and the conversation-quality
-meter.
+meter, and the caller's words from a transcriber's tokens (``_words.py``).
 
 Pure codec work, no Trio: the encoder child process imports only this
 package, numpy and opuslib, so it starts fast.  Where the encoding runs (the
@@ -27,4 +27,9 @@ from ._vad import EnergyVAD as EnergyVAD
 from ._vad import is_silent as is_silent
 from ._voice_audio import load_libraries as load_libraries
 from ._voice_audio import voice_audio as voice_audio
+from ._words import WORD_START as WORD_START
+from ._words import TurnEnd as TurnEnd
+from ._words import Word as Word
+from ._words import WordAssembler as WordAssembler
+from ._words import is_end_of_turn as is_end_of_turn
 from ._writers import make_writer as make_writer

@@ -153,6 +153,12 @@ class ConversationQuality:
         self._agent_speech.feed(float(np.dot(said, said)) >= _LOUD_ENERGY)
         return self._decide()
 
+    @property
+    def caller_speaking(self) -> bool:
+        """Whether the caller speaks, as decided so far (a start ``MIN_SPEECH_FRAMES``, an end
+        ``HANGOVER_FRAMES`` frames after the fact): the energy VAD's end of a turn."""
+        return self._caller_speech.speaking
+
     def finish(self) -> tuple[QualityEvent, ...]:
         """The conversation is over: decide the last frames."""
         self._caller_speech.finish()

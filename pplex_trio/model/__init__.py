@@ -95,6 +95,10 @@ must not import).
 """
 
 from .._sources import DEFAULT_REPO as DEFAULT_REPO
+from ..codec import TurnEnd as TurnEnd
+from ..codec import Word as Word
+from ..codec import WordAssembler as WordAssembler
+from ..codec import is_end_of_turn as is_end_of_turn
 from ._checkpoint import CheckpointMismatchError as CheckpointMismatchError
 from ._checkpoint import convert_kyutai_state_dict as convert_kyutai_state_dict
 from ._checkpoint import expand_depformer_steps as expand_depformer_steps
@@ -169,7 +173,3 @@ from ._voices import VoicePrompt as VoicePrompt
 from ._voices import check_voice_name as check_voice_name
 from ._voices import make_voice_prompt as make_voice_prompt
 from ._voices import voice_from_recording as voice_from_recording
-from ._words import TurnEnd as TurnEnd
-from ._words import Word as Word
-from ._words import WordAssembler as WordAssembler
-from ._words import is_end_of_turn as is_end_of_turn

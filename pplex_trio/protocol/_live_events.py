@@ -96,6 +96,11 @@ class LiveEvents:
             separators=(",", ":"),
         )
 
+    def input_transcript_delta(self, text: str, start_ms: int, end_ms: int) -> str:
+        """``session.input_transcript.delta``: a piece of the caller's words, placed on the session timeline (ms)
+        where the caller said it."""
+        return self._event("session.input_transcript.delta", delta=text, start_ms=start_ms, end_ms=end_ms)
+
     def transcript_delta(self, text: str, start_ms: int, end_ms: int) -> str:
         """``session.output_transcript.delta``: a piece of the agent's text, placed on the session timeline (ms)."""
         return self._event("session.output_transcript.delta", delta=text, start_ms=start_ms, end_ms=end_ms)

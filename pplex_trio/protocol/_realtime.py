@@ -69,6 +69,9 @@ class SessionConfig:
     input_format: AudioFormat = AudioFormat.PCM16
     output_format: AudioFormat = AudioFormat.PCM16
     temperature: float = Sampling().audio_temperature  # beta's `temperature`: the audio sampling temperature
+    # The caller's words asked for (beta's `input_audio_transcription`, GA's `audio.input.transcription`): the
+    # client's object as echoed back (its string fields), None when off.
+    transcription: dict[str, str] | None = None
 
     def conversation(self) -> Conversation:
         """The conversation these settings ask of the engine: persona, voice, and the audio temperature."""
@@ -130,6 +133,13 @@ def apply_session_update(
             changes["temperature"] = temperature(session["temperature"], param="session.temperature")
     except ProtocolError as exc:
         raise EventError(exc.message, param=exc.param, code=exc.kind, event_id=event_id) from None
+    if "transcription" in audio_in or "input_audio_transcription" in session:
+        param, value = (
+            ("session.audio.input.transcription", audio_in["transcription"])
+            if "transcription" in audio_in
+            else ("session.input_audio_transcription", session["input_audio_transcription"])
+        )
+        changes["transcription"] = _transcription(value, param, event_id)
     for side, ga_block, beta_name in (
         ("input", audio_in, "input_audio_format"),
         ("output", audio_out, "output_audio_format"),
@@ -151,6 +161,15 @@ def apply_session_update(
                     event_id=event_id,
                 )
     return dataclasses.replace(config, **changes), voice_error
+
+
+def _transcription(value: Any, param: str, event_id: str | None) -> dict[str, str] | None:
+    """The transcription a client asks for: None (off), or its object's string fields (model, language, prompt)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise EventError(f"{param} must be an object or null", param=param, event_id=event_id)
+    return {k: v for k, v in value.items() if k in ("model", "language", "prompt") and isinstance(v, str)}
 
 
 def _audio_format(value: Any, param: str, event_id: str | None) -> AudioFormat:
@@ -199,7 +218,7 @@ ANSWERED = frozenset(
 ITEM_EVENTS = frozenset(
     {"conversation.item.create", "conversation.item.truncate", "conversation.item.delete", "conversation.item.retrieve"}
 )
-REFUSED = frozenset({"transcription_session.update"})
+REFUSED: frozenset[str] = frozenset()
 MAX_METADATA = 16  # OpenAI's limits on a response's metadata: 16 pairs of strings
 MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 512
 
@@ -208,7 +227,7 @@ def parse_client_event(message: bytes | str) -> ClientEvent:
     """One client message → an event; :class:`EventError` for what is not a valid event (see :func:`load_event`)."""
     event, head = load_event(message, "Realtime")
     kind, event_id = head.type, head.event_id
-    if kind == "session.update":
+    if kind in ("session.update", "transcription_session.update"):  # (the latter: the caller's words alone)
         return SessionUpdate(kind, event_id, event.get("session"))
     if kind == "input_audio_buffer.append":
         return audio_append(event, head)

@@ -65,7 +65,7 @@ class ServerEvents:
                 "voice": config.voice,
                 "input_audio_format": config.input_format.beta,
                 "output_audio_format": config.output_format.beta,
-                "input_audio_transcription": None,
+                "input_audio_transcription": config.transcription,
                 "turn_detection": TURN_DETECTION,
                 "tools": [],
                 "tool_choice": "auto",
@@ -83,7 +83,7 @@ class ServerEvents:
             "audio": {
                 "input": {
                     "format": _ga_format(config.input_format),
-                    "transcription": None,
+                    "transcription": config.transcription,
                     "noise_reduction": None,
                     "turn_detection": TURN_DETECTION,
                 },
@@ -140,6 +140,48 @@ class ServerEvents:
     def speech_stopped(self, audio_end_ms: int, item_id: str) -> str:
         """``input_audio_buffer.speech_stopped``, at ``audio_end_ms`` of the caller's audio."""
         return self._event("input_audio_buffer.speech_stopped", audio_end_ms=audio_end_ms, item_id=item_id)
+
+    def input_transcript_delta(self, item_id: str, text: str) -> str:
+        """``conversation.item.input_audio_transcription.delta``: a piece of the caller's words in item ``item_id``."""
+        return self._event(
+            "conversation.item.input_audio_transcription.delta", item_id=item_id, content_index=0, delta=text
+        )
+
+    def input_transcript_completed(self, item_id: str, transcript: str, seconds: float) -> str:
+        """``conversation.item.input_audio_transcription.completed``: the caller's words of item ``item_id``
+        (``seconds``: the audio they cover, as the usage)."""
+        return self._event(
+            "conversation.item.input_audio_transcription.completed",
+            item_id=item_id,
+            content_index=0,
+            transcript=transcript,
+            usage={"type": "duration", "seconds": round(seconds, 3)},
+        )
+
+    def transcription_session_updated(self, config: SessionConfig) -> str:
+        """Beta's ``transcription_session.updated``, answering a ``transcription_session.update`` (this server's
+        sessions have no ephemeral key: the secret is empty)."""
+        return self._event(
+            "transcription_session.updated",
+            session={
+                "client_secret": {"value": "", "expires_at": 0},
+                "input_audio_format": config.input_format.beta,
+                "input_audio_transcription": config.transcription,
+                "modalities": ["audio", "text"],
+                "turn_detection": TURN_DETECTION,
+            },
+        )
+
+    def user_item(self, item_id: str, transcript: str | None) -> dict[str, Any]:
+        """The caller's audio item (a user message), with its words once they are complete."""
+        return {
+            "id": item_id,
+            "object": "realtime.item",
+            "type": "message",
+            "status": "completed",
+            "role": "user",
+            "content": [{"type": "input_audio", "transcript": transcript}],
+        }
 
     def output_cleared(self, response_id: str) -> str:
         """``output_audio_buffer.cleared``: the response's audio not yet sent was dropped (barge-in)."""

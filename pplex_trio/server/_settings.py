@@ -83,6 +83,16 @@ class ServerSettings(ActorSettings):
         group="model and GPU",
         metavar="MODEL",
     )
+    turn_end_threshold: float = setting(
+        0.5,
+        "the caller's turn ends when the transcriber's end-of-turn probability passes this (Kyutai's "
+        "0.5; higher waits for more certainty); a transcriber without that head: the energy VAD",
+        low=0,
+        high=0.99,
+        group="model and GPU",
+        advanced=True,
+        metavar="P",
+    )
     slots: int | None = setting(
         None,
         "concurrent conversations: a number, or auto (the default): as many as fit the GPU's free "

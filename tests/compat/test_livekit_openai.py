@@ -86,7 +86,13 @@ class Run:
 async def converse(http_url: str, line, recording_http) -> Run:
     http, sockets = recording_http()
     model = openai.realtime.RealtimeModel(
-        base_url=f"{http_url}/v1", api_key="placeholder", model="personaplex", http_session=http
+        base_url=f"{http_url}/v1",
+        api_key="placeholder",
+        model="personaplex",
+        http_session=http,
+        # LiveKit asks for the caller's words by default; this echo server transcribes nothing, and would say so
+        # (a recoverable error naming --transcribe: tests/server/sessions/test_caller_words.py).
+        input_audio_transcription=None,
     )  # voice: the default, "marin"
     session = model.session()
     speaker = Loudspeaker()

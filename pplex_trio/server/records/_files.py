@@ -85,7 +85,8 @@ class RecordFiles:
             self._guarded(self._close_wav)
             self._drop_files()  # (what a failure, or a finish that gave up on this thread, left open)
             if self.error is None:
-                self._guarded(self._write_whole, self.vtt_path, webvtt(text).encode())
+                cues = webvtt(text, caller_turns=(description.get("caller") or {}).get("turns"))
+                self._guarded(self._write_whole, self.vtt_path, cues.encode())
             description.update(
                 complete=self.error is None,
                 error=self.error,
@@ -195,17 +196,30 @@ def _reason(exc: Exception) -> str:
     return f"internal error: {type(exc).__name__}"
 
 
-def webvtt(text: list[tuple[int, str]]) -> str:
+def _escaped(text: str) -> str:
+    return " ".join(text.split()).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def webvtt(text: list[tuple[int, str]], caller_turns: list[dict[str, Any]] | None = None) -> str:
     """The agent's text pieces as WebVTT cues, each from its frame's time to the next piece's (at most
-    :data:`MAX_CUE_MS`)."""
-    lines = ["WEBVTT", ""]
+    :data:`MAX_CUE_MS`); with ``caller_turns`` (the caller's words, a transcriber's: ``start`` and ``end`` in
+    seconds, ``text``), a cue per turn beside them, every cue voice-tagged ``<v agent>`` or ``<v caller>``, in
+    order of their start."""
+    cues: list[tuple[int, int, str]] = []
     for k, (position, piece) in enumerate(text):
-        cue = " ".join(piece.split()).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        cue = _escaped(piece)
         if not cue:
             continue
         start = position * FRAME_MS
         end = text[k + 1][0] * FRAME_MS if k + 1 < len(text) else start + FRAME_MS
         end = min(max(end, start + FRAME_MS), start + MAX_CUE_MS)
+        cues.append((start, end, f"<v agent>{cue}" if caller_turns is not None else cue))
+    for turn in caller_turns or ():
+        start = round(turn["start"] * 1000)
+        cues.append((start, max(round(turn["end"] * 1000), start + FRAME_MS), f"<v caller>{_escaped(turn['text'])}"))
+    cues.sort(key=lambda cue: cue[0])
+    lines = ["WEBVTT", ""]
+    for start, end, cue in cues:
         lines += [f"{_cue_time(start)} --> {_cue_time(end)}", cue, ""]
     return "\n".join(lines)
 

@@ -11,7 +11,10 @@ prompt run, an ``info`` event telling the caller's place in the queue, and
   its pace;
 * every 80 ms frame of the model's voice goes out as an audio delta, silence
   included, and its text as a transcript delta stamped with that frame's place
-  on the session timeline (which starts at the model's first step); usage
+  on the session timeline (which starts at the model's first step); with
+  ``--transcribe``, the caller's words as ``session.input_transcript.delta``
+  (the session core's :class:`~._transcript.CallerTranscript`), stamped where
+  the caller said them and sent with the frame of the tick that wrote them; usage
   goes out every :data:`USAGE_MS` of it;
 * ``session.close`` flushes the model's last words, then ``session.closed``
   and a 1000 close; any other end says why with its reason.
@@ -29,6 +32,7 @@ from ...engine import OutputFrame
 from ...protocol import AudioAppend, ClientEvent, EventError, LiveEvents, live
 from ._audio_io import AudioIn, AudioOut
 from ._openai import OpenAIProtocol
+from ._transcript import HeardPiece
 from ._wire import EndOfInput, InputAudio, InputEvent, Message, Replies
 
 USAGE_MS = 5_000  # of the session timeline between session.usage.updated events
@@ -163,6 +167,10 @@ class LiveProtocol(OpenAIProtocol[LiveEvents]):
             if self._first_tick is None:
                 self._first_tick = frame.tick
             index = frame.tick - self._first_tick  # (frames left out for a slow reader leave a gap)
+            for heard in self.caller.take(frame.tick) if self.caller is not None else ():
+                if isinstance(heard, HeardPiece):  # (Live has no turns: its transcripts are fragments only)
+                    start = round(heard.at * 1000)
+                    messages.append((self.events.input_transcript_delta(heard.text, start, start + FRAME_MS), None))
             messages.append((self.events.audio_delta(self._audio_out(frame.pcm)), frame))
             if frame.text:
                 messages.append(

@@ -9,6 +9,10 @@ opening, in the session core's terms).  From then on:
   model; a small VAD on it gives ``speech_started`` / ``speech_stopped``;
 * every 80 ms frame of the model's voice goes out as an audio delta, silence
   included, its text as transcript deltas;
+* with ``input_audio_transcription`` (beta) or ``audio.input.transcription`` (GA)
+  on, the caller's words (the session core's :class:`~._transcript.CallerTranscript`)
+  as ``conversation.item.input_audio_transcription.delta`` and, at the end of their
+  turn, ``.completed``, in the user item of the VAD's ``speech_started``;
 * responses tile the conversation: one is open from the moment the
   conversation is live; the caller starting to speak, ``response.create`` and
   ``response.cancel`` end it (completed, or cancelled) and open the next at
@@ -21,6 +25,7 @@ here and go out with the next frame, from the send task.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,8 +49,13 @@ from ...protocol import (
 )
 from ._audio_io import AudioIn, AudioOut
 from ._openai import OpenAIProtocol
+from ._transcript import HeardPiece
 from ._wire import InputAudio, InputEvent, Message, Replies, Restart
 
+NO_TRANSCRIBER = (
+    "the caller's words were asked for, but this server transcribes nothing: start it with --transcribe "
+    "(auto, tiny, or a Kyutai speech-to-text model such as kyutai/stt-1b-en_fr)"
+)
 SUBPROTOCOL = "realtime"  # what browsers offer (with the token and beta markers beside it)
 
 
@@ -94,6 +104,8 @@ class RealtimeProtocol(OpenAIProtocol[ServerEvents]):
         self._item: str | None = None
         self._metadata: dict[str, str] | None = None  # the open response's (or, before it, the next one's)
         self._transcript: list[str] = []
+        self._heard_item: str | None = None  # the user item the caller's words go to now
+        self._heard_done: str | None = None  # the last user item whose words were completed
         self.items = ConversationItems(self.events.new_id)
 
     # -- the opening -----------------------------------------------------------------
@@ -162,7 +174,22 @@ class RealtimeProtocol(OpenAIProtocol[ServerEvents]):
                 )
             except EventError as exc:
                 return Replies([self._refuse(exc)])
-            updated: list[Message] = [events.session_updated(self.config)]
+            updated: list[Message] = []
+            if self.config.transcription is not None and not (self.caller and self.caller.enabled):
+                self.config = dataclasses.replace(self.config, transcription=None)
+                param = (
+                    "session.audio.input.transcription"
+                    if self.dialect is Dialect.GA
+                    else "session.input_audio_transcription"
+                )
+                refusal = EventError(
+                    NO_TRANSCRIBER, param=param, code="transcription_unavailable", event_id=event.event_id
+                )
+                updated.append(self._refuse(refusal))
+            if event.type == "transcription_session.update" and self.dialect is Dialect.BETA:
+                updated.insert(0, events.transcription_session_updated(self.config))
+            else:
+                updated.insert(0, events.session_updated(self.config))
             if voice_error is not None:
                 updated.append(self._refuse(voice_error))
             if self._started and self.config.conversation() != before.conversation():
@@ -266,9 +293,37 @@ class RealtimeProtocol(OpenAIProtocol[ServerEvents]):
         messages: list[tuple[Message, OutputFrame | None]] = [*self._pending.take()]
         for frame in frames:
             assert self._response is not None and self._item is not None
+            messages.extend((message, None) for message in self._caller_words(frame.tick))
             audio = self._audio_out(frame.pcm)
             messages.append((self.events.audio_delta(self._response, self._item, audio), frame))
             if frame.text:
                 self._transcript.append(frame.text)
                 messages.append((self.events.transcript_delta(self._response, self._item, frame.text), None))
         return messages
+
+    def _caller_words(self, tick: int) -> list[Message]:
+        """The caller's words that came with engine ticks up to ``tick``, when the client asked for them: deltas in
+        the user item of the caller's speech (created first if the client has not seen it), then its
+        ``.completed`` at the end of their turn."""
+        if self.caller is None:
+            return []
+        events = self.events
+        out: list[Message] = []
+        for event in self.caller.take(tick):
+            if self.config.transcription is None:
+                continue
+            if isinstance(event, HeardPiece):
+                if self._heard_item is None:
+                    speech = self._speech_item
+                    self._heard_item = speech if speech not in (None, self._heard_done) else events.new_id("item")
+                    previous = self.items.last_id
+                    item = events.user_item(self._heard_item, None)
+                    self.items.record(item)
+                    out.extend(events.item_added(previous, item))
+                out.append(events.input_transcript_delta(self._heard_item, event.text))
+            elif self._heard_item is not None:
+                seconds = event.words[-1].end - event.words[0].start
+                out.append(events.input_transcript_completed(self._heard_item, event.text, seconds))
+                self.items.record(events.user_item(self._heard_item, event.text))
+                self._heard_item, self._heard_done = None, self._heard_item
+        return out

@@ -1,5 +1,5 @@
-"""What a session tells of its call: the quality meter fed every frame, the recorder (``--record``), the figures
-at the end of the call.
+"""What a session tells of its call: the quality meter and the caller's words fed every frame, the recorder
+(``--record``), the figures at the end of the call.
 
 The lease calls :meth:`CallReport.on_frame` with every frame it delivers (on the actor's task, before the lossy
 outbox, a few µs): the meter and the recorder see the conversation's whole timeline, whatever the client read.
@@ -14,21 +14,26 @@ from ..._metrics import Metrics
 from ...codec import ConversationQuality, Response
 from ...engine import Lease, OutputFrame
 from ..records import CallEnding, Recorder
+from ._transcript import CallerTranscript
 
 
 class CallReport:
-    """One conversation's timeline as its lease delivers it: the quality meter, and the recorder if any."""
+    """One conversation's timeline as its lease delivers it: the quality meter, the caller's words
+    (:class:`~._transcript.CallerTranscript`, which the adapters read), and the recorder if any."""
 
-    def __init__(self, metrics: Metrics):
+    def __init__(self, metrics: Metrics, transcript: CallerTranscript | None = None):
         self.metrics = metrics
         self.quality = ConversationQuality()
+        self.transcript = transcript or CallerTranscript(None)
         self.recorder: Recorder | None = None  # set once the conversation's settings are known (--record)
 
     def on_frame(self, frame: OutputFrame) -> None:
-        """The lease's observer (the actor's task, every frame, a few µs): the quality meter, and the recorder."""
+        """The lease's observer (the actor's task, every frame, a few µs): the quality meter, the caller's words,
+        and the recorder."""
         if self.recorder is not None:
             self.recorder.on_frame(frame)
         self._count(self.quality.feed(frame.heard, frame.pcm))
+        self.transcript.on_frame(frame, self.quality.caller_speaking)
 
     def _count(self, events: tuple[object, ...]) -> None:
         for event in events:
@@ -51,8 +56,12 @@ class CallReport:
     def call_ending(
         self, outcome: Outcome, close_code: int | None, lease: Lease | None, details: dict[str, Any], sample_rate: int
     ) -> CallEnding:
-        """What the call record says of how the call went (``details``: the protocol's and the sender's)."""
+        """What the call record says of how the call went (``details``: the protocol's and the sender's), with the
+        caller's words and turns when the engine transcribes (``caller``: its last words end the last turn)."""
         quality = self.quality.statistics().as_dict()
+        if self.transcript.enabled:
+            self.transcript.finish(tick=-1)
+            details = {**details, "caller": self.transcript.as_dict()}
         if lease is None:  # (the queue was full: nothing was recorded)
             assert self.recorder is not None
             return CallEnding(

@@ -53,6 +53,7 @@ from ..records import RecordStore
 from ._receiver import InputEnd, Receiver
 from ._report import CallReport
 from ._sender import Sender, StreamEnd
+from ._transcript import CallerTranscript
 from ._wire import Hangup, Message, OpensWithMessage, WebSocket, Wire
 
 logger = logging.getLogger(__name__)
@@ -126,7 +127,10 @@ class Session:
         self._step = SESSION_LIFECYCLE.start  # the session's own step; see `state`
         self.lease: Lease | None = None
         self.ending: Ending | None = None
-        self.report = CallReport(host.metrics)  # the quality meter, and the recorder (--record)
+        # The quality meter, the caller's words (the adapters read them), and the recorder (--record).
+        transcript = CallerTranscript(host.actor.engine.transcript_delay, self.settings.turn_end_threshold)
+        self.report = CallReport(host.metrics, transcript)
+        wire.hear(transcript.reader())
         self._scope = trio.CancelScope()
         self.started_at: float | None = None  # when it ran (trio.current_time): its age on the status page
 

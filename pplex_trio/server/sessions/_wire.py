@@ -20,6 +20,7 @@ import numpy as np
 from ..._conversation import CloseCode, Conversation, Outcome
 from ...engine import OutputFrame
 from ...protocol import EventError, ProtocolError
+from ._transcript import TranscriptReader
 
 Message = bytes | str  # one WebSocket message
 
@@ -139,6 +140,12 @@ class WireProtocol(abc.ABC):
     early_audio: ClassVar[bool] = False  # the client may talk before "ready": keep that audio for the model
 
     subprotocol: str | None = None  # the WebSocket subprotocol to accept, if any
+    caller: TranscriptReader | None = None  # the caller's words, read as frames are encoded (see hear)
+
+    def hear(self, caller: TranscriptReader) -> None:
+        """The session core's caller words (:class:`~._transcript.CallerTranscript`): an adapter that sends them
+        takes the events of each frame's tick as it encodes that frame."""
+        self.caller = caller
 
     def begins_at_once(self) -> bool:
         """The opening asked the model to speak now (a Realtime ``response.create``): the conversation is stepped

@@ -1,0 +1,182 @@
+"""The caller's words on every protocol, from the echo engine's scripted transcript (virtual clock).
+
+The echo engine "hears" ``PIECES`` at a conversation's frames and says the turn ended at ``TURN_END``;
+each protocol's events are checked against the ``openai`` SDK's own types where it has them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pytest
+import trio
+
+from pplex_trio.engine import EchoEngine
+from pplex_trio.engine._echo import scripted_transcript
+
+pydantic = pytest.importorskip("pydantic")
+openai_ga = pytest.importorskip("openai.types.realtime")
+openai_beta = pytest.importorskip("openai.types.beta.realtime")
+
+PIECES = {6: " hel", 7: "lo", 9: " world"}
+TURN_END = 16
+LOUD, QUIET = 12, 30  # frames the caller speaks, then is silent
+REALTIME = {
+    "ga": pydantic.TypeAdapter(openai_ga.RealtimeServerEvent),
+    "beta": pydantic.TypeAdapter(openai_beta.RealtimeServerEvent),
+}
+
+
+def _engine(*, head: bool = True) -> EchoEngine:
+    script = scripted_transcript(PIECES, {TURN_END})
+    if not head:
+        inner = script
+        script = lambda frame, pcm: (inner(frame, pcm)[0], None)  # noqa: E731
+    return EchoEngine(2, prefill_steps=2, transcript=script, transcript_delay=0.4)
+
+
+def _caller_frames() -> list[np.ndarray]:
+    t = np.arange(1920) / 24_000
+    tone = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+    return [tone] * LOUD + [np.zeros(1920, np.float32)] * QUIET
+
+
+def _pcm16(frame: np.ndarray) -> str:
+    return base64.b64encode((frame * 32767).astype("<i2").tobytes()).decode()
+
+
+async def _realtime_call(handle, dialect: str, session: dict) -> list[dict]:
+    """A Realtime call that asks for the caller's words: every event received, each checked by the SDK's type."""
+    subprotocols = ["realtime", "openai-beta.realtime-v1"] if dialect == "beta" else ["realtime"]
+    received: list[dict] = []
+    async with handle.open_websocket("/v1/realtime", subprotocols=subprotocols) as ws:
+
+        async def read() -> None:
+            while True:
+                event = json.loads(await ws.get_message())
+                REALTIME[dialect].validate_python(event)
+                received.append(event)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            await ws.send_message(json.dumps({"type": "session.update", "session": session}))
+            for frame in _caller_frames():
+                await ws.send_message(json.dumps({"type": "input_audio_buffer.append", "audio": _pcm16(frame)}))
+                await trio.sleep(0.08)
+            await trio.sleep(1.0)
+            nursery.cancel_scope.cancel()
+    return received
+
+
+ASK = {
+    "ga": {"type": "realtime", "audio": {"input": {"transcription": {"model": "kyutai/stt-1b-en_fr"}}}},
+    "beta": {"input_audio_transcription": {"model": "whisper-1"}},
+}
+
+
+@pytest.mark.parametrize("dialect", ["ga", "beta"])
+async def test_realtime_sends_the_callers_words_in_the_item_of_their_speech(virtual_server, autojump_clock, dialect):
+    handle = await virtual_server(_engine())
+    events = await _realtime_call(handle, dialect, ASK[dialect])
+    kinds = [e["type"] for e in events]
+    (started,) = [e for e in events if e["type"] == "input_audio_buffer.speech_started"]
+    item = started["item_id"]
+    deltas = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.delta"]
+    assert [d["delta"] for d in deltas] == [" hel", "lo", " world"] and {d["item_id"] for d in deltas} == {item}
+    (completed,) = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert completed["item_id"] == item and completed["transcript"] == "hello world"
+    created = "conversation.item.created" if dialect == "beta" else "conversation.item.added"
+    (added,) = [e for e in events if e["type"] == created and e["item"]["role"] == "user"]
+    assert added["item"]["id"] == item
+    assert kinds.index(created) < kinds.index("conversation.item.input_audio_transcription.delta")
+    updated = next(e for e in events if e["type"] == "session.updated")["session"]
+    asked = updated["audio"]["input"]["transcription"] if dialect == "ga" else updated["input_audio_transcription"]
+    assert asked is not None
+
+
+async def test_realtime_without_asking_gets_no_words(virtual_server, autojump_clock):
+    handle = await virtual_server(_engine())
+    events = await _realtime_call(handle, "ga", {"type": "realtime"})
+    assert not [e for e in events if "input_audio_transcription" in e["type"]]
+
+
+@pytest.mark.parametrize("dialect", ["ga", "beta"])
+async def test_asking_a_server_that_transcribes_nothing_is_an_error_naming_the_flag(
+    virtual_server, autojump_clock, dialect
+):
+    handle = await virtual_server()
+    events = await _realtime_call(handle, dialect, ASK[dialect])
+    (error,) = [e for e in events if e["type"] == "error"]
+    assert "--transcribe" in error["error"]["message"] and error["error"]["code"] == "transcription_unavailable"
+    assert not [e for e in events if "input_audio_transcription" in e["type"]]
+
+
+async def test_beta_transcription_session_update_is_answered_when_the_server_transcribes(
+    virtual_server, autojump_clock
+):
+    handle = await virtual_server(_engine())
+    async with handle.open_websocket("/v1/realtime", subprotocols=["realtime", "openai-beta.realtime-v1"]) as ws:
+        await ws.get_message()  # session.created
+        ask = {"type": "transcription_session.update", "session": ASK["beta"]}
+        await ws.send_message(json.dumps(ask))
+        answer = json.loads(await ws.get_message())
+        REALTIME["beta"].validate_python(answer)
+        assert answer["type"] == "transcription_session.updated"
+        assert answer["session"]["input_audio_transcription"] == {"model": "whisper-1"}
+
+
+async def test_without_the_head_the_vad_ends_the_turn(virtual_server, autojump_clock):
+    handle = await virtual_server(_engine(head=False))
+    events = await _realtime_call(handle, "ga", ASK["ga"])
+    (completed,) = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert completed["transcript"] == "hello world"
+
+
+async def test_live_sends_the_callers_words_stamped_where_they_were_said(virtual_server, autojump_clock):
+    from _helpers.live import PATH, LiveClient  # (every event it reads is checked by openai.types.live)
+
+    handle = await virtual_server(_engine())
+    async with handle.open_websocket(handle.ws_url + PATH) as ws:
+        client = LiveClient(ws)
+        await client.start()
+        async with trio.open_nursery() as nursery:
+
+            async def speak() -> None:
+                for frame in _caller_frames():
+                    await client.append((frame * 32767).astype("<i2").tobytes())
+                    await trio.sleep(0.08)
+
+            nursery.start_soon(speak)
+            while len(client.of("session.input_transcript.delta")) < 3:
+                await client.next()
+            nursery.cancel_scope.cancel()
+    deltas = client.of("session.input_transcript.delta")
+    # frame n is about n × 80 ms - 0.4 s into the caller's audio
+    assert [(d["delta"], d["start_ms"], d["end_ms"]) for d in deltas] == [
+        (" hel", 80, 160),
+        ("lo", 160, 240),
+        (" world", 320, 400),
+    ]
+
+
+async def test_the_record_has_both_speakers_voice_tagged_and_the_callers_words_with_their_times(
+    virtual_server, autojump_clock, tmp_path
+):
+    import os
+
+    folder = tmp_path / "records"
+    handle = await virtual_server(_engine(), record_dir=folder)
+    await _realtime_call(handle, "ga", {"type": "realtime"})  # (the record has them whatever the client asked)
+    with trio.fail_after(10):
+        while not any(name.endswith(".json") for name in os.listdir(folder)):
+            await trio.sleep(0.05)
+    (name,) = [name for name in os.listdir(folder) if name.endswith(".json")]
+    record = json.loads((folder / name).read_text())
+    caller = record["caller"]
+    assert [(w["text"], w["start"]) for w in caller["words"]] == [("hello", 0.08), ("world", 0.32)]
+    assert [(t["text"], t["by"]) for t in caller["turns"]] == [("hello world", "model")]
+    vtt = (folder / name.replace(".json", ".vtt")).read_text()
+    assert "00:00:00.080 --> 00:00:00.400\n<v caller>hello world\n" in vtt
+    assert "<v agent> " not in vtt and "<v agent>0\n" in vtt  # the echo's frame numbers, the agent's
