@@ -4,7 +4,9 @@ One ``pplex-trio serve --model echo`` child process serves the whole folder. The
 echo engine returns the caller's audio one 80 ms frame later and, as text, the
 frame numbers " 0", " 1", ..., so each test can check what came back against
 what it sent, whatever the client did to the audio on the way (resampling,
-Opus, chunking).
+Opus, chunking). The caller's words come from ``hearing_server``, an echo with a
+scripted transcriber run in the test's process (the command line's echo
+transcribes nothing).
 
 The clients are asyncio libraries: their tests are plain functions that run
 their own event loop on a thread of its own (``_helpers.aio.run_asyncio``), beside the
