@@ -4,7 +4,9 @@ One ``pplex-trio serve --model echo`` child process serves the whole folder. The
 echo engine returns the caller's audio one 80 ms frame later and, as text, the
 frame numbers " 0", " 1", ..., so each test can check what came back against
 what it sent, whatever the client did to the audio on the way (resampling,
-Opus, chunking).
+Opus, chunking). The caller's words come from ``hearing_server``, an echo with a
+scripted transcriber run in the test's process (the command line's echo
+transcribes nothing).
 
 The clients are asyncio libraries: their tests are plain functions that run
 their own event loop on a thread of its own (``_helpers.aio.run_asyncio``), beside the
@@ -30,6 +32,7 @@ import soxr
 
 from _helpers.audio import best_lag
 from _helpers.official import server_process
+from pplex_trio.engine import EchoEngine
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +109,52 @@ def echo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EchoServer
         server = EchoServer(url, log)
         yield server
         server.close()
+
+
+# What the hearing echo "hears" the caller say, by the conversation's frame (80 ms each): the first utterance of
+# ``caller`` runs over frames 0-24 of a client that speaks at once (its words come 0.5 s later, as a real
+# transcriber's would). No end-of-turn head: the server's VAD ends the caller's turn.
+HEARD = {8: " What's", 9: " the", 11: " weather?"}
+HEARD_TEXT = "What's the weather?"
+
+
+class HearingServer:
+    """An in-process echo server that transcribes the caller (``HEARD``), with what it logged at WARNING and up."""
+
+    def __init__(self, running, problems: list[str]):
+        self.running = running
+        self.url = running.url
+        self.ws_url = self.url.replace("http", "ws", 1)
+        self.problems = problems
+        self.heard = list(HEARD.values())  # the pieces, as the transcriber gives them
+        self.heard_text = HEARD_TEXT  # the caller's turn, whole
+
+
+@pytest.fixture(scope="session")
+def hearing_server() -> Iterator[HearingServer]:
+    """The echo engine with a scripted transcriber, on a real loopback socket (its Trio on a thread of its own).
+
+    The command line's echo transcribes nothing (``--transcribe`` is for the real model and ``tiny``); its
+    scripted transcript is for tests, so this server runs in the test's process.
+    """
+    from _helpers.browser import ThreadServer
+    from pplex_trio.server import ServerSettings
+
+    problems: list[str] = []
+
+    class Problems(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            problems.append(self.format(record))
+
+    handler = Problems(logging.WARNING)
+    logging.getLogger("pplex_trio").addHandler(handler)
+    engine = EchoEngine(2, transcript=lambda frame, pcm: (HEARD.get(frame), None))
+    running = ThreadServer(ServerSettings(host="127.0.0.1", port=0, slots=2), engine).start()
+    try:
+        yield HearingServer(running, problems)
+    finally:
+        running.stop()
+        logging.getLogger("pplex_trio").removeHandler(handler)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,7 +36,7 @@ import soxr
 pytest.importorskip("livekit.plugins.openai.realtime")
 
 from livekit import rtc  # noqa: E402
-from livekit.agents import Agent, AgentSession, ErrorEvent, function_tool, llm  # noqa: E402
+from livekit.agents import Agent, AgentSession, ErrorEvent, UserInputTranscribedEvent, function_tool, llm  # noqa: E402
 from livekit.agents.voice import io  # noqa: E402
 from livekit.plugins.openai.realtime import GPTLiveModel  # noqa: E402
 
@@ -433,3 +433,40 @@ def test_livekit_live_generate_reply_over_silence(echo_server, caller, assert_ec
     assert_echoed(caller.first, c.speaker.between(failed_at))  # and the agent played what it said back
     assert [e["reason"] for e in c.model.received_of("session.closed")] == ["close_requested"]
     echo_server.wait_closed("live", before, outcome="completed")
+
+
+def test_livekit_live_agent_session_hears_the_callers_words(hearing_server, caller):
+    """A server that transcribes sends the caller's words (Live has no opt-in; LiveKit's GPT-Live model says it
+    transcribes the user): the ``AgentSession`` emits ``user_input_transcribed``, interim with the turn so far,
+    then final once the caller has been quiet 0.8 s, and adds the turn to the conversation as the user's
+    message."""
+
+    async def converse() -> tuple[Call, list[UserInputTranscribedEvent]]:
+        transcribed: list[UserInputTranscribedEvent] = []
+        final = asyncio.Event()
+
+        def on_transcribed(event: UserInputTranscribedEvent) -> None:
+            transcribed.append(event)
+            if event.is_final:
+                final.set()
+
+        async with call(hearing_server.url) as c:
+            c.session.on("user_input_transcribed", on_transcribed)
+            await c.say(caller.first)
+            await asyncio.wait_for(final.wait(), 3)
+            await c.played_out()
+        return c, transcribed
+
+    c, transcribed = run_asyncio(converse())
+    assert [e["error"]["code"] for e in c.model.received_of("error")] == ["unsupported_delegation"]
+    assert hearing_server.problems == []
+    deltas = c.model.received_of("session.input_transcript.delta")
+    assert [d["delta"] for d in deltas] == hearing_server.heard
+
+    # LiveKit's events: the turn so far as each fragment came, then the whole turn, all of one message.
+    assert [e.is_final for e in transcribed] == [False] * len(hearing_server.heard) + [True]
+    assert [e.transcript.strip() for e in transcribed][-2:] == [hearing_server.heard_text] * 2
+    assert len({e.item_id for e in transcribed}) == 1
+    said = [item for item in c.items if isinstance(item, llm.ChatMessage) and item.role == "user"]
+    assert [(item.text_content or "").strip() for item in said] == [hearing_server.heard_text], said
+    assert said[0].id == transcribed[-1].item_id

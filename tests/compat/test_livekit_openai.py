@@ -202,3 +202,60 @@ def test_livekit_openai_realtime_session_hears_the_echo(echo_server, caller, ass
         len(run.speaker.generations),
         run.close_took,
     )
+
+
+def test_livekit_openai_realtime_session_hears_the_callers_words(hearing_server, caller, recording_http):
+    """With LiveKit's default ``input_audio_transcription`` (it asks for the caller's words), a server that
+    transcribes sends them: the session emits ``input_audio_transcription_completed``, interim with the words so
+    far, then final with the turn, and keeps the turn as the user message's content in its chat context."""
+    line = dataclasses.replace(caller, second=caller.second[:0], pause=0.0, tail=1.0)  # the VAD ends the turn
+
+    async def listen():
+        http, _sockets = recording_http()
+        model = openai.realtime.RealtimeModel(
+            base_url=f"{hearing_server.url}/v1", api_key="placeholder", model="personaplex", http_session=http
+        )
+        session = model.session()
+        received: list[dict] = []
+        transcribed: list[llm.InputTranscriptionCompleted] = []
+        errors: list[llm.RealtimeModelError] = []
+        final = asyncio.Event()
+
+        def on_transcribed(event: llm.InputTranscriptionCompleted) -> None:
+            transcribed.append(event)
+            if event.is_final:
+                final.set()
+
+        session.on("openai_server_event_received", received.append)
+        session.on("input_audio_transcription_completed", on_transcribed)
+        session.on("error", errors.append)
+        await session.update_instructions("You are a friendly assistant. Keep your answers short.")
+        started = time.monotonic()
+        for n, chunk in enumerate(line.chunks(ROOM_RATE, CHUNK_MS)):
+            session.push_audio(
+                rtc.AudioFrame(data=chunk, sample_rate=ROOM_RATE, num_channels=1, samples_per_channel=len(chunk) // 2)
+            )
+            await asyncio.sleep(max(0.0, started + (n + 1) * CHUNK_MS / 1000 - time.monotonic()))
+        await asyncio.wait_for(final.wait(), 3)  # (the turn ends 480 ms into the silence; its words 0.5 s later)
+        chat = session.chat_ctx.copy()
+        await session.aclose()
+        await model.aclose()
+        await http.close()
+        return received, transcribed, errors, chat
+
+    received, transcribed, errors, chat = run_asyncio(listen())
+    assert not errors, [error.error for error in errors]
+    assert [e for e in received if e["type"] == "error"] == []
+    assert hearing_server.problems == []
+    updated = [e for e in received if e["type"] == "session.updated"]
+    assert updated[-1]["session"]["audio"]["input"]["transcription"] is not None
+
+    (started,) = [e for e in received if e["type"] == "input_audio_buffer.speech_started"]
+    item = started["item_id"]
+    assert [(t.item_id, t.is_final) for t in transcribed] == [(item, False)] * len(hearing_server.heard) + [
+        (item, True)
+    ]
+    assert transcribed[-1].transcript == hearing_server.heard_text
+    assert transcribed[-2].transcript.strip() == hearing_server.heard_text  # the interim ones accumulate
+    (message,) = [m for m in chat.items if m.id == item]
+    assert message.role == "user" and hearing_server.heard_text in (message.text_content or ""), message

@@ -29,7 +29,9 @@ from pipecat.frames.frames import (  # noqa: E402
     ErrorFrame,
     Frame,
     InputAudioRawFrame,
+    InterimTranscriptionFrame,
     LLMRunFrame,
+    TranscriptionFrame,
     TTSAudioRawFrame,
     TTSTextFrame,
 )
@@ -106,17 +108,43 @@ class Speaker(FrameProcessor):
         await self.push_frame(frame, direction)
 
 
+class Ear(FrameProcessor):
+    """Between the user's context aggregator and the service: keeps the caller's transcription frames, which the
+    service pushes upstream, towards the aggregator."""
+
+    def __init__(self):
+        super().__init__()
+        self.interim: list[InterimTranscriptionFrame] = []
+        self.final: list[TranscriptionFrame] = []
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection):
+        await super().process_frame(frame, direction)
+        if isinstance(frame, InterimTranscriptionFrame):
+            self.interim.append(frame)
+        elif isinstance(frame, TranscriptionFrame):
+            self.final.append(frame)
+        await self.push_frame(frame, direction)
+
+
 @dataclasses.dataclass
 class Run:
     service: RecordedService
     speaker: Speaker
+    ear: Ear
+    context: LLMContext
     received: list[tuple[float, dict]]  # every server event, as Pipecat parsed it
     errors: list[ErrorFrame]
     started: float  # when the first microphone frame went in
     end_took: float  # from queueing the EndFrame to the pipeline finished
 
 
-async def converse(ws_url: str, line, monkeypatch, service_class: type[RecordedService] = RecordedService) -> Run:
+async def converse(
+    ws_url: str,
+    line,
+    monkeypatch,
+    service_class: type[RecordedService] = RecordedService,
+    transcription: events.InputAudioTranscription | None = None,
+) -> Run:
     received: list[tuple[float, dict]] = []
     parse = events.parse_server_event
 
@@ -133,15 +161,18 @@ async def converse(ws_url: str, line, monkeypatch, service_class: type[RecordedS
             model="personaplex",
             system_instruction="You are a friendly assistant. Keep your answers short.",
             session_properties=events.SessionProperties(
-                audio=events.AudioConfiguration(output=events.AudioOutput(voice="alloy"))
+                audio=events.AudioConfiguration(
+                    input=events.AudioInput(transcription=transcription) if transcription else None,
+                    output=events.AudioOutput(voice="alloy"),
+                )
             ),
         ),
     )
     context = LLMContext([{"role": "developer", "content": "Say hello!"}])
     user, assistant = LLMContextAggregatorPair(context)
-    speaker = Speaker()
+    speaker, ear = Speaker(), Ear()
     worker = PipelineWorker(
-        Pipeline([user, service, speaker, assistant]),
+        Pipeline([user, ear, service, speaker, assistant]),
         params=PipelineParams(audio_in_sample_rate=MIC_RATE),
         idle_timeout_secs=None,
         enable_rtvi=False,
@@ -169,7 +200,7 @@ async def converse(ws_url: str, line, monkeypatch, service_class: type[RecordedS
     mic = asyncio.create_task(microphone())
     await asyncio.wait_for(runner.run(), timeout=line.audio.size / 24_000 + 10)
     started, ending = mic.result()
-    return Run(service, speaker, received, errors, started, time.monotonic() - ending)
+    return Run(service, speaker, ear, context, received, errors, started, time.monotonic() - ending)
 
 
 def test_pipecat_realtime_pipeline_hears_the_echo(echo_server, caller, assert_echoed, monkeypatch):
@@ -244,3 +275,35 @@ def test_pipecat_with_the_server_a_round_trip_away(echo_server, caller, assert_e
     assert updated[-1]["audio"]["output"]["voice"].endswith(".pt")
     assert_echoed(caller.first, samples(b"".join(chunk for _, chunk in run.speaker.audio)))
     echo_server.wait_closed("realtime", before)
+
+
+def test_pipecat_hears_the_callers_words(hearing_server, caller, monkeypatch):
+    """Asked for with Pipecat's ``InputAudioTranscription`` (its default model, gpt-realtime-whisper), the
+    caller's words come as the service's ``InterimTranscriptionFrame``s and then a ``TranscriptionFrame``, which
+    the user's context aggregator takes into the context as the user's message."""
+    line = dataclasses.replace(caller, second=caller.second[:0], pause=0.0)  # one utterance
+    run = run_asyncio(
+        converse(hearing_server.ws_url, line, monkeypatch, transcription=events.InputAudioTranscription())
+    )
+    assert not run.errors, run.errors
+    assert [event for _, event in run.received if event["type"] == "error"] == []
+    assert hearing_server.problems == []
+    (update, *_) = [event for _, event in run.service.sent_of("session.update")]
+    assert update.session.audio.input.transcription.model == "gpt-realtime-whisper"
+
+    # The server's events, in the user item of the caller's speech.
+    (started,) = [event for _, event in run.received if event["type"] == "input_audio_buffer.speech_started"]
+    deltas = [e for _, e in run.received if e["type"] == "conversation.item.input_audio_transcription.delta"]
+    assert [d["delta"] for d in deltas] == hearing_server.heard
+    assert {d["item_id"] for d in deltas} == {started["item_id"]}
+
+    # Pipecat's frames: the pieces as they came, then the whole turn.
+    assert [frame.text for frame in run.ear.interim] == hearing_server.heard
+    assert [frame.text for frame in run.ear.final] == [hearing_server.heard_text]
+    assert run.ear.final[0].result.item_id == started["item_id"]
+
+    # The user's context aggregator took the turn into the conversation.
+    said = [m["content"] for m in run.context.get_messages() if m.get("role") == "user"]
+    assert any(
+        hearing_server.heard_text in (content if isinstance(content, str) else json.dumps(content)) for content in said
+    ), run.context.get_messages()

@@ -33,8 +33,10 @@ from pipecat.frames.frames import (  # noqa: E402
     ErrorFrame,
     Frame,
     InputAudioRawFrame,
+    InterimTranscriptionFrame,
     LLMRunFrame,
     OutputAudioRawFrame,
+    TranscriptionFrame,
     TTSTextFrame,
 )
 from pipecat.pipeline.pipeline import Pipeline  # noqa: E402
@@ -110,10 +112,30 @@ class Speaker(FrameProcessor):
             await asyncio.wait_for(self._wanted[1].wait(), timeout)
 
 
+class Ear(FrameProcessor):
+    """Between the user's context aggregator and the service: keeps the caller's transcription frames, which the
+    service pushes upstream, towards the aggregator."""
+
+    def __init__(self):
+        super().__init__()
+        self.interim: list[InterimTranscriptionFrame] = []
+        self.final: list[TranscriptionFrame] = []
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection):
+        await super().process_frame(frame, direction)
+        if isinstance(frame, InterimTranscriptionFrame):
+            self.interim.append(frame)
+        elif isinstance(frame, TranscriptionFrame):
+            self.final.append(frame)
+        await self.push_frame(frame, direction)
+
+
 @dataclasses.dataclass
 class Run:
     service: RecordedService
     speaker: Speaker
+    ear: Ear
+    context: LLMContext
     received: list[dict]  # every server event, as Pipecat read it
     errors: list[ErrorFrame]
     mic_from: float  # seconds of the model's audio already out when the microphone started
@@ -138,9 +160,9 @@ async def converse(ws_url: str, line, monkeypatch, *, persona: str | None = None
     )
     context = LLMContext([{"role": "developer", "content": opening}] if opening else None)
     user, assistant = LLMContextAggregatorPair(context)
-    speaker = Speaker()
+    speaker, ear = Speaker(), Ear()
     worker = PipelineWorker(
-        Pipeline([user, service, speaker, assistant]),
+        Pipeline([user, ear, service, speaker, assistant]),
         params=PipelineParams(audio_in_sample_rate=MIC_RATE),
         idle_timeout_secs=None,
         enable_rtvi=False,
@@ -176,7 +198,7 @@ async def converse(ws_url: str, line, monkeypatch, *, persona: str | None = None
     mic = asyncio.create_task(microphone())
     await asyncio.wait_for(runner.run(), timeout=line.audio.size / RATE + 20)
     mic_from, ending = mic.result()
-    return Run(service, speaker, received, errors, mic_from, time.monotonic() - ending)
+    return Run(service, speaker, ear, context, received, errors, mic_from, time.monotonic() - ending)
 
 
 def kinds(run: Run) -> list[str]:
@@ -258,3 +280,27 @@ def test_pipecat_live_with_persona_and_opening_instruction(echo_server, caller, 
     (socket,) = run.service.sockets
     assert socket.close_code == 1000
     echo_server.wait_closed("live", before, outcome="completed")
+
+
+def test_pipecat_live_hears_the_callers_words(hearing_server, caller, monkeypatch):
+    """A server that transcribes sends the caller's words (Live has no opt-in); Pipecat groups the fragments into
+    the caller's turn: ``InterimTranscriptionFrame``s as they come, then a ``TranscriptionFrame`` of the whole
+    turn, which the user's context aggregator takes into the context as the user's message."""
+    line = dataclasses.replace(caller, second=caller.second[:0], pause=0.0)  # one utterance
+    run = run_asyncio(converse(hearing_server.ws_url, line, monkeypatch))
+    assert not run.errors, run.errors
+    assert "error" not in kinds(run)
+    assert hearing_server.problems == []
+
+    # The server's fragments, each stamped with the 80 ms frame where it was said.
+    deltas = [event for event in run.received if event["type"] == "session.input_transcript.delta"]
+    assert [d["delta"] for d in deltas] == hearing_server.heard
+    assert all(d["end_ms"] - d["start_ms"] == 80 for d in deltas)
+
+    # Pipecat's frames: the turn so far as each fragment came, then the whole turn.
+    assert run.ear.interim and run.ear.interim[-1].text.strip() == hearing_server.heard_text
+    assert [frame.text.strip() for frame in run.ear.final] == [hearing_server.heard_text]
+
+    # The user's context aggregator took the turn into the conversation.
+    said = [m["content"] for m in run.context.get_messages() if m.get("role") == "user"]
+    assert any(hearing_server.heard_text in json.dumps(content) for content in said), run.context.get_messages()
