@@ -180,3 +180,43 @@ async def test_the_record_has_both_speakers_voice_tagged_and_the_callers_words_w
     vtt = (folder / name.replace(".json", ".vtt")).read_text()
     assert "00:00:00.080 --> 00:00:00.400\n<v caller>hello world\n" in vtt
     assert "<v agent> " not in vtt and "<v agent>0\n" in vtt  # the echo's frame numbers, the agent's
+
+
+async def _watched_call(handle) -> tuple[list[dict], dict]:
+    """A Realtime call (not asking for the words) with ``/api/sessions`` polled every frame: each side's words
+    each time, and the last ``/api/status`` row of the call."""
+    seen: list[dict] = []
+    rows: list[dict] = []
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            while True:
+                await trio.sleep(0.08)
+                sessions = (await handle.get_json("/api/sessions"))["sessions"]
+                rows.extend((await handle.get_json("/api/status"))["sessions"])
+                seen.extend(session["words"] for session in sessions)
+
+        nursery.start_soon(watch)
+        await _realtime_call(handle, "ga", {"type": "realtime"})  # (shown whatever the client asked)
+        nursery.cancel_scope.cancel()
+    return seen, rows[-1]
+
+
+async def test_sessions_and_status_show_each_sides_latest_words(virtual_server, autojump_clock):
+    seen, row = await _watched_call(await virtual_server(_engine()))
+    callers = [words["caller"] for words in seen]
+    # the open turn's words as they come, then the last turn's (a poll a frame: one may fall between two)
+    assert set(callers) <= {"", "hel", "hello", "hello world"} and {"hel", "hello"} & set(callers)
+    assert callers == sorted(callers, key=len) and callers[-1] == "hello world"
+    # The agent's (the echo's frame numbers): its words since the caller's turn ended, the last 200 characters.
+    before = [words["agent"] for words in seen if words["caller"] in ("hel", "hello")][-1]
+    after = seen[-1]["agent"]
+    assert before.startswith("0 1 2") and int(after.split()[0]) > int(before.split()[-1])
+    assert len(after) <= 200 and after.split()[-1].isdigit()
+    assert row["words"]["caller"] == "hello world" and row["words"]["agent"]
+
+
+async def test_sessions_show_no_caller_words_when_the_engine_transcribes_nothing(virtual_server, autojump_clock):
+    seen, row = await _watched_call(await virtual_server())
+    assert {words["caller"] for words in seen} == {None} and seen[-1]["agent"]
+    assert row["words"]["caller"] is None
