@@ -220,3 +220,44 @@ async def test_sessions_show_no_caller_words_when_the_engine_transcribes_nothing
     seen, row = await _watched_call(await virtual_server())
     assert {words["caller"] for words in seen} == {None} and seen[-1]["agent"]
     assert row["words"]["caller"] is None
+
+
+async def _raw_call(handle) -> list[dict]:
+    """A raw call: its text events, in order, each with the number of PCM frames before it."""
+    events: list[dict] = []
+    frames = 0
+    async with handle.open_websocket("/v1/audio/duplex") as ws:
+        await ws.send_message(json.dumps({"type": "open"}))
+        for frame in _caller_frames():
+            await ws.send_message(frame.astype("<f4").tobytes())
+        await ws.send_message(json.dumps({"type": "close"}))
+        while True:
+            message = await ws.get_message()
+            if isinstance(message, bytes):
+                frames += 1
+                continue
+            event = json.loads(message)
+            if event["type"] == "done":
+                break
+            if event["type"] == "text":
+                events.append({**event, "frames": frames})
+    return events
+
+
+async def test_raw_sends_the_callers_words_marked_as_the_users(virtual_server, autojump_clock):
+    events = await _raw_call(await virtual_server(_engine()))
+    caller = [e for e in events if e["speaker"] == "user"]
+    assert [e["text"] for e in caller] == [" hel", "lo", " world"]
+    assert [e["frames"] for e in caller] == [7, 8, 10]  # after the PCM of the tick that wrote it (frame 6: the 7th)
+    agent = [e for e in events if e["speaker"] == "agent"]
+    assert [e["text"] for e in agent[:3]] == [" 0", " 1", " 2"] and set(events[0]) == {
+        "type",
+        "text",
+        "speaker",
+        "frames",
+    }
+
+
+async def test_raw_without_a_transcriber_sends_the_agents_words_only(virtual_server, autojump_clock):
+    events = await _raw_call(await virtual_server())
+    assert events and {e["speaker"] for e in events} == {"agent"}
