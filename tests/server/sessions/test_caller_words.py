@@ -261,3 +261,57 @@ async def test_raw_sends_the_callers_words_marked_as_the_users(virtual_server, a
 async def test_raw_without_a_transcriber_sends_the_agents_words_only(virtual_server, autojump_clock):
     events = await _raw_call(await virtual_server())
     assert events and {e["speaker"] for e in events} == {"agent"}
+
+
+async def _moshi_call(handle, **params) -> list[bytes]:
+    """A Moshi call (``params``: its query): every message received after the handshake."""
+    from _helpers.ws import moshi_handshake, moshi_url, opus_messages
+
+    received: list[bytes] = []
+    async with handle.open_websocket(moshi_url(handle.ws_url, **params)) as ws:
+        await moshi_handshake(ws)
+        async with trio.open_nursery() as nursery:
+
+            async def read() -> None:
+                while True:
+                    received.append(await ws.get_message())
+
+            nursery.start_soon(read)
+            for pages in opus_messages(np.concatenate(_caller_frames())):
+                for page in pages:
+                    await ws.send_message(b"\x01" + page)
+                await trio.sleep(0.08)
+            nursery.cancel_scope.cancel()
+    return received
+
+
+async def test_moshi_sends_the_callers_words_to_a_client_that_asked_as_kind_0x10(virtual_server, autojump_clock):
+    handle = await virtual_server(_engine())
+    assert (await handle.get_json("/api/info"))["transcribes_caller"] is True  # (the page asks when it says so)
+    received = await _moshi_call(handle, transcribe_caller=1)
+    assert [m[1:].decode() for m in received if m[0] == 0x10] == [" hel", "lo", " world"]
+    assert {m[0] for m in received} == {0x01, 0x02, 0x10}
+
+
+async def test_moshi_sends_a_client_that_did_not_ask_only_the_official_kinds(virtual_server, autojump_clock):
+    handle = await virtual_server(_engine())
+    received = await _moshi_call(handle)
+    assert received and {m[0] for m in received} == {0x01, 0x02}
+
+
+async def test_moshi_asking_a_server_that_transcribes_nothing_is_refused_naming_the_flag(
+    virtual_server, autojump_clock
+):
+    from trio_websocket import ConnectionClosed
+
+    from _helpers.ws import moshi_url
+
+    handle = await virtual_server()
+    assert (await handle.get_json("/api/info"))["transcribes_caller"] is False
+    async with handle.open_websocket(moshi_url(handle.ws_url, transcribe_caller=1)) as ws:
+        with trio.fail_after(5):
+            error = await ws.get_message()
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.get_message()
+    assert error[0] == 0x05 and "--transcribe" in error[1:].decode() and "transcribe_caller" in error[1:].decode()
+    assert closed.value.reason.code == 1008
