@@ -11,10 +11,10 @@ from typing import Any
 
 from ..._conversation import Outcome
 from ..._metrics import Metrics
-from ...codec import WORD_START, ConversationQuality, Response
+from ...codec import WORD_START, ConversationQuality, Response, TurnResponse
 from ...engine import Lease, OutputFrame
 from ..records import CallEnding, Recorder
-from ._transcript import CallerTranscript, TurnEnded
+from ._transcript import TURN_BY_MODEL, CallerTranscript, TurnEnded
 
 AGENT_CHARS = 200  # the agent's latest words kept for /api/sessions (the tail of a long reply)
 
@@ -56,8 +56,11 @@ class CallReport:
         if self.recorder is not None:
             self.recorder.on_frame(frame)
         self._count(self.quality.feed(frame.heard, frame.pcm))
-        if any(isinstance(event, TurnEnded) for event in self.transcript.on_frame(frame, self.quality.caller_speaking)):
-            self.agent.new_turn()
+        for event in self.transcript.on_frame(frame, self.quality.caller_speaking):
+            if isinstance(event, TurnEnded):
+                self.agent.new_turn()
+                if event.by == TURN_BY_MODEL:  # (the quality meter has the VAD's own)
+                    self._count(self.quality.turn_ended(event.words[0].start, event.at))
         if frame.text:
             self.agent.add(frame.text)
 
@@ -70,6 +73,8 @@ class CallReport:
         for event in events:
             if isinstance(event, Response):
                 self.metrics.response_latency.observe(event.seconds)
+            elif isinstance(event, TurnResponse):
+                self.metrics.response_latency_turn.observe(event.seconds)
             else:
                 self.metrics.barge_ins.inc()
 
@@ -80,6 +85,8 @@ class CallReport:
         if not stats.frames:
             return ""  # (it never went live)
         self.metrics.talk_over.observe(stats.talk_over_s)
+        if stats.turns:
+            self.metrics.talk_over_turn.observe(stats.turn_talk_over_s)
         self.metrics.dead_air.observe(stats.dead_air_s)
         self.metrics.agent_share.observe(stats.agent_share)
         return f" ({stats.summary()})"

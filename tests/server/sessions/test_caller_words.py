@@ -315,3 +315,25 @@ async def test_moshi_asking_a_server_that_transcribes_nothing_is_refused_naming_
                 await ws.get_message()
     assert error[0] == 0x05 and "--transcribe" in error[1:].decode() and "transcribe_caller" in error[1:].decode()
     assert closed.value.reason.code == 1008
+
+
+def _metric(text: str, name: str) -> float:
+    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+@pytest.mark.parametrize("head", [True, False])
+async def test_the_quality_figures_from_the_models_end_of_turn_beside_the_vads(virtual_server, autojump_clock, head):
+    handle = await virtual_server(_engine(head=head))
+    seen, row = await _watched_call(handle)
+    with trio.fail_after(10):  # (the histograms are observed once the session has ended)
+        while _metric(await handle.metrics(), "pplex_talk_over_seconds_count") < 1:
+            await trio.sleep(0.1)
+    metrics = await handle.metrics()
+    turn_figures = {"response_latency_turn_ms", "talk_over_turn_s"}
+    if head:  # the echo says the caller's tone back over it: talk-over within the turn, and no answer after it
+        assert turn_figures <= set(row["quality"]) and row["quality"]["talk_over_turn_s"] > 0
+        assert _metric(metrics, "pplex_talk_over_turn_seconds_count") == 1
+    else:  # the VAD's fallback turns: the VAD's own figures only
+        assert not turn_figures & set(row["quality"])
+        assert _metric(metrics, "pplex_talk_over_turn_seconds_count") == 0
+    assert "pplex_response_latency_turn_seconds_count" in metrics
