@@ -258,6 +258,19 @@ class Metrics:
             buckets=_CONVERSATION_SECONDS_BUCKETS,
             registry=r,
         )
+        # The same two from the transcriber's end of turn (--transcribe with the head), beside the VAD's.
+        self.response_latency_turn = Histogram(
+            "pplex_response_latency_turn_seconds",
+            "The model's end of the caller's turn -> the agent's start of speech, one per response (--transcribe)",
+            buckets=_RESPONSE_BUCKETS,
+            registry=r,
+        )
+        self.talk_over_turn = Histogram(
+            "pplex_talk_over_turn_seconds",
+            "Seconds the agent spoke within the caller's turns (the transcriber's), one per conversation at its end",
+            buckets=_CONVERSATION_SECONDS_BUCKETS,
+            registry=r,
+        )
         self.dead_air = Histogram(
             "pplex_dead_air_seconds",
             "Seconds both were silent after the caller's end of speech, one per conversation at its end",

@@ -162,7 +162,7 @@ async def stream_raw(
                     total += len(message) // 4
                     continue
                 event = json.loads(message)
-                if event.get("type") == "text":
+                if event.get("type") == "text" and event.get("speaker", "agent") == "agent":  # (not the caller's)
                     text.append({"time": round(total / SAMPLE_RATE, 3), "text": event["text"]})
                 elif event.get("type") == "error":
                     raise ClientError(event.get("error", "error"))

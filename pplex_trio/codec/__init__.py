@@ -22,6 +22,7 @@ from ._quality import BargeIn as BargeIn
 from ._quality import ConversationQuality as ConversationQuality
 from ._quality import QualityStatistics as QualityStatistics
 from ._quality import Response as Response
+from ._quality import TurnResponse as TurnResponse
 from ._resample import StreamResampler as StreamResampler
 from ._vad import EnergyVAD as EnergyVAD
 from ._vad import is_silent as is_silent

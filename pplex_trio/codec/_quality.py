@@ -28,6 +28,19 @@ once its run is, so the figures lag the conversation by at most
 - *agent share*: the agent's speech frames over all frames;
 - *barge-ins*: the caller starts speaking while the agent speaks, and the
   agent stops within :data:`BARGE_IN_FRAMES` frames (480 ms).
+
+**From the model's end of turn** (``--transcribe`` with an end-of-turn head):
+:meth:`ConversationQuality.turn_ended` is told each turn the transcriber ended
+(its first word's start, its end, seconds on the same timeline), which comes
+the transcriber's delay after the fact, so the figures are taken from the
+decided frames kept for :data:`TURN_HISTORY_FRAMES` (as the turn comes) and
+from those decided after it:
+
+- *response latency (turn)*: from the turn's end to the agent's next start of
+  speech, when the agent was silent at the turn's end and starts before the
+  caller speaks again, within :data:`MAX_RESPONSE_FRAMES`;
+- *talk-over (turn)*: the frames the agent speaks within the caller's turns
+  (from its first word to its end), in seconds.
 """
 
 from __future__ import annotations
@@ -46,6 +59,7 @@ MIN_SPEECH_FRAMES = 2  # 160 ms loud in a row start speech (one loud frame is a 
 HANGOVER_FRAMES = 6  # 480 ms silent in a row end it (the VAD's silence_duration_ms)
 BARGE_IN_FRAMES = 6  # the agent stops within 480 ms of the caller starting over it: a barge-in
 MAX_RESPONSE_FRAMES = 125  # 10 s: an agent that starts later is not answering that turn
+TURN_HISTORY_FRAMES = 250  # 20 s of decided frames kept for the turns, which come the transcriber's delay late
 _LOUD_ENERGY = FRAME_SIZE * (10 ** (SPEECH_THRESHOLD_DB / 20)) ** 2  # sum of squares over a frame at the threshold
 
 
@@ -61,7 +75,14 @@ class BargeIn:
     """The caller spoke over the agent, and the agent stopped."""
 
 
-QualityEvent = Response | BargeIn
+@dataclasses.dataclass(frozen=True)
+class TurnResponse:
+    """The agent started speaking ``seconds`` after the model's end of the caller's turn."""
+
+    seconds: float
+
+
+QualityEvent = Response | BargeIn | TurnResponse
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,21 +95,23 @@ class QualityStatistics:
     dead_air_s: float
     agent_share: float  # 0..1 (0 before any frame)
     barge_ins: int
+    turns: int = 0  # the model's ends of turn told (0: the figures below are not taken)
+    turn_response_latencies: tuple[float, ...] = ()
+    turn_talk_over_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         """The ``quality`` object of ``/api/sessions`` and of the call record."""
-        latencies = self.response_latencies
-        return {
-            "response_latency_ms": {
-                "last": round(latencies[-1] * 1000) if latencies else None,
-                "median": round(_statistics.median(latencies) * 1000) if latencies else None,
-                "count": len(latencies),
-            },
+        figures = {
+            "response_latency_ms": _latencies_ms(self.response_latencies),
             "talk_over_s": round(self.talk_over_s, 2),
             "dead_air_s": round(self.dead_air_s, 2),
             "agent_share": round(self.agent_share, 3),
             "barge_ins": self.barge_ins,
         }
+        if self.turns:  # (the model's ends of turn: only with a transcriber that has the head)
+            figures["response_latency_turn_ms"] = _latencies_ms(self.turn_response_latencies)
+            figures["talk_over_turn_s"] = round(self.turn_talk_over_s, 2)
+        return figures
 
     def summary(self) -> str:
         """One line's worth, for the end-of-call log."""
@@ -102,6 +125,14 @@ class QualityStatistics:
             f"{response}, talk-over {self.talk_over_s:.1f} s, dead air {self.dead_air_s:.1f} s, "
             f"agent {self.agent_share:.0%}, barge-ins {self.barge_ins}"
         )
+
+
+def _latencies_ms(latencies: tuple[float, ...]) -> dict[str, Any]:
+    return {
+        "last": round(latencies[-1] * 1000) if latencies else None,
+        "median": round(_statistics.median(latencies) * 1000) if latencies else None,
+        "count": len(latencies),
+    }
 
 
 class _Speech:
@@ -146,6 +177,13 @@ class ConversationQuality:
         self._awaiting: int | None = None  # the caller's end of speech, while the agent's answer is awaited
         self._after_caller = False  # in a silence that followed the caller's speech
         self._interrupted: int | None = None  # the caller started over the agent here
+        # The model's turns: the decided frames, the latest ones, as (caller, agent); what a turn awaits.
+        self._history: collections.deque[tuple[bool, bool]] = collections.deque(maxlen=TURN_HISTORY_FRAMES)
+        self._turns = 0
+        self._turn_latencies: list[float] = []
+        self._turn_both = 0  # frames the agent spoke within the caller's turns
+        self._turn_talk: tuple[int, int] | None = None  # a turn's frames [from, to) not yet decided
+        self._turn_awaiting: int | None = None  # a turn's end, while the agent's answer is awaited
 
     def feed(self, heard: np.ndarray | None, said: np.ndarray) -> tuple[QualityEvent, ...]:
         """One tick: the caller's frame (None: silence) and the agent's."""
@@ -175,18 +213,54 @@ class ConversationQuality:
             dead_air_s=self._dead * FRAME_SECONDS,
             agent_share=self._agent_frames / frames if frames else 0.0,
             barge_ins=self._barge_ins,
+            turns=self._turns,
+            turn_response_latencies=tuple(self._turn_latencies),
+            turn_talk_over_s=self._turn_both * FRAME_SECONDS,
         )
+
+    def turn_ended(self, start: float, end: float) -> tuple[QualityEvent, ...]:
+        """The model ended a caller's turn that began at ``start`` and ended at ``end`` (seconds on this
+        timeline): its talk-over, and the agent's answer if it is there already."""
+        self._turns += 1
+        first_frame, end_frame = round(start / FRAME_SECONDS), round(end / FRAME_SECONDS)
+        oldest = self._frames - len(self._history)  # the frame of history[0]
+        self._turn_talk = None
+        for k in range(max(first_frame, oldest), min(end_frame, self._frames)):
+            self._turn_both += self._history[k - oldest][1]
+        if end_frame > self._frames:
+            self._turn_talk = (max(first_frame, self._frames), end_frame)
+        self._turn_awaiting = end_frame if end_frame > oldest else None  # (older than the history: let go)
+        events: tuple[QualityEvent, ...] = ()
+        for k in range(max(end_frame, oldest + 1), self._frames):  # (the answer may be decided already)
+            event = self._turn_frame(k, self._history[k - 1 - oldest], self._history[k - oldest])
+            events += (event,) if event is not None else ()
+        return events
+
+    def _turn_frame(self, k: int, previous: tuple[bool, bool], now: tuple[bool, bool]) -> TurnResponse | None:
+        """Decided frame ``k`` (``previous``: the one before) for a turn's figures."""
+        talk = self._turn_talk
+        if talk is not None and talk[0] <= k < talk[1]:
+            self._turn_both += now[1]
+        awaiting = self._turn_awaiting
+        if awaiting is None or k < awaiting:
+            return None
+        if k == awaiting and previous[1] or now[0] and not previous[0] or k - awaiting > MAX_RESPONSE_FRAMES:
+            self._turn_awaiting = None  # the agent talks on, the caller speaks again, or the agent never answered
+        elif now[1] and not previous[1]:
+            self._turn_awaiting = None
+            latency = (k - awaiting) * FRAME_SECONDS
+            self._turn_latencies.append(latency)
+            return TurnResponse(latency)
+        return None
 
     def _decide(self) -> tuple[QualityEvent, ...]:
         caller, agent = self._caller_speech.decided, self._agent_speech.decided
         events: tuple[QualityEvent, ...] = ()
         while caller and agent:
-            event = self._frame(caller.popleft(), agent.popleft())
-            if event is not None:
-                events += (event,)
+            events += self._frame(caller.popleft(), agent.popleft())
         return events
 
-    def _frame(self, c: bool, a: bool) -> QualityEvent | None:
+    def _frame(self, c: bool, a: bool) -> tuple[QualityEvent, ...]:
         """One decided frame: the caller speaks (``c``), the agent speaks (``a``)."""
         k = self._frames
         event: QualityEvent | None = None
@@ -220,4 +294,6 @@ class ConversationQuality:
                 self._after_caller = False
             else:
                 self._dead += 1
-        return event
+        turn = self._turn_frame(k, (self._history[-1] if self._history else (False, False)), (c, a))
+        self._history.append((c, a))
+        return tuple(e for e in (event, turn) if e is not None)

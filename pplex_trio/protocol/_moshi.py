@@ -24,6 +24,7 @@ class Kind(enum.IntEnum):
     ERROR = 0x05
     PING = 0x06
     COLORED_TEXT = 0x07  # Kyutai's client only; the PersonaPlex client throws on it
+    CALLER_TEXT = 0x10  # pplex-trio's own, only to a client that asked (?transcribe_caller=1): the caller's words
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +78,11 @@ def audio(ogg: bytes) -> bytes:
 def text(piece: str) -> bytes:
     """The server frame carrying one piece of the agent's text, UTF-8."""
     return bytes([Kind.TEXT]) + piece.encode("utf-8")
+
+
+def caller_text(piece: str) -> bytes:
+    """The server frame carrying one piece of the caller's words, UTF-8 (pplex-trio's kind, asked for)."""
+    return bytes([Kind.CALLER_TEXT]) + piece.encode("utf-8")
 
 
 def error(message: str) -> bytes:

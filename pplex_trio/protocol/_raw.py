@@ -102,9 +102,14 @@ def queued(position: int) -> str:
     return _json({"type": "queued", "position": position})
 
 
-def text(piece: str) -> str:
-    """``{"type": "text", "text": piece}``: a piece of the agent's text."""
-    return _json({"type": "text", "text": piece})
+AGENT = "agent"
+USER = "user"  # the caller (the word OpenAI's and Google's protocols use for that side)
+
+
+def text(piece: str, speaker: str = AGENT) -> str:
+    """``{"type": "text", "text": piece, "speaker": speaker}``: a piece of the agent's text, or with ``--transcribe``
+    of the caller's words (``speaker``: :data:`AGENT` or :data:`USER`)."""
+    return _json({"type": "text", "text": piece, "speaker": speaker})
 
 
 def done() -> str:

@@ -221,6 +221,7 @@ def create_http_app(server: ServerContext, status: StatusSampler) -> QuartTrio:
             max_prompt_chars=server.settings.max_prompt_chars,
             queue_size=server.settings.queue_size,
             official_client="/official/" if official_dir is not None else None,
+            transcribes_caller=engine.transcript_delay is not None,
         )
 
     add_voice_routes(app, server)

@@ -165,4 +165,6 @@ def _conversation(session: Session, now: float) -> dict[str, Any]:
     }
     if described.get("quality") is not None:  # (a conversation's quality figures, where the server keeps them)
         row["quality"] = described["quality"]
+    if described.get("words") is not None:
+        row["words"] = described["words"]
     return row

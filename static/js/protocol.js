@@ -11,6 +11,7 @@ export const Kind = Object.freeze({
   METADATA: 0x04, // server: JSON (optional)
   ERROR: 0x05, // server: UTF-8 message, sent just before it closes the socket
   PING: 0x06, // server: keep-alive while queued or preparing
+  CALLER_TEXT: 0x10, // server, pplex-trio's own: a piece of the caller's words (UTF-8), when asked (transcribe_caller=1)
 });
 
 const utf8 = new TextDecoder("utf-8");
@@ -35,6 +36,8 @@ export function decodeMessage(data) {
       return { type: "audio", ogg: payload };
     case Kind.TEXT:
       return { type: "text", text: utf8.decode(payload) };
+    case Kind.CALLER_TEXT:
+      return { type: "caller_text", text: utf8.decode(payload) };
     case Kind.METADATA:
       try {
         return { type: "metadata", metadata: JSON.parse(utf8.decode(payload)) };

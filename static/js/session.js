@@ -22,7 +22,7 @@ export class Conversation {
    * @param {object} o.params  query parameters of /api/chat (persona, voice, sampling)
    * @param {boolean} o.voiceProcessing  echo cancellation, noise suppression, auto gain
    * @param {(state: object) => void} o.onState  {phase, position?, ending?}
-   * @param {(text: string) => void} o.onText
+   * @param {(text: string, speaker?: string) => void} o.onText  the agent's pieces, and the caller's ("caller") if asked
    */
   constructor({ pageUrl, params, voiceProcessing, onState, onText }) {
     this.pageUrl = pageUrl;
@@ -81,6 +81,9 @@ export class Conversation {
         break;
       case "text":
         this.onText(message.text);
+        break;
+      case "caller_text":
+        this.onText(message.text, "caller");
         break;
       case "error":
         this.serverError = message.message;

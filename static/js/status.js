@@ -80,6 +80,7 @@ function conversationsTable(sessions) {
       fixed(q.response_latency_ms, 0), fixed(q.talk_over_s, 1), fixed(q.dead_air_s, 1),
       q.agent_share === undefined ? "–" : `${Math.round(100 * q.agent_share)} %`, fixed(q.barge_ins, 0),
     ];
+    const words = session.words || {};
     const tr = document.createElement("tr");
     tr.dataset.session = String(session.id);
     cells.forEach((text, i) => {
@@ -88,12 +89,25 @@ function conversationsTable(sessions) {
       if (i === 3) { td.className = "persona"; td.title = session.persona ?? ""; }
       tr.append(td);
     });
+    const said = document.createElement("td"); // each side's latest words, marked (the callers' text: never markup)
+    said.className = "words";
+    for (const [side, text] of [["caller", words.caller], ["agent", words.agent]]) {
+      if (!text) continue;
+      const line = document.createElement("div");
+      line.dataset.speaker = side;
+      const mark = document.createElement("b");
+      mark.textContent = `${side}: `;
+      line.append(mark, text);
+      said.append(line);
+    }
+    if (!said.childElementCount) said.textContent = "–";
+    tr.append(said);
     return tr;
   });
   if (!rows.length) {
     const tr = document.createElement("tr");
     tr.className = "empty";
-    tr.innerHTML = '<td colspan="11">No conversation.</td>';
+    tr.innerHTML = '<td colspan="12">No conversation.</td>';
     rows.push(tr);
   }
   body.replaceChildren(...rows);

@@ -39,6 +39,7 @@ const els = {
 };
 
 let maxPromptChars = 1000;
+let transcribesCaller = false; // the server transcribes the caller (--transcribe): the page asks for both sides
 let yourVoice = null; // the "Your voice" panel
 let conversation = null; // the current (or last) Conversation
 let browserProblem = null; // why this browser cannot talk, if it cannot
@@ -86,6 +87,7 @@ function readSettings() {
     audio_seed: seed ?? random(),
     text_prompt: els.persona.value.trim(),
     voice_prompt: els.voice.value,
+    transcribe_caller: transcribesCaller ? 1 : undefined,
   };
 }
 
@@ -93,6 +95,7 @@ async function loadServerInfo() {
   try {
     const [info, voices] = await Promise.all([getJson("/api/info"), getJson("/api/voices")]);
     maxPromptChars = info.max_prompt_chars;
+    transcribesCaller = Boolean(info.transcribes_caller);
     els.persona.maxLength = maxPromptChars;
     els.officialLink.hidden = !info.official_client;
     els.serverInfo.textContent = `Model: ${info.model} · ${info.slots} conversation slot${info.slots === 1 ? "" : "s"}`;
@@ -171,10 +174,25 @@ function connect() {
   conversation.start();
 }
 
-function appendText(text) {
+function appendText(text, speaker = "agent") {
   const atBottom = els.transcript.scrollHeight - els.transcript.scrollTop - els.transcript.clientHeight < 24;
-  // The server supplies the spacing; only the very first leading space is dropped.
-  els.transcript.append(els.transcript.childNodes.length ? text : text.trimStart());
+  if (!transcribesCaller) {
+    // The server supplies the spacing; only the very first leading space is dropped.
+    els.transcript.append(els.transcript.childNodes.length ? text : text.trimStart());
+  } else {
+    // Both sides: a marked line per speaker, a new one whenever the speaker changes.
+    let line = els.transcript.lastElementChild;
+    if (!line || line.dataset.speaker !== speaker) {
+      line = document.createElement("div");
+      line.dataset.speaker = speaker;
+      const mark = document.createElement("b");
+      mark.textContent = speaker === "caller" ? "You: " : "Model: ";
+      line.append(mark);
+      els.transcript.append(line);
+      text = text.trimStart();
+    }
+    line.append(text);
+  }
   if (atBottom) els.transcript.scrollTop = els.transcript.scrollHeight;
 }
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pplex_trio.codec import BARGE_IN_FRAMES, BargeIn, ConversationQuality, Response
+from pplex_trio.codec import BARGE_IN_FRAMES, BargeIn, ConversationQuality, Response, TurnResponse
 
 FRAME = 1920
 RATE = 24_000
@@ -132,3 +132,35 @@ def test_figures_lag_by_the_hangover_at_most_and_silence_as_none() -> None:
     assert meter.feed(None, tone) == ()  # the agent's first loud frame: not decided yet
     assert meter.feed(None, tone) == (Response(pytest.approx(10 * F)),)
     assert meter.statistics().dead_air_s == pytest.approx(10 * F)
+
+
+def _run_with_turn(caller: np.ndarray, agent: np.ndarray, turn: tuple[float, float], told_at: int):
+    """As :func:`_run`, the model's end of turn ``(start, end)`` told once ``told_at`` frames were fed."""
+    meter, events = ConversationQuality(), []
+    for k in range(len(caller) // FRAME):
+        if k == told_at:
+            events += meter.turn_ended(*turn)
+        events += meter.feed(caller[k * FRAME : (k + 1) * FRAME], agent[k * FRAME : (k + 1) * FRAME])
+    events += meter.finish()
+    return meter, events
+
+
+@pytest.mark.parametrize("told_at", [27, 33, 45])  # before the answer, just after it, well after (the delay)
+def test_the_turn_figures_from_the_models_end_of_turn_beside_the_vads(told_at) -> None:
+    # The caller 0-24; the model ends the turn at 2.16 s (frame 27), 160 ms after the VAD's first silent frame; the
+    # agent 20-22 (a back-channel inside the turn: talk-over) and 30-49, answering 240 ms after the model's end.
+    meter, events = _run_with_turn(_audio(60, [(0, 25)]), _audio(60, [(20, 23), (30, 50)]), (0.08, 2.16), told_at)
+    stats = meter.statistics()
+    assert stats.turns == 1 and stats.turn_response_latencies == pytest.approx([0.24])
+    assert TurnResponse(pytest.approx(0.24)) in events
+    assert stats.turn_talk_over_s == pytest.approx(3 * F)  # frames 20-22, within the turn (1-26)
+    figures = stats.as_dict()
+    assert figures["response_latency_turn_ms"] == {"last": 240, "median": 240, "count": 1}
+    assert figures["talk_over_turn_s"] == 0.24
+
+
+def test_no_turn_figures_without_turns_and_none_when_the_agent_talks_on() -> None:
+    assert "talk_over_turn_s" not in _run(_audio(30, [(0, 25)]), _audio(30, []))[0].statistics().as_dict()
+    # The agent speaks through the turn's end: nothing answers it.
+    meter, events = _run_with_turn(_audio(60, [(0, 25)]), _audio(60, [(20, 50)]), (0.08, 2.16), 40)
+    assert meter.statistics().turn_response_latencies == () and not any(isinstance(e, TurnResponse) for e in events)

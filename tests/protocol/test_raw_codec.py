@@ -60,7 +60,8 @@ def test_unknown_type_is_unsupported(text):
 def test_server_messages():
     assert json.loads(raw.ready()) == {"type": "ready"}
     assert json.loads(raw.queued(3)) == {"type": "queued", "position": 3}
-    assert json.loads(raw.text(" é")) == {"type": "text", "text": " é"}
+    assert json.loads(raw.text(" é")) == {"type": "text", "text": " é", "speaker": "agent"}
+    assert json.loads(raw.text(" hi", raw.USER)) == {"type": "text", "text": " hi", "speaker": "user"}
     assert json.loads(raw.done()) == {"type": "done"}
     assert json.loads(raw.error("x")) == {"type": "error", "error": "x"}
     frame = np.linspace(-1, 1, 1920, dtype=np.float32)

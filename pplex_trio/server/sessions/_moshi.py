@@ -8,7 +8,10 @@ NVIDIA's server sends none and clients such as LiveKit's PersonaPlex plugin
 warn at every unknown message: the transport's WebSocket pings keep its
 connection alive instead.  Audio is Ogg Opus at
 24 kHz, decoded by sphn here and encoded by the server's encoders (a child
-process or the event loop, ``_encoders.py``).  See ``docs/PROTOCOL.md``.
+process or the event loop, ``_encoders.py``).  A client that asks with
+``?transcribe_caller=1`` (a server with ``--transcribe``) also gets the caller's
+words, kind ``0x10``, pplex-trio's own: the official clients never see it.
+See ``docs/PROTOCOL.md``.
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ from ..._conversation import SAMPLE_RATE, CloseCode, Conversation
 from ...engine import OutputFrame
 from ...protocol import ProtocolError, conversation_from_params, moshi, parse_query
 from .._encoders import Encoders
+from ._transcript import NO_TRANSCRIBER, HeardPiece
 from ._wire import InputAudio, InputEvent, Message, OpensWithQuery
+
+TRANSCRIBE_CALLER = "transcribe_caller"  # the query parameter that asks for the caller's words (0x10)
 
 
 class MoshiProtocol(OpensWithQuery):
@@ -48,10 +54,18 @@ class MoshiProtocol(OpensWithQuery):
         self.align_input = align
         self._reader = sphn.OpusStreamReader(SAMPLE_RATE)  # ~0.07 ms of CPU a page
         self._stream: Any = None  # this conversation's encoder stream, while the send task runs
+        self._send_caller = False  # the client asked for the caller's words (0x10)
 
     def conversation(self, query: bytes) -> Conversation:
+        params = parse_query(query)
+        asked = params.pop(TRANSCRIBE_CALLER, "0")
+        if asked not in ("0", "1"):
+            raise ProtocolError(f"{TRANSCRIBE_CALLER} must be 0 or 1, got {asked!r}", CloseCode.POLICY)
+        if asked == "1" and not (self.caller is not None and self.caller.enabled):
+            raise ProtocolError(f"{NO_TRANSCRIBER}, or leave out {TRANSCRIBE_CALLER}", CloseCode.POLICY)
+        self._send_caller = asked == "1"
         return conversation_from_params(
-            parse_query(query),
+            params,
             max_prompt_chars=self._max_prompt_chars,
             voices=None if self._voices is None else self._voices(),
         )
@@ -92,6 +106,9 @@ class MoshiProtocol(OpensWithQuery):
         for frame, ogg in zip(frames, oggs):
             if ogg:
                 messages.append((moshi.audio(ogg), frame))
+            for heard in self.caller.take(frame.tick) if self._send_caller and self.caller is not None else ():
+                if isinstance(heard, HeardPiece):  # (no turns here: pieces only, a leading space begins a word)
+                    messages.append((moshi.caller_text(heard.text), None))
             if frame.text:
                 messages.append((moshi.text(frame.text), None))
         return messages

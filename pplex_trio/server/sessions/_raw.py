@@ -2,7 +2,10 @@
 
 For tools and tests that want exact samples, not Opus.  The client opens with
 ``{"type": "open", ...}``; ``{"type": "close"}`` flushes pending input through
-the engine, answers ``{"type": "done"}`` and closes.  See ``docs/PROTOCOL.md``.
+the engine, answers ``{"type": "done"}`` and closes.  Text pieces name their
+``speaker``: the agent's, and with ``--transcribe`` the caller's words (the session
+core's :class:`~._transcript.CallerTranscript`), sent with the frame of the tick that
+wrote them.  See ``docs/PROTOCOL.md``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Callable, Collection
 from ..._conversation import CloseCode, Conversation
 from ...engine import OutputFrame
 from ...protocol import ProtocolError, conversation_from_params, raw
+from ._transcript import HeardPiece
 from ._wire import EndOfInput, InputAudio, InputEvent, Message, OpensWithMessage
 
 
@@ -60,6 +64,9 @@ class RawProtocol(OpensWithMessage):
         messages: list[tuple[Message, OutputFrame | None]] = []
         for frame in frames:
             messages.append((raw.pcm_frame(frame.pcm), frame))
+            for heard in self.caller.take(frame.tick) if self.caller is not None else ():
+                if isinstance(heard, HeardPiece):  # (the raw protocol has no turns: its text is pieces only)
+                    messages.append((raw.text(heard.text, raw.USER), None))
             if frame.text:
                 messages.append((raw.text(frame.text), None))
         return messages

@@ -49,13 +49,9 @@ from ...protocol import (
 )
 from ._audio_io import AudioIn, AudioOut
 from ._openai import OpenAIProtocol
-from ._transcript import HeardPiece
+from ._transcript import NO_TRANSCRIBER, HeardPiece
 from ._wire import InputAudio, InputEvent, Message, Replies, Restart
 
-NO_TRANSCRIBER = (
-    "the caller's words were asked for, but this server transcribes nothing: start it with --transcribe "
-    "(auto, tiny, or a Kyutai speech-to-text model such as kyutai/stt-1b-en_fr)"
-)
 SUBPROTOCOL = "realtime"  # what browsers offer (with the token and beta markers beside it)
 
 

@@ -11,10 +11,32 @@ from typing import Any
 
 from ..._conversation import Outcome
 from ..._metrics import Metrics
-from ...codec import ConversationQuality, Response
+from ...codec import WORD_START, ConversationQuality, Response, TurnResponse
 from ...engine import Lease, OutputFrame
 from ..records import CallEnding, Recorder
-from ._transcript import CallerTranscript
+from ._transcript import TURN_BY_MODEL, CallerTranscript, TurnEnded
+
+AGENT_CHARS = 200  # the agent's latest words kept for /api/sessions (the tail of a long reply)
+
+
+class AgentWords:
+    """The agent's latest words, for ``/api/sessions``: its text pieces since the caller's last turn ended (the
+    reply to it), the last :data:`AGENT_CHARS` characters of them."""
+
+    def __init__(self) -> None:
+        self._text = ""
+
+    def add(self, piece: str) -> None:
+        """One of the model's text pieces (a leading space or ``▁`` begins a word)."""
+        self._text = (self._text + piece.replace(WORD_START, " "))[-AGENT_CHARS:]
+
+    def new_turn(self) -> None:
+        """The caller's turn ended: what the agent says next is its reply."""
+        self._text = ""
+
+    def latest(self) -> str:
+        """The words, spaced as the model wrote them."""
+        return " ".join(self._text.split())
 
 
 class CallReport:
@@ -26,19 +48,33 @@ class CallReport:
         self.quality = ConversationQuality()
         self.transcript = transcript or CallerTranscript(None)
         self.recorder: Recorder | None = None  # set once the conversation's settings are known (--record)
+        self.agent = AgentWords()
 
     def on_frame(self, frame: OutputFrame) -> None:
-        """The lease's observer (the actor's task, every frame, a few µs): the quality meter, the caller's words,
+        """The lease's observer (the actor's task, every frame, a few µs): the quality meter, both sides' words,
         and the recorder."""
         if self.recorder is not None:
             self.recorder.on_frame(frame)
         self._count(self.quality.feed(frame.heard, frame.pcm))
-        self.transcript.on_frame(frame, self.quality.caller_speaking)
+        for event in self.transcript.on_frame(frame, self.quality.caller_speaking):
+            if isinstance(event, TurnEnded):
+                self.agent.new_turn()
+                if event.by == TURN_BY_MODEL:  # (the quality meter has the VAD's own)
+                    self._count(self.quality.turn_ended(event.words[0].start, event.at))
+        if frame.text:
+            self.agent.add(frame.text)
+
+    def latest_words(self) -> dict[str, str | None]:
+        """Each side's latest words for ``/api/sessions``: ``caller`` (None when the engine transcribes nothing)
+        and ``agent``."""
+        return {"caller": self.transcript.latest() if self.transcript.enabled else None, "agent": self.agent.latest()}
 
     def _count(self, events: tuple[object, ...]) -> None:
         for event in events:
             if isinstance(event, Response):
                 self.metrics.response_latency.observe(event.seconds)
+            elif isinstance(event, TurnResponse):
+                self.metrics.response_latency_turn.observe(event.seconds)
             else:
                 self.metrics.barge_ins.inc()
 
@@ -49,6 +85,8 @@ class CallReport:
         if not stats.frames:
             return ""  # (it never went live)
         self.metrics.talk_over.observe(stats.talk_over_s)
+        if stats.turns:
+            self.metrics.talk_over_turn.observe(stats.turn_talk_over_s)
         self.metrics.dead_air.observe(stats.dead_air_s)
         self.metrics.agent_share.observe(stats.agent_share)
         return f" ({stats.summary()})"

@@ -364,7 +364,8 @@ class Session:
         self.end(outcome, lease.failure.message, code=lease.failure.code)
 
     def describe(self) -> dict[str, Any]:
-        """What ``/api/sessions`` and the status page show of it now: its step, slot, counters and quality."""
+        """What ``/api/sessions`` and the status page show of it now: its step, slot, counters, quality and
+        each side's latest words."""
         lease = self.lease
         ms = 1000 / self.host.actor.engine.sample_rate  # per sample
         inputs = lease.input_stats() if lease else None
@@ -386,5 +387,6 @@ class Session:
             "input_caught_up_ms": round(inputs.caught_up * ms, 1) if inputs else 0.0,
             "output_caught_up_frames": lease.output_skipped if lease else 0,
             "quality": self.report.quality.statistics().as_dict(),
+            "words": self.report.latest_words(),
             **self.wire.call_details(),  # (a phone call: the carrier's call, stream and account ids)
         }

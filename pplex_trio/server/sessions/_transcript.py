@@ -31,6 +31,10 @@ from ...engine import OutputFrame
 
 TURN_BY_MODEL = "model"  # the transcriber's end-of-turn head said so
 TURN_BY_VAD = "vad"  # the energy VAD's end of speech (a transcriber without that head)
+NO_TRANSCRIBER = (  # what a client that asks for the caller's words of a server without a transcriber is told
+    "the caller's words were asked for, but this server transcribes nothing: start it with --transcribe "
+    "(auto, tiny, or a Kyutai speech-to-text model such as kyutai/stt-1b-en_fr)"
+)
 
 
 @dataclasses.dataclass(frozen=True)

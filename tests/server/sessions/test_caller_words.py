@@ -180,3 +180,160 @@ async def test_the_record_has_both_speakers_voice_tagged_and_the_callers_words_w
     vtt = (folder / name.replace(".json", ".vtt")).read_text()
     assert "00:00:00.080 --> 00:00:00.400\n<v caller>hello world\n" in vtt
     assert "<v agent> " not in vtt and "<v agent>0\n" in vtt  # the echo's frame numbers, the agent's
+
+
+async def _watched_call(handle) -> tuple[list[dict], dict]:
+    """A Realtime call (not asking for the words) with ``/api/sessions`` polled every frame: each side's words
+    each time, and the last ``/api/status`` row of the call."""
+    seen: list[dict] = []
+    rows: list[dict] = []
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            while True:
+                await trio.sleep(0.08)
+                sessions = (await handle.get_json("/api/sessions"))["sessions"]
+                rows.extend((await handle.get_json("/api/status"))["sessions"])
+                seen.extend(session["words"] for session in sessions)
+
+        nursery.start_soon(watch)
+        await _realtime_call(handle, "ga", {"type": "realtime"})  # (shown whatever the client asked)
+        nursery.cancel_scope.cancel()
+    return seen, rows[-1]
+
+
+async def test_sessions_and_status_show_each_sides_latest_words(virtual_server, autojump_clock):
+    seen, row = await _watched_call(await virtual_server(_engine()))
+    callers = [words["caller"] for words in seen]
+    # the open turn's words as they come, then the last turn's (a poll a frame: one may fall between two)
+    assert set(callers) <= {"", "hel", "hello", "hello world"} and {"hel", "hello"} & set(callers)
+    assert callers == sorted(callers, key=len) and callers[-1] == "hello world"
+    # The agent's (the echo's frame numbers): its words since the caller's turn ended, the last 200 characters.
+    before = [words["agent"] for words in seen if words["caller"] in ("hel", "hello")][-1]
+    after = seen[-1]["agent"]
+    assert before.startswith("0 1 2") and int(after.split()[0]) > int(before.split()[-1])
+    assert len(after) <= 200 and after.split()[-1].isdigit()
+    assert row["words"]["caller"] == "hello world" and row["words"]["agent"]
+
+
+async def test_sessions_show_no_caller_words_when_the_engine_transcribes_nothing(virtual_server, autojump_clock):
+    seen, row = await _watched_call(await virtual_server())
+    assert {words["caller"] for words in seen} == {None} and seen[-1]["agent"]
+    assert row["words"]["caller"] is None
+
+
+async def _raw_call(handle) -> list[dict]:
+    """A raw call: its text events, in order, each with the number of PCM frames before it."""
+    events: list[dict] = []
+    frames = 0
+    async with handle.open_websocket("/v1/audio/duplex") as ws:
+        await ws.send_message(json.dumps({"type": "open"}))
+        for frame in _caller_frames():
+            await ws.send_message(frame.astype("<f4").tobytes())
+        await ws.send_message(json.dumps({"type": "close"}))
+        while True:
+            message = await ws.get_message()
+            if isinstance(message, bytes):
+                frames += 1
+                continue
+            event = json.loads(message)
+            if event["type"] == "done":
+                break
+            if event["type"] == "text":
+                events.append({**event, "frames": frames})
+    return events
+
+
+async def test_raw_sends_the_callers_words_marked_as_the_users(virtual_server, autojump_clock):
+    events = await _raw_call(await virtual_server(_engine()))
+    caller = [e for e in events if e["speaker"] == "user"]
+    assert [e["text"] for e in caller] == [" hel", "lo", " world"]
+    assert [e["frames"] for e in caller] == [7, 8, 10]  # after the PCM of the tick that wrote it (frame 6: the 7th)
+    agent = [e for e in events if e["speaker"] == "agent"]
+    assert [e["text"] for e in agent[:3]] == [" 0", " 1", " 2"] and set(events[0]) == {
+        "type",
+        "text",
+        "speaker",
+        "frames",
+    }
+
+
+async def test_raw_without_a_transcriber_sends_the_agents_words_only(virtual_server, autojump_clock):
+    events = await _raw_call(await virtual_server())
+    assert events and {e["speaker"] for e in events} == {"agent"}
+
+
+async def _moshi_call(handle, **params) -> list[bytes]:
+    """A Moshi call (``params``: its query): every message received after the handshake."""
+    from _helpers.ws import moshi_handshake, moshi_url, opus_messages
+
+    received: list[bytes] = []
+    async with handle.open_websocket(moshi_url(handle.ws_url, **params)) as ws:
+        await moshi_handshake(ws)
+        async with trio.open_nursery() as nursery:
+
+            async def read() -> None:
+                while True:
+                    received.append(await ws.get_message())
+
+            nursery.start_soon(read)
+            for pages in opus_messages(np.concatenate(_caller_frames())):
+                for page in pages:
+                    await ws.send_message(b"\x01" + page)
+                await trio.sleep(0.08)
+            nursery.cancel_scope.cancel()
+    return received
+
+
+async def test_moshi_sends_the_callers_words_to_a_client_that_asked_as_kind_0x10(virtual_server, autojump_clock):
+    handle = await virtual_server(_engine())
+    assert (await handle.get_json("/api/info"))["transcribes_caller"] is True  # (the page asks when it says so)
+    received = await _moshi_call(handle, transcribe_caller=1)
+    assert [m[1:].decode() for m in received if m[0] == 0x10] == [" hel", "lo", " world"]
+    assert {m[0] for m in received} == {0x01, 0x02, 0x10}
+
+
+async def test_moshi_sends_a_client_that_did_not_ask_only_the_official_kinds(virtual_server, autojump_clock):
+    handle = await virtual_server(_engine())
+    received = await _moshi_call(handle)
+    assert received and {m[0] for m in received} == {0x01, 0x02}
+
+
+async def test_moshi_asking_a_server_that_transcribes_nothing_is_refused_naming_the_flag(
+    virtual_server, autojump_clock
+):
+    from trio_websocket import ConnectionClosed
+
+    from _helpers.ws import moshi_url
+
+    handle = await virtual_server()
+    assert (await handle.get_json("/api/info"))["transcribes_caller"] is False
+    async with handle.open_websocket(moshi_url(handle.ws_url, transcribe_caller=1)) as ws:
+        with trio.fail_after(5):
+            error = await ws.get_message()
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.get_message()
+    assert error[0] == 0x05 and "--transcribe" in error[1:].decode() and "transcribe_caller" in error[1:].decode()
+    assert closed.value.reason.code == 1008
+
+
+def _metric(text: str, name: str) -> float:
+    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+@pytest.mark.parametrize("head", [True, False])
+async def test_the_quality_figures_from_the_models_end_of_turn_beside_the_vads(virtual_server, autojump_clock, head):
+    handle = await virtual_server(_engine(head=head))
+    seen, row = await _watched_call(handle)
+    with trio.fail_after(10):  # (the histograms are observed once the session has ended)
+        while _metric(await handle.metrics(), "pplex_talk_over_seconds_count") < 1:
+            await trio.sleep(0.1)
+    metrics = await handle.metrics()
+    turn_figures = {"response_latency_turn_ms", "talk_over_turn_s"}
+    if head:  # the echo says the caller's tone back over it: talk-over within the turn, and no answer after it
+        assert turn_figures <= set(row["quality"]) and row["quality"]["talk_over_turn_s"] > 0
+        assert _metric(metrics, "pplex_talk_over_turn_seconds_count") == 1
+    else:  # the VAD's fallback turns: the VAD's own figures only
+        assert not turn_figures & set(row["quality"])
+        assert _metric(metrics, "pplex_talk_over_turn_seconds_count") == 0
+    assert "pplex_response_latency_turn_seconds_count" in metrics
