@@ -68,6 +68,9 @@ def test_one_encode_gives_personaplex_its_own_codes(stt: LoadedTranscriber, gold
         assert today.shape[-1] == 8 and both.shape[-1] == stored > 8
         assert torch.equal(both[..., :8], today)  # bit for bit: PersonaPlex's codes do not change
         assert len(torch.unique(both[..., 8:])) > 4  # the extra levels are real codes
+    # Its levels past 8 take the cheaper distances (one addmm); they still give the codes of the STT's own Mimi,
+    # which computes all 32 levels the one way (and matches moshi's: tests/oracle/test_stt_oracle.py).
+    assert torch.equal(_encode(personaplex_mimi, pcm, 32), _encode(stt.mimi, pcm, 32))
 
 
 def test_more_levels_than_stored_are_refused(golden_model: LoadedModel) -> None:
