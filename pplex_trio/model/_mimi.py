@@ -148,7 +148,8 @@ class Mimi(nn.Module):
         if not 0 < n <= self.stored_codebooks:
             raise ValueError(f"this Mimi stores {self.stored_codebooks} codebooks, {n} were asked")
         latent = self.encode_latent(pcm, state, exec_mask)
-        return self.quantizer.encode(latent, n)[:, :, 0]
+        # Levels past the speaking model's own (the speech-to-text's alone) take the cheaper distances.
+        return self.quantizer.encode(latent, n, exact=min(n, self.cfg.num_codebooks))[:, :, 0]
 
     @torch.no_grad()
     def decode_frame(

@@ -49,6 +49,11 @@ class Codebook(nn.Module):
         scores = self.norms - 2 * x @ self.centroids.t()
         return scores.argmin(dim=-1)
 
+    def nearest_fused(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`nearest` in one kernel less than two: the distances as one ``addmm`` (the norms as its bias).
+        The same formula, rounded differently (the product's scaling and the bias inside the GEMM)."""
+        return torch.addmm(self.norms, x, self.centroids.t(), alpha=-2).argmin(dim=-1)
+
 
 class VectorQuantization(nn.Module):
     """A wrapper holding one codebook under the checkpoints' parameter name (``_codebook``)."""
@@ -73,17 +78,25 @@ class ResidualVQ(nn.Module):
         """The first ``n`` codebooks, in residual order."""
         return [layer._codebook for layer in self.vq.layers[:n]]
 
-    def encode(self, x: torch.Tensor, n: int) -> torch.Tensor:
-        """``[B, C, T]`` latents to ``[B, n, T]`` codes."""
-        return torch.stack(self.encode_list(x, n), dim=1)
+    def encode(self, x: torch.Tensor, n: int, exact: int | None = None) -> torch.Tensor:
+        """``[B, C, T]`` latents to ``[B, n, T]`` codes (``exact``: :meth:`encode_list`)."""
+        return torch.stack(self.encode_list(x, n, exact), dim=1)
 
-    def encode_list(self, x: torch.Tensor, n: int) -> list[torch.Tensor]:
-        """:meth:`encode`'s codes, one ``[B, T]`` per codebook."""
+    def encode_list(self, x: torch.Tensor, n: int, exact: int | None = None) -> list[torch.Tensor]:
+        """:meth:`encode`'s codes, one ``[B, T]`` per codebook.
+
+        The first ``exact`` levels (all by default) are computed as they always
+        were, bit for bit (:meth:`Codebook.nearest`'s 4 kernels, a gather, a
+        subtraction); the levels past them in 4 (:meth:`Codebook.nearest_fused`'s
+        2), their distances rounded differently.  Each level reads only the ones before it, so the first
+        ``exact`` codes do not depend on how the later ones are computed.
+        """
         b, _, t = x.shape
         residual = self.input_proj(x).transpose(1, 2).reshape(b * t, -1)
+        exact = n if exact is None else exact
         codes = []
-        for cb in self.codebooks(n):
-            idx = cb.nearest(residual)
+        for k, cb in enumerate(self.codebooks(n)):
+            idx = cb.nearest(residual) if k < exact else cb.nearest_fused(residual)
             residual = residual - cb.centroids[idx]
             codes.append(idx.view(b, t))
         return codes
@@ -114,10 +127,13 @@ class SplitResidualVQ(nn.Module):
             if isinstance(module, Codebook):
                 module.refresh()
 
-    def encode(self, x: torch.Tensor, num_codebooks: int) -> torch.Tensor:
-        """``[B, C, T]`` latents to ``[B, num_codebooks, T]`` codes, semantic ones first."""
-        first = self.rvq_first.encode_list(x, self.n_semantic)
-        return torch.stack(first + self.rvq_rest.encode_list(x, num_codebooks - self.n_semantic), dim=1)
+    def encode(self, x: torch.Tensor, num_codebooks: int, exact: int | None = None) -> torch.Tensor:
+        """``[B, C, T]`` latents to ``[B, num_codebooks, T]`` codes, semantic ones first; the first ``exact`` (all
+        by default) bit for bit as always, the rest the cheaper way (:meth:`ResidualVQ.encode_list`)."""
+        exact = num_codebooks if exact is None else exact
+        first = self.rvq_first.encode_list(x, self.n_semantic, exact)
+        rest = self.rvq_rest.encode_list(x, num_codebooks - self.n_semantic, exact - self.n_semantic)
+        return torch.stack(first + rest, dim=1)
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """``[B, n, T]`` codes (semantic first; acoustic ones optional) to ``[B, C, T]`` latents."""

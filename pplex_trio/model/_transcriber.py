@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ._streaming import reset_rows_
@@ -58,6 +59,9 @@ class SpeechToText(nn.Module):
         self.extra_heads = nn.ModuleList(
             nn.Linear(cfg.dim, cfg.extra_heads_dim, bias=False) for _ in range(cfg.extra_heads_num_heads)
         )
+        # stacked_embeddings: not buffers (the table's rows are the parameters); the row where each stream starts.
+        self._table: torch.Tensor | None = None
+        self._starts = torch.zeros(0, dtype=torch.long)
 
     @property
     def device(self) -> torch.device:
@@ -68,13 +72,45 @@ class SpeechToText(nn.Module):
         """Fresh KV rings for ``batch_size`` rows."""
         return self.transformer.init_state(batch_size)
 
+    def stacked_embeddings(self) -> torch.Tensor:
+        """The text embedding and the ``n_q`` audio ones as one table, in the streams' order: each
+        :class:`~torch.nn.Embedding`'s weight is a view of it (no memory added), so :meth:`embed` is one gather.
+        Made again when the weights were replaced or moved since (a load, ``.to``)."""
+        streams = [self.text_emb, *self.emb]
+        table = self._table
+        if table is not None and self._table_current(table, [e.weight for e in streams]):
+            return table
+        with torch.no_grad():
+            table = torch.cat([e.weight.detach() for e in streams])
+        starts, start = [], 0
+        for e in streams:
+            rows = len(e.weight)
+            e.weight = nn.Parameter(table[start : start + rows], requires_grad=e.weight.requires_grad)
+            starts.append(start)
+            start += rows
+        self._table, self._starts = table, torch.tensor(starts, device=table.device)
+        return table
+
+    @staticmethod
+    def _table_current(table: torch.Tensor, weights: list[torch.Tensor]) -> bool:
+        """Whether ``weights`` are still the rows of ``table``, one after another (metadata only: no kernel)."""
+        row = table.stride(0) * table.element_size()
+        start = 0
+        for w in weights:
+            same = w.device == table.device and w.dtype == table.dtype and w.shape[1:] == table.shape[1:]
+            if not same or w.data_ptr() != table.data_ptr() + start * row:
+                return False
+            start += w.shape[0]
+        return start == table.shape[0]
+
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Sum of the stream embeddings of ``tokens`` ``[B, 1 + n_q]`` (text first): ``[B, dim]``, summed in
-        Kyutai's order (the audio codebooks, then the text)."""
-        x = self.emb[0](tokens[:, 1])
-        for k in range(1, self.cfg.n_q):
-            x = x + self.emb[k](tokens[:, 1 + k])
-        return x + self.text_emb(tokens[:, 0])
+        """Sum of the stream embeddings of ``tokens`` ``[B, 1 + n_q]`` (text first): ``[B, dim]``.
+
+        One gather from :meth:`stacked_embeddings` and one sum over the streams (3 kernels; 65 one stream
+        after another).  The sum rounds otherwise than Kyutai's additions one after another (the audio
+        codebooks, then the text): a float32 reduction, not 32 roundings to the LM's dtype."""
+        table = self.stacked_embeddings()
+        return F.embedding(tokens + self._starts, table).sum(1)
 
     def temporal(
         self, x: torch.Tensor, state: TransformerState, exec_mask: torch.Tensor | None = None
@@ -151,6 +187,7 @@ class Transcriber:
             initial=initial,
         )
         self.state = STTState(transformer=model.init_state(batch_size), cache=cache)
+        model.stacked_embeddings()  # (now, not inside a captured step)
 
     def reset(self, mask: torch.Tensor) -> None:
         """Rows in ``mask`` [B] start a fresh transcription; other rows are untouched."""

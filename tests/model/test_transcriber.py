@@ -5,6 +5,7 @@ Token-exactness against Kyutai's reference is ``tests/oracle/test_stt_oracle.py`
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 
@@ -68,6 +69,9 @@ def test_one_encode_gives_personaplex_its_own_codes(stt: LoadedTranscriber, gold
         assert today.shape[-1] == 8 and both.shape[-1] == stored > 8
         assert torch.equal(both[..., :8], today)  # bit for bit: PersonaPlex's codes do not change
         assert len(torch.unique(both[..., 8:])) > 4  # the extra levels are real codes
+    # Its levels past 8 take the cheaper distances (one addmm); they still give the codes of the STT's own Mimi,
+    # which computes all 32 levels the one way (and matches moshi's: tests/oracle/test_stt_oracle.py).
+    assert torch.equal(_encode(personaplex_mimi, pcm, 32), _encode(stt.mimi, pcm, 32))
 
 
 def test_more_levels_than_stored_are_refused(golden_model: LoadedModel) -> None:
@@ -121,3 +125,20 @@ def test_rows_restart_and_pause_without_touching_the_others(stt: LoadedTranscrib
     assert torch.equal(text[1, 8:], alone_text[0, : FRAMES - 8])
     np.testing.assert_allclose(probs[1, 8:], alone_probs[0, : FRAMES - 8], atol=1e-6)
     assert (text[1, 3:5] == -2).all()  # paused: no text
+
+
+def test_the_stream_embeddings_are_one_table(stt: LoadedTranscriber) -> None:
+    model = copy.deepcopy(stt.model)
+    cfg = model.cfg
+    tokens = torch.cat([torch.randint(0, cfg.text_card + 1, (3, 1)), torch.randint(0, cfg.card + 1, (3, cfg.n_q))], 1)
+    one_by_one = model.emb[0](tokens[:, 1])
+    for k in range(1, cfg.n_q):
+        one_by_one = one_by_one + model.emb[k](tokens[:, 1 + k])
+    one_by_one = one_by_one + model.text_emb(tokens[:, 0])  # Kyutai's order
+    table = model.stacked_embeddings()
+    assert model.emb[3].weight.data_ptr() == table[cfg.text_card + 1 + 3 * (cfg.card + 1)].data_ptr()  # no copy
+    assert model.stacked_embeddings() is table
+    torch.testing.assert_close(model.embed(tokens), one_by_one, rtol=0, atol=1e-5)  # a sum, rounded otherwise
+    model.double()  # weights replaced: made again
+    assert model.stacked_embeddings() is not table and model.stacked_embeddings().dtype == torch.float64
+    torch.testing.assert_close(model.embed(tokens), one_by_one.double(), rtol=0, atol=1e-5)
