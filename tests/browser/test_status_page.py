@@ -1,4 +1,5 @@
-"""The status page (``/status``) in a real headless Chromium, behind the token, with a conversation running.
+"""The status page (``/status``) in a real headless Chromium, behind the token, with a conversation running
+(and, with a server that transcribes the caller, both sides' words there and on the web UI).
 
 The web UI in another tab holds the conversation (the fake microphone's tone
 through the echo engine); the status page must draw its plots and list it.
@@ -38,6 +39,10 @@ P99_PIXELS = """canvas => {
     return count;
 }"""
 
+# Whether the web UI's "You:" lines, their marks and spaces left out, say ``arg``.
+CALLER_LINES_SAY = """said => [...document.querySelectorAll("#transcript [data-speaker=caller]")]
+    .map(line => line.textContent.replace(/^You: /, "")).join("").replace(/\\s/g, "") === said"""
+
 
 def test_the_status_page_plots_a_live_conversation(context: Any, start_server: Any, tmp_path: pathlib.Path):
     # The echo engine sleeps 5 ms a step, standing in for GPU time: the engine plot has something to show.
@@ -73,3 +78,30 @@ def test_the_status_page_plots_a_live_conversation(context: Any, start_server: A
     if target := os.environ.get(SCREENSHOT_ENV):
         status.wait_for_timeout(60_000)  # a minute of history for the documentation's picture
         status.screenshot(path=target, full_page=True)
+
+
+def test_both_sides_words_on_the_web_ui_and_the_status_page(context: Any, start_server: Any):
+    """With a server that transcribes the caller (the echo's scripted transcript), the web UI asks for both
+    sides and marks each speaker's lines, and the status page's "latest words" shows each side's."""
+    from pplex_trio.engine import EchoEngine
+    from pplex_trio.engine._echo import scripted_transcript
+
+    engine = EchoEngine(2, prefill_steps=4, transcript=scripted_transcript({6: " hel", 7: "lo", 9: " world"}, {16}))
+    server = start_server(engine, slots=2, auth_token=TOKEN)
+    status = context.new_page()
+    status.goto(f"{server.url}/status?token={TOKEN}")
+    expect(status.locator("#updated")).to_contain_text("Updated")
+
+    ui = open_ui(context, server)
+    ui.get_by_role("button", name="Connect").click()
+    wait_phase(ui, "live")
+    caller = ui.locator("#transcript [data-speaker=caller]")
+    expect(caller.first).to_contain_text("You: ", timeout=10_000)
+    # The caller's pieces, each in a "You:" line (the agent's lines fall between them as the two sides interleave).
+    ui.wait_for_function(CALLER_LINES_SAY, arg="helloworld", timeout=10_000)
+    expect(ui.locator("#transcript [data-speaker=agent]").first).to_contain_text("Model: 0 1")
+
+    words = status.locator("#conversations tbody tr[data-session] td.words")
+    expect(words.locator("[data-speaker=caller]")).to_have_text("caller: hello world", timeout=10_000)
+    expect(words.locator("[data-speaker=agent]")).to_contain_text("agent: ")
+    ui.get_by_role("button", name="Disconnect").click()

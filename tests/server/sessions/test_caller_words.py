@@ -263,6 +263,28 @@ async def test_raw_without_a_transcriber_sends_the_agents_words_only(virtual_ser
     assert events and {e["speaker"] for e in events} == {"agent"}
 
 
+async def test_our_raw_client_writes_the_agents_words_not_the_callers(
+    virtual_server, autojump_clock, monkeypatch, tmp_path
+):
+    """``pplex-trio client --protocol raw --text-json``: the server sends both speakers' pieces; the file has the
+    agent's only (the caller's own words are not what the model said)."""
+    import sphn
+
+    from pplex_trio.client import run_client
+
+    handle = await virtual_server(_engine())
+    monkeypatch.setattr(trio, "open_tcp_stream", handle.open_tcp_stream)  # the client's connections: virtual
+    sphn.write_wav(str(tmp_path / "in.wav"), np.concatenate(_caller_frames()), 24_000)
+    await run_client(
+        handle.ws_url, tmp_path / "in.wav", tmp_path / "out.wav", text_json=tmp_path / "text.json", protocol="raw"
+    )
+    written = [piece["text"] for piece in json.loads((tmp_path / "text.json").read_text())]
+    assert written[:3] == [" 0", " 1", " 2"] and all(piece.strip().isdigit() for piece in written)
+    assert not {" hel", "lo", " world"} & set(written)
+    caller = [e for e in await _raw_call(handle) if e["speaker"] == "user"]  # (which the server did send)
+    assert [e["text"] for e in caller] == [" hel", "lo", " world"]
+
+
 async def _moshi_call(handle, **params) -> list[bytes]:
     """A Moshi call (``params``: its query): every message received after the handshake."""
     from _helpers.ws import moshi_handshake, moshi_url, opus_messages
