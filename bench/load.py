@@ -23,6 +23,7 @@ Usage (from the repository root)::
     python bench/load.py --clients 32 --compare-protocols      # /api/chat, /v1/realtime, /v1/live/sessions, twilio
     python bench/load.py --clients 32 --compare-protocols realtime,twilio   # those two, one run
     python bench/load.py --clients 16 --duration 20 --compare-status   # without, then with the status page open
+    python bench/load.py --model tiny --clients 2 --duration 20 --compare-transcribe   # --transcribe off, then tiny
 
 ``--traffic official`` behaves like the official web client: 20 ms Opus
 packets two per Ogg page (a message every 40 ms), streaming from the handshake,
@@ -35,6 +36,14 @@ random phase (``--start-phase``), text on every frame.
 ``--compare-status`` runs twice, the second time with a client polling
 ``/api/status`` once a second as the status page does (``status polls``
 counts its answers): what the page costs the tick.
+
+``--compare-transcribe`` (on ``--model tiny`` or a real model: the echo
+engine has no transcriber) runs the same load twice, one server each: with
+``--transcribe off``, then ``--transcribe tiny`` (or the transcriber named,
+``--compare-transcribe kyutai/stt-1b-en_fr``): the speech-to-text model
+stepped in the same tick, its ``cpu ratio`` over the run without it, and
+each run's ticks skipped.  ``--transcribe`` passes one choice to a single
+run's server.
 
 ``cpu %`` is the server process; ``+child %`` adds its child processes (the
 Opus encoder child), and ``cpu ms/conv-s`` divides that whole by the
@@ -266,7 +275,8 @@ async def _poll_status(http_url: str, stop: trio.Event, polls: list[int]) -> Non
 # --- driving it ----------------------------------------------------------------------
 
 
-def start_server(args: argparse.Namespace, slots: int, framing: str) -> ServerProcess:
+def start_server(args: argparse.Namespace, slots: int, framing: str, transcribe: str | None = None) -> ServerProcess:
+    """``transcribe``: the server's ``--transcribe`` (else ``--transcribe`` as given, else the server's default)."""
     model = args.model
     if model == "echo":
         model = f"echo:step_ms={args.step_ms:g},prompt=12,text_share={text_share(args):g}"
@@ -277,6 +287,9 @@ def start_server(args: argparse.Namespace, slots: int, framing: str) -> ServerPr
         cmd = ["-m", "pplex_trio", "serve", *flags, "--opus-encoder", args.opus_encoder]
     if args.inline_encoders is not None:
         cmd += ["--inline-encoders", str(args.inline_encoders)]
+    transcribe = transcribe or args.transcribe
+    if transcribe is not None:
+        cmd += ["--transcribe", transcribe]
     return ServerProcess(cmd)
 
 
@@ -300,6 +313,7 @@ def one(
     pages: list[Any],
     protocol: str | None = None,
     poll_status: bool = False,
+    transcribe: str | None = None,
 ) -> RunResult:
     protocol = protocol or args.protocol
     share = random_phase_share(args)
@@ -307,6 +321,8 @@ def one(
     label = f"{protocol}, {args.traffic} traffic, {framing}, {start} start, N={clients}"
     if poll_status:
         label += ", /api/status polled 1/s"
+    if transcribe or args.transcribe:
+        label += f", --transcribe {transcribe or args.transcribe}"
     options = dict(
         warmup=args.warmup,
         decode_every=args.decode_every,
@@ -317,7 +333,7 @@ def one(
     )
     if args.url:
         return trio.run(lambda: load_run(args.url, clients, args.duration, args.page_ms, pages, server=None, **options))
-    server = start_server(args, clients, framing)
+    server = start_server(args, clients, framing, transcribe)
     try:
         url = "http://" + server.address
         return trio.run(lambda: load_run(url, clients, args.duration, args.page_ms, pages, server=server, **options))
@@ -471,6 +487,18 @@ def main(argv: list[str] | None = None) -> int:
         "side, each one's CPU relative to the others' (realtime and live to moshi, live and twilio "
         "to realtime)",
     )
+    parser.add_argument(
+        "--transcribe",
+        help="the started server's --transcribe (off, tiny, auto, a Kyutai speech-to-text repo id or folder)",
+    )
+    parser.add_argument(
+        "--compare-transcribe",
+        nargs="?",
+        const="tiny",
+        metavar="STT",
+        help="run the same load twice, one server each: --transcribe off, then --transcribe STT (default tiny), "
+        "side by side, the second's CPU per conversation-second over the first's (needs a --model other than echo)",
+    )
     parser.add_argument("--find-max", action="store_true", help="search the largest N that holds real time")
     parser.add_argument("--max-clients", type=int, default=160, help="upper bound for --find-max")
     parser.add_argument(
@@ -501,6 +529,10 @@ def main(argv: list[str] | None = None) -> int:
     random.seed(args.seed)
     if args.page_ms == 20:
         parser.error("--page-ms 20 needs 20 ms pages, which sphn's writer does not produce")
+    if (args.compare_transcribe or args.transcribe not in (None, "off")) and args.model.startswith("echo"):
+        parser.error("a transcriber needs a model that hears (--model tiny or a real one): the echo engine has none")
+    if args.compare_transcribe == "off":
+        parser.error("--compare-transcribe off: name the transcriber to set against off (tiny, a repo id)")
     args.results.mkdir(parents=True, exist_ok=True)
     seconds = args.duration + args.warmup + 30
     streams = {
@@ -512,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: list[RunResult] = []
     runs: dict[str, RunResult] = {}  # with --compare-protocols, by protocol
+    transcribed: dict[str, RunResult] = {}  # with --compare-transcribe: "off", then the transcriber
     if args.find_max:
         results = find_max(args, pages)
     elif args.compare_status:
@@ -521,6 +554,12 @@ def main(argv: list[str] | None = None) -> int:
     elif args.compare_framing:
         for framing in ("naive", "aligned"):
             results.append(one(args, args.clients, framing, pages))
+            print(table(results[-1:]), flush=True)
+    elif args.compare_transcribe:
+        for transcribe in ("off", args.compare_transcribe):
+            transcribed[transcribe] = one(args, args.clients, args.framing, pages, transcribe=transcribe)
+            transcribed[transcribe].cpu_ratios = transcribe_ratio(transcribed, transcribe)
+            results.append(transcribed[transcribe])
             print(table(results[-1:]), flush=True)
     elif args.compare_protocols:
         for protocol in args.compare_protocols:
@@ -560,6 +599,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"largest N holding real time: {best}")
     if runs:
         print(protocols_summary(runs))
+    if transcribed:
+        print(transcribe_summary(transcribed))
     return 0
 
 
@@ -603,6 +644,29 @@ def protocols_summary(runs: dict[str, RunResult]) -> str:
             f"  {protocol:8} {run.cpu_ms_per_conversation_second:5.1f} ms"
             + (f"  ratio {', '.join(ratios)}" if ratios else "")
             + ("" if run.real_time else "  (NOT real time)")
+        )
+    return "\n".join(lines)
+
+
+def transcribe_ratio(runs: dict[str, RunResult], transcribe: str) -> dict[str, float]:
+    """A run with a transcriber: its CPU per conversation-second over the run without (``"off"``), once that ran."""
+    if transcribe == "off" or "off" not in runs:
+        return {}
+    return {"off": runs[transcribe].cpu_ms_per_conversation_second / runs["off"].cpu_ms_per_conversation_second}
+
+
+def transcribe_summary(runs: dict[str, RunResult]) -> str:
+    """One line per run of ``--compare-transcribe``: CPU per conversation-second, the ratio, real time, ticks skipped,
+    tick p50/p99."""
+    lines = ["server CPU per conversation-second, without and with the transcriber:"]
+    for transcribe, run in runs.items():
+        ratio = run.cpu_ratios.get("off")
+        lines.append(
+            f"  --transcribe {transcribe:6} {run.cpu_ms_per_conversation_second:6.1f} ms"
+            + (f"  {ratio:.2f}x off" if ratio is not None else "")
+            + f"  tick p50/p99 {run.tick_p50_ms:.1f}/{run.tick_p99_ms:.1f} ms"
+            + f"  ticks skipped {run.ticks_skipped:.0f}  dropped {run.dropped:.0f}"
+            + f"  real time {'yes' if run.real_time else 'NO'}"
         )
     return "\n".join(lines)
 

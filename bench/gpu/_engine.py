@@ -1,4 +1,5 @@
-"""bench/gpu/run's engine steps in one process: the model is built once, then equality, sweep and profile.
+"""bench/gpu/run's engine steps in one process: the model is built once, then equality, sweep, the transcriber's
+cost, prefill, profile, dispatch and precision.
 
 Run by bench/gpu/run (not meant to be run by hand); it writes its results to
 ``--out`` (JSON) after every piece, so whatever finished survives a kill.
@@ -207,11 +208,15 @@ MODES: dict[str, dict[str, bool]] = {
 """A sweep cell's mode -> ``PersonaPlexEngine``'s arguments ("compiled": torch.compile's tick, recorded as a graph)."""
 
 
-def cell(model, batch: int, mode: str, frames: np.ndarray, timed: int, warmup: int) -> dict[str, Any]:
+def cell(
+    model, batch: int, mode: str, frames: np.ndarray, timed: int, warmup: int, transcriber: Any = None
+) -> dict[str, Any]:
+    """ms per tick of ``batch`` live rows in ``mode``; ``transcriber`` (a ``LoadedTranscriber``) stepped in the same
+    tick when given."""
     device = model.device
     release(device)
     began = time.perf_counter()
-    engine = PersonaPlexEngine(model, batch, default_voice="", **MODES[mode])
+    engine = PersonaPlexEngine(model, batch, default_voice="", transcriber=transcriber, **MODES[mode])
     sync(device)
     out: dict[str, Any] = {
         "B": batch,
@@ -290,6 +295,89 @@ def sweep(
         longest = max(longest, time.monotonic() - began)
         logger.info("sweep: %s", json.dumps(cells[-1], default=str))
         results.put("sweep", cells)
+
+
+# --- (c*) the transcriber's cost: the tick with and without the speech-to-text model ----------------------
+
+
+def stt_structure(model) -> Any:
+    """Kyutai's ``kyutai/stt-1b-en_fr`` as a random-weight ``LoadedTranscriber`` at its real widths (no download):
+    its config's shapes (2048 wide, 16 layers of 16 heads, 32 codebooks, 4 extra heads, 8000 text tokens, 750
+    frames of context), reading the model's Mimi codes, the LM in the model's dtype.  On a small config (``tiny``)
+    the tiny speech-to-text model, as ``serve --transcribe tiny`` runs it."""
+    from pplex_trio.model import LoadedTranscriber, Mimi, SpeechToText, STTConfig, load_transcriber
+
+    if model.config.lm.dim < 1024:
+        return load_transcriber("tiny-stt", device=model.device)
+    cfg = STTConfig(
+        name="stt-1b-en_fr structure (random weights)",
+        card=model.config.lm.card,
+        extra_heads_num_heads=4,
+        mimi=model.config.mimi,
+    )
+    torch.manual_seed(47)
+    with torch.device(model.device):
+        stt = SpeechToText(cfg)
+    stt = stt.to(model.lm.dtype).eval()
+    with torch.device("meta"):
+        mimi = Mimi(cfg.mimi)  # (never run: the engine's Mimi encode serves the transcriber)
+    return LoadedTranscriber(cfg, stt, mimi, model.tokenizer, model.device)
+
+
+def transcriber_step(model, frames: np.ndarray, quick: bool, deadline: float) -> dict[str, Any]:
+    """ms per tick without and with the transcriber at B = 1, 16 and 64 (quick: 1 and 4), each pair side by side
+    (graph on CUDA, as ``serve`` runs; eager elsewhere), and their ratio.  A pair the box has no time left for is
+    skipped and says so; a transcriber that cannot be built skips the step with the reason."""
+    device = model.device
+    began = time.perf_counter()
+    try:
+        loaded = stt_structure(model)
+    except Exception as exc:  # noqa: BLE001 - recorded: the step cannot run
+        release(device)
+        return {"skipped": f"the transcriber could not be built: {type(exc).__name__}: {str(exc)[:300]}"}
+    sync(device)
+    out: dict[str, Any] = {
+        "transcriber": loaded.name,
+        "parameters": sum(t.numel() for t in loaded.model.parameters()),
+        "lm_dtype": str(next(loaded.model.parameters()).dtype),
+        "seconds_to_build": time.perf_counter() - began,
+        "weights": "random: its config's shapes (a tick's cost does not depend on the weights' values)",
+        "cells": [],
+    }
+    mode = "graph" if device.type == "cuda" else "eager"
+    batches = [1, 4] if quick else [1, 16, 64]
+    timed, warmup = (20, 3) if quick else (100, 10)
+    longest = 0.0
+    for batch in batches:
+        left = deadline - time.monotonic()
+        if left < 1.5 * longest:
+            for stt in ("off", loaded.name):
+                out["cells"].append(
+                    {"B": batch, "mode": mode, "transcriber": stt, "skipped": f"time box: {left:.0f} s left"}
+                )
+            continue
+        pair_began = time.monotonic()
+        pair: dict[bool, dict[str, Any]] = {}
+        for stt in (None, loaded):
+            name = {"B": batch, "mode": mode, "transcriber": "off" if stt is None else loaded.name}
+            try:
+                pair[stt is not None] = name | cell(model, batch, mode, frames, timed, warmup, transcriber=stt)
+            except Exception as exc:  # noqa: BLE001 - a failing cell is recorded, the others go on
+                pair[stt is not None] = name | {
+                    "error": f"{type(exc).__name__}: {str(exc)[:300]}",
+                    "out_of_memory": isinstance(exc, torch.OutOfMemoryError),
+                }
+                release(device)
+            out["cells"].append(pair[stt is not None])
+        if all("p50_ms" in c for c in pair.values()):
+            pair[True]["p50_ratio"] = pair[True]["p50_ms"] / pair[False]["p50_ms"]
+            pair[True]["p99_ratio"] = pair[True]["p99_ms"] / pair[False]["p99_ms"]
+        for c in out["cells"][-2:]:
+            logger.info("transcriber: %s", json.dumps(c, default=str))
+        longest = max(longest, time.monotonic() - pair_began)
+    del loaded
+    release(device)
+    return out
 
 
 # --- (c'') the 8-bit choices: --kv-cache fp8, --quantize int8 --------------------------------
@@ -544,6 +632,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:  # noqa: BLE001
         logger.error("sweep failed:\n%s", traceback.format_exc())
     results.put("sweep_seconds", time.monotonic() - began)
+    step("transcriber", transcriber_step, model, frames, args.quick, time.monotonic() + args.boxes["transcriber"])
     step("prefill", prefill, model, frames, args.quick, built.get("fit"))
     profile_batch = min(64, built.get("fit") or 64) if not args.quick else 4
     step("profile", profile, model, profile_batch, frames)

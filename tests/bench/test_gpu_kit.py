@@ -4,7 +4,8 @@ The venv sees only torch and the packages the GPU image lists that the kit
 relies on (the wheelhouse's MANIFEST names them); the kit is installed from
 a wheelhouse built for that venv's Python, with ``--no-index``, and
 ``bench/gpu/run --device cpu --config tiny --quick`` runs every step end to
-end.  What is checked is that it starts and reports, not how fast anything is.
+end (the transcriber's with the tiny speech-to-text model).  What is checked
+is that it starts and reports, not how fast anything is.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def test_the_kit_runs_end_to_end_in_a_clean_venv(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["result.json", "run.log", "server.log"]
     result = json.loads((out / "result.json").read_text())
-    assert {"environment", "equality", "sweep", "prefill", "profile", "server"} <= set(result)
+    assert {"environment", "equality", "sweep", "transcriber", "prefill", "profile", "server"} <= set(result)
     assert [(c["B"], c["positions"] >= 100) for c in result["prefill"]["cells"]] == [(1, True), (4, True)]
     env_ = result["environment"]
     assert env_["packages"]["trio"] and env_["packages"]["pplex-trio"] and env_["torch"].startswith("2.13")
@@ -109,6 +110,12 @@ def test_the_kit_runs_end_to_end_in_a_clean_venv(tmp_path):
     assert equality["tokens_equal"] and equality["pcm_max_abs_diff"] == 0 and equality["live_frames_compared"] > 50
     assert [(c["B"], c["mode"]) for c in result["sweep"]] == [(1, "eager"), (4, "eager")]
     assert all(0 < c["p50_ms"] <= c["p99_ms"] for c in result["sweep"])
+    stt = result["transcriber"]  # the tick without and with the tiny transcriber, side by side
+    assert stt["transcriber"] == "tiny-stt" and stt["parameters"] > 0, stt
+    cells = stt["cells"]
+    assert [(c["B"], c["transcriber"]) for c in cells] == [(1, "off"), (1, "tiny-stt"), (4, "off"), (4, "tiny-stt")]
+    assert all(c["mode"] == "eager" and 0 < c["p50_ms"] <= c["p99_ms"] for c in cells), cells
+    assert all(c["p50_ratio"] > 0 and c["p99_ratio"] > 0 for c in cells[1::2])
     assert result["profile"]["launches"] > 100 and result["profile"]["attention_kernels"]
     ticks = result["dispatch"]["ticks"]
     assert list(ticks) == ["1", "4"] and all(t["kernels"] > 100 and t["syncs"] == 0 for t in ticks.values())

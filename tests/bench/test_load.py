@@ -182,3 +182,36 @@ def test_a_list_of_protocols_runs_in_its_order_and_an_unknown_one_is_refused():
     for bad in ("realtime,sip", ",", ""):
         with pytest.raises(argparse.ArgumentTypeError, match="give protocols among"):
             protocol_list(bad)
+
+
+def test_compare_transcribe_sets_the_transcriber_against_off_and_refuses_the_echo_engine(capsys):
+    """``--compare-transcribe``: its parsing, and the ratio and summary it prints (no run)."""
+    from load import RunResult, main, transcribe_ratio, transcribe_summary
+
+    def run(tree_cpu_percent, **more):
+        fields = {
+            f: 0
+            for f in RunResult.__dataclass_fields__
+            if f not in ("label", "per_session", "latency_cdf", "stages_p50_ms", "cpu_ratios")
+        }
+        return RunResult(
+            **(fields | dict(label="tiny", clients=2, tree_cpu_percent=tree_cpu_percent, sessions_ok=2) | more)
+        )
+
+    runs = {"off": run(50.0)}  # 50 % over 2 conversations: 250 ms per conversation-second
+    assert transcribe_ratio(runs, "off") == {} and transcribe_ratio({"tiny": run(1.0)}, "tiny") == {}
+    runs["tiny"] = run(65.0, ticks_skipped=3, lateness_p99_ms=12.0)
+    runs["tiny"].cpu_ratios = transcribe_ratio(runs, "tiny")
+    assert runs["tiny"].cpu_ratios == pytest.approx({"off": 1.3})
+    summary = transcribe_summary(runs)
+    assert "--transcribe off     250.0 ms  tick" in summary and "real time yes" in summary
+    assert "325.0 ms  1.30x off" in summary and "ticks skipped 3" in summary and "real time NO" in summary
+
+    for argv, why in (
+        (["--compare-transcribe"], "the echo engine has none"),
+        (["--transcribe", "tiny"], "the echo engine has none"),
+        (["--model", "tiny", "--compare-transcribe", "off"], "name the transcriber"),
+    ):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert why in capsys.readouterr().err
