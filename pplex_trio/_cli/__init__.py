@@ -7,7 +7,6 @@ import dataclasses
 import logging
 import os
 import pathlib
-import ssl
 import sys
 import textwrap
 import typing
@@ -75,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("moshi", "raw", "realtime"),
         default="moshi",
         help="wire protocol: moshi (/api/chat), raw (/v1/audio/duplex) or realtime (/v1/realtime; default moshi)",
+    )
+    client.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=30.0,
+        help="give up on a call once the server has sent nothing for this many seconds (default 30)",
     )
     add_reach_arguments(client)
 
@@ -238,6 +243,12 @@ def _interrupted() -> int:
 
 
 def _client(args: argparse.Namespace) -> int:
+    return trio.run(client_main, args)
+
+
+async def client_main(args: argparse.Namespace) -> int:
+    """``pplex-trio client``: 0 for a complete answer; 1, and one line saying what happened (and what was written
+    of the answer), for a call refused or cut short; 2 for a --cafile that cannot be read."""
     from ..client import ClientError, Refused, run_client
 
     reached = reach(args)
@@ -245,40 +256,29 @@ def _client(args: argparse.Namespace) -> int:
         return 2
     token, context = reached
     try:
-        trio.run(
-            lambda: run_client(
-                args.url,
-                args.input,
-                args.output,
-                text_json=args.text,
-                protocol=args.protocol,
-                persona=args.persona,
-                voice=args.voice,
-                token=token,
-                ssl_context=context,
-            )
+        await run_client(
+            args.url,
+            args.input,
+            args.output,
+            text_json=args.text,
+            protocol=args.protocol,
+            persona=args.persona,
+            voice=args.voice,
+            token=token,
+            ssl_context=context,
+            idle_timeout=args.timeout,
         )
-    except (ClientError, Refused, OSError, BaseExceptionGroup) as exc:
-        for leaf in _leaves(exc):
-            if not isinstance(leaf, (ClientError, Refused, OSError)):
-                raise
-            logger.error("%s%s", "server: " if isinstance(leaf, ClientError) else "", _explain(leaf))
+    except (ClientError, Refused, OSError) as exc:  # (OSError: the input file)
+        logger.error("%s", exc)
         return 1
     return 0
 
 
-def _explain(error: BaseException) -> str:
-    """A failed certificate check says what to do about it."""
-    if isinstance(error, ssl.SSLCertVerificationError):
-        return (
-            f"{error.verify_message or error}: the server's certificate is not trusted here; pass "
-            "--cafile with its cert.pem, or --insecure for a self-signed one you trust"
-        )
-    return str(error)
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    """The exceptions inside (nested) exception groups that trio raises."""
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
-    return [exc]
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value

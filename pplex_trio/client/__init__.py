@@ -1,7 +1,8 @@
 """A command-line client that streams a wav file through a running server."""
 
-from ._client import ClientError as ClientError
-from ._client import ClientResult as ClientResult
+from ._call import CallFailed as CallFailed
+from ._call import ClientError as ClientError
+from ._call import ClientResult as ClientResult
 from ._client import conversation_url as conversation_url
 from ._client import read_wav as read_wav
 from ._client import run_client as run_client

@@ -4,12 +4,16 @@ It speaks every protocol: ``moshi`` (real Ogg Opus through sphn, exactly
 what a browser sends), ``raw`` (float32 PCM) or ``realtime`` (OpenAI Realtime
 events, PCM16).  It writes the agent's audio
 (as long as the input) and its text pieces with their times.
+
+Whatever happens to the connection (a reset, a close with or without a close
+frame, a server that goes silent), the ``stream_*`` functions raise
+:class:`CallFailed` with what was received so far, and :func:`run_client`
+writes that before it re-raises: the command line then ends with one line.
 """
 
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import logging
 import pathlib
@@ -20,12 +24,11 @@ from typing import Any, TypedDict
 import numpy as np
 import sphn
 import trio
-from trio_websocket import ConnectionClosed
 
 from .._conversation import FRAME_SECONDS, FRAME_SIZE, SAMPLE_RATE
 from ..codec import pcm16_decode, pcm16_encode
 from ..protocol import moshi
-from ._ws import open_websocket
+from ._call import IDLE_TIMEOUT, Answer, CallFailed, ClientError, ClientResult, open_call
 
 logger = logging.getLogger(__name__)
 
@@ -33,23 +36,11 @@ PATHS = {"moshi": "/api/chat", "raw": "/v1/audio/duplex", "realtime": "/v1/realt
 
 
 class _Connect(TypedDict):
-    """:func:`open_websocket`'s arguments that the ``stream_*`` functions pass on."""
+    """:func:`open_websocket`'s arguments that the ``stream_*`` functions pass on, and their ``idle_timeout``."""
 
     token: str | None
     ssl_context: ssl.SSLContext | None
-
-
-class ClientError(Exception):
-    """The server refused or ended the conversation."""
-
-
-@dataclasses.dataclass
-class ClientResult:
-    """What a conversation sent back: the agent's audio (as long as the input), its text pieces and the close code."""
-
-    pcm: np.ndarray  # agent audio, float32, same length as the input
-    text: list[dict[str, Any]]  # [{"time": seconds, "text": piece}]
-    close_code: int | None = None
+    idle_timeout: float
 
 
 def conversation_url(base: str, protocol: str, params: dict[str, str]) -> str:
@@ -69,14 +60,16 @@ def read_wav(path: str | pathlib.Path) -> np.ndarray:
     return np.ascontiguousarray(data.mean(axis=0), dtype=np.float32)
 
 
-async def stream_moshi(url: str, pcm: np.ndarray, *, tail_seconds: float = 2.0, **connect: Any) -> ClientResult:
-    """``connect``: :func:`open_websocket`'s ``ssl_context`` and ``token``."""
+async def stream_moshi(
+    url: str, pcm: np.ndarray, *, tail_seconds: float = 2.0, idle_timeout: float = IDLE_TIMEOUT, **connect: Any
+) -> ClientResult:
+    """``connect``: :func:`open_websocket`'s ``ssl_context`` and ``token``; :class:`CallFailed` for an abnormal end
+    (``idle_timeout``: seconds the server may send nothing)."""
     writer, reader = sphn.OpusStreamWriter(SAMPLE_RATE), sphn.OpusStreamReader(SAMPLE_RATE)
-    received: list[np.ndarray] = []
-    text: list[dict[str, Any]] = []
-    total = [0]
-    async with open_websocket(url, **connect) as ws:
+    answer = Answer(pcm.size)
+    async with open_call(url, answer, idle_timeout, connect) as ws:
         await _wait_moshi_handshake(ws)
+        answer.begin()
         logger.info("handshake received; streaming %.1f s of audio", pcm.size / SAMPLE_RATE)
         done = trio.Event()
 
@@ -89,12 +82,11 @@ async def stream_moshi(url: str, pcm: np.ndarray, *, tail_seconds: float = 2.0, 
                 if kind == moshi.Kind.AUDIO:
                     out = reader.append_bytes(payload)
                     if out.size:
-                        received.append(out)
-                        total[0] += out.size
-                        if total[0] >= pcm.size:
+                        answer.audio(out)
+                        if answer.samples >= pcm.size:
                             done.set()
                 elif kind == moshi.Kind.TEXT:
-                    text.append({"time": round(total[0] / SAMPLE_RATE, 3), "text": payload.decode("utf-8")})
+                    answer.piece(payload.decode("utf-8"))
                 elif kind == moshi.Kind.ERROR:
                     raise ClientError(payload.decode("utf-8", errors="replace"))
 
@@ -117,19 +109,23 @@ async def stream_moshi(url: str, pcm: np.ndarray, *, tail_seconds: float = 2.0, 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(send)
             nursery.start_soon(_until, done, receive)
-    return ClientResult(_fit(received, pcm.size), text)
+    return answer.complete()
 
 
 async def stream_raw(
-    url: str, pcm: np.ndarray, params: dict[str, Any], *, tail_seconds: float = 2.0, **connect: Any
+    url: str,
+    pcm: np.ndarray,
+    params: dict[str, Any],
+    *,
+    tail_seconds: float = 2.0,
+    idle_timeout: float = IDLE_TIMEOUT,
+    **connect: Any,
 ) -> ClientResult:
     """The raw duplex protocol: ``params`` in the open message, float32 PCM at 24 kHz both ways, paced in real time;
-    ``ClientError`` on an error event.
+    :class:`CallFailed` on an error event or an abnormal end (a close before ``done``).
     """
-    received: list[np.ndarray] = []
-    text: list[dict[str, Any]] = []
-    total = 0
-    async with open_websocket(url, **connect) as ws:
+    answer = Answer(pcm.size)
+    async with open_call(url, answer, idle_timeout, connect) as ws:
         await ws.send_message(json.dumps({"type": "open", **params}))
         while True:
             message = await ws.get_message()
@@ -139,6 +135,7 @@ async def stream_raw(
                     break
                 if event.get("type") == "error":
                     raise ClientError(event.get("error", "error"))
+        answer.begin()
         # Real-time pacing, then a tail of silence so delayed output can come out.
         padded = np.concatenate([pcm, np.zeros(int(tail_seconds * SAMPLE_RATE), np.float32)])
 
@@ -153,39 +150,41 @@ async def stream_raw(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(send)
             while True:
-                try:
-                    message = await ws.get_message()
-                except ConnectionClosed:
-                    break
+                message = await ws.get_message()
                 if isinstance(message, bytes):
-                    received.append(np.frombuffer(message, dtype="<f4"))
-                    total += len(message) // 4
+                    answer.audio(np.frombuffer(message, dtype="<f4"))
                     continue
                 event = json.loads(message)
                 if event.get("type") == "text" and event.get("speaker", "agent") == "agent":  # (not the caller's)
-                    text.append({"time": round(total / SAMPLE_RATE, 3), "text": event["text"]})
+                    answer.piece(event["text"])
                 elif event.get("type") == "error":
                     raise ClientError(event.get("error", "error"))
                 elif event.get("type") == "done":
                     break
             nursery.cancel_scope.cancel()
-    return ClientResult(_fit(received, pcm.size), text)
+    return answer.complete()
 
 
 async def stream_realtime(
-    url: str, pcm: np.ndarray, session: dict[str, Any], *, tail_seconds: float = 2.0, **connect: Any
+    url: str,
+    pcm: np.ndarray,
+    session: dict[str, Any],
+    *,
+    tail_seconds: float = 2.0,
+    idle_timeout: float = IDLE_TIMEOUT,
+    **connect: Any,
 ) -> ClientResult:
-    """The OpenAI Realtime protocol (GA events), PCM16 at 24 kHz both ways; ``session``: a session.update's."""
-    received: list[np.ndarray] = []
-    text: list[dict[str, Any]] = []
-    total = 0
-    async with open_websocket(url, **connect) as ws:
+    """The OpenAI Realtime protocol (GA events), PCM16 at 24 kHz both ways; ``session``: a session.update's;
+    :class:`CallFailed` on an error event or an abnormal end."""
+    answer = Answer(pcm.size)
+    async with open_call(url, answer, idle_timeout, connect) as ws:
         await _realtime_event(ws, "session.created")
         await ws.send_message(json.dumps({"type": "session.update", "session": session}))
         await _realtime_event(ws, "session.updated")
         # Start the conversation and stream once it is live (audio before that is not heard).
         await ws.send_message(json.dumps({"type": "response.create"}))
         await _realtime_event(ws, "response.created")
+        answer.begin()
         padded = np.concatenate([pcm, np.zeros(int(tail_seconds * SAMPLE_RATE), np.float32)])
         done = trio.Event()
 
@@ -199,23 +198,20 @@ async def stream_realtime(
             done.set()
 
         async def receive() -> None:
-            nonlocal total
             while True:
                 event = json.loads(await ws.get_message())
                 kind = event.get("type")
                 if kind == "response.output_audio.delta":
-                    samples = pcm16_decode(base64.b64decode(event["delta"]))
-                    received.append(samples)
-                    total += samples.size
+                    answer.audio(pcm16_decode(base64.b64decode(event["delta"])))
                 elif kind == "response.output_audio_transcript.delta":
-                    text.append({"time": round(total / SAMPLE_RATE, 3), "text": event["delta"]})
+                    answer.piece(event["delta"])
                 elif kind == "error":
                     raise ClientError(event["error"]["message"])
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(send)
             nursery.start_soon(_until, done, receive)
-    return ClientResult(_fit(received, pcm.size), text)
+    return answer.complete()
 
 
 async def _realtime_event(ws: Any, kind: str) -> dict[str, Any]:
@@ -251,14 +247,6 @@ def _frames(pcm: np.ndarray) -> list[np.ndarray]:
     return list(padded.reshape(count, FRAME_SIZE))
 
 
-def _fit(chunks: list[np.ndarray], length: int) -> np.ndarray:
-    out = np.zeros(length, dtype=np.float32)
-    if chunks:
-        audio = np.concatenate(chunks)[:length]
-        out[: audio.size] = audio
-    return out
-
-
 async def run_client(
     url: str,
     input_wav: str | pathlib.Path,
@@ -271,10 +259,47 @@ async def run_client(
     extra: dict[str, str] | None = None,
     token: str | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    idle_timeout: float = IDLE_TIMEOUT,
 ) -> ClientResult:
-    """``token``: the server's access token (sent as a Bearer header); ``ssl_context``: for ``wss://``."""
+    """``token``: the server's access token (sent as a Bearer header); ``ssl_context``: for ``wss://``.
+
+    A call that ends abnormally raises :class:`CallFailed`, after writing what it had received (if the streaming
+    had begun) to the same files; its message says what happened and what was written.
+    """
     pcm = read_wav(input_wav)
-    connect = _Connect(token=token, ssl_context=ssl_context)
+    try:
+        result = await _converse(url, pcm, protocol, persona, voice, extra, token, ssl_context, idle_timeout)
+    except CallFailed as failed:
+        if failed.seconds is not None:
+            failed.wrote = _write(failed.result, output_wav, text_json)
+        raise
+    logger.info("wrote %s", _write(result, output_wav, text_json))
+    return result
+
+
+def _write(result: ClientResult, output_wav: str | pathlib.Path, text_json: str | pathlib.Path | None) -> str:
+    """Write the answer; what was written, in words."""
+    sphn.write_wav(str(output_wav), result.pcm, SAMPLE_RATE)
+    written = f"{output_wav} ({result.pcm.size / SAMPLE_RATE:.1f} s)"
+    if text_json is None:
+        return written
+    pathlib.Path(text_json).write_text(json.dumps(result.text, ensure_ascii=False, indent=1) + "\n")
+    pieces = len(result.text)
+    return f"{written} and {pieces} text piece{'' if pieces == 1 else 's'} to {text_json}"
+
+
+async def _converse(
+    url: str,
+    pcm: np.ndarray,
+    protocol: str,
+    persona: str | None,
+    voice: str | None,
+    extra: dict[str, str] | None,
+    token: str | None,
+    ssl_context: ssl.SSLContext | None,
+    idle_timeout: float,
+) -> ClientResult:
+    connect = _Connect(token=token, ssl_context=ssl_context, idle_timeout=idle_timeout)
     if protocol == "moshi":
         params = dict(extra or {})
         if persona is not None:
@@ -298,8 +323,4 @@ async def run_client(
         result = await stream_realtime(conversation_url(url, protocol, {}), pcm, session, **connect)
     else:
         raise ValueError(f"unknown protocol {protocol!r}: use moshi, raw or realtime")
-    sphn.write_wav(str(output_wav), result.pcm, SAMPLE_RATE)
-    if text_json is not None:
-        pathlib.Path(text_json).write_text(json.dumps(result.text, ensure_ascii=False, indent=1) + "\n")
-    logger.info("wrote %s (%.1f s) and %d text piece(s)", output_wav, result.pcm.size / SAMPLE_RATE, len(result.text))
     return result

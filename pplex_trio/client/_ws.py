@@ -16,7 +16,9 @@ import contextlib
 import json
 import pathlib
 import ssl
+import typing
 import urllib.parse
+import weakref
 from collections.abc import AsyncIterator
 
 import trio
@@ -29,6 +31,64 @@ class Refused(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(f"the server refused the connection ({status}): {message}")
         self.status = status
+
+
+class WatchedStream(trio.abc.Stream):
+    """A stream that notes how the connection under the WebSocket ended (``ending``): trio-websocket reports a
+    reset and a TCP close without a close frame alike (1006), and the user is told which it was."""
+
+    def __init__(self, inner: trio.abc.Stream):
+        self.inner = inner
+        self.ending: str | None = None
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        """The inner stream's, noting a broken connection."""
+        try:
+            await self.inner.send_all(data)
+        except trio.BrokenResourceError as exc:
+            self._note(exc)
+            raise
+
+    async def wait_send_all_might_not_block(self) -> None:
+        """The inner stream's."""
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        """The inner stream's, noting a broken connection or the peer's close."""
+        try:
+            data = await self.inner.receive_some(max_bytes)
+        except trio.BrokenResourceError as exc:
+            self._note(exc)
+            raise
+        if not data and self.ending is None:
+            self.ending = "the server closed the TCP connection without a WebSocket close"
+        return data
+
+    async def aclose(self) -> None:
+        """Close the inner stream."""
+        await self.inner.aclose()
+
+    def _note(self, exc: BaseException) -> None:
+        if self.ending is not None:
+            return
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__cause__ or cause.__context__
+        if isinstance(cause, ConnectionResetError):
+            self.ending = "reset by the peer"
+        elif isinstance(cause, BrokenPipeError):
+            self.ending = "the server closed the TCP connection (broken pipe)"
+        else:
+            self.ending = f"the connection broke ({cause or exc})"
+
+
+def transport_ending(ws: WebSocketConnection) -> str | None:
+    """How the connection under ``ws`` (opened by :func:`open_websocket`) ended, if it did: a reset, a close."""
+    watched = _WATCHED.get(ws)
+    return watched.ending if watched is not None else None
+
+
+_WATCHED: weakref.WeakKeyDictionary[WebSocketConnection, WatchedStream] = weakref.WeakKeyDictionary()
 
 
 def client_ssl_context(*, insecure: bool = False, cafile: str | pathlib.Path | None = None) -> ssl.SSLContext:
@@ -81,18 +141,20 @@ async def open_websocket(
                     raise exc.__cause__ from None  # "certificate verify failed" says more than "broken"
                 raise
             stream = tls
+        watched = WatchedStream(stream)
         try:
             async with trio.open_nursery() as nursery:
                 with trio.fail_after(connect_timeout):
                     ws = await wrap_client_stream(
                         nursery,
-                        stream,
+                        typing.cast(typing.Any, watched),  # (any trio Stream serves; its annotation names two)
                         parts.netloc,
                         resource,
                         extra_headers=headers,
                         max_message_size=max_message_size,
                         message_queue_size=message_queue_size,
                     )
+                _WATCHED[ws] = watched
                 try:
                     yield ws
                 finally:

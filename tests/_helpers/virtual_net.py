@@ -144,6 +144,10 @@ class VirtualStream(trio.abc.HalfCloseableStream):
         """Vanish with a reset, as ``SO_LINGER`` 0 then ``close`` does."""
         self._close(reset=True)
 
+    def break_connection(self) -> None:
+        """A middlebox (a relay, a NAT) resets the connection: both ends stay open and both see a reset."""
+        self._connection.reset()
+
     def stall(self, *, sending: bool = True) -> None:
         """What this end sends (``sending=False``: what it receives) is held on its way until :meth:`unstall`."""
         (self._out if sending else self._in).stalled = True
