@@ -20,6 +20,13 @@ turn, and in the pause after it.  For each run:
 * **caught up after**: seconds from the stall's end until the last speech
   frame whose turnaround is more than 40 ms over its value before was heard.
 
+Then the figure a new caller sees from outside (issue 48, item 6): its own
+server with the echo one frame late (``--model echo``), the first 16 s of
+``speech_assistant.wav`` at real time in 80 ms frames numbered in their first
+sample, a 1 s stall at 5 s; per frame, from sending it to its echo coming
+back, before the stall and from 4 s after it.  (Before the fix: 84 → 158 ms,
+the catch-up's last tick started early and left every later frame a tick.)
+
 Which output answers which input frame: **ours** runs the echo test engine
 (`--model echo:delay=0`) on the raw endpoint: the framing, the backlog and
 the catch-up are the server's, not the model's, and the echo says exactly,
@@ -102,20 +109,21 @@ def speech(seconds: float) -> np.ndarray:
     return np.concatenate(parts)[: int(seconds * SR) // FRAME * FRAME]
 
 
-def sent_times(start: float, pages: int, stall_at: float, stall: float) -> list[float]:
-    """When each page goes out: every 40 ms, those due during the stall all at its end."""
+def sent_times(start: float, pages: int, stall_at: float, stall: float, every: float = PAGE / SR) -> list[float]:
+    """When each page goes out: every 40 ms (``every``), those due during the stall all at its end."""
     times = []
     for k in range(pages):
-        due = start + k * PAGE / SR
+        due = start + k * every
         held = start + stall_at <= due < start + stall_at + stall
         times.append(start + stall_at + stall if held else due)
     return times
 
 
 async def call(
-    url: str, messages: list[bytes], stall_at: float, stall: float, *, raw: bool
+    url: str, messages: list[bytes], stall_at: float, stall: float, *, raw: bool, every: float = PAGE / SR
 ) -> tuple[list[float], list[tuple[float, bytes]]]:
-    """Send ``messages`` (one per 40 ms page) with the stall; returns when each went and what came back."""
+    """Send ``messages`` (one per 40 ms page, or per ``every``) with the stall; returns when each went and what
+    came back."""
     received: list[tuple[float, bytes]] = []
     async with open_websocket(url) as ws:
         if raw:
@@ -134,7 +142,7 @@ async def call(
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(read)
-            times = sent_times(trio.current_time(), len(messages), stall_at, stall)
+            times = sent_times(trio.current_time(), len(messages), stall_at, stall, every)
             for at, message in zip(times, messages):
                 await trio.sleep_until(at)
                 await ws.send_message(message)
@@ -223,6 +231,63 @@ def decoded_ends(messages: list[bytes]) -> list[int]:
     return ends
 
 
+# The issue's black-box figure (issue 48, item 6): a new caller on the raw endpoint, the echo engine (one frame
+# late), 16 s of speech_assistant.wav at real time in 80 ms frames, each numbered in its first sample.
+TAG = 2**20  # frame n's first sample is n / TAG: exact in float32, too small to make a quiet frame loud
+BLACK_BOX = {"seconds": 16.0, "stall_at": 5.0, "stall": 1.0}
+
+
+def numbered_frames(pcm: np.ndarray) -> list[bytes]:
+    """One raw message per 80 ms frame, frame k + 1's number in its first sample."""
+    frames = []
+    for k in range(pcm.size // FRAME):
+        frame = pcm[k * FRAME : (k + 1) * FRAME].astype("<f4")
+        frame[0] = (k + 1) / TAG
+        frames.append(frame.tobytes())
+    return frames
+
+
+def numbered_row(
+    pcm: np.ndarray, times: list[float], received: list[tuple[float, bytes]], stall_at: float, stall: float
+) -> dict:
+    """Per numbered frame, from sending it to its echo coming back: the median before the stall and from 4 s
+    after it, the worst from 4 s after, and the speech frames that never came back."""
+    back: dict[int, float] = {}
+    for at, data in received:
+        if len(data) == FRAME * 4 and (number := round(float(np.frombuffer(data[:4], "<f4")[0]) * TAG)):
+            back.setdefault(number, at)
+    start = times[0]
+    turn = [(times[n - 1] - start, back[n] - times[n - 1]) for n in sorted(back) if n <= len(times)]
+    after = [t for sent, t in turn if sent >= stall_at + stall + 4.0]
+    speech = [k + 1 for k in range(len(times)) if not is_silent(pcm[k * FRAME : (k + 1) * FRAME])]
+    return {
+        "server": "ours, raw (echo, 1 frame late)",
+        "stall_s": stall,
+        "during": "speech",
+        "speech_frames": len(speech),
+        "speech_lost": sum(n not in back for n in speech),
+        "turnaround_before_ms": round(statistics.median(t for sent, t in turn if sent < stall_at) * 1000, 1),
+        "turnaround_after_ms": round(statistics.median(after) * 1000, 1),
+        "turnaround_after_max_ms": round(max(after) * 1000, 1),
+    }
+
+
+def black_box() -> dict:
+    """The issue's figure: its own server (``--model echo``), its own call."""
+    pcm, _ = sphn.read(str(DATA / "speech_assistant.wav"), sample_rate=SR)
+    pcm = pcm[0, : int(BLACK_BOX["seconds"] * SR)].astype(np.float32)
+    stall_at, stall = BLACK_BOX["stall_at"], BLACK_BOX["stall"]
+    server = ServerProcess(["-m", "pplex_trio", "serve", "--model", "echo", "--port", "0"], cwd=str(REPO))
+    try:
+        url = "ws://" + server.address + "/v1/audio/duplex"
+        times, received = trio.run(
+            partial(call, raw=True, every=FRAME / SR), url, numbered_frames(pcm), stall_at, stall
+        )
+    finally:
+        server.stop()
+    return numbered_row(pcm, times, received, stall_at, stall)
+
+
 def pages_for(pcm: np.ndarray, *, raw: bool) -> list[bytes]:
     if raw:
         return [pcm[i : i + PAGE].astype("<f4").tobytes() for i in range(0, pcm.size, PAGE)]
@@ -238,12 +303,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=18.0, help="the call's length (default 18: all its turns)")
     parser.add_argument("--stalls", default="1.0,2.5", help="stall lengths in seconds (default 1.0,2.5)")
     parser.add_argument("--personaplex", type=pathlib.Path, help="a checkout of NVIDIA/personaplex: its server too")
+    parser.add_argument("--black-box-only", action="store_true", help="only the figure from outside (issue 48)")
     parser.add_argument("--name", default="stalls")
     parser.add_argument("--results", type=pathlib.Path, default=REPO / "bench" / "results")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     pcm = speech(args.seconds)
     runs = [(during, at, float(s)) for s in args.stalls.split(",") for during, at in STALLS_AT.items()]
+    if args.black_box_only:
+        runs, args.personaplex = [], None
     rows = []
     ours = ServerProcess(["-m", "pplex_trio", "serve", "--model", "echo:delay=0", "--port", "0"], cwd=str(REPO))
     try:
@@ -294,8 +362,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['turnaround_before_ms']:>12.1f} → {row['turnaround_after_ms']:<8.1f} ms "
             f"{row['caught_up_after_s']:>10.2f} s"
         )
+    box = black_box()
+    print(
+        f"\nfrom outside (issue 48): raw, echo 1 frame late, {BLACK_BOX['seconds']:.0f} s of speech in numbered 80 ms "
+        f"frames, {BLACK_BOX['stall']:.1f} s stall at {BLACK_BOX['stall_at']:.0f} s: turnaround "
+        f"{box['turnaround_before_ms']:.1f} → {box['turnaround_after_ms']:.1f} ms (p50; worst "
+        f"{box['turnaround_after_max_ms']:.1f}) from 4 s after, "
+        f"speech lost {box['speech_lost']} of {box['speech_frames']}"
+    )
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / f"{args.name}.json").write_text(json.dumps({"rows": rows}, indent=1))
+    (args.results / f"{args.name}.json").write_text(json.dumps({"rows": rows, "black_box": box}, indent=1))
     return 0 if all(not math.isnan(r["turnaround_after_ms"]) for r in rows) else 1
 
 

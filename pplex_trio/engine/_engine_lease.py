@@ -116,6 +116,11 @@ class EngineLease(LeaseView):
         return self._core.framer.pending_frames > 0
 
     @property
+    def skips_silence_next(self) -> bool:
+        """Behind real time with silence next: its next frame catches up (``InputFramer.skips_silence_next``)."""
+        return self._core.framer.skips_silence_next
+
+    @property
     def awaits_page(self) -> bool:
         """Aligned, streaming, and short of its next frame by no more than one page like its last."""
         return self._core.framer.awaits_page

@@ -30,7 +30,12 @@ whole window, so that a page's jitter is no lag), the caller's **silent**
 frames at the head are not fed to the model: the lag is worked off over the
 caller's next pauses, and no speech is ever skipped.
 So a stall costs neither words nor lasting latency.  Phase alignment waits
-until the conversation is back to real time.
+until the conversation is back to real time.  A tick that will skip silence
+(:attr:`InputFramer.skips_silence_next`) starts at its deadline, not early:
+started early for the backlog's frames, the last tick of a catch-up left the
+frame that landed between it and its deadline for the next tick, and so every
+frame after it (a tick of latency for the rest of the call: 85 → 158 ms from
+outside, ``tests/server/sessions/test_turnaround_after_a_stall.py``).
 
 **One frame more is no lag without phase alignment.**  A caller at real time
 whose frames land near the tick finds one more frame waiting whenever the
@@ -156,6 +161,17 @@ class InputFramer:
         """
         return self.align and self._popped and self._len < self.frame_size <= self._len + self._last_push
 
+    @property
+    def skips_silence_next(self) -> bool:
+        """Behind real time with silence at its head: the next pop skips that silence, up to the newest whole
+        frame then waiting (so a tick that starts at its deadline, not early, also skips past a frame that
+        arrives until then: see the module docstring)."""
+        if self._len < self.frame_size or not is_silent(self._buf[: self.frame_size]):
+            return False
+        behind = self.behind
+        lagging = self._lagging + 1 if behind >= self.frame_size and self.align else 0
+        return behind >= self.min_skip and self._catches_up(behind, lagging)
+
     def stats(self) -> InputStats:
         """Its figures now, in samples: what waits, the margin, underruns, skipped, caught up, how far behind."""
         return InputStats(
@@ -197,7 +213,7 @@ class InputFramer:
         self._starved = False
         behind = self.behind
         self._lagging = self._lagging + 1 if behind >= self.frame_size and self.align else 0
-        if self._catching_up or behind >= 2 * self.frame_size or self._lagging >= self.window:
+        if self._catches_up(behind, self._lagging):
             self._skip_silence()
         elif self.align:
             self._align(self._len - self.frame_size)
@@ -266,6 +282,10 @@ class InputFramer:
         if not self._starved:  # a stall is one run of underruns: it widens the margin once
             self.margin = min(self.margin + self.frame_size // 4, self.frame_size)
         self._starved = True
+
+    def _catches_up(self, behind: int, lagging: int) -> bool:
+        """A pop with ``behind`` (and ``lagging`` ticks of a steady lag) skips silence to catch up."""
+        return self._catching_up or behind >= 2 * self.frame_size or lagging >= self.window
 
     def _skip_silence(self) -> None:
         """Behind real time: drop the caller's silence at the head (whole frames, then what is left of the lag

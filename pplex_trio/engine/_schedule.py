@@ -26,7 +26,9 @@ tick period, and the actor's clock (:meth:`TickSchedule.now`,
   ``input_grace_window`` (2 s) at most;
 * **early start**: within ``early_start`` of its deadline a tick starts as
   soon as every streaming live conversation has its frame (the deadlines do
-  not move, so ticks come no more often);
+  not move, so ticks come no more often); not while a conversation's next
+  frame catches up on silence, so that its catch-up reaches the frame that
+  lands before the deadline (else that frame, and each after it, waits a tick);
 * **the handshake's lead**: a Moshi handshake goes out ``margin`` plus the
   clients' measured reaction before a tick, so a client that streams from
   the handshake lands its pages just ahead of the ticks; the reaction is
@@ -179,8 +181,11 @@ class TickSchedule:
         deadline = self.deadline
         if self.early_start > 0:
             await self.sleep_until(deadline - self.early_start)
-            awaited, some_frame = self._missing_frames()
-            await self._wait_frames(awaited, deadline, some_frame=some_frame)
+            if any(lease.skips_silence_next for lease in self.table.live()):
+                await self.sleep_until(deadline)  # (its catch-up reaches the frame that lands before the deadline)
+            else:
+                awaited, some_frame = self._missing_frames()
+                await self._wait_frames(awaited, deadline, some_frame=some_frame)
         else:
             await self.sleep_until(deadline)
         now = self._clock()

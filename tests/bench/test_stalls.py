@@ -61,3 +61,20 @@ def test_a_row_counts_the_speech_not_heard_and_the_lag_left():
     assert row["speech_lost"] == 1 and row["speech_frames"] == 120
     assert row["turnaround_before_ms"] == pytest.approx(2.0) and row["turnaround_after_ms"] == pytest.approx(2.0)
     assert 2.0 < row["caught_up_after_s"] <= 2.6  # the last late frame, heard when it was
+
+
+def test_the_figure_from_outside_follows_each_numbered_frame_from_sending_to_its_echo():
+    pcm = np.concatenate([np.full(100 * FRAME, 0.3, np.float32), np.zeros(150 * FRAME, np.float32)])  # 8 s, then 12
+    times = stalls.sent_times(50.0, pcm.size // FRAME, 5.0, 1.0, every=FRAME / SR)
+    assert times[62] == pytest.approx(50.0 + 4.96) and times[63:75] == pytest.approx([56.0] * 12)
+    messages = stalls.numbered_frames(pcm)
+    received = []
+    for k, message in enumerate(messages):
+        if k == 90 or k >= 150 and k % 2:
+            continue  # a speech frame never heard; half the silence skipped
+        late = 0.158 if k >= 150 else 0.085  # a tick more from 12 s on
+        received.append((times[k] + late, message))
+    row = stalls.numbered_row(pcm, times, received, 5.0, 1.0)
+    assert row["speech_frames"] == 100 and row["speech_lost"] == 1
+    assert row["turnaround_before_ms"] == pytest.approx(85.0) and row["turnaround_after_ms"] == pytest.approx(158.0)
+    assert row["turnaround_after_max_ms"] == pytest.approx(158.0)
