@@ -212,6 +212,8 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        for outcome in ("resumed", "expired", "refused", "wrong_token"):
+            self.resumes.labels(outcome)  # (each at 0 from the start)
         self.refused = Counter(
             "pplex_refused_total",
             "Requests and WebSocket upgrades refused at the door (401, 403, 429), by reason",

@@ -34,7 +34,6 @@ from ._lease_core import GONE_STATES, PAUSABLE_STATES, LeaseState, LeaseView
 from ._outbox import OutputFrame
 
 TAKE_OVER_SECONDS = 5.0  # how long a resume waits for the connection it takes the conversation from to let go
-RESUME_OUTCOMES = ("resumed", "expired", "refused", "wrong_token")  # ``pplex_resumes_total``'s labels
 
 
 class ResumeRefused(Exception):
@@ -50,6 +49,7 @@ class ResumeRefused(Exception):
 @dataclasses.dataclass
 class _Ticket:
     lease: Lease  # the session's end it was issued to (paused: parked here)
+    tag: int  # the session's (its id: a resumed session keeps it)
     on_taken: Callable[[], None]  # tells that session a new connection takes its conversation over
     until: float = math.inf  # paused: when its window lapses
     claimed: bool = False  # a resume waits for the old connection to let go
@@ -69,14 +69,14 @@ class ResumeBook:
         """Whether a dropped connection pauses its conversation (``--resume-seconds`` above 0)."""
         return self.seconds > 0
 
-    def issue(self, lease: Lease, on_taken: Callable[[], None]) -> str | None:
+    def issue(self, lease: Lease, on_taken: Callable[[], None], *, tag: int) -> str | None:
         """A new token for ``lease`` (its older ones are spent), None when resuming is off; ``on_taken`` is told
-        when another connection presents it while this one is alive."""
+        when another connection presents it while this one is alive; ``tag`` is given to whoever resumes it."""
         if not self.enabled:
             return None
         self._forget(lease)
         token = secrets.token_urlsafe(24)
-        self._tickets[token] = _Ticket(lease, on_taken)
+        self._tickets[token] = _Ticket(lease, tag, on_taken)
         return token
 
     def park(self, lease: LeaseView) -> float | None:
@@ -91,8 +91,9 @@ class ResumeBook:
         """``lease`` ended: its token is spent."""
         self._forget(lease)
 
-    async def resume(self, token: str, on_frame: Callable[[OutputFrame], None] | None) -> Lease:
-        """The conversation ``token`` names, taken over by the caller (a new end of its lease, stepped again).
+    async def resume(self, token: str, on_frame: Callable[[OutputFrame], None] | None) -> tuple[Lease, int]:
+        """The conversation ``token`` names, taken over by the caller (a new end of its lease, stepped again),
+        and the tag it was issued with.
 
         A conversation whose connection is still alive is taken from it
         (that session is told, ends and lets go within
@@ -115,7 +116,7 @@ class ResumeBook:
             lease.lapse()  # (a paused one the server ended meanwhile; else nothing: its session ends it)
             raise self._refused("refused", "this conversation cannot be resumed (it has ended): start a new call")
         self._metrics.resumes.labels("resumed").inc()
-        return lease.resume(on_frame)
+        return lease.resume(on_frame), ticket.tag
 
     def lapse_due(self) -> None:
         """Give back the paused leases whose window has lapsed, or that the server ended meanwhile; forget the

@@ -73,6 +73,7 @@ class ActorSettings:
         low=0,
         high=600,
         group="conversations",
+        advanced=True,
         metavar="SECONDS",
     )
     engine_timeout: float = setting(
