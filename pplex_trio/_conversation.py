@@ -85,6 +85,7 @@ class Outcome(enum.Enum):
     ENGINE_ERROR = "engine_error"  # the engine failed it
     ENGINE_STALLED = "engine_stalled"  # the engine had stalled when it arrived
     INTERNAL_ERROR = "internal_error"  # a bug met in this session (ends it alone)
+    TAKEN_OVER = "taken_over"  # a new connection resumed its conversation (its token): this one let go
     SHUTDOWN = "shutdown"  # the server stops
     DRAINING = "draining"  # the server drains: no new conversations
 
@@ -102,6 +103,7 @@ _CLOSE_CODES: dict[Outcome, CloseCode | None] = {
     Outcome.CLIENT_CLOSED: None,
     Outcome.CLIENT_TIMEOUT: CloseCode.POLICY,
     Outcome.BAD_REQUEST: CloseCode.POLICY,
+    Outcome.TAKEN_OVER: CloseCode.POLICY,
     Outcome.PROTOCOL_ERROR: CloseCode.POLICY,
     Outcome.REJECTED: CloseCode.POLICY,
     Outcome.QUEUE_FULL: CloseCode.TRY_AGAIN_LATER,

@@ -205,6 +205,15 @@ class Metrics:
             ["protocol", "outcome"],
             registry=r,
         )
+        self.resumes = Counter(
+            "pplex_resumes_total",
+            "Resumes of a conversation whose connection dropped (--resume-seconds), by outcome: resumed, expired "
+            "(nobody came back in time), refused (it had ended), wrong_token (unknown, used or expired)",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in ("resumed", "expired", "refused", "wrong_token"):
+            self.resumes.labels(outcome)  # (each at 0 from the start)
         self.refused = Counter(
             "pplex_refused_total",
             "Requests and WebSocket upgrades refused at the door (401, 403, 429), by reason",

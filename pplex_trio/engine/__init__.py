@@ -7,10 +7,10 @@ imported on first use, so that an echo server never loads it.
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._actor import ActorStatistics as ActorStatistics
 from ._actor import EngineActor as EngineActor
 from ._actor_state import ACTOR_LIFECYCLE as ACTOR_LIFECYCLE
 from ._actor_state import ActorState as ActorState
+from ._actor_state import ActorStatistics as ActorStatistics
 from ._echo import OFFICIAL_VOICES as OFFICIAL_VOICES
 from ._echo import EchoEngine as EchoEngine
 from ._echo import voices_in_directory as voices_in_directory
@@ -36,6 +36,7 @@ from ._lease_core import LeaseState as LeaseState
 from ._outbox import OutputEnd as OutputEnd
 from ._outbox import OutputEvent as OutputEvent
 from ._outbox import OutputFrame as OutputFrame
+from ._resume import ResumeRefused as ResumeRefused
 from ._settings import OFF_GPU_SLOTS as OFF_GPU_SLOTS
 from ._settings import ActorSettings as ActorSettings
 from ._slots import SLOT_STATES as SLOT_STATES

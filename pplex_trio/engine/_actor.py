@@ -32,7 +32,6 @@ Where the actor stands is one :class:`~pplex_trio.engine._actor_state.ActorState
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -42,33 +41,21 @@ import trio
 
 from .._conversation import CloseCode, Conversation
 from .._metrics import Metrics
-from ._actor_state import ACTOR_LIFECYCLE, ActorState
+from ._actor_state import ACTOR_LIFECYCLE, ActorState, ActorStatistics
 from ._engine_call import CallResult, EngineCall, apply_result, execute, fail_call, plan_call, plan_tick
 from ._engine_lease import EngineLease
 from ._framing import InputFramer
 from ._interface import Engine, Job
 from ._lease import Lease, open_lease
-from ._lease_core import LeaseFailure, LeaseState
+from ._lease_core import LeaseFailure, LeaseState, LeaseView
 from ._outbox import OutputFrame
+from ._resume import ResumeBook
 from ._schedule import TickSchedule
 from ._settings import ActorSettings
 from ._slots import SlotTable
 from ._work import BetweenTicks
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class ActorStatistics:
-    """What the actor holds, at one moment (``/health``, ``/metrics``): its slots, its queue, its ticks."""
-
-    slots_total: int
-    slots_free: int
-    queued: int
-    slots: dict[str, int]  # slots by state (``SLOT_STATES``)
-    ticks: int
-    ticks_skipped: int
-    state: ActorState  # what its engine call is doing (``/health``'s ``engine_state``)
 
 
 class EngineActor:
@@ -85,6 +72,7 @@ class EngineActor:
         self._wakeup = trio.Event()
         self._pcm = np.zeros((engine.num_slots, engine.frame_size), dtype=np.float32)
         self.state = ACTOR_LIFECYCLE.start
+        self.resumes = ResumeBook(settings.resume_seconds, self.clock, self.metrics)  # paused conversations
         self._set_slot_gauges(self.table.slot_states(now=0.0))  # (no lease yet: the time does not matter)
 
     # -- sessions ------------------------------------------------------------
@@ -162,6 +150,12 @@ class EngineActor:
         self.schedule.forget(lease)
         self._changed()
 
+    def lease_paused(self, lease: LeaseView) -> float | None:
+        """``lease``'s connection dropped: parked under its token until when (None: it has none, so it ends)."""
+        until = self.resumes.park(lease)
+        self._changed()
+        return until
+
     def lease_changed(self, lease: EngineLease) -> None:
         """``lease`` moved (a restart, a begin): the actor wakes to plan for it."""
         self._changed()
@@ -230,6 +224,7 @@ class EngineActor:
         task_status.started()
         schedule = self.schedule
         while True:
+            self.resumes.lapse_due()
             if schedule.wants_tick():
                 schedule.start_grid()
                 await self._tick()
@@ -240,7 +235,9 @@ class EngineActor:
                 schedule.stop()  # (the next conversation to step gets a fresh grid)
                 self._wakeup = trio.Event()
                 # (a held slot's hold lapses, a READY conversation's wait for its first frame ends)
-                with trio.move_on_at(min(self.table.next_change(), schedule.next_first_step())):
+                with trio.move_on_at(
+                    min(self.table.next_change(), self.resumes.next_lapse(), schedule.next_first_step())
+                ):
                     await self._wakeup.wait()  # nothing to run until a conversation, a frame or a job comes
             await trio.lowlevel.checkpoint()
 
@@ -365,7 +362,7 @@ class EngineActor:
             logger.exception("engine reset failed")
             self.metrics.errors.labels("engine_reset").inc()
         lost = LeaseFailure(CloseCode.INTERNAL_ERROR, "internal error in the model engine; please reconnect")
-        for _, lease in self.table.leases(frozenset({LeaseState.LIVE, LeaseState.FLUSHING})):
+        for _, lease in self.table.leases(frozenset({LeaseState.LIVE, LeaseState.FLUSHING, LeaseState.PAUSED})):
             lease.fail(lost)
         for _, lease in self.table.leases(frozenset({LeaseState.PREFILL})):
             lease.prompt_lost()

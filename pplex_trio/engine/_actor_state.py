@@ -13,6 +13,7 @@ server unready.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 
 from .._lifecycle import Lifecycle
@@ -45,3 +46,16 @@ ACTOR_LIFECYCLE = Lifecycle(
         A.RECOVERING: {A.IDLE},
     },
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorStatistics:
+    """What the actor holds, at one moment (``/health``, ``/metrics``): its slots, its queue, its ticks."""
+
+    slots_total: int
+    slots_free: int
+    queued: int
+    slots: dict[str, int]  # slots by state (``SLOT_STATES``)
+    ticks: int
+    ticks_skipped: int
+    state: ActorState  # what its engine call is doing (``/health``'s ``engine_state``)

@@ -40,6 +40,10 @@ class LeaseOwner(Protocol):
     def lease_ended(self, lease: EngineLease, client_left: bool) -> None:
         """The session gave the lease back (``client_left``: the client left, so its slot may be held)."""
 
+    def lease_paused(self, lease: LeaseView) -> float | None:
+        """Its session lost its connection: park the lease (the session's end) for a resume; until when (the
+        owner's clock), or None when it may not be paused (resuming is off): then it ends."""
+
     def lease_changed(self, lease: EngineLease) -> None:
         """The lease moved on the session's side (a restart, a begin): the actor has something to plan."""
 
@@ -201,6 +205,21 @@ class EngineLease(LeaseView):
             return
         self._core.failure = failure
         self._core.move(LeaseState.FAILED)
+
+    def paused(self, until: float) -> None:
+        """Its client's connection dropped: not stepped (its state stays) until it resumes or ``until``."""
+        self._core.held_until = until
+        self._core.move(LeaseState.PAUSED)
+
+    def resumed(self, on_frame: Callable[[OutputFrame], None] | None) -> None:
+        """A new connection took it over: stepped again from the next tick, its input afresh (nothing of the
+        outage is replayed or caught up with), ``on_frame`` its new observer."""
+        core = self._core
+        core.held_until = 0.0
+        core.framer = core.framer.renewed()
+        self._on_frame = on_frame
+        self._behind_since, self._behind_logged = None, False
+        core.move(LeaseState.LIVE)
 
     def given_back(self, on_slot: bool, held_until: float | None) -> None:
         """The session ended it: its slot drains (``held_until``: then waits for its client until then), or,

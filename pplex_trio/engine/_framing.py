@@ -230,6 +230,18 @@ class InputFramer:
         frame = np.empty(self.frame_size, dtype=np.float32)
         return frame if self.pop_frame_into(frame) is not None else None
 
+    def renewed(self) -> InputFramer:
+        """A new framer with the same settings and nothing in it: a resumed conversation's input starts afresh
+        (what waited for the dropped connection is not replayed, and no catch-up or skip follows the outage)."""
+        return InputFramer(
+            self.frame_size,
+            self.max_frames,
+            align=self.align,
+            window=self.window,
+            hold_after_underrun=self.hold_after_underrun,
+            min_skip=self.min_skip,
+        )
+
     def keep_early(self, pcm: np.ndarray, arrived_at: float) -> int:
         """Keep audio that came before the conversation is live (the newest ``max_frames`` of it); returns
         the frames that dropped out of that window."""

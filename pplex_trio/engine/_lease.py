@@ -21,7 +21,7 @@ import numpy as np
 from .._conversation import Conversation
 from ._engine_lease import EngineLease, LeaseOwner
 from ._framing import InputFramer
-from ._lease_core import GONE_STATES, LeaseCore, LeaseFailed, LeaseState, LeaseView
+from ._lease_core import GONE_STATES, PAUSABLE_STATES, LeaseCore, LeaseFailed, LeaseState, LeaseView
 from ._outbox import OutputBatches, OutputFrame
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,8 @@ class Lease(LeaseView):
     with :meth:`push_input`; reads output with ``async for batch in
     lease.frames()``; :meth:`flush` asks for an :class:`OutputEnd` once every
     pending input frame has had its answer; :meth:`restart` runs the system
-    prompt again with new settings; :meth:`end` gives the slot back.
+    prompt again with new settings; :meth:`end` gives the slot back;
+    :meth:`pause` parks it with its owner, for a new connection to :meth:`resume`.
     """
 
     def __init__(self, core: LeaseCore, owner: LeaseOwner, engine_end: EngineLease, *, early_audio: bool):
@@ -62,6 +63,7 @@ class Lease(LeaseView):
         self._engine_end = engine_end  # how it names itself to its owner
         self._early_audio = early_audio
         self._overflow_logged = False
+        self._let_go = False  # paused: the lease is no longer this end's (a resume makes a new end)
 
     @property
     def early_audio_kept(self) -> bool:
@@ -155,11 +157,41 @@ class Lease(LeaseView):
         ``client_left``: it ended because the client left (not by the server's doing), so the slot may be held
         a moment for the same client to come back (a persona change).
         """
+        if self._let_go:
+            return  # paused: the actor ends it when its window lapses, or a new connection has it
         # Nothing is observed after the end: an observer kept would keep whoever holds it (the session, its socket
         # and backlogs) in a cycle for the collector the server runs rarely (serve's _quiet_garbage_collector).
         self._engine_end.stop_observing()
         if self._core.state not in GONE_STATES:
             self._owner.lease_ended(self._engine_end, client_left)
+
+    def pause(self) -> bool:
+        """The client's connection dropped without ending the call: keep the conversation (its slot, its
+        model state) for a resume, and let go of it; this end does nothing more.  False when it cannot be
+        paused (resuming is off, its input has ended, it is not under way): then the caller ends it."""
+        core = self._core
+        if self._let_go or core.input_ended or core.state not in PAUSABLE_STATES:
+            return False
+        until = self._owner.lease_paused(self)
+        if until is None:
+            return False
+        self._engine_end.stop_observing()
+        self._engine_end.paused(until)
+        self._let_go = True
+        return True
+
+    def resume(self, on_frame: Callable[[OutputFrame], None] | None) -> Lease:
+        """A paused lease, taken over by a new connection: a new end over the same conversation (this one stays
+        let go), stepped again from the next tick with its model state as it was; ``on_frame`` observes it."""
+        assert self._let_go and self._core.state is LeaseState.PAUSED, "only a paused lease resumes"
+        self._engine_end.resumed(on_frame)
+        self._owner.lease_changed(self._engine_end)
+        return Lease(self._core, self._owner, self._engine_end, early_audio=self._early_audio)
+
+    def lapse(self) -> None:
+        """A paused lease nobody resumed in time (or one the server ended meanwhile): given back, as :meth:`end`."""
+        if self._core.state not in GONE_STATES:
+            self._owner.lease_ended(self._engine_end, False)
 
     # -- inside --------------------------------------------------------------
 

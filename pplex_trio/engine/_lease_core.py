@@ -34,6 +34,7 @@ class LeaseState(enum.Enum):
     PREFILL = "prefill"  # its system prompt runs between ticks (``prompt_left`` positions to go)
     READY = "ready"  # its prompt has run; not stepped until its caller's first frame (or a timeout)
     LIVE = "live"  # one frame in and one out every tick
+    PAUSED = "paused"  # its client's connection dropped: not stepped, its state kept for a resume (``held_until``)
     FLUSHING = "flushing"  # its input has ended: its output ends once every frame taken has its answer
     FLUSHED = "flushed"  # its ``OutputEnd`` is out; nothing follows
     FAILED = "failed"  # the server ended it (``failure`` says why); its slot drains
@@ -50,8 +51,9 @@ LEASE_LIFECYCLE = Lifecycle(
         S.QUEUED: {S.QUEUED, S.STARTING, S.ENDED},  # (QUEUED: a new position)
         S.STARTING: {S.PREFILL, S.READY, S.FLUSHING, S.FAILED, S.DRAINING},
         S.PREFILL: {S.STARTING, S.READY, S.FLUSHING, S.FAILED, S.DRAINING},  # (STARTING: the prompt again)
-        S.READY: {S.STARTING, S.LIVE, S.FLUSHING, S.FAILED, S.DRAINING},
-        S.LIVE: {S.STARTING, S.FLUSHING, S.FAILED, S.DRAINING},
+        S.READY: {S.STARTING, S.LIVE, S.PAUSED, S.FLUSHING, S.FAILED, S.DRAINING},
+        S.LIVE: {S.STARTING, S.PAUSED, S.FLUSHING, S.FAILED, S.DRAINING},
+        S.PAUSED: {S.LIVE, S.FAILED, S.DRAINING},  # (LIVE: resumed; DRAINING: its window lapsed)
         S.FLUSHING: {S.FLUSHED, S.FAILED, S.DRAINING},
         S.FLUSHED: {S.FAILED, S.DRAINING},
         S.FAILED: {S.DRAINING, S.ENDED},  # (ENDED: its slot was freed before the session gave it back)
@@ -65,6 +67,7 @@ del S
 PREPARING_STATES = frozenset({LeaseState.STARTING, LeaseState.PREFILL})  # has a slot, not live yet
 LIVE_STATES = frozenset({LeaseState.LIVE, LeaseState.FLUSHING, LeaseState.FLUSHED})  # stepped every tick
 BEGUN_STATES = LIVE_STATES | {LeaseState.READY}  # its prompt is behind it: the caller may talk
+PAUSABLE_STATES = frozenset({LeaseState.READY, LeaseState.LIVE})  # a dropped connection may pause it
 GONE_STATES = frozenset({LeaseState.DRAINING, LeaseState.HELD, LeaseState.ENDED})  # given back by the session
 
 
@@ -119,7 +122,7 @@ class LeaseCore:
         self.prompt_total = 0
         self.prompt_left = 0
         self.prompt_since = 0.0  # when its prompt last started waiting (STARTING)
-        self.held_until = 0.0  # HELD: until when its slot waits for its client
+        self.held_until = 0.0  # HELD or PAUSED: until when its slot waits for its client
         self.ready_since = 0.0  # when its prompt was done (READY: it waits for its caller's first frame)
         self.frames_consumed = 0  # real input frames the engine took
         self.frames_delivered = 0  # output frames put into the outbox

@@ -65,6 +65,17 @@ class ActorSettings:
         group="timing",
         advanced=True,
     )
+    resume_seconds: float = setting(
+        20.0,
+        "a conversation whose connection drops without ending the call is paused this long, its slot held and its "
+        "model state kept, for its client to resume it with its token (docs/PROTOCOL.md); 0 turns it off: a "
+        "dropped connection ends its conversation",
+        low=0,
+        high=600,
+        group="conversations",
+        advanced=True,
+        metavar="SECONDS",
+    )
     engine_timeout: float = setting(
         10.0,
         "seconds before an engine step that has not returned is stalled: its conversations end (1011), "

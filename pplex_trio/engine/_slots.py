@@ -9,6 +9,9 @@ never mixes the old conversation with a new one (drain before release).
 The :class:`SlotTable` decides who gets which slot; it asks its leases and
 tells them what happened, never writing their fields.
 
+A conversation whose connection dropped may be PAUSED instead (``_resume.py``): not stepped, its
+state kept, its slot counted as held, until its client resumes it or its window lapses.
+
 A conversation that ends because its client left (not one the server ended)
 while others wait leaves its slot HELD for that client (its address) for
 :data:`RETURN_WINDOW`: a client that reconnects at once, as LiveKit's
@@ -36,6 +39,7 @@ _SLOT_STATE = {
     LeaseState.LIVE: "live",
     LeaseState.FLUSHING: "live",
     LeaseState.FLUSHED: "live",
+    LeaseState.PAUSED: "held",  # its connection dropped: kept for a resume
     LeaseState.FAILED: "draining",
     LeaseState.DRAINING: "draining",
     LeaseState.HELD: "held",
@@ -179,8 +183,10 @@ class SlotTable:
         return self.slot_states(now)["free"]
 
     def busy(self) -> bool:
-        """Anything waiting or running (a held slot is neither)."""
-        return bool(self._queue) or any(lease is not None and lease.state is not LeaseState.HELD for lease in self.rows)
+        """Anything waiting or running (a held or paused slot is neither)."""
+        return bool(self._queue) or any(
+            lease is not None and lease.state not in (LeaseState.HELD, LeaseState.PAUSED) for lease in self.rows
+        )
 
     def next_change(self) -> float:
         """When the next hold lapses (inf: none does)."""

@@ -92,9 +92,12 @@ def _json(obj: dict[str, Any]) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
-def ready() -> str:
-    """``{"type": "ready"}``: the system prompt has run; PCM sent before it is not lost."""
-    return _json({"type": "ready"})
+def ready(resume: str | None = None, *, resumed: bool = False, notice: str | None = None) -> str:
+    """``{"type": "ready"}``: the system prompt has run; PCM sent before it is not lost.  ``resume``: the token
+    that resumes this call after a dropped connection; ``resumed``: this connection resumed it; ``notice``:
+    what the client should know (say, settings a resume ignored)."""
+    extra = {"resume": resume, "resumed": resumed or None, "notice": notice}
+    return _json({"type": "ready", **{k: v for k, v in extra.items() if v is not None}})
 
 
 def queued(position: int) -> str:

@@ -80,8 +80,9 @@ def test_the_moves_a_lease_may_make():
     assert moves[S.QUEUED] == {S.QUEUED, S.STARTING, S.ENDED}
     assert moves[S.STARTING] == {S.PREFILL, S.READY, S.FLUSHING, S.FAILED, S.DRAINING}
     assert moves[S.PREFILL] == {S.STARTING, S.READY, S.FLUSHING, S.FAILED, S.DRAINING}
-    assert moves[S.READY] == {S.STARTING, S.LIVE, S.FLUSHING, S.FAILED, S.DRAINING}  # (LIVE: its first step)
-    assert moves[S.LIVE] == {S.STARTING, S.FLUSHING, S.FAILED, S.DRAINING}  # (STARTING: the prompt again)
+    assert moves[S.READY] == {S.STARTING, S.LIVE, S.PAUSED, S.FLUSHING, S.FAILED, S.DRAINING}  # (LIVE: its first step)
+    assert moves[S.LIVE] == {S.STARTING, S.PAUSED, S.FLUSHING, S.FAILED, S.DRAINING}  # (STARTING: the prompt again)
+    assert moves[S.PAUSED] == {S.LIVE, S.FAILED, S.DRAINING}  # (LIVE: resumed; DRAINING: its window lapsed)
     assert moves[S.FLUSHING] == {S.FLUSHED, S.FAILED, S.DRAINING}
     assert moves[S.FAILED] == {S.DRAINING, S.ENDED} and moves[S.DRAINING] == {S.HELD, S.ENDED}
     assert moves[S.HELD] == {S.ENDED} and moves[S.ENDED] == set()

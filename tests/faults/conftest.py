@@ -26,6 +26,7 @@ SETTINGS = dict(
     shutdown_grace=0.5,
     queue_size=4,
     first_frame_timeout=0,
+    resume_seconds=0,  # a dropped raw call ends at once (its pause for a resume: tests/server/sessions/test_resume.py)
 )  # (stepped from the handshake)
 
 

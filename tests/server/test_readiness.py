@@ -60,8 +60,9 @@ async def test_ready_while_a_slot_or_a_queue_place_is_free(virtual_server, autoj
 
 async def test_health_and_ready_count_a_slot_held_for_a_returning_client_as_held(virtual_server, autojump_clock):
     """A client leaves while another waits: its slot is held for it a moment (it may come back to change its
-    persona), and /health and /ready agree that it is held, not free; then it goes to the one waiting."""
-    handle = await virtual_server(slots=1, queue_size=1)
+    persona), and /health and /ready agree that it is held, not free; then it goes to the one waiting.  (Its call is
+    not paused for a resume, resume_seconds=0: a paused one counts as held too, see test_resume.py.)"""
+    handle = await virtual_server(slots=1, queue_size=1, resume_seconds=0)
     async with handle.open_websocket(handle.ws_url + DUPLEX, source="10.0.0.2") as waiting_client:
         async with handle.open_websocket(handle.ws_url + DUPLEX, source="10.0.0.1") as first:
             await raw_open(first)

@@ -16,7 +16,11 @@ from ..._conversation import CloseCode, Conversation
 from ...engine import OutputFrame
 from ...protocol import ProtocolError, conversation_from_params, raw
 from ._transcript import HeardPiece
-from ._wire import EndOfInput, InputAudio, InputEvent, Message, OpensWithMessage
+from ._wire import EndOfInput, InputAudio, InputEvent, Message, OpensWithMessage, ResumeCall
+
+IGNORED_ON_RESUME = (
+    "a resumed call keeps its persona, voice and sampling: the settings sent with the resume were ignored"
+)
 
 
 class RawProtocol(OpensWithMessage):
@@ -24,17 +28,25 @@ class RawProtocol(OpensWithMessage):
 
     name = "raw"
     early_audio = True
+    resumable = True
     opening_hint = 'send {"type": "open", ...} first'
 
     def __init__(self, *, max_prompt_chars: int, voices: Callable[[], Collection[str]] | None = None):
         self._max_prompt_chars = max_prompt_chars
         self._voices = voices  # the voices a conversation may name (None: not checked here)
         self._closing = False
+        self._token: str | None = None
+        self._resumed: ResumeCall | None = None
 
-    def opening(self, query: bytes, message: bytes | str) -> Conversation:
+    def opening(self, query: bytes, message: bytes | str) -> Conversation | ResumeCall:
         event = raw.parse_client_message(message)
         if not isinstance(event, raw.Open):
             raise ProtocolError('the first message must be {"type": "open", ...}', CloseCode.POLICY)
+        if "resume" in event.params:
+            token = event.params["resume"]
+            if not isinstance(token, str) or not token:
+                raise ProtocolError('"resume" must be the token a "ready" gave', CloseCode.POLICY)
+            return ResumeCall(token, settings_given=len(event.params) > 1)
         return conversation_from_params(
             event.params,
             max_prompt_chars=self._max_prompt_chars,
@@ -57,8 +69,13 @@ class RawProtocol(OpensWithMessage):
     def keepalive(self, position: int | None) -> Message | None:
         return raw.queued(position) if position else None
 
+    def offer_resume(self, token: str, *, resumed: ResumeCall | None = None) -> None:
+        self._token, self._resumed = token, resumed
+
     def ready(self) -> list[Message]:
-        return [raw.ready()]
+        resumed = self._resumed
+        notice = IGNORED_ON_RESUME if resumed is not None and resumed.settings_given else None
+        return [raw.ready(self._token, resumed=resumed is not None, notice=notice)]
 
     async def encode(self, frames: list[OutputFrame]) -> list[tuple[Message, OutputFrame | None]]:
         messages: list[tuple[Message, OutputFrame | None]] = []

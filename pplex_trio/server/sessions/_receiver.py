@@ -25,7 +25,18 @@ from ..._channel import DropOldestChannel
 from ..._conversation import SAMPLE_RATE, Conversation
 from ...engine import PREPARING_STATES, Lease, LeaseFailed, LeaseState
 from .._settings import ServerSettings
-from ._wire import EndOfInput, Hangup, InputAudio, Message, OpensWithMessage, Replies, Restart, WebSocket, WireProtocol
+from ._wire import (
+    EndOfInput,
+    Hangup,
+    InputAudio,
+    Message,
+    OpensWithMessage,
+    Replies,
+    Restart,
+    ResumeCall,
+    WebSocket,
+    WireProtocol,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +88,7 @@ class Receiver:
         self._opened_at = 0.0  # when the opening message that gave the conversation arrived
         self._samples_pushed = 0
 
-    async def opening(self, wire: OpensWithMessage) -> Conversation | Hangup:
+    async def opening(self, wire: OpensWithMessage) -> Conversation | ResumeCall | Hangup:
         """Read the opening messages until the protocol has the conversation's settings (or the call ended)."""
         while True:
             message = await self.ws.receive()
@@ -86,7 +97,7 @@ class Receiver:
             self._log_notices()
             if isinstance(step, Hangup):
                 return step
-            if isinstance(step, Conversation):
+            if isinstance(step, Conversation | ResumeCall):
                 self._opened_at = trio.current_time()
                 return step
             for reply in step.messages:

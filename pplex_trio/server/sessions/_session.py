@@ -35,7 +35,6 @@ pure codec calls plus a few specifics.  See ``docs/ARCHITECTURE.md``.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import itertools
 import logging
 from typing import Any, Protocol
@@ -43,9 +42,8 @@ from typing import Any, Protocol
 import trio
 
 from ..._conversation import CloseCode, Conversation, Outcome
-from ..._lifecycle import Lifecycle
 from ..._metrics import Metrics
-from ...engine import BEGUN_STATES, PREPARING_STATES, EngineActor, Lease, LeaseState, QueueFull
+from ...engine import BEGUN_STATES, PREPARING_STATES, EngineActor, Lease, LeaseState, QueueFull, ResumeRefused
 from ...protocol import ProtocolError
 from .._server_state import Unready
 from .._settings import ServerSettings
@@ -53,8 +51,12 @@ from ..records import RecordStore
 from ._receiver import InputEnd, Receiver
 from ._report import CallReport
 from ._sender import Sender, StreamEnd
+from ._session_state import PAUSES
+from ._session_state import SESSION_LIFECYCLE as SESSION_LIFECYCLE
+from ._session_state import Ending as Ending
+from ._session_state import SessionState as SessionState
 from ._transcript import CallerTranscript
-from ._wire import Hangup, Message, OpensWithMessage, WebSocket, Wire
+from ._wire import Hangup, Message, OpensWithMessage, ResumeCall, WebSocket, Wire
 
 logger = logging.getLogger(__name__)
 _ids = itertools.count(1)
@@ -71,37 +73,6 @@ class SessionHost(Protocol):
 
     def unready(self, *, when_full: bool = True) -> Unready | None:
         """Why the server takes no conversation now, None when it does (``when_full=False``: the queue answers)."""
-
-
-class SessionState(enum.Enum):
-    """A session's own steps (its lease's, while it waits for a slot and for its prompt, are the lease's)."""
-
-    ADMITTING = "admitting"  # accepted; reading and checking the conversation's settings, then waiting for its lease
-    LIVE = "live"  # the handshake is sent: audio both ways
-    CLOSING = "closing"  # telling the client why, closing the socket
-    CLOSED = "closed"
-
-
-# A client that vanishes ends it from any of them.
-SESSION_LIFECYCLE = Lifecycle(
-    "session",
-    SessionState.ADMITTING,
-    {
-        SessionState.ADMITTING: {SessionState.LIVE, SessionState.CLOSING, SessionState.CLOSED},
-        SessionState.LIVE: {SessionState.CLOSING, SessionState.CLOSED},
-        SessionState.CLOSING: {SessionState.CLOSED},
-        SessionState.CLOSED: set(),
-    },
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class Ending:
-    """Why a session ends, set once by the first :meth:`Session.end`: what the client is told, and the close."""
-
-    code: CloseCode  # the outcome's, or the error's own (see ``Outcome.code``)
-    message: str | None  # told to the client before the close, if any
-    outcome: Outcome
 
 
 class Session:
@@ -132,6 +103,7 @@ class Session:
         self.report = CallReport(host.metrics, transcript)
         wire.hear(transcript.reader())
         self._scope = trio.CancelScope()
+        self._resumed: ResumeCall | None = None  # the opening that resumed a paused conversation, if one did
         self.started_at: float | None = None  # when it ran (trio.current_time): its age on the status page
 
     @property
@@ -207,38 +179,59 @@ class Session:
                 await self.report.recorder.finish(ending)
 
     async def _converse(self) -> None:
-        conversation = await self._admit()
-        if conversation is None:
+        opening = await self._admit()
+        if opening is None:
             return
         if self.host.unready(when_full=False) is Unready.ENGINE_STALLED:
             self.end(Outcome.ENGINE_STALLED, Unready.ENGINE_STALLED.message)
             return
+        if isinstance(opening, ResumeCall):
+            await self._resume(opening)
+            return
         if self.host.records is not None:
-            self.report.recorder = self.host.records.recorder(self.id, self.protocol, conversation)
+            self.report.recorder = self.host.records.recorder(self.id, self.protocol, opening)
         try:
             with self.host.actor.lease(
-                conversation,
+                opening,
                 align=self.wire.align_input,
                 early_audio=self.wire.early_audio,
                 client=self.ws.client,
                 on_frame=self.report.on_frame,
             ) as lease:
-                self.lease = lease
-                try:
-                    await self._run_conversation(lease)
-                finally:
-                    # The client left (or finished): its slot waits a moment for it to come back.
-                    lease.end(client_left=self.ending is None or self.ending.outcome is Outcome.COMPLETED)
+                await self._hold(lease)
         except QueueFull as exc:
             self.end(Outcome.QUEUE_FULL, str(exc))
 
-    async def _admit(self) -> Conversation | None:
+    async def _resume(self, opening: ResumeCall) -> None:
+        """A paused conversation taken over by this connection: the same conversation (its id, its settings),
+        its model state as the dropped connection left it."""
+        try:
+            lease, self.id = await self.host.actor.resumes.resume(opening.token, self.report.on_frame)
+        except ResumeRefused as exc:
+            self.end(Outcome.BAD_REQUEST, exc.message, code=CloseCode.POLICY)
+            return
+        self._resumed = opening
+        await self._hold(lease)
+
+    async def _hold(self, lease: Lease) -> None:
+        """Run the conversation on ``lease``; then end it, or, when the connection dropped without ending the
+        call, pause it for a resume (``--resume-seconds``)."""
+        self.lease = lease
+        try:
+            await self._run_conversation(lease)
+        finally:
+            outcome = None if self.ending is None else self.ending.outcome
+            if outcome not in PAUSES or not lease.pause():
+                # The client left (or finished): its slot waits a moment for it to come back.
+                lease.end(client_left=outcome in (None, Outcome.COMPLETED))
+
+    async def _admit(self) -> Conversation | ResumeCall | None:
         """ADMITTING: the conversation's settings, checked (None: the session has ended)."""
         try:
             for message in self.wire.greeting():
                 await self._send_control(message)
             if isinstance(self.wire, OpensWithMessage):
-                conversation: Conversation | Hangup | None = None
+                conversation: Conversation | ResumeCall | Hangup | None = None
                 timeout = self.settings.open_timeout
                 with trio.move_on_after(timeout):
                     conversation = await self._receiver.opening(self.wire)
@@ -269,6 +262,10 @@ class Session:
             if self.wire.align_input:
                 # A client streaming from the handshake lands just ahead of the ticks (sleep_until_handshake).
                 await lease.sleep_until_handshake()
+            if self.wire.resumable:
+                token = self.host.actor.resumes.issue(lease, self._taken_over, tag=self.id)
+                if token is not None:
+                    self.wire.offer_resume(token, resumed=self._resumed)
             for message in self.wire.ready():
                 await self._send_control(message)
             if self.wire.begins_at_once():
@@ -301,6 +298,11 @@ class Session:
             self._end_from_failure(lease)
             return False
         return lease.state in BEGUN_STATES
+
+    def _taken_over(self) -> None:
+        """Another connection resumed this conversation with its token: this one lets go (pausing the lease for
+        it) and is told so."""
+        self.end(Outcome.TAKEN_OVER, "this conversation was resumed on another connection")
 
     async def _keepalive(self, position: int | None) -> None:
         if (message := self.wire.keepalive(position)) is not None:

@@ -72,6 +72,15 @@ class Restart:
 
 
 @dataclasses.dataclass(frozen=True)
+class ResumeCall:
+    """The opening resumes a paused conversation by its ``token`` (``settings_given``: it also named settings,
+    which a resume ignores: the conversation keeps its own)."""
+
+    token: str
+    settings_given: bool
+
+
+@dataclasses.dataclass(frozen=True)
 class Hangup:
     """The caller hung up (a carrier's ``stop``): the session ends at once, normally, with nothing flushed, and
     its slot is given back (outcome ``hangup``)."""
@@ -141,6 +150,12 @@ class WireProtocol(abc.ABC):
 
     subprotocol: str | None = None  # the WebSocket subprotocol to accept, if any
     caller: TranscriptReader | None = None  # the caller's words, read as frames are encoded (see hear)
+    resumable: ClassVar[bool] = False  # it delivers a resume token, so a dropped connection pauses the call
+
+    def offer_resume(self, token: str, *, resumed: ResumeCall | None = None) -> None:
+        """The token that resumes this conversation (``resumable`` protocols send it with their ``ready``;
+        ``resumed``: this connection resumed it).  Only a ``resumable`` protocol is offered one."""
+        raise NotImplementedError(f"the {self.name} protocol delivers no resume token")
 
     def hear(self, caller: TranscriptReader) -> None:
         """The session core's caller words (:class:`~._transcript.CallerTranscript`): an adapter that sends them
@@ -222,7 +237,7 @@ class OpensWithMessage(WireProtocol):
     opening_hint: ClassVar[str] = ""  # what the opening should be, for the timeout's error
 
     @abc.abstractmethod
-    def opening(self, query: bytes, message: bytes | str) -> Conversation | Replies | Hangup:
+    def opening(self, query: bytes, message: bytes | str) -> Conversation | ResumeCall | Replies | Hangup:
         """One message of the opening (with the query string): the conversation, or replies and wait for more,
         or the end of the call before it began."""
 

@@ -116,7 +116,9 @@ async def test_flush_with_a_full_output_queue_ends_with_done_after_what_survived
 async def test_a_client_that_never_reads_again_is_dropped_after_the_client_timeout(
     nursery, autojump_clock, monkeypatch
 ):
-    host = await running_host(monkeypatch, nursery, slots=1, output_backlog_seconds=0.16, client_timeout=3)
+    host = await running_host(
+        monkeypatch, nursery, slots=1, output_backlog_seconds=0.16, client_timeout=3, resume_seconds=0
+    )
     run = await start_session(nursery, host, "raw")
     run.ws.client_send(OPEN)
     await run.ws.wait_for(of_type("ready"))
@@ -137,7 +139,7 @@ async def test_a_client_that_never_reads_again_is_dropped_after_the_client_timeo
 async def test_a_client_that_vanishes_in_any_phase_frees_everything(
     nursery, autojump_clock, phase, protocol, monkeypatch
 ):
-    host = await running_host(monkeypatch, nursery, slots=1, model="echo:prompt=50")
+    host = await running_host(monkeypatch, nursery, slots=1, model="echo:prompt=50", resume_seconds=0)
     blocker = None
     if phase == "queued":
         blocker = await start_session(nursery, host, "raw")
@@ -344,6 +346,7 @@ def test_every_outcome_keeps_its_label_and_has_its_close_code():
         "engine_error",
         "engine_stalled",
         "internal_error",
+        "taken_over",
         "shutdown",
         "draining",
     }

@@ -49,7 +49,8 @@ async def test_a_program_waits_in_queue_on_websocket_pings_alone(virtual_server,
 
 
 async def test_raw_queue_reports_positions(virtual_server, autojump_clock):
-    handle = await virtual_server(slots=1, keepalive_interval=0.1)
+    # (resume_seconds=0: a raw call whose socket closes without its "close" is over at once, not paused)
+    handle = await virtual_server(slots=1, keepalive_interval=0.1, resume_seconds=0)
     async with handle.open_websocket(handle.ws_url + "/v1/audio/duplex") as first:
         await raw_open(first)
         async with handle.open_websocket(handle.ws_url + "/v1/audio/duplex") as second:
