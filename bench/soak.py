@@ -6,7 +6,8 @@ Usage (from the repository root)::
     python bench/soak.py --clients 6 --duration 50 --warmup 20              # the CI check's size
 
 Starts ``pplex-trio serve --model echo`` with fewer slots than clients (so
-some wait in the queue) and a short ``--client-timeout``.  Each client loops:
+some wait in the queue), a short ``--client-timeout`` and a short ``--resume-seconds`` (a dropped
+call pauses, holding its slot, then is let go).  Each client loops:
 connect (raw or Moshi, at random), talk 2-20 s at real-time pace, and leave
 in one of the ways a real network has: a clean close, a TCP reset, a reset
 while queued, a reset while its system prompt runs, or it stops reading and
@@ -63,6 +64,7 @@ RESULTS = REPO / "bench" / "results"
 EXITS = ("clean", "clean", "reset", "mid_queue", "mid_prefill", "stop_reading")
 PATHS = {"raw": "/v1/audio/duplex", "moshi": "/api/chat?voice_prompt=NATF0.pt"}
 CLIENT_TIMEOUT = 5.0
+RESUME_SECONDS = 2.0  # a dropped call is paused this long (--resume-seconds), then let go: both within the churn
 STEADY_TAG = 2**20  # the steady conversation's frame n starts with the sample n / STEADY_TAG
 
 
@@ -330,7 +332,8 @@ async def run(
             for i in range(args.clients):
                 clients.start_soon(churner, port, end, random.Random(args.seed + i), pages, tally)
                 await trio.sleep(0.1)
-        await trio.sleep(CLIENT_TIMEOUT + 2)  # the server lets go of the last ones it gave up on
+        # The server lets go of the last ones it gave up on, and their paused slots' resume windows lapse.
+        await trio.sleep(CLIENT_TIMEOUT + RESUME_SECONDS + 2)
         nursery.cancel_scope.cancel()
     idle_after = await trio.to_thread.run_sync(server_sample, server, port, started)
     return samples, tally, idle_before, idle_after
@@ -435,6 +438,8 @@ def main() -> int:
             str(args.clients),
             "--client-timeout",
             str(CLIENT_TIMEOUT),
+            "--resume-seconds",
+            str(RESUME_SECONDS),
         ]
     )
     port = int(server.address.rsplit(":", 1)[1])
