@@ -131,7 +131,7 @@ class HearingServer:
 
 
 @pytest.fixture(scope="session")
-def hearing_server() -> Iterator[HearingServer]:
+def _hearing_running() -> Iterator[object]:
     """The echo engine with a scripted transcriber, on a real loopback socket (its Trio on a thread of its own).
 
     The command line's echo transcribes nothing (``--transcribe`` is for the real model and ``tiny``); its
@@ -140,6 +140,21 @@ def hearing_server() -> Iterator[HearingServer]:
     from _helpers.browser import ThreadServer
     from pplex_trio.server import ServerSettings
 
+    engine = EchoEngine(2, transcript=lambda frame, pcm: (HEARD.get(frame), None))
+    running = ThreadServer(ServerSettings(host="127.0.0.1", port=0, slots=2), engine).start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def hearing_server(_hearing_running) -> Iterator[HearingServer]:
+    """The hearing server, with what ``pplex_trio`` logged at WARNING and up during this test only.
+
+    The server lives for the session, but the capture is the test's: other tests in this process
+    log on purpose (a compile check made to fail, say), and their lines are not this server's.
+    """
     problems: list[str] = []
 
     class Problems(logging.Handler):
@@ -148,12 +163,9 @@ def hearing_server() -> Iterator[HearingServer]:
 
     handler = Problems(logging.WARNING)
     logging.getLogger("pplex_trio").addHandler(handler)
-    engine = EchoEngine(2, transcript=lambda frame, pcm: (HEARD.get(frame), None))
-    running = ThreadServer(ServerSettings(host="127.0.0.1", port=0, slots=2), engine).start()
     try:
-        yield HearingServer(running, problems)
+        yield HearingServer(_hearing_running, problems)
     finally:
-        running.stop()
         logging.getLogger("pplex_trio").removeHandler(handler)
 
 
