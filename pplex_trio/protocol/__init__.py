@@ -23,7 +23,15 @@ from ._audio import Encoding, SampleFormat
 from ._errors import CloseCode, EventError, ProtocolError
 from ._live_events import LiveEvents
 from ._openai_events import AudioAppend, ClientEvent
-from ._params import conversation_from_params, parse_query, persona_text, temperature, voice_choice, voice_name
+from ._params import (
+    SETTING_NAMES,
+    conversation_from_params,
+    parse_query,
+    persona_text,
+    temperature,
+    voice_choice,
+    voice_name,
+)
 from ._realtime import (
     AudioFormat,
     Dialect,
@@ -55,6 +63,7 @@ __all__ = [
     # a conversation's settings, and what a bad one is told
     "CloseCode",
     "ProtocolError",
+    "SETTING_NAMES",
     "conversation_from_params",
     "parse_query",
     "persona_text",

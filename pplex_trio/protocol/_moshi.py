@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 
 from ._errors import CloseCode, ProtocolError
 
@@ -25,6 +26,8 @@ class Kind(enum.IntEnum):
     PING = 0x06
     COLORED_TEXT = 0x07  # Kyutai's client only; the PersonaPlex client throws on it
     CALLER_TEXT = 0x10  # pplex-trio's own, only to a client that asked (?transcribe_caller=1): the caller's words
+    RESUME = 0x11  # pplex-trio's own, only to a client that asked (?resumable=1): JSON with the resume token
+    HANGUP = 0x12  # pplex-trio's own, client → server: the call is over (not a dropped connection to resume)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,13 +38,18 @@ class AudioReceived:
 
 
 @dataclasses.dataclass(frozen=True)
+class HangupReceived:
+    """``0x12``: the client ends the call for good (a resumable call is not paused for it)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class Ignored:
     """A well-formed message the server does not act on (control, ping, unknown kinds)."""
 
     kind: int
 
 
-ClientEvent = AudioReceived | Ignored
+ClientEvent = AudioReceived | HangupReceived | Ignored
 
 
 def parse_client_message(message: bytes | str | None) -> ClientEvent:
@@ -62,6 +70,8 @@ def parse_client_message(message: bytes | str | None) -> ClientEvent:
     kind = message[0]
     if kind == Kind.AUDIO:
         return AudioReceived(bytes(message[1:]))
+    if kind == Kind.HANGUP:
+        return HangupReceived()
     return Ignored(kind)
 
 
@@ -83,6 +93,19 @@ def text(piece: str) -> bytes:
 def caller_text(piece: str) -> bytes:
     """The server frame carrying one piece of the caller's words, UTF-8 (pplex-trio's kind, asked for)."""
     return bytes([Kind.CALLER_TEXT]) + piece.encode("utf-8")
+
+
+def resume(token: str, *, resumed: bool = False, notice: str | None = None) -> bytes:
+    """The server frame carrying the token that resumes this call, as UTF-8 JSON ``{"token": ...}`` (with
+    ``"resumed": true`` on a connection that resumed it, and ``"notice"`` when the client should know something)."""
+    extra = {"resumed": resumed or None, "notice": notice}
+    body = {"token": token, **{k: v for k, v in extra.items() if v is not None}}
+    return bytes([Kind.RESUME]) + json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def hangup() -> bytes:
+    """The client frame that ends the call for good (``0x12``, no payload)."""
+    return bytes([Kind.HANGUP])
 
 
 def error(message: str) -> bytes:

@@ -74,6 +74,14 @@ def conversation_from_params(
     return Conversation(persona=persona, voice=voice, sampling=sampling)
 
 
+# Every name :func:`conversation_from_params` reads (a resume, which keeps the call's own, says it ignored them).
+SETTING_NAMES = frozenset(
+    {"seed", "text_seed", "audio_seed", "text_temperature", "text_topk", "audio_temperature", "audio_topk"}
+    | {"pad_mult", "repetition_penalty_context", "repetition_penalty", "text_prompt", "persona"}
+    | {"voice_prompt", "voice"}
+)
+
+
 # -- each setting, checked once for every protocol (Realtime's session.update included) ---------
 
 

@@ -48,3 +48,10 @@ def test_server_messages_have_the_official_layout():
 
 def test_server_audio_round_trips_through_the_client_parser():
     assert moshi.parse_client_message(moshi.audio(b"pages")) == moshi.AudioReceived(b"pages")
+
+
+def test_0x12_is_the_clients_hangup_and_0x11_carries_the_resume_token_as_json():
+    assert moshi.parse_client_message(b"\x12") == moshi.HangupReceived()
+    assert moshi.hangup() == b"\x12"
+    assert moshi.resume("tok") == b'\x11{"token":"tok"}'
+    assert moshi.resume("tok", resumed=True, notice="né") == b'\x11{"token":"tok","resumed":true,"notice":"n\xc3\xa9"}'

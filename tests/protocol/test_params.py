@@ -170,3 +170,26 @@ def test_an_added_voice_is_a_voice_and_a_listed_one_is_taken():
     c = conversation_from_params({"voice_prompt": " Mine.pt "}, max_prompt_chars=50, voices=["Mine.pt"])
     assert c.voice == "Mine.pt"
     assert conversation_from_params({"voice": "Any.pt"}, max_prompt_chars=50).voice == "Any.pt"  # (unchecked)
+
+
+def test_setting_names_are_every_name_the_validator_reads():
+    """What a Moshi resume reports as ignored settings: exactly the names :func:`conversation_from_params` looks at."""
+    from pplex_trio.protocol import SETTING_NAMES
+
+    read: set[str] = set()
+
+    class Watched(dict):
+        def get(self, key, default=None):
+            read.add(key)
+            return super().get(key, default)
+
+        def __getitem__(self, key):
+            read.add(key)
+            return super().__getitem__(key)
+
+        def __contains__(self, key):
+            read.add(key)
+            return super().__contains__(key)
+
+    conversation_from_params(Watched(), max_prompt_chars=100)
+    assert read == SETTING_NAMES

@@ -11,6 +11,10 @@ connection alive instead.  Audio is Ogg Opus at
 process or the event loop, ``_encoders.py``).  A client that asks with
 ``?transcribe_caller=1`` (a server with ``--transcribe``) also gets the caller's
 words, kind ``0x10``, pplex-trio's own: the official clients never see it.
+A client that asks with ``?resumable=1`` gets a resume token (``0x11``, right
+after ``0x00``): a dropped connection then pauses its call, which
+``?resume=TOKEN`` takes up again, and it hangs up for good with ``0x12``.
+Without it a disconnect ends the call, as the official client expects.
 See ``docs/PROTOCOL.md``.
 """
 
@@ -25,12 +29,14 @@ import sphn
 
 from ..._conversation import SAMPLE_RATE, CloseCode, Conversation
 from ...engine import OutputFrame
-from ...protocol import ProtocolError, conversation_from_params, moshi, parse_query
+from ...protocol import SETTING_NAMES, ProtocolError, conversation_from_params, moshi, parse_query
 from .._encoders import Encoders
 from ._transcript import NO_TRANSCRIBER, HeardPiece
-from ._wire import InputAudio, InputEvent, Message, OpensWithQuery
+from ._wire import IGNORED_ON_RESUME, Hangup, InputAudio, InputEvent, Message, OpensWithQuery, ResumeCall
 
 TRANSCRIBE_CALLER = "transcribe_caller"  # the query parameter that asks for the caller's words (0x10)
+RESUMABLE = "resumable"  # the query parameter that asks for a resume token (0x11)
+RESUME = "resume"  # the query parameter that resumes a paused call with its token
 
 
 class MoshiProtocol(OpensWithQuery):
@@ -55,15 +61,25 @@ class MoshiProtocol(OpensWithQuery):
         self._reader = sphn.OpusStreamReader(SAMPLE_RATE)  # ~0.07 ms of CPU a page
         self._stream: Any = None  # this conversation's encoder stream, while the send task runs
         self._send_caller = False  # the client asked for the caller's words (0x10)
+        self._token: str | None = None  # the resume token for the 0x11 that follows the handshake
+        self._resumed: ResumeCall | None = None
 
-    def conversation(self, query: bytes) -> Conversation:
+    def conversation(self, query: bytes) -> Conversation | ResumeCall:
         params = parse_query(query)
-        asked = params.pop(TRANSCRIBE_CALLER, "0")
-        if asked not in ("0", "1"):
-            raise ProtocolError(f"{TRANSCRIBE_CALLER} must be 0 or 1, got {asked!r}", CloseCode.POLICY)
-        if asked == "1" and not (self.caller is not None and self.caller.enabled):
+        asked = bool(_flag(params, TRANSCRIBE_CALLER))
+        if asked and not (self.caller is not None and self.caller.enabled):
             raise ProtocolError(f"{NO_TRANSCRIBER}, or leave out {TRANSCRIBE_CALLER}", CloseCode.POLICY)
-        self._send_caller = asked == "1"
+        self._send_caller = asked
+        resumable = _flag(params, RESUMABLE, None)
+        if RESUME in params:
+            token = params.pop(RESUME)
+            if not token:
+                raise ProtocolError(f"{RESUME} must be the token a 0x11 message gave", CloseCode.POLICY)
+            if resumable is False:
+                raise ProtocolError(f"a resumed call stays resumable: leave out {RESUMABLE}=0", CloseCode.POLICY)
+            self.resumable = True  # (a new token follows its handshake)
+            return ResumeCall(token, settings_given=not SETTING_NAMES.isdisjoint(params))
+        self.resumable = bool(resumable)
         return conversation_from_params(
             params,
             max_prompt_chars=self._max_prompt_chars,
@@ -74,6 +90,8 @@ class MoshiProtocol(OpensWithQuery):
         event = moshi.parse_client_message(message)
         if isinstance(event, moshi.AudioReceived) and event.ogg:
             return InputAudio(event.ogg)
+        if isinstance(event, moshi.HangupReceived):
+            return Hangup()  # (from any client: the call ends at once, not paused)
         return None
 
     def decode(self, payloads: list[Any]) -> list[np.ndarray]:
@@ -89,8 +107,15 @@ class MoshiProtocol(OpensWithQuery):
         # Queued or preparing alike: the official client has no queue message.
         return moshi.ping() if self._pings else None
 
+    def offer_resume(self, token: str, *, resumed: ResumeCall | None = None) -> None:
+        self._token, self._resumed = token, resumed
+
     def ready(self) -> list[Message]:
-        return [moshi.handshake()]
+        if self._token is None:  # (not asked for, or the server's resuming is off)
+            return [moshi.handshake()]
+        resumed = self._resumed
+        notice = IGNORED_ON_RESUME if resumed is not None and resumed.settings_given else None
+        return [moshi.handshake(), moshi.resume(self._token, resumed=resumed is not None, notice=notice)]
 
     @contextlib.contextmanager
     def output_stream(self) -> Iterator[None]:
@@ -115,3 +140,13 @@ class MoshiProtocol(OpensWithQuery):
 
     def error(self, message: str, code: int) -> Message:
         return moshi.error(message)
+
+
+def _flag(params: dict[str, str], name: str, default: bool | None = False) -> bool | None:
+    """The query's ``0`` or ``1`` for ``name`` (taken out of ``params``), or ``default`` when it is absent."""
+    value = params.pop(name, None)
+    if value is None:
+        return default
+    if value not in ("0", "1"):
+        raise ProtocolError(f"{name} must be 0 or 1, got {value!r}", CloseCode.POLICY)
+    return value == "1"

@@ -80,6 +80,12 @@ class ResumeCall:
     settings_given: bool
 
 
+# What a resumed connection is told when its opening named settings.
+IGNORED_ON_RESUME = (
+    "a resumed call keeps its persona, voice and sampling: the settings sent with the resume were ignored"
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Hangup:
     """The caller hung up (a carrier's ``stop``): the session ends at once, normally, with nothing flushed, and
@@ -150,7 +156,9 @@ class WireProtocol(abc.ABC):
 
     subprotocol: str | None = None  # the WebSocket subprotocol to accept, if any
     caller: TranscriptReader | None = None  # the caller's words, read as frames are encoded (see hear)
-    resumable: ClassVar[bool] = False  # it delivers a resume token, so a dropped connection pauses the call
+    # It delivers a resume token, so a dropped connection pauses the call (a protocol's own, or, where the client
+    # opts in, the connection's: the adapter sets it from the opening).
+    resumable: bool = False
 
     def offer_resume(self, token: str, *, resumed: ResumeCall | None = None) -> None:
         """The token that resumes this conversation (``resumable`` protocols send it with their ``ready``;
@@ -227,8 +235,8 @@ class OpensWithQuery(WireProtocol):
     """A protocol whose conversation's settings are in the URL's query (Moshi): the session is admitted at once."""
 
     @abc.abstractmethod
-    def conversation(self, query: bytes) -> Conversation:
-        """The conversation's settings from the query string."""
+    def conversation(self, query: bytes) -> Conversation | ResumeCall:
+        """The conversation's settings from the query string, or the paused conversation it resumes."""
 
 
 class OpensWithMessage(WireProtocol):
