@@ -275,3 +275,4 @@ def test_the_access_log_masks_every_token_parameter_and_nothing_else():
 
     assert masked_query(b"token=abc") == "token=***"
     assert masked_query(b"a=1&token=abc%20d&b=token=y&xtoken=z&token=") == "a=1&token=***&b=token=y&xtoken=z&token=***"
+    assert masked_query(b"resume=abc&resumable=1&token=t") == "resume=***&resumable=1&token=***"  # (a resume token)
