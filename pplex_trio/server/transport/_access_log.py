@@ -21,7 +21,8 @@ _TOKEN_VALUE = re.compile(rb"(^|&)((?:token|resume)=)[^&]*")
 
 
 def masked_query(query: bytes) -> str:
-    """``query`` with the values of ``token=`` and ``resume=`` replaced by ``***`` (as sent otherwise, percent-escapes and all)."""
+    """``query`` with the values of ``token=`` and ``resume=`` replaced by ``***`` (as sent otherwise,
+    percent-escapes and all)."""
     return _TOKEN_VALUE.sub(rb"\1\2***", query).decode("latin-1")
 
 
