@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import trio
 
 from .._version import __version__
+from ..client import RECONNECT_SECONDS
 from ._fit import add_arguments as add_fit_arguments
 from ._offline import add_arguments as add_offline_arguments
 from ._quantize import add_compare_arguments, add_quantize_arguments, run_compare, run_quantize
@@ -80,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_seconds,
         default=30.0,
         help="give up on a call once the server has sent nothing for this many seconds (default 30)",
+    )
+    client.add_argument(
+        "--reconnect-seconds",
+        type=_seconds,
+        default=RECONNECT_SECONDS,
+        help="when the connection drops mid-call, reconnect with backoff for this many seconds and resume the "
+        "call (raw, moshi; the input that fell in the outage is not sent, and the answer has silence there); "
+        "0: never (default 20, the server's --resume-seconds)",
     )
     add_reach_arguments(client)
 
@@ -267,11 +276,22 @@ async def client_main(args: argparse.Namespace) -> int:
             token=token,
             ssl_context=context,
             idle_timeout=args.timeout,
+            reconnect_seconds=args.reconnect_seconds,
         )
     except (ClientError, Refused, OSError) as exc:  # (OSError: the input file)
         logger.error("%s", exc)
         return 1
     return 0
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
 
 
 def _positive_seconds(text: str) -> float:

@@ -18,6 +18,7 @@ from .._conversation import SAMPLE_RATE
 from ._ws import Refused, open_websocket, transport_ending
 
 IDLE_TIMEOUT = 30.0  # seconds the server may send nothing before the client gives up on the call
+LOST = "the connection was lost"  # what a call is told when its connection ends with no word from the server
 
 
 @dataclasses.dataclass
@@ -27,6 +28,7 @@ class ClientResult:
     pcm: np.ndarray  # agent audio, float32, same length as the input
     text: list[dict[str, Any]]  # [{"time": seconds, "text": piece}]
     close_code: int | None = None
+    outage: float = 0.0  # seconds of silence in ``pcm`` where the connection was lost (the call resumed)
 
 
 class ClientError(Exception):
@@ -36,14 +38,18 @@ class ClientError(Exception):
 class CallFailed(ClientError):
     """The call could not start, or ended before its answer was complete: ``what`` happened (``detail``: why),
     ``seconds`` after the streaming began (None: it never began), and ``result``, what had been received (its
-    audio as long as what came, not padded).  :func:`run_client` sets ``wrote`` once it has written that."""
+    audio as long as what came, not padded).  :func:`run_client` sets ``wrote`` once it has written that.
+    ``dropped``: the connection was lost (or went silent) with no word from the server, so resuming may help."""
 
-    def __init__(self, what: str, detail: str | None, seconds: float | None, result: ClientResult):
+    def __init__(
+        self, what: str, detail: str | None, seconds: float | None, result: ClientResult, *, dropped: bool = False
+    ):
         super().__init__(what)
         self.what = what
         self.detail = detail
         self.seconds = seconds
         self.result = result
+        self.dropped = dropped
         self.wrote: str | None = None
 
     def __str__(self) -> str:
@@ -65,6 +71,7 @@ class Answer:
         self.samples = 0
         self.since: float | None = None  # when the streaming began (the handshake is over)
         self.ended: float | None = None  # when the call ended (or failed)
+        self.outage = 0  # samples of silence filled in where the connection was lost
 
     def begin(self) -> None:
         """The handshake is over: the streaming (and the call's clock) begins now."""
@@ -83,13 +90,21 @@ class Answer:
         """The agent's next text piece, stamped with the audio received so far."""
         self.text.append({"time": round(self.samples / SAMPLE_RATE, 3), "text": text})
 
+    def fill_until(self, samples: int) -> None:
+        """The call resumed after an outage: silence up to ``samples``, so what follows keeps its time."""
+        missing = min(samples, self.length) - self.samples
+        if missing > 0:
+            self.audio(np.zeros(missing, np.float32))
+            self.outage += missing
+
     def complete(self) -> ClientResult:
         """The answer of a call that ended well: its audio as long as the input."""
-        return ClientResult(_fit(self.chunks, self.length), self.text)
+        return ClientResult(_fit(self.chunks, self.length), self.text, outage=self.outage / SAMPLE_RATE)
 
     def partial(self) -> ClientResult:
         """What came before the call failed: its audio as long as what came, not padded."""
-        return ClientResult(_fit(self.chunks, min(self.samples, self.length)), self.text)
+        samples = min(self.samples, self.length)
+        return ClientResult(_fit(self.chunks, samples), self.text, outage=self.outage / SAMPLE_RATE)
 
 
 class CallLine:
@@ -139,9 +154,11 @@ async def open_call(url: str, answer: Answer, idle: float, connect: dict[str, An
                     answer.end()  # (before the WebSocket's close, which may wait)
     except* _CALL_ERRORS as group:
         what, detail = _explain_end(_leaves(group), answer, transport_ending(line.ws) if line else None)
-        raise CallFailed(what, detail, _seconds(answer), answer.partial()) from None
+        dropped = what == LOST and answer.since is not None
+        raise CallFailed(what, detail, _seconds(answer), answer.partial(), dropped=dropped) from None
     if silence.cancelled_caught:
-        raise CallFailed(f"the server sent nothing for {idle:g} s", None, _seconds(answer), answer.partial())
+        what = f"the server sent nothing for {idle:g} s"
+        raise CallFailed(what, None, _seconds(answer), answer.partial(), dropped=answer.since is not None)
 
 
 def _seconds(answer: Answer) -> float | None:
@@ -182,11 +199,11 @@ def _explain_end(leaves: list[BaseException], answer: Answer, ending: str | None
         if isinstance(leaf, (trio.TooSlowError, HandshakeError)):
             return "the server did not complete the TLS or WebSocket handshake in time", None
     if ending is not None or any(isinstance(leaf, ConnectionClosed) for leaf in leaves):
-        return "the connection was lost", ending or "closed without a WebSocket close"
+        return LOST, ending or "closed without a WebSocket close"
     for leaf in leaves:
         if isinstance(leaf, OSError) and not started:
             return "could not connect to the server", str(leaf) or type(leaf).__name__
-    return "the connection was lost", str(leaves[0]) or type(leaves[0]).__name__
+    return LOST, str(leaves[0]) or type(leaves[0]).__name__
 
 
 def _fit(chunks: list[np.ndarray], length: int) -> np.ndarray:

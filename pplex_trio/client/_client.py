@@ -28,7 +28,8 @@ import trio
 from .._conversation import FRAME_SECONDS, FRAME_SIZE, SAMPLE_RATE
 from ..codec import pcm16_decode, pcm16_encode
 from ..protocol import moshi
-from ._call import IDLE_TIMEOUT, Answer, CallFailed, ClientError, ClientResult, open_call
+from ._call import IDLE_TIMEOUT, Answer, CallFailed, CallLine, ClientError, ClientResult, open_call
+from ._resume import RECONNECT_SECONDS, ResumableCall, resuming_call
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,13 @@ def conversation_url(base: str, protocol: str, params: dict[str, str]) -> str:
     return urllib.parse.urlunsplit((scheme, parts.netloc, path, query, ""))
 
 
+def _with_query(url: str, params: dict[str, str], *, keep: bool = True) -> str:
+    """``url`` with ``params`` added to its query (``keep=False``: instead of it)."""
+    parts = urllib.parse.urlsplit(url)
+    query = "&".join(q for q in (parts.query if keep else "", urllib.parse.urlencode(params)) if q)
+    return urllib.parse.urlunsplit(parts._replace(query=query))
+
+
 def read_wav(path: str | pathlib.Path) -> np.ndarray:
     """Mono float32 at 24 kHz (resampled and downmixed if needed)."""
     data, _ = sphn.read(str(path), sample_rate=SAMPLE_RATE)
@@ -61,16 +69,33 @@ def read_wav(path: str | pathlib.Path) -> np.ndarray:
 
 
 async def stream_moshi(
-    url: str, pcm: np.ndarray, *, tail_seconds: float = 2.0, idle_timeout: float = IDLE_TIMEOUT, **connect: Any
+    url: str,
+    pcm: np.ndarray,
+    *,
+    tail_seconds: float = 2.0,
+    idle_timeout: float = IDLE_TIMEOUT,
+    reconnect_seconds: float = 0.0,
+    **connect: Any,
 ) -> ClientResult:
-    """``connect``: :func:`open_websocket`'s ``ssl_context`` and ``token``; :class:`CallFailed` for an abnormal end
-    (``idle_timeout``: seconds the server may send nothing)."""
-    writer, reader = sphn.OpusStreamWriter(SAMPLE_RATE), sphn.OpusStreamReader(SAMPLE_RATE)
+    """``url``: with its query's settings; ``connect``: :func:`open_websocket`'s ``ssl_context`` and ``token``;
+    :class:`CallFailed` for an abnormal end (``idle_timeout``: seconds the server may send nothing).
+    ``reconnect_seconds`` above 0 asks for a resume token (``resumable=1``) and resumes a dropped call with it
+    (``_resume.py``); the call then ends with a hang-up (``0x12``), not a mere close, which would pause it."""
     answer = Answer(pcm.size)
-    async with open_call(url, answer, idle_timeout, connect) as ws:
+    frames = _frames(pcm)
+    resumable = reconnect_seconds > 0
+
+    def address(call: ResumableCall) -> str:
+        if call.resuming:
+            return _with_query(url, {"resume": call.token or ""}, keep=False)  # (the call keeps its settings)
+        return _with_query(url, {"resumable": "1"}) if resumable else url
+
+    async def leg(ws: CallLine, call: ResumableCall) -> None:
+        writer, reader = sphn.OpusStreamWriter(SAMPLE_RATE), sphn.OpusStreamReader(SAMPLE_RATE)  # (streams anew)
         await _wait_moshi_handshake(ws)
-        answer.begin()
-        logger.info("handshake received; streaming %.1f s of audio", pcm.size / SAMPLE_RATE)
+        first = call.started()
+        if first == 0:
+            logger.info("handshake received; streaming %.1f s of audio", pcm.size / SAMPLE_RATE)
         done = trio.Event()
 
         async def receive() -> None:
@@ -87,29 +112,32 @@ async def stream_moshi(
                             done.set()
                 elif kind == moshi.Kind.TEXT:
                     answer.piece(payload.decode("utf-8"))
+                elif kind == moshi.Kind.RESUME:
+                    call.token = json.loads(payload)["token"]
                 elif kind == moshi.Kind.ERROR:
                     raise ClientError(payload.decode("utf-8", errors="replace"))
 
         async def send() -> None:
-            frames = _frames(pcm)
-            deadline = trio.current_time()
-            for frame in frames:
-                await ws.send_message(moshi.audio(writer.append_pcm(frame)))
-                deadline += FRAME_SECONDS
-                await trio.sleep_until(deadline)
+            for index in range(first, len(frames)):
+                await ws.send_message(moshi.audio(writer.append_pcm(frames[index])))
+                await trio.sleep_until(call.deadline(index + 1))
             # Keep the stream alive with silence until the answer is complete.
             silence = np.zeros(FRAME_SIZE, dtype=np.float32)
+            index = max(first, len(frames))
             with trio.move_on_after(tail_seconds):
                 while not done.is_set():
                     await ws.send_message(moshi.audio(writer.append_pcm(silence)))
-                    deadline += FRAME_SECONDS
-                    await trio.sleep_until(deadline)
+                    index += 1
+                    await trio.sleep_until(call.deadline(index))
             done.set()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(send)
             nursery.start_soon(_until, done, receive)
-    return answer.complete()
+        if resumable:
+            await ws.send_message(moshi.hangup())  # the call is over: not a drop to pause it for
+
+    return await resuming_call(leg, answer, address, idle_timeout, dict(connect), reconnect_seconds)
 
 
 async def stream_raw(
@@ -119,32 +147,35 @@ async def stream_raw(
     *,
     tail_seconds: float = 2.0,
     idle_timeout: float = IDLE_TIMEOUT,
+    reconnect_seconds: float = 0.0,
     **connect: Any,
 ) -> ClientResult:
     """The raw duplex protocol: ``params`` in the open message, float32 PCM at 24 kHz both ways, paced in real time;
-    :class:`CallFailed` on an error event or an abnormal end (a close before ``done``).
+    :class:`CallFailed` on an error event or an abnormal end (a close before ``done``).  ``reconnect_seconds``
+    above 0: a dropped call is resumed with the token of its last ``ready`` (``_resume.py``).
     """
     answer = Answer(pcm.size)
-    async with open_call(url, answer, idle_timeout, connect) as ws:
-        await ws.send_message(json.dumps({"type": "open", **params}))
+    # Real-time pacing, then a tail of silence so delayed output can come out.
+    frames = _frames(np.concatenate([pcm, np.zeros(int(tail_seconds * SAMPLE_RATE), np.float32)]))
+
+    async def leg(ws: CallLine, call: ResumableCall) -> None:
+        opening = {"resume": call.token} if call.resuming else params
+        await ws.send_message(json.dumps({"type": "open", **opening}))
         while True:
             message = await ws.get_message()
             if isinstance(message, str):
                 event = json.loads(message)
                 if event.get("type") == "ready":
+                    call.token = event.get("resume")
                     break
                 if event.get("type") == "error":
                     raise ClientError(event.get("error", "error"))
-        answer.begin()
-        # Real-time pacing, then a tail of silence so delayed output can come out.
-        padded = np.concatenate([pcm, np.zeros(int(tail_seconds * SAMPLE_RATE), np.float32)])
+        first = call.started()
 
         async def send() -> None:
-            deadline = trio.current_time()
-            for frame in _frames(padded):
-                await ws.send_message(frame.astype("<f4").tobytes())
-                deadline += FRAME_SECONDS
-                await trio.sleep_until(deadline)
+            for index in range(first, len(frames)):
+                await ws.send_message(frames[index].astype("<f4").tobytes())
+                await trio.sleep_until(call.deadline(index + 1))
             await ws.send_message(json.dumps({"type": "close"}))
 
         async with trio.open_nursery() as nursery:
@@ -162,7 +193,8 @@ async def stream_raw(
                 elif event.get("type") == "done":
                     break
             nursery.cancel_scope.cancel()
-    return answer.complete()
+
+    return await resuming_call(leg, answer, lambda call: url, idle_timeout, dict(connect), reconnect_seconds)
 
 
 async def stream_realtime(
@@ -260,15 +292,18 @@ async def run_client(
     token: str | None = None,
     ssl_context: ssl.SSLContext | None = None,
     idle_timeout: float = IDLE_TIMEOUT,
+    reconnect_seconds: float = RECONNECT_SECONDS,
 ) -> ClientResult:
-    """``token``: the server's access token (sent as a Bearer header); ``ssl_context``: for ``wss://``.
+    """``token``: the server's access token (sent as a Bearer header); ``ssl_context``: for ``wss://``;
+    ``reconnect_seconds``: how long a dropped call is tried again and resumed (raw and Moshi; 0: never).
 
     A call that ends abnormally raises :class:`CallFailed`, after writing what it had received (if the streaming
     had begun) to the same files; its message says what happened and what was written.
     """
     pcm = read_wav(input_wav)
     try:
-        result = await _converse(url, pcm, protocol, persona, voice, extra, token, ssl_context, idle_timeout)
+        connect = _Connect(token=token, ssl_context=ssl_context, idle_timeout=idle_timeout)
+        result = await _converse(url, pcm, protocol, persona, voice, extra, connect, reconnect_seconds)
     except CallFailed as failed:
         if failed.seconds is not None:
             failed.wrote = _write(failed.result, output_wav, text_json)
@@ -280,7 +315,8 @@ async def run_client(
 def _write(result: ClientResult, output_wav: str | pathlib.Path, text_json: str | pathlib.Path | None) -> str:
     """Write the answer; what was written, in words."""
     sphn.write_wav(str(output_wav), result.pcm, SAMPLE_RATE)
-    written = f"{output_wav} ({result.pcm.size / SAMPLE_RATE:.1f} s)"
+    outage = f", {result.outage:.1f} s of it silence where the connection was lost" if result.outage else ""
+    written = f"{output_wav} ({result.pcm.size / SAMPLE_RATE:.1f} s{outage})"
     if text_json is None:
         return written
     pathlib.Path(text_json).write_text(json.dumps(result.text, ensure_ascii=False, indent=1) + "\n")
@@ -295,22 +331,22 @@ async def _converse(
     persona: str | None,
     voice: str | None,
     extra: dict[str, str] | None,
-    token: str | None,
-    ssl_context: ssl.SSLContext | None,
-    idle_timeout: float,
+    connect: _Connect,
+    reconnect_seconds: float,
 ) -> ClientResult:
-    connect = _Connect(token=token, ssl_context=ssl_context, idle_timeout=idle_timeout)
     if protocol == "moshi":
         params = dict(extra or {})
         if persona is not None:
             params["text_prompt"] = persona
         if voice is not None:
             params["voice_prompt"] = voice
-        result = await stream_moshi(conversation_url(url, protocol, params), pcm, **connect)
+        url = conversation_url(url, protocol, params)
+        result = await stream_moshi(url, pcm, reconnect_seconds=reconnect_seconds, **connect)
     elif protocol == "raw":
         params = {k: v for k, v in (("persona", persona), ("voice", voice)) if v is not None}
         params.update(extra or {})
-        result = await stream_raw(conversation_url(url, protocol, {}), pcm, params, **connect)
+        url = conversation_url(url, protocol, {})
+        result = await stream_raw(url, pcm, params, reconnect_seconds=reconnect_seconds, **connect)
     elif protocol == "realtime":
         session: dict[str, Any] = {
             "type": "realtime",
@@ -320,6 +356,7 @@ async def _converse(
             session["instructions"] = persona
         if voice is not None:
             session["audio"]["output"]["voice"] = voice
+        # (its server side cannot resume a call yet: a drop ends it)
         result = await stream_realtime(conversation_url(url, protocol, {}), pcm, session, **connect)
     else:
         raise ValueError(f"unknown protocol {protocol!r}: use moshi, raw or realtime")
