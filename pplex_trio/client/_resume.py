@@ -110,7 +110,7 @@ async def resuming_call(
             if call.dropped_at is None:
                 call.dropped_at, first = trio.current_time(), failed
             elif trio.current_time() - call.dropped_at >= seconds and first is not None:
-                detail = f"{first.detail}; not resumed within {seconds:g} s"
+                detail = "; ".join(d for d in (first.detail, f"not resumed within {seconds:g} s") if d)
                 raise CallFailed(first.what, detail, first.seconds, answer.partial()) from None
 
 
@@ -121,6 +121,7 @@ async def _back_off(call: ResumableCall, first: CallFailed | None, seconds: floa
     await trio.sleep_until(min(trio.current_time() + delay, call.dropped_at + seconds))
     if call.attempts == 1 and first is not None:
         seconds_in = f" {first.seconds:.1f} s into the call" if first.seconds is not None else ""
-        logger.info("%s%s (%s); reconnecting… (attempt 1)", first.what, seconds_in, first.detail)
+        why = f" ({first.detail})" if first.detail else ""
+        logger.info("%s%s%s; reconnecting… (attempt 1)", first.what, seconds_in, why)
     else:
         logger.info("reconnecting… (attempt %d)", call.attempts)
