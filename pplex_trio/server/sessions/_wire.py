@@ -150,12 +150,19 @@ class WireProtocol(abc.ABC):
 
     subprotocol: str | None = None  # the WebSocket subprotocol to accept, if any
     caller: TranscriptReader | None = None  # the caller's words, read as frames are encoded (see hear)
-    resumable: ClassVar[bool] = False  # it delivers a resume token, so a dropped connection pauses the call
+    # It delivers a resume token, so a dropped connection pauses the call (a protocol's own, or, where the client
+    # opts in, the connection's: the adapter sets it from the opening).
+    resumable: bool = False
 
     def offer_resume(self, token: str, *, resumed: ResumeCall | None = None) -> None:
         """The token that resumes this conversation (``resumable`` protocols send it with their ``ready``;
         ``resumed``: this connection resumed it).  Only a ``resumable`` protocol is offered one."""
         raise NotImplementedError(f"the {self.name} protocol delivers no resume token")
+
+    def resumes_from(self, previous: WireProtocol) -> None:
+        """This connection resumed the conversation that ``previous`` (the dropped connection's protocol) spoke:
+        it goes on with what that client was told (a session id, the settings, the audio formats)."""
+        return None  # (nothing, for a protocol whose client was told nothing of its own)
 
     def hear(self, caller: TranscriptReader) -> None:
         """The session core's caller words (:class:`~._transcript.CallerTranscript`): an adapter that sends them
@@ -235,6 +242,11 @@ class OpensWithMessage(WireProtocol):
     """A protocol whose conversation's settings come in the client's first message or messages (the opening)."""
 
     opening_hint: ClassVar[str] = ""  # what the opening should be, for the timeout's error
+
+    def resume_in_url(self, query: bytes) -> ResumeCall | None:
+        """The URL's say, before any message: a resume it asks for by itself (then no opening is read, and no
+        greeting sent), or None to read the opening."""
+        return None
 
     @abc.abstractmethod
     def opening(self, query: bytes, message: bytes | str) -> Conversation | ResumeCall | Replies | Hangup:
