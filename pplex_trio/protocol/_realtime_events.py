@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import secrets
 from typing import Any
 
 from ._errors import EventError
@@ -40,7 +41,7 @@ class ServerEvents:
         self.dialect = dialect
         self.model = model
         self._ids = itertools.count(1)
-        self.session_id = self.new_id("sess")
+        self.session_id = f"sess_{secrets.token_hex(12)}"  # (unique: a resumed session is known by it)
         self.resume_token: str | None = None  # the session object carries it once given (a resumable call)
 
     def carry_on(self, previous: ServerEvents) -> None:

@@ -137,6 +137,8 @@ async def test_realtime_a_reset_call_resumes_with_its_session_and_the_model_wher
     bad.reset()
     await trio.sleep(5)  # the outage, well within the window
     assert (await slots(handle))["held"] == 1
+    async with handle.open_websocket(REALTIME) as other:  # (session ids are unique: the same one says something)
+        assert json.loads(await other.get_message())["session"]["id"] != created["session"]["id"]
     async with handle.open_websocket(REALTIME + "?model=personaplex&resume=" + token) as ws:
         again = Conn(ws.get_message, ws.send_message, REALTIME_EVENT.validate_python)
         created_again = await again.next()
