@@ -32,9 +32,8 @@ from ...engine import OutputFrame
 from ...protocol import AudioAppend, ClientEvent, EventError, LiveEvents, live
 from ._audio_io import AudioIn, AudioOut
 from ._openai import OpenAIProtocol
-from ._raw import IGNORED_ON_RESUME
 from ._transcript import HeardPiece
-from ._wire import EndOfInput, InputAudio, InputEvent, Message, Replies, ResumeCall, WireProtocol
+from ._wire import IGNORED_ON_RESUME, EndOfInput, InputAudio, InputEvent, Message, Replies, ResumeCall, WireProtocol
 
 USAGE_MS = 5_000  # of the session timeline between session.usage.updated events
 

@@ -16,11 +16,7 @@ from ..._conversation import CloseCode, Conversation
 from ...engine import OutputFrame
 from ...protocol import ProtocolError, conversation_from_params, raw
 from ._transcript import HeardPiece
-from ._wire import EndOfInput, InputAudio, InputEvent, Message, OpensWithMessage, ResumeCall
-
-IGNORED_ON_RESUME = (
-    "a resumed call keeps its persona, voice and sampling: the settings sent with the resume were ignored"
-)
+from ._wire import IGNORED_ON_RESUME, EndOfInput, InputAudio, InputEvent, Message, OpensWithMessage, ResumeCall
 
 
 class RawProtocol(OpensWithMessage):

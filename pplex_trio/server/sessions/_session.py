@@ -207,12 +207,11 @@ class Session:
         its model state as the dropped connection left it."""
         try:
             lease, (self.id, previous) = await self.host.actor.resumes.resume(opening.token, self.report.on_frame)
+            if type(previous) is not type(self.wire):  # (a token resumes its call on the endpoint that gave it)
+                lease.end()
+                raise ResumeRefused("refused", f"this resume token is not one of {self.protocol}'s")
         except ResumeRefused as exc:
             self.end(Outcome.BAD_REQUEST, exc.message, code=CloseCode.POLICY)
-            return
-        if type(previous) is not type(self.wire):  # (a token resumes its call on the endpoint that gave it)
-            lease.end()
-            self.end(Outcome.BAD_REQUEST, f"this resume token is not one of {self.protocol}'s", code=CloseCode.POLICY)
             return
         self._resumed = opening
         self.wire.resumes_from(previous)

@@ -1,8 +1,8 @@
 """``--access-log``: one line per request and per WebSocket, with any token masked.
 
 The outermost ASGI middleware, so refusals at the door are logged too.  The
-query is logged with the value of every ``token=`` parameter replaced by
-``***``; headers are never logged (``Authorization`` and the cookie carry the
+query is logged with the value of every ``token=`` and ``resume=`` (a resume
+token) parameter replaced by ``***``; headers are never logged (``Authorization`` and the cookie carry the
 token).
 """
 
@@ -16,11 +16,12 @@ import trio
 
 logger = logging.getLogger("pplex_trio.access")
 
-_TOKEN_VALUE = re.compile(rb"(^|&)(token=)[^&]*")
+_TOKEN_VALUE = re.compile(rb"(^|&)((?:token|resume)=)[^&]*")  # the access token, a resume token
 
 
 def masked_query(query: bytes) -> str:
-    """``query`` with the values of ``token=`` replaced by ``***`` (as sent otherwise, percent-escapes and all)."""
+    """``query`` with the values of ``token=`` and ``resume=`` replaced by ``***`` (as sent otherwise,
+    percent-escapes and all)."""
     return _TOKEN_VALUE.sub(rb"\1\2***", query).decode("latin-1")
 
 
