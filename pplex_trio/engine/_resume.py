@@ -25,6 +25,7 @@ import dataclasses
 import math
 import secrets
 from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -49,7 +50,7 @@ class ResumeRefused(Exception):
 @dataclasses.dataclass
 class _Ticket:
     lease: Lease  # the session's end it was issued to (paused: parked here)
-    tag: int  # the session's (its id: a resumed session keeps it)
+    tag: Any  # the session's, opaque here (its id and its protocol: a resumed session goes on with them)
     on_taken: Callable[[], None]  # tells that session a new connection takes its conversation over
     until: float = math.inf  # paused: when its window lapses
     claimed: bool = False  # a resume waits for the old connection to let go
@@ -69,7 +70,7 @@ class ResumeBook:
         """Whether a dropped connection pauses its conversation (``--resume-seconds`` above 0)."""
         return self.seconds > 0
 
-    def issue(self, lease: Lease, on_taken: Callable[[], None], *, tag: int) -> str | None:
+    def issue(self, lease: Lease, on_taken: Callable[[], None], *, tag: Any) -> str | None:
         """A new token for ``lease`` (its older ones are spent), None when resuming is off; ``on_taken`` is told
         when another connection presents it while this one is alive; ``tag`` is given to whoever resumes it."""
         if not self.enabled:
@@ -91,7 +92,7 @@ class ResumeBook:
         """``lease`` ended: its token is spent."""
         self._forget(lease)
 
-    async def resume(self, token: str, on_frame: Callable[[OutputFrame], None] | None) -> tuple[Lease, int]:
+    async def resume(self, token: str, on_frame: Callable[[OutputFrame], None] | None) -> tuple[Lease, Any]:
         """The conversation ``token`` names, taken over by the caller (a new end of its lease, stepped again),
         and the tag it was issued with.
 

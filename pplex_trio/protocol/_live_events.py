@@ -25,6 +25,7 @@ class LiveEvents:
         self._ids = itertools.count(1)
         self.session_id = session_id
         self.expires_at = expires_at
+        self.resume_token: str | None = None  # the session object carries it once given (a resumable call)
 
     def _event(self, kind: str, client_event_id: str | None = None, **fields: Any) -> str:
         event = {"type": kind, "event_id": f"event_{next(self._ids):06d}", **fields}
@@ -33,7 +34,8 @@ class LiveEvents:
         return json.dumps(event, separators=(",", ":"))
 
     def session(self, config: LiveConfig) -> dict[str, Any]:
-        """The session object the Live events carry: its id, expiry, model, instructions and audio settings."""
+        """The session object the Live events carry: its id, expiry, model, instructions and audio settings (and our
+        ``resume_token`` once there is one: the SDK's session model takes fields beyond its own)."""
         audio_format = {"type": config.audio_format.encoding.value, "rate": config.audio_format.rate}
         return {
             "id": self.session_id,
@@ -42,6 +44,7 @@ class LiveEvents:
             "status": "active",
             "instructions": config.instructions,
             "audio": {"format": audio_format, "output": {"voice": config.voice}},
+            **({} if self.resume_token is None else {"resume_token": self.resume_token}),
         }
 
     def started(self, config: LiveConfig, client_event_id: str | None) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import secrets
 from typing import Any
 
 from ._errors import EventError
@@ -40,7 +41,12 @@ class ServerEvents:
         self.dialect = dialect
         self.model = model
         self._ids = itertools.count(1)
-        self.session_id = self.new_id("sess")
+        self.session_id = f"sess_{secrets.token_hex(12)}"  # (unique: a resumed session is known by it)
+        self.resume_token: str | None = None  # the session object carries it once given (a resumable call)
+
+    def carry_on(self, previous: ServerEvents) -> None:
+        """This connection resumed ``previous``'s session: its id, and ids that go on from its."""
+        self.session_id, self._ids = previous.session_id, previous._ids
 
     def new_id(self, prefix: str) -> str:
         """A fresh id for this connection, ``<prefix>_000001`` and on (``sess``, ``item``, ``resp``, ...)."""
@@ -54,7 +60,12 @@ class ServerEvents:
     # -- the session
 
     def session(self, config: SessionConfig) -> dict[str, Any]:
-        """The session object of ``session.created`` / ``session.updated`` in the connection's dialect."""
+        """The session object of ``session.created`` / ``session.updated`` in the connection's dialect (with
+        our ``resume_token`` once there is one: the SDK's session models take fields beyond theirs)."""
+        session = self._session(config)
+        return session if self.resume_token is None else {**session, "resume_token": self.resume_token}
+
+    def _session(self, config: SessionConfig) -> dict[str, Any]:
         if self.dialect is Dialect.BETA:
             # (beta's session model names only OpenAI's models: ours is left out, as the schema allows)
             return {

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import pathlib
 import re
+import socket
+import struct
 import subprocess
 import sys
+import threading
 import wave
 
 import numpy as np
@@ -74,3 +77,69 @@ def test_the_telephony_bridge_returns_the_caller_through_mu_law(echo_url, tmp_pa
     reply, rate = read_wav(tmp_path / "reply.wav")
     assert rate == 8_000 and reply.size >= 8_000 * 3 and "of the reply at 8 kHz" in out
     assert abs(peak_hz(reply, rate) - 500) <= 2  # the caller's 500 Hz came back
+
+
+class ResettingRelay:
+    """A TCP relay to ``port`` that resets its first connection, on both sides, ``after`` seconds (a network
+    that drops a call); the connections after it are relayed as they are."""
+
+    def __init__(self, port: int, after: float):
+        self.port, self.after = port, after
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.port))
+            self.connections += 1
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            if self.connections == 1:
+                threading.Timer(self.after, self._reset, args=(client, server)).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+
+    @staticmethod
+    def _reset(*sockets: socket.socket) -> None:
+        for sock in sockets:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_the_sdk_resume_example_survives_a_dropped_connection(tmp_path):
+    t = np.arange(24_000 * 4) / 24_000
+    write_wav(tmp_path / "question.wav", (0.3 * np.sin(2 * np.pi * 330 * t)).astype(np.float32), 24_000)
+    with server_process("--model", "echo:prompt=2", "--slots", "1") as url:  # (its own: the call ends paused)
+        relay = ResettingRelay(int(url.rsplit(":", 1)[1]), after=2.0)
+        try:
+            out = run_example(
+                "openai_sdk_resume.py", relay.url, str(tmp_path / "question.wav"), str(tmp_path / "answer.wav")
+            )
+        finally:
+            relay.close()
+    assert relay.connections == 2
+    (resumed,) = re.findall(r"resumed session (\S+) \(was (\S+)\)", out)
+    assert resumed[0] == resumed[1]  # the same session
+    answer, rate = read_wav(tmp_path / "answer.wav")
+    assert abs(peak_hz(answer, rate) - 330) <= 2  # the question's 330 Hz came back
+    (transcript,) = re.findall(r"transcript: '([^']*)'", out)
+    numbers = [int(n) for n in transcript.split()]
+    # The echo's frame numbers go on across the drop (frames in flight lost), never from 0 again: the same row.
+    assert numbers[0] == 0 and all(b > a for a, b in zip(numbers, numbers[1:])), transcript
+    gaps = [b - a for a, b in zip(numbers, numbers[1:]) if b - a > 1]
+    assert len(gaps) <= 1 and all(gap <= 20 for gap in gaps), transcript

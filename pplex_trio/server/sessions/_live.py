@@ -33,7 +33,7 @@ from ...protocol import AudioAppend, ClientEvent, EventError, LiveEvents, live
 from ._audio_io import AudioIn, AudioOut
 from ._openai import OpenAIProtocol
 from ._transcript import HeardPiece
-from ._wire import EndOfInput, InputAudio, InputEvent, Message, Replies
+from ._wire import IGNORED_ON_RESUME, EndOfInput, InputAudio, InputEvent, Message, Replies, ResumeCall, WireProtocol
 
 USAGE_MS = 5_000  # of the session timeline between session.usage.updated events
 
@@ -77,10 +77,16 @@ class LiveProtocol(OpenAIProtocol[LiveEvents]):
         self._first_tick: int | None = None  # the session timeline's origin
         self._frames = 0  # the timeline's length in frames, to the end of the last frame sent
         self._opening_audio: InputAudio | None = None
+        self._resume: str | None = None  # the token of the paused call this connection resumes (``?resume=``)
+        self._resumed: ResumeCall | None = None  # and, once it has, how
 
     # -- the opening ---------------------------------------------------------------
 
-    def opening(self, query: bytes, message: bytes | str) -> Conversation | Replies:
+    def resume_in_url(self, query: bytes) -> None:
+        self._resume = self._resume_asked(query)  # (the client speaks first: its session.start completes a resume)
+        return None
+
+    def opening(self, query: bytes, message: bytes | str) -> Conversation | ResumeCall | Replies:
         try:
             event = live.parse_client_event(message)
             if not isinstance(event, live.SessionStart):
@@ -90,6 +96,9 @@ class LiveProtocol(OpenAIProtocol[LiveEvents]):
                     code="session_not_started",
                     event_id=event.event_id,
                 )
+            if self._resume is not None:
+                self._start_event = event.event_id
+                return ResumeCall(self._resume, settings_given=bool(set(event.session) - {"model"}))
             self.config, self._not_applied = live.start_config(
                 event.session,
                 default_model=self.config.model,
@@ -103,6 +112,17 @@ class LiveProtocol(OpenAIProtocol[LiveEvents]):
         self._audio_in = AudioIn(self.config.audio_format)
         self._audio_out = AudioOut(self.config.audio_format)
         return self.config.conversation()
+
+    def resumes_from(self, previous: WireProtocol) -> None:
+        assert isinstance(previous, LiveProtocol)
+        self.config, self._muted = previous.config, previous._muted
+        self.events.session_id, self.events.expires_at = previous.events.session_id, previous.events.expires_at
+        self._first_tick, self._frames = previous._first_tick, previous._frames  # (its timeline goes on)
+        self._audio_in = AudioIn(self.config.audio_format)
+        self._audio_out = AudioOut(self.config.audio_format)
+
+    def offer_resume(self, token: str, *, resumed: ResumeCall | None = None) -> None:
+        self.events.resume_token, self._resumed = token, resumed
 
     # -- client events ---------------------------------------------------------------
 
@@ -158,7 +178,12 @@ class LiveProtocol(OpenAIProtocol[LiveEvents]):
 
     def ready(self) -> list[Message]:
         started = self.events.started(self.config, self._start_event)
-        return [started, *(self._refuse(exc) for exc in self._not_applied)]
+        if self._resumed is not None and self._resumed.settings_given:
+            self.notices.note("a resume's session.start named settings: ignored", key="resume_settings")
+            started_with: list[Message] = [self.events.info("resume_settings_ignored", IGNORED_ON_RESUME)]
+        else:
+            started_with = [self._refuse(exc) for exc in self._not_applied]
+        return [started, *started_with]
 
     async def encode(self, frames: list[OutputFrame]) -> list[tuple[Message, OutputFrame | None]]:
         assert self._audio_out is not None

@@ -6,6 +6,13 @@ that cannot be decoded is refused the same way, its ``error`` going out with
 the next frame, and heard as nothing; and the reason a session ends goes out
 as an ``error`` event whose type says whose side it was on.  Their events
 differ (``ServerEvents``, ``LiveEvents``), so the adapter hands its own.
+
+Both resume a dropped call only for a client that asks, in the URL: ``?resumable=1``
+gets a resume token (the session object's ``resume_token``), ``?resume=TOKEN``
+resumes the call it names.  Neither protocol has a hang-up that every client sends
+(Realtime has none at all), and a closed connection looks like a dropped one, so
+a call of a client that never asked would hold its slot for the resume window after
+every ordinary end (``docs/PROTOCOL.md``).
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from typing import Generic, Protocol, TypeVar
 import numpy as np
 
 from ..._conversation import CloseCode
-from ...protocol import EventError
+from ...protocol import EventError, ProtocolError, parse_query
 from ._audio_io import AudioIn
 from ._wire import Message, Notices, OpensWithMessage, PendingEvents
 
@@ -54,6 +61,16 @@ class OpenAIProtocol(OpensWithMessage, Generic[Events]):
         """The ``error`` event that answers a refused client event (the operator hears of it once per kind)."""
         self.notices.refused(exc)
         return self.events.error_from(exc)
+
+    def _resume_asked(self, query: bytes) -> str | None:
+        """What the URL asks of resuming: ``?resumable=1`` makes this connection resumable; ``?resume=TOKEN`` too,
+        and names the paused call it resumes (returned)."""
+        params = parse_query(query)
+        token = params.get("resume")
+        if token is not None and not token:
+            raise ProtocolError("?resume= must be the resume_token a session gave", CloseCode.POLICY)
+        self.resumable = token is not None or params.get("resumable") in ("1", "true")
+        return token
 
     def take_notices(self) -> list[str]:
         return self.notices.take()

@@ -50,7 +50,7 @@ from ...protocol import (
 from ._audio_io import AudioIn, AudioOut
 from ._openai import OpenAIProtocol
 from ._transcript import NO_TRANSCRIBER, HeardPiece
-from ._wire import InputAudio, InputEvent, Message, Replies, Restart
+from ._wire import InputAudio, InputEvent, Message, Replies, Restart, ResumeCall, WireProtocol
 
 SUBPROTOCOL = "realtime"  # what browsers offer (with the token and beta markers beside it)
 
@@ -103,8 +103,22 @@ class RealtimeProtocol(OpenAIProtocol[ServerEvents]):
         self._heard_item: str | None = None  # the user item the caller's words go to now
         self._heard_done: str | None = None  # the last user item whose words were completed
         self.items = ConversationItems(self.events.new_id)
+        self._resumed = False  # this connection resumed a paused call (``?resume=``)
 
     # -- the opening -----------------------------------------------------------------
+
+    def resume_in_url(self, query: bytes) -> ResumeCall | None:
+        token = self._resume_asked(query)  # (the server speaks first: a resume is the URL's alone)
+        return None if token is None else ResumeCall(token, settings_given=False)
+
+    def resumes_from(self, previous: WireProtocol) -> None:
+        assert isinstance(previous, RealtimeProtocol)
+        self.config, self.items = previous.config, previous.items
+        self.events.carry_on(previous.events)
+        self._start()
+
+    def offer_resume(self, token: str, *, resumed: ResumeCall | None = None) -> None:
+        self.events.resume_token, self._resumed = token, resumed is not None
 
     def greeting(self) -> list[Message]:
         return [self.events.session_created(self.config)]
@@ -263,7 +277,15 @@ class RealtimeProtocol(OpenAIProtocol[ServerEvents]):
         return self.events.queued(position) if position else None
 
     def ready(self) -> list[Message]:
-        return self._open_response()
+        # A resumable call's token: a resumed one's in its session.created (sent now, with the session it goes on
+        # with), a new one's in a session.updated.
+        if self._resumed:
+            said = [self.events.session_created(self.config)]
+        elif self.events.resume_token is not None:
+            said = [self.events.session_updated(self.config)]
+        else:
+            said = []
+        return [*said, *self._open_response()]
 
     def _open_response(self) -> list[Message]:
         self._response, self._item = self.events.new_id("resp"), self.events.new_id("item")

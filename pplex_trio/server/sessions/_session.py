@@ -206,11 +206,15 @@ class Session:
         """A paused conversation taken over by this connection: the same conversation (its id, its settings),
         its model state as the dropped connection left it."""
         try:
-            lease, self.id = await self.host.actor.resumes.resume(opening.token, self.report.on_frame)
+            lease, (self.id, previous) = await self.host.actor.resumes.resume(opening.token, self.report.on_frame)
+            if type(previous) is not type(self.wire):  # (a token resumes its call on the endpoint that gave it)
+                lease.end()
+                raise ResumeRefused("refused", f"this resume token is not one of {self.protocol}'s")
         except ResumeRefused as exc:
             self.end(Outcome.BAD_REQUEST, exc.message, code=CloseCode.POLICY)
             return
         self._resumed = opening
+        self.wire.resumes_from(previous)
         await self._hold(lease)
 
     async def _hold(self, lease: Lease) -> None:
@@ -228,6 +232,8 @@ class Session:
     async def _admit(self) -> Conversation | ResumeCall | None:
         """ADMITTING: the conversation's settings, checked (None: the session has ended)."""
         try:
+            if isinstance(self.wire, OpensWithMessage) and (resume := self.wire.resume_in_url(self.ws.query_string)):
+                return resume
             for message in self.wire.greeting():
                 await self._send_control(message)
             if isinstance(self.wire, OpensWithMessage):
@@ -263,7 +269,7 @@ class Session:
                 # A client streaming from the handshake lands just ahead of the ticks (sleep_until_handshake).
                 await lease.sleep_until_handshake()
             if self.wire.resumable:
-                token = self.host.actor.resumes.issue(lease, self._taken_over, tag=self.id)
+                token = self.host.actor.resumes.issue(lease, self._taken_over, tag=(self.id, self.wire))
                 if token is not None:
                     self.wire.offer_resume(token, resumed=self._resumed)
             for message in self.wire.ready():

@@ -23,6 +23,9 @@ from ...protocol import EventError, ProtocolError
 from ._transcript import TranscriptReader
 
 Message = bytes | str  # one WebSocket message
+IGNORED_ON_RESUME = (
+    "a resumed call keeps its persona, voice and sampling: the settings sent with the resume were ignored"
+)
 
 
 class WebSocket(Protocol):
@@ -165,6 +168,11 @@ class WireProtocol(abc.ABC):
         ``resumed``: this connection resumed it).  Only a ``resumable`` protocol is offered one."""
         raise NotImplementedError(f"the {self.name} protocol delivers no resume token")
 
+    def resumes_from(self, previous: WireProtocol) -> None:
+        """This connection resumed the conversation that ``previous`` (the dropped connection's protocol) spoke:
+        it goes on with what that client was told (a session id, the settings, the audio formats)."""
+        return None  # (nothing, for a protocol whose client was told nothing of its own)
+
     def hear(self, caller: TranscriptReader) -> None:
         """The session core's caller words (:class:`~._transcript.CallerTranscript`): an adapter that sends them
         takes the events of each frame's tick as it encodes that frame."""
@@ -243,6 +251,11 @@ class OpensWithMessage(WireProtocol):
     """A protocol whose conversation's settings come in the client's first message or messages (the opening)."""
 
     opening_hint: ClassVar[str] = ""  # what the opening should be, for the timeout's error
+
+    def resume_in_url(self, query: bytes) -> ResumeCall | None:
+        """The URL's say, before any message: a resume it asks for by itself (then no opening is read, and no
+        greeting sent), or None to read the opening."""
+        return None
 
     @abc.abstractmethod
     def opening(self, query: bytes, message: bytes | str) -> Conversation | ResumeCall | Replies | Hangup:

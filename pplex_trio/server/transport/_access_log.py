@@ -1,9 +1,8 @@
 """``--access-log``: one line per request and per WebSocket, with any token masked.
 
 The outermost ASGI middleware, so refusals at the door are logged too.  The
-query is logged with the value of every ``token=`` parameter (the access
-token) and ``resume=`` parameter (a Moshi call's resume token, which is the
-call itself) replaced by ``***``; headers are never logged (``Authorization`` and the cookie carry the
+query is logged with the value of every ``token=`` and ``resume=`` (a resume
+token) parameter replaced by ``***``; headers are never logged (``Authorization`` and the cookie carry the
 token).
 """
 
@@ -17,7 +16,7 @@ import trio
 
 logger = logging.getLogger("pplex_trio.access")
 
-_TOKEN_VALUE = re.compile(rb"(^|&)((?:token|resume)=)[^&]*")
+_TOKEN_VALUE = re.compile(rb"(^|&)((?:token|resume)=)[^&]*")  # the access token, a resume token
 
 
 def masked_query(query: bytes) -> str:

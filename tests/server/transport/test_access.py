@@ -274,5 +274,6 @@ def test_the_access_log_masks_every_token_parameter_and_nothing_else():
     from pplex_trio.server.transport._access_log import masked_query
 
     assert masked_query(b"token=abc") == "token=***"
+    assert masked_query(b"model=m&resume=Zx-9_q&resumable=1") == "model=m&resume=***&resumable=1"  # a resume token
     assert masked_query(b"a=1&token=abc%20d&b=token=y&xtoken=z&token=") == "a=1&token=***&b=token=y&xtoken=z&token=***"
     assert masked_query(b"resume=abc&resumable=1&token=t") == "resume=***&resumable=1&token=***"  # (a resume token)
