@@ -128,11 +128,13 @@ class Recorder:
 
     def gap(self, seconds: float, reason: str) -> float:
         """The call was paused for ``seconds`` (an outage, ``reason``) after the frames observed so far: that
-        much silence on the timeline, marked; the seconds it takes there (whole frames)."""
+        much silence on the timeline, marked (none under half a frame); the seconds it takes there (whole
+        frames)."""
         frames = max(0, round(seconds * 1000 / FRAME_MS))
         start = self._frames
         end = start + frames
-        self._gaps.append({"start": start * FRAME_MS / 1000, "end": end * FRAME_MS / 1000, "reason": reason})
+        if frames:  # (a take-over by a live connection loses no time: nothing to mark)
+            self._gaps.append({"start": start * FRAME_MS / 1000, "end": end * FRAME_MS / 1000, "reason": reason})
         self._origin, self._first_tick = end, None
         return frames * FRAME_MS / 1000
 

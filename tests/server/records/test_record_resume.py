@@ -98,6 +98,26 @@ async def test_a_paused_calls_record_is_finished_when_the_server_stops(virtual_s
     assert json.loads((folder / f"{only_record(folder)}.json").read_text())["complete"] is True
 
 
+async def test_a_call_taken_over_by_a_new_connection_is_one_record_with_no_gap(
+    virtual_server, autojump_clock, tmp_path
+):
+    folder = tmp_path / "records"
+    handle = await virtual_server(slots=1, record_dir=folder)
+    bad, ready = await open_call(handle)
+    await talk(bad, [0.25])
+    async with handle.open_websocket(PATH) as ws:  # while the first connection lives: it is closed, no outage
+        await ws.send_message(json.dumps({"type": "open", "resume": ready["resume"]}))
+        assert json.loads(await ws.get_message())["resumed"] is True
+        await talk(_Ws(ws), [0.5])
+        await ws.send_message(json.dumps({"type": "close"}))
+        with trio.fail_after(5):
+            while not (isinstance(m := await ws.get_message(), str) and json.loads(m)["type"] == "done"):
+                pass
+    await until(lambda: any(name.endswith(".json") for name in os.listdir(folder)))
+    record = json.loads((folder / f"{only_record(folder)}.json").read_text())
+    assert record["ending"] == "completed" and record["gaps"] == []
+
+
 class _Ws:
     """A trio-websocket connection as ``talk`` speaks to a bad client."""
 
