@@ -11,8 +11,10 @@ call pauses, holding its slot, then is let go).  Each client loops:
 connect (raw or Moshi, at random), talk 2-20 s at real-time pace, and leave
 in one of the ways a real network has: a clean close, a TCP reset, a reset
 while queued, a reset while its system prompt runs, or it stops reading and
-leaves the server to give up on it.  A well-behaved raw conversation (clean
-close) checks that every frame it sent came back.
+leaves the server to give up on it; or, raw, it drops mid-call (a reset),
+comes back within the window with the token of its ``ready``, resumes the
+call and talks on to a clean close.  A well-behaved raw conversation (clean
+close, a resumed one's too) checks that every frame it sent came back.
 
 Beside them (``--steady``, on by default) one raw conversation lasts the whole
 run: it streams quiet noise (``--steady-db``, -50 dBFS: below the speech
@@ -61,7 +63,7 @@ from _helpers.bad_client import BadClient  # noqa: E402
 logger = logging.getLogger("bench.soak")
 FRAME = 1920
 RESULTS = REPO / "bench" / "results"
-EXITS = ("clean", "clean", "reset", "mid_queue", "mid_prefill", "stop_reading")
+EXITS = ("clean", "clean", "reset", "mid_queue", "mid_prefill", "stop_reading", "resume")
 PATHS = {"raw": "/v1/audio/duplex", "moshi": "/api/chat?voice_prompt=NATF0.pt"}
 CLIENT_TIMEOUT = 5.0
 RESUME_SECONDS = 2.0  # a dropped call is paused this long (--resume-seconds), then let go: both within the churn
@@ -75,6 +77,7 @@ class Tally:
     frames_sent: int = 0
     frames_lost: int = 0
     failures: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    resumed: int = 0  # dropped calls resumed with their token (then talked on to a clean close)
 
 
 def moshi_pages(seconds: float) -> list[bytes]:
@@ -91,34 +94,48 @@ def moshi_pages(seconds: float) -> list[bytes]:
     ]
 
 
-async def read_until_live(client: BadClient) -> str:
+async def read_until_live(client: BadClient, ready: dict | None = None) -> str:
+    """Read until the call is live, queued or waiting (a raw ``ready`` is kept in ``ready``); an ``error``
+    raises."""
     while True:
         message = await client.receive(timeout=60)
         if message == b"\x00":
             return "live"
         if isinstance(message, str):
-            kind = json.loads(message)["type"]
-            if kind == "ready":
+            event = json.loads(message)
+            if event["type"] == "ready":
+                (ready if ready is not None else {}).update(event)
                 return "live"
-            if kind == "queued":
+            if event["type"] == "queued":
                 return "queued"
+            if event["type"] == "error":
+                raise RuntimeError(event.get("message", event))
         elif message == b"\x06":
             return "waiting"
 
 
-async def conversation(port: int, protocol: str, exit: str, talk: float, pages: list[bytes], tally: Tally) -> None:
+async def conversation(
+    port: int, protocol: str, exit: str, talk: float, pages: list[bytes], tally: Tally, resume: str | None = None
+) -> None:
+    """One client's call, left by ``exit``; ``resume``: a dropped call's token, which this connection resumes."""
     client = await BadClient.connect(port, PATHS[protocol], rcvbuf=4096 if exit == "stop_reading" else None)
+    ready: dict = {}
     try:
         if protocol == "raw":
-            await client.send(json.dumps({"type": "open"}))
+            await client.send(json.dumps({"type": "open", **({"resume": resume} if resume else {})}))
         if exit in ("mid_queue", "mid_prefill"):
             if exit == "mid_prefill":
                 await trio.sleep(0.2)
             else:
                 await read_until_live(client)
             return  # the finally resets it, wherever it stands
-        while await read_until_live(client) != "live":
+        while await read_until_live(client, ready) != "live":
             pass
+        sign = 1.0
+        if resume is not None:
+            assert ready.get("resumed") is True, ready
+            tally.resumed += 1
+            sign = -1.0  # (its frames are told from the dropped connection's last ones, which may come first)
         sent: list[float] = []
         echoed: list[float] = []
         done = trio.Event()
@@ -129,7 +146,7 @@ async def conversation(port: int, protocol: str, exit: str, talk: float, pages: 
             k = 0
             while k * period < talk:
                 if protocol == "raw":
-                    value = (len(sent) + 1) / 4096
+                    value = sign * (len(sent) + 1) / 4096
                     sent.append(value)
                     await client.send(np.full(FRAME, value, "<f4").tobytes())
                 else:
@@ -155,6 +172,7 @@ async def conversation(port: int, protocol: str, exit: str, talk: float, pages: 
             if exit == "stop_reading":
                 await trio.sleep(CLIENT_TIMEOUT + 3)  # the server gives up on it meanwhile
                 return
+
             if exit == "clean" and protocol == "raw":
                 await client.send(np.zeros(FRAME, "<f4").tobytes())  # pushes the echo's last frame out
                 await client.send(json.dumps({"type": "close"}))  # the receiver ends at "done"
@@ -164,20 +182,24 @@ async def conversation(port: int, protocol: str, exit: str, talk: float, pages: 
         if exit == "clean" and protocol == "raw":
             tally.checked += 1
             tally.frames_sent += len(sent)
-            tally.frames_lost += len(sent) - len(echoed)
+            tally.frames_lost += len(set(sent) - set(echoed))
     finally:
         client.reset()
+    if exit == "resume":  # it dropped mid-call (the reset above): back within the window, it talks on and closes
+        await trio.sleep(RESUME_SECONDS / 4)  # (the outage)
+        await conversation(port, "raw", "clean", min(talk, 3.0), pages, tally, resume=ready["resume"])
 
 
 async def churner(port: int, end: float, rng: random.Random, pages: list[bytes], tally: Tally) -> None:
     while trio.current_time() < end:
         protocol, exit = rng.choice(["raw", "moshi"]), rng.choice(EXITS)
+        protocol = "raw" if exit == "resume" else protocol  # (the raw protocol's token resumes a call)
         talk = min(rng.uniform(2, 20), max(0.5, end - trio.current_time()))
         tally.conversations[exit] += 1
         try:
             await conversation(port, protocol, exit, talk, pages, tally)
         except* Exception as group:  # a soak must not end on one client's surprise: count it, go on
-            if exit == "clean":  # the others leave by breaking the rules: errors are theirs to expect
+            if exit in ("clean", "resume"):  # the others leave by breaking the rules: errors are theirs to expect
                 first = group.exceptions[0]
                 tally.failures[f"{protocol} {exit}: {type(first).__name__}: {first}"[:120]] += 1
 
@@ -293,6 +315,16 @@ def drop_counters(metrics: str) -> dict:
     return counters
 
 
+def resume_counters(metrics: str) -> dict:
+    """``pplex_resumes_total`` by outcome, from /metrics."""
+    prefix = 'pplex_resumes_total{outcome="'
+    return {
+        line[len(prefix) :].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith(prefix)
+    }
+
+
 def server_sample(server: ServerProcess, port: int, started: float) -> dict:
     sample = proc_sample(server.pid)
     metrics = http_get(port, "/metrics")
@@ -306,6 +338,7 @@ def server_sample(server: ServerProcess, port: int, started: float) -> dict:
         "sessions": health["sessions"],
         "queued": health["queued"],
         "drops": drop_counters(metrics),
+        "resumes": resume_counters(metrics),
     }
 
 
@@ -356,6 +389,10 @@ def summarize(
         "frames_sent_checked": tally.frames_sent,
         "frames_lost": tally.frames_lost,
         "failed_clean_conversations": dict(tally.failures),
+        "resumes": {
+            "resumed_by_clients": tally.resumed,
+            "server": {k: v - before["resumes"].get(k, 0.0) for k, v in after["resumes"].items()},
+        },
         "steady": steady.report() if args.steady else None,
         "rss_mb": {
             "idle_start": before["rss_mb"],

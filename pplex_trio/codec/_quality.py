@@ -41,6 +41,13 @@ from those decided after it:
   caller speaks again, within :data:`MAX_RESPONSE_FRAMES`;
 - *talk-over (turn)*: the frames the agent speaks within the caller's turns
   (from its first word to its end), in seconds.
+
+**Outages.**  A conversation paused for a resume (its connection dropped) is
+not stepped, so no frame of the outage is fed: the figures are the model's,
+and the outage is never dead air.  :meth:`ConversationQuality.gap` marks where
+the frames stopped: a response (or a barge-in) that would be measured across
+that mark is not measured at all, since neither the model's frames nor the
+caller's clock tell how long the caller really waited for it.
 """
 
 from __future__ import annotations
@@ -184,12 +191,19 @@ class ConversationQuality:
         self._turn_both = 0  # frames the agent spoke within the caller's turns
         self._turn_talk: tuple[int, int] | None = None  # a turn's frames [from, to) not yet decided
         self._turn_awaiting: int | None = None  # a turn's end, while the agent's answer is awaited
+        self._fed = 0  # frames fed (decided or not)
+        self._gaps: list[int] = []  # the first frame fed after each outage
 
     def feed(self, heard: np.ndarray | None, said: np.ndarray) -> tuple[QualityEvent, ...]:
         """One tick: the caller's frame (None: silence) and the agent's."""
+        self._fed += 1
         self._caller_speech.feed(heard is not None and float(np.dot(heard, heard)) >= _LOUD_ENERGY)
         self._agent_speech.feed(float(np.dot(said, said)) >= _LOUD_ENERGY)
         return self._decide()
+
+    def gap(self) -> None:
+        """The conversation was paused (an outage) after the frames fed so far: nothing is measured across it."""
+        self._gaps.append(self._fed)
 
     @property
     def caller_speaking(self) -> bool:
@@ -248,10 +262,16 @@ class ConversationQuality:
             self._turn_awaiting = None  # the agent talks on, the caller speaks again, or the agent never answered
         elif now[1] and not previous[1]:
             self._turn_awaiting = None
+            if self._across_gap(awaiting, k):
+                return None
             latency = (k - awaiting) * FRAME_SECONDS
             self._turn_latencies.append(latency)
             return TurnResponse(latency)
         return None
+
+    def _across_gap(self, since: int, k: int) -> bool:
+        """Whether an outage lies between frames ``since`` and ``k``."""
+        return any(since < first <= k for first in self._gaps)
 
     def _decide(self) -> tuple[QualityEvent, ...]:
         caller, agent = self._caller_speech.decided, self._agent_speech.decided
@@ -274,12 +294,17 @@ class ConversationQuality:
                 self._awaiting = None if self._agent else k
         if a != self._agent:
             if a:
-                if self._awaiting is not None and k - self._awaiting <= MAX_RESPONSE_FRAMES:
-                    latency = (k - self._awaiting) * FRAME_SECONDS
+                awaiting = self._awaiting
+                if awaiting is not None and k - awaiting <= MAX_RESPONSE_FRAMES and not self._across_gap(awaiting, k):
+                    latency = (k - awaiting) * FRAME_SECONDS
                     self._latencies.append(latency)
                     event = Response(latency)
                 self._awaiting = None
-            elif self._interrupted is not None and k - self._interrupted <= BARGE_IN_FRAMES:
+            elif (
+                self._interrupted is not None
+                and k - self._interrupted <= BARGE_IN_FRAMES
+                and not self._across_gap(self._interrupted, k)
+            ):
                 self._barge_ins += 1
                 self._interrupted = None
                 event = BargeIn()

@@ -36,6 +36,7 @@ from ._lease_core import LeaseState as LeaseState
 from ._outbox import OutputEnd as OutputEnd
 from ._outbox import OutputEvent as OutputEvent
 from ._outbox import OutputFrame as OutputFrame
+from ._resume import Parked as Parked
 from ._resume import ResumeRefused as ResumeRefused
 from ._settings import OFF_GPU_SLOTS as OFF_GPU_SLOTS
 from ._settings import ActorSettings as ActorSettings

@@ -112,4 +112,5 @@ class ServerContext:
             return False
         for session in list(self.sessions):
             session.end(Outcome.SHUTDOWN, Unready.SHUTTING_DOWN.message)
+        self.actor.resumes.lapse_all()  # (the paused calls end too: their records are finished)
         return True

@@ -164,3 +164,36 @@ def test_no_turn_figures_without_turns_and_none_when_the_agent_talks_on() -> Non
     # The agent speaks through the turn's end: nothing answers it.
     meter, events = _run_with_turn(_audio(60, [(0, 25)]), _audio(60, [(20, 50)]), (0.08, 2.16), 40)
     assert meter.statistics().turn_response_latencies == () and not any(isinstance(e, TurnResponse) for e in events)
+
+
+def _run_with_gap(caller: np.ndarray, agent: np.ndarray, gap_at: int, turn: tuple[float, float] | None = None):
+    """As :func:`_run`, the conversation paused (an outage) once ``gap_at`` frames were fed; with ``turn``, the
+    model's end of turn told at the end of the frames."""
+    meter, events = ConversationQuality(), []
+    for k in range(len(caller) // FRAME):
+        if k == gap_at:
+            meter.gap()
+        events += meter.feed(caller[k * FRAME : (k + 1) * FRAME], agent[k * FRAME : (k + 1) * FRAME])
+    if turn is not None:
+        events += meter.turn_ended(*turn)
+    events += meter.finish()
+    return meter, events
+
+
+def test_a_response_across_an_outage_is_not_measured_and_the_outage_is_no_dead_air() -> None:
+    # The caller 0-24, an outage after frame 27 (frames 25-27 silent before it), the agent answers at frame 30.
+    caller, agent = _audio(60, [(0, 25)]), _audio(60, [(30, 50)])
+    meter, events = _run_with_gap(caller, agent, gap_at=28, turn=(0.08, 2.16))
+    stats = meter.statistics()
+    assert stats.response_latencies == () and not any(isinstance(e, Response) for e in events)
+    assert stats.turns == 1 and stats.turn_response_latencies == ()  # the model's end of turn (frame 27) too
+    assert stats.dead_air_s == pytest.approx((30 - 25) * F)  # the frames fed: the outage has none
+    # Without the outage's mark the same frames give a response (the test's control).
+    assert _run(caller, agent)[0].statistics().response_latencies == pytest.approx([(30 - 25) * F])
+
+
+def test_a_response_after_an_outage_is_measured_from_the_callers_end_after_it() -> None:
+    # An outage after frame 10 (in the caller's speech, 0-24); the agent answers at 30: measured as ever.
+    meter, events = _run_with_gap(_audio(60, [(0, 25)]), _audio(60, [(30, 50)]), gap_at=10)
+    assert meter.statistics().response_latencies == pytest.approx([(30 - 25) * F])
+    assert events == [Response(pytest.approx(0.4))]

@@ -132,6 +132,7 @@ async def test_the_dashboard_and_the_alerts_read_only_exported_metrics(exported,
         "pplex_unready",
         "pplex_response_latency_seconds_bucket",
         "pplex_barge_ins_total",
+        "pplex_resumes_total",
     }
     unknown = {name: sorted(places) for name, places in references.items() if name not in allowed_names(exported)}
     assert not unknown, f"not exported by the server (or not under this name for its type): {unknown}"
@@ -146,7 +147,16 @@ def test_the_dashboard_is_one_grafana_imports():
     ids = [panel["id"] for panel in board["panels"]]
     assert len(ids) == len(set(ids))
     rows = [panel["title"] for panel in board["panels"] if panel["type"] == "row"]
-    assert rows == ["Capacity", "Timing", "Latency stages", "Drops", "Quality", "Errors and refusals", "Per replica"]
+    assert rows == [
+        "Capacity",
+        "Timing",
+        "Latency stages",
+        "Drops",
+        "Quality",
+        "Errors and refusals",
+        "Per replica",
+        "Resumes",
+    ]
     for panel in board["panels"]:
         assert set(panel["gridPos"]) == {"h", "w", "x", "y"} and panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24
         if panel["type"] == "row":
@@ -155,6 +165,24 @@ def test_the_dashboard_is_one_grafana_imports():
         for target in panel["targets"]:
             assert 'instance=~"$instance"' in target["expr"], (panel["title"], target["expr"])
             assert target["datasource"]["uid"] == "${datasource}"
+
+
+async def test_the_resumes_panel_shows_each_outcome_the_server_counts_and_the_held_slots(
+    virtual_server, autojump_clock
+):
+    handle = await virtual_server()
+    (family,) = [f for f in text_string_to_metric_families(await handle.metrics()) if f.name == "pplex_resumes"]
+    outcomes = {sample.labels["outcome"] for sample in family.samples if sample.name == "pplex_resumes_total"}
+    assert outcomes == {"resumed", "expired", "refused", "wrong_token"}
+    panels = {panel["title"]: panel for panel in dashboard()["panels"]}
+    resumes = panels["Resumes /s, by outcome"]
+    (target,) = resumes["targets"]
+    assert target["expr"].startswith("sum by (outcome) (rate(pplex_resumes_total{") and target["legendFormat"] == (
+        "{{outcome}}"
+    )
+    assert all(outcome in resumes["description"] for outcome in outcomes)  # each line explained
+    held = panels["Held slots (paused calls, returning clients)"]
+    assert 'pplex_slots{state="held",' in held["targets"][0]["expr"]  # (a paused call's slot counts as held)
 
 
 def test_the_alerts_are_the_ones_docs_deploy_describes():

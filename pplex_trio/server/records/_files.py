@@ -85,7 +85,8 @@ class RecordFiles:
             self._guarded(self._close_wav)
             self._drop_files()  # (what a failure, or a finish that gave up on this thread, left open)
             if self.error is None:
-                cues = webvtt(text, caller_turns=(description.get("caller") or {}).get("turns"))
+                turns = (description.get("caller") or {}).get("turns")
+                cues = webvtt(text, caller_turns=turns, gaps=description.get("gaps"))
                 self._guarded(self._write_whole, self.vtt_path, cues.encode())
             description.update(
                 complete=self.error is None,
@@ -200,12 +201,18 @@ def _escaped(text: str) -> str:
     return " ".join(text.split()).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def webvtt(text: list[tuple[int, str]], caller_turns: list[dict[str, Any]] | None = None) -> str:
+def webvtt(
+    text: list[tuple[int, str]],
+    caller_turns: list[dict[str, Any]] | None = None,
+    gaps: list[dict[str, Any]] | None = None,
+) -> str:
     """The agent's text pieces as WebVTT cues, each from its frame's time to the next piece's (at most
-    :data:`MAX_CUE_MS`); with ``caller_turns`` (the caller's words, a transcriber's: ``start`` and ``end`` in
-    seconds, ``text``), a cue per turn beside them, every cue voice-tagged ``<v agent>`` or ``<v caller>``, in
-    order of their start."""
+    :data:`MAX_CUE_MS`, never into an outage); with ``caller_turns`` (the caller's words, a transcriber's:
+    ``start`` and ``end`` in seconds, ``text``), a cue per turn beside them, every cue voice-tagged ``<v agent>``
+    or ``<v caller>``; each of ``gaps`` (an outage: ``start``, ``end`` in seconds, ``reason``) a cue
+    ``[reason]`` over it; in order of their start."""
     cues: list[tuple[int, int, str]] = []
+    outages = [(round(gap["start"] * 1000), round(gap["end"] * 1000), gap["reason"]) for gap in gaps or ()]
     for k, (position, piece) in enumerate(text):
         cue = _escaped(piece)
         if not cue:
@@ -213,10 +220,12 @@ def webvtt(text: list[tuple[int, str]], caller_turns: list[dict[str, Any]] | Non
         start = position * FRAME_MS
         end = text[k + 1][0] * FRAME_MS if k + 1 < len(text) else start + FRAME_MS
         end = min(max(end, start + FRAME_MS), start + MAX_CUE_MS)
+        end = min([end, *(gap_start for gap_start, _, _ in outages if gap_start > start)])
         cues.append((start, end, f"<v agent>{cue}" if caller_turns is not None else cue))
     for turn in caller_turns or ():
         start = round(turn["start"] * 1000)
         cues.append((start, max(round(turn["end"] * 1000), start + FRAME_MS), f"<v caller>{_escaped(turn['text'])}"))
+    cues += [(start, max(end, start + FRAME_MS), f"[{_escaped(reason)}]") for start, end, reason in outages]
     cues.sort(key=lambda cue: cue[0])
     lines = ["WEBVTT", ""]
     for start, end, cue in cues:

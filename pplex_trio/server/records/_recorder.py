@@ -11,6 +11,11 @@ engine thread nor the event loop.  A disk that falls more than
 The timeline is the model's: frame *k* of the record is the one the lease got
 ``k`` ticks after its first, at sample ``k × 1920``; a tick the conversation
 was not stepped in (its prompt running again) is silence on both channels.
+An outage (the call paused for a resume, its connection dropped) keeps the
+call's real timeline: :meth:`Recorder.gap` puts its length, to the frame, as
+silence on both channels where it was, and lists it in the JSON's ``gaps``
+(``start`` and ``end`` in seconds on that timeline, ``reason``) and the text as
+a cue of its own; the frames after it go on from its end.
 When the session ends, whatever its ending, :meth:`Recorder.finish` writes the
 last frames, closes the WAV and writes the text and the JSON (the files and
 their blocking writes: ``_files.py``), shielded from cancellation but never
@@ -91,8 +96,10 @@ class Recorder:
         self._limiter = limiter
         self._metrics = metrics
         self._on_done = on_done
-        self._first_tick: int | None = None
+        self._first_tick: int | None = None  # the first tick observed since the start, or since the last gap
+        self._origin = 0  # the position of that tick
         self._frames = 0  # positions on the timeline so far
+        self._gaps: list[dict[str, Any]] = []  # the outages: start and end (s), reason
         self._text: list[tuple[int, str]] = []  # (position, piece): never dropped
         self._finished = False
         self._failure_told = False
@@ -106,7 +113,7 @@ class Recorder:
             return
         if self._first_tick is None:
             self._first_tick = frame.tick
-        position = frame.tick - self._first_tick
+        position = self._origin + frame.tick - self._first_tick
         self._frames = position + 1  # (the call's length, and its text, even once its audio cannot be written)
         if frame.text:
             self._text.append((position, frame.text))
@@ -118,6 +125,18 @@ class Recorder:
                 queue.popleft()
                 self.frames_lost += 1
         queue.append((position, _SILENCE if frame.heard is None else frame.heard, frame.pcm))
+
+    def gap(self, seconds: float, reason: str) -> float:
+        """The call was paused for ``seconds`` (an outage, ``reason``) after the frames observed so far: that
+        much silence on the timeline, marked (none under half a frame); the seconds it takes there (whole
+        frames)."""
+        frames = max(0, round(seconds * 1000 / FRAME_MS))
+        start = self._frames
+        end = start + frames
+        if frames:  # (a take-over by a live connection loses no time: nothing to mark)
+            self._gaps.append({"start": start * FRAME_MS / 1000, "end": end * FRAME_MS / 1000, "reason": reason})
+        self._origin, self._first_tick = end, None
+        return frames * FRAME_MS / 1000
 
     # -- the writer task and the end -----------------------------------------
 
@@ -197,6 +216,7 @@ class Recorder:
             "channels": ["caller", "agent"],
             "ending": ending.outcome.value,
             "close_code": ending.close_code,
+            "gaps": self._gaps,
             **ending.details,
             "frames_lost": self.frames_lost,
         }

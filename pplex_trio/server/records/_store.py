@@ -35,7 +35,7 @@ import trio
 
 from ..._conversation import Conversation
 from ..._metrics import Metrics
-from ._recorder import Recorder, utc_stamp
+from ._recorder import CallEnding, Recorder, utc_stamp
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +90,7 @@ class RecordStore:
         self._recording: dict[str, Recorder] = {}  # the records in progress
         self._summaries: dict[str, tuple[float, dict[str, Any]]] = {}  # finished ones: (changed, JSON less text)
         self._prune_wanted = trio.Event()
+        self._nursery: trio.Nursery | None = None  # run's: the records finish_later finishes
 
     # -- recorders -------------------------------------------------------------
 
@@ -119,14 +120,22 @@ class RecordStore:
 
     # -- retention and quota ---------------------------------------------------
 
+    def finish_later(self, recorder: Recorder, ending: CallEnding) -> None:
+        """Finish ``recorder``'s record in the store's own task: a call that ended with no session to finish it
+        (its connection dropped and nobody resumed it within the window)."""
+        assert self._nursery is not None, "the store runs (run) before any call ends"
+        self._nursery.start_soon(recorder.finish, ending)
+
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Apply retention and quota now, then after each call."""
+        """Apply retention and quota now, then after each call; finish the records left to it (``finish_later``)."""
         await self.prune()
-        task_status.started()
-        while True:
-            await self._prune_wanted.wait()
-            self._prune_wanted = trio.Event()
-            await self.prune()
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            while True:
+                await self._prune_wanted.wait()
+                self._prune_wanted = trio.Event()
+                await self.prune()
 
     async def prune(self) -> None:
         """Delete, on a thread, the finished records past retention, then the oldest beyond the quota (counted,

@@ -20,13 +20,11 @@ records why and cancels the rest; the session then tells the client why and clos
 that disconnects cancels the whole handler (``AsgiWebSocket`` does that); leaving the lease's
 block gives the slot back, which drains before anyone else gets it.
 
-Every session meters its conversation's quality (:class:`~pplex_trio.codec.ConversationQuality`:
-response latency, talk-over, dead air, the agent's share, barge-ins) from the lease's
-frames, for ``/api/sessions``, the metrics, the end-of-call log line and the record.
-With ``--record`` a :class:`~pplex_trio.server.records._recorder.Recorder` observes
-the lease's frames, writes them from a fourth task, and is finished once the
-client has been told (whatever the ending): every protocol is recorded alike.  Both
-observers are the session's :class:`~pplex_trio.server.sessions._report.CallReport`.
+The conversation's :class:`~pplex_trio.server.sessions._report.CallReport` observes the lease's
+frames: its quality meter, both sides' words and, with ``--record``, its recorder (written from a
+fourth task, finished once the client has been told).  It outlives a dropped connection: a call
+paused for a resume parks it with its token, and the session that resumes the call adopts it
+(or its lapse finishes it; ``_report.py``).
 
 What differs between protocols is a :class:`~pplex_trio.server.sessions._wire.WireProtocol`:
 pure codec calls plus a few specifics.  See ``docs/ARCHITECTURE.md``.
@@ -48,8 +46,9 @@ from ...protocol import ProtocolError
 from .._server_state import Unready
 from .._settings import ServerSettings
 from ..records import RecordStore
+from ._lease_figures import lease_figures
 from ._receiver import InputEnd, Receiver
-from ._report import CallReport
+from ._report import CallEnd, CallReport, ParkedCall
 from ._sender import Sender, StreamEnd
 from ._session_state import PAUSES
 from ._session_state import SESSION_LIFECYCLE as SESSION_LIFECYCLE
@@ -100,10 +99,13 @@ class Session:
         self.ending: Ending | None = None
         # The quality meter, the caller's words (the adapters read them), and the recorder (--record).
         transcript = CallerTranscript(host.actor.engine.transcript_delay, self.settings.turn_end_threshold)
-        self.report = CallReport(host.metrics, transcript)
+        self.report = CallReport(
+            self.id, host.metrics, transcript, records=host.records, sample_rate=host.actor.engine.sample_rate
+        )
         wire.hear(transcript.reader())
         self._scope = trio.CancelScope()
         self._resumed: ResumeCall | None = None  # the opening that resumed a paused conversation, if one did
+        self._paused = False  # its call was paused for a resume: its report is parked, no longer this session's
         self.started_at: float | None = None  # when it ran (trio.current_time): its age on the status page
 
     @property
@@ -169,14 +171,17 @@ class Session:
             self._enter(SessionState.CLOSED)
             host.sessions.discard(self)
             host.metrics.sessions_ended.labels(self.protocol, outcome.value).inc()
-            logger.info(
-                "session %d (%s) ended: %s%s", self.id, self.protocol, outcome.value, self.report.finish_quality()
-            )
-            if self.report.recorder is not None:  # (after the close: a slow disk never delays it)
-                code = None if self.ending is None else int(self.ending.code)
-                details = {**self.wire.call_details(), "frames_sent": self._sender.frames_sent}
-                ending = self.report.call_ending(outcome, code, self.lease, details, self.host.actor.engine.sample_rate)
-                await self.report.recorder.finish(ending)
+            if self._paused:  # (the call goes on without this connection: whoever resumes it, or its lapse, ends it)
+                logger.info("session %d (%s) dropped: %s; its call is paused", self.id, self.protocol, outcome.value)
+            elif (ending := self.report.close(self._call_end(outcome))) and self.report.recorder is not None:
+                await self.report.recorder.finish(ending)  # (after the close: a slow disk never delays it)
+
+    def _call_end(self, outcome: Outcome) -> CallEnd:
+        """How the call ends (``outcome``), as its log line and its record tell it."""
+        sent = self.report.frames_sent_before + self._sender.frames_sent  # (by every connection it had)
+        code = None if self.ending is None else int(self.ending.code)
+        details = {**self.wire.call_details(), "frames_sent": sent}
+        return CallEnd(f"session {self.id} ({self.protocol})", outcome, code, self.lease, details)
 
     async def _converse(self) -> None:
         opening = await self._admit()
@@ -206,15 +211,18 @@ class Session:
         """A paused conversation taken over by this connection: the same conversation (its id, its settings),
         its model state as the dropped connection left it."""
         try:
-            lease, (self.id, previous) = await self.host.actor.resumes.resume(opening.token, self.report.on_frame)
-            if type(previous) is not type(self.wire):  # (a token resumes its call on the endpoint that gave it)
+            lease, parked = await self.host.actor.resumes.resume(opening.token)
+            assert isinstance(parked, ParkedCall)  # (what _run_conversation issued the token with)
+            self.report, self.id = parked.report, parked.report.id  # the call's report: meter, words, record go on
+            if type(parked.wire) is not type(self.wire):  # (a token resumes its call on the endpoint that gave it)
                 lease.end()
                 raise ResumeRefused("refused", f"this resume token is not one of {self.protocol}'s")
         except ResumeRefused as exc:
-            self.end(Outcome.BAD_REQUEST, exc.message, code=CloseCode.POLICY)
-            return
+            return self.end(Outcome.BAD_REQUEST, exc.message, code=CloseCode.POLICY)
+        self.report.resumed(trio.current_time())
+        self.wire.hear(self.report.transcript.reader(from_now=True))
         self._resumed = opening
-        self.wire.resumes_from(previous)
+        self.wire.resumes_from(parked.wire)
         await self._hold(lease)
 
     async def _hold(self, lease: Lease) -> None:
@@ -225,8 +233,11 @@ class Session:
             await self._run_conversation(lease)
         finally:
             outcome = None if self.ending is None else self.ending.outcome
-            if outcome not in PAUSES or not lease.pause():
-                # The client left (or finished): its slot waits a moment for it to come back.
+            if outcome in PAUSES and lease.pause():
+                # (before any checkpoint: a resume or a lapse may take the report from the next one on)
+                self.report.park(trio.current_time(), self._call_end(outcome or Outcome.CLIENT_CLOSED))
+                self._paused = True
+            else:  # the client left (or finished): its slot waits a moment for it to come back
                 lease.end(client_left=outcome in (None, Outcome.COMPLETED))
 
     async def _admit(self) -> Conversation | ResumeCall | None:
@@ -269,7 +280,8 @@ class Session:
                 # A client streaming from the handshake lands just ahead of the ticks (sleep_until_handshake).
                 await lease.sleep_until_handshake()
             if self.wire.resumable:
-                token = self.host.actor.resumes.issue(lease, self._taken_over, tag=(self.id, self.wire))
+                keep = ParkedCall(self.report, self.wire)
+                token = self.host.actor.resumes.issue(lease, self._taken_over, keep=keep)
                 if token is not None:
                     self.wire.offer_resume(token, resumed=self._resumed)
             for message in self.wire.ready():
@@ -374,26 +386,14 @@ class Session:
     def describe(self) -> dict[str, Any]:
         """What ``/api/sessions`` and the status page show of it now: its step, slot, counters, quality and
         each side's latest words."""
-        lease = self.lease
-        ms = 1000 / self.host.actor.engine.sample_rate  # per sample
-        inputs = lease.input_stats() if lease else None
         return {
             "id": self.id,
             "protocol": self.protocol,
             "state": self.status,
-            "slot": lease.slot if lease else None,
-            "queue_position": lease.position if lease and lease.state is LeaseState.QUEUED else None,
+            **lease_figures(self.lease, self.host.actor.engine.sample_rate),
             **dataclasses.asdict(self.stats),
             "frames_sent": self._sender.frames_sent,
             "text_sent": self._sender.text_sent,
-            "frames_consumed": lease.frames_consumed if lease else 0,
-            "input_backlog_ms": round(inputs.pending * ms, 1) if inputs else 0.0,
-            "input_margin_ms": round(inputs.margin * ms, 1) if inputs else 0.0,
-            "input_underruns": inputs.underruns if inputs else 0,
-            "input_skipped_ms": round(inputs.skipped * ms, 1) if inputs else 0.0,
-            "input_behind_ms": round(inputs.behind * ms, 1) if inputs else 0.0,
-            "input_caught_up_ms": round(inputs.caught_up * ms, 1) if inputs else 0.0,
-            "output_caught_up_frames": lease.output_skipped if lease else 0,
             "quality": self.report.quality.statistics().as_dict(),
             "words": self.report.latest_words(),
             **self.wire.call_details(),  # (a phone call: the carrier's call, stream and account ids)

@@ -118,9 +118,12 @@ class CallerTranscript:
         self.events.extend(new)
         return new
 
-    def reader(self) -> TranscriptReader:
-        """A cursor over :attr:`events` from the start, for one adapter."""
-        return TranscriptReader(self)
+    def reader(self, *, from_now: bool = False) -> TranscriptReader:
+        """A cursor over :attr:`events` from the start (``from_now``: from the next one), for one adapter."""
+        reader = TranscriptReader(self)
+        if from_now:
+            reader.take()  # (what the connection before it was given)
+        return reader
 
     def latest(self) -> str:
         """The caller's latest words, for ``/api/sessions``: the open turn's, else the last turn's."""
