@@ -12,6 +12,8 @@ export const Kind = Object.freeze({
   ERROR: 0x05, // server: UTF-8 message, sent just before it closes the socket
   PING: 0x06, // server: keep-alive while queued or preparing
   CALLER_TEXT: 0x10, // server, pplex-trio's own: a piece of the caller's words (UTF-8), when asked (transcribe_caller=1)
+  RESUME: 0x11, // server, pplex-trio's own, when asked (resumable=1): JSON {token, resumed?, notice?} after the handshake
+  HANGUP: 0x12, // client, pplex-trio's own: the person ended the call; don't hold it for a resume
 });
 
 const utf8 = new TextDecoder("utf-8");
@@ -22,6 +24,11 @@ export function encodeAudio(ogg) {
   message[0] = Kind.AUDIO;
   message.set(ogg, 1);
   return message;
+}
+
+/** The message that ends the call for good before the socket closes (a resumable call is otherwise held). */
+export function encodeHangup() {
+  return new Uint8Array([Kind.HANGUP]);
 }
 
 /** Decode one server message (ArrayBuffer or Uint8Array) into {type, ...}. */
@@ -48,10 +55,28 @@ export function decodeMessage(data) {
       return { type: "error", message: utf8.decode(payload) };
     case Kind.PING:
       return { type: "ping" };
+    case Kind.RESUME:
+      return decodeResume(payload);
     default:
       // Ignore what we do not know, as the protocol asks of both sides.
       return { type: "unknown", kind: bytes[0] };
   }
+}
+
+// 0x11: the token that resumes this call after a dropped connection (each resume gives a new one).
+function decodeResume(payload) {
+  let offer;
+  try {
+    offer = JSON.parse(utf8.decode(payload));
+  } catch {
+    return { type: "invalid", reason: "resume offer is not JSON" };
+  }
+  if (typeof offer !== "object" || offer === null || typeof offer.token !== "string" || offer.token === "") {
+    return { type: "invalid", reason: "resume offer has no token" };
+  }
+  const message = { type: "resume", token: offer.token, resumed: offer.resumed === true };
+  if (typeof offer.notice === "string") message.notice = offer.notice;
+  return message;
 }
 
 /**

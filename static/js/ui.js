@@ -4,6 +4,7 @@
 import { opusEncodingSupported } from "./opus-encoder.js";
 import { PRESETS, voiceLabel } from "./presets.js";
 import { SAMPLE_RATE } from "./audio-graph.js";
+import { reconnectingText } from "./reconnect.js";
 import { Conversation } from "./session.js";
 import { setupYourVoice } from "./your-voice.js";
 
@@ -135,6 +136,7 @@ const PHASE_TEXT = {
   queued: (s) => (s.position ? `Queued (position ${s.position})` : "Queued"),
   preparing: () => "Preparing the persona…",
   live: () => "Live",
+  reconnecting: (s) => reconnectingText(s.attempt),
   ended: () => "Ended",
 };
 
@@ -152,7 +154,7 @@ function render(state) {
     els.ending.textContent = state.ending.text;
     els.ending.classList.toggle("problem", !state.ending.ok);
   }
-  if (state.phase === "live") els.transcript.replaceChildren();
+  if (state.phase === "live" && !state.resumed) els.transcript.replaceChildren(); // a resumed call goes on
   updateConnectButton();
 }
 
