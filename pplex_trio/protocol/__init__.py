@@ -1,5 +1,6 @@
 """Wire protocols, free of I/O: bytes in, events out (see ``docs/PROTOCOL.md``)."""
 
+from . import _client_secrets as client_secrets
 from . import _exotel as exotel
 from . import _live as live
 from . import _moshi as moshi
@@ -20,6 +21,7 @@ from ._access import (
     same_secret,
 )
 from ._audio import Encoding, SampleFormat
+from ._client_secrets import ClientSecret, ClientSecrets, parse_secret_request
 from ._errors import CloseCode, EventError, ProtocolError
 from ._live_events import LiveEvents
 from ._openai_events import AudioAppend, ClientEvent
@@ -60,6 +62,10 @@ __all__ = [
     "parse_origins",
     "query_without_token",
     "same_secret",
+    "client_secrets",
+    "ClientSecret",
+    "ClientSecrets",
+    "parse_secret_request",
     # a conversation's settings, and what a bad one is told
     "CloseCode",
     "ProtocolError",

@@ -22,6 +22,10 @@ The checks, in order:
    it: that protocol carries the token in its own opening, where its session
    checks it before it takes a slot (a phone carrier's media stream, whose URL
    cannot carry a query: ``docs/TELEPHONY.md``).
+   A client secret (``ek_...``, ``_client_secrets.py``) given the same ways opens a
+   Realtime WebSocket (``secret_paths``) once, with or without a server token;
+   it is spent by this check, and the connection starts with its settings
+   (:attr:`Allowed.grant`).  On any other route it is refused with 401.
 3. **Connections per address** (WebSocket upgrades only): the next upgrade from
    an address at its limit is refused with 429 until one of its connections ends.
 """
@@ -33,7 +37,11 @@ import hashlib
 import hmac
 import urllib.parse
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+
+from ._client_secrets import PREFIX as SECRET_PREFIX
+from ._client_secrets import ClientSecrets
+from ._realtime import SessionConfig
 
 AUTH_TOKEN_ENV = "PPLEX_TRIO_AUTH_TOKEN"  # where the server and the client read the token (ps shows flags)
 COOKIE_NAME = "pplex_trio_auth"
@@ -68,6 +76,7 @@ class Allowed:
 
     via: str | None  # "header", "query", "cookie", "subprotocol", "session" (to be checked there), or None: no
     # token is needed
+    grant: SessionConfig | None = None  # a client secret was spent: the call starts with its settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +162,23 @@ def _cookies(header: str | None) -> Iterable[tuple[str, str]]:
             yield name.strip(), value.strip().strip('"')
 
 
+def _presented(request: RequestHead) -> Iterator[tuple[str, str]]:
+    """The keys ``request`` gives, and how: a Bearer header, ``token=`` queries, the Realtime key subprotocol."""
+    authorization = request.header(b"authorization")
+    if authorization is not None:
+        scheme, _, value = authorization.strip().partition(" ")
+        if scheme.lower() == "bearer":
+            yield "header", value.strip()
+    for name, value in urllib.parse.parse_qsl(request.query.decode("latin-1"), keep_blank_values=True):
+        if name == TOKEN_PARAMETER:
+            yield "query", value
+    for offered in (request.header(b"sec-websocket-protocol") or "").split(","):
+        # How a browser's OpenAI Realtime client carries its key: a WebSocket subprotocol.
+        name, _, value = offered.strip().partition(".")
+        if name == REALTIME_KEY_SUBPROTOCOL:
+            yield "subprotocol", value
+
+
 def query_without_token(query: bytes) -> str:
     """The query string with every ``token=`` parameter taken out (for the redirect after the cookie)."""
     pairs = urllib.parse.parse_qsl(query.decode("latin-1"), keep_blank_values=True)
@@ -171,6 +197,8 @@ class AccessPolicy:
         open_paths: frozenset[str] = frozenset(),
         in_session_paths: frozenset[str] = frozenset(),
         secure: bool = False,
+        client_secrets: ClientSecrets | None = None,
+        secret_paths: frozenset[str] = frozenset(),
     ):
         self.token = token or None
         self.allowed_origins = allowed_origins
@@ -178,17 +206,23 @@ class AccessPolicy:
         self.open_paths = open_paths  # never need the token (health checks)
         self.in_session_paths = in_session_paths  # their WebSockets give the token in their opening
         self.secure = secure  # TLS: the cookie is marked Secure
+        self.client_secrets = client_secrets  # the minted client secrets (None: none are taken)
+        self.secret_paths = secret_paths  # the WebSockets a client secret opens
         self._cookie = cookie_value(self.token) if self.token else None
         self._connections: Counter[str] = Counter()
 
     # -- the checks -------------------------------------------------------------
 
-    def check(self, request: RequestHead) -> Allowed | Refused:
-        """Whether ``request`` may go on (a WebSocket that may is not counted yet: see :meth:`open`)."""
+    def check(self, request: RequestHead, *, now: float) -> Allowed | Refused:
+        """Whether ``request`` may go on (a WebSocket that may is not counted yet: see :meth:`open`); a client secret
+        it gives is spent, on the clock of :attr:`client_secrets` (``now``)."""
         if request.websocket:
             refused = self._check_origin(request)
             if refused is not None:
                 return refused
+        secret = self._client_secret(request)
+        if secret is not None and (self.token is not None or request.path in self.secret_paths):
+            return self._spend(request, *secret, now=now)
         if self.token is None or request.path in self.open_paths:
             return Allowed(None)
         via = self._credential(request)
@@ -222,25 +256,38 @@ class AccessPolicy:
             "operator can allow that origin with --allowed-origins",
         )
 
+    def _client_secret(self, request: RequestHead) -> tuple[str, str] | None:
+        """How and which client secret ``request`` gives, if any (the server's token is never one)."""
+        if self.client_secrets is None:
+            return None
+        for via, value in _presented(request):
+            if value.startswith(SECRET_PREFIX) and not (self.token is not None and same_secret(value, self.token)):
+                return via, value
+        return None
+
+    def _spend(self, request: RequestHead, via: str, value: str, *, now: float) -> Allowed | Refused:
+        assert self.client_secrets is not None
+        if not request.websocket or request.path not in self.secret_paths:
+            return Refused(
+                401,
+                "unauthorized",
+                "a client secret (ek_...) opens one Realtime WebSocket (/v1/realtime) only; this route needs the "
+                "server's access token",
+            )
+        spent = self.client_secrets.spend(value, now=now)
+        if isinstance(spent, str):
+            return Refused(401, "unauthorized", spent)
+        return Allowed(via, grant=spent)
+
     def _credential(self, request: RequestHead) -> str | None:
         """How ``request`` carries the right token: "header", "query", "cookie", or None."""
         assert self.token is not None and self._cookie is not None
-        authorization = request.header(b"authorization")
-        if authorization is not None:
-            scheme, _, value = authorization.strip().partition(" ")
-            if scheme.lower() == "bearer" and same_secret(value.strip(), self.token):
-                return "header"
-        for name, value in urllib.parse.parse_qsl(request.query.decode("latin-1"), keep_blank_values=True):
-            if name == TOKEN_PARAMETER and same_secret(value, self.token):
-                return "query"
+        for via, value in _presented(request):
+            if same_secret(value, self.token):
+                return via
         for name, value in _cookies(request.header(b"cookie")):
             if name == COOKIE_NAME and same_secret(value, self._cookie):
                 return "cookie"
-        for offered in (request.header(b"sec-websocket-protocol") or "").split(","):
-            # How a browser's OpenAI Realtime client carries its key: a WebSocket subprotocol.
-            name, _, value = offered.strip().partition(".")
-            if name == REALTIME_KEY_SUBPROTOCOL and same_secret(value, self.token):
-                return "subprotocol"
         return None
 
     def set_cookie_header(self) -> str:

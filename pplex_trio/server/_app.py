@@ -20,6 +20,7 @@ from werkzeug.exceptions import NotFound
 
 from .._version import __version__
 from ..protocol import twilio
+from ._client_secret_routes import add_client_secret_routes
 from ._context import ServerContext
 from ._server_state import Unready
 from ._setting_types import Framing
@@ -56,6 +57,7 @@ CONVERSATION_PATHS = frozenset(
 )
 # Those whose session checks the token (a carrier's stream: its URL may carry none; the gate lets it through).
 TOKEN_IN_SESSION_PATHS = frozenset(STREAM_PATHS)
+SECRET_PATHS = frozenset({"/v1/realtime"})  # the WebSocket a client secret opens (once), with its settings
 
 
 def default_static_dir() -> pathlib.Path:
@@ -99,6 +101,7 @@ def create_app(server: ServerContext, status: StatusSampler | None = None) -> Co
             model=model_id,
             align=settings.framing is Framing.ALIGNED,
             subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None,
+            config=ws.grant,  # a client secret's settings, as if sent in a session.update first
             **limits,
         )
         await Session(ws, wire, server).run()
@@ -227,6 +230,7 @@ def create_http_app(server: ServerContext, status: StatusSampler) -> QuartTrio:
     add_voice_routes(app, server)
     add_telephony_routes(app, server)
     add_record_routes(app, server)
+    add_client_secret_routes(app, server, model_id)
 
     @app.get("/api/sessions")
     async def sessions() -> Response:

@@ -10,6 +10,7 @@ import trio
 from .._conversation import Outcome
 from .._metrics import Metrics
 from ..engine import Engine, EngineActor
+from ..protocol import ClientSecrets
 from ._encoders import Encoders, make_encoders
 from ._server_state import SERVER_LIFECYCLE, ServerState, Unready
 from ._settings import ServerSettings
@@ -21,7 +22,7 @@ from .voices import VoiceStore, default_folder
 @dataclasses.dataclass(eq=False)
 class ServerContext:
     """What every request handler of one server shares: settings, engine and its actor, metrics, encoders, stores, the
-    live sessions and the server's state.
+    live sessions, the client secrets and the server's state.
     """
 
     settings: ServerSettings
@@ -32,6 +33,7 @@ class ServerContext:
     voice_store: VoiceStore | None = None  # voices added over HTTP (None: this server keeps none)
     records: RecordStore | None = None  # the call records (None: --record is off)
     sessions: set[Session] = dataclasses.field(default_factory=set)
+    client_secrets: ClientSecrets = dataclasses.field(default_factory=ClientSecrets)  # minted for pages to hold
     state: ServerState = SERVER_LIFECYCLE.start  # moved only by begin_drain and begin_shutdown
     _drain_scope: trio.CancelScope | None = dataclasses.field(default=None, repr=False)
 

@@ -30,7 +30,7 @@ import trio
 
 from ..engine import Engine
 from ..protocol import AccessPolicy, Refused
-from ._app import CONVERSATION_PATHS, TOKEN_IN_SESSION_PATHS, create_app
+from ._app import CONVERSATION_PATHS, SECRET_PATHS, TOKEN_IN_SESSION_PATHS, create_app
 from ._context import ServerContext
 from ._server_state import ServerState
 from ._settings import ServerSettings
@@ -176,6 +176,8 @@ async def serve(
         open_paths=OPEN_PATHS,
         in_session_paths=TOKEN_IN_SESSION_PATHS,
         secure=certificate is not None,
+        client_secrets=server.client_secrets,
+        secret_paths=SECRET_PATHS,
     )
     app: Any = AccessGate(
         create_app(server, status),

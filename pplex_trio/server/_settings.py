@@ -15,7 +15,7 @@ from typing import ClassVar
 from .._precision import KVFormat, WeightFormat
 from .._setting import check_settings, parse_gib, setting
 from ..engine import ActorSettings
-from ..protocol import AUTH_TOKEN_ENV, parse_origins, telnyx
+from ..protocol import AUTH_TOKEN_ENV, client_secrets, parse_origins, telnyx
 from ._setting_types import LOOPBACK_HOSTS, CudaGraphMode, Framing, OpusEncoderPlacement, VoiceUploads, parse_slots
 
 MIB = 1024 * 1024
@@ -245,6 +245,16 @@ class ServerSettings(ActorSettings):
         "WebSockets besides the server's own pages",
         group="security",
         metavar="ORIGINS",
+    )
+    client_secret_seconds: int = setting(
+        60,
+        "a client secret (POST /v1/realtime/client_secrets: one Realtime call, for a page to hold instead of the "
+        "token) expires this long after it is minted, unless its request asks for 10 to 7200",
+        low=client_secrets.MIN_SECONDS,
+        high=client_secrets.MAX_SECONDS,
+        group="security",
+        advanced=True,
+        metavar="SECONDS",
     )
     max_connections_per_ip: int = setting(
         0,

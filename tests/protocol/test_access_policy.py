@@ -33,7 +33,7 @@ def expected_cookie(token: str) -> str:
 
 @pytest.mark.parametrize("websocket", [False, True])
 def test_without_a_token_set_everything_is_allowed(websocket):
-    assert AccessPolicy().check(head(websocket=websocket)) == Allowed(None)
+    assert AccessPolicy().check(head(websocket=websocket), now=0.0) == Allowed(None)
 
 
 @pytest.mark.parametrize(
@@ -47,7 +47,7 @@ def test_without_a_token_set_everything_is_allowed(websocket):
     ],
 )
 def test_the_three_ways_in(request_head, via):
-    assert AccessPolicy(token=TOKEN).check(request_head) == Allowed(via)
+    assert AccessPolicy(token=TOKEN).check(request_head, now=0.0) == Allowed(via)
 
 
 @pytest.mark.parametrize(
@@ -69,16 +69,16 @@ def test_the_three_ways_in(request_head, via):
     ],
 )
 def test_a_wrong_or_missing_token_is_401_and_the_message_never_holds_the_token(request_head):
-    verdict = AccessPolicy(token=TOKEN).check(request_head)
+    verdict = AccessPolicy(token=TOKEN).check(request_head, now=0.0)
     assert isinstance(verdict, Refused) and verdict.status == 401 and verdict.reason == "unauthorized"
     assert TOKEN not in verdict.message and "token" in verdict.message
 
 
 def test_open_paths_need_no_token():
     policy = AccessPolicy(token=TOKEN, open_paths=frozenset({"/health"}))
-    assert policy.check(head("/health", websocket=False)) == Allowed(None)
-    assert isinstance(policy.check(head("/health/", websocket=False)), Refused)
-    assert isinstance(policy.check(head("/metrics", websocket=False)), Refused)
+    assert policy.check(head("/health", websocket=False), now=0.0) == Allowed(None)
+    assert isinstance(policy.check(head("/health/", websocket=False), now=0.0), Refused)
+    assert isinstance(policy.check(head("/metrics", websocket=False), now=0.0), Refused)
 
 
 def test_the_cookie_is_http_only_strict_and_secure_under_tls():
@@ -107,7 +107,7 @@ def test_query_without_token_keeps_the_rest():
     ],
 )
 def test_own_origin_is_let_in(origin, host):
-    assert AccessPolicy().check(head(origin=origin, host=host)) == Allowed(None)
+    assert AccessPolicy().check(head(origin=origin, host=host), now=0.0) == Allowed(None)
 
 
 @pytest.mark.parametrize(
@@ -122,27 +122,27 @@ def test_own_origin_is_let_in(origin, host):
     ],
 )
 def test_a_foreign_origin_is_403(origin, host):
-    verdict = AccessPolicy().check(head(origin=origin, host=host))
+    verdict = AccessPolicy().check(head(origin=origin, host=host), now=0.0)
     assert isinstance(verdict, Refused) and verdict.status == 403 and "--allowed-origins" in verdict.message
 
 
 def test_no_origin_is_let_in_and_plain_http_is_not_origin_checked():
-    assert AccessPolicy().check(head(host="127.0.0.1:8998")) == Allowed(None)
-    assert AccessPolicy().check(head(websocket=False, origin="https://evil.example")) == Allowed(None)
+    assert AccessPolicy().check(head(host="127.0.0.1:8998"), now=0.0) == Allowed(None)
+    assert AccessPolicy().check(head(websocket=False, origin="https://evil.example"), now=0.0) == Allowed(None)
 
 
 def test_allowed_origins_are_honoured():
     policy = AccessPolicy(allowed_origins=parse_origins("https://app.example.com, http://localhost:3000"))
-    assert policy.check(head(origin="https://APP.example.com:443", host="srv:8998")) == Allowed(None)
-    assert policy.check(head(origin="http://localhost:3000", host="srv:8998")) == Allowed(None)
-    assert isinstance(policy.check(head(origin="http://localhost:3001", host="srv:8998")), Refused)
+    assert policy.check(head(origin="https://APP.example.com:443", host="srv:8998"), now=0.0) == Allowed(None)
+    assert policy.check(head(origin="http://localhost:3000", host="srv:8998"), now=0.0) == Allowed(None)
+    assert isinstance(policy.check(head(origin="http://localhost:3001", host="srv:8998"), now=0.0), Refused)
     anyone = AccessPolicy(allowed_origins=parse_origins("*"))
-    assert anyone.check(head(origin="https://evil.example", host="srv:8998")) == Allowed(None)
+    assert anyone.check(head(origin="https://evil.example", host="srv:8998"), now=0.0) == Allowed(None)
 
 
 def test_the_origin_is_checked_before_the_token():
     verdict = AccessPolicy(token=TOKEN).check(
-        head(origin="https://evil.example", host="h", authorization=f"Bearer {TOKEN}")
+        head(origin="https://evil.example", host="h", authorization=f"Bearer {TOKEN}"), now=0.0
     )
     assert isinstance(verdict, Refused) and verdict.status == 403
 

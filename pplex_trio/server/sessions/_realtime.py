@@ -64,8 +64,9 @@ def dialect_of(headers: Any, subprotocols: Sequence[str]) -> Dialect:
 
 
 class RealtimeProtocol(OpenAIProtocol[ServerEvents]):
-    """One connection's OpenAI Realtime protocol in ``dialect``: configured until the first append or
-    ``response.create``, then audio both ways in responses that tile the conversation (see above)."""
+    """One connection's OpenAI Realtime protocol in ``dialect``: configured (from ``config``, then by the client)
+    until the first append or ``response.create``, then audio both ways in responses that tile the conversation
+    (see above)."""
 
     name = "realtime"
     early_audio = True
@@ -80,10 +81,11 @@ class RealtimeProtocol(OpenAIProtocol[ServerEvents]):
         max_prompt_chars: int,
         align: bool,
         subprotocol: str | None = None,
+        config: SessionConfig | None = None,
     ):
         super().__init__(ServerEvents(dialect, model=model))
         self.dialect = dialect
-        self.config = SessionConfig()
+        self.config = config or SessionConfig()  # (a client secret's settings: its session.created shows them)
         self.subprotocol = subprotocol
         self.align_input = align
         self._voices = voices

@@ -22,6 +22,8 @@ import trio
 from werkzeug.datastructures import Headers
 
 from ..._conversation import CLOSE_BUDGET
+from ...protocol import SessionConfig
+from ._gate import GRANT_KEY
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -41,6 +43,7 @@ class AsgiWebSocket:
             [(name.decode("latin-1"), value.decode("latin-1")) for name, value in scope.get("headers", ())]
         )
         self.requested_subprotocols: list[str] = list(scope.get("subprotocols", ()))
+        self.grant: SessionConfig | None = scope.get(GRANT_KEY)  # a spent client secret's settings (the gate's)
         client = scope.get("client")
         self.client: str | None = client[0] if client else None  # the peer's address
         self._receive = receive

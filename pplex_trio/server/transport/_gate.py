@@ -28,6 +28,8 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
+import trio
+
 from ...protocol import TOKEN_PARAMETER, AccessPolicy, Refused, RequestHead, query_without_token
 
 logger = logging.getLogger(__name__)
@@ -36,6 +38,8 @@ Scope = dict[str, Any]
 Receive = Callable[[], Any]
 Send = Callable[[dict[str, Any]], Any]
 
+# Where the gate leaves the settings of a spent client secret, for the WebSocket's route (AsgiWebSocket.grant).
+GRANT_KEY = "pplex_trio.grant"
 # The pages a person opens in a browser (the cookie is handed out there).
 PAGES = frozenset({"/", "/official/", "/status"})
 
@@ -69,10 +73,12 @@ class AccessGate:
             headers=scope.get("headers", ()),
             client=client[0] if client else None,
         )
-        verdict = self.policy.check(request)
+        verdict = self.policy.check(request, now=trio.current_time())
         if isinstance(verdict, Refused):
             await self._refuse(scope, send, request, verdict)
             return
+        if verdict.grant is not None:
+            scope = {**scope, GRANT_KEY: verdict.grant}
         if not websocket:
             if verdict.via == "query" and scope.get("method") in ("GET", "HEAD") and request.path in PAGES:
                 await self._hand_out_cookie(scope, send, request)
