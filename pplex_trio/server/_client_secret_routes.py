@@ -17,6 +17,7 @@ import trio
 from quart import Response, jsonify, request
 
 from ..protocol import Dialect, EventError, ServerEvents, parse_secret_request
+from .sessions import NO_TRANSCRIBER
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,12 @@ def add_client_secret_routes(app: Any, server: Any, model: str) -> None:
             )
         except EventError as exc:
             return _error(exc, 400)
+        if config.transcription is not None and server.engine.transcript_delay is None:
+            # (a call would only be told once it opened: a secret's settings are checked whole, here)
+            refusal = EventError(
+                NO_TRANSCRIBER, param="session.audio.input.transcription", code="transcription_unavailable"
+            )
+            return _error(refusal, 400)
         minted = server.client_secrets.mint(config, seconds=seconds, now=trio.current_time())
         if minted is None:
             logger.info("refused a client secret to %s: too many outstanding (429)", request.remote_addr)

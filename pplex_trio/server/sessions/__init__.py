@@ -9,3 +9,4 @@ from ._realtime import RealtimeProtocol as RealtimeProtocol
 from ._realtime import dialect_of as dialect_of
 from ._session import Session as Session
 from ._telephony import TelephonyProtocol as TelephonyProtocol
+from ._transcript import NO_TRANSCRIBER as NO_TRANSCRIBER

@@ -60,6 +60,10 @@ async def test_a_bad_session_is_a_400_that_says_why(virtual_server, autojump_clo
     assert "nobody.pt" in error["message"]
     short = (await mint(handle, {"expires_after": {"seconds": 5}})).json()["error"]
     assert short["param"] == "expires_after.seconds" and "10" in short["message"]
+    # The caller's words on a server that transcribes nothing: told now, not once the call has opened.
+    words = {"type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}}
+    unheard = (await mint(handle, {"session": words})).json()["error"]
+    assert unheard["code"] == "transcription_unavailable" and "--transcribe" in unheard["message"]
     async with handle.http() as http:
         garbage = await http.post("/v1/realtime/client_secrets", content=b"{nope", headers=BEARER)
     assert garbage.status_code == 400 and "JSON" in garbage.json()["error"]["message"]
