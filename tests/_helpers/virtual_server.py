@@ -141,6 +141,14 @@ class VirtualServer:
     async def metrics(self) -> str:
         return (await self.get("/metrics")).text
 
+    async def resumes(self) -> dict[str, float]:
+        """``pplex_resumes_total`` by outcome, as ``/metrics`` says."""
+        counts = {}
+        for line in (await self.metrics()).splitlines():
+            if line.startswith("pplex_resumes_total{"):
+                counts[line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
+        return counts
+
     def open_websocket(self, url: str, **options: Any) -> contextlib.AbstractAsyncContextManager[WebSocketConnection]:
         """As ``pplex_trio.client.open_websocket``; ``url`` may be a path of this server."""
         return open_websocket(self.network, self._url(url), **options)

@@ -44,14 +44,6 @@ async def talk(bad, values) -> None:
         await echoed(bad.receive, value)
 
 
-async def resumes(handle) -> dict[str, float]:
-    counts = {}
-    for line in (await handle.metrics()).splitlines():
-        if line.startswith("pplex_resumes_total{"):
-            counts[line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
-    return counts
-
-
 async def sessions(handle):
     return (await handle.get_json("/api/sessions"))["sessions"]
 
@@ -80,7 +72,7 @@ async def test_a_reset_pauses_the_call_and_its_token_resumes_it_with_the_same_se
         assert after["id"] == before["id"] and after["state"] == "live"
         await ws.send_message(frame(0.3))
         await echoed(ws.get_message, 0.3)
-    assert (await resumes(handle)).get("resumed") == 1
+    assert (await handle.resumes()).get("resumed") == 1
 
 
 async def test_a_token_is_spent_by_its_resume_and_a_wrong_one_is_refused_with_1008(virtual_server, autojump_clock):
@@ -98,7 +90,7 @@ async def test_a_token_is_spent_by_its_resume_and_a_wrong_one_is_refused_with_10
             await reuse.send_message(json.dumps({"type": "open", "resume": ready["resume"]}))
             closed = await read_until_closed(reuse)
         assert closed.code == 1008
-    assert await resumes(handle) == {"resumed": 1, "expired": 0, "refused": 0, "wrong_token": 2}
+    assert await handle.resumes() == {"resumed": 1, "expired": 0, "refused": 0, "wrong_token": 2}
 
 
 async def test_at_the_windows_edge_it_resumes_and_after_it_the_slot_is_free(virtual_server, autojump_clock):
@@ -118,7 +110,7 @@ async def test_at_the_windows_edge_it_resumes_and_after_it_the_slot_is_free(virt
         await late.send_message(json.dumps({"type": "open", "resume": again["resume"]}))
         closed = await read_until_closed(late)
     assert closed.code == 1008
-    assert (await resumes(handle))["expired"] == 1
+    assert (await handle.resumes())["expired"] == 1
 
 
 async def test_the_queue_sees_a_paused_slot_as_held(virtual_server, autojump_clock):

@@ -11,7 +11,7 @@ import secrets
 import trio
 
 from _helpers.ws import read_until_closed
-from tests.server.sessions.test_resume import PATH, echoed, frame, open_call, resumes, slots, talk
+from tests.server.sessions.test_resume import PATH, echoed, frame, open_call, slots, talk
 
 WRONG = 60  # connections presenting made-up tokens
 SAME = 12  # connections presenting the paused call's one valid token, at once
@@ -63,7 +63,7 @@ async def test_a_flood_of_resumes_is_refused_one_by_one_and_touches_nothing_else
     assert len(won) == 1 and won[0][1]["resumed"] is True  # the first valid resume wins
     assert len(refused) == WRONG + SAME - 1
     assert all(code == 1008 and "unknown, used or expired" in reason for code, reason in refused)
-    counts = await resumes(handle)
+    counts = await handle.resumes()
     assert counts == {"resumed": 1, "expired": 0, "refused": 0, "wrong_token": WRONG + SAME - 1}
     flood_log = caplog.records[before:]
     assert not [r for r in flood_log if r.exc_info or r.levelno >= logging.WARNING]

@@ -57,14 +57,6 @@ async def slots(handle) -> dict:
     return (await handle.get_json("/health"))["slots"]
 
 
-async def resumes(handle) -> dict[str, float]:
-    counts = {}
-    for line in (await handle.metrics()).splitlines():
-        if line.startswith("pplex_resumes_total{"):
-            counts[line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
-    return counts
-
-
 async def test_the_official_client_gets_no_token_and_its_disconnect_ends_the_call(virtual_server, autojump_clock):
     handle = await virtual_server(slots=1)
     bad, _ = await connect(handle, text_prompt="a pirate")
@@ -72,7 +64,7 @@ async def test_the_official_client_gets_no_token_and_its_disconnect_ends_the_cal
     bad.reset()
     await trio.sleep(1)
     assert (await slots(handle))["free"] == 1  # not paused: the call ended as before
-    assert (await resumes(handle)).get("resumed", 0) == 0
+    assert (await handle.resumes()).get("resumed", 0) == 0
 
 
 async def test_a_resumable_call_resumes_within_the_window_as_the_same_session_and_persona(
@@ -93,7 +85,7 @@ async def test_a_resumable_call_resumes_within_the_window_as_the_same_session_an
     (resumed,) = handle.server.sessions
     assert resumed.id == session["id"] and resumed.lease.conversation.persona == "a pirate"
     assert resumed.lease.conversation.voice == "NATM1.pt"
-    assert (await resumes(handle)) == {"resumed": 1, "expired": 0, "refused": 0, "wrong_token": 0}
+    assert (await handle.resumes()) == {"resumed": 1, "expired": 0, "refused": 0, "wrong_token": 0}
     quiet, third = await connect(handle, resume=second["token"])  # (taken over: no settings, no notice)
     assert set(third) == {"token", "resumed"}
 
@@ -109,7 +101,7 @@ async def test_a_wrong_used_or_expired_token_is_0x05_then_1008(virtual_server, a
     await trio.sleep(4.5)  # the window lapses: the slot is free, the token expired
     assert (await slots(handle))["free"] == 1
     assert await refused(handle, resume=second["token"]) == (1008, [WRONG])
-    assert (await resumes(handle)) == {"resumed": 1, "expired": 1, "refused": 0, "wrong_token": 3}
+    assert (await handle.resumes()) == {"resumed": 1, "expired": 1, "refused": 0, "wrong_token": 3}
 
 
 @pytest.mark.parametrize(
@@ -163,7 +155,7 @@ async def test_a_drop_while_queued_or_preparing_ends_the_call_and_a_live_one_pau
     live.reset()  # live: paused, its slot held for the resume
     await trio.sleep(1)
     assert (await slots(handle))["held"] == 1
-    assert (await resumes(handle)).get("expired", 0) == 0
+    assert (await handle.resumes()).get("expired", 0) == 0
 
 
 async def wait_for_states(handle, states: list[str]) -> None:

@@ -92,14 +92,6 @@ async def echoed(conn: Conn, value: int, kind: str) -> None:
             return
 
 
-async def resumes(handle) -> dict[str, float]:
-    counts = {}
-    for line in (await handle.metrics()).splitlines():
-        if line.startswith("pplex_resumes_total{"):
-            counts[line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
-    return counts
-
-
 async def slots(handle) -> dict:
     return (await handle.get_json("/health"))["slots"]
 
@@ -154,7 +146,7 @@ async def test_realtime_a_reset_call_resumes_with_its_session_and_the_model_wher
     # The row was not stepped while paused: its frame count goes on from where the dropped connection left it
     # (a few frames sent into the dead connection are lost), not 5 s (62 frames) later.
     assert after == list(range(after[0], after[0] + len(after))) and before[-1] < after[0] <= before[-1] + 8
-    assert (await resumes(handle))["resumed"] == 1
+    assert (await handle.resumes())["resumed"] == 1
 
 
 async def test_realtime_at_the_windows_edge_it_resumes_after_it_an_error_and_1008(virtual_server, autojump_clock):
@@ -176,7 +168,7 @@ async def test_realtime_at_the_windows_edge_it_resumes_after_it_an_error_and_100
         code, events = await late.closed()
     assert code == 1008 and [e["type"] for e in events] == ["error"]
     assert "unknown, used or expired" in events[0]["error"]["message"]
-    assert (await resumes(handle))["expired"] == 1
+    assert (await handle.resumes())["expired"] == 1
 
 
 async def test_realtime_a_wrong_or_foreign_token_is_an_error_then_1008(virtual_server, autojump_clock):
@@ -201,7 +193,7 @@ async def test_realtime_not_asked_no_token_and_a_drop_ends_the_call(virtual_serv
     assert [e["type"] for e in conn.events].count("session.updated") == 0  # (nothing new for such a client)
     bad.reset()
     await trio.sleep(1)
-    assert (await slots(handle))["free"] == 1 and await resumes(handle) == {
+    assert (await slots(handle))["free"] == 1 and await handle.resumes() == {
         "resumed": 0,
         "expired": 0,
         "refused": 0,
@@ -225,7 +217,7 @@ async def test_realtime_a_drop_before_the_call_is_live_ends_it(virtual_server, a
     await first.send(append(0))
     first.close()  # (a close, not a hang-up: paused)
     await trio.sleep(25)  # its window lapses
-    assert (await slots(handle))["free"] == 1 and (await resumes(handle))["expired"] == 1
+    assert (await slots(handle))["free"] == 1 and (await handle.resumes())["expired"] == 1
     preparing = await handle.bad_client(REALTIME + "?resumable=1")
     conn = Conn(preparing.receive, preparing.send, REALTIME_EVENT.validate_python)
     await conn.next("session.created")
@@ -234,7 +226,7 @@ async def test_realtime_a_drop_before_the_call_is_live_ends_it(virtual_server, a
     assert [s["state"] for s in (await handle.get_json("/api/sessions"))["sessions"]] == ["preparing"]
     preparing.reset()
     await trio.sleep(3)
-    assert (await slots(handle))["free"] == 1 and (await resumes(handle))["expired"] == 1
+    assert (await slots(handle))["free"] == 1 and (await handle.resumes())["expired"] == 1
 
 
 # -- Live ----------------------------------------------------------------------------------------------------
@@ -278,7 +270,7 @@ async def test_live_a_reset_call_resumes_with_its_session_and_settings_sent_are_
         await echoed(again, 2000, LIVE_AUDIO)
     after = numbers(again.events, LIVE_TEXT)
     assert after == list(range(after[0], after[0] + len(after))) and before[-1] < after[0] <= before[-1] + 8
-    assert (await resumes(handle))["resumed"] == 1
+    assert (await handle.resumes())["resumed"] == 1
 
 
 async def test_live_at_the_windows_edge_it_resumes_after_it_an_error_and_1008(virtual_server, autojump_clock):
@@ -298,7 +290,7 @@ async def test_live_at_the_windows_edge_it_resumes_after_it_an_error_and_1008(vi
             await late.send(json.dumps({"type": "session.start", "session": {"model": "gpt-live-1"}}))
             code, events = await late.closed()
         assert code == 1008 and "error" in [e["type"] for e in events]
-    assert await resumes(handle) == {"resumed": 1, "expired": 1, "refused": 0, "wrong_token": 2}
+    assert await handle.resumes() == {"resumed": 1, "expired": 1, "refused": 0, "wrong_token": 2}
 
 
 async def test_live_session_close_ends_the_call_and_a_drop_while_flushing_too(virtual_server, autojump_clock):
@@ -312,4 +304,4 @@ async def test_live_session_close_ends_the_call_and_a_drop_while_flushing_too(vi
     await bad.send(json.dumps({"type": "session.close"}))
     bad.reset()  # while its last words are flushed: the call is over, not paused
     await trio.sleep(1)
-    assert (await slots(handle))["free"] == 1 and (await resumes(handle))["expired"] == 0
+    assert (await slots(handle))["free"] == 1 and (await handle.resumes())["expired"] == 0
