@@ -87,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=_seconds,
         default=RECONNECT_SECONDS,
         help="when the connection drops mid-call, reconnect with backoff for this many seconds and resume the "
-        "call (raw, moshi; the input that fell in the outage is not sent, and the answer has silence there); "
-        "0: never (default 20, the server's --resume-seconds)",
+        "call (the input that fell in the outage is not sent, and the answer has silence there; realtime has no "
+        "hang-up, so the server then holds the call's slot for its window after the end); 0: never (default 20, "
+        "the server's --resume-seconds)",
     )
     add_reach_arguments(client)
 

@@ -8,7 +8,7 @@ from ._client import read_wav as read_wav
 from ._client import run_client as run_client
 from ._client import stream_moshi as stream_moshi
 from ._client import stream_raw as stream_raw
-from ._client import stream_realtime as stream_realtime
+from ._realtime_call import stream_realtime as stream_realtime
 from ._resume import RECONNECT_SECONDS as RECONNECT_SECONDS
 from ._voices import VoiceApiError as VoiceApiError
 from ._voices import add_voice as add_voice

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import ssl
+import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,7 +15,7 @@ import numpy as np
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection
 
-from .._conversation import SAMPLE_RATE
+from .._conversation import FRAME_SIZE, SAMPLE_RATE
 from ._ws import Refused, open_websocket, transport_ending
 
 IDLE_TIMEOUT = 30.0  # seconds the server may send nothing before the client gives up on the call
@@ -212,3 +213,26 @@ def _fit(chunks: list[np.ndarray], length: int) -> np.ndarray:
         audio = np.concatenate(chunks)[:length]
         out[: audio.size] = audio
     return out
+
+
+def with_query(url: str, params: dict[str, str], *, keep: bool = True) -> str:
+    """``url`` with ``params`` added to its query (``keep=False``: instead of it)."""
+    parts = urllib.parse.urlsplit(url)
+    query = "&".join(q for q in (parts.query if keep else "", urllib.parse.urlencode(params)) if q)
+    return urllib.parse.urlunsplit(parts._replace(query=query))
+
+
+async def until_set(event: trio.Event, fn: Any) -> None:
+    """Run ``fn`` until ``event`` is set (or it returns)."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(fn)
+        await event.wait()
+        nursery.cancel_scope.cancel()
+
+
+def frames_of(pcm: np.ndarray) -> list[np.ndarray]:
+    """``pcm`` in frames of ``FRAME_SIZE``, the last one padded with silence."""
+    count = -(-pcm.size // FRAME_SIZE)
+    padded = np.zeros(count * FRAME_SIZE, dtype=np.float32)
+    padded[: pcm.size] = pcm
+    return list(padded.reshape(count, FRAME_SIZE))

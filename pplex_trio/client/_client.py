@@ -13,7 +13,6 @@ writes that before it re-raises: the command line then ends with one line.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import pathlib
@@ -25,10 +24,20 @@ import numpy as np
 import sphn
 import trio
 
-from .._conversation import FRAME_SECONDS, FRAME_SIZE, SAMPLE_RATE
-from ..codec import pcm16_decode, pcm16_encode
+from .._conversation import FRAME_SIZE, SAMPLE_RATE
 from ..protocol import moshi
-from ._call import IDLE_TIMEOUT, Answer, CallFailed, CallLine, ClientError, ClientResult, open_call
+from ._call import (
+    IDLE_TIMEOUT,
+    Answer,
+    CallFailed,
+    CallLine,
+    ClientError,
+    ClientResult,
+    frames_of,
+    until_set,
+    with_query,
+)
+from ._realtime_call import stream_realtime
 from ._resume import RECONNECT_SECONDS, ResumableCall, resuming_call
 
 logger = logging.getLogger(__name__)
@@ -55,13 +64,6 @@ def conversation_url(base: str, protocol: str, params: dict[str, str]) -> str:
     return urllib.parse.urlunsplit((scheme, parts.netloc, path, query, ""))
 
 
-def _with_query(url: str, params: dict[str, str], *, keep: bool = True) -> str:
-    """``url`` with ``params`` added to its query (``keep=False``: instead of it)."""
-    parts = urllib.parse.urlsplit(url)
-    query = "&".join(q for q in (parts.query if keep else "", urllib.parse.urlencode(params)) if q)
-    return urllib.parse.urlunsplit(parts._replace(query=query))
-
-
 def read_wav(path: str | pathlib.Path) -> np.ndarray:
     """Mono float32 at 24 kHz (resampled and downmixed if needed)."""
     data, _ = sphn.read(str(path), sample_rate=SAMPLE_RATE)
@@ -82,13 +84,13 @@ async def stream_moshi(
     ``reconnect_seconds`` above 0 asks for a resume token (``resumable=1``) and resumes a dropped call with it
     (``_resume.py``); the call then ends with a hang-up (``0x12``), not a mere close, which would pause it."""
     answer = Answer(pcm.size)
-    frames = _frames(pcm)
+    frames = frames_of(pcm)
     resumable = reconnect_seconds > 0
 
     def address(call: ResumableCall) -> str:
         if call.resuming:
-            return _with_query(url, {"resume": call.token or ""}, keep=False)  # (the call keeps its settings)
-        return _with_query(url, {"resumable": "1"}) if resumable else url
+            return with_query(url, {"resume": call.token or ""}, keep=False)  # (the call keeps its settings)
+        return with_query(url, {"resumable": "1"}) if resumable else url
 
     async def leg(ws: CallLine, call: ResumableCall) -> None:
         writer, reader = sphn.OpusStreamWriter(SAMPLE_RATE), sphn.OpusStreamReader(SAMPLE_RATE)  # (streams anew)
@@ -133,7 +135,7 @@ async def stream_moshi(
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(send)
-            nursery.start_soon(_until, done, receive)
+            nursery.start_soon(until_set, done, receive)
         if resumable:
             await ws.send_message(moshi.hangup())  # the call is over: not a drop to pause it for
 
@@ -156,7 +158,7 @@ async def stream_raw(
     """
     answer = Answer(pcm.size)
     # Real-time pacing, then a tail of silence so delayed output can come out.
-    frames = _frames(np.concatenate([pcm, np.zeros(int(tail_seconds * SAMPLE_RATE), np.float32)]))
+    frames = frames_of(np.concatenate([pcm, np.zeros(int(tail_seconds * SAMPLE_RATE), np.float32)]))
 
     async def leg(ws: CallLine, call: ResumableCall) -> None:
         opening = {"resume": call.token} if call.resuming else params
@@ -197,64 +199,6 @@ async def stream_raw(
     return await resuming_call(leg, answer, lambda call: url, idle_timeout, dict(connect), reconnect_seconds)
 
 
-async def stream_realtime(
-    url: str,
-    pcm: np.ndarray,
-    session: dict[str, Any],
-    *,
-    tail_seconds: float = 2.0,
-    idle_timeout: float = IDLE_TIMEOUT,
-    **connect: Any,
-) -> ClientResult:
-    """The OpenAI Realtime protocol (GA events), PCM16 at 24 kHz both ways; ``session``: a session.update's;
-    :class:`CallFailed` on an error event or an abnormal end."""
-    answer = Answer(pcm.size)
-    async with open_call(url, answer, idle_timeout, connect) as ws:
-        await _realtime_event(ws, "session.created")
-        await ws.send_message(json.dumps({"type": "session.update", "session": session}))
-        await _realtime_event(ws, "session.updated")
-        # Start the conversation and stream once it is live (audio before that is not heard).
-        await ws.send_message(json.dumps({"type": "response.create"}))
-        await _realtime_event(ws, "response.created")
-        answer.begin()
-        padded = np.concatenate([pcm, np.zeros(int(tail_seconds * SAMPLE_RATE), np.float32)])
-        done = trio.Event()
-
-        async def send() -> None:
-            deadline = trio.current_time()
-            for frame in _frames(padded):
-                audio = base64.b64encode(pcm16_encode(frame))
-                await ws.send_message(json.dumps({"type": "input_audio_buffer.append", "audio": audio.decode()}))
-                deadline += FRAME_SECONDS
-                await trio.sleep_until(deadline)
-            done.set()
-
-        async def receive() -> None:
-            while True:
-                event = json.loads(await ws.get_message())
-                kind = event.get("type")
-                if kind == "response.output_audio.delta":
-                    answer.audio(pcm16_decode(base64.b64decode(event["delta"])))
-                elif kind == "response.output_audio_transcript.delta":
-                    answer.piece(event["delta"])
-                elif kind == "error":
-                    raise ClientError(event["error"]["message"])
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(send)
-            nursery.start_soon(_until, done, receive)
-    return answer.complete()
-
-
-async def _realtime_event(ws: Any, kind: str) -> dict[str, Any]:
-    while True:
-        event = json.loads(await ws.get_message())
-        if event.get("type") == kind:
-            return event
-        if event.get("type") == "error":
-            raise ClientError(event["error"]["message"])
-
-
 async def _wait_moshi_handshake(ws: Any) -> None:
     while True:
         message = await ws.get_message()
@@ -263,20 +207,6 @@ async def _wait_moshi_handshake(ws: Any) -> None:
                 return
             if message[0] == moshi.Kind.ERROR:
                 raise ClientError(message[1:].decode("utf-8", errors="replace"))
-
-
-async def _until(event: trio.Event, fn: Any) -> None:
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(fn)
-        await event.wait()
-        nursery.cancel_scope.cancel()
-
-
-def _frames(pcm: np.ndarray) -> list[np.ndarray]:
-    count = -(-pcm.size // FRAME_SIZE)
-    padded = np.zeros(count * FRAME_SIZE, dtype=np.float32)
-    padded[: pcm.size] = pcm
-    return list(padded.reshape(count, FRAME_SIZE))
 
 
 async def run_client(
@@ -295,7 +225,7 @@ async def run_client(
     reconnect_seconds: float = RECONNECT_SECONDS,
 ) -> ClientResult:
     """``token``: the server's access token (sent as a Bearer header); ``ssl_context``: for ``wss://``;
-    ``reconnect_seconds``: how long a dropped call is tried again and resumed (raw and Moshi; 0: never).
+    ``reconnect_seconds``: how long a dropped call is tried again and resumed (every protocol; 0: never).
 
     A call that ends abnormally raises :class:`CallFailed`, after writing what it had received (if the streaming
     had begun) to the same files; its message says what happened and what was written.
@@ -356,8 +286,8 @@ async def _converse(
             session["instructions"] = persona
         if voice is not None:
             session["audio"]["output"]["voice"] = voice
-        # (its server side cannot resume a call yet: a drop ends it)
-        result = await stream_realtime(conversation_url(url, protocol, {}), pcm, session, **connect)
+        url = conversation_url(url, protocol, {})
+        result = await stream_realtime(url, pcm, session, reconnect_seconds=reconnect_seconds, **connect)
     else:
         raise ValueError(f"unknown protocol {protocol!r}: use moshi, raw or realtime")
     return result

@@ -1,7 +1,7 @@
 """Reconnecting a dropped call and resuming it with its token (``pplex-trio client --reconnect-seconds``).
 
-A call on a protocol whose server can resume it (raw; Moshi with
-``resumable=1``) keeps the token the server gave last.  When its connection
+A call on a protocol whose server can resume it (raw; Moshi and Realtime
+with ``resumable=1``) keeps the token the server gave last.  When its connection
 drops mid-call (a reset, a TCP close without a WebSocket close, a server
 silent for ``--timeout``), the client connects again after 0.25 s, then 0.5,
 1, 2, 4, 4 … s, presenting that token, until the server's window has surely

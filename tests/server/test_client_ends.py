@@ -215,7 +215,7 @@ async def test_a_relay_that_resets_both_sides_8_s_into_a_call_to_the_real_server
     virtual_server, autojump_clock, nursery, monkeypatch, tmp_path, caplog, protocol
 ):
     """The issue's case: the echo engine answers a 20 s clip; 8 s after the connection opened it is reset.  With
-    ``--reconnect-seconds 0`` (and on Realtime, whose calls cannot be resumed yet) the call ends there
+    ``--reconnect-seconds 0`` the call ends there
     (``test_client_resumes.py``: what reconnecting does)."""
     handle = await virtual_server()
 
@@ -244,7 +244,7 @@ async def test_a_relay_that_resets_both_sides_8_s_into_a_call_to_the_real_server
             "--protocol",
             protocol,
         ]
-        + (["--reconnect-seconds", "0"] if protocol != "realtime" else [])
+        + ["--reconnect-seconds", "0"]
     )
     caplog.set_level(logging.INFO)
     assert await client_main(args) == 1

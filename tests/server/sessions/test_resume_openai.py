@@ -305,3 +305,45 @@ async def test_live_session_close_ends_the_call_and_a_drop_while_flushing_too(vi
     bad.reset()  # while its last words are flushed: the call is over, not paused
     await trio.sleep(1)
     assert (await slots(handle))["free"] == 1 and (await handle.resumes())["expired"] == 0
+
+
+# -- a resume while the old connection is still open ---------------------------------------------------------
+
+
+async def test_realtime_a_resume_while_the_old_connection_lives_takes_the_call_over(virtual_server, autojump_clock):
+    handle = await virtual_server(slots=1)
+    old, conn, created = await realtime_call(handle)
+    token = realtime_token(next(e for e in conn.events if e["type"] == "session.updated"))
+    async with handle.open_websocket(REALTIME + "?resume=" + token) as ws:
+        code, events = await conn.closed()
+        old.close()  # (the server closed it: its client lets go of the socket)
+        assert code == 1008 and [e["type"] for e in events if e["type"] == "error"] == ["error"]
+        assert "resumed on another connection" in next(e for e in events if e["type"] == "error")["error"]["message"]
+        new = Conn(ws.get_message, ws.send_message, REALTIME_EVENT.validate_python)
+        taken = await new.next("session.created")
+        assert taken["session"]["id"] == created["session"]["id"] and realtime_token(taken) != token
+        await ws.send_message(append(700))
+        await echoed(new, 700, RT_AUDIO)
+        assert len((await handle.get_json("/api/sessions"))["sessions"]) == 1
+    assert (await handle.resumes())["resumed"] == 1
+
+
+async def test_live_a_resume_while_the_old_connection_lives_takes_the_call_over(virtual_server, autojump_clock):
+    handle = await virtual_server(slots=1)
+    old, conn, started = await live_call(handle)
+    async with handle.open_websocket(handle.ws_url + LIVE + "?resume=" + live_token(started)) as ws:
+        new = Conn(ws.get_message, ws.send_message, LIVE_EVENT.validate_python)
+        await new.send(json.dumps({"type": "session.start", "session": {"model": "gpt-live-1"}}))
+        code, events = await conn.closed()
+        old.close()
+        assert code == 1008
+        (error,) = [e for e in events if e["type"] == "error"]
+        assert "resumed on another connection" in error["error"]["message"]
+        taken = await new.next("session.started")
+        assert taken["session"]["id"] == started["session"]["id"] and live_token(taken) != live_token(started)
+        await ws.send_message(
+            json.dumps({"type": "session.input_audio.append", "audio": base64.b64encode(pcm16(700)).decode()})
+        )
+        await echoed(new, 700, LIVE_AUDIO)
+        assert len((await handle.get_json("/api/sessions"))["sessions"]) == 1
+    assert (await handle.resumes())["resumed"] == 1
