@@ -46,6 +46,7 @@ from ._realtime import (
 from ._realtime import parse_client_event as parse_realtime_event
 from ._realtime_events import ServerEvents
 from ._realtime_items import ConversationItems
+from ._sdp import MAX_OFFER_BYTES, AudioOffer, CallOffer, check_offer
 from ._ws_guard import InboundGuard, Refusal
 
 __all__ = [
@@ -66,6 +67,11 @@ __all__ = [
     "ClientSecret",
     "ClientSecrets",
     "parse_secret_request",
+    # a WebRTC call's SDP offer, checked
+    "MAX_OFFER_BYTES",
+    "AudioOffer",
+    "CallOffer",
+    "check_offer",
     # a conversation's settings, and what a bad one is told
     "CloseCode",
     "ProtocolError",
