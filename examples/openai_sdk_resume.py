@@ -127,6 +127,8 @@ async def main() -> None:
         speaker.cancel()
         for task in done:
             task.result()  # (the listener's SystemExit, or a connection that could not be resumed)
+        # pplex-trio's hang-up (OpenAI's Realtime has none): the server frees the call's slot at once.
+        await connection.send({"type": "session.close"})  # type: ignore[arg-type]
     await client.close()
     with wave.open(args.output, "wb") as w:
         w.setnchannels(1)

@@ -4,8 +4,9 @@ a dropped connection when asked (``reconnect_seconds``; ``_resume.py``).
 Resuming is opt-in on Realtime: the first connection asks with ``?resumable=1`` and keeps the latest
 ``session.resume_token`` (in ``session.updated``, and in the ``session.created`` of a resumed connection); a
 dropped one reconnects to ``?resume=TOKEN``, which goes on at once (no ``session.update``, no
-``response.create``).  Realtime has no hang-up, so a resumable call's end looks like a drop to the server: it
-holds the call's slot for its window (``--resume-seconds``) after the client is done.
+``response.create``).  OpenAI's Realtime has no hang-up, so a resumable call ends with pplex-trio's own
+``session.close`` (Live's name): without it the server would take the end for a drop and hold the call's slot
+for its window (``--resume-seconds``).
 """
 
 from __future__ import annotations
@@ -87,5 +88,7 @@ async def stream_realtime(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(send)
             nursery.start_soon(until_set, done, receive)
+        if resumable:  # the call is over, not dropped: the server lets its slot go at once
+            await ws.send_message(json.dumps({"type": "session.close"}))
 
     return await resuming_call(leg, answer, address, idle_timeout, dict(connect), reconnect_seconds)

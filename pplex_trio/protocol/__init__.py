@@ -34,6 +34,7 @@ from ._params import (
     voice_choice,
     voice_name,
 )
+from ._realtime import HANGUP as REALTIME_HANGUP
 from ._realtime import (
     AudioFormat,
     Dialect,
@@ -99,6 +100,7 @@ __all__ = [
     "SessionUpdate",
     "apply_session_update",
     "parse_realtime_event",
+    "REALTIME_HANGUP",
     # the OpenAI Live protocol (its client events in ``live``)
     "live",
     "LiveEvents",

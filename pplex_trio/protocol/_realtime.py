@@ -219,6 +219,7 @@ ITEM_EVENTS = frozenset(
     {"conversation.item.create", "conversation.item.truncate", "conversation.item.delete", "conversation.item.retrieve"}
 )
 REFUSED: frozenset[str] = frozenset()
+HANGUP = "session.close"  # pplex-trio's own (Live's name; OpenAI's Realtime has none): the client ends the call
 MAX_METADATA = 16  # OpenAI's limits on a response's metadata: 16 pairs of strings
 MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 512
 
@@ -235,7 +236,7 @@ def parse_client_event(message: bytes | str) -> ClientEvent:
         return ResponseCreate(kind, event_id, _metadata(_object(event, "response").get("metadata"), event_id))
     if kind in ITEM_EVENTS:
         return ItemEvent(kind, event_id, event)
-    if kind in ANSWERED:
+    if kind in ANSWERED or kind == HANGUP:
         return ClientEvent(kind, event_id)
     if kind in REFUSED:
         raise EventError(

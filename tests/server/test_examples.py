@@ -13,6 +13,7 @@ import sys
 import threading
 import wave
 
+import httpx
 import numpy as np
 import pytest
 
@@ -124,7 +125,7 @@ class ResettingRelay:
 def test_the_sdk_resume_example_survives_a_dropped_connection(tmp_path):
     t = np.arange(24_000 * 4) / 24_000
     write_wav(tmp_path / "question.wav", (0.3 * np.sin(2 * np.pi * 330 * t)).astype(np.float32), 24_000)
-    with server_process("--model", "echo:prompt=2", "--slots", "1") as url:  # (its own: the call ends paused)
+    with server_process("--model", "echo:prompt=2", "--slots", "1") as url:  # (its own: a slot it may hold)
         relay = ResettingRelay(int(url.rsplit(":", 1)[1]), after=2.0)
         try:
             out = run_example(
@@ -132,6 +133,8 @@ def test_the_sdk_resume_example_survives_a_dropped_connection(tmp_path):
             )
         finally:
             relay.close()
+        slots = httpx.get(url + "/health").json()["slots"]
+        assert slots["held"] == 0  # it hung up (session.close): no slot held for a resume
     assert relay.connections == 2
     (resumed,) = re.findall(r"resumed session (\S+) \(was (\S+)\)", out)
     assert resumed[0] == resumed[1]  # the same session

@@ -35,6 +35,7 @@ from ..._conversation import SAMPLE_RATE, Conversation
 from ...codec import EnergyVAD
 from ...engine import OutputFrame
 from ...protocol import (
+    REALTIME_HANGUP,
     AudioAppend,
     ConversationItems,
     Dialect,
@@ -50,7 +51,7 @@ from ...protocol import (
 from ._audio_io import AudioIn, AudioOut
 from ._openai import OpenAIProtocol
 from ._transcript import NO_TRANSCRIBER, HeardPiece
-from ._wire import InputAudio, InputEvent, Message, Replies, Restart, ResumeCall, WireProtocol
+from ._wire import Hangup, InputAudio, InputEvent, Message, Replies, Restart, ResumeCall, WireProtocol
 
 SUBPROTOCOL = "realtime"  # what browsers offer (with the token and beta markers beside it)
 
@@ -168,6 +169,8 @@ class RealtimeProtocol(OpenAIProtocol[ServerEvents]):
             return event
         if isinstance(event, AudioAppend):
             return InputAudio(event.audio) if event.audio else None
+        if event.type == REALTIME_HANGUP:
+            return Hangup()  # (the call ends at once, not paused for a resume)
         return self._answer(event)
 
     def _answer(self, event: Any) -> Replies | Restart:

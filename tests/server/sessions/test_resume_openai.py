@@ -307,6 +307,21 @@ async def test_live_session_close_ends_the_call_and_a_drop_while_flushing_too(vi
     assert (await slots(handle))["free"] == 1 and (await handle.resumes())["expired"] == 0
 
 
+async def test_realtime_session_close_ends_the_call_at_once_not_paused(virtual_server, autojump_clock):
+    """OpenAI's Realtime has no hang-up; pplex-trio's ``session.close`` (Live's name) is one: the call ends, its
+    slot is free at once, and its token resumes nothing."""
+    handle = await virtual_server(slots=1)
+    bad, conn, _ = await realtime_call(handle)
+    token = realtime_token(next(e for e in conn.events if e["type"] == "session.updated"))
+    await bad.send(json.dumps({"type": "session.close"}))
+    await trio.sleep(1)
+    assert (await slots(handle))["free"] == 1 and (await handle.resumes())["expired"] == 0
+    assert 'pplex_sessions_ended_total{outcome="hangup",protocol="realtime"} 1.0' in await handle.metrics()
+    async with handle.open_websocket(REALTIME + "?resume=" + token) as ws:
+        code, _events = await Conn(ws.get_message, ws.send_message, REALTIME_EVENT.validate_python).closed()
+    assert code == 1008
+
+
 # -- a resume while the old connection is still open ---------------------------------------------------------
 
 
