@@ -173,6 +173,20 @@ class VirtualServer:
         """A raw conversation that must get every frame it sends back (see :class:`RawWitness`)."""
         return RawWitness(self.ws_url, opener=self.open_websocket, **options)
 
+    async def start_witness(self, nursery: trio.Nursery, **options: Any) -> tuple[RawWitness, trio.Event]:
+        """A witness (:meth:`witness`) run in ``nursery``, once it is live; the event is set when it has finished."""
+        witness = self.witness(**options)
+        done = trio.Event()
+
+        async def run() -> None:
+            await witness.run()
+            done.set()
+
+        nursery.start_soon(run)
+        with trio.fail_after(5):
+            await witness.ready.wait()
+        return witness, done
+
     def _url(self, url: str) -> str:
         return self.ws_url + url if url.startswith("/") else url
 

@@ -66,16 +66,7 @@ CASES = {
 async def test_bad_input_is_answered_and_others_keep_every_frame(virtual_server, autojump_clock, nursery, case):
     action, args, code, words = CASES[case]
     handle = await virtual_server(slots=2, max_message_bytes=LIMIT, prefill_steps=1)
-    witness = handle.witness()
-    done = trio.Event()
-
-    async def run_witness():
-        await witness.run()
-        done.set()
-
-    nursery.start_soon(run_witness)
-    with trio.fail_after(5):
-        await witness.ready.wait()
+    witness, done = await handle.start_witness(nursery)
     await trio.sleep(0.3)
     closed = await action(handle, *args)
     assert closed.code == code, (closed.code, closed.reason, closed.messages[-3:])

@@ -36,16 +36,7 @@ async def test_a_flood_of_resumes_is_refused_one_by_one_and_touches_nothing_else
     virtual_server, autojump_clock, nursery, caplog
 ):
     handle = await virtual_server(slots=2, prefill_steps=1)
-    witness = handle.witness()
-    done = trio.Event()
-
-    async def run_witness():
-        await witness.run()
-        done.set()
-
-    nursery.start_soon(run_witness)
-    with trio.fail_after(5):
-        await witness.ready.wait()
+    witness, done = await handle.start_witness(nursery)
     bad, ready = await open_call(handle)
     await talk(bad, [0.2])
     bad.reset()  # the call to resume: paused
