@@ -23,9 +23,6 @@ from ...protocol import EventError, ProtocolError
 from ._transcript import TranscriptReader
 
 Message = bytes | str  # one WebSocket message
-IGNORED_ON_RESUME = (
-    "a resumed call keeps its persona, voice and sampling: the settings sent with the resume were ignored"
-)
 
 
 class WebSocket(Protocol):
