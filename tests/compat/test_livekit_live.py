@@ -267,6 +267,14 @@ def best(piece: np.ndarray, audio: np.ndarray) -> float:
     return best_lag(piece, audio, 0, audio.size - piece.size)[1]
 
 
+def longest_quiet(audio: np.ndarray, floor: float = 1e-3) -> tuple[int, int]:
+    """Where the longest stretch of ``audio`` below ``floor`` starts and ends (samples)."""
+    edges = np.diff(np.concatenate([[0], (np.abs(audio) < floor).astype(np.int8), [0]]))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    longest = int(np.argmax(ends - starts))
+    return int(starts[longest]), int(ends[longest])
+
+
 def assert_heard(utterance: np.ndarray, received: np.ndarray) -> None:
     """``assert_echoed`` without its bound on the drift between the pieces: each half second of the utterance is
     found in ``received`` (one may miss), in order.
@@ -393,14 +401,17 @@ def test_livekit_live_mute_input(echo_server, caller, assert_echoed):
     ((unmuted_at, unmuted),) = [(at, e) for at, e in model.received if e["type"] == "session.input_audio.unmuted"]
     assert (muted["client_event_id"], unmuted["client_event_id"]) == (mute["event_id"], unmute["event_id"])
 
-    # Heard before the mute and after the unmute; while muted the model heard silence, so what it said back
-    # was silence, as long as the caller spoke: the call kept its pace.
-    assert_echoed(caller.first, model.output_between(0, muted_at))
-    assert_echoed(caller.first, model.output_between(unmuted_at))
+    # While muted the model heard silence, so what it said back was silence for as long as the caller spoke:
+    # the longest quiet stretch of its output. The caller was heard before it and after it. The output is cut
+    # by its own positions, not by when the acknowledgements came in: on a busy machine the echo of a frame
+    # heard before the mute may reach the client after the ``muted`` event.
+    assert muted_at < unmuted_at
     output = samples(bytes(model.output))
+    start, end = longest_quiet(output)
+    assert (end - start) / RATE > caller.second.size / RATE, (start / RATE, end / RATE)
+    assert_echoed(caller.first, output[:start])
+    assert_echoed(caller.first, output[end:])
     assert [best(piece, output) < 0.3 for piece in np.split(caller.second, 4)] == [True] * 4
-    quiet = model.output_between(muted_at + 0.1, unmuted_at)
-    assert quiet.size / RATE > caller.second.size / RATE and np.abs(quiet).max() < 1e-3, np.abs(quiet).max()
     (closed,) = model.received_of("session.closed")
     assert closed["usage"]["seconds"] == pytest.approx(output.size / RATE, abs=0.25)
     echo_server.wait_closed("live", before, outcome="completed")
