@@ -71,6 +71,9 @@ ERROR_KINDS = (
 )
 
 
+WEBRTC_PACKET_KINDS = ("received", "recovered", "concealed", "late")  # pplex_webrtc_packets_total's
+
+
 class Metrics:
     """Every metric the server exports, under the ``pplex_`` prefix."""
 
@@ -295,6 +298,20 @@ class Metrics:
         self.barge_ins = Counter(
             "pplex_barge_ins_total", "The caller spoke over the agent and the agent stopped within 480 ms", registry=r
         )
+        self.webrtc_calls_ended = Counter(
+            "pplex_webrtc_calls_ended_total",
+            "WebRTC calls ended, by why their peer connection ended (the session's outcome is in "
+            "pplex_sessions_ended_total)",
+            ["reason"],
+            registry=r,
+        )
+        self.webrtc_packets = Counter(
+            "pplex_webrtc_packets_total",
+            "WebRTC callers' audio packets: received; lost and recovered from the next one's FEC, or concealed "
+            "(Opus PLC); come too late to be heard",
+            ["kind"],
+            registry=r,
+        )
         self.trio_tasks = Gauge(
             "pplex_trio_tasks", "Trio tasks alive in the server (counted when /metrics is read)", registry=r
         )
@@ -310,6 +327,8 @@ class Metrics:
             self.refused.labels(reason)
         for reason in RECORD_DELETIONS:
             self.records_deleted.labels(reason)
+        for kind in WEBRTC_PACKET_KINDS:
+            self.webrtc_packets.labels(kind)
 
     def drop(self, reason: str, count: int = 1) -> None:
         """Count ``count`` dropped frames under ``reason`` (one of ``DROP_REASONS``)."""

@@ -21,7 +21,7 @@ from ._access import (
     same_secret,
 )
 from ._audio import Encoding, SampleFormat
-from ._client_secrets import ClientSecret, ClientSecrets, parse_secret_request
+from ._client_secrets import ClientSecret, ClientSecrets, parse_secret_request, session_settings
 from ._errors import CloseCode, EventError, ProtocolError
 from ._live_events import LiveEvents
 from ._openai_events import AudioAppend, ClientEvent
@@ -68,6 +68,7 @@ __all__ = [
     "ClientSecret",
     "ClientSecrets",
     "parse_secret_request",
+    "session_settings",
     # a WebRTC call's SDP offer, checked
     "MAX_OFFER_BYTES",
     "AudioOffer",

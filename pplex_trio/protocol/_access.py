@@ -23,7 +23,7 @@ The checks, in order:
    checks it before it takes a slot (a phone carrier's media stream, whose URL
    cannot carry a query: ``docs/TELEPHONY.md``).
    A client secret (``ek_...``, ``_client_secrets.py``) given the same ways opens a
-   Realtime WebSocket (``secret_paths``) once, with or without a server token;
+   Realtime call (``secret_paths``: the WebSocket, the WebRTC offer) once, with or without a server token;
    it is spent by this check, and the connection starts with its settings
    (:attr:`Allowed.grant`).  On any other route it is refused with 401.
 3. **Connections per address** (WebSocket upgrades only): the next upgrade from
@@ -59,6 +59,7 @@ class RequestHead:
     query: bytes = b""
     headers: Sequence[tuple[bytes, bytes]] = ()
     client: str | None = None  # the peer's address
+    method: str = "GET"  # the HTTP method (a WebSocket's upgrade is a GET)
 
     def header(self, name: bytes) -> str | None:
         """The first header called ``name`` (lower case), decoded as Latin-1 like HTTP/1.1."""
@@ -199,6 +200,7 @@ class AccessPolicy:
         secure: bool = False,
         client_secrets: ClientSecrets | None = None,
         secret_paths: frozenset[str] = frozenset(),
+        secret_posts: frozenset[str] = frozenset(),
     ):
         self.token = token or None
         self.allowed_origins = allowed_origins
@@ -207,7 +209,8 @@ class AccessPolicy:
         self.in_session_paths = in_session_paths  # their WebSockets give the token in their opening
         self.secure = secure  # TLS: the cookie is marked Secure
         self.client_secrets = client_secrets  # the minted client secrets (None: none are taken)
-        self.secret_paths = secret_paths  # the WebSockets a client secret opens
+        self.secret_paths = secret_paths  # the WebSockets a client secret opens a call on (once)
+        self.secret_posts = secret_posts  # and the routes it opens one with a POST (a WebRTC offer)
         self._cookie = cookie_value(self.token) if self.token else None
         self._connections: Counter[str] = Counter()
 
@@ -221,7 +224,7 @@ class AccessPolicy:
             if refused is not None:
                 return refused
         secret = self._client_secret(request)
-        if secret is not None and (self.token is not None or request.path in self.secret_paths):
+        if secret is not None and (self.token is not None or self._opens_call(request)):
             return self._spend(request, *secret, now=now)
         if self.token is None or request.path in self.open_paths:
             return Allowed(None)
@@ -267,17 +270,23 @@ class AccessPolicy:
 
     def _spend(self, request: RequestHead, via: str, value: str, *, now: float) -> Allowed | Refused:
         assert self.client_secrets is not None
-        if not request.websocket or request.path not in self.secret_paths:
+        if not self._opens_call(request):
             return Refused(
                 401,
                 "unauthorized",
-                "a client secret (ek_...) opens one Realtime WebSocket (/v1/realtime) only; this route needs the "
-                "server's access token",
+                "a client secret (ek_...) opens one Realtime call (a /v1/realtime WebSocket or a POST to "
+                "/v1/realtime/calls) only; this route needs the server's access token",
             )
         spent = self.client_secrets.spend(value, now=now)
         if isinstance(spent, str):
             return Refused(401, "unauthorized", spent)
         return Allowed(via, grant=spent)
+
+    def _opens_call(self, request: RequestHead) -> bool:
+        """Whether ``request`` is one a client secret may open a call with."""
+        if request.websocket:
+            return request.path in self.secret_paths
+        return request.method == "POST" and request.path in self.secret_posts
 
     def _credential(self, request: RequestHead) -> str | None:
         """How ``request`` carries the right token: "header", "query", "cookie", or None."""

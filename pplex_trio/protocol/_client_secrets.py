@@ -116,18 +116,28 @@ def parse_secret_request(
                     param="expires_after.seconds",
                 )
             seconds = asked
-    session = body.get("session")
+    return seconds, session_settings(body.get("session"), max_prompt_chars=max_prompt_chars, voices=voices)
+
+
+def session_settings(
+    session: Any,
+    *,
+    max_prompt_chars: int,
+    voices: Callable[[], Sequence[str]],
+    base: SessionConfig | None = None,
+) -> SessionConfig:
+    """The settings a call starts with when they come with its request (a client secret's, a WebRTC offer's
+    ``session``), over ``base``: checked whole, as a Realtime ``session.update`` would be, a bad voice included.
+    Raises :class:`EventError` (with ``param``)."""
     if session is None:
-        return seconds, SessionConfig()
+        return base or SessionConfig()
     if not isinstance(session, Mapping):
         raise EventError("session must be an object", param="session")
     if session.get("type", "realtime") != "realtime":
-        raise EventError(
-            "this server mints secrets for Realtime sessions only (session.type 'realtime')", param="session.type"
-        )
+        raise EventError("this server takes Realtime sessions only (session.type 'realtime')", param="session.type")
     config, voice_error = apply_session_update(
-        SessionConfig(), session, started=False, max_prompt_chars=max_prompt_chars, voices=voices
+        base or SessionConfig(), session, started=False, max_prompt_chars=max_prompt_chars, voices=voices
     )
-    if voice_error is not None:  # (a call would only be told later: a secret's settings are checked whole)
+    if voice_error is not None:  # (a call would only be told later: the settings are checked whole)
         raise voice_error
-    return seconds, config
+    return config

@@ -26,6 +26,7 @@ from ._server_state import Unready
 from ._setting_types import Framing
 from ._status import StatusSampler, status_report
 from ._telephony_routes import CARRIERS, STREAM_PATHS, add_telephony_routes, twilio_upgrade_signed
+from ._webrtc_routes import add_webrtc_routes
 from .records import add_record_routes
 from .sessions import (
     SUBPROTOCOL,
@@ -57,7 +58,9 @@ CONVERSATION_PATHS = frozenset(
 )
 # Those whose session checks the token (a carrier's stream: its URL may carry none; the gate lets it through).
 TOKEN_IN_SESSION_PATHS = frozenset(STREAM_PATHS)
-SECRET_PATHS = frozenset({"/v1/realtime"})  # the WebSocket a client secret opens (once), with its settings
+# Where a client secret opens a call (once), with its settings: the Realtime WebSocket, and its WebRTC offer.
+SECRET_PATHS = frozenset({"/v1/realtime"})
+SECRET_POSTS = frozenset({"/v1/realtime/calls"})
 
 
 def default_static_dir() -> pathlib.Path:
@@ -231,6 +234,7 @@ def create_http_app(server: ServerContext, status: StatusSampler) -> QuartTrio:
     add_telephony_routes(app, server)
     add_record_routes(app, server)
     add_client_secret_routes(app, server, model_id)
+    add_webrtc_routes(app, server, model_id)
 
     @app.get("/api/sessions")
     async def sessions() -> Response:

@@ -31,7 +31,7 @@ def add_client_secret_routes(app: Any, server: Any, model: str) -> None:
         try:
             body = json.loads(await request.get_data() or b"null")
         except ValueError:
-            return _error(EventError("the body is not JSON", param=None), 400)
+            return error_response(EventError("the body is not JSON", param=None), 400)
         try:
             seconds, config = parse_secret_request(
                 body,
@@ -40,17 +40,17 @@ def add_client_secret_routes(app: Any, server: Any, model: str) -> None:
                 voices=server.voices,
             )
         except EventError as exc:
-            return _error(exc, 400)
+            return error_response(exc, 400)
         if config.transcription is not None and server.engine.transcript_delay is None:
             # (a call would only be told once it opened: a secret's settings are checked whole, here)
             refusal = EventError(
                 NO_TRANSCRIBER, param="session.audio.input.transcription", code="transcription_unavailable"
             )
-            return _error(refusal, 400)
+            return error_response(refusal, 400)
         minted = server.client_secrets.mint(config, seconds=seconds, now=trio.current_time())
         if minted is None:
             logger.info("refused a client secret to %s: too many outstanding (429)", request.remote_addr)
-            return _error(
+            return error_response(
                 EventError(
                     "too many client secrets are outstanding; try again once some have been used or expired",
                     code="rate_limit_exceeded",
@@ -65,7 +65,9 @@ def add_client_secret_routes(app: Any, server: Any, model: str) -> None:
         return response
 
 
-def _error(exc: EventError, status: int) -> tuple[Response, int]:
-    """An OpenAI-style error body (what the SDK reads into its ``APIStatusError``)."""
+def error_response(exc: EventError, status: int) -> tuple[Response, int]:
+    """An OpenAI-style error body (what the SDK reads into its ``APIStatusError``), never cached."""
     error = {"message": exc.message, "type": exc.kind, "param": exc.param, "code": exc.code}
-    return jsonify(error=error), status
+    response = jsonify(error=error)
+    response.headers["Cache-Control"] = "no-store"
+    return response, status

@@ -17,6 +17,7 @@ from ._settings import ServerSettings
 from .records import RecordStore
 from .sessions import Session
 from .voices import VoiceStore, default_folder
+from .webrtc import CallDesk
 
 
 @dataclasses.dataclass(eq=False)
@@ -34,6 +35,7 @@ class ServerContext:
     records: RecordStore | None = None  # the call records (None: --record is off)
     sessions: set[Session] = dataclasses.field(default_factory=set)
     client_secrets: ClientSecrets = dataclasses.field(default_factory=ClientSecrets)  # minted for pages to hold
+    calls: CallDesk | None = None  # the WebRTC calls (serve runs the desk)
     state: ServerState = SERVER_LIFECYCLE.start  # moved only by begin_drain and begin_shutdown
     _drain_scope: trio.CancelScope | None = dataclasses.field(default=None, repr=False)
 
@@ -63,6 +65,13 @@ class ServerContext:
             encoders=encoders,
             voice_store=store,
             records=records,
+            calls=CallDesk(
+                ports=settings.webrtc_port_range,
+                host=settings.webrtc_host,
+                max_message_bytes=settings.max_message_bytes,
+                on_end=lambda reason: metrics.webrtc_calls_ended.labels(reason.value).inc(),
+                on_packets=lambda kind, count: metrics.webrtc_packets.labels(kind).inc(count),
+            ),
         )
 
     def voices(self) -> Sequence[str]:

@@ -30,7 +30,7 @@ import trio
 
 from ..engine import Engine
 from ..protocol import AccessPolicy, Refused
-from ._app import CONVERSATION_PATHS, SECRET_PATHS, TOKEN_IN_SESSION_PATHS, create_app
+from ._app import CONVERSATION_PATHS, SECRET_PATHS, SECRET_POSTS, TOKEN_IN_SESSION_PATHS, create_app
 from ._context import ServerContext
 from ._server_state import ServerState
 from ._settings import ServerSettings
@@ -178,6 +178,7 @@ async def serve(
         secure=certificate is not None,
         client_secrets=server.client_secrets,
         secret_paths=SECRET_PATHS,
+        secret_posts=SECRET_POSTS,
     )
     app: Any = AccessGate(
         create_app(server, status),
@@ -197,6 +198,8 @@ async def serve(
         await nursery.start(server.actor.run)
         await nursery.start(server.encoders.run)
         await nursery.start(status.run)  # the status page's history: reads the tick's metrics once a second
+        assert server.calls is not None
+        await nursery.start(server.calls.run)  # the WebRTC calls (the loop thread aiortc needs starts with the first)
         if server.records is not None:  # (records past retention or quota are deleted before anything listens)
             await nursery.start(server.records.run)
         # The transport's write deadline comes a second after the session's own, so a session that gives

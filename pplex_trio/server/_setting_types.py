@@ -21,6 +21,18 @@ def parse_slots(text: str) -> int | None:
         raise ValueError(f"{text!r} is neither a whole number nor auto") from None
 
 
+def parse_port_range(text: str) -> range:
+    """``--webrtc-ports``: ``FIRST-LAST``, two UDP ports (1024-65535), the first not above the last."""
+    first, dash, last = text.partition("-")
+    try:
+        ports = range(int(first), int(last if dash else first) + 1)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a port range like 40000-40999") from None
+    if not ports or ports.start < 1024 or ports.stop > 65536:
+        raise ValueError(f"{text!r}: give FIRST-LAST within 1024-65535, FIRST not above LAST")
+    return ports
+
+
 class Framing(enum.StrEnum):
     """``--framing``: how Moshi input is cut into engine frames."""
 

@@ -14,9 +14,16 @@ from typing import ClassVar
 
 from .._precision import KVFormat, WeightFormat
 from .._setting import check_settings, parse_gib, setting
-from ..engine import ActorSettings
 from ..protocol import AUTH_TOKEN_ENV, client_secrets, parse_origins, telnyx
-from ._setting_types import LOOPBACK_HOSTS, CudaGraphMode, Framing, OpusEncoderPlacement, VoiceUploads, parse_slots
+from ._listening_settings import ListeningSettings
+from ._setting_types import (
+    LOOPBACK_HOSTS,
+    CudaGraphMode,
+    Framing,
+    OpusEncoderPlacement,
+    VoiceUploads,
+    parse_slots,
+)
 
 MIB = 1024 * 1024
 TWILIO_AUTH_TOKEN_ENV = "PPLEX_TRIO_TWILIO_AUTH_TOKEN"
@@ -25,7 +32,7 @@ PLIVO_AUTH_TOKEN_ENV = "PPLEX_TRIO_PLIVO_AUTH_TOKEN"
 
 
 @dataclasses.dataclass
-class ServerSettings(ActorSettings):
+class ServerSettings(ListeningSettings):
     """Every setting of a server (the engine actor's included), checked on creation (``ValueError`` saying which flag to
     fix); ``serve``'s flags and ``--config`` keys are generated from the fields.
     """
@@ -41,25 +48,6 @@ class ServerSettings(ActorSettings):
         "timing",
     )
 
-    host: str = setting("127.0.0.1", "address to listen on, 0.0.0.0 for all", group="listening", metavar="ADDRESS")
-    port: int = setting(8998, "port; 0 picks a free one", low=0, high=65535, group="listening", metavar="N")
-    ssl_dir: pathlib.Path | None = setting(
-        None,
-        "serve HTTPS and WSS with DIR/cert.pem and DIR/key.pem (a self-signed pair is made there when "
-        "both are missing)",
-        flag="--ssl",
-        group="listening",
-        metavar="DIR",
-    )
-    certfile: pathlib.Path | None = setting(
-        None,
-        "serve HTTPS and WSS with this certificate (PEM, the chain after it); needs --keyfile",
-        group="listening",
-        metavar="FILE",
-    )
-    keyfile: pathlib.Path | None = setting(
-        None, "the private key of --certfile (PEM, unencrypted)", group="listening", metavar="FILE"
-    )
     static_dir: pathlib.Path | None = setting(
         None,
         "serve another web UI build from this folder instead of the one shipped",
@@ -358,6 +346,10 @@ class ServerSettings(ActorSettings):
                 "auth token (Plivo's console, Overview), or leave it unset"
             )
         parse_origins(self.allowed_origins)  # a mistake is said now, not at the first browser
+        try:
+            self.webrtc_port_range  # noqa: B018 (a mistake is said now, not at the first call)
+        except ValueError as exc:
+            raise ValueError(f"--webrtc-ports: {exc}") from None
 
     @property
     def gpu_memory_reserve(self) -> int:

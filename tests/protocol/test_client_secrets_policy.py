@@ -104,18 +104,25 @@ def test_bad_requests_say_what_is_wrong(body, param):
 # -- the access policy ------------------------------------------------------------------
 
 
-def head(path="/v1/realtime", *, websocket=True, query=b"", **headers: str) -> RequestHead:
+def head(path="/v1/realtime", *, websocket=True, query=b"", method="GET", **headers: str) -> RequestHead:
     return RequestHead(
         websocket=websocket,
         path=path,
         query=query,
+        method=method,
         headers=[(name.replace("_", "-").encode(), value.encode()) for name, value in headers.items()],
     )
 
 
 def policy(token: str | None = TOKEN) -> tuple[AccessPolicy, ClientSecrets]:
     secrets = ClientSecrets()
-    return AccessPolicy(token=token, client_secrets=secrets, secret_paths=frozenset({"/v1/realtime"})), secrets
+    access = AccessPolicy(
+        token=token,
+        client_secrets=secrets,
+        secret_paths=frozenset({"/v1/realtime"}),
+        secret_posts=frozenset({"/v1/realtime/calls"}),
+    )
+    return access, secrets
 
 
 @pytest.mark.parametrize(
@@ -144,12 +151,27 @@ def test_a_secret_opens_nothing_else():
         head("/v1/live/sessions", authorization=f"Bearer {value}"),
         head("/v1/realtime/client_secrets", websocket=False, authorization=f"Bearer {value}"),
         head("/v1/realtime", websocket=False, authorization=f"Bearer {value}"),
+        head("/v1/realtime", websocket=False, method="POST", authorization=f"Bearer {value}"),
+        head("/v1/realtime/calls", websocket=False, authorization=f"Bearer {value}"),  # (a GET: no call)
+        head("/v1/realtime/calls", authorization=f"Bearer {value}"),  # (a WebSocket there: no call)
+        head("/v1/live/sessions", websocket=False, method="POST", authorization=f"Bearer {value}"),
         head("/api/info", websocket=False, query=f"token={value}".encode()),
     ):
         refused = access.check(request_head, now=1.0)
         assert isinstance(refused, Refused) and refused.status == 401, request_head.path
-        assert "Realtime WebSocket" in refused.message
+        assert "opens one Realtime call" in refused.message
     assert access.check(head(authorization=f"Bearer {value}"), now=1.0) == Allowed("header", grant=CONFIG)
+
+
+def test_a_secret_opens_one_webrtc_call():
+    """The WebRTC offer (a POST to /v1/realtime/calls) is a Realtime call a secret opens, once."""
+    access, secrets = policy()
+    value = secrets.mint(CONFIG, seconds=60, now=0.0).value
+    offer = head("/v1/realtime/calls", websocket=False, method="POST", authorization=f"Bearer {value}")
+    assert access.check(offer, now=1.0) == Allowed("header", grant=CONFIG)
+    again = access.check(offer, now=2.0)
+    assert isinstance(again, Refused) and again.status == 401 and "used already" in again.message
+    assert isinstance(access.check(head(authorization=f"Bearer {value}"), now=2.0), Refused)  # (nor a WebSocket)
 
 
 def test_an_expired_secret_and_the_token_beside_it():

@@ -123,6 +123,8 @@ SAMPLES = {
         "+WGjuHv0XbhfVLCZEebb7l6ADv+UMXv2/0cVHqFbaHg=",
     ),
     "plivo_auth_token": ("pl1v0", "pl1v0"),
+    "webrtc_host": ("203.0.113.7", "203.0.113.7"),
+    "webrtc_ports": ("40000-40999", "40000-40999"),
 }
 
 

@@ -12,6 +12,15 @@ from ..._conversation import SAMPLE_RATE
 from ...codec import StreamResampler, alaw_decode, alaw_encode, pcm16_decode, pcm16_encode, ulaw_decode, ulaw_encode
 from ...protocol import Encoding, EventError, SampleFormat
 
+# A WebRTC call's audio as its peer connection hands it over and takes it (the socket decodes and encodes Opus).
+MEDIA_AUDIO = SampleFormat(Encoding.PCM16, SAMPLE_RATE)
+# What a WebRTC call's events channel is told of audio appended on it.
+TRACK_ONLY = EventError(
+    "over WebRTC the caller's audio is the microphone track: audio appended on the data channel is not taken",
+    param="type",
+    code="audio_on_track",
+)
+
 _DECODE = {Encoding.PCM16: pcm16_decode, Encoding.PCMU: ulaw_decode, Encoding.PCMA: alaw_decode}
 _ENCODE = {Encoding.PCM16: pcm16_encode, Encoding.PCMU: ulaw_encode, Encoding.PCMA: alaw_encode}
 

@@ -30,7 +30,7 @@ import numpy as np
 from ..._conversation import FRAME_MS, Conversation, Outcome
 from ...engine import OutputFrame
 from ...protocol import AudioAppend, ClientEvent, EventError, LiveEvents, live
-from ._audio_io import AudioIn, AudioOut
+from ._audio_io import MEDIA_AUDIO, TRACK_ONLY, AudioIn, AudioOut
 from ._openai import OpenAIProtocol
 from ._transcript import HeardPiece
 from ._wire import IGNORED_ON_RESUME, EndOfInput, InputAudio, InputEvent, Message, Replies, ResumeCall, WireProtocol
@@ -196,7 +196,7 @@ class LiveProtocol(OpenAIProtocol[LiveEvents]):
                 if isinstance(heard, HeardPiece):  # (Live has no turns: its transcripts are fragments only)
                     start = round(heard.at * 1000)
                     messages.append((self.events.input_transcript_delta(heard.text, start, start + FRAME_MS), None))
-            messages.append((self.events.audio_delta(self._audio_out(frame.pcm)), frame))
+            messages.append((self._voice(frame), frame))
             if frame.text:
                 messages.append(
                     (self.events.transcript_delta(frame.text, index * FRAME_MS, (index + 1) * FRAME_MS), None)
@@ -205,6 +205,11 @@ class LiveProtocol(OpenAIProtocol[LiveEvents]):
                 messages.append((self.events.usage(self._seconds(index + 1)), None))
             self._frames = index + 1
         return messages
+
+    def _voice(self, frame: OutputFrame) -> Message:
+        """The message that carries ``frame``'s audio: an audio delta."""
+        assert self._audio_out is not None
+        return self.events.audio_delta(self._audio_out(frame.pcm))
 
     def _seconds(self, frames: int) -> float:
         return frames * FRAME_MS / 1000
@@ -217,3 +222,49 @@ class LiveProtocol(OpenAIProtocol[LiveEvents]):
             )
         reason = CLOSE_REASONS.get(outcome, "remote_hangup")
         return [*said, self.events.closed(reason, self.config, self._seconds(self._frames), self._close_event)]
+
+
+class LiveOverWebRtc(LiveProtocol):
+    """The Live protocol of a WebRTC call (``POST /v1/live/sessions`` with an SDP offer): the session's settings
+    come with the offer (``session``, checked before the call is answered: ``EventError``), its events on the
+    ``oai-events`` data channel, its audio on the tracks (``MEDIA_AUDIO``). The caller's first audio starts it;
+    ``session.started`` then tells the client it may send commands (until then they are refused, as OpenAI's
+    ``LiveCreateResponse`` says to wait for it); audio appended on the channel is refused."""
+
+    name = "live_webrtc"
+    opening_hint = "speak (the microphone track) to start the session"
+
+    def __init__(self, *, session: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.config, self._not_applied = live.start_config(
+            session,
+            default_model=self.config.model,
+            max_prompt_chars=self._max_prompt_chars,
+            voices=self._voices(),
+            event_id=None,
+        )
+
+    def resume_in_url(self, query: bytes) -> None:
+        return None  # (a WebRTC call survives a network change by an ICE restart, not a resume)
+
+    def opening(self, query: bytes, message: bytes | str) -> Conversation | ResumeCall | Replies:
+        if isinstance(message, str):
+            early = EventError("wait for session.started before sending commands", code="session_not_started")
+            return Replies([self._refuse(early)])
+        self._audio_in, self._audio_out = AudioIn(MEDIA_AUDIO), AudioOut(MEDIA_AUDIO)
+        self._opening_audio = InputAudio((message, False))
+        return self.config.conversation()
+
+    def opening_audio(self) -> InputAudio | None:
+        audio, self._opening_audio = self._opening_audio, None
+        return audio
+
+    def parse(self, message: Message) -> InputEvent:
+        if isinstance(message, bytes):
+            return InputAudio((message, self._muted))
+        event = super().parse(message)
+        return Replies([self._refuse(TRACK_ONLY)]) if isinstance(event, InputAudio) else event
+
+    def _voice(self, frame: OutputFrame) -> Message:
+        assert self._audio_out is not None
+        return self._audio_out(frame.pcm)  # (bytes: played on the track)

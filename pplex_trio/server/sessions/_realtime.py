@@ -48,7 +48,7 @@ from ...protocol import (
     apply_session_update,
     parse_realtime_event,
 )
-from ._audio_io import AudioIn, AudioOut
+from ._audio_io import MEDIA_AUDIO, TRACK_ONLY, AudioIn, AudioOut
 from ._openai import OpenAIProtocol
 from ._transcript import NO_TRANSCRIBER, HeardPiece
 from ._wire import Hangup, InputAudio, InputEvent, Message, Replies, Restart, ResumeCall, WireProtocol
@@ -317,12 +317,16 @@ class RealtimeProtocol(OpenAIProtocol[ServerEvents]):
         for frame in frames:
             assert self._response is not None and self._item is not None
             messages.extend((message, None) for message in self._caller_words(frame.tick))
-            audio = self._audio_out(frame.pcm)
-            messages.append((self.events.audio_delta(self._response, self._item, audio), frame))
+            messages.append((self._voice(frame), frame))
             if frame.text:
                 self._transcript.append(frame.text)
                 messages.append((self.events.transcript_delta(self._response, self._item, frame.text), None))
         return messages
+
+    def _voice(self, frame: OutputFrame) -> Message:
+        """The message that carries ``frame``'s audio: an audio delta of the open response."""
+        assert self._audio_out is not None and self._response is not None and self._item is not None
+        return self.events.audio_delta(self._response, self._item, self._audio_out(frame.pcm))
 
     def _caller_words(self, tick: int) -> list[Message]:
         """The caller's words that came with engine ticks up to ``tick``, when the client asked for them: deltas in
@@ -350,3 +354,35 @@ class RealtimeProtocol(OpenAIProtocol[ServerEvents]):
                 self.items.record(events.user_item(self._heard_item, event.text))
                 self._heard_item, self._heard_done = None, self._heard_item
         return out
+
+
+class RealtimeOverWebRtc(RealtimeProtocol):
+    """The Realtime protocol of a WebRTC call (``POST /v1/realtime/calls``): the same events on the ``oai-events``
+    data channel, the audio on the tracks (``MEDIA_AUDIO``). The caller's first audio (or ``response.create``)
+    starts the conversation, as a first append does on the WebSocket; audio appended on the channel is refused."""
+
+    name = "realtime_webrtc"
+    opening_hint = "speak (the microphone track), or send response.create, to start the conversation"
+
+    def opening(self, query: bytes, message: bytes | str) -> Conversation | Replies:
+        if isinstance(message, bytes):
+            self._start()
+            self._opening_audio = InputAudio(message)
+            return self.config.conversation()
+        if isinstance(self._parse(message), AudioAppend):
+            return Replies([self._refuse(TRACK_ONLY)])
+        return super().opening(query, message)
+
+    def _start(self) -> None:
+        super()._start()
+        self._audio_in, self._audio_out = AudioIn(MEDIA_AUDIO), AudioOut(MEDIA_AUDIO)
+
+    def parse(self, message: Message) -> InputEvent:
+        if isinstance(message, bytes):
+            return InputAudio(message)
+        event = super().parse(message)
+        return Replies([self._refuse(TRACK_ONLY)]) if isinstance(event, InputAudio) else event
+
+    def _voice(self, frame: OutputFrame) -> Message:
+        assert self._audio_out is not None
+        return self._audio_out(frame.pcm)  # (bytes: played on the track)

@@ -4,6 +4,7 @@ the official client's files and the queue's status; nothing here knows a convers
 from ._access_log import AccessLog as AccessLog
 from ._asgi_websocket import AsgiWebSocket as AsgiWebSocket
 from ._asgi_websocket import ConversationRouter as ConversationRouter
+from ._gate import GRANT_KEY as GRANT_KEY
 from ._gate import AccessGate as AccessGate
 from ._official import ROOT_QUERY as ROOT_QUERY
 from ._official import find_official_client as find_official_client

@@ -72,6 +72,7 @@ class AccessGate:
             query=scope.get("query_string", b""),
             headers=scope.get("headers", ()),
             client=client[0] if client else None,
+            method=scope.get("method", "GET"),
         )
         verdict = self.policy.check(request, now=trio.current_time())
         if isinstance(verdict, Refused):

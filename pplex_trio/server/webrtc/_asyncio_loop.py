@@ -91,6 +91,11 @@ class AsyncioLoop:
             raise RuntimeError("the asyncio task was cancelled by its loop's owner")
         return task.result()
 
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Call ``fn(*args)`` on the asyncio loop's thread, without waiting for it (nothing, once it is closing)."""
+        if not self._closing:
+            self._loop.call_soon_threadsafe(fn, *args)
+
 
 async def _awaited(coro_fn: Callable[..., Awaitable[T]], args: tuple[Any, ...]) -> T:
     return await coro_fn(*args)

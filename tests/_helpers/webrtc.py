@@ -1,0 +1,187 @@
+"""A WebRTC caller for the tests: aiortc's own peer connection, as a Python app would use it, on asyncio.
+
+``Caller`` plays a signal as its microphone (20 ms frames at 48 kHz, in real time, then silence), opens the
+``oai-events`` data channel, posts its offer to one of the server's WebRTC routes and keeps what comes back:
+the events (parsed) and the audio (mono float32 at 48 kHz, decoded by aiortc).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import json
+import time
+from typing import Any
+
+import av
+import httpx
+import numpy as np
+from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+
+from _helpers.audio import best_lag
+
+RATE = 48_000
+PACKET = 960
+PIECE = RATE // 2  # half a second
+
+
+class Microphone(MediaStreamTrack):
+    """``signal`` (float32 at 48 kHz) in 20 ms frames at real time from the first frame asked for, then silence."""
+
+    kind = "audio"
+
+    def __init__(self, signal: np.ndarray | None = None) -> None:
+        super().__init__()
+        self.signal = np.zeros(0, np.float32) if signal is None else signal
+        self.started_at: float | None = None  # time.monotonic() of the first frame sent
+        self._pts = 0
+
+    def say(self, signal: np.ndarray) -> None:
+        """Say ``signal`` from the next frame on (after what is left of the last)."""
+        left = self.signal[self._pts :]
+        self.signal = np.concatenate([self.signal[: self._pts], left, signal])
+
+    async def recv(self) -> av.AudioFrame:
+        if self.started_at is None:
+            self.started_at = time.monotonic()
+        else:
+            delay = self.started_at + self._pts / RATE - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        piece = self.signal[self._pts : self._pts + PACKET]
+        piece = np.pad(piece, (0, PACKET - piece.size))
+        samples = np.round(np.clip(piece, -1, 1) * 32767).astype(np.int16)
+        # (stereo, both channels the signal: PyAV would upmix a mono frame 3 dB down)
+        frame = av.AudioFrame.from_ndarray(np.repeat(samples, 2).reshape(1, -1), format="s16", layout="stereo")
+        frame.sample_rate, frame.pts, frame.time_base = RATE, self._pts, fractions.Fraction(1, RATE)
+        self._pts += PACKET
+        return frame
+
+
+class Caller:
+    """One WebRTC call from aiortc (see the module's doc)."""
+
+    def __init__(self, signal: np.ndarray | None = None, *, channel: bool = True) -> None:
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.microphone = Microphone(signal)
+        self.pc.addTrack(self.microphone)
+        self.channel = self.pc.createDataChannel("oai-events") if channel else None
+        self.events: list[dict[str, Any]] = []
+        self.raw: list[str] = []
+        self.audio: list[np.ndarray] = []
+        self.audio_at: list[float] = []  # when each piece came (time.monotonic())
+        self.location: str | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.opened = asyncio.Event()
+        if self.channel is not None:
+            self.channel.on("message", self._on_message)
+            self.channel.on("open", self.opened.set)
+        self.pc.on("track", self._on_track)
+
+    def _on_message(self, message: str | bytes) -> None:
+        self.raw.append(message if isinstance(message, str) else message.decode())
+        self.events.append(json.loads(self.raw[-1]))
+
+    def _on_track(self, track: Any) -> None:
+        self._tasks.append(asyncio.ensure_future(self._listen(track)))
+
+    async def _listen(self, track: Any) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except Exception:  # (the track ended)
+                return
+            assert (frame.format.name, frame.layout.name, frame.sample_rate) == ("s16", "stereo", RATE)
+            left = frame.to_ndarray().reshape(-1, 2)[:, 0]  # (the voice is the same on both channels)
+            self.audio.append(left.astype(np.float32) / 32768)
+            self.audio_at.append(time.monotonic())
+
+    async def offer(self) -> str:
+        """The caller's offer (its candidates gathered)."""
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        return str(self.pc.localDescription.sdp)
+
+    async def call(
+        self,
+        url: str,
+        *,
+        path: str = "/v1/realtime/calls",
+        token: str | None = None,
+        session: dict[str, Any] | None = None,
+        live: bool = False,
+        offer: str | None = None,
+    ) -> httpx.Response:
+        """Post the offer (``live``: as ``client.live.create``'s JSON; ``session``: as the multipart form) and
+        apply the answer; the response (raised for an error status)."""
+        offer = offer or await self.offer()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with httpx.AsyncClient(timeout=20, trust_env=False) as http:
+            if live:
+                body = {"session": session or {}, "transport": {"type": "webrtc", "sdp": offer}}
+                response = await http.post(url + path, json=body, headers=headers)
+            elif session is not None:
+                files = {"sdp": (None, offer, "application/sdp"), "session": (None, json.dumps(session))}
+                response = await http.post(url + path, files=files, headers=headers)
+            else:
+                headers["Content-Type"] = "application/sdp"
+                response = await http.post(url + path, content=offer, headers=headers)
+        if response.status_code >= 400:
+            return response
+        answer = response.json()["transport"]["sdp"] if live else response.text
+        self.location = response.headers.get("location") or f"{path}/{response.json()['session']['id']}"
+        await self.pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+        return response
+
+    async def answer(self, sdp: str) -> None:
+        """Apply the server's answer (got some other way than :meth:`call`)."""
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp, "answer"))
+
+    def send(self, event: dict[str, Any]) -> None:
+        """An event on the data channel."""
+        assert self.channel is not None
+        self.channel.send(json.dumps(event))
+
+    def received(self) -> np.ndarray:
+        """The audio received so far (mono float32 at 48 kHz)."""
+        return np.concatenate(self.audio) if self.audio else np.zeros(0, np.float32)
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        """The events of one ``type`` received so far."""
+        return [event for event in self.events if event["type"] == kind]
+
+    async def wait_for(self, kind: str, timeout: float = 10) -> dict[str, Any]:
+        """The first event of ``kind``, waiting for it."""
+        deadline = time.monotonic() + timeout
+        while not self.of_type(kind):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {kind} within {timeout} s; got {[e['type'] for e in self.events]}")
+            await asyncio.sleep(0.02)
+        return self.of_type(kind)[0]
+
+    async def close(self) -> None:
+        """Hang up (the peer connection closes) and stop listening."""
+        await self.pc.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def echo_lags(utterance: np.ndarray, received: np.ndarray) -> list[tuple[float, float]]:
+    """Each half second of ``utterance`` found in ``received``: (its lag in seconds, its correlation there)."""
+    found = []
+    for k in range(utterance.size // PIECE):
+        piece = utterance[k * PIECE : (k + 1) * PIECE]
+        lag, correlation = best_lag(piece, received, 0, received.size - piece.size)
+        found.append(((lag - k * PIECE) / RATE, correlation))
+    return found
+
+
+def assert_echoed(utterance: np.ndarray, received: np.ndarray) -> float:
+    """The utterance came back whole and in time: every half second found (Opus twice: correlation above 0.8),
+    all at one lag within a frame (80 ms); returns that lag (seconds into ``received``)."""
+    found = echo_lags(utterance, received)
+    report = ", ".join(f"{c:.3f} at {lag:.3f} s" for lag, c in found)
+    assert all(c > 0.8 for _, c in found), f"the caller's speech did not come back: {report}"
+    lags = [lag for lag, _ in found]
+    assert max(lags) - min(lags) <= 0.08, f"the echo is out of time: {report}"
+    return lags[0]
