@@ -1,14 +1,16 @@
-"""The two audio paths of a WebRTC call, between Opus over RTP at 48 kHz and the model's PCM at 24 kHz.
+"""The two audio paths of a WebRTC call, between Opus over RTP and the model's PCM at 24 kHz.
 
 In: :class:`OpusIn` takes the caller's RTP packets as they arrive, puts them back in order, and decodes them with
-libopus. A packet that has not come once ``REORDER_PACKETS`` later ones have is lost: it is recovered from the
+libopus, straight at the model's 24 kHz (Opus decodes at any of its rates: no resampler, no delay). A packet
+that has not come once ``REORDER_PACKETS`` later ones have is lost: it is recovered from the
 next packet's in-band FEC where the peer sends it (browsers do), else concealed by libopus's PLC, and counted
 either way, so a lost packet never becomes a gap in what the model hears. A jump of more than
 ``OUTAGE_PACKETS`` is an outage, not a loss: nothing is made up for it (the session core hears silence in real
 time while nothing comes). aiortc's own jitter buffer is not used: after one loss it holds every later packet
 some 300 ms (it releases one packet per packet received), which the caller would hear as lasting latency.
 
-Out: :class:`VoiceOut` cuts the model's 80 ms frames into the 20 ms frames the peer's Opus encoder takes.
+Out: :class:`VoiceOut` cuts the model's 80 ms frames into the 20 ms frames the peer's Opus encoder takes (it
+resamples them to Opus's 48 kHz itself).
 """
 
 from __future__ import annotations
@@ -19,10 +21,8 @@ import numpy as np
 import opuslib_next
 
 from ..._conversation import SAMPLE_RATE
-from ...codec import StreamResampler, pcm16_decode, pcm16_encode
 
-OPUS_RATE = 48_000
-PACKET_SAMPLES = 960  # one 20 ms packet at 48 kHz
+PACKET_SAMPLES = SAMPLE_RATE // 50  # one 20 ms packet, at the model's rate
 REORDER_PACKETS = 2  # later packets that declare a missing one lost (40 ms: jitter reorders within it)
 OUTAGE_PACKETS = 50  # a jump longer than this (1 s) is an outage or a new stream, not a loss to conceal
 
@@ -41,8 +41,7 @@ class OpusIn:
     """One caller's Opus stream → PCM16 at 24 kHz (``bytes``), in order, lost packets recovered or concealed."""
 
     def __init__(self) -> None:
-        self._decoder = opuslib_next.Decoder(OPUS_RATE, 1)
-        self._resample = StreamResampler(OPUS_RATE, SAMPLE_RATE, steady=True)
+        self._decoder = opuslib_next.Decoder(SAMPLE_RATE, 1)
         self._next: int | None = None  # the sequence number due next
         self._waiting: dict[int, bytes] = {}  # packets ahead of it, by sequence number
         self._samples = PACKET_SAMPLES  # the last packet's length (a concealment's)
@@ -61,7 +60,7 @@ class OpusIn:
             self._waiting.clear()
             self._next = sequence
         self._waiting[sequence] = payload
-        pcm: list[np.ndarray] = []
+        pcm: list[bytes] = []
         while self._waiting:
             due = self._next
             if due in self._waiting:
@@ -71,45 +70,59 @@ class OpusIn:
             else:
                 break
             self._next = (due + 1) & 0xFFFF
-        return pcm16_encode(self._resample(np.concatenate(pcm))) if pcm else b""
+        return b"".join(pcm)
 
-    def _decode(self, payload: bytes) -> np.ndarray:
+    def _decode(self, payload: bytes) -> bytes:
         try:
-            pcm = self._decoder.decode(payload, 5760)  # (the longest Opus packet, 120 ms)
+            pcm: bytes = self._decoder.decode(payload, 6 * PACKET_SAMPLES)  # (the longest Opus packet, 120 ms)
         except opuslib_next.OpusError:  # a packet libopus cannot read: heard as lost
             return self._conceal()
         self._samples = len(pcm) // 2 or PACKET_SAMPLES
-        return pcm16_decode(pcm)
+        return pcm
 
-    def _lost(self, following: int) -> np.ndarray:
+    def _lost(self, following: int) -> bytes:
         """Audio for the packet due, which never came: from ``following``'s FEC if it has come, else PLC."""
-        if following in self._waiting:
+        if following in self._waiting and _has_fec(self._waiting[following]):
             try:
                 pcm = self._decoder.decode(self._waiting[following], self._samples, decode_fec=True)
             except opuslib_next.OpusError:
                 pcm = b""
             if pcm:
                 self.counts.recovered += 1
-                return pcm16_decode(pcm)
+                return bytes(pcm)
         return self._conceal()
 
-    def _conceal(self) -> np.ndarray:
+    def _conceal(self) -> bytes:
         self.counts.concealed += 1
         state = self._decoder.decoder_state  # (libopus's PLC is a decode of no data, which the class cannot ask)
-        return pcm16_decode(opuslib_next.api.decoder.decode(state, None, 0, self._samples, False, channels=1))
+        return bytes(opuslib_next.api.decoder.decode(state, None, 0, self._samples, False, channels=1))
+
+
+def _has_fec(payload: bytes) -> bool:
+    """Whether an Opus packet of one frame carries the one before it again (SILK's LBRR, the in-band FEC): its
+    flag is a plain bit of the frame's first byte (RFC 6716, 4.2.3; libopus 1.5's ``opus_packet_has_lbrr``, which
+    the libopus of older systems lacks). Asked of a packet without it, libopus conceals instead, so the count of
+    recoveries needs to know."""
+    if len(payload) < 2 or payload[0] & 0x3 != 0:  # (several frames in one packet: not what WebRTC sends)
+        return False
+    config = payload[0] >> 3
+    if config >= 16:  # CELT only: no SILK layer, no LBRR
+        return False
+    frames = max(1, (10, 20, 40, 60)[config % 4] // 20) if config < 12 else 1  # SILK frames of 20 ms in it
+    channels = 2 if payload[0] & 0x4 else 1
+    flags = payload[1]
+    return any((flags >> (7 - (frames + 1) * channel - frames)) & 1 for channel in range(channels))
 
 
 class VoiceOut:
-    """The model's PCM at 24 kHz → 20 ms frames of PCM16 at 48 kHz (``int16`` arrays), for the peer's encoder."""
+    """The model's PCM16 at 24 kHz → 20 ms frames (``int16`` arrays), for the peer's encoder."""
 
     def __init__(self) -> None:
-        self._resample = StreamResampler(SAMPLE_RATE, OPUS_RATE)
         self._rest = np.zeros(0, np.int16)
 
     def __call__(self, pcm16: bytes) -> list[np.ndarray]:
-        """The frames ``pcm16`` (at 24 kHz) completes; a remainder waits for the next call."""
-        samples = self._resample(pcm16_decode(pcm16))
-        pending = np.concatenate([self._rest, np.round(np.clip(samples, -1, 1) * 32767).astype(np.int16)])
+        """The frames ``pcm16`` completes; a remainder (none, for the model's 80 ms frames) waits for the next."""
+        pending = np.concatenate([self._rest, np.frombuffer(pcm16, "<i2")])
         whole = len(pending) // PACKET_SAMPLES * PACKET_SAMPLES
         self._rest = pending[whole:]
         return list(pending[:whole].reshape(-1, PACKET_SAMPLES))

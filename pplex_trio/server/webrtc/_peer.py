@@ -25,13 +25,14 @@ from aioice.candidate import candidate_foundation, candidate_priority
 from aioice.ice import StunProtocol
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 
-from ._media import OPUS_RATE, PACKET_SAMPLES, OpusIn
+from ..._conversation import SAMPLE_RATE
+from ._media import PACKET_SAMPLES, OpusIn
 
 logger = logging.getLogger(__name__)
 
 CHANNEL = "oai-events"  # the data channel OpenAI's WebRTC clients open for the events
 VOICE_QUEUE_PACKETS = 25  # 500 ms of the model's voice waiting to be played: beyond it the oldest goes
-_TIME_BASE = fractions.Fraction(1, OPUS_RATE)
+_TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 
 
 class PeerEvents(Protocol):
@@ -64,7 +65,8 @@ class PacedVoice(MediaStreamTrack):
         self.dropped = 0  # packets that waited too long and went (counted)
 
     def push(self, frames: list[np.ndarray]) -> None:
-        """Queue 20 ms frames (int16 at 48 kHz) to play; beyond ``VOICE_QUEUE_PACKETS`` the oldest go."""
+        """Queue 20 ms frames (int16 at 24 kHz: the encoder resamples them to 48 kHz) to play; beyond
+        ``VOICE_QUEUE_PACKETS`` the oldest go."""
         self._frames.extend(frames)
         while len(self._frames) > VOICE_QUEUE_PACKETS:
             self._frames.popleft()
@@ -76,13 +78,13 @@ class PacedVoice(MediaStreamTrack):
         if self._start is None:
             self._start = loop.time()
         else:
-            delay = self._start + self._pts / OPUS_RATE - loop.time()
+            delay = self._start + self._pts / SAMPLE_RATE - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
         samples = self._frames.popleft() if self._frames else np.zeros(PACKET_SAMPLES, np.int16)
         # Both channels, as a stereo Opus stream carries a mono voice: PyAV would upmix a mono frame 3 dB down.
         frame = av.AudioFrame.from_ndarray(np.repeat(samples, 2).reshape(1, -1), format="s16", layout="stereo")
-        frame.sample_rate, frame.pts, frame.time_base = OPUS_RATE, self._pts, _TIME_BASE
+        frame.sample_rate, frame.pts, frame.time_base = SAMPLE_RATE, self._pts, _TIME_BASE
         self._pts += PACKET_SAMPLES
         return frame
 
