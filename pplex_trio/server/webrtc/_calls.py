@@ -143,6 +143,8 @@ class CallDesk:
         try:
             with socket.disconnected:
                 await converse(socket)
+        except Exception:  # (a bug met in one call ends that call, never the desk and the others)
+            logger.exception("WebRTC call %s: internal error", call_id)
         finally:
             if socket.ending is None:
                 socket.ending = EndReason.SHUTDOWN

@@ -30,7 +30,9 @@ from ._peer import Peer
 
 logger = logging.getLogger(__name__)
 
-MAX_WAITING_MESSAGES = 256  # data-channel messages waiting to be read: beyond, the caller floods us (1008)
+# Data-channel events: a burst of this many, then this many a second, at most; beyond, the caller floods us (1008).
+EVENT_BURST = 256
+EVENTS_PER_SECOND = 100
 MAX_WAITING_AUDIO = 50  # caller audio waiting (1 s of 20 ms packets): beyond, the oldest goes (counted)
 MAX_BUFFERED_BYTES = 1 << 20  # events queued on the data channel for a caller that does not read them
 CLOSE_FLUSH_SECONDS = 1.0  # how long the last events (why the call ends) may take to leave before the close
@@ -63,6 +65,7 @@ class PeerSocket:
         self._audio: collections.deque[bytes] = collections.deque()
         self._changed = trio.Event()
         self._flooded = False
+        self._allowance, self._counted_at = float(EVENT_BURST), trio.current_time()  # (the events' token bucket)
         self.audio_dropped = 0
         self._unsent: list[str] = []  # events said before the channel opened
         self._voice = VoiceOut()
@@ -116,9 +119,13 @@ class PeerSocket:
         self._wake()
 
     def _got(self, message: str | bytes) -> None:
-        if len(self._messages) >= MAX_WAITING_MESSAGES:
+        now = trio.current_time()
+        self._allowance = min(EVENT_BURST, self._allowance + (now - self._counted_at) * EVENTS_PER_SECOND)
+        self._counted_at = now
+        if self._allowance < 1:
             self._flooded = True
         else:
+            self._allowance -= 1
             self._messages.append(message)
         self._wake()
 
@@ -163,12 +170,14 @@ class PeerSocket:
         """Nothing to do: the call was answered when its offer was."""
 
     async def receive(self) -> bytes | str:
-        """The next data-channel message, else the caller's next audio (PCM16 at 24 kHz)."""
+        """The next data-channel message, else the caller's next audio (PCM16 at 24 kHz); once the call is
+        closed, nothing more (the peer's end cancels the reader, as a WebSocket's disconnect does)."""
         while True:
+            if self.ending is not None:
+                await trio.sleep_forever()
             if self._flooded:
                 raise ProtocolError(
-                    f"more than {MAX_WAITING_MESSAGES} events waiting on the data channel; slow down",
-                    CloseCode.POLICY,
+                    f"more than {EVENTS_PER_SECOND} events a second on the data channel; slow down", CloseCode.POLICY
                 )
             if self._messages:
                 return self._event(self._messages.popleft())
@@ -203,8 +212,9 @@ class PeerSocket:
         if self.ending is None:
             self.ending = EndReason.SESSION
         with trio.move_on_after(CLOSE_FLUSH_SECONDS):
-            while self.peer.buffered:
+            while self.peer.buffered or self._unsent and self.peer.channel_open:
                 await trio.sleep(0.02)
+        self.disconnected.cancel()  # (no close handshake to wait for: the call is over)
 
     async def close_peer(self) -> None:
         """Close the peer connection (shielded: its sockets go whatever cancels the call)."""
