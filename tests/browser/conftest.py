@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from _helpers.browser import CHROMIUM, CHROMIUM_ARGS, ThreadServer, write_tone
+from _helpers.rtc_page import write_speech
 from pplex_trio._cli._engines import create_engine
 from pplex_trio.engine import Engine
 from pplex_trio.server import ServerSettings
@@ -36,6 +37,28 @@ def browser() -> Iterator[Any]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def speaking_browser(shared_dir: pathlib.Path) -> Iterator[Any]:
+    """A second Chromium whose fake microphone speaks (a few seconds of speech, looped): an echo of a tone is
+    found at any whole number of its periods, an echo of speech at one lag only."""
+    if not CHROMIUM.exists():
+        pytest.skip(f"browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="pplex-browser-"))
+    speech = folder / "speech.wav"
+    write_speech(shared_dir, speech)
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=[*CHROMIUM_ARGS, f"--use-file-for-fake-audio-capture={speech}"],
+        )
+        yield chromium
+        chromium.close()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def _profile(browser: Any, **options: Any) -> Iterator[Any]:
     """A fresh browser profile for one test; page errors fail the test."""
     ctx = browser.new_context(viewport={"width": 1280, "height": 900}, **options)
@@ -50,6 +73,12 @@ def _profile(browser: Any, **options: Any) -> Iterator[Any]:
 @pytest.fixture
 def context(browser: Any) -> Iterator[Any]:
     yield from _profile(browser, accept_downloads=True)
+
+
+@pytest.fixture
+def speaking_context(speaking_browser: Any) -> Iterator[Any]:
+    """A fresh profile of the speaking Chromium."""
+    yield from _profile(speaking_browser, accept_downloads=True)
 
 
 @pytest.fixture
