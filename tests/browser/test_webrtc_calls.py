@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from _helpers.rtc_page import CALL_PAGE, echo_lag, tape
@@ -83,3 +84,27 @@ def test_openai_browser_flow_live(speaking_context, start_server):
     started = result["events"][0]
     assert started["type"] == "session.started" and started["session"]["id"] == result["id"]
     assert started["session"]["instructions"] == PERSONA
+
+
+def test_openai_browser_flow_with_the_tiny_model(speaking_context, start_server):
+    """The same flow against ``--model tiny`` (a real model on the CPU): its voice comes back on the track once
+    the caller speaks, and every event is valid."""
+    from pplex_trio._cli._engines import create_engine
+    from pplex_trio.server import ServerSettings
+
+    engine = create_engine(ServerSettings(model="tiny", slots=1, device="cpu"))
+    server = start_server(engine=engine, slots=1, auth_token=TOKEN)
+    key = client_secret(server, {"type": "realtime", "instructions": PERSONA})
+    page = call_page(speaking_context, server)
+    # (seconds of CPU prefill before the model speaks, beside Chromium on two cores)
+    result = page.evaluate("([url, key]) => realtimeCall(url, key, 10)", [server.url + "/v1", key])
+    assert result["status"] == 201, result
+    heard = tape(result["left"])
+    levels = np.sqrt(np.mean(heard[: heard.size // 4800 * 4800].reshape(-1, 4800) ** 2, axis=1))  # per 100 ms
+    loud = np.flatnonzero(levels > 0.01) / 10
+    kinds = [event["type"] for event in result["events"]]
+    print(f"tiny: {loud.size / 10:.1f} s audible of {heard.size / 48000:.1f} s, median level {np.median(levels):.3f}")
+    assert loud.size >= 10, f"the model's voice did not come back: {loud.size / 10:.1f} s audible"
+    for event in result["events"]:
+        REALTIME_EVENT.validate_python(event)
+    assert kinds[0] == "session.created" and "response.created" in kinds
