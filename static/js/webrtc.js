@@ -80,11 +80,13 @@ export class WebRtcConversation {
     this._end({ ok: true, text: "You ended the conversation." });
   }
 
-  // A new peer connection (replacing any other), its offer posted to `path`; `request(sdp)`: the body and headers.
-  async _offer(path, request) {
+  // A new peer connection (replacing any other, closed unless it is `keep`), its offer posted to `path`;
+  // `request(sdp)`: the body and headers.
+  async _offer(path, request, keep = null) {
     const pc = new RTCPeerConnection();
-    this._close();
+    const previous = this.pc;
     this.pc = pc;
+    if (previous && previous !== keep) previous.close();
     pc.addTrack(this.audio.stream.getAudioTracks()[0], this.audio.stream);
     const channel = pc.createDataChannel("oai-events");
     this.opened = new Promise((resolve) => (channel.onopen = resolve));
@@ -125,15 +127,26 @@ export class WebRtcConversation {
 
   // The network changed under a live call: new peer connections, their offers to the call, with backoff,
   // as long as the server holds the call (404: it has ended it).
+  // The dropped connection stays open until the new one is up: closing it could reach the server, which
+  // would end the call.
   async _reconnect() {
     if (this.state.phase !== "live") return;
-    this._close();
+    this._keepCounters();
+    const dropped = this.pc;
+    try {
+      await this._offerAgain(dropped);
+    } finally {
+      dropped.close();
+    }
+  }
+
+  async _offerAgain(dropped) {
     const since = performance.now();
     const offer = (sdp) => ({ body: sdp, headers: { "Content-Type": "application/sdp" } });
     for (let attempt = 1; performance.now() - since < RECONNECT.windowMs; attempt++) {
       this._setState({ phase: "reconnecting", attempt });
       try {
-        const { pc, response } = await this._offer(this.location, offer);
+        const { pc, response } = await this._offer(this.location, offer, dropped);
         if (this.state.phase === "ended") return;
         if (response.status === 404) break;
         if (response.ok) {
@@ -214,14 +227,18 @@ export class WebRtcConversation {
     hangup.catch(() => {}).finally(() => pc && pc.close()); // (closed after, so the server logs a hang-up)
   }
 
-  // Retire the current peer connection, keeping its counters.
-  _close() {
+  // The current peer connection's counters, added to the earlier ones before it is replaced.
+  _keepCounters() {
     clearInterval(this._stats);
     if (this.last) {
       this.earlier.played += this.last.played;
       this.earlier.missed += this.last.missed;
       this.last = null;
     }
+  }
+
+  _close() {
+    this._keepCounters();
     const pc = this.pc;
     this.pc = null;
     if (pc) pc.close();
