@@ -95,7 +95,7 @@ export class AudioGraph {
       processorOptions: PLAYER_OPTIONS,
     });
     this.player.port.onmessage = ({ data }) => {
-      if (data.type === "stats") this.playerStats = data;
+      if (data.type === "stats" && !this.remote) this.playerStats = data; // (over WebRTC: the receiver's)
     };
     this.player.connect(ctx.destination);
 
@@ -108,6 +108,29 @@ export class AudioGraph {
     this.player.connect(this.tape, 0, 0);
     mic.connect(this.tape, 0, 1);
     this.tape.connect(sink);
+  }
+
+  /**
+   * Over WebRTC: the server's audio arrives as a remote stream (the browser's own jitter buffer and decoder);
+   * it plays and is recorded like the player's. A new stream (after a reconnection) replaces the last.
+   */
+  playStream(stream) {
+    if (this.remote) this.remote.disconnect();
+    // Chromium feeds a remote stream to Web Audio only while a media element plays it (muted: heard once).
+    this.remoteElement ??= new Audio();
+    this.remoteElement.muted = true;
+    this.remoteElement.srcObject = stream;
+    this.remoteElement.play().catch(() => {});
+    this.remote = this.context.createMediaStreamSource(stream);
+    this.remote.connect(this.context.destination);
+    this.remote.connect(this.tape, 0, 0);
+  }
+
+  /** Back to the player (the WebRTC call fell back to the WebSocket). */
+  stopStream() {
+    if (this.remote) this.remote.disconnect();
+    this.remote = null;
+    if (this.remoteElement) this.remoteElement.srcObject = null;
   }
 
   /** Decoded server audio to play. */
@@ -129,6 +152,7 @@ export class AudioGraph {
   async close() {
     this.onMicBlock = null;
     if (this.stream) this.stream.getTracks().forEach((t) => t.stop());
+    if (this.remoteElement) this.remoteElement.srcObject = null;
     if (this.player) this.player.port.postMessage({ type: "end" });
     if (this.tape) {
       const stopped = new Promise((resolve) => (this._tapeStopped = resolve));

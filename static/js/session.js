@@ -25,8 +25,9 @@ export class Conversation {
    * @param {boolean} o.voiceProcessing  echo cancellation, noise suppression, auto gain
    * @param {(state: object) => void} o.onState  {phase, position?, attempt?, resumed?, ending?}
    * @param {(text: string, speaker?: string) => void} o.onText  the agent's pieces, and the caller's ("caller") if asked
+   * @param {AudioGraph} [o.audio]  the graph made in the click (already open when a WebRTC call fell back)
    */
-  constructor({ pageUrl, params, voiceProcessing, onState, onText }) {
+  constructor({ pageUrl, params, voiceProcessing, onState, onText, audio }) {
     this.pageUrl = pageUrl;
     this.params = params;
     this.voiceProcessing = voiceProcessing;
@@ -37,13 +38,14 @@ export class Conversation {
     this.serverError = null; // text of a 0x05 message, shown with the close
     this.resumeToken = null; // the latest 0x11 token: a drop from now on is reconnected
     this.ws = null; // the current socket; events of an older one are ignored
-    this.audio = new AudioGraph(); // now, inside the user's click
+    this.audio = audio || new AudioGraph(); // now, inside the user's click
+    this.transport = "WebSocket";
   }
 
   async start() {
     this._setState({ phase: "connecting" });
     try {
-      await this.audio.open({ voiceProcessing: this.voiceProcessing });
+      if (!this.audio.stream) await this.audio.open({ voiceProcessing: this.voiceProcessing });
     } catch (e) {
       this._end({ ok: false, text: e.message });
       return;

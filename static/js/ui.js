@@ -3,9 +3,10 @@
 
 import { opusEncodingSupported } from "./opus-encoder.js";
 import { PRESETS, voiceLabel } from "./presets.js";
-import { SAMPLE_RATE } from "./audio-graph.js";
+import { AudioGraph, SAMPLE_RATE } from "./audio-graph.js";
 import { reconnectingText } from "./reconnect.js";
 import { Conversation } from "./session.js";
+import { WebRtcConversation, realtimeSession, webRtcAvailable } from "./webrtc.js";
 import { setupYourVoice } from "./your-voice.js";
 
 const $ = (id) => document.getElementById(id);
@@ -24,6 +25,7 @@ const els = {
   seed: $("seed"),
   voiceProcessing: $("voice-processing"),
   state: $("state"),
+  transport: $("transport"),
   stateText: $("state-text"),
   ending: $("ending"),
   connect: $("connect"),
@@ -155,6 +157,9 @@ function render(state) {
     els.ending.classList.toggle("problem", !state.ending.ok);
   }
   if (state.phase === "live" && !state.resumed) els.transcript.replaceChildren(); // a resumed call goes on
+  els.transport.hidden = !["live", "reconnecting"].includes(state.phase);
+  const why = conversation.fallback ? ` (fallback: ${conversation.fallback})` : "";
+  els.transport.textContent = `Connected over ${conversation.transport}${why}`;
   updateConnectButton();
 }
 
@@ -166,13 +171,34 @@ function updateConnectButton() {
 function connect() {
   els.transcript.replaceChildren(placeholder("Waiting for the model…"));
   els.download.disabled = true;
-  conversation = new Conversation({
+  const params = readSettings();
+  const options = {
     pageUrl: location.href,
-    params: readSettings(),
     voiceProcessing: els.voiceProcessing.checked,
     onState: render,
     onText: appendText,
-  });
+    audio: new AudioGraph(), // now, inside the click
+  };
+  const why = webSocketReason();
+  if (why) {
+    overWebSocket(options, params, why);
+    return;
+  }
+  const onFallback = (reason) => overWebSocket(options, params, reason);
+  conversation = new WebRtcConversation({ ...options, session: realtimeSession(params), onFallback });
+  conversation.start();
+}
+
+// Why this conversation goes over the WebSocket (null: over WebRTC).
+function webSocketReason() {
+  if (new URLSearchParams(location.search).get("transport") === "websocket") return "asked for with ?transport=websocket";
+  if (!webRtcAvailable()) return "this browser has no WebRTC";
+  return null;
+}
+
+function overWebSocket(options, params, why) {
+  conversation = new Conversation({ ...options, params });
+  conversation.fallback = why;
   conversation.start();
 }
 

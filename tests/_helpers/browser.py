@@ -144,10 +144,11 @@ def wait_until(condition: Callable[[], Any], timeout: float, message: str) -> An
 # -- the page ------------------------------------------------------------------------
 
 
-def open_ui(context: Any, server: Any) -> Any:
-    """Open the web UI and wait until it has the server's voices."""
+def open_ui(context: Any, server: Any, query: str = "?transport=websocket") -> Any:
+    """Open the web UI and wait until it has the server's voices; by default in its WebSocket mode (the Moshi
+    protocol: what most browser tests are about; tests/browser/test_web_ui_webrtc.py has the WebRTC mode's)."""
     page = context.new_page()
-    page.goto(server.url + "/")
+    page.goto(server.url + "/" + query)
     expect(page.locator("#server-info")).to_contain_text("Model:")  # /api/info and /api/voices loaded
     expect(page.locator("#voice option").first).not_to_have_text("Loading voices…")
     return page

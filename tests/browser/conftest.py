@@ -11,29 +11,49 @@ from typing import Any
 import pytest
 
 from _helpers.browser import CHROMIUM, CHROMIUM_ARGS, ThreadServer, write_tone
+from _helpers.rtc_page import write_speech
 from pplex_trio._cli._engines import create_engine
 from pplex_trio.engine import Engine
 from pplex_trio.server import ServerSettings
 
 
 @pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
+def playwright() -> Iterator[Any]:
+    """Playwright's driver, one for the session (a second one in the same process is refused)."""
     if not CHROMIUM.exists():
         pytest.skip(f"browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
+    with sync_playwright() as driver:
+        yield driver
+
+
+def _chromium(playwright: Any, write_microphone: Any) -> Iterator[Any]:
+    """A headless Chromium whose fake microphone plays the file ``write_microphone(path)`` writes."""
     folder = pathlib.Path(tempfile.mkdtemp(prefix="pplex-browser-"))
-    tone = folder / "tone.wav"
-    write_tone(tone)
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=[*CHROMIUM_ARGS, f"--use-file-for-fake-audio-capture={tone}"],
-        )
-        yield chromium
-        chromium.close()
+    microphone = folder / "microphone.wav"
+    write_microphone(microphone)
+    chromium = playwright.chromium.launch(
+        executable_path=str(CHROMIUM),
+        headless=True,
+        args=[*CHROMIUM_ARGS, f"--use-file-for-fake-audio-capture={microphone}"],
+    )
+    yield chromium
+    chromium.close()
     shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def browser(playwright: Any) -> Iterator[Any]:
+    """Chromium with a steady tone for a microphone."""
+    yield from _chromium(playwright, write_tone)
+
+
+@pytest.fixture(scope="session")
+def speaking_browser(playwright: Any, shared_dir: pathlib.Path) -> Iterator[Any]:
+    """A second Chromium whose fake microphone speaks (a few seconds of speech, looped): an echo of a tone is
+    found at any whole number of its periods, an echo of speech at one lag only."""
+    yield from _chromium(playwright, lambda path: write_speech(shared_dir, path))
 
 
 def _profile(browser: Any, **options: Any) -> Iterator[Any]:
@@ -50,6 +70,12 @@ def _profile(browser: Any, **options: Any) -> Iterator[Any]:
 @pytest.fixture
 def context(browser: Any) -> Iterator[Any]:
     yield from _profile(browser, accept_downloads=True)
+
+
+@pytest.fixture
+def speaking_context(speaking_browser: Any) -> Iterator[Any]:
+    """A fresh profile of the speaking Chromium."""
+    yield from _profile(speaking_browser, accept_downloads=True)
 
 
 @pytest.fixture

@@ -67,6 +67,8 @@ def test_web_ui_over_wss_asks_for_the_token_and_goes_live(tls_context, start_ser
     assert page.url == server.url + "/" and TOKEN not in page.url
     (cookie,) = tls_context.cookies()
     assert cookie["httpOnly"] and cookie["secure"] and cookie["sameSite"] == "Strict" and TOKEN not in cookie["value"]
+    page.goto(server.url + "/?transport=websocket")  # (this test is the WebSocket's)
+    expect(page.locator("#server-info")).to_contain_text("Model:")
     page.get_by_role("button", name="Connect").click()
     wait_phase(page, "live")
     assert sockets and all(url.startswith("wss://") for url in sockets), sockets

@@ -275,7 +275,7 @@ def test_the_page_resumes_the_real_server_after_a_reset(context, start_server):
             ws.on("framereceived", lambda payload: received.append(payload if isinstance(payload, bytes) else b""))
 
         page.on("websocket", watch)
-        page.goto(relay.url + "/")
+        page.goto(relay.url + "/?transport=websocket")
         expect(page.locator("#server-info")).to_contain_text("Model:")
         page.get_by_role("button", name="Connect").click()
         wait_phase(page, "live")

@@ -1,0 +1,184 @@
+"""Our page over WebRTC in Chromium, against the echo server: it says which transport it uses, the caller's speech
+comes back (found in the page's own recording: the model left, the microphone right), the model's words are
+shown; ``?transport=websocket``, an older server and a call that does not connect fall back to the WebSocket."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from _helpers.browser import (
+    disable_voice_processing,
+    download_recording,
+    stat,
+    wait_phase,
+    wait_stat_above,
+    wait_until,
+)
+from _helpers.rtc_page import echo_lag
+
+pytestmark = pytest.mark.browser
+
+TOKEN = "browser-page-token"
+
+
+def metric(server: Any, line_start: str) -> float:
+    lines = [line for line in server.get_text("/metrics").splitlines() if line.startswith(line_start)]
+    return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
+
+
+def talk(context: Any, server: Any, query: str = "", voice: str | None = None) -> Any:
+    """Our page opened with ``?token=`` (the server hands out its cookie and drops the token from the address),
+    the raw microphone (and ``voice``), connected and live."""
+    page = context.new_page()
+    page.goto(f"{server.url}/{query}{'&' if query else '?'}token={TOKEN}")
+    expect(page.locator("#server-info")).to_contain_text("Model:")
+    assert page.url == f"{server.url}/{query}"
+    if voice is not None:
+        page.get_by_label("Voice", exact=True).select_option(label=voice)
+    disable_voice_processing(page)
+    page.get_by_role("button", name="Connect").click()
+    wait_phase(page, "live")
+    return page
+
+
+def check_echo_and_words(page: Any) -> float:
+    """The page played its microphone back (the echo engine's), and showed the engine's words in order."""
+    wait_stat_above(page, "played", 6.0)
+    stereo, rate = download_recording(page)
+    assert rate == 48_000
+    # Audio the page missed (an underrun on a busy machine; the stats show it) delays all that follows.
+    lag = echo_lag(stereo[:, 0], stereo[:, 1], spread_s=0.081 + stat(page, "missed"))
+    numbers = page.locator("#transcript").inner_text().split()
+    assert len(numbers) >= 30 and numbers == [str(i) for i in range(len(numbers))], numbers[:40]
+    return lag
+
+
+def test_the_page_talks_over_webrtc(speaking_context, start_server):
+    """The page's call is a WebRTC call (``realtime_webrtc``) with the persona and voice chosen; it says so; the
+    echo and the words; Disconnect hangs the call up and frees the slot."""
+    server = start_server(auth_token=TOKEN)
+    hangups = metric(server, 'pplex_webrtc_calls_ended_total{reason="hangup"}')
+    sockets: list[str] = []
+    page = talk(speaking_context, server, voice="Natural male 1")
+    page.on("websocket", lambda ws: sockets.append(ws.url))
+    expect(page.locator("#transport")).to_have_text("Connected over WebRTC")
+    rows = server.get("/api/sessions")["sessions"]
+    assert [row["protocol"] for row in rows] == ["realtime_webrtc"]
+    _, conversation = server.engine.started[-1]
+    assert conversation.persona == page.get_by_label("Who should the model be?").input_value().strip()
+    assert conversation.voice == "NATM1.pt"
+    lag = check_echo_and_words(page)
+    print(f"page over WebRTC: echo at {lag * 1000:.0f} ms")
+    assert sockets == []
+
+    page.get_by_role("button", name="Disconnect").click()
+    wait_phase(page, "ended")
+    expect(page.locator("#ending")).to_have_text("You ended the conversation.")
+    wait_until(lambda: server.get("/api/sessions")["sessions"] == [], 5, "the call outlived Disconnect")
+    wait_until(
+        lambda: metric(server, 'pplex_webrtc_calls_ended_total{reason="hangup"}') == hangups + 1,
+        5,
+        "Disconnect did not hang the call up",
+    )
+
+
+def test_transport_websocket_forces_the_fallback(speaking_context, start_server):
+    """``?transport=websocket``: the page's Moshi WebSocket, as before, and it says why."""
+    server = start_server(auth_token=TOKEN)
+    page = talk(speaking_context, server, "?transport=websocket")
+    expect(page.locator("#transport")).to_have_text(
+        "Connected over WebSocket (fallback: asked for with ?transport=websocket)"
+    )
+    assert [row["protocol"] for row in server.get("/api/sessions")["sessions"]] == ["moshi"]
+    check_echo_and_words(page)
+
+
+def test_an_older_server_falls_back(speaking_context, start_server):
+    """A server without the WebRTC routes (404): the page goes on over the WebSocket."""
+    server = start_server(auth_token=TOKEN)
+    speaking_context.route(re.compile(r".*/v1/realtime/calls$"), lambda route: route.fulfill(status=404))
+    page = talk(speaking_context, server)
+    expect(page.locator("#transport")).to_have_text(
+        "Connected over WebSocket (fallback: this server does not take WebRTC calls (HTTP 404))"
+    )
+    check_echo_and_words(page)
+
+
+def test_a_call_that_does_not_connect_falls_back(speaking_context, start_server):
+    """The answer's candidates lead nowhere (as through a firewall that drops UDP): after a few seconds the page
+    hangs the call up and goes on over the WebSocket."""
+    server = start_server(auth_token=TOKEN)
+    hangups = metric(server, 'pplex_webrtc_calls_ended_total{reason="hangup"}')
+
+    def unreachable(route: Any) -> None:
+        response = route.fetch()
+        answer = re.sub(r"(a=candidate:\S+ \d+ udp \d+ \S+) \d+", r"\1 9", response.text())
+        route.fulfill(response=response, body=answer)
+
+    speaking_context.route(re.compile(r".*/v1/realtime/calls$"), unreachable)
+    page = talk(speaking_context, server)
+    expect(page.locator("#transport")).to_have_text(
+        "Connected over WebSocket (fallback: the WebRTC call did not connect within 5 s)"
+    )
+    assert [row["protocol"] for row in server.get("/api/sessions")["sessions"]] == ["moshi"]
+    assert metric(server, 'pplex_webrtc_calls_ended_total{reason="hangup"}') == hangups + 1
+
+
+# Keeps the page's peer connections where the test can reach them.
+KEEP_PEER_CONNECTIONS = """
+const Native = window.RTCPeerConnection;
+window.peerConnections = [];
+window.RTCPeerConnection = class extends Native {
+  constructor(...args) {
+    super(...args);
+    window.peerConnections.push(this);
+  }
+};
+"""
+
+# The browser reports the current connection failed (as when the network under it changes).
+FAIL_CONNECTION = """() => {
+  const pc = window.peerConnections.at(-1);
+  Object.defineProperty(pc, "connectionState", { get: () => "failed" });
+  pc.dispatchEvent(new Event("connectionstatechange"));
+}"""
+
+# What the page's state says from now on, each change.
+NOTE_STATES = """() => {
+  window.states = [];
+  const text = document.getElementById("state-text");
+  new MutationObserver(() => window.states.push(text.textContent)).observe(text, { childList: true });
+}"""
+
+
+def test_a_failed_connection_is_offered_again_and_the_call_goes_on(speaking_context, start_server):
+    """The connection fails mid-call (the browser's report of it is the test's; the rest is real): the page shows
+    "Reconnecting…", offers a new peer connection to the call's Location, and the same session goes on: its row,
+    the engine's words counting on, the echo in what is played after."""
+    server = start_server(auth_token=TOKEN)
+    speaking_context.add_init_script(KEEP_PEER_CONNECTIONS)
+    offers: list[str] = []
+    speaking_context.on("request", lambda r: r.method == "POST" and offers.append(r.url.removeprefix(server.url)))
+    page = talk(speaking_context, server)
+    (row,) = server.get("/api/sessions")["sessions"]
+    wait_stat_above(page, "played", 2.0)
+    page.evaluate(NOTE_STATES)
+    page.evaluate(FAIL_CONNECTION)
+    wait_phase(page, "live")
+    states = page.evaluate("window.states")
+    assert states[:1] == ["Reconnecting…"] and states[-1] == "Live", states
+    assert page.evaluate("window.peerConnections.length") == 2
+    assert len(offers) == 2 and offers[0] == "/v1/realtime/calls", offers
+    assert re.fullmatch(r"/v1/realtime/calls/rtc_[0-9a-f]{24}", offers[1]), offers  # (the call's Location)
+    assert server.get("/api/sessions")["sessions"][0]["id"] == row["id"]
+    before = len(page.locator("#transcript").inner_text().split())
+    wait_stat_above(page, "played", 8.0)
+    numbers = page.locator("#transcript").inner_text().split()
+    assert len(numbers) > before + 30 and numbers == [str(i) for i in range(len(numbers))], numbers
+    stereo, _ = download_recording(page)
+    lag = echo_lag(stereo[-4 * 48_000 :, 0], stereo[-4 * 48_000 :, 1], skip_s=0)
+    print(f"after the new offer: echo at {lag * 1000:.0f} ms")
