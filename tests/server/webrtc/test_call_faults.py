@@ -75,7 +75,14 @@ def test_calls_that_do_not_exist(echo_server, problems):
     for path in ("/v1/realtime/calls/rtc_0000/hangup", "/v1/live/sessions/sess_0000/hangup"):
         response = post(echo_server, path)
         assert response.status_code == 404 and response.json()["error"]["code"] == "call_not_found"
-    offer = run_asyncio(Caller().offer())
+
+    async def offer_of_a_caller() -> str:
+        caller = Caller()
+        offer = await caller.offer()
+        await caller.close()
+        return offer
+
+    offer = run_asyncio(offer_of_a_caller())
     again = post(echo_server, "/v1/realtime/calls/rtc_0000", content=offer, headers={"content-type": "application/sdp"})
     assert again.status_code == 404
     assert problems == []
