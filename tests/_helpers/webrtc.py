@@ -110,9 +110,10 @@ class Caller:
         session: dict[str, Any] | None = None,
         live: bool = False,
         offer: str | None = None,
+        apply: bool = True,
     ) -> httpx.Response:
         """Post the offer (``live``: as ``client.live.create``'s JSON; ``session``: as the multipart form) and
-        apply the answer; the response (raised for an error status)."""
+        apply the answer (unless not ``apply``); the response."""
         offer = offer or await self.offer()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         async with httpx.AsyncClient(timeout=20, trust_env=False) as http:
@@ -129,7 +130,8 @@ class Caller:
             return response
         answer = response.json()["transport"]["sdp"] if live else response.text
         self.location = response.headers.get("location") or f"{path}/{response.json()['session']['id']}"
-        await self.pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+        if apply:
+            await self.pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
         return response
 
     async def answer(self, sdp: str) -> None:

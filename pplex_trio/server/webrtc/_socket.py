@@ -65,6 +65,7 @@ class PeerSocket:
         self._audio: collections.deque[bytes] = collections.deque()
         self._changed = trio.Event()
         self._flooded = False
+        self._came_up: set[str] = set()  # what of the current peer's connection came up: "ice", "dtls"
         self._allowance, self._counted_at = float(EVENT_BURST), trio.current_time()  # (the events' token bucket)
         self.audio_dropped = 0
         self._unsent: list[str] = []  # events said before the channel opened
@@ -86,11 +87,12 @@ class PeerSocket:
     async def restart(self, offer: str) -> str:
         """A new ``offer`` for this call (the caller's network changed: an ICE restart): a new peer answers it and
         the call goes on over it; the old one is closed."""
-        old, self.peer = self.peer, self._new_peer()
+        old, came_up = self.peer, self._came_up
+        self.peer, self._came_up = self._new_peer(), set()
         try:
             answer = await self._loop.run(self.peer.answer, offer)
         except BaseException:
-            new, self.peer = self.peer, old
+            new, self.peer, self._came_up = self.peer, old, came_up
             with trio.CancelScope(shield=True):
                 await self._loop.run(new.close)
             raise
@@ -149,6 +151,8 @@ class PeerSocket:
             self._loop.call_soon(self.peer.send, text)
 
     def _states(self, ice: str, dtls: str, connection: str) -> None:
+        self._came_up |= {"ice"} if ice in ("connected", "completed") else set()
+        self._came_up |= {"dtls"} if dtls == "connected" else set()
         reason = _judge(ice, dtls, connection)
         if reason is not None:
             self.lost(reason)
@@ -209,8 +213,11 @@ class PeerSocket:
 
     async def close(self, code: int, reason: str = "") -> None:
         """End the call: what was said leaves first (``CLOSE_FLUSH_SECONDS`` at most), then the peer closes."""
-        if self.ending is None:
-            self.ending = EndReason.SESSION
+        if self.ending is None:  # the session ended it; before the network was up, the network is why
+            up = self._came_up
+            self.ending = (
+                EndReason.SESSION if "dtls" in up else EndReason.DTLS_FAILED if "ice" in up else EndReason.ICE_FAILED
+            )
         with trio.move_on_after(CLOSE_FLUSH_SECONDS):
             while self.peer.buffered or self._unsent and self.peer.channel_open:
                 await trio.sleep(0.02)

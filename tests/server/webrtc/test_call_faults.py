@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 
 import aioice.ice
@@ -151,5 +152,64 @@ def test_a_flooded_data_channel_ends_that_call_only(echo_server, speech, problem
         ),
         5,
         "the flooding call did not end as a protocol error",
+    )
+    assert problems == []
+
+
+@pytest.fixture
+def impatient_server():
+    """The echo server with a 2 s opening timeout: a call whose network never comes up is given up in 2 s."""
+    from _helpers.browser import ThreadServer
+    from pplex_trio.engine import EchoEngine
+    from pplex_trio.server import ServerSettings
+
+    settings = ServerSettings(host="127.0.0.1", port=0, slots=2, model="echo", open_timeout=2)
+    running = ThreadServer(settings, EchoEngine(2)).start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def test_a_call_whose_network_never_comes_up_ends_as_an_ice_failure(impatient_server, problems):
+    """The caller posts its offer and never takes the answer: no ICE path; the session gives up on its opening
+    and the call ends, reason ``ice_failed``."""
+
+    async def stranded() -> int:
+        caller = Caller()
+        response = await caller.call(impatient_server.url, apply=False)
+        await asyncio.sleep(3)
+        await caller.close()
+        return response.status_code
+
+    assert run_asyncio(stranded()) == 201
+    wait_until(
+        lambda: metric(impatient_server, 'pplex_webrtc_calls_ended_total{reason="ice_failed"}') == 1,
+        5,
+        "the stranded call did not end as an ICE failure",
+    )
+    wait_until(lambda: impatient_server.get("/api/sessions")["sessions"] == [], 5, "its session is still up")
+    assert problems == []
+
+
+def test_a_caller_whose_certificate_is_not_the_offers_ends_as_a_dtls_failure(impatient_server, problems):
+    """ICE works but the caller's DTLS certificate is not the one its offer's fingerprint names (a man in the
+    middle, say): the handshake fails, reason ``dtls_failed``."""
+
+    async def forged() -> int:
+        caller = Caller()
+        offer = await caller.offer()
+        fingerprint = re.search(r"a=fingerprint:sha-256 (\S+)", offer).group(1)
+        wrong = ":".join("00" if part != "00" else "11" for part in fingerprint.split(":"))
+        response = await caller.call(impatient_server.url, offer=offer.replace(fingerprint, wrong))
+        await asyncio.sleep(3)
+        await caller.close()
+        return response.status_code
+
+    assert run_asyncio(forged()) == 201
+    wait_until(
+        lambda: metric(impatient_server, 'pplex_webrtc_calls_ended_total{reason="dtls_failed"}') == 1,
+        5,
+        "the forged call did not end as a DTLS failure",
     )
     assert problems == []
