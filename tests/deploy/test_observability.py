@@ -156,6 +156,7 @@ def test_the_dashboard_is_one_grafana_imports():
         "Errors and refusals",
         "Per replica",
         "Resumes",
+        "WebRTC",
     ]
     for panel in board["panels"]:
         assert set(panel["gridPos"]) == {"h", "w", "x", "y"} and panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24
