@@ -172,6 +172,10 @@ def test_a_secret_opens_one_webrtc_call():
     again = access.check(offer, now=2.0)
     assert isinstance(again, Refused) and again.status == 401 and "used already" in again.message
     assert isinstance(access.check(head(authorization=f"Bearer {value}"), now=2.0), Refused)  # (nor a WebSocket)
+    late = secrets.mint(CONFIG, seconds=10, now=0.0).value
+    offer = head("/v1/realtime/calls", websocket=False, method="POST", authorization=f"Bearer {late}")
+    expired = access.check(offer, now=10.0)
+    assert isinstance(expired, Refused) and expired.status == 401 and "expired" in expired.message
 
 
 def test_an_expired_secret_and_the_token_beside_it():

@@ -6,6 +6,8 @@ speech; what comes out is measured in samples: a lost packet must never become a
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import opuslib_next
 import pytest
@@ -13,6 +15,7 @@ import soxr
 
 from _helpers.audio import best_lag, correlation_at
 from pplex_trio.server.webrtc._media import OUTAGE_PACKETS, PACKET_SAMPLES, InputCounts, OpusIn, VoiceOut
+from pplex_trio.server.webrtc._peer import VOICE_QUEUE_PACKETS, PacedVoice
 
 PACKETS = 60  # 1.2 s
 AT_48K = 960  # one packet's samples as a browser encodes them (Opus at 48 kHz)
@@ -107,3 +110,26 @@ def test_the_models_voice_goes_out_in_20_ms_frames():
     assert len(frames) == 12 and all(frame.dtype == np.int16 and frame.size == PACKET_SAMPLES for frame in frames)
     assert np.array_equal(np.concatenate(frames), ramp)
     assert out(ramp[:500].tobytes())[0].size == PACKET_SAMPLES and np.array_equal(out(b"")[0:0], [])  # a remainder
+
+
+def test_the_voice_is_played_at_real_time_never_ahead(voice):
+    """``PacedVoice``, as aiortc's sender pulls it: frames queued at once come out one per 20 ms from the first,
+    never earlier, silence when none waits; past 500 ms waiting, the oldest go (counted)."""
+
+    async def pull() -> tuple[list[float], list[np.ndarray], int]:
+        track = PacedVoice()
+        frames = [np.full(PACKET_SAMPLES, k + 1, np.int16) for k in range(VOICE_QUEUE_PACKETS + 5)]
+        track.push(frames)
+        loop = asyncio.get_running_loop()
+        times, got = [], []
+        for _ in range(VOICE_QUEUE_PACKETS + 2):
+            frame = await track.recv()
+            times.append(loop.time())
+            got.append(frame.to_ndarray().reshape(-1, 2)[:, 0])
+            assert (frame.sample_rate, frame.layout.name, frame.samples) == (24_000, "stereo", PACKET_SAMPLES)
+        return times, got, track.dropped
+
+    times, got, dropped = asyncio.run(pull())
+    assert dropped == 5
+    assert [int(frame[0]) for frame in got] == [*range(6, VOICE_QUEUE_PACKETS + 6), 0, 0]  # the oldest went
+    assert all(times[k] - times[0] >= k * 0.02 - 1e-3 for k in range(len(times)))
