@@ -4,6 +4,7 @@ shown; ``?transport=websocket``, an older server and a call that does not connec
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -182,3 +183,55 @@ def test_a_failed_connection_is_offered_again_and_the_call_goes_on(speaking_cont
     stereo, _ = download_recording(page)
     lag = echo_lag(stereo[-4 * 48_000 :, 0], stereo[-4 * 48_000 :, 1], skip_s=0)
     print(f"after the new offer: echo at {lag * 1000:.0f} ms")
+
+
+# Keeps what the page's data channels receive where the test can read it.
+KEEP_CHANNEL_EVENTS = """
+window.channelEvents = [];
+const createDataChannel = RTCPeerConnection.prototype.createDataChannel;
+RTCPeerConnection.prototype.createDataChannel = function (...args) {
+  const channel = createDataChannel.apply(this, args);
+  channel.addEventListener("message", (e) => window.channelEvents.push(JSON.parse(e.data)));
+  return channel;
+};
+"""
+
+# What the echo "hears" the caller say, by the conversation's frame (whatever the audio), and the frame its
+# end-of-turn head ends the caller's turn at (the fake microphone loops its speech with no pause long enough for
+# the server's VAD to end it).
+HEARD = {8: " What's", 9: " the", 11: " weather?"}
+TURN_ENDS = {16}
+
+
+def test_the_callers_words_over_webrtc(speaking_context, start_server):
+    """A server that transcribes the caller: the page's Realtime session asks for ``audio.input.transcription``,
+    and the caller's words (``.delta`` pieces, then ``.completed``) show once, in "You:" lines among the model's."""
+    from pplex_trio.engine import EchoEngine
+    from pplex_trio.engine._echo import scripted_transcript
+
+    engine = EchoEngine(2, prefill_steps=4, transcript=scripted_transcript(HEARD, TURN_ENDS))
+    server = start_server(engine, auth_token=TOKEN)
+    speaking_context.add_init_script(KEEP_CHANNEL_EVENTS)
+    forms: list[bytes] = []
+    speaking_context.on(
+        "request", lambda r: r.url.endswith("/v1/realtime/calls") and forms.append(r.post_data_buffer or b"")
+    )
+    page = talk(speaking_context, server)
+    expect(page.locator("#transport")).to_have_text("Connected over WebRTC")
+    (form,) = forms
+    session = json.loads(re.search(rb'name="session"\r\n\r\n(.*?)\r\n--', form, re.S).group(1))
+    assert session["audio"]["input"] == {"transcription": {}}, session
+
+    caller = page.locator("#transcript [data-speaker=caller]")
+    expect(caller.first).to_have_text("You: What's", timeout=10_000)
+    expect(page.locator("#transcript [data-speaker=agent]").first).to_contain_text("Model: 0 1")
+    completed = """() => window.channelEvents.some(
+        (e) => e.type === "conversation.item.input_audio_transcription.completed")"""
+    page.wait_for_function(completed, timeout=15_000)
+    events = page.evaluate("window.channelEvents")
+    said = [e for e in events if e["type"].startswith("conversation.item.input_audio_transcription.")]
+    assert "".join(e["delta"] for e in said if e["type"].endswith(".delta")) == "".join(HEARD.values())
+    assert [e["transcript"] for e in said if e["type"].endswith(".completed")][:1] == ["What's the weather?"]
+    # The caller's pieces, each in a "You:" line as the two sides interleave; the completed turn repeats the
+    # pieces already shown, so the words stay once on the page.
+    assert "".join(line.removeprefix("You: ") for line in caller.all_inner_texts()) == "What'stheweather?"
