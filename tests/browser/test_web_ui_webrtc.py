@@ -235,3 +235,45 @@ def test_the_callers_words_over_webrtc(speaking_context, start_server):
     # The caller's pieces, each in a "You:" line as the two sides interleave; the completed turn repeats the
     # pieces already shown, so the words stay once on the page.
     assert "".join(line.removeprefix("You: ") for line in caller.all_inner_texts()) == "What'stheweather?"
+
+
+# A browser without WebCodecs: its encoder and decoder gone before the page's scripts run.
+NO_WEBCODECS = "delete window.AudioEncoder; delete window.AudioDecoder;"
+NO_OPUS = "This browser cannot encode Opus audio (WebCodecs), which the WebSocket needs"
+USE_ANOTHER = "Use a recent Chrome, Edge or Firefox."
+
+
+def test_webrtc_does_not_wait_for_webcodecs(speaking_context, start_server):
+    """WebRTC has the browser's own Opus: without WebCodecs the page still connects over it, and the echo and
+    the words come back."""
+    server = start_server(auth_token=TOKEN)
+    speaking_context.add_init_script(NO_WEBCODECS)
+    page = talk(speaking_context, server)
+    assert page.evaluate("[typeof AudioEncoder, typeof AudioDecoder]") == ["undefined", "undefined"]
+    expect(page.locator("#transport")).to_have_text("Connected over WebRTC")
+    check_echo_and_words(page)
+
+
+def test_without_webcodecs_the_websocket_says_why(speaking_context, start_server):
+    """Without WebCodecs the WebSocket cannot talk: with ``?transport=websocket`` Connect stays off and the page
+    says why; where a WebRTC call falls through (an older server), the page says both why and makes no call."""
+    server = start_server(auth_token=TOKEN)
+    speaking_context.add_init_script(NO_WEBCODECS)
+    page = speaking_context.new_page()
+    page.goto(f"{server.url}/?transport=websocket&token={TOKEN}")
+    expect(page.locator("#server-info")).to_contain_text("Model:")
+    expect(page.locator("#ending")).to_have_text(
+        f"{NO_OPUS} (WebRTC, without ?transport=websocket, does not). {USE_ANOTHER}"
+    )
+    expect(page.get_by_role("button", name="Connect")).to_be_disabled()
+
+    speaking_context.route(re.compile(r".*/v1/realtime/calls$"), lambda route: route.fulfill(status=404))
+    page.goto(f"{server.url}/")  # (the token's cookie from before)
+    connect = page.get_by_role("button", name="Connect")
+    connect.click()
+    wait_phase(page, "ended")
+    expect(page.locator("#ending")).to_have_text(
+        f"WebRTC could not be used (this server does not take WebRTC calls (HTTP 404)). {NO_OPUS}. {USE_ANOTHER}"
+    )
+    assert server.get("/api/sessions")["sessions"] == []
+    expect(connect).to_be_enabled()
