@@ -23,6 +23,7 @@ const els = {
   audioTemperature: $("audio-temperature"),
   audioTopk: $("audio-topk"),
   seed: $("seed"),
+  webRtcSettings: $("webrtc-settings"),
   voiceProcessing: $("voice-processing"),
   state: $("state"),
   transport: $("transport"),
@@ -324,6 +325,7 @@ async function main() {
       browserProblem = webSocketProblem;
     }
   }
+  els.webRtcSettings.hidden = webSocketReason() !== null;
   if (browserProblem) {
     els.ending.hidden = false;
     els.ending.textContent = browserProblem;

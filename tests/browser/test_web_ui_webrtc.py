@@ -277,3 +277,44 @@ def test_without_webcodecs_the_websocket_says_why(speaking_context, start_server
     )
     assert server.get("/api/sessions")["sessions"] == []
     expect(connect).to_be_enabled()
+
+
+def test_over_webrtc_only_the_audio_temperature_is_carried_and_the_page_says_so(speaking_context, start_server):
+    """The Realtime session has a temperature (the audio's) and no text temperature, top-k or seed: over WebRTC the
+    page carries the one, says so beside the others, and the engine runs those at the server's defaults; with
+    ``?transport=websocket`` (which carries them all) the note is not shown."""
+    from pplex_trio._conversation import Sampling
+
+    server = start_server(auth_token=TOKEN)
+    page = speaking_context.new_page()
+    page.goto(f"{server.url}/?token={TOKEN}")
+    page.get_by_text("Advanced settings").click()
+    note = page.locator("#webrtc-settings")
+    expect(note).to_have_text(
+        "Over WebRTC only the audio temperature is used: the Realtime session has no text temperature, top-k or"
+        " seed (the server's defaults apply)."
+    )
+    page.get_by_label("Text temperature").fill("0.5")
+    page.get_by_label("Text top-k").fill("10")
+    page.get_by_label("Audio temperature").fill("0.6")
+    page.get_by_label("Audio top-k").fill("100")
+    page.get_by_label("Seed").fill("42")
+    page.get_by_role("button", name="Connect").click()
+    wait_phase(page, "live")
+    expect(page.locator("#transport")).to_have_text("Connected over WebRTC")
+    wait_until(lambda: server.engine.started, 5, "the call's conversation did not start")  # (at its first audio)
+    s = server.engine.started[-1][1].sampling
+    defaults = Sampling()
+    assert s.audio_temperature == 0.6
+    assert (s.text_temperature, s.text_topk, s.audio_topk) == (
+        defaults.text_temperature,
+        defaults.text_topk,
+        defaults.audio_topk,
+    )
+    assert (s.text_seed, s.audio_seed) == (None, None)
+    page.get_by_role("button", name="Disconnect").click()
+
+    page.goto(f"{server.url}/?transport=websocket")
+    page.get_by_text("Advanced settings").click()
+    expect(page.get_by_label("Text temperature")).to_be_visible()
+    expect(note).to_be_hidden()
