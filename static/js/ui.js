@@ -23,6 +23,7 @@ const els = {
   audioTemperature: $("audio-temperature"),
   audioTopk: $("audio-topk"),
   seed: $("seed"),
+  webRtcSettings: $("webrtc-settings"),
   voiceProcessing: $("voice-processing"),
   state: $("state"),
   transport: $("transport"),
@@ -46,6 +47,10 @@ let transcribesCaller = false; // the server transcribes the caller (--transcrib
 let yourVoice = null; // the "Your voice" panel
 let conversation = null; // the current (or last) Conversation
 let browserProblem = null; // why this browser cannot talk, if it cannot
+// Why the WebSocket cannot carry a conversation in this browser (no WebCodecs Opus), null if it can, once
+// webCodecsKnown resolves.  WebRTC needs none of it (the browser's own Opus), so it does not wait for it.
+let webSocketProblem = null;
+let webCodecsKnown = Promise.resolve();
 
 // -- settings -----------------------------------------------------------------
 
@@ -184,22 +189,38 @@ function connect() {
     overWebSocket(options, params, why);
     return;
   }
-  const onFallback = (reason) => overWebSocket(options, params, reason);
+  const onFallback = (reason) => webCodecsKnown.then(() => overWebSocket(options, params, reason));
   conversation = new WebRtcConversation({ ...options, session: realtimeSession(params), onFallback });
   conversation.start();
 }
 
+const askedForWebSocket = () => new URLSearchParams(location.search).get("transport") === "websocket";
+
 // Why this conversation goes over the WebSocket (null: over WebRTC).
 function webSocketReason() {
-  if (new URLSearchParams(location.search).get("transport") === "websocket") return "asked for with ?transport=websocket";
+  if (askedForWebSocket()) return "asked for with ?transport=websocket";
   if (!webRtcAvailable()) return "this browser has no WebRTC";
   return null;
 }
 
 function overWebSocket(options, params, why) {
+  if (webSocketProblem) {
+    // (only after WebRTC fell through: where the WebSocket is the plan, Connect waits for WebCodecs)
+    options.audio.close();
+    render({ phase: "ended", ending: { ok: false, text: `WebRTC could not be used (${why}). ${webSocketProblem}` } });
+    return;
+  }
   conversation = new Conversation({ ...options, params });
   conversation.fallback = why;
   conversation.start();
+}
+
+// Why this browser cannot encode and decode Opus itself (WebCodecs), which the WebSocket needs; null if it can.
+async function webCodecsProblem() {
+  if ((await opusEncodingSupported(SAMPLE_RATE)) && typeof AudioDecoder !== "undefined") return null;
+  const instead = askedForWebSocket() && webRtcAvailable() ? " (WebRTC, without ?transport=websocket, does not)" : "";
+  const problem = `This browser cannot encode Opus audio (WebCodecs), which the WebSocket needs${instead}.`;
+  return `${problem} Use a recent Chrome, Edge or Firefox.`;
 }
 
 function appendText(text, speaker = "agent") {
@@ -297,9 +318,14 @@ async function main() {
   els.download.addEventListener("click", downloadRecording);
   if (!window.isSecureContext) {
     browserProblem = "This page must be opened over https:// (or on localhost) to use the microphone.";
-  } else if (!(await opusEncodingSupported(SAMPLE_RATE)) || typeof AudioDecoder === "undefined") {
-    browserProblem = "This browser cannot encode Opus audio (WebCodecs). Use a recent Chrome, Edge or Firefox.";
+  } else {
+    webCodecsKnown = webCodecsProblem().then((problem) => (webSocketProblem = problem));
+    if (webSocketReason()) {
+      await webCodecsKnown;
+      browserProblem = webSocketProblem;
+    }
   }
+  els.webRtcSettings.hidden = webSocketReason() !== null;
   if (browserProblem) {
     els.ending.hidden = false;
     els.ending.textContent = browserProblem;

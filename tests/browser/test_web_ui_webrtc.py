@@ -4,6 +4,7 @@ shown; ``?transport=websocket``, an older server and a call that does not connec
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -182,3 +183,138 @@ def test_a_failed_connection_is_offered_again_and_the_call_goes_on(speaking_cont
     stereo, _ = download_recording(page)
     lag = echo_lag(stereo[-4 * 48_000 :, 0], stereo[-4 * 48_000 :, 1], skip_s=0)
     print(f"after the new offer: echo at {lag * 1000:.0f} ms")
+
+
+# Keeps what the page's data channels receive where the test can read it.
+KEEP_CHANNEL_EVENTS = """
+window.channelEvents = [];
+const createDataChannel = RTCPeerConnection.prototype.createDataChannel;
+RTCPeerConnection.prototype.createDataChannel = function (...args) {
+  const channel = createDataChannel.apply(this, args);
+  channel.addEventListener("message", (e) => window.channelEvents.push(JSON.parse(e.data)));
+  return channel;
+};
+"""
+
+# What the echo "hears" the caller say, by the conversation's frame (whatever the audio), and the frame its
+# end-of-turn head ends the caller's turn at (the fake microphone loops its speech with no pause long enough for
+# the server's VAD to end it).
+HEARD = {8: " What's", 9: " the", 11: " weather?"}
+TURN_ENDS = {16}
+
+
+def test_the_callers_words_over_webrtc(speaking_context, start_server):
+    """A server that transcribes the caller: the page's Realtime session asks for ``audio.input.transcription``,
+    and the caller's words (``.delta`` pieces, then ``.completed``) show once, in "You:" lines among the model's."""
+    from pplex_trio.engine import EchoEngine
+    from pplex_trio.engine._echo import scripted_transcript
+
+    engine = EchoEngine(2, prefill_steps=4, transcript=scripted_transcript(HEARD, TURN_ENDS))
+    server = start_server(engine, auth_token=TOKEN)
+    speaking_context.add_init_script(KEEP_CHANNEL_EVENTS)
+    forms: list[bytes] = []
+    speaking_context.on(
+        "request", lambda r: r.url.endswith("/v1/realtime/calls") and forms.append(r.post_data_buffer or b"")
+    )
+    page = talk(speaking_context, server)
+    expect(page.locator("#transport")).to_have_text("Connected over WebRTC")
+    (form,) = forms
+    session = json.loads(re.search(rb'name="session"\r\n\r\n(.*?)\r\n--', form, re.S).group(1))
+    assert session["audio"]["input"] == {"transcription": {}}, session
+
+    caller = page.locator("#transcript [data-speaker=caller]")
+    expect(caller.first).to_have_text("You: What's", timeout=10_000)
+    expect(page.locator("#transcript [data-speaker=agent]").first).to_contain_text("Model: 0 1")
+    completed = """() => window.channelEvents.some(
+        (e) => e.type === "conversation.item.input_audio_transcription.completed")"""
+    page.wait_for_function(completed, timeout=15_000)
+    events = page.evaluate("window.channelEvents")
+    said = [e for e in events if e["type"].startswith("conversation.item.input_audio_transcription.")]
+    assert "".join(e["delta"] for e in said if e["type"].endswith(".delta")) == "".join(HEARD.values())
+    assert [e["transcript"] for e in said if e["type"].endswith(".completed")][:1] == ["What's the weather?"]
+    # The caller's pieces, each in a "You:" line as the two sides interleave; the completed turn repeats the
+    # pieces already shown, so the words stay once on the page.
+    assert "".join(line.removeprefix("You: ") for line in caller.all_inner_texts()) == "What'stheweather?"
+
+
+# A browser without WebCodecs: its encoder and decoder gone before the page's scripts run.
+NO_WEBCODECS = "delete window.AudioEncoder; delete window.AudioDecoder;"
+NO_OPUS = "This browser cannot encode Opus audio (WebCodecs), which the WebSocket needs"
+USE_ANOTHER = "Use a recent Chrome, Edge or Firefox."
+
+
+def test_webrtc_does_not_wait_for_webcodecs(speaking_context, start_server):
+    """WebRTC has the browser's own Opus: without WebCodecs the page still connects over it, and the echo and
+    the words come back."""
+    server = start_server(auth_token=TOKEN)
+    speaking_context.add_init_script(NO_WEBCODECS)
+    page = talk(speaking_context, server)
+    assert page.evaluate("[typeof AudioEncoder, typeof AudioDecoder]") == ["undefined", "undefined"]
+    expect(page.locator("#transport")).to_have_text("Connected over WebRTC")
+    check_echo_and_words(page)
+
+
+def test_without_webcodecs_the_websocket_says_why(speaking_context, start_server):
+    """Without WebCodecs the WebSocket cannot talk: with ``?transport=websocket`` Connect stays off and the page
+    says why; where a WebRTC call falls through (an older server), the page says both why and makes no call."""
+    server = start_server(auth_token=TOKEN)
+    speaking_context.add_init_script(NO_WEBCODECS)
+    page = speaking_context.new_page()
+    page.goto(f"{server.url}/?transport=websocket&token={TOKEN}")
+    expect(page.locator("#server-info")).to_contain_text("Model:")
+    expect(page.locator("#ending")).to_have_text(
+        f"{NO_OPUS} (WebRTC, without ?transport=websocket, does not). {USE_ANOTHER}"
+    )
+    expect(page.get_by_role("button", name="Connect")).to_be_disabled()
+
+    speaking_context.route(re.compile(r".*/v1/realtime/calls$"), lambda route: route.fulfill(status=404))
+    page.goto(f"{server.url}/")  # (the token's cookie from before)
+    connect = page.get_by_role("button", name="Connect")
+    connect.click()
+    wait_phase(page, "ended")
+    expect(page.locator("#ending")).to_have_text(
+        f"WebRTC could not be used (this server does not take WebRTC calls (HTTP 404)). {NO_OPUS}. {USE_ANOTHER}"
+    )
+    assert server.get("/api/sessions")["sessions"] == []
+    expect(connect).to_be_enabled()
+
+
+def test_over_webrtc_only_the_audio_temperature_is_carried_and_the_page_says_so(speaking_context, start_server):
+    """The Realtime session has a temperature (the audio's) and no text temperature, top-k or seed: over WebRTC the
+    page carries the one, says so beside the others, and the engine runs those at the server's defaults; with
+    ``?transport=websocket`` (which carries them all) the note is not shown."""
+    from pplex_trio._conversation import Sampling
+
+    server = start_server(auth_token=TOKEN)
+    page = speaking_context.new_page()
+    page.goto(f"{server.url}/?token={TOKEN}")
+    page.get_by_text("Advanced settings").click()
+    note = page.locator("#webrtc-settings")
+    expect(note).to_have_text(
+        "Over WebRTC only the audio temperature is used: the Realtime session has no text temperature, top-k or"
+        " seed (the server's defaults apply)."
+    )
+    page.get_by_label("Text temperature").fill("0.5")
+    page.get_by_label("Text top-k").fill("10")
+    page.get_by_label("Audio temperature").fill("0.6")
+    page.get_by_label("Audio top-k").fill("100")
+    page.get_by_label("Seed").fill("42")
+    page.get_by_role("button", name="Connect").click()
+    wait_phase(page, "live")
+    expect(page.locator("#transport")).to_have_text("Connected over WebRTC")
+    wait_until(lambda: server.engine.started, 5, "the call's conversation did not start")  # (at its first audio)
+    s = server.engine.started[-1][1].sampling
+    defaults = Sampling()
+    assert s.audio_temperature == 0.6
+    assert (s.text_temperature, s.text_topk, s.audio_topk) == (
+        defaults.text_temperature,
+        defaults.text_topk,
+        defaults.audio_topk,
+    )
+    assert (s.text_seed, s.audio_seed) == (None, None)
+    page.get_by_role("button", name="Disconnect").click()
+
+    page.goto(f"{server.url}/?transport=websocket")
+    page.get_by_text("Advanced settings").click()
+    expect(page.get_by_label("Text temperature")).to_be_visible()
+    expect(note).to_be_hidden()
