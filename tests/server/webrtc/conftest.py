@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import pathlib
+import re
 import wave
 from collections.abc import Iterator
 
@@ -34,14 +35,20 @@ def echo_server() -> Iterator[ThreadServer]:
         running.stop()
 
 
+# The actor's warning when it skips ahead: a real-clock server beside the suite on a busy machine may; its
+# timing is the benchmarks' to measure, and what each end heard is these tests'.
+LATE_TICK = re.compile(r"engine actor fell \d+ tick\(s\) behind")
+
+
 @pytest.fixture
 def problems() -> Iterator[list[str]]:
-    """What ``pplex_trio`` logs at WARNING and up during the test."""
+    """What ``pplex_trio`` logs at WARNING and up during the test (but a late tick: ``LATE_TICK``)."""
     seen: list[str] = []
 
     class Problems(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            seen.append(self.format(record))
+            if not LATE_TICK.search(record.getMessage()):
+                seen.append(self.format(record))
 
     handler = Problems(logging.WARNING)
     logging.getLogger("pplex_trio").addHandler(handler)
