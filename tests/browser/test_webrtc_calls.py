@@ -108,3 +108,23 @@ def test_openai_browser_flow_with_the_tiny_model(speaking_context, start_server)
     for event in result["events"]:
         REALTIME_EVENT.validate_python(event)
     assert kinds[0] == "session.created" and "response.created" in kinds
+
+
+def test_the_live_flow_with_the_tiny_model(speaking_context, start_server):
+    """``POST /v1/live/sessions`` from the page against ``--model tiny``: ``session.started`` once live, the
+    model's voice on the track, every event valid per the SDK's Live types."""
+    from pplex_trio._cli._engines import create_engine
+    from pplex_trio.server import ServerSettings
+
+    engine = create_engine(ServerSettings(model="tiny", slots=1, device="cpu"))
+    server = start_server(engine=engine, slots=1, auth_token=TOKEN)
+    page = call_page(speaking_context, server, token=TOKEN)
+    session = {"model": "gpt-live-1", "instructions": PERSONA}
+    result = page.evaluate("([url, session]) => liveCall(url, session, 10)", [server.url + "/v1", session])
+    assert result["status"] == 201, result
+    heard = tape(result["left"])
+    levels = np.sqrt(np.mean(heard[: heard.size // 4800 * 4800].reshape(-1, 4800) ** 2, axis=1))  # per 100 ms
+    assert np.count_nonzero(levels > 0.01) >= 10, "the model's voice did not come back"
+    for event in result["events"]:
+        LIVE_EVENT.validate_python(event)
+    assert result["events"][0]["type"] == "session.started"
