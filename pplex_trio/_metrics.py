@@ -71,7 +71,8 @@ ERROR_KINDS = (
 )
 
 
-WEBRTC_PACKET_KINDS = ("received", "recovered", "concealed", "late")  # pplex_webrtc_packets_total's
+# pplex_webrtc_packets_total's kinds ("dropped": decoded, then waited past a second for its session to read it)
+WEBRTC_PACKET_KINDS = ("received", "recovered", "concealed", "late", "dropped")
 
 
 class Metrics:
@@ -308,7 +309,7 @@ class Metrics:
         self.webrtc_packets = Counter(
             "pplex_webrtc_packets_total",
             "WebRTC callers' audio packets: received; lost and recovered from the next one's FEC, or concealed "
-            "(Opus PLC); come too late to be heard",
+            "(Opus PLC); come too late to be heard; dropped, unread by a session a second behind",
             ["kind"],
             registry=r,
         )

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -28,12 +27,10 @@ from ._end import EndReason
 from ._media import InputCounts, VoiceOut
 from ._peer import Peer
 
-logger = logging.getLogger(__name__)
-
 # Data-channel events: a burst of this many, then this many a second, at most; beyond, the caller floods us (1008).
 EVENT_BURST = 256
 EVENTS_PER_SECOND = 100
-MAX_WAITING_AUDIO = 50  # caller audio waiting (1 s of 20 ms packets): beyond, the oldest goes (counted)
+MAX_WAITING_AUDIO = 50  # caller audio waiting (1 s of 20 ms packets): beyond, the oldest goes ("dropped")
 MAX_BUFFERED_BYTES = 1 << 20  # events queued on the data channel for a caller that does not read them
 CLOSE_FLUSH_SECONDS = 1.0  # how long the last events (why the call ends) may take to leave before the close
 
@@ -67,7 +64,6 @@ class PeerSocket:
         self._flooded = False
         self._came_up: set[str] = set()  # what of the current peer's connection came up: "ice", "dtls"
         self._allowance, self._counted_at = float(EVENT_BURST), trio.current_time()  # (the events' token bucket)
-        self.audio_dropped = 0
         self._unsent: list[str] = []  # events said before the channel opened
         self._voice = VoiceOut()
         self.peer = self._new_peer()
@@ -116,7 +112,7 @@ class PeerSocket:
     def _heard(self, pcm16: bytes) -> None:
         if len(self._audio) >= MAX_WAITING_AUDIO:
             self._audio.popleft()
-            self.audio_dropped += 1
+            self._on_packets("dropped", 1)
         self._audio.append(pcm16)
         self._wake()
 
