@@ -70,6 +70,21 @@ def test_the_sdk_example_returns_the_question_through_the_echo(echo_url, tmp_pat
     assert len(numbers) >= 30 and numbers == list(range(len(numbers))), transcript
 
 
+def test_the_webrtc_example_returns_the_question_through_the_echo(echo_url, tmp_path):
+    """OpenAI's WebRTC flow from Python (aiortc, the SDK's ``realtime.calls.create``): the question's tone comes
+    back on the remote track, the echo's frame numbers on the data channel."""
+    t = np.arange(24_000 * 2) / 24_000
+    write_wav(tmp_path / "question.wav", (0.3 * np.sin(2 * np.pi * 330 * t)).astype(np.float32), 24_000)
+    out = run_example("openai_sdk_webrtc.py", echo_url, str(tmp_path / "question.wav"), str(tmp_path / "a.wav"))
+    answer, rate = read_wav(tmp_path / "a.wav")
+    assert rate == 24_000 and answer.size >= 24_000 * 3.5
+    assert abs(peak_hz(answer, rate) - 330) <= 2
+    assert re.search(r"call: /v1/realtime/calls/rtc_[0-9a-f]{24}", out)
+    (transcript,) = re.findall(r"transcript: '([^']*)'", out)
+    numbers = [int(n) for n in transcript.split()]
+    assert len(numbers) >= 30 and numbers == list(range(numbers[0], numbers[0] + len(numbers))), transcript
+
+
 def test_the_telephony_bridge_returns_the_caller_through_mu_law(echo_url, tmp_path):
     t = np.arange(16_000 * 2) / 16_000  # a 16 kHz file: the bridge brings it to the phone's 8 kHz
     caller = (0.3 * np.sin(2 * np.pi * 500 * t)).astype(np.float32)
