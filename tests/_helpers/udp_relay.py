@@ -42,6 +42,8 @@ class Direction:
     rtp_forwarded: int = 0
     rtp_dropped: int = 0
     delays: list[float] = dataclasses.field(default_factory=list)  # the hold chosen for each forwarded datagram
+    rtp_overtaken: int = 0  # RTP packets that went out after one numbered later (reordered by the jitter)
+    _newest: int | None = None  # the latest RTP sequence number sent on (mod 2**16)
 
     @property
     def rtp_sent(self) -> int:
@@ -168,10 +170,21 @@ class UdpRelay:
         direction.delays.append(delay)
         heapq.heappush(self._held, (time.monotonic() + delay, next(self._order), via, data))
 
+    @staticmethod
+    def _order_of(direction: Direction, data: bytes) -> None:
+        if not is_rtp(data):
+            return
+        sequence = int.from_bytes(data[2:4], "big")
+        if direction._newest is not None and 0 < (direction._newest - sequence) & 0xFFFF < 0x8000:
+            direction.rtp_overtaken += 1
+        else:
+            direction._newest = sequence
+
     def _send_due(self) -> None:
         now = time.monotonic()
         while self._held and self._held[0][0] <= now:
             _, _, via, data = heapq.heappop(self._held)
+            self._order_of(self.up if via is self.server_side else self.down, data)
             to = self.server if via is self.server_side else self.caller
             if to is not None:
                 try:

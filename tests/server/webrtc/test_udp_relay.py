@@ -120,6 +120,7 @@ def test_jitter_holds_each_datagram_up_to_its_bound_and_reorders_them():
     assert min(delays) < 0.2 * jitter and max(delays) > 0.8 * jitter  # (spread over the whole range)
     order = [struct.unpack("!H", data[2:4])[0] for _, data in got]
     assert order != sorted(order) and sorted(order) == list(range(100))  # overtaken, none lost
+    assert relay.up.rtp_overtaken == sum(n < max(order[:i], default=-1) for i, n in enumerate(order))
     for at, data in got:
         n = struct.unpack("!H", data[2:4])[0]
         sent_at = struct.unpack("!d", data[12:20])[0]
