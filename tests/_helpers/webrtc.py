@@ -217,7 +217,7 @@ def lost_frames(utterance: np.ndarray, received: np.ndarray) -> tuple[list[int],
     echo of it), and how many speech frames there are.
 
     The echo starts at :func:`_first_lag`. Each 20 ms piece that is speech is then looked for where the last one
-    was found (give or take 2 ms); failing that, from 40 ms before to 100 ms after. Found 15 ms or more later, a
+    was found (give or take 2 ms); failing that, from 40 ms before to 400 ms after. Found 15 ms or more later, a
     late frame pushed the rest later (the model heard it a tick late); found 15 ms or more earlier, audio before
     it went missing: its frame is lost. (Either only if the 60 ms after it are there too, and no longer at the
     old lag.) A piece found nowhere (a cosine similarity of 0.7 or less) was concealed (heard, made up) unless
@@ -245,7 +245,7 @@ def lost_frames(utterance: np.ndarray, received: np.ndarray) -> tuple[list[int],
             found = True
         else:
             start = max(0, place - 2 * PACKET)
-            at, similarity = best_window(piece, received[start : place + 6 * PACKET])
+            at, similarity = best_window(piece, received[start : place + 21 * PACKET])
             moved = start + at - place
             # Only if the 60 ms after it are there too, and no longer at the old lag (not a look-alike a few
             # pitch periods off, beside a concealed piece).
@@ -254,9 +254,10 @@ def lost_frames(utterance: np.ndarray, received: np.ndarray) -> tuple[list[int],
             before = received[place + PACKET - slack : place + 4 * PACKET + slack]
             found = (
                 similarity > 0.7
+                and following.size == 3 * PACKET
                 and there.size > following.size
                 and best_window(following, there)[1] > 0.7
-                and best_window(following, before)[1] <= 0.7
+                and (before.size <= following.size or best_window(following, before)[1] <= 0.7)
             )
             if found and moved <= -step:
                 lost.add(k // 4)
