@@ -18,7 +18,8 @@ import httpx
 import numpy as np
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-from _helpers.audio import best_lag
+from _helpers.audio import best_lag, best_window
+from pplex_trio.codec import is_silent
 
 RATE = 48_000
 PACKET = 960
@@ -36,10 +37,13 @@ class Microphone(MediaStreamTrack):
         self.started_at: float | None = None  # time.monotonic() of the first frame sent
         self._pts = 0
 
-    def say(self, signal: np.ndarray) -> None:
-        """Say ``signal`` from the next frame on (after what is left of the last)."""
+    def say(self, signal: np.ndarray) -> int:
+        """Say ``signal`` from the next frame on (after what is left of the last); the sample it starts at."""
+        said = self.signal[: self._pts]
+        said = np.pad(said, (0, self._pts - said.size))  # (silence went out meanwhile)
         left = self.signal[self._pts :]
-        self.signal = np.concatenate([self.signal[: self._pts], left, signal])
+        self.signal = np.concatenate([said, left, signal])
+        return said.size + left.size
 
     async def recv(self) -> av.AudioFrame:
         if self.started_at is None:
@@ -111,10 +115,14 @@ class Caller:
         live: bool = False,
         offer: str | None = None,
         apply: bool = True,
+        through: Any = None,
     ) -> httpx.Response:
         """Post the offer (``live``: as ``client.live.create``'s JSON; ``session``: as the multipart form) and
-        apply the answer (unless not ``apply``); the response."""
+        apply the answer (unless not ``apply``); the response. ``through``: a ``udp_relay.UdpRelay`` the call's
+        packets take (both descriptions rewritten by it)."""
         offer = offer or await self.offer()
+        if through is not None:
+            offer = through.offer(offer)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         async with httpx.AsyncClient(timeout=20, trust_env=False) as http:
             if live:
@@ -130,6 +138,8 @@ class Caller:
             return response
         answer = response.json()["transport"]["sdp"] if live else response.text
         self.location = response.headers.get("location") or f"{path}/{response.json()['session']['id']}"
+        if through is not None:
+            answer = through.answer(answer)
         if apply:
             await self.pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
         return response
@@ -190,3 +200,98 @@ def assert_echoed(utterance: np.ndarray, received: np.ndarray) -> float:
     assert len(good) >= len(found) - 1, f"the caller's speech did not come back: {report}"
     assert max(good) - min(good) <= 0.16, f"the echo is out of time: {report}"
     return good[0]
+
+
+FRAME = 3840  # the model's 80 ms frame, at 48 kHz
+
+
+def _first_lag(utterance: np.ndarray, received: np.ndarray) -> int:
+    """Where the echo of ``utterance`` starts in ``received``: the earliest lag at which one of its 80 ms frames is
+    clearly there (a frame heard a tick late only pushes what follows later), else where its first half second
+    is most like it."""
+    clear = []
+    for k in range(utterance.size // FRAME):
+        frame = utterance[k * FRAME : (k + 1) * FRAME]
+        if not is_silent(frame) and (found := best_window(frame, received))[1] > 0.9:
+            clear.append(found[0] - k * FRAME)
+    return min(clear) if clear else best_window(utterance[:PIECE], received)[0]
+
+
+def lost_frames(utterance: np.ndarray, received: np.ndarray) -> tuple[list[int], int]:
+    """Which 80 ms frames of ``utterance`` (those that are speech) did not come back whole in ``received`` (an
+    echo of it), and how many speech frames there are.
+
+    The echo starts at :func:`_first_lag`. Each 20 ms piece that is speech is then looked for where the last one
+    was found (give or take 2 ms); failing that, from 40 ms before to 400 ms after. Found 15 ms or more later, a
+    late frame pushed the rest later (the model heard it a tick late); found 15 ms or more earlier, audio before
+    it went missing: its frame is lost. (Either only if the 60 ms after it are there too, and no longer at the
+    old lag.) A piece found nowhere (a cosine similarity of 0.7 or less) was concealed (heard, made up) unless
+    the echo is silent where it should be, by the pieces found before and after it."""
+    lag = _first_lag(utterance, received)
+    slack, step = RATE // 500, 3 * RATE // 200  # 2 ms; 15 ms (a lost packet moves what follows by 20)
+    lost: set[int] = set()
+    unfound: list[tuple[int, int]] = []  # (piece, the lag before it)
+    frames = [k for k in range(utterance.size // FRAME) if not is_silent(utterance[k * FRAME : (k + 1) * FRAME])]
+
+    def silent_at(k: int, at: int) -> bool:
+        piece = utterance[k * PACKET : (k + 1) * PACKET]
+        there = received[k * PACKET + at + slack : (k + 1) * PACKET + at - slack]  # (a lag a few samples off)
+        return bool(np.sqrt(np.mean(there**2)) < 0.1 * np.sqrt(np.mean(piece**2)))
+
+    for k in range(utterance.size // PACKET):
+        piece = utterance[k * PACKET : (k + 1) * PACKET]
+        if is_silent(piece) or k // 4 not in frames:
+            continue
+        place = k * PACKET + lag
+        if place + 6 * PACKET > received.size:
+            lost.add(k // 4)
+            continue
+        if best_window(piece, received[place - slack : place + PACKET + slack])[1] > 0.7:
+            found = True
+        else:
+            start = max(0, place - 2 * PACKET)
+            at, similarity = best_window(piece, received[start : place + 21 * PACKET])
+            moved = start + at - place
+            # Only if the 60 ms after it are there too, and no longer at the old lag (not a look-alike a few
+            # pitch periods off, beside a concealed piece).
+            following = utterance[(k + 1) * PACKET : (k + 4) * PACKET]
+            there = received[place + moved + PACKET - slack : place + moved + 4 * PACKET + slack]
+            before = received[place + PACKET - slack : place + 4 * PACKET + slack]
+            found = (
+                similarity > 0.7
+                and following.size == 3 * PACKET
+                and there.size > following.size
+                and best_window(following, there)[1] > 0.7
+                and (before.size <= following.size or best_window(following, before)[1] <= 0.7)
+            )
+            if found and moved <= -step:
+                lost.add(k // 4)
+            if found and abs(moved) >= step:
+                lag += moved
+        if found:
+            lost.update(j // 4 for j, before in unfound if silent_at(j, before) and silent_at(j, lag))
+            unfound = []
+        else:
+            unfound.append((k, lag))
+    return sorted(lost | {j // 4 for j, before in unfound if silent_at(j, before)}), len(frames)
+
+
+def echoed_frames(utterance: np.ndarray, received: np.ndarray) -> list[tuple[int, int, float]]:
+    """Each 80 ms frame of ``utterance`` that is speech, followed through the echo in ``received``: (the frame's
+    number, its lag into ``received`` in samples, its cosine similarity there). Placed as by :func:`lost_frames`,
+    each frame is then looked for from 40 ms before the lag of the last one found to 200 ms after it."""
+    lag = _first_lag(utterance, received)
+    found = []
+    for k in range(utterance.size // FRAME):
+        frame = utterance[k * FRAME : (k + 1) * FRAME]
+        if is_silent(frame):
+            continue
+        start = k * FRAME + max(0, lag - FRAME // 2)
+        window = received[start : k * FRAME + lag + 5 * FRAME // 2 + FRAME]
+        if window.size < FRAME:
+            break
+        at, similarity = best_window(frame, window)
+        found.append((k, start + at - k * FRAME, similarity))
+        if similarity > 0.5:  # (a frame not found says nothing of where the next one is)
+            lag = found[-1][1]
+    return found

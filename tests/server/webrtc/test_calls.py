@@ -56,7 +56,7 @@ def test_a_realtime_call_through_the_sdk(echo_server, speech, problems):
         session = {"type": "realtime", "instructions": PERSONA}
         response = await asyncio.to_thread(sdk(echo_server).realtime.calls.create, sdp=offer, session=session)
         await caller.answer(response.text)
-        await converse(caller, speech, heard_seconds=3.5)
+        await converse(caller, speech, heard_seconds=4.0)
         rows = await asyncio.to_thread(echo_server.get, "/api/sessions")
         await caller.close()
         return caller, response.response.headers["location"], rows["sessions"]
@@ -92,7 +92,7 @@ def test_a_live_call_through_the_sdk(echo_server, speech, problems):
             transport={"type": "webrtc", "sdp": offer},
         )
         await caller.answer(created.transport.sdp)
-        await converse(caller, speech, heard_seconds=3.5)
+        await converse(caller, speech, heard_seconds=4.0)
         hangup = await asyncio.to_thread(
             sdk(echo_server).post, f"/live/sessions/{created.session.id}/hangup", cast_to=object
         )
@@ -127,7 +127,7 @@ def test_a_raw_sdp_offer_and_a_second_call_beside_it(echo_server, speech):
             assert response.status_code == 201 and response.headers["content-type"].startswith("application/sdp")
         quiet = np.zeros_like(speech)
         await asyncio.gather(
-            converse(callers[0], speech, heard_seconds=3.5), converse(callers[1], quiet, heard_seconds=3.5)
+            converse(callers[0], speech, heard_seconds=4.0), converse(callers[1], quiet, heard_seconds=4.0)
         )
         for caller in callers:
             await caller.close()
