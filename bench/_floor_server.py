@@ -30,7 +30,7 @@ from hypercorn.trio import serve
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from pplex_trio.codec._libopus import COMPLEXITY, LibopusWriter  # noqa: E402
+from pplex_trio.codec._libopus import OPUS_COMPLEXITY, LibopusWriter  # noqa: E402
 
 SR, FRAME, TICK = 24_000, 1920, 0.080
 AUDIO_BYTES = 160  # about what one 80 ms frame of speech takes as two Ogg Opus pages at 32 kb/s
@@ -54,7 +54,7 @@ class Tick:
 class Conversation:
     """The per-connection work: take pages in, send a frame (and maybe text) out per tick."""
 
-    def __init__(self, codecs: bool, text_share: float, complexity: int = COMPLEXITY):
+    def __init__(self, codecs: bool, text_share: float, complexity: int = OPUS_COMPLEXITY):
         import sphn
 
         self.reader = sphn.OpusStreamReader(SR) if codecs else None
@@ -151,7 +151,7 @@ def main() -> None:
     parser.add_argument("framework", choices=("asgi", "quart"))
     parser.add_argument("--codecs", action="store_true")
     parser.add_argument("--text-share", type=float, default=0.3)
-    parser.add_argument("--complexity", type=int, default=COMPLEXITY, help="libopus complexity of --codecs")
+    parser.add_argument("--complexity", type=int, default=OPUS_COMPLEXITY, help="libopus complexity of --codecs")
     args = parser.parse_args()
     config = Config()
     config.bind = ["127.0.0.1:0"]

@@ -12,6 +12,8 @@ from ._g711 import alaw_decode as alaw_decode
 from ._g711 import alaw_encode as alaw_encode
 from ._g711 import ulaw_decode as ulaw_decode
 from ._g711 import ulaw_encode as ulaw_encode
+from ._libopus import OPUS_BITRATE as OPUS_BITRATE
+from ._libopus import OPUS_COMPLEXITY as OPUS_COMPLEXITY
 from ._libopus import LibopusWriter as LibopusWriter
 from ._libopus import OpusWriter as OpusWriter
 from ._libopus import libopus_available as libopus_available

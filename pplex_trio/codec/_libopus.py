@@ -23,8 +23,8 @@ from ._ogg_writer import OggOpusMuxer
 logger = logging.getLogger(__name__)
 
 PACKET_SAMPLES = SAMPLE_RATE // 25  # 40 ms: one packet per page, two pages per frame, as sphn writes
-COMPLEXITY = 5
-BITRATE = 32_000
+OPUS_COMPLEXITY = 5
+OPUS_BITRATE = 32_000
 
 
 class OpusWriter(Protocol):
@@ -37,12 +37,12 @@ class OpusWriter(Protocol):
 class LibopusWriter:
     """libopus (ctypes) + our Ogg muxer."""
 
-    def __init__(self, complexity: int = COMPLEXITY) -> None:
+    def __init__(self, complexity: int = OPUS_COMPLEXITY) -> None:
         import opuslib_next
 
         self._encoder = opuslib_next.Encoder(SAMPLE_RATE, 1, opuslib_next.APPLICATION_AUDIO)
         self._encoder.complexity = complexity
-        self._encoder.bitrate = BITRATE
+        self._encoder.bitrate = OPUS_BITRATE
         pre_skip = self._encoder.lookahead * (48_000 // SAMPLE_RATE)
         self._muxer = OggOpusMuxer(input_rate=SAMPLE_RATE, pre_skip_48k=pre_skip)
 

@@ -1,16 +1,20 @@
 """The two audio paths of a WebRTC call, between Opus over RTP and the model's PCM at 24 kHz.
 
 In: :class:`OpusIn` takes the caller's RTP packets as they arrive, puts them back in order, and decodes them with
-libopus, straight at the model's 24 kHz (Opus decodes at any of its rates: no resampler, no delay). A packet
-that has not come once ``REORDER_PACKETS`` later ones have is lost: it is recovered from the
-next packet's in-band FEC where the peer sends it (browsers do), else concealed by libopus's PLC, and counted
-either way, so a lost packet never becomes a gap in what the model hears. A jump of more than
+libopus, straight at the model's 24 kHz (Opus decodes at any of its rates: no resampler, no delay). Each packet
+is held until the one ``HOLD_PACKETS`` after it has come (40 ms: a steady delay, the jitter buffer): jitter
+reorders packets within it, and a packet still missing then is lost. It is recovered from the next packet's
+in-band FEC where the peer sends it (browsers do), else concealed by libopus's PLC, and counted either way, at
+the moment it would have been played: a lost packet is never a gap in what the model hears, nor late (the
+session's framing would hear that as jitter, and keep the caller a tick later for seconds). A jump of more than
 ``OUTAGE_PACKETS`` is an outage, not a loss: nothing is made up for it (the session core hears silence in real
 time while nothing comes). aiortc's own jitter buffer is not used: after one loss it holds every later packet
 some 300 ms (it releases one packet per packet received), which the caller would hear as lasting latency.
 
-Out: :class:`VoiceOut` cuts the model's 80 ms frames into the 20 ms frames the peer's Opus encoder takes (it
-resamples them to Opus's 48 kHz itself).
+Out: :class:`VoiceOut` cuts the model's 80 ms frames into 20 ms frames, and :class:`OpusOut` encodes each with
+libopus (mono at the model's 24 kHz, as the Moshi protocol's Opus is made), on the asyncio thread as the track
+plays them; aiortc sends the packets as they are (its own encoder, which resamples to 48 kHz stereo on a worker
+thread for every packet, costs several times as much).
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ import numpy as np
 import opuslib_next
 
 from ..._conversation import SAMPLE_RATE
+from ...codec import OPUS_BITRATE, OPUS_COMPLEXITY
 
 PACKET_SAMPLES = SAMPLE_RATE // 50  # one 20 ms packet, at the model's rate
-REORDER_PACKETS = 2  # later packets that declare a missing one lost (40 ms: jitter reorders within it)
+HOLD_PACKETS = 2  # a packet plays once the one this many after it has come (see above)
 OUTAGE_PACKETS = 50  # a jump longer than this (1 s) is an outage or a new stream, not a loss to conceal
 
 
@@ -43,6 +48,7 @@ class OpusIn:
     def __init__(self) -> None:
         self._decoder = opuslib_next.Decoder(SAMPLE_RATE, 1)
         self._next: int | None = None  # the sequence number due next
+        self._newest = 0  # the furthest ahead that has come
         self._waiting: dict[int, bytes] = {}  # packets ahead of it, by sequence number
         self._samples = PACKET_SAMPLES  # the last packet's length (a concealment's)
         self.counts = InputCounts()
@@ -51,24 +57,25 @@ class OpusIn:
         """One RTP packet's ``payload`` (``sequence``: its 16-bit sequence number) → the audio it completes, if any."""
         self.counts.received += 1
         if self._next is None:
-            self._next = sequence
+            self._next = self._newest = sequence
         ahead = (sequence - self._next) & 0xFFFF
         if ahead >= 0x8000 or sequence in self._waiting:  # behind the one due: its place was filled already
             self.counts.late += 1
             return b""
-        if ahead > OUTAGE_PACKETS:  # an outage (or a new stream): start again from here
-            self._waiting.clear()
-            self._next = sequence
-        self._waiting[sequence] = payload
         pcm: list[bytes] = []
-        while self._waiting:
+        if ahead > OUTAGE_PACKETS:  # an outage (or a new stream): what was held plays, then on from here
+            held = sorted(self._waiting, key=lambda waiting: (waiting - self._next) & 0xFFFF)
+            pcm.extend(self._decode(self._waiting.pop(waiting)) for waiting in held)
+            self._next = self._newest = sequence
+        self._waiting[sequence] = payload
+        if ahead > (self._newest - self._next) & 0xFFFF:
+            self._newest = sequence
+        while (self._newest - self._next) & 0xFFFF >= HOLD_PACKETS:
             due = self._next
             if due in self._waiting:
                 pcm.append(self._decode(self._waiting.pop(due)))
-            elif len(self._waiting) >= REORDER_PACKETS:
-                pcm.append(self._lost((due + 1) & 0xFFFF))
             else:
-                break
+                pcm.append(self._lost((due + 1) & 0xFFFF))
             self._next = (due + 1) & 0xFFFF
         return b"".join(pcm)
 
@@ -126,3 +133,20 @@ class VoiceOut:
         whole = len(pending) // PACKET_SAMPLES * PACKET_SAMPLES
         self._rest = pending[whole:]
         return list(pending[:whole].reshape(-1, PACKET_SAMPLES))
+
+
+class OpusOut:
+    """20 ms frames of the model's voice (``int16`` at 24 kHz) → Opus packets; digital silence (what the model
+    says while waiting, what the track plays when nothing waits) is one packet, made once."""
+
+    def __init__(self) -> None:
+        self._encoder = opuslib_next.Encoder(SAMPLE_RATE, 1, opuslib_next.APPLICATION_AUDIO)
+        self._encoder.complexity, self._encoder.bitrate = OPUS_COMPLEXITY, OPUS_BITRATE
+        self.silence: bytes = self._encoder.encode(bytes(2 * PACKET_SAMPLES), PACKET_SAMPLES)
+
+    def __call__(self, frame: np.ndarray) -> bytes:
+        """One frame's packet."""
+        if not frame.any():
+            return self.silence
+        packet: bytes = self._encoder.encode(frame.tobytes(), PACKET_SAMPLES)
+        return packet

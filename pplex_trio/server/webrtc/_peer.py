@@ -26,7 +26,7 @@ from aioice.ice import StunProtocol
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 
 from ..._conversation import SAMPLE_RATE
-from ._media import PACKET_SAMPLES, OpusIn
+from ._media import PACKET_SAMPLES, OpusIn, OpusOut
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +52,8 @@ class PeerEvents(Protocol):
 
 
 class PacedVoice(MediaStreamTrack):
-    """The model's voice as the peer's outgoing track: 20 ms frames, handed to the encoder at real time from the
-    first one asked for, silence when none waits (the model's frames come every 80 ms, four at a time)."""
+    """The model's voice as the peer's outgoing track: 20 ms Opus packets, handed out at real time from the first
+    one asked for, silence when none waits (the model's frames come every 80 ms, four at a time)."""
 
     kind = "audio"
 
@@ -62,18 +62,19 @@ class PacedVoice(MediaStreamTrack):
         self._frames: collections.deque[np.ndarray] = collections.deque()
         self._start: float | None = None
         self._pts = 0
+        self._opus = OpusOut()
         self.dropped = 0  # packets that waited too long and went (counted)
 
     def push(self, frames: list[np.ndarray]) -> None:
-        """Queue 20 ms frames (int16 at 24 kHz: the encoder resamples them to 48 kHz) to play; beyond
-        ``VOICE_QUEUE_PACKETS`` the oldest go."""
+        """Queue 20 ms frames (int16 at 24 kHz) to play; beyond ``VOICE_QUEUE_PACKETS`` the oldest go."""
         self._frames.extend(frames)
         while len(self._frames) > VOICE_QUEUE_PACKETS:
             self._frames.popleft()
             self.dropped += 1
 
-    async def recv(self) -> av.AudioFrame:
-        """The next 20 ms frame, once its time has come (aiortc's sender asks for one after the other)."""
+    async def recv(self) -> av.Packet:
+        """The next 20 ms packet, once its time has come (aiortc's sender asks for one after the other and sends
+        it as it is)."""
         loop = asyncio.get_running_loop()
         if self._start is None:
             self._start = loop.time()
@@ -81,12 +82,10 @@ class PacedVoice(MediaStreamTrack):
             delay = self._start + self._pts / SAMPLE_RATE - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-        samples = self._frames.popleft() if self._frames else np.zeros(PACKET_SAMPLES, np.int16)
-        # Both channels, as a stereo Opus stream carries a mono voice: PyAV would upmix a mono frame 3 dB down.
-        frame = av.AudioFrame.from_ndarray(np.repeat(samples, 2).reshape(1, -1), format="s16", layout="stereo")
-        frame.sample_rate, frame.pts, frame.time_base = SAMPLE_RATE, self._pts, _TIME_BASE
+        packet = av.Packet(self._opus(self._frames.popleft()) if self._frames else self._opus.silence)
+        packet.pts, packet.time_base = self._pts, _TIME_BASE
         self._pts += PACKET_SAMPLES
-        return frame
+        return packet
 
 
 class _Tap:

@@ -113,12 +113,6 @@ def test_at_5_percent_loss_99_percent_of_the_speech_frames_reach_the_model(lossl
     assert counts["received"] + made_up == pytest.approx(sent, abs=6)
 
 
-@pytest.mark.xfail(
-    reason="a lost packet is known lost once two later ones came (40 ms); the frame it ends comes after its tick, "
-    "the aligned framer feeds silence and holds the caller's audio a tick later (+80 ms) for its hold (4 s) and "
-    "window (2 s), and at 5 % loss a next loss comes sooner: measured +80 ms, even after 15 s",
-    strict=False,
-)
 def test_at_5_percent_loss_the_turnaround_stays_within_40_ms_of_the_lossless_calls(lossless_and_lossy, speech):
     (clean, lossy), _ = lossless_and_lossy
     before, after = clean.turnaround(speech), lossy.turnaround(speech)

@@ -7,6 +7,7 @@ speech; what comes out is measured in samples: a lost packet must never become a
 from __future__ import annotations
 
 import asyncio
+from fractions import Fraction
 
 import numpy as np
 import opuslib_next
@@ -14,11 +15,20 @@ import pytest
 import soxr
 
 from _helpers.audio import best_lag, correlation_at
-from pplex_trio.server.webrtc._media import OUTAGE_PACKETS, PACKET_SAMPLES, InputCounts, OpusIn, VoiceOut
+from pplex_trio.server.webrtc._media import (
+    HOLD_PACKETS,
+    OUTAGE_PACKETS,
+    PACKET_SAMPLES,
+    InputCounts,
+    OpusIn,
+    OpusOut,
+    VoiceOut,
+)
 from pplex_trio.server.webrtc._peer import VOICE_QUEUE_PACKETS, PacedVoice
 
 PACKETS = 60  # 1.2 s
 AT_48K = 960  # one packet's samples as a browser encodes them (Opus at 48 kHz)
+PLAYED = PACKETS - HOLD_PACKETS  # the last are held until more come
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +55,7 @@ def test_in_order_every_packet_is_heard(voice):
     opus = OpusIn()
     heard = fed(opus, list(range(PACKETS)), packets(voice))
     expected = soxr.resample(voice.astype(np.float32) / 32768, 48_000, 24_000)
-    assert heard.size == PACKETS * PACKET_SAMPLES  # 20 ms each, at 24 kHz: no sample more or less
+    assert heard.size == PLAYED * PACKET_SAMPLES  # 20 ms each, at 24 kHz: no sample more or less
     lag = best_lag(expected, heard, 0, 480)[0]  # (Opus's own look-ahead)
     assert correlation_at(expected, heard, lag) > 0.9, lag  # (through Opus at its default rate)
     assert opus.counts == InputCounts(received=PACKETS)
@@ -66,7 +76,7 @@ def test_a_lost_packet_is_concealed_not_a_gap(voice):
     payloads = packets(voice)
     opus = OpusIn()
     heard = fed(opus, [k for k in range(PACKETS) if k not in (10, 30, 31)], payloads)
-    assert heard.size == PACKETS * PACKET_SAMPLES  # three packets lost: the same length
+    assert heard.size == PLAYED * PACKET_SAMPLES  # three packets lost: the same length
     assert opus.counts == InputCounts(received=PACKETS - 3, concealed=3)
     straight = fed(OpusIn(), list(range(PACKETS)), payloads)
     after = slice(33 * PACKET_SAMPLES + 2400, None)  # 100 ms on from the losses: the same audio again
@@ -77,7 +87,7 @@ def test_a_lost_packet_is_rebuilt_from_the_next_ones_fec(voice):
     payloads = packets(voice, fec=True)
     opus = OpusIn()
     heard = fed(opus, [k for k in range(PACKETS) if k != 25], payloads)
-    assert heard.size == PACKETS * PACKET_SAMPLES
+    assert heard.size == PLAYED * PACKET_SAMPLES
     assert opus.counts == InputCounts(received=PACKETS - 1, recovered=1)
 
 
@@ -88,7 +98,7 @@ def test_a_packet_after_its_place_was_filled_is_dropped(voice):
     order.insert(order.index(13), 10)  # comes three packets late: its place was concealed already
     order.append(5)  # and a duplicate
     heard = fed(opus, order, payloads)
-    assert heard.size == PACKETS * PACKET_SAMPLES
+    assert heard.size == PLAYED * PACKET_SAMPLES
     assert opus.counts == InputCounts(received=PACKETS + 1, concealed=1, late=2)
 
 
@@ -99,7 +109,7 @@ def test_an_outage_is_not_made_up(voice):
     opus = OpusIn()
     first = fed(opus, list(range(10)), payloads, first=100)
     later = b"".join(opus.packet(100 + 10 + OUTAGE_PACKETS + 1 + k, payloads[10 + k]) for k in range(10))
-    assert first.size + len(later) // 2 == 20 * PACKET_SAMPLES
+    assert first.size + len(later) // 2 == (20 - HOLD_PACKETS) * PACKET_SAMPLES  # (what was held played)
     assert opus.counts == InputCounts(received=20)
 
 
@@ -113,23 +123,27 @@ def test_the_models_voice_goes_out_in_20_ms_frames():
 
 
 def test_the_voice_is_played_at_real_time_never_ahead(voice):
-    """``PacedVoice``, as aiortc's sender pulls it: frames queued at once come out one per 20 ms from the first,
-    never earlier, silence when none waits; past 500 ms waiting, the oldest go (counted)."""
+    """``PacedVoice``, as aiortc's sender pulls it: Opus packets of the frames queued at once come out one per 20 ms
+    from the first, never earlier, the silence packet when none waits; past 500 ms waiting, the oldest go."""
 
-    async def pull() -> tuple[list[float], list[np.ndarray], int]:
+    async def pull() -> tuple[list[float], list[bytes], PacedVoice]:
         track = PacedVoice()
-        frames = [np.full(PACKET_SAMPLES, k + 1, np.int16) for k in range(VOICE_QUEUE_PACKETS + 5)]
-        track.push(frames)
+        silent = [np.zeros(PACKET_SAMPLES, np.int16)] * 5  # the oldest: these go
+        said = [(voice[k * AT_48K : (k + 1) * AT_48K : 2]) for k in range(VOICE_QUEUE_PACKETS)]
+        track.push(silent + said)
         loop = asyncio.get_running_loop()
-        times, got = [], []
-        for _ in range(VOICE_QUEUE_PACKETS + 2):
-            frame = await track.recv()
+        times, packets = [], []
+        for k in range(VOICE_QUEUE_PACKETS + 2):
+            packet = await track.recv()
             times.append(loop.time())
-            got.append(frame.to_ndarray().reshape(-1, 2)[:, 0])
-            assert (frame.sample_rate, frame.layout.name, frame.samples) == (24_000, "stereo", PACKET_SAMPLES)
-        return times, got, track.dropped
+            packets.append(bytes(packet))
+            assert packet.pts == k * PACKET_SAMPLES and packet.time_base == Fraction(1, 24_000)
+        return times, packets, track
 
-    times, got, dropped = asyncio.run(pull())
-    assert dropped == 5
-    assert [int(frame[0]) for frame in got] == [*range(6, VOICE_QUEUE_PACKETS + 6), 0, 0]  # the oldest went
+    times, packets, track = asyncio.run(pull())
+    assert track.dropped == 5
+    silence = OpusOut().silence
+    assert [packet == silence for packet in packets] == [False] * VOICE_QUEUE_PACKETS + [True, True]
+    decoder = opuslib_next.Decoder(24_000, 1)
+    assert all(len(decoder.decode(packet, 2880)) == 2 * PACKET_SAMPLES for packet in packets)  # 20 ms each
     assert all(times[k] - times[0] >= k * 0.02 - 1e-3 for k in range(len(times)))
