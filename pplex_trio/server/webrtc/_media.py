@@ -1,15 +1,18 @@
 """The two audio paths of a WebRTC call, between Opus over RTP and the model's PCM at 24 kHz.
 
 In: :class:`OpusIn` takes the caller's RTP packets as they arrive, puts them back in order, and decodes them with
-libopus, straight at the model's 24 kHz (Opus decodes at any of its rates: no resampler, no delay). Each packet
-is held until the one ``HOLD_PACKETS`` after it has come (40 ms: a steady delay, the jitter buffer): jitter
-reorders packets within it, and a packet still missing then is lost. It is recovered from the next packet's
+libopus, straight at the model's 24 kHz (Opus decodes at any of its rates: no resampler, no delay), at a steady
+pace: each packet plays ``HOLD_SECONDS`` (50 ms: 40 of jitter, and the timers' own) after the earliest its
+stream's 20 ms rhythm lets it come (the jitter buffer; a timer plays it then). Jitter reorders packets within
+the hold; a packet whose time has come while a later one has is lost: it is recovered from the next packet's
 in-band FEC where the peer sends it (browsers do), else concealed by libopus's PLC, and counted either way, at
-the moment it would have been played: a lost packet is never a gap in what the model hears, nor late (the
-session's framing would hear that as jitter, and keep the caller a tick later for seconds). A jump of more than
-``OUTAGE_PACKETS`` is an outage, not a loss: nothing is made up for it (the session core hears silence in real
-time while nothing comes). aiortc's own jitter buffer is not used: after one loss it holds every later packet
-some 300 ms (it releases one packet per packet received), which the caller would hear as lasting latency.
+its time: a lost packet is never a gap in what the model hears, nor late (the session's framing would hear that
+as jitter, and keep the caller a tick later for seconds). A packet that has not come with none after it is
+waited for: when it comes after its time (the network got slower, or stalled) the pace starts anew from it. A
+jump of more than ``OUTAGE_PACKETS`` is an outage, not a loss: nothing is made up for it (the session core hears
+silence in real time while nothing comes). aiortc's own jitter buffer is not used: after one loss it holds every
+later packet some 300 ms (it releases one packet per packet received), which the caller would hear as lasting
+latency.
 
 Out: :class:`VoiceOut` cuts the model's 80 ms frames into 20 ms frames, and :class:`OpusOut` encodes each with
 libopus (mono at the model's 24 kHz, as the Moshi protocol's Opus is made), on the asyncio thread as the track
@@ -19,7 +22,9 @@ thread for every packet, costs several times as much).
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import math
 
 import numpy as np
 import opuslib_next
@@ -27,8 +32,10 @@ import opuslib_next
 from ..._conversation import SAMPLE_RATE
 from ...codec import OPUS_BITRATE, OPUS_COMPLEXITY
 
-PACKET_SAMPLES = SAMPLE_RATE // 50  # one 20 ms packet, at the model's rate
-HOLD_PACKETS = 2  # a packet plays once the one this many after it has come (see above)
+PACKET_SAMPLES = SAMPLE_RATE // 50  # one 20 ms packet (as browsers send them, and as we do), at the model's rate
+opus_decode = opuslib_next.api.decoder.libopus_decode  # (ctypes: it lets the GIL go while it decodes)
+PACKET_SECONDS = PACKET_SAMPLES / SAMPLE_RATE
+HOLD_SECONDS = 0.050  # a packet plays this long after the earliest its stream's pace lets it come (see above)
 OUTAGE_PACKETS = 50  # a jump longer than this (1 s) is an outage or a new stream, not a loss to conceal
 
 
@@ -43,45 +50,63 @@ class InputCounts:
 
 
 class OpusIn:
-    """One caller's Opus stream → PCM16 at 24 kHz (``bytes``), in order, lost packets recovered or concealed."""
+    """One caller's Opus stream → PCM16 at 24 kHz (``bytes``), played at a steady pace, lost packets recovered or
+    concealed. Sans-IO: :meth:`packet` takes each packet with the time it came, :meth:`due` gives the audio whose
+    time has come, :meth:`next_due` says when that is next (the peer sets a timer for it)."""
 
     def __init__(self) -> None:
         self._decoder = opuslib_next.Decoder(SAMPLE_RATE, 1)
+        self._pcm = (ctypes.c_int16 * (6 * PACKET_SAMPLES))()  # (the longest Opus packet, 120 ms)
         self._next: int | None = None  # the sequence number due next
-        self._newest = 0  # the furthest ahead that has come
+        self._plays_at = -math.inf  # when it plays
         self._waiting: dict[int, bytes] = {}  # packets ahead of it, by sequence number
+        self._played: list[bytes] = []  # what an outage's start played at once, for the next due()
         self._samples = PACKET_SAMPLES  # the last packet's length (a concealment's)
         self.counts = InputCounts()
 
-    def packet(self, sequence: int, payload: bytes) -> bytes:
-        """One RTP packet's ``payload`` (``sequence``: its 16-bit sequence number) → the audio it completes, if any."""
+    def packet(self, sequence: int, payload: bytes, now: float) -> None:
+        """One RTP packet's ``payload`` (``sequence``: its 16-bit sequence number), come at ``now`` (seconds)."""
         self.counts.received += 1
         if self._next is None:
-            self._next = self._newest = sequence
+            self._next = sequence
         ahead = (sequence - self._next) & 0xFFFF
         if ahead >= 0x8000 or sequence in self._waiting:  # behind the one due: its place was filled already
             self.counts.late += 1
-            return b""
-        pcm: list[bytes] = []
-        if ahead > OUTAGE_PACKETS:  # an outage (or a new stream): what was held plays, then on from here
-            held = sorted(self._waiting, key=lambda waiting: (waiting - self._next) & 0xFFFF)
-            pcm.extend(self._decode(self._waiting.pop(waiting)) for waiting in held)
-            self._next = self._newest = sequence
+            return
+        if ahead > OUTAGE_PACKETS:  # an outage (or a new stream): what was held plays at once, then on from here
+            held = sorted(self._waiting, key=lambda waiting: (waiting - sequence) & 0xFFFF)
+            self._played.extend(self._decode(self._waiting.pop(waiting)) for waiting in held)
+            self._next, ahead = sequence, 0
+        stalled = (
+            not self._waiting and now > self._plays_at + ahead * PACKET_SECONDS
+        )  # (nothing waits, its time passed)
         self._waiting[sequence] = payload
-        if ahead > (self._newest - self._next) & 0xFFFF:
-            self._newest = sequence
-        while (self._newest - self._next) & 0xFFFF >= HOLD_PACKETS:
+        # The time the one due plays, by this packet: HOLD_SECONDS after it came, less its place in the line. The
+        # earliest such time sets the pace; after a stall the pace starts anew from the packet that ends it.
+        at = now + HOLD_SECONDS - ahead * PACKET_SECONDS
+        self._plays_at = at if stalled else min(self._plays_at, at)
+
+    def next_due(self) -> float | None:
+        """When the next audio plays (None: none waits)."""
+        return -math.inf if self._played else self._plays_at if self._waiting else None
+
+    def due(self, now: float) -> bytes:
+        """The audio whose time has come by ``now``: in order, a packet missing in it (a later one came)
+        recovered or concealed. A missing packet with none after it waits: it may come late."""
+        pcm, self._played = self._played, []
+        while self._waiting and self._plays_at <= now:
             due = self._next
+            assert due is not None
             if due in self._waiting:
                 pcm.append(self._decode(self._waiting.pop(due)))
             else:
                 pcm.append(self._lost((due + 1) & 0xFFFF))
-            self._next = (due + 1) & 0xFFFF
+            self._next, self._plays_at = (due + 1) & 0xFFFF, self._plays_at + PACKET_SECONDS
         return b"".join(pcm)
 
     def _decode(self, payload: bytes) -> bytes:
         try:
-            pcm: bytes = self._decoder.decode(payload, 6 * PACKET_SAMPLES)  # (the longest Opus packet, 120 ms)
+            pcm = self._libopus(payload, len(self._pcm), fec=False)
         except opuslib_next.OpusError:  # a packet libopus cannot read: heard as lost
             return self._conceal()
         self._samples = len(pcm) // 2 or PACKET_SAMPLES
@@ -91,18 +116,26 @@ class OpusIn:
         """Audio for the packet due, which never came: from ``following``'s FEC if it has come, else PLC."""
         if following in self._waiting and _has_fec(self._waiting[following]):
             try:
-                pcm = self._decoder.decode(self._waiting[following], self._samples, decode_fec=True)
+                pcm = self._libopus(self._waiting[following], self._samples, fec=True)
             except opuslib_next.OpusError:
                 pcm = b""
             if pcm:
                 self.counts.recovered += 1
-                return bytes(pcm)
+                return pcm
         return self._conceal()
 
     def _conceal(self) -> bytes:
         self.counts.concealed += 1
-        state = self._decoder.decoder_state  # (libopus's PLC is a decode of no data, which the class cannot ask)
-        return bytes(opuslib_next.api.decoder.decode(state, None, 0, self._samples, False, channels=1))
+        return self._libopus(None, self._samples, fec=False)  # (libopus's PLC: a decode of no data)
+
+    def _libopus(self, payload: bytes | None, samples: int, *, fec: bool) -> bytes:
+        """libopus's ``opus_decode`` into our own buffer (the binding's own call copies it sample by sample)."""
+        state = self._decoder.decoder_state
+        length = 0 if payload is None else len(payload)
+        decoded = opus_decode(state, payload, length, self._pcm, samples, int(fec))
+        if decoded < 0:
+            raise opuslib_next.OpusError(decoded)
+        return ctypes.string_at(self._pcm, 2 * decoded)
 
 
 def _has_fec(payload: bytes) -> bool:
@@ -122,7 +155,7 @@ def _has_fec(payload: bytes) -> bool:
 
 
 class VoiceOut:
-    """The model's PCM16 at 24 kHz → 20 ms frames (``int16`` arrays), for the peer's encoder."""
+    """The model's PCM16 at 24 kHz → 20 ms frames (``int16`` arrays), for :class:`OpusOut`."""
 
     def __init__(self) -> None:
         self._rest = np.zeros(0, np.int16)

@@ -53,7 +53,7 @@ class PeerEvents(Protocol):
 
 class PacedVoice(MediaStreamTrack):
     """The model's voice as the peer's outgoing track: 20 ms Opus packets, handed out at real time from the first
-    one asked for, silence when none waits (the model's frames come every 80 ms, four at a time)."""
+    one asked for, silence when none waits (the model's frames come every 80 ms, four packets each)."""
 
     kind = "audio"
 
@@ -90,16 +90,32 @@ class PacedVoice(MediaStreamTrack):
 
 class _Tap:
     """Stands in for the audio receiver's jitter buffer: aiortc hands it each packet it has checked (codec, RTX,
-    statistics for RTCP done), and it passes them to ``OpusIn``; nothing reaches aiortc's decoder."""
+    statistics for RTCP done), and it passes them to ``OpusIn``, whose audio it plays when its time comes (a timer
+    on the loop); nothing reaches aiortc's decoder."""
 
     def __init__(self, opus: OpusIn, events: PeerEvents) -> None:
         self._opus, self._events = opus, events
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
 
     def add(self, packet: Any) -> tuple[bool, None]:
-        audio = self._opus.packet(packet.sequence_number, packet._data)
+        self._opus.packet(packet.sequence_number, packet._data, self._loop.time())
+        self._play()
+        return False, None
+
+    def _play(self) -> None:
+        audio = self._opus.due(self._loop.time())
         if audio:
             self._events.audio(audio)
-        return False, None
+        if self._timer is not None:
+            self._timer.cancel()
+        at = self._opus.next_due()
+        self._timer = None if at is None else self._loop.call_at(at, self._play)
+
+    def stop(self) -> None:
+        """No more timers (the connection is closing)."""
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 class Peer:
@@ -113,6 +129,7 @@ class Peer:
         self.opus = OpusIn()
         self._channel: Any = None
         self._media: Any = None  # the DTLS transport the audio rides on (and the data channel: one bundle)
+        self._tap: _Tap | None = None
         self._pc.on("datachannel", self._on_channel)
         self._pc.on("connectionstatechange", self._on_state)
         self._pc.on("iceconnectionstatechange", self._on_state)
@@ -137,7 +154,7 @@ class Peer:
         audio.direction = "sendrecv"
         audio.sender.replaceTrack(self.voice)
         receiver: Any = audio.receiver
-        receiver._RTCRtpReceiver__jitter_buffer = _Tap(self.opus, self._events)
+        receiver._RTCRtpReceiver__jitter_buffer = self._tap = _Tap(self.opus, self._events)
         self._media = audio.receiver.transport
         for transport in {audio.receiver.transport, *([pc.sctp.transport] if pc.sctp else [])}:
             _place(transport.transport.iceGatherer, self._ports, self._host)
@@ -174,6 +191,8 @@ class Peer:
 
     async def close(self) -> None:
         """Close the connection (its sockets and tasks); once is enough, twice is harmless."""
+        if self._tap is not None:
+            self._tap.stop()
         await self._pc.close()
 
 

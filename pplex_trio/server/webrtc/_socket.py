@@ -187,11 +187,12 @@ class PeerSocket:
             await self._changed.wait()
 
     def _count_packets(self) -> None:
-        counts = dataclasses.asdict(self.peer.opus.counts)
-        for kind, count in counts.items():
-            if count > getattr(self._counted, kind):
-                self._on_packets(kind, count - getattr(self._counted, kind))
-        self._counted = InputCounts(**counts)
+        counts, counted = self.peer.opus.counts, self._counted
+        if counts != counted:  # (a dataclass's == compares its fields: most packets change one count)
+            for kind in ("received", "recovered", "concealed", "late"):
+                if (new := getattr(counts, kind) - getattr(counted, kind)) > 0:
+                    self._on_packets(kind, new)
+            self._counted = dataclasses.replace(counts)
 
     async def send(self, data: bytes | str) -> None:
         """``str``: an event on the data channel (waiting while a caller that does not read lets more than

@@ -45,9 +45,10 @@ class Heard:
         mic = self.caller.microphone
         assert mic.started_at is not None
         times = []
+        ends = np.cumsum([piece.size for piece in self.caller.audio])  # (where each piece aiortc handed out ends)
         for k, lag, similarity in self.frames(speech):
             if similarity > 0.5:
-                heard = self.caller.audio_at[(k * FRAME + lag) // 960]  # (aiortc hands out 20 ms frames)
+                heard = self.caller.audio_at[int(np.searchsorted(ends, k * FRAME + lag, side="right"))]
                 times.append(heard - (mic.started_at + (self.said_at + (k + 1) * FRAME) / RATE))
         return statistics.median(times)
 

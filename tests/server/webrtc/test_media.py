@@ -7,6 +7,7 @@ speech; what comes out is measured in samples: a lost packet must never become a
 from __future__ import annotations
 
 import asyncio
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -16,7 +17,7 @@ import soxr
 
 from _helpers.audio import best_lag, correlation_at
 from pplex_trio.server.webrtc._media import (
-    HOLD_PACKETS,
+    HOLD_SECONDS,
     OUTAGE_PACKETS,
     PACKET_SAMPLES,
     InputCounts,
@@ -28,7 +29,6 @@ from pplex_trio.server.webrtc._peer import VOICE_QUEUE_PACKETS, PacedVoice
 
 PACKETS = 60  # 1.2 s
 AT_48K = 960  # one packet's samples as a browser encodes them (Opus at 48 kHz)
-PLAYED = PACKETS - HOLD_PACKETS  # the last are held until more come
 
 
 @pytest.fixture(scope="module")
@@ -44,31 +44,55 @@ def packets(voice: np.ndarray, *, fec: bool = False) -> list[bytes]:
     return [encoder.encode(voice[k * AT_48K : (k + 1) * AT_48K].tobytes(), AT_48K) for k in range(PACKETS)]
 
 
-def fed(opus: OpusIn, order: list[int], payloads: list[bytes], first: int = 65_530) -> np.ndarray:
-    """What ``opus`` gives for the packets in ``order`` (indices into ``payloads``; sequence numbers from
-    ``first``, wrapping past 65535 on the way), as float32 at 24 kHz."""
-    out = b"".join(opus.packet((first + k) & 0xFFFF, payloads[k]) for k in order)
-    return np.frombuffer(out, "<i2").astype(np.float32) / 32768
+def fed(opus: OpusIn, order: list[int], payloads: list[bytes], *, first: int = 65_530, late: dict | None = None):
+    """What ``opus`` plays of the packets in ``order`` (indices into ``payloads``; sequence numbers from ``first``,
+    wrapping past 65535 on the way), each coming at its place's 20 ms time in ``order`` plus what ``late`` says
+    (index → seconds), played as their times come: float32 at 24 kHz."""
+    late = late or {}
+    arrivals = sorted((n * 0.02 + late.get(k, 0.0), n, k) for n, k in enumerate(order))
+    out = []
+    for at, _, k in arrivals:
+        out.append(opus.due(at))
+        opus.packet((first + k) & 0xFFFF, payloads[k], at)
+        out.append(opus.due(at))
+    out.append(opus.due(math.inf))
+    return np.frombuffer(b"".join(out), "<i2").astype(np.float32) / 32768
 
 
 def test_in_order_every_packet_is_heard(voice):
     opus = OpusIn()
     heard = fed(opus, list(range(PACKETS)), packets(voice))
     expected = soxr.resample(voice.astype(np.float32) / 32768, 48_000, 24_000)
-    assert heard.size == PLAYED * PACKET_SAMPLES  # 20 ms each, at 24 kHz: no sample more or less
+    assert heard.size == PACKETS * PACKET_SAMPLES  # 20 ms each, at 24 kHz: no sample more or less
     lag = best_lag(expected, heard, 0, 480)[0]  # (Opus's own look-ahead)
     assert correlation_at(expected, heard, lag) > 0.9, lag  # (through Opus at its default rate)
     assert opus.counts == InputCounts(received=PACKETS)
 
 
-def test_packets_reordered_within_the_window_are_put_back_in_order(voice):
+def test_each_packet_plays_at_the_steady_pace_a_loss_included(voice):
+    """Packet ``n`` plays ``HOLD_SECONDS`` after the stream's earliest pace (here: packet 0 came at 0), whether it
+    came early, came late within the hold, or was lost (then made up at its time, not later)."""
+    payloads = packets(voice)
+    opus = OpusIn()
+    came = {0: 0.0, 1: 0.021, 2: 0.045, 4: 0.080, 3: 0.095, 6: 0.121}  # 3 late (within the hold), 5 lost
+    played: dict[int, float] = {}
+    times = sorted({*came.values(), *(n * 0.02 + HOLD_SECONDS for n in range(7))})
+    for now in times:
+        assert opus.due(now - 1e-6) == b""  # (never early)
+        for k, at in came.items():
+            if at == now:
+                opus.packet(k, payloads[k], now)
+        if opus.due(now + 1e-9):
+            played[len(played)] = now
+    assert played == {n: pytest.approx(n * 0.02 + HOLD_SECONDS, abs=1e-5) for n in range(7)}
+    assert opus.counts == InputCounts(received=6, concealed=1)
+
+
+def test_packets_reordered_within_the_hold_are_put_back_in_order(voice):
     payloads = packets(voice)
     straight = fed(OpusIn(), list(range(PACKETS)), payloads)
-    order = list(range(PACKETS))
-    for k in (5, 20, 40):  # each swapped with the next: one packet late by one
-        order[k], order[k + 1] = order[k + 1], order[k]
     opus = OpusIn()
-    assert np.array_equal(fed(opus, order, payloads), straight)
+    assert np.array_equal(fed(opus, list(range(PACKETS)), payloads, late={5: 0.035, 20: 0.025, 40: 0.039}), straight)
     assert opus.counts == InputCounts(received=PACKETS)
 
 
@@ -76,7 +100,7 @@ def test_a_lost_packet_is_concealed_not_a_gap(voice):
     payloads = packets(voice)
     opus = OpusIn()
     heard = fed(opus, [k for k in range(PACKETS) if k not in (10, 30, 31)], payloads)
-    assert heard.size == PLAYED * PACKET_SAMPLES  # three packets lost: the same length
+    assert heard.size == PACKETS * PACKET_SAMPLES  # three packets lost: the same length
     assert opus.counts == InputCounts(received=PACKETS - 3, concealed=3)
     straight = fed(OpusIn(), list(range(PACKETS)), payloads)
     after = slice(33 * PACKET_SAMPLES + 2400, None)  # 100 ms on from the losses: the same audio again
@@ -87,29 +111,38 @@ def test_a_lost_packet_is_rebuilt_from_the_next_ones_fec(voice):
     payloads = packets(voice, fec=True)
     opus = OpusIn()
     heard = fed(opus, [k for k in range(PACKETS) if k != 25], payloads)
-    assert heard.size == PLAYED * PACKET_SAMPLES
+    assert heard.size == PACKETS * PACKET_SAMPLES
     assert opus.counts == InputCounts(received=PACKETS - 1, recovered=1)
 
 
-def test_a_packet_after_its_place_was_filled_is_dropped(voice):
+def test_a_packet_after_its_time_is_dropped(voice):
     payloads = packets(voice)
     opus = OpusIn()
-    order = [k for k in range(PACKETS) if k != 10]
-    order.insert(order.index(13), 10)  # comes three packets late: its place was concealed already
-    order.append(5)  # and a duplicate
-    heard = fed(opus, order, payloads)
-    assert heard.size == PLAYED * PACKET_SAMPLES
+    order = [*range(PACKETS), 5]  # and a duplicate of 5, at the end
+    heard = fed(opus, order, payloads, late={10: 0.1})  # 10 comes 100 ms late: its place was concealed
+    assert heard.size == PACKETS * PACKET_SAMPLES
     assert opus.counts == InputCounts(received=PACKETS + 1, concealed=1, late=2)
 
 
+def test_a_stall_is_waited_for_and_the_pace_starts_anew(voice):
+    """The network stalls 300 ms and then delivers what it held at once: nothing is made up (nothing was lost),
+    and the pace starts again from the first that came, the rest following at 20 ms."""
+    payloads = packets(voice)
+    opus = OpusIn()
+    stalled = {k: 0.29 - 0.02 * (k - 10) + k * 1e-6 for k in range(10, 25)}  # 10..24 come at 0.49 s, in order
+    heard = fed(opus, list(range(30)), payloads, late=stalled)
+    assert heard.size == 30 * PACKET_SAMPLES and opus.counts == InputCounts(received=30)
+    assert opus.next_due() is None
+
+
 def test_an_outage_is_not_made_up(voice):
-    """A jump past ``OUTAGE_PACKETS`` (a network down for seconds, a new stream) starts again: nothing is
-    concealed for it (the session core hears silence in real time while nothing comes)."""
+    """A jump past ``OUTAGE_PACKETS`` (a network down for seconds, a new stream) starts again: what was held plays
+    at once, nothing is concealed for the gap (the session core hears silence in real time while nothing comes)."""
     payloads = packets(voice)
     opus = OpusIn()
     first = fed(opus, list(range(10)), payloads, first=100)
-    later = b"".join(opus.packet(100 + 10 + OUTAGE_PACKETS + 1 + k, payloads[10 + k]) for k in range(10))
-    assert first.size + len(later) // 2 == (20 - HOLD_PACKETS) * PACKET_SAMPLES  # (what was held played)
+    later = fed(opus, list(range(10, 20)), payloads, first=100 + OUTAGE_PACKETS + 1)
+    assert first.size + later.size == 20 * PACKET_SAMPLES
     assert opus.counts == InputCounts(received=20)
 
 
@@ -117,9 +150,9 @@ def test_the_models_voice_goes_out_in_20_ms_frames():
     out = VoiceOut()
     ramp = (np.arange(1920 * 3) % 200 - 100).astype("<i2")  # 240 ms at 24 kHz, in three of the model's frames
     frames = [frame for k in range(3) for frame in out(ramp[k * 1920 : (k + 1) * 1920].tobytes())]
-    assert len(frames) == 12 and all(frame.dtype == np.int16 and frame.size == PACKET_SAMPLES for frame in frames)
+    assert len(frames) == 12 and all(frame.dtype == np.int16 and frame.size == 480 for frame in frames)
     assert np.array_equal(np.concatenate(frames), ramp)
-    assert out(ramp[:500].tobytes())[0].size == PACKET_SAMPLES and np.array_equal(out(b"")[0:0], [])  # a remainder
+    assert out(ramp[:300].tobytes()) == [] and out(ramp[:300].tobytes())[0].size == 480  # a remainder waits
 
 
 def test_the_voice_is_played_at_real_time_never_ahead(voice):
