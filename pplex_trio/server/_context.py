@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import trio
 
 from .._conversation import Outcome
-from .._metrics import Metrics
+from .._metrics import WEBRTC_PACKET_KINDS, Metrics
 from ..engine import Engine, EngineActor
 from ..protocol import ClientSecrets
 from ._encoders import Encoders, make_encoders
@@ -47,6 +47,7 @@ class ServerContext:
         encoders = make_encoders(settings.opus_encoder, settings.inline_encoders)
         store = VoiceStore(settings.voice_store or default_folder(engine.name))
         engine.use_voice_store(store.folder)
+        packets = {kind: metrics.webrtc_packets.labels(kind) for kind in WEBRTC_PACKET_KINDS}  # (each call counts)
         records = (
             None
             if settings.record_dir is None
@@ -70,7 +71,7 @@ class ServerContext:
                 host=settings.webrtc_host,
                 max_message_bytes=settings.max_message_bytes,
                 on_end=lambda reason: metrics.webrtc_calls_ended.labels(reason.value).inc(),
-                on_packets=lambda kind, count: metrics.webrtc_packets.labels(kind).inc(count),
+                on_packets=lambda kind, count: packets[kind].inc(count),
             ),
         )
 

@@ -35,6 +35,7 @@ from ...codec import OPUS_BITRATE, OPUS_COMPLEXITY
 PACKET_SAMPLES = SAMPLE_RATE // 50  # one 20 ms packet (as browsers send them, and as we do), at the model's rate
 opus_decode = opuslib_next.api.decoder.libopus_decode  # (ctypes: it lets the GIL go while it decodes)
 PACKET_SECONDS = PACKET_SAMPLES / SAMPLE_RATE
+PLAYED_TOGETHER = 2  # packets handed to the session at once (40 ms, as WebSocket clients send: half the hand-offs)
 HOLD_SECONDS = 0.050  # a packet plays this long after the earliest its stream's pace lets it come (see above)
 OUTAGE_PACKETS = 50  # a jump longer than this (1 s) is an outage or a new stream, not a loss to conceal
 
@@ -88,20 +89,26 @@ class OpusIn:
 
     def next_due(self) -> float | None:
         """When the next audio plays (None: none waits)."""
-        return -math.inf if self._played else self._plays_at if self._waiting else None
+        if self._played:
+            return -math.inf
+        return self._plays_at + (PLAYED_TOGETHER - 1) * PACKET_SECONDS if self._waiting else None
 
     def due(self, now: float) -> bytes:
-        """The audio whose time has come by ``now``: in order, a packet missing in it (a later one came)
-        recovered or concealed. A missing packet with none after it waits: it may come late."""
+        """The audio whose time has come by ``now``, ``PLAYED_TOGETHER`` packets at a time: in order, a packet
+        missing in it (a later one came) recovered or concealed. A missing packet with none after it waits: it
+        may come late."""
         pcm, self._played = self._played, []
-        while self._waiting and self._plays_at <= now:
-            due = self._next
-            assert due is not None
-            if due in self._waiting:
-                pcm.append(self._decode(self._waiting.pop(due)))
-            else:
-                pcm.append(self._lost((due + 1) & 0xFFFF))
-            self._next, self._plays_at = (due + 1) & 0xFFFF, self._plays_at + PACKET_SECONDS
+        while self._waiting and self._plays_at + (PLAYED_TOGETHER - 1) * PACKET_SECONDS <= now:
+            for _ in range(PLAYED_TOGETHER):
+                if not self._waiting:
+                    break
+                due = self._next
+                assert due is not None
+                if due in self._waiting:
+                    pcm.append(self._decode(self._waiting.pop(due)))
+                else:
+                    pcm.append(self._lost((due + 1) & 0xFFFF))
+                self._next, self._plays_at = (due + 1) & 0xFFFF, self._plays_at + PACKET_SECONDS
         return b"".join(pcm)
 
     def _decode(self, payload: bytes) -> bytes:

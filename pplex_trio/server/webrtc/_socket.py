@@ -32,6 +32,7 @@ EVENT_BURST = 256
 EVENTS_PER_SECOND = 100
 MAX_WAITING_AUDIO = 50  # caller audio waiting (1 s of 20 ms packets): beyond, the oldest goes ("dropped")
 MAX_BUFFERED_BYTES = 1 << 20  # events queued on the data channel for a caller that does not read them
+COUNT_EVERY = 25  # the caller's packets are counted in /metrics every this many (half a second)
 CLOSE_FLUSH_SECONDS = 1.0  # how long the last events (why the call ends) may take to leave before the close
 
 
@@ -83,6 +84,7 @@ class PeerSocket:
     async def restart(self, offer: str) -> str:
         """A new ``offer`` for this call (the caller's network changed: an ICE restart): a new peer answers it and
         the call goes on over it; the old one is closed."""
+        self._count_packets(now=True)
         old, came_up = self.peer, self._came_up
         self.peer, self._came_up = self._new_peer(), set()
         try:
@@ -186,9 +188,13 @@ class PeerSocket:
                 return self._audio.popleft()
             await self._changed.wait()
 
-    def _count_packets(self) -> None:
+    def _count_packets(self, *, now: bool = False) -> None:
+        """Count the current peer's packets in /metrics: every ``COUNT_EVERY`` (lighter on the audio path), or
+        ``now`` (its last, before it goes)."""
         counts, counted = self.peer.opus.counts, self._counted
-        if counts != counted:  # (a dataclass's == compares its fields: most packets change one count)
+        if not now and counted.received > 0 and counts.received - counted.received < COUNT_EVERY:
+            return
+        if counts != counted:  # (a dataclass's == compares its fields)
             for kind in ("received", "recovered", "concealed", "late"):
                 if (new := getattr(counts, kind) - getattr(counted, kind)) > 0:
                     self._on_packets(kind, new)
@@ -222,6 +228,7 @@ class PeerSocket:
 
     async def close_peer(self) -> None:
         """Close the peer connection (shielded: its sockets go whatever cancels the call)."""
+        self._count_packets(now=True)
         with trio.CancelScope(shield=True):
             await self._loop.run(self.peer.close)
 

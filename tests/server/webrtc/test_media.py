@@ -20,6 +20,7 @@ from pplex_trio.server.webrtc._media import (
     HOLD_SECONDS,
     OUTAGE_PACKETS,
     PACKET_SAMPLES,
+    PLAYED_TOGETHER,
     InputCounts,
     OpusIn,
     OpusOut,
@@ -71,21 +72,24 @@ def test_in_order_every_packet_is_heard(voice):
 
 def test_each_packet_plays_at_the_steady_pace_a_loss_included(voice):
     """Packet ``n`` plays ``HOLD_SECONDS`` after the stream's earliest pace (here: packet 0 came at 0), whether it
-    came early, came late within the hold, or was lost (then made up at its time, not later)."""
+    came early, came late within the hold, or was lost (then made up at its time, not later); they go to the
+    session ``PLAYED_TOGETHER`` at a time, at the time of the last of them."""
     payloads = packets(voice)
     opus = OpusIn()
-    came = {0: 0.0, 1: 0.021, 2: 0.045, 4: 0.080, 3: 0.095, 6: 0.121}  # 3 late (within the hold), 5 lost
-    played: dict[int, float] = {}
-    times = sorted({*came.values(), *(n * 0.02 + HOLD_SECONDS for n in range(7))})
+    came = {0: 0.0, 1: 0.021, 2: 0.045, 4: 0.080, 3: 0.095, 6: 0.121, 7: 0.14}  # 3 late (within the hold), 5 lost
+    played: dict[float, int] = {}
+    times = sorted({*came.values(), *(n * 0.02 + HOLD_SECONDS for n in range(8))})
     for now in times:
         assert opus.due(now - 1e-6) == b""  # (never early)
         for k, at in came.items():
             if at == now:
                 opus.packet(k, payloads[k], now)
-        if opus.due(now + 1e-9):
-            played[len(played)] = now
-    assert played == {n: pytest.approx(n * 0.02 + HOLD_SECONDS, abs=1e-5) for n in range(7)}
-    assert opus.counts == InputCounts(received=6, concealed=1)
+        if audio := opus.due(now + 1e-9):
+            played[round(now, 6)] = len(audio) // 2 // PACKET_SAMPLES
+    together = PLAYED_TOGETHER
+    expected = {round((n + together - 1) * 0.02 + HOLD_SECONDS, 6): together for n in range(0, 8, together)}
+    assert played == expected
+    assert opus.counts == InputCounts(received=7, concealed=1)
 
 
 def test_packets_reordered_within_the_hold_are_put_back_in_order(voice):
