@@ -19,7 +19,7 @@ RUN pip install --no-cache-dir "torch==2.13.0"
 COPY pyproject.toml README.md ./
 COPY pplex_trio ./pplex_trio
 COPY static ./static
-RUN pip install --no-cache-dir . \
+RUN pip install --no-cache-dir ".[webrtc]" \
     && python -c "from pplex_trio.codec import libopus_available as a; assert a(), 'libopus missing'"
 COPY deploy/serve.example.toml /etc/pplex-trio/serve.toml
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 import time
 
 import aioice.ice
@@ -212,4 +213,22 @@ def test_a_caller_whose_certificate_is_not_the_offers_ends_as_a_dtls_failure(imp
         5,
         "the forged call did not end as a DTLS failure",
     )
+    assert problems == []
+
+
+def test_without_the_webrtc_extra_a_call_is_refused_501(echo_server, monkeypatch, problems):
+    """A server installed without ``pplex-trio[webrtc]`` (no aiortc) answers an offer 501, saying what to
+    install (our page then takes the WebSocket); the rest of the server is unaffected."""
+
+    async def offer_of_a_caller() -> str:
+        caller = Caller()
+        offer = await caller.offer()
+        await caller.close()
+        return offer
+
+    offer = run_asyncio(offer_of_a_caller())
+    monkeypatch.setitem(sys.modules, "pplex_trio.server.webrtc._socket", None)  # (as if aiortc were missing)
+    response = post(echo_server, "/v1/realtime/calls", content=offer, headers={"content-type": "application/sdp"})
+    assert response.status_code == 501 and "pplex-trio[webrtc]" in response.json()["error"]["message"]
+    assert echo_server.get("/health")["status"] == "ok"
     assert problems == []
