@@ -21,7 +21,7 @@ from _helpers.browser import (
 )
 from _helpers.rtc_page import echo_lag
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.serial]  # (timing-bound: run alone, after the parallel suite)
 
 TOKEN = "browser-page-token"
 
@@ -67,6 +67,7 @@ def test_the_page_talks_over_webrtc(speaking_context, start_server):
     page = talk(speaking_context, server, voice="Natural male 1")
     page.on("websocket", lambda ws: sockets.append(ws.url))
     expect(page.locator("#transport")).to_have_text("Connected over WebRTC")
+    wait_until(lambda: server.engine.started, 10, "the call's conversation did not start")  # (at its first audio)
     rows = server.get("/api/sessions")["sessions"]
     assert [row["protocol"] for row in rows] == ["realtime_webrtc"]
     _, conversation = server.engine.started[-1]

@@ -17,7 +17,7 @@ from openai.types.live import ServerEvent as LiveServerEvent  # noqa: E402
 from openai.types.realtime import RealtimeServerEvent  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.serial]  # (timing-bound: run alone, after the parallel suite)
 
 REALTIME_EVENT = TypeAdapter(RealtimeServerEvent)
 LIVE_EVENT = TypeAdapter(LiveServerEvent)

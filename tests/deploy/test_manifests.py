@@ -148,7 +148,7 @@ def test_the_dockerfile_mirrors_the_setup_script():
     (torch_pin,) = set(re.findall(r'"(torch==[\d.]+)"', setup))
     assert f'"{torch_pin}"' in runs  # the same torch as CI
     assert "libopus0" in runs and "libopus0" in setup  # the fast Opus encoder's library
-    assert "pip install --no-cache-dir ." in runs
+    assert 'pip install --no-cache-dir ".[webrtc]"' in runs and '-e ".[webrtc]"' in setup  # (with WebRTC, as CI)
     assert steps[0][0] == "FROM" and "bookworm" in steps[0][1]  # Debian 12, like the machines CI runs on
 
 

@@ -21,6 +21,9 @@ from _helpers.aio import run_asyncio
 from _helpers.udp_relay import Direction, UdpRelay
 from _helpers.webrtc import FRAME, RATE, Caller, echo_lags, echoed_frames, lost_frames
 
+# What each end heard under loss and jitter, on real time and real sockets: run alone, after the parallel suite.
+pytestmark = pytest.mark.serial
+
 PACKET_KINDS = ("received", "recovered", "concealed", "late")
 
 
