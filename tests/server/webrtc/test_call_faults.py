@@ -24,6 +24,14 @@ AUDIO = "m=audio 9 UDP/TLS/RTP/SAVPF {pts}\r\nc=IN IP4 0.0.0.0\r\na=mid:0\r\na=s
 ICE = "a=ice-ufrag:abcd\r\na=ice-pwd:abcdefghijklmnopqrstuv\r\na=fingerprint:sha-256 " + ":".join(["AB"] * 32) + "\r\n"
 
 
+async def an_offer() -> str:
+    """A real caller's offer (aiortc's), its peer closed again."""
+    caller = Caller()
+    offer = await caller.offer()
+    await caller.close()
+    return offer
+
+
 def post(server, path: str, **kwargs) -> httpx.Response:
     return httpx.post(server.url + path, timeout=10, trust_env=False, **kwargs)
 
@@ -78,13 +86,7 @@ def test_calls_that_do_not_exist(echo_server, problems):
         response = post(echo_server, path)
         assert response.status_code == 404 and response.json()["error"]["code"] == "call_not_found"
 
-    async def offer_of_a_caller() -> str:
-        caller = Caller()
-        offer = await caller.offer()
-        await caller.close()
-        return offer
-
-    offer = run_asyncio(offer_of_a_caller())
+    offer = run_asyncio(an_offer())
     again = post(echo_server, "/v1/realtime/calls/rtc_0000", content=offer, headers={"content-type": "application/sdp"})
     assert again.status_code == 404
     assert problems == []
@@ -220,13 +222,7 @@ def test_without_the_webrtc_extra_a_call_is_refused_501(echo_server, monkeypatch
     """A server installed without ``pplex-trio[webrtc]`` (no aiortc) answers an offer 501, saying what to
     install (our page then takes the WebSocket); the rest of the server is unaffected."""
 
-    async def offer_of_a_caller() -> str:
-        caller = Caller()
-        offer = await caller.offer()
-        await caller.close()
-        return offer
-
-    offer = run_asyncio(offer_of_a_caller())
+    offer = run_asyncio(an_offer())
     monkeypatch.setitem(sys.modules, "pplex_trio.server.webrtc._socket", None)  # (as if aiortc were missing)
     response = post(echo_server, "/v1/realtime/calls", content=offer, headers={"content-type": "application/sdp"})
     assert response.status_code == 501 and "pplex-trio[webrtc]" in response.json()["error"]["message"]
