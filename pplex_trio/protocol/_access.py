@@ -220,7 +220,7 @@ class AccessPolicy:
         """Whether ``request`` may go on (a WebSocket that may is not counted yet: see :meth:`open`); a client secret
         it gives is spent, on the clock of :attr:`client_secrets` (``now``)."""
         if request.websocket:
-            refused = self._check_origin(request)
+            refused = self.check_origin(request)
             if refused is not None:
                 return refused
         secret = self._client_secret(request)
@@ -240,7 +240,9 @@ class AccessPolicy:
             )
         return Allowed(via)
 
-    def _check_origin(self, request: RequestHead) -> Refused | None:
+    def check_origin(self, request: RequestHead) -> Refused | None:
+        """A page's request from an origin that is neither the server's own nor in ``allowed_origins`` (403);
+        None for one that is (or that names no origin: not a page's)."""
         origin = request.header(b"origin")
         if origin is None or ANY_ORIGIN in self.allowed_origins:
             return None
@@ -255,7 +257,8 @@ class AccessPolicy:
         return Refused(
             403,
             "forbidden_origin",
-            f"WebSocket connections from pages at {origin[:200]!r} are not allowed; the server's "
+            f"{'WebSocket connections' if request.websocket else 'Calls'} from pages at {origin[:200]!r} are not "
+            "allowed; the server's "
             "operator can allow that origin with --allowed-origins",
         )
 

@@ -61,6 +61,8 @@ TOKEN_IN_SESSION_PATHS = frozenset(STREAM_PATHS)
 # Where a client secret opens a call (once), with its settings: the Realtime WebSocket, and its WebRTC offer.
 SECRET_PATHS = frozenset({"/v1/realtime"})
 SECRET_POSTS = frozenset({"/v1/realtime/calls"})
+# The WebRTC call routes (and those of a call below them): a page of an allowed origin may call them (CORS).
+CALL_ROUTES = ("/v1/realtime/calls", "/v1/live/sessions")
 
 
 def default_static_dir() -> pathlib.Path:

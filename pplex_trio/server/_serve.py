@@ -30,7 +30,7 @@ import trio
 
 from ..engine import Engine
 from ..protocol import AccessPolicy, Refused
-from ._app import CONVERSATION_PATHS, SECRET_PATHS, SECRET_POSTS, TOKEN_IN_SESSION_PATHS, create_app
+from ._app import CALL_ROUTES, CONVERSATION_PATHS, SECRET_PATHS, SECRET_POSTS, TOKEN_IN_SESSION_PATHS, create_app
 from ._context import ServerContext
 from ._server_state import ServerState
 from ._settings import ServerSettings
@@ -185,6 +185,7 @@ async def serve(
         policy,
         on_refusal=lambda reason: server.metrics.refused.labels(reason).inc(),
         busy=partial(_busy, server) if settings.refuse_busy_upgrades else None,
+        cross_origin=CALL_ROUTES,
     )
     if settings.access_log:
         app = AccessLog(app)

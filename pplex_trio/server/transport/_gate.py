@@ -54,8 +54,10 @@ class AccessGate:
         *,
         on_refusal: Callable[[str], None] = lambda reason: None,
         busy: Callable[[str], Refused | None] | None = None,
+        cross_origin: tuple[str, ...] = (),
     ):
         self.app = app
+        self.cross_origin = cross_origin  # HTTP routes (prefixes) a page of an allowed origin may call (CORS)
         self.policy = policy
         self.on_refusal = on_refusal
         self.busy = busy
@@ -74,6 +76,17 @@ class AccessGate:
             client=client[0] if client else None,
             method=scope.get("method", "GET"),
         )
+        if not websocket and request.path.startswith(self.cross_origin) and self.cross_origin:
+            origin = request.header(b"origin")
+            if origin is not None:  # a page's call: the origins' rule, as for WebSockets, and CORS for the allowed
+                refused = self.policy.check_origin(request)
+                if refused is not None:
+                    await self._refuse(scope, send, request, refused)
+                    return
+                if request.method == "OPTIONS":  # (a preflight carries no token: it asks what the call may send)
+                    await _preflight(send, origin)
+                    return
+                send = _allowing(send, origin)
         verdict = self.policy.check(request, now=trio.current_time())
         if isinstance(verdict, Refused):
             await self._refuse(scope, send, request, verdict)
@@ -150,6 +163,39 @@ class AccessGate:
             }
         )
         await send({"type": "http.response.body", "body": b""})
+
+
+CORS_HEADERS = [(b"access-control-allow-credentials", b"true"), (b"vary", b"Origin")]
+
+
+async def _preflight(send: Send, origin: str) -> None:
+    """The answer to a page's preflight for a call route: POST, with its token and its SDP or JSON."""
+    headers = [
+        (b"access-control-allow-origin", origin.encode("latin-1")),
+        (b"access-control-allow-methods", b"POST"),
+        (b"access-control-allow-headers", b"authorization, content-type"),
+        (b"access-control-max-age", b"600"),
+        *CORS_HEADERS,
+        (b"content-length", b"0"),
+    ]
+    await send({"type": "http.response.start", "status": 204, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def _allowing(send: Send, origin: str) -> Send:
+    """``send``, with the answer readable by the page at ``origin`` (its ``Location`` included)."""
+
+    async def allowed(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            extra = [
+                (b"access-control-allow-origin", origin.encode("latin-1")),
+                (b"access-control-expose-headers", b"Location"),
+                *CORS_HEADERS,
+            ]
+            message = {**message, "headers": [*message.get("headers", ()), *extra]}
+        await send(message)
+
+    return allowed
 
 
 def _wants_page(scope: Scope, request: RequestHead) -> bool:

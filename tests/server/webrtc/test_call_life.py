@@ -215,3 +215,39 @@ def test_drain_waits_for_the_call_and_takes_no_new_one(speech, problems):
     assert webrtc_threads() == threads
     wait_until(lambda: udp_sockets() == sockets, 5, "a UDP socket outlived the server")
     assert problems == []
+
+
+def test_pages_of_other_origins_by_the_origins_rule(problems):
+    """The call routes follow the WebSockets' origin rule: a page of an origin neither the server's own nor in
+    ``--allowed-origins`` is refused 403 (its preflight too); an allowed one gets its preflight answered (POST,
+    its token and content type: no token needed to ask) and an answer it may read, ``Location`` included."""
+    allowed = "https://app.example.com"
+    running = start(allowed_origins=allowed, auth_token=TOKEN)
+
+    async def calls() -> tuple[httpx.Response, httpx.Response, httpx.Response, httpx.Response]:
+        caller = Caller()
+        offer = await caller.offer()
+        async with httpx.AsyncClient(timeout=20, trust_env=False) as http:
+            url = running.url + "/v1/realtime/calls"
+            preflight = {"access-control-request-method": "POST", "access-control-request-headers": "authorization"}
+            foreign = await http.options(url, headers={"origin": "https://evil.example", **preflight})
+            asked = await http.options(url, headers={"origin": allowed, **preflight})
+            headers = {"origin": allowed, "authorization": f"Bearer {TOKEN}", "content-type": "application/sdp"}
+            answered = await http.post(url, content=offer, headers=headers)
+            foreign_post = await http.post(url, content=offer, headers={**headers, "origin": "https://evil.example"})
+        await caller.answer(answered.text)
+        await caller.close()
+        return foreign, asked, answered, foreign_post
+
+    try:
+        foreign, asked, answered, foreign_post = run_asyncio(calls())
+    finally:
+        running.stop()
+    assert foreign.status_code == 403 and foreign_post.status_code == 403
+    assert "access-control-allow-origin" not in foreign.headers
+    assert asked.status_code == 204 and asked.headers["access-control-allow-origin"] == allowed
+    assert "POST" in asked.headers["access-control-allow-methods"]
+    assert "authorization" in asked.headers["access-control-allow-headers"]
+    assert answered.status_code == 201 and answered.headers["access-control-allow-origin"] == allowed
+    assert "Location" in answered.headers["access-control-expose-headers"]
+    assert problems == []
