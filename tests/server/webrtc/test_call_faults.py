@@ -32,6 +32,11 @@ async def an_offer() -> str:
     return offer
 
 
+# Real time, real sockets and aiortc on both ends in one process: run alone, after the parallel suite (their load
+# beside it starved the real-time compat tests on two cores).
+pytestmark = pytest.mark.serial
+
+
 def post(server, path: str, **kwargs) -> httpx.Response:
     return httpx.post(server.url + path, timeout=10, trust_env=False, **kwargs)
 

@@ -23,6 +23,10 @@ from pplex_trio.server import ServerSettings
 
 TOKEN = "s3rver-t0ken-for-webrtc-tests"
 
+# Real time, real sockets and aiortc on both ends in one process: run alone, after the parallel suite (their load
+# beside it starved the real-time compat tests on two cores).
+pytestmark = pytest.mark.serial
+
 
 def udp_sockets() -> list[tuple[str, int]]:
     return sorted(tuple(c.laddr) for c in psutil.Process().net_connections(kind="udp"))

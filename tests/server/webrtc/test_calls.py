@@ -24,6 +24,10 @@ REALTIME_EVENT = TypeAdapter(RealtimeServerEvent)
 LIVE_EVENT = TypeAdapter(LiveServerEvent)
 PERSONA = "You are a patient tutor."
 
+# Real time, real sockets and aiortc on both ends in one process: run alone, after the parallel suite (their load
+# beside it starved the real-time compat tests on two cores).
+pytestmark = pytest.mark.serial
+
 
 def sdk(server) -> openai.OpenAI:
     return openai.OpenAI(api_key="unused", base_url=server.url + "/v1", max_retries=0)
