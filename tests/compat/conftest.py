@@ -31,6 +31,7 @@ import pytest
 import soxr
 
 from _helpers.audio import best_lag
+from _helpers.logs import LATE_TICK, captured_problems
 from _helpers.official import server_process
 from pplex_trio.engine import EchoEngine
 
@@ -39,7 +40,6 @@ logger = logging.getLogger(__name__)
 RATE = 24_000  # the model's rate, and the rate every client hands its output back at
 
 _ENDED = re.compile(r"^pplex_sessions_ended_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
-LATE_TICK = re.compile(r"engine actor fell \d+ tick\(s\) behind")  # (the actor's warning when it skips ahead)
 
 
 class EchoServer:
@@ -162,19 +162,8 @@ def hearing_server(_hearing_running) -> Iterator[HearingServer]:
     The server lives for the session, but the capture is the test's: other tests in this process
     log on purpose (a compile check made to fail, say), and their lines are not this server's.
     """
-    problems: list[str] = []
-
-    class Problems(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if not LATE_TICK.search(record.getMessage()):  # (its timing is the benchmarks', as the echo's)
-                problems.append(self.format(record))
-
-    handler = Problems(logging.WARNING)
-    logging.getLogger("pplex_trio").addHandler(handler)
-    try:
+    with captured_problems() as problems:
         yield HearingServer(_hearing_running, problems)
-    finally:
-        logging.getLogger("pplex_trio").removeHandler(handler)
 
 
 @dataclasses.dataclass(frozen=True)

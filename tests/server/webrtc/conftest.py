@@ -6,9 +6,7 @@ its own (``run_asyncio``), as a Python app would call. The echo engine answers: 
 
 from __future__ import annotations
 
-import logging
 import pathlib
-import re
 import wave
 from collections.abc import Iterator
 
@@ -19,6 +17,7 @@ import soxr
 pytest.importorskip("aiortc")
 
 from _helpers.browser import ThreadServer  # noqa: E402
+from _helpers.logs import captured_problems  # noqa: E402
 from pplex_trio.engine import EchoEngine  # noqa: E402
 from pplex_trio.server import ServerSettings  # noqa: E402
 
@@ -35,27 +34,11 @@ def echo_server() -> Iterator[ThreadServer]:
         running.stop()
 
 
-# The actor's warning when it skips ahead: a real-clock server beside the suite on a busy machine may; its
-# timing is the benchmarks' to measure, and what each end heard is these tests'.
-LATE_TICK = re.compile(r"engine actor fell \d+ tick\(s\) behind")
-
-
 @pytest.fixture
 def problems() -> Iterator[list[str]]:
     """What ``pplex_trio`` logs at WARNING and up during the test (but a late tick: ``LATE_TICK``)."""
-    seen: list[str] = []
-
-    class Problems(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if not LATE_TICK.search(record.getMessage()):
-                seen.append(self.format(record))
-
-    handler = Problems(logging.WARNING)
-    logging.getLogger("pplex_trio").addHandler(handler)
-    try:
+    with captured_problems() as seen:
         yield seen
-    finally:
-        logging.getLogger("pplex_trio").removeHandler(handler)
 
 
 @pytest.fixture(scope="session")
