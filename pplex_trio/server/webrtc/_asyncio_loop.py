@@ -15,6 +15,7 @@ blocks the loop's thread (a synchronous call that never returns) cannot be bound
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -36,10 +37,14 @@ CANCEL_GRACE_SECONDS = 5.0
 class AsyncioLoop:
     """The asyncio loop thread ``open_asyncio_loop`` owns; ``run`` is the one way in from Trio."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, cancel_grace: float) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, cancel_grace: float, token: trio.lowlevel.TrioToken) -> None:
         self._loop = loop
+        self._token = token
+        self._to_trio: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []  # (the loop's thread's alone)
         self._cancel_grace = cancel_grace
         self._closing = False
+        self._calls: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
+        self._woken = False  # a drain of ``_calls`` is due on the loop
 
     async def run(self, coro_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run ``coro_fn(*args)`` as a task on the asyncio loop and return its result (or raise its exception).
@@ -92,9 +97,46 @@ class AsyncioLoop:
         return task.result()
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Call ``fn(*args)`` on the asyncio loop's thread, without waiting for it (nothing, once it is closing)."""
-        if not self._closing:
-            self._loop.call_soon_threadsafe(fn, *args)
+        """Call ``fn(*args)`` on the asyncio loop's thread, in order, without waiting for it (nothing, once it is
+        closing). The calls made before the loop gets to them run together, at one wakeup of its thread (an
+        engine tick's frames for every call, one wakeup)."""
+        if self._closing:
+            return
+        self._calls.append((fn, args))
+        if not self._woken:
+            self._woken = True
+            self._loop.call_soon_threadsafe(self._drain)
+
+    def to_trio(self, fn: Callable[..., Any], *args: Any) -> None:
+        """On the loop's thread: call ``fn(*args)`` on Trio's, in order, without waiting for it (nothing, once Trio
+        is gone). Those handed in one turn of the loop go together, at one wakeup of Trio's thread."""
+        if not self._to_trio:
+            self._loop.call_soon(self._hand_over)
+        self._to_trio.append((fn, args))
+
+    def _hand_over(self) -> None:
+        calls, self._to_trio = self._to_trio, []
+        try:
+            self._token.run_sync_soon(_call_all, calls)
+        except trio.RunFinishedError:  # (the server is gone: nobody to tell)
+            pass
+
+    def _drain(self) -> None:
+        self._woken = False  # (before taking them: a call made meanwhile either is taken here or wakes anew)
+        while self._calls:
+            fn, args = self._calls.popleft()
+            try:
+                fn(*args)
+            except Exception:  # (as the loop's own callbacks: logged, the others still run)
+                log.exception("a call handed to the asyncio loop failed")
+
+
+def _call_all(calls: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
+    for fn, args in calls:
+        try:
+            fn(*args)
+        except Exception:  # (Trio's run would end on it: logged, the others still run)
+            log.exception("a call handed to Trio failed")
 
 
 async def _awaited(coro_fn: Callable[..., Awaitable[T]], args: tuple[Any, ...]) -> T:
@@ -136,7 +178,7 @@ async def open_asyncio_loop(
 
     thread = threading.Thread(target=thread_main, name=name, daemon=True)
     thread.start()
-    owner = AsyncioLoop(loop, cancel_grace)
+    owner = AsyncioLoop(loop, cancel_grace, token)
     try:
         yield owner
     finally:

@@ -14,14 +14,15 @@ silence in real time while nothing comes). aiortc's own jitter buffer is not use
 later packet some 300 ms (it releases one packet per packet received), which the caller would hear as lasting
 latency.
 
-Out: :class:`VoiceOut` cuts the model's 80 ms frames into 20 ms frames, and :class:`OpusOut` encodes each with
-libopus (mono at the model's 24 kHz, as the Moshi protocol's Opus is made), on the asyncio thread as the track
-plays them; aiortc sends the packets as they are (its own encoder, which resamples to 48 kHz stereo on a worker
-thread for every packet, costs several times as much).
+Out: :class:`VoiceOut` cuts the model's 80 ms frames into 20 ms frames, :class:`Voice` holds them until their
+time and :class:`OpusOut` encodes each with libopus as it goes (mono at the model's 24 kHz, as the Moshi
+protocol's Opus is made; aiortc's own encoder, which resamples to 48 kHz stereo on a worker thread for every
+packet, costs several times as much).
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import dataclasses
 import math
@@ -38,6 +39,7 @@ PACKET_SECONDS = PACKET_SAMPLES / SAMPLE_RATE
 PLAYED_TOGETHER = 2  # packets handed to the session at once (40 ms, as WebSocket clients send: half the hand-offs)
 HOLD_SECONDS = 0.050  # a packet plays this long after the earliest its stream's pace lets it come (see above)
 OUTAGE_PACKETS = 50  # a jump longer than this (1 s) is an outage or a new stream, not a loss to conceal
+VOICE_QUEUE_PACKETS = 25  # 500 ms of the model's voice waiting to be played: beyond it the oldest goes
 
 
 @dataclasses.dataclass
@@ -173,6 +175,27 @@ class VoiceOut:
         whole = len(pending) // PACKET_SAMPLES * PACKET_SAMPLES
         self._rest = pending[whole:]
         return list(pending[:whole].reshape(-1, PACKET_SAMPLES))
+
+
+class Voice:
+    """The model's voice waiting to be played: 20 ms frames (``int16`` at 24 kHz) in, one Opus packet out at a
+    time (silence when none waits); beyond ``VOICE_QUEUE_PACKETS`` waiting, the oldest go (counted)."""
+
+    def __init__(self) -> None:
+        self._frames: collections.deque[np.ndarray] = collections.deque()
+        self._opus = OpusOut()
+        self.dropped = 0
+
+    def push(self, frames: list[np.ndarray]) -> None:
+        """Queue frames to play."""
+        self._frames.extend(frames)
+        while len(self._frames) > VOICE_QUEUE_PACKETS:
+            self._frames.popleft()
+            self.dropped += 1
+
+    def next_packet(self) -> bytes:
+        """The next 20 ms packet to send."""
+        return self._opus(self._frames.popleft()) if self._frames else self._opus.silence
 
 
 class OpusOut:

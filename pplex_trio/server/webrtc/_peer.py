@@ -2,37 +2,32 @@
 data-channel messages handed out, the model's voice played at real time.
 
 Everything here runs on the asyncio loop (``_asyncio_loop.py``); what it hands out goes through
-:class:`PeerEvents`, called on that thread (the Trio side, ``_socket.py``, passes it on to Trio). It touches two
-of aiortc's private names, both checked by the tests: the audio receiver's jitter buffer, replaced by
-:class:`_Tap` (the packets go to ``_media.OpusIn`` instead: see there why), and its ICE gatherer's connection,
-given the configured ports and address (aioice has no setting for either).
+:class:`PeerEvents`, called on that thread (the Trio side, ``_socket.py``, passes it on to Trio). The audio
+packets bypass aiortc's media path (``_rtp.py``: see there why); the caller's are played by ``_media.OpusIn``'s
+own jitter buffer (see there why not aiortc's), at the ticks of the loop's one clock (``_rtp.CallClock``). Beside
+``_rtp.py``'s, one private name of aioice's is touched: its ICE gatherer's connection, given the configured ports
+and address (aioice has no setting for either).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import fractions
 import logging
 import random
 import socket
 from typing import Any, Protocol
 
-import av
-import numpy as np
 from aioice import Candidate
 from aioice.candidate import candidate_foundation, candidate_priority
 from aioice.ice import StunProtocol
-from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 
-from ..._conversation import SAMPLE_RATE
-from ._media import PACKET_SAMPLES, OpusIn, OpusOut
+from ._media import OpusIn, Voice
+from ._rtp import CallClock, Parked, RtpAudio
 
 logger = logging.getLogger(__name__)
 
 CHANNEL = "oai-events"  # the data channel OpenAI's WebRTC clients open for the events
-VOICE_QUEUE_PACKETS = 25  # 500 ms of the model's voice waiting to be played: beyond it the oldest goes
-_TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 
 
 class PeerEvents(Protocol):
@@ -51,73 +46,6 @@ class PeerEvents(Protocol):
         """The connection's states changed (ICE, DTLS, the whole)."""
 
 
-class PacedVoice(MediaStreamTrack):
-    """The model's voice as the peer's outgoing track: 20 ms Opus packets, handed out at real time from the first
-    one asked for, silence when none waits (the model's frames come every 80 ms, four packets each)."""
-
-    kind = "audio"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._frames: collections.deque[np.ndarray] = collections.deque()
-        self._start: float | None = None
-        self._pts = 0
-        self._opus = OpusOut()
-        self.dropped = 0  # packets that waited too long and went (counted)
-
-    def push(self, frames: list[np.ndarray]) -> None:
-        """Queue 20 ms frames (int16 at 24 kHz) to play; beyond ``VOICE_QUEUE_PACKETS`` the oldest go."""
-        self._frames.extend(frames)
-        while len(self._frames) > VOICE_QUEUE_PACKETS:
-            self._frames.popleft()
-            self.dropped += 1
-
-    async def recv(self) -> av.Packet:
-        """The next 20 ms packet, once its time has come (aiortc's sender asks for one after the other and sends
-        it as it is)."""
-        loop = asyncio.get_running_loop()
-        if self._start is None:
-            self._start = loop.time()
-        else:
-            delay = self._start + self._pts / SAMPLE_RATE - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-        packet = av.Packet(self._opus(self._frames.popleft()) if self._frames else self._opus.silence)
-        packet.pts, packet.time_base = self._pts, _TIME_BASE
-        self._pts += PACKET_SAMPLES
-        return packet
-
-
-class _Tap:
-    """Stands in for the audio receiver's jitter buffer: aiortc hands it each packet it has checked (codec, RTX,
-    statistics for RTCP done), and it passes them to ``OpusIn``, whose audio it plays when its time comes (a timer
-    on the loop); nothing reaches aiortc's decoder."""
-
-    def __init__(self, opus: OpusIn, events: PeerEvents) -> None:
-        self._opus, self._events = opus, events
-        self._loop = asyncio.get_running_loop()
-        self._timer: asyncio.TimerHandle | None = None
-
-    def add(self, packet: Any) -> tuple[bool, None]:
-        self._opus.packet(packet.sequence_number, packet._data, self._loop.time())
-        self._play()
-        return False, None
-
-    def _play(self) -> None:
-        audio = self._opus.due(self._loop.time())
-        if audio:
-            self._events.audio(audio)
-        if self._timer is not None:
-            self._timer.cancel()
-        at = self._opus.next_due()
-        self._timer = None if at is None else self._loop.call_at(at, self._play)
-
-    def stop(self) -> None:
-        """No more timers (the connection is closing)."""
-        if self._timer is not None:
-            self._timer.cancel()
-
-
 class Peer:
     """One peer connection: :meth:`answer` an offer, then audio and messages both ways until :meth:`close`."""
 
@@ -125,11 +53,12 @@ class Peer:
         self._events = events
         self._ports, self._host = ports, host
         self._pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # (no STUN: the server's address is known)
-        self.voice = PacedVoice()
+        self.voice = Voice()
         self.opus = OpusIn()
         self._channel: Any = None
         self._media: Any = None  # the DTLS transport the audio rides on (and the data channel: one bundle)
-        self._tap: _Tap | None = None
+        self._rtp: RtpAudio | None = None
+        self._clock: CallClock | None = None
         self._pc.on("datachannel", self._on_channel)
         self._pc.on("connectionstatechange", self._on_state)
         self._pc.on("iceconnectionstatechange", self._on_state)
@@ -152,14 +81,32 @@ class Peer:
         opus = [c for c in RTCRtpSender.getCapabilities("audio").codecs if c.mimeType.lower() == "audio/opus"]
         audio.setCodecPreferences(opus)
         audio.direction = "sendrecv"
-        audio.sender.replaceTrack(self.voice)
-        receiver: Any = audio.receiver
-        receiver._RTCRtpReceiver__jitter_buffer = self._tap = _Tap(self.opus, self._events)
+        audio.sender.replaceTrack(Parked())
         self._media = audio.receiver.transport
         for transport in {audio.receiver.transport, *([pc.sctp.transport] if pc.sctp else [])}:
             _place(transport.transport.iceGatherer, self._ports, self._host)
         await pc.setLocalDescription(await pc.createAnswer())
-        return str(pc.localDescription.sdp)
+        answer = str(pc.localDescription.sdp)
+        loop = asyncio.get_running_loop()
+        self._rtp = RtpAudio(
+            self._media, answer, lambda sequence, payload: self.opus.packet(sequence, payload, loop.time())
+        )
+        self._clock = CallClock.of_running_loop()
+        self._clock.add(self, self._tick)
+        return answer
+
+    def _heard(self, sequence: int, payload: bytes) -> None:
+        self.opus.packet(sequence, payload, asyncio.get_running_loop().time())
+
+    def _tick(self, now: float) -> None:
+        """The call's turn on the loop's clock: the voice's next packet goes, the caller's audio whose time has
+        come is handed out."""
+        assert self._rtp is not None
+        if self._rtp.ready:
+            self._rtp.send(self.voice.next_packet())
+        audio = self.opus.due(now)
+        if audio:
+            self._events.audio(audio)
 
     def send(self, text: str) -> None:
         """Put ``text`` on the data channel (the caller of a peer whose channel is not open waits for it)."""
@@ -191,8 +138,8 @@ class Peer:
 
     async def close(self) -> None:
         """Close the connection (its sockets and tasks); once is enough, twice is harmless."""
-        if self._tap is not None:
-            self._tap.stop()
+        if self._clock is not None:
+            self._clock.remove(self)
         await self._pc.close()
 
 

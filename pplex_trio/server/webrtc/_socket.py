@@ -6,7 +6,7 @@ on the outgoing track. The session core runs unchanged over it; the WebRTC adapt
 (``sessions``) say which messages are audio.
 
 The peer connection lives on the asyncio loop thread (``_peer.py``); what it hands out comes to Trio through
-``TrioToken.run_sync_soon``, what goes to it through ``call_soon_threadsafe``: neither side ever waits for the
+``AsyncioLoop.to_trio``, what goes to it through ``AsyncioLoop.call_soon``: neither side ever waits for the
 other. A call survives a change of network: :meth:`PeerSocket.restart` answers a new offer with a new peer
 connection and the call goes on over it (the old one is closed).
 """
@@ -54,7 +54,6 @@ class PeerSocket:
         self.disconnected = trio.CancelScope()  # cancelled when the caller is gone (the session core's contract)
         self.ending: EndReason | None = None
         self._loop = loop
-        self._token = trio.lowlevel.current_trio_token()
         self._max_message_bytes = max_message_bytes
         self._ports, self._host = ports, host
         self._on_packets = on_packets  # counts the caller's packets by kind (InputCounts' fields)
@@ -106,10 +105,7 @@ class PeerSocket:
             if peer is self.peer:
                 fn(*args)
 
-        try:
-            self._token.run_sync_soon(deliver)
-        except trio.RunFinishedError:  # (the server is gone: nobody to tell)
-            pass
+        self._loop.to_trio(deliver)
 
     def _heard(self, pcm16: bytes) -> None:
         if len(self._audio) >= MAX_WAITING_AUDIO:

@@ -1,14 +1,13 @@
 """A WebRTC call's audio paths without a network: ``OpusIn`` (the caller's packets → the model's PCM, in order,
-losses recovered or concealed and counted) and ``VoiceOut`` (the model's 80 ms frames → 20 ms frames at 48 kHz).
+losses recovered or concealed and counted), ``VoiceOut`` (the model's 80 ms frames → 20 ms frames) and ``Voice``
+(those frames waiting to go, one Opus packet at a time).
 
 The packets are made by libopus itself (``opuslib_next``, as a browser's encoder would make them), from real
 speech; what comes out is measured in samples: a lost packet must never become a gap."""
 
 from __future__ import annotations
 
-import asyncio
 import math
-from fractions import Fraction
 
 import numpy as np
 import opuslib_next
@@ -21,12 +20,13 @@ from pplex_trio.server.webrtc._media import (
     OUTAGE_PACKETS,
     PACKET_SAMPLES,
     PLAYED_TOGETHER,
+    VOICE_QUEUE_PACKETS,
     InputCounts,
     OpusIn,
     OpusOut,
+    Voice,
     VoiceOut,
 )
-from pplex_trio.server.webrtc._peer import VOICE_QUEUE_PACKETS, PacedVoice
 
 PACKETS = 60  # 1.2 s
 AT_48K = 960  # one packet's samples as a browser encodes them (Opus at 48 kHz)
@@ -159,28 +159,20 @@ def test_the_models_voice_goes_out_in_20_ms_frames():
     assert out(ramp[:300].tobytes()) == [] and out(ramp[:300].tobytes())[0].size == 480  # a remainder waits
 
 
-def test_the_voice_is_played_at_real_time_never_ahead(voice):
-    """``PacedVoice``, as aiortc's sender pulls it: Opus packets of the frames queued at once come out one per 20 ms
-    from the first, never earlier, the silence packet when none waits; past 500 ms waiting, the oldest go."""
-
-    async def pull() -> tuple[list[float], list[bytes], PacedVoice]:
-        track = PacedVoice()
-        silent = [np.zeros(PACKET_SAMPLES, np.int16)] * 5  # the oldest: these go
-        said = [(voice[k * AT_48K : (k + 1) * AT_48K : 2]) for k in range(VOICE_QUEUE_PACKETS)]
-        track.push(silent + said)
-        loop = asyncio.get_running_loop()
-        times, packets = [], []
-        for k in range(VOICE_QUEUE_PACKETS + 2):
-            packet = await track.recv()
-            times.append(loop.time())
-            packets.append(bytes(packet))
-            assert packet.pts == k * PACKET_SAMPLES and packet.time_base == Fraction(1, 24_000)
-        return times, packets, track
-
-    times, packets, track = asyncio.run(pull())
+def test_the_voice_waits_in_order_and_the_oldest_go_past_half_a_second(voice):
+    """``Voice``: the frames queued go out one packet each, in order, the silence packet when none waits; past
+    ``VOICE_QUEUE_PACKETS`` (500 ms) waiting, the oldest go, counted."""
+    track = Voice()
+    silent = [np.zeros(PACKET_SAMPLES, np.int16)] * 5  # the oldest: these go
+    said = [voice[k * AT_48K : (k + 1) * AT_48K : 2] for k in range(VOICE_QUEUE_PACKETS)]
+    track.push(silent + said)
     assert track.dropped == 5
+    packets = [track.next_packet() for _ in range(VOICE_QUEUE_PACKETS + 2)]
     silence = OpusOut().silence
     assert [packet == silence for packet in packets] == [False] * VOICE_QUEUE_PACKETS + [True, True]
     decoder = opuslib_next.Decoder(24_000, 1)
-    assert all(len(decoder.decode(packet, 2880)) == 2 * PACKET_SAMPLES for packet in packets)  # 20 ms each
-    assert all(times[k] - times[0] >= k * 0.02 - 1e-3 for k in range(len(times)))
+    heard = np.frombuffer(b"".join(decoder.decode(packet, 2880) for packet in packets), "<i2")
+    assert heard.size == (VOICE_QUEUE_PACKETS + 2) * PACKET_SAMPLES  # 20 ms each
+    expected = np.concatenate(said).astype(np.float32) / 32768
+    lag = best_lag(expected, heard[: expected.size].astype(np.float32) / 32768, 0, 480)[0]
+    assert correlation_at(expected, heard[: expected.size].astype(np.float32) / 32768, lag) > 0.9  # in order
