@@ -1,17 +1,22 @@
 """bench/webrtc's callers for the CPU runs, in a process of their own (their CPU is not the server's).
 
 ``python bench/_webrtc_callers.py TRANSPORT N ADDRESS SECONDS PAGE_MS``: N callers (``webrtc``: aiortc calls to
-``/v1/realtime/calls``; ``realtime``: ``/v1/realtime`` WebSockets, ``PAGE_MS`` of audio per append) say real
-speech in turns at real time; prints ``live`` once every call is, and hangs up after SECONDS (or when ended).
+``/v1/realtime/calls``, sending what a browser sends: ``BrowserMicrophone``; ``realtime``: ``/v1/realtime``
+WebSockets, ``PAGE_MS`` of audio per append) say real speech in turns at real time; prints ``live`` once every
+call is, and hangs up after SECONDS (or when ended).
 """
 
 from __future__ import annotations
 
 import asyncio
+import fractions
 import pathlib
 import sys
+import time
 
+import av
 import numpy as np
+import opuslib_next
 import soxr
 import trio
 
@@ -22,12 +27,42 @@ sys.path.insert(0, str(REPO / "tests"))
 from _load_clients import ClientStats, encode_stream, run_client  # noqa: E402
 from _load_clients import speech as turns  # noqa: E402
 
-from _helpers.webrtc import RATE, Caller  # noqa: E402
+from _helpers.webrtc import PACKET, RATE, Caller, Microphone  # noqa: E402
+
+
+class BrowserMicrophone(Microphone):
+    """What a browser sends: mono Opus at 48 kHz in 20 ms packets (VoIP mode, 32 kbit/s, in-band FEC, as Chrome
+    encodes by default), made once beforehand and handed to aiortc ready (its own encoder, stereo at 96 kbit/s on a
+    worker thread per packet, would cost the callers' process more than the server's is measured at, and
+    thirty-two of them fall behind real time on two cores: the server would be measured on fewer packets)."""
+
+    def __init__(self, packets: list[bytes]) -> None:
+        super().__init__()
+        self._packets = packets
+
+    async def recv(self) -> av.Packet:  # type: ignore[override]
+        if self.started_at is None:
+            self.started_at = time.monotonic()
+        else:
+            delay = self.started_at + self._pts / RATE - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        packet = av.Packet(self._packets[(self._pts // PACKET) % len(self._packets)])
+        packet.pts, packet.time_base = self._pts, fractions.Fraction(1, RATE)
+        self._pts += PACKET
+        return packet
+
+
+def browser_packets(signal: np.ndarray) -> list[bytes]:
+    encoder = opuslib_next.Encoder(RATE, 1, opuslib_next.APPLICATION_VOIP)
+    encoder.bitrate, encoder.inband_fec, encoder.packet_loss_perc = 32_000, 1, 5
+    pcm = np.round(np.clip(signal, -1, 1) * 32767).astype(np.int16)
+    return [encoder.encode(pcm[i : i + PACKET].tobytes(), PACKET) for i in range(0, pcm.size - PACKET + 1, PACKET)]
 
 
 async def webrtc(clients: int, address: str, seconds: float) -> None:
-    said = soxr.resample(turns(seconds), 24_000, RATE).astype(np.float32)
-    callers = [Caller(said) for _ in range(clients)]
+    said = browser_packets(soxr.resample(turns(seconds), 24_000, RATE).astype(np.float32))
+    callers = [Caller(microphone=BrowserMicrophone(said)) for _ in range(clients)]
     try:
         for caller in callers:
             response = await caller.call("http://" + address)

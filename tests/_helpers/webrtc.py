@@ -65,9 +65,11 @@ class Microphone(MediaStreamTrack):
 class Caller:
     """One WebRTC call from aiortc (see the module's doc)."""
 
-    def __init__(self, signal: np.ndarray | None = None, *, channel: bool = True) -> None:
+    def __init__(
+        self, signal: np.ndarray | None = None, *, channel: bool = True, microphone: Microphone | None = None
+    ) -> None:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        self.microphone = Microphone(signal)
+        self.microphone = Microphone(signal) if microphone is None else microphone
         self.pc.addTrack(self.microphone)
         self.channel = self.pc.createDataChannel("oai-events") if channel else None
         self.events: list[dict[str, Any]] = []
