@@ -74,4 +74,6 @@ def test_a_quick_run_fills_both_tables(tmp_path):
     assert rows[("WebRTC", "5 % loss")]["packets_lost"] > 0
     assert {(r["transport"], r["clients"]) for r in report["cpu"]} == {("webrtc", 2), ("realtime", 2)}
     assert all(r["sessions_at_start"] == r["sessions_at_end"] == 2 and r["cpu_s"] > 0 for r in report["cpu"])
+    webrtc = next(r for r in report["cpu"] if r["transport"] == "webrtc")
+    assert 45 < webrtc["packets_per_call_s"] < 55  # the callers kept real time: 50 packets a second each
     assert "WebRTC / WebSocket" in proc.stdout and "head-of-line" in proc.stdout
