@@ -45,7 +45,9 @@ class RtpAudio:
 
     def __init__(self, dtls: Any, answer: str, heard: Callable[[int, bytes], None]) -> None:
         media = next(m for m in SessionDescription.parse(answer).media if m.kind == "audio")
-        self._payload_type = media.rtp.codecs[0].payloadType
+        payload_type = media.rtp.codecs[0].payloadType
+        assert payload_type is not None  # (an answer's codecs are numbered)
+        self._payload_type = payload_type
         self._ssrc = media.ssrc[0].ssrc
         self._mid = media.rtp.muxId
         self._dtls, self._heard = dtls, heard
