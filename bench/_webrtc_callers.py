@@ -12,7 +12,6 @@ import asyncio
 import fractions
 import pathlib
 import sys
-import time
 
 import av
 import numpy as np
@@ -41,12 +40,7 @@ class BrowserMicrophone(Microphone):
         self._packets = packets
 
     async def recv(self) -> av.Packet:  # type: ignore[override]
-        if self.started_at is None:
-            self.started_at = time.monotonic()
-        else:
-            delay = self.started_at + self._pts / RATE - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
+        await self._paced()
         packet = av.Packet(self._packets[(self._pts // PACKET) % len(self._packets)])
         packet.pts, packet.time_base = self._pts, fractions.Fraction(1, RATE)
         self._pts += PACKET

@@ -45,13 +45,17 @@ class Microphone(MediaStreamTrack):
         self.signal = np.concatenate([said, left, signal])
         return said.size + left.size
 
-    async def recv(self) -> av.AudioFrame:
+    async def _paced(self) -> None:
+        """Wait for the next frame's time (real time from the first)."""
         if self.started_at is None:
             self.started_at = time.monotonic()
         else:
             delay = self.started_at + self._pts / RATE - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
+
+    async def recv(self) -> av.AudioFrame:
+        await self._paced()
         piece = self.signal[self._pts : self._pts + PACKET]
         piece = np.pad(piece, (0, PACKET - piece.size))
         samples = np.round(np.clip(piece, -1, 1) * 32767).astype(np.int16)
