@@ -63,6 +63,7 @@ def examples(echo_server, caller, tmp_path_factory) -> Iterator[tuple[dict[str, 
             process.wait()
 
 
+@pytest.mark.serial  # three agent processes talking at real time at once: beside the parallel suite they starve
 @pytest.mark.parametrize("name", RUNS)
 def test_the_example_answers_with_the_echo(examples, name, caller, assert_echoed):
     processes, folder = examples

@@ -122,6 +122,7 @@ async def converse(server, line, beta: bool) -> Run:
     return Run(events, started, truncate, truncated_at, close_took)
 
 
+@pytest.mark.serial  # a conversation at real time, barge-in included: beside the parallel suite it starved once
 @pytest.mark.parametrize("beta", [False, True], ids=["ga", "beta"])
 def test_openai_sdk_conversation_with_a_barge_in(echo_server, caller, assert_echoed, beta):
     before, mark = echo_server.ended("realtime"), len(echo_server.log)
