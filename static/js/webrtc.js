@@ -36,7 +36,9 @@ export class WebRtcConversation {
     Object.assign(this, { pageUrl, session, audio, voiceProcessing, onState, onText, onFallback });
     this.transport = "WebRTC";
     this.state = { phase: "idle" };
-    this.pc = null; // the current peer connection; events of an older one are ignored
+    this.pc = null; // the current peer connection; events of an older one are ignored, but:
+    this.dropped = null; // the one a reconnection replaces, still heard until the new one is up (the server sends
+    // each event once, on the connection it holds when it says it: until our new offer reaches it, the dropped one)
     this.location = null; // the call's URL, from the answer
     this.earlier = { played: 0, missed: 0 }; // counters of the call's earlier peer connections
     this.spokenItems = new Set(); // the caller's items whose words came piece by piece
@@ -90,7 +92,7 @@ export class WebRtcConversation {
     pc.addTrack(this.audio.stream.getAudioTracks()[0], this.audio.stream);
     const channel = pc.createDataChannel("oai-events");
     this.opened = new Promise((resolve) => (channel.onopen = resolve));
-    channel.onmessage = (e) => pc === this.pc && this._event(JSON.parse(e.data));
+    channel.onmessage = (e) => (pc === this.pc || pc === this.dropped) && this._event(JSON.parse(e.data));
     channel.onclose = () => pc === this.pc && this.state.phase === "live" && this._serverEnded();
     pc.ontrack = (e) => pc === this.pc && this.audio.playStream(e.streams[0] || new MediaStream([e.track]));
     pc.onconnectionstatechange = () => {
@@ -132,10 +134,11 @@ export class WebRtcConversation {
   async _reconnect() {
     if (this.state.phase !== "live") return;
     this._keepCounters();
-    const dropped = this.pc;
+    const dropped = (this.dropped = this.pc);
     try {
       await this._offerAgain(dropped);
     } finally {
+      this.dropped = null;
       dropped.close();
     }
   }

@@ -87,15 +87,13 @@ class Peer:
             _place(transport.transport.iceGatherer, self._ports, self._host)
         await pc.setLocalDescription(await pc.createAnswer())
         answer = str(pc.localDescription.sdp)
-        loop = asyncio.get_running_loop()
-        self._rtp = RtpAudio(
-            self._media, answer, lambda sequence, payload: self.opus.packet(sequence, payload, loop.time())
-        )
+        self._rtp = RtpAudio(self._media, answer, self._heard)
         self._clock = CallClock.of_running_loop()
         self._clock.add(self, self._tick)
         return answer
 
     def _heard(self, sequence: int, payload: bytes) -> None:
+        """One of the caller's packets, as it came."""
         self.opus.packet(sequence, payload, asyncio.get_running_loop().time())
 
     def _tick(self, now: float) -> None:

@@ -35,7 +35,6 @@ logger = logging.getLogger(__name__)
 RTP_CLOCK = 48_000  # Opus's RTP clock rate, whatever its audio's (RFC 7587)
 PACKET_TICKS = round(RTP_CLOCK * PACKET_SECONDS)
 CATCH_UP_SECONDS = 0.5  # a loop this late sends what it owes at once; later still, the pace starts anew
-_MID_URI = "urn:ietf:params:rtp-hdrext:sdes:mid"
 
 
 class RtpAudio:
