@@ -58,7 +58,10 @@ class RtpAudio:
 
     def _received(self, data: bytes, component: int) -> None:
         """A datagram of the connection: the caller's audio is ours, the rest (DTLS, RTCP, the data channel's
-        SCTP) goes on to aiortc."""
+        SCTP) goes on to aiortc; an empty one (anyone may send one to the port) is dropped: aiortc would fail on
+        it and end the call."""
+        if not data:
+            return
         srtp = self._dtls._rx_srtp  # (set once DTLS is up)
         if srtp is None or not 127 < data[0] < 192 or is_rtcp(data):
             self._pass_on(data, component)

@@ -126,6 +126,17 @@ def test_the_callers_audio_packets_are_taken_and_the_rest_goes_on_to_aiortc(call
     assert len(heard) == 4 and connection.passed_on == [rtcp, dtls_record]
 
 
+@pytest.mark.parametrize("dtls_up", [True, False])
+def test_an_empty_datagram_from_anyone_is_dropped(call, dtls_up):
+    """aioice hands on a datagram from any address; aiortc's DTLS task would fail on an empty one (and the call
+    with it)."""
+    audio, dtls, heard, _, _ = call
+    if not dtls_up:
+        dtls._rx_srtp = None
+    dtls.transport._connection.data_received(b"", 1)
+    assert heard == [] and dtls.transport._connection.passed_on == []
+
+
 def test_before_dtls_is_up_everything_goes_on_to_aiortc(call):
     audio, dtls, heard, caller_out, _ = call
     dtls._rx_srtp = None
