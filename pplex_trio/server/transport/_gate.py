@@ -76,7 +76,7 @@ class AccessGate:
             client=client[0] if client else None,
             method=scope.get("method", "GET"),
         )
-        if not websocket and request.path.startswith(self.cross_origin) and self.cross_origin:
+        if not websocket and request.path.startswith(self.cross_origin):
             origin = request.header(b"origin")
             if origin is not None:  # a page's call: the origins' rule, as for WebSockets, and CORS for the allowed
                 refused = self.policy.check_origin(request)

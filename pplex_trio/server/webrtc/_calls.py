@@ -76,10 +76,8 @@ class CallDesk:
         """Answer ``offer`` and start the call (``converse(socket)`` runs its session): its id (``call_id``, else
         ``prefix`` and 24 random hex digits) and the answer. ``CallRefused`` when the desk is closed or the peer
         cannot answer."""
-        try:
-            from ._socket import (
-                PeerSocket,
-            )  # (aiortc and PyAV load with the first call: a server without one never does)
+        try:  # (aiortc and PyAV load with the first call: a server without one never does)
+            from ._socket import PeerSocket
         except ImportError as exc:  # (the [webrtc] extra is not installed)
             raise CallRefused(501, f"this server has no WebRTC ({exc}): install pplex-trio[webrtc]") from None
 

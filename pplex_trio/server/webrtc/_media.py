@@ -2,17 +2,16 @@
 
 In: :class:`OpusIn` takes the caller's RTP packets as they arrive, puts them back in order, and decodes them with
 libopus, straight at the model's 24 kHz (Opus decodes at any of its rates: no resampler, no delay), at a steady
-pace: each packet plays ``HOLD_SECONDS`` (50 ms: 40 of jitter, and the timers' own) after the earliest its
-stream's 20 ms rhythm lets it come (the jitter buffer; a timer plays it then). Jitter reorders packets within
-the hold; a packet whose time has come while a later one has is lost: it is recovered from the next packet's
-in-band FEC where the peer sends it (browsers do), else concealed by libopus's PLC, and counted either way, at
-its time: a lost packet is never a gap in what the model hears, nor late (the session's framing would hear that
-as jitter, and keep the caller a tick later for seconds). A packet that has not come with none after it is
-waited for: when it comes after its time (the network got slower, or stalled) the pace starts anew from it. A
-jump of more than ``OUTAGE_PACKETS`` is an outage, not a loss: nothing is made up for it (the session core hears
-silence in real time while nothing comes). aiortc's own jitter buffer is not used: after one loss it holds every
-later packet some 300 ms (it releases one packet per packet received), which the caller would hear as lasting
-latency.
+pace: each packet plays ``HOLD_SECONDS`` (50 ms: 40 of jitter, and the loop's own lateness) after the earliest its
+stream's 20 ms rhythm lets it come (the jitter buffer; the call clock's next tick plays it: ``_rtp.py``). Jitter
+reorders packets within the hold; a packet whose time has come while a later one has is lost: it is recovered from
+the next packet's in-band FEC where the peer sends it (browsers do), else concealed by libopus's PLC, and counted
+either way, at its time: a lost packet is never a gap in what the model hears, nor late (the session's framing would
+hear that as jitter, and keep the caller a tick later for seconds). A packet that has not come with none after it is
+waited for: when it comes after its time (the network got slower, or stalled) the pace starts anew from it. A jump
+of more than ``OUTAGE_PACKETS`` is an outage, not a loss: nothing is made up for it (the session core hears silence
+in real time while nothing comes). aiortc's own jitter buffer is not used: after one loss it holds every later
+packet some 300 ms (it releases one packet per packet received), which the caller would hear as lasting latency.
 
 Out: :class:`VoiceOut` cuts the model's 80 ms frames into 20 ms frames, :class:`Voice` holds them until their
 time and :class:`OpusOut` encodes each with libopus as it goes (mono at the model's 24 kHz, as the Moshi
@@ -55,7 +54,7 @@ class InputCounts:
 class OpusIn:
     """One caller's Opus stream → PCM16 at 24 kHz (``bytes``), played at a steady pace, lost packets recovered or
     concealed. Sans-IO: :meth:`packet` takes each packet with the time it came, :meth:`due` gives the audio whose
-    time has come, :meth:`next_due` says when that is next (the peer sets a timer for it)."""
+    time has come (the call clock asks every 20 ms), :meth:`next_due` says when that is next."""
 
     def __init__(self) -> None:
         self._decoder = opuslib_next.Decoder(SAMPLE_RATE, 1)

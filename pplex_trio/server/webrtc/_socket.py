@@ -191,7 +191,7 @@ class PeerSocket:
         if not now and counted.received > 0 and counts.received - counted.received < COUNT_EVERY:
             return
         if counts != counted:  # (a dataclass's == compares its fields)
-            for kind in ("received", "recovered", "concealed", "late"):
+            for kind in (field.name for field in dataclasses.fields(counts)):
                 if (new := getattr(counts, kind) - getattr(counted, kind)) > 0:
                     self._on_packets(kind, new)
             self._counted = dataclasses.replace(counts)
