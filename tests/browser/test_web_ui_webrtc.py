@@ -157,6 +157,34 @@ NOTE_STATES = """() => {
 }"""
 
 
+# What the browser made of the server's RTCP reports: its audio's, by type.
+REPORTED = """async () => {
+  const stats = await window.peerConnections.at(-1).getStats();
+  const reported = {};
+  stats.forEach((s) => {
+    if (s.kind === "audio" && ["remote-inbound-rtp", "remote-outbound-rtp", "inbound-rtp"].includes(s.type)) {
+      reported[s.type] = s;
+    }
+  });
+  return reported;
+}"""
+
+
+def test_chromium_takes_the_servers_reports_of_the_call(speaking_context, start_server):
+    """The server's RTCP, read by Chromium: its reception reports (the browser's losses and round trip, by which
+    it sets its Opus FEC) and its sender reports on the voice (counted as Chromium counts what came)."""
+    server = start_server(auth_token=TOKEN)
+    speaking_context.add_init_script(KEEP_PEER_CONNECTIONS)
+    page = talk(speaking_context, server)
+    wait_stat_above(page, "played", 4.0)
+    reported = page.evaluate(REPORTED)
+    told, sent, came = reported["remote-inbound-rtp"], reported["remote-outbound-rtp"], reported["inbound-rtp"]
+    assert told["packetsLost"] == 0 and told["fractionLost"] == 0  # (no network between them to lose any)
+    assert told["roundTripTimeMeasurements"] >= 1 and 0 <= told["roundTripTime"] < 1.0
+    assert sent["reportsSent"] >= 2 and 0 < sent["packetsSent"] <= came["packetsReceived"]  # (reported before)
+    assert came["packetsReceived"] - sent["packetsSent"] < 2 * 50  # (as of the last report: a second or two ago)
+
+
 def test_a_failed_connection_is_offered_again_and_the_call_goes_on(speaking_context, start_server):
     """The connection fails mid-call (the browser's report of it is the test's; the rest is real): the page shows
     "Reconnecting…", offers a new peer connection to the call's Location, and the same session goes on: its row,

@@ -23,7 +23,7 @@ from aioice.ice import StunProtocol
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 
 from ._media import OpusIn, Voice
-from ._rtp import CallClock, Parked, RtpAudio
+from ._rtp import CallClock, RtpAudio
 
 logger = logging.getLogger(__name__)
 
@@ -81,13 +81,12 @@ class Peer:
         opus = [c for c in RTCRtpSender.getCapabilities("audio").codecs if c.mimeType.lower() == "audio/opus"]
         audio.setCodecPreferences(opus)
         audio.direction = "sendrecv"
-        audio.sender.replaceTrack(Parked())
         self._media = audio.receiver.transport
         for transport in {audio.receiver.transport, *([pc.sctp.transport] if pc.sctp else [])}:
             _place(transport.transport.iceGatherer, self._ports, self._host)
         await pc.setLocalDescription(await pc.createAnswer())
         answer = str(pc.localDescription.sdp)
-        self._rtp = RtpAudio(self._media, answer, self._heard)
+        self._rtp = RtpAudio(audio.sender, answer, self._heard)
         self._clock = CallClock.of_running_loop()
         self._clock.add(self, self._tick)
         return answer
@@ -101,7 +100,7 @@ class Peer:
         come is handed out."""
         assert self._rtp is not None
         if self._rtp.ready:
-            self._rtp.send(self.voice.next_packet())
+            self._rtp.send(self.voice.next_packet(), now)
         audio = self.opus.due(now)
         if audio:
             self._events.audio(audio)
@@ -138,6 +137,10 @@ class Peer:
         """Close the connection (its sockets and tasks); once is enough, twice is harmless."""
         if self._clock is not None:
             self._clock.remove(self)
+            self._clock = None
+        if self._rtp is not None:
+            self._rtp.close()
+            self._rtp = None
         await self._pc.close()
 
 

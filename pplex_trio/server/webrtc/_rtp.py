@@ -1,16 +1,18 @@
 """A call's audio packets, straight between its UDP socket and the codecs; aiortc keeps the rest of the call.
 
 aiortc's media path costs most of a call's CPU, in asyncio's machinery rather than in the work: each packet goes
-through aioice's queue, the DTLS transport's task and the RTP receiver's coroutines on the way in, and through
-the sender's task, a track's ``recv`` and two awaits on the way out; each call paces its voice with a timer of its
-own. Here the caller's SRTP packets are taken where aioice hands its datagrams on (before its queue), decrypted
-with the keys aiortc's DTLS agreed and handed to the call; the model's voice packets are protected with those
-keys and written to the socket of the pair ICE chose; every call's audio moves at the ticks of one 20 ms clock
-on the loop (:class:`CallClock`). aiortc keeps ICE and its consent checks, DTLS, RTCP and the data channel, and
-its own sender sits parked (:class:`Parked`: it never sends a packet). Private names of aiortc and aioice are
-touched here (the version is pinned; the WebRTC tests run through every one): the ICE connection's
-``data_received`` and ``_nominated``, the DTLS transport's SRTP sessions (``_rx_srtp``, ``_tx_srtp``) and its
-header extensions' map.
+through aioice's queue, the DTLS transport's task and the RTP receiver's coroutines on the way in, and through the
+sender's task, a track's ``recv`` and two awaits on the way out; each call paces its voice with a timer of its own.
+Here the caller's SRTP packets are taken where aioice hands its datagrams on (before its queue), decrypted with the
+keys aiortc's DTLS agreed and handed to the call; the model's voice packets are protected with those keys and
+written to the socket of the pair ICE chose; every call's audio moves at the ticks of one 20 ms clock on the loop
+(:class:`CallClock`). The call's RTCP is ours too, since only we know what went each way: about every second a
+sender report on the voice, with a reception report on the caller's audio (its losses, by which a browser turns its
+Opus FEC on), a BYE at the end, and the caller's own reports taken in. aiortc keeps ICE and its consent checks, DTLS
+and the data channel; its own sender for the audio never starts (its ``send``, which aiortc calls as DTLS comes up,
+is replaced: it would send reports and a BYE of its own, counting nothing). Private names of aiortc and aioice are touched here (the version is pinned; the WebRTC tests run
+through every one): the ICE connection's ``data_received`` and ``_nominated``, the DTLS transport's SRTP sessions
+(``_rx_srtp``, ``_tx_srtp``) and its header extensions' map.
 """
 
 from __future__ import annotations
@@ -22,10 +24,20 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import av
 import pylibsrtp
-from aiortc import MediaStreamTrack
-from aiortc.rtp import RtpPacket, is_rtcp
+from aiortc.clock import current_ntp_time
+from aiortc.rtcrtpreceiver import StreamStatistics
+from aiortc.rtp import (
+    RtcpByePacket,
+    RtcpPacket,
+    RtcpReceiverInfo,
+    RtcpSdesPacket,
+    RtcpSenderInfo,
+    RtcpSourceInfo,
+    RtcpSrPacket,
+    RtpPacket,
+    is_rtcp,
+)
 from aiortc.sdp import SessionDescription
 
 from ._media import PACKET_SECONDS
@@ -35,62 +47,128 @@ logger = logging.getLogger(__name__)
 RTP_CLOCK = 48_000  # Opus's RTP clock rate, whatever its audio's (RFC 7587)
 PACKET_TICKS = round(RTP_CLOCK * PACKET_SECONDS)
 CATCH_UP_SECONDS = 0.5  # a loop this late sends what it owes at once; later still, the pace starts anew
+REPORT_SECONDS = (0.5, 1.5)  # between two of our RTCP reports, drawn anew each time (as aiortc, RFC 3550 6.2)
 
 
 class RtpAudio:
     """One peer connection's audio packets (see the module's doc): the caller's Opus payloads go to ``heard``
-    (with their sequence numbers, in the order they came), :meth:`send` sends the model's. Made once the answer
-    is set: what the answer says the caller may send and the browser expects (payload type, SSRC, MID)."""
+    (with their sequence numbers, in the order they came), :meth:`send` sends the model's, and the reports both
+    ways, until :meth:`close`. Made once the answer is set, from aiortc's sender for the audio (kept from
+    starting) and the answer: what the caller may send and the browser expects (payload type, SSRC, MID, CNAME)."""
 
-    def __init__(self, dtls: Any, answer: str, heard: Callable[[int, bytes], None]) -> None:
+    def __init__(self, sender: Any, answer: str, heard: Callable[[int, bytes], None]) -> None:
         media = next(m for m in SessionDescription.parse(answer).media if m.kind == "audio")
         payload_type = media.rtp.codecs[0].payloadType
         assert payload_type is not None  # (an answer's codecs are numbered)
         self._payload_type = payload_type
-        self._ssrc = media.ssrc[0].ssrc
+        self._ssrc, self._cname = media.ssrc[0].ssrc, (media.ssrc[0].cname or "").encode()
         self._mid = media.rtp.muxId
-        self._dtls, self._heard = dtls, heard
-        self._connection = dtls.transport._connection  # (aioice's: the datagrams of the pair ICE chose)
+        sender.send = _kept_from_starting  # (aiortc calls it as DTLS comes up)
+        self._dtls, self._heard = sender.transport, heard
+        self._connection = self._dtls.transport._connection  # (aioice's: the datagrams of the pair ICE chose)
         self._pass_on = self._connection.data_received
         self._connection.data_received = self._received
         self._sequence, self._timestamp = random.getrandbits(16), random.getrandbits(32)
         self._first = True
+        self._packets = self._octets = 0  # the voice's, sent
+        self._caller: int | None = None  # the caller's audio's SSRC (its latest packet's)
+        self._heard_stats = StreamStatistics(RTP_CLOCK)
+        self._caller_report: tuple[int, int] | None = None  # the caller's last sender report's time, ours then (NTP)
+        self._report_at = 0.0  # when our next report goes (0: with the first packet)
 
     def _received(self, data: bytes, component: int) -> None:
-        """A datagram of the connection: the caller's audio is ours, the rest (DTLS, RTCP, the data channel's
+        """A datagram of the connection: the caller's audio and RTCP are ours, the rest (DTLS, the data channel's
         SCTP) goes on to aiortc; an empty one (anyone may send one to the port) is dropped: aiortc would fail on
         it and end the call."""
         if not data:
             return
         srtp = self._dtls._rx_srtp  # (set once DTLS is up)
-        if srtp is None or not 127 < data[0] < 192 or is_rtcp(data):
+        if srtp is None or not 127 < data[0] < 192:
             self._pass_on(data, component)
-            return
+        elif is_rtcp(data):
+            self._reported(srtp, data)
+        else:
+            try:
+                packet = RtpPacket.parse(srtp.unprotect(data))
+            except (pylibsrtp.Error, ValueError):  # (not ours, replayed, or damaged: as aiortc, dropped)
+                return
+            if packet.payload_type == self._payload_type and packet.payload:
+                if packet.ssrc != self._caller:  # (the first, or a new source: reported on from here)
+                    self._caller, self._heard_stats = packet.ssrc, StreamStatistics(RTP_CLOCK)
+                self._heard_stats.add(packet)
+                self._heard(packet.sequence_number, packet.payload)
+
+    def _reported(self, srtp: pylibsrtp.Session, data: bytes) -> None:
+        """The caller's RTCP: its sender report's time is noted (ours answer it: the browser's round trip)."""
         try:
-            packet = RtpPacket.parse(srtp.unprotect(data))
-        except (pylibsrtp.Error, ValueError):  # (not ours, replayed, or damaged: as aiortc, dropped)
+            packets = RtcpPacket.parse(srtp.unprotect_rtcp(data))
+        except (pylibsrtp.Error, ValueError):
             return
-        if packet.payload_type == self._payload_type and packet.payload:
-            self._heard(packet.sequence_number, packet.payload)
+        for packet in packets:
+            if isinstance(packet, RtcpSrPacket) and packet.ssrc == self._caller:
+                self._caller_report = (_middle(packet.sender_info.ntp_timestamp), _middle(current_ntp_time()))
 
     @property
     def ready(self) -> bool:
         """Whether packets can go: DTLS is up (its keys agreed) and ICE has chosen its pair."""
         return self._dtls.state == "connected" and self._dtls._tx_srtp is not None and 1 in self._connection._nominated
 
-    def send(self, payload: bytes) -> None:
-        """Send one 20 ms Opus packet of the model's voice (once :attr:`ready`; a socket gone meanwhile: none)."""
+    def _socket(self) -> tuple[Any, Any] | None:
+        """The chosen pair's socket and address (None: not ready, or the socket gone meanwhile)."""
         pair = self._connection._nominated.get(1)
         transport = None if pair is None else pair.protocol.transport
-        if transport is None or not self.ready:
+        return None if transport is None or not self.ready else (transport, pair.remote_addr)
+
+    def send(self, payload: bytes, now: float) -> None:
+        """Send one 20 ms Opus packet of the model's voice at ``now`` (the loop's time), and our report when its
+        time has come (once :attr:`ready`, else nothing)."""
+        if (socket := self._socket()) is None:
             return
+        transport, address = socket
         packet = RtpPacket(self._payload_type, int(self._first), self._sequence, self._timestamp, self._ssrc, payload)
         packet.extensions.mid = self._mid
         data = self._dtls._tx_srtp.protect(packet.serialize(self._dtls._rtp_header_extensions_map))
-        transport.sendto(data, pair.remote_addr)
+        transport.sendto(data, address)
         self._first = False
+        self._packets, self._octets = self._packets + 1, self._octets + len(payload)
+        if now >= self._report_at:
+            transport.sendto(self._dtls._tx_srtp.protect_rtcp(self._report()), address)
+            self._report_at = now + random.uniform(*REPORT_SECONDS)
         self._sequence = (self._sequence + 1) & 0xFFFF
         self._timestamp = (self._timestamp + PACKET_TICKS) & 0xFFFFFFFF
+
+    def close(self) -> None:
+        """The voice ends: our last report, with a BYE (RFC 3550 6.6), if the call got so far."""
+        if (socket := self._socket()) is not None:
+            transport, address = socket
+            bye = bytes(RtcpByePacket(sources=[self._ssrc]))
+            transport.sendto(self._dtls._tx_srtp.protect_rtcp(self._report() + bye), address)
+
+    def _report(self) -> bytes:
+        """Our RTCP, as the last packet sent went: the voice's sender report, with a reception report on the
+        caller's audio once some came (RFC 3550 6.4), and the CNAME (6.5)."""
+        now = current_ntp_time()
+        reports = []
+        if self._caller is not None:
+            stats = self._heard_stats
+            last, dlsr = 0, 0  # (no sender report of the caller's yet)
+            if self._caller_report is not None:  # (its time, and how long ago, in 1/65536 s)
+                last, dlsr = self._caller_report[0], (_middle(now) - self._caller_report[1]) & 0xFFFFFFFF
+            highest = stats.cycles + (stats.max_seq or 0)
+            lost = (stats.fraction_lost, stats.packets_lost)
+            reports.append(RtcpReceiverInfo(self._caller, *lost, highest, stats.jitter, last, dlsr))
+        sent = RtcpSenderInfo(now, self._timestamp, self._packets, self._octets & 0xFFFFFFFF)
+        report = RtcpSrPacket(ssrc=self._ssrc, sender_info=sent, reports=reports)
+        return bytes(report) + bytes(RtcpSdesPacket(chunks=[RtcpSourceInfo(self._ssrc, [(1, self._cname)])]))
+
+
+async def _kept_from_starting(parameters: Any) -> None:
+    """In aiortc's sender's place: it never starts (the voice and its reports go by :class:`RtpAudio`)."""
+
+
+def _middle(ntp: int) -> int:
+    """The middle 32 bits of a 64-bit NTP time (RTCP's short form: seconds and fraction, 16 bits each)."""
+    return (ntp >> 16) & 0xFFFFFFFF
 
 
 class CallClock:
@@ -141,15 +219,3 @@ class CallClock:
         if self._next < now - CATCH_UP_SECONDS:
             self._next = now
         self._timer = self._loop.call_at(self._next, self._tick)
-
-
-class Parked(MediaStreamTrack):
-    """The track aiortc's own sender is given: it never yields a frame (the voice goes by :class:`RtpAudio`), so
-    the sender's task waits without a timer until the connection closes."""
-
-    kind = "audio"
-
-    async def recv(self) -> av.AudioFrame:
-        """Never returns (cancelled when the sender stops)."""
-        await asyncio.get_running_loop().create_future()
-        raise AssertionError("unreachable")

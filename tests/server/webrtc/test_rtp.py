@@ -6,6 +6,7 @@ the code under test."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from dataclasses import dataclass, field
@@ -17,9 +18,15 @@ import pytest
 pytest.importorskip("aiortc")
 
 from aiortc.rtcrtpparameters import RTCRtpHeaderExtensionParameters, RTCRtpParameters  # noqa: E402
-from aiortc.rtp import HeaderExtensionsMap, RtpPacket  # noqa: E402
+from aiortc.rtp import HeaderExtensionsMap, RtcpPacket, RtpPacket, is_rtcp  # noqa: E402
 
-from pplex_trio.server.webrtc._rtp import CATCH_UP_SECONDS, PACKET_TICKS, CallClock, RtpAudio  # noqa: E402
+from pplex_trio.server.webrtc._rtp import (  # noqa: E402
+    CATCH_UP_SECONDS,
+    PACKET_TICKS,
+    REPORT_SECONDS,
+    CallClock,
+    RtpAudio,
+)
 
 OPUS, SSRC, MID = 111, 3_141_592, "0"
 ANSWER = f"""v=0
@@ -71,7 +78,7 @@ class Dtls:
     """aiortc's DTLS transport once its handshake is done: SRTP keys both ways, the header extensions' map."""
 
     def __init__(self, server_in: bytes, server_out: bytes) -> None:
-        self.state = "connected"
+        self.state, self.server_out = "connected", server_out
         self._rx_srtp: pylibsrtp.Session | None = pylibsrtp.Session(
             pylibsrtp.Policy(key=server_in, ssrc_type=pylibsrtp.Policy.SSRC_ANY_INBOUND)
         )
@@ -80,6 +87,17 @@ class Dtls:
         )
         self._rtp_header_extensions_map = extensions()
         self.transport = type("IceTransport", (), {"_connection": Connection()})()
+
+
+class Sender:
+    """aiortc's sender for the audio: its transport, and whether it was started."""
+
+    def __init__(self, transport: Dtls) -> None:
+        self.transport = transport
+        self.started = False
+
+    async def send(self, parameters: Any) -> None:
+        self.started = True
 
 
 def extensions() -> HeaderExtensionsMap:
@@ -95,7 +113,7 @@ def call() -> tuple[RtpAudio, Dtls, list[tuple[int, bytes]], pylibsrtp.Session, 
     up, down = os.urandom(30), os.urandom(30)
     dtls = Dtls(up, down)
     heard: list[tuple[int, bytes]] = []
-    audio = RtpAudio(dtls, ANSWER, lambda sequence, payload: heard.append((sequence, payload)))
+    audio = RtpAudio(Sender(dtls), ANSWER, lambda sequence, payload: heard.append((sequence, payload)))
     caller_out = pylibsrtp.Session(pylibsrtp.Policy(key=up, ssrc_type=pylibsrtp.Policy.SSRC_ANY_OUTBOUND))
     caller_in = pylibsrtp.Session(pylibsrtp.Policy(key=down, ssrc_type=pylibsrtp.Policy.SSRC_ANY_INBOUND))
     return audio, dtls, heard, caller_out, caller_in
@@ -105,7 +123,7 @@ def rtp(payload_type: int, sequence: int, payload: bytes) -> bytes:
     return RtpPacket(payload_type, 0, sequence & 0xFFFF, sequence * 960 & 0xFFFFFFFF, 777, payload).serialize()
 
 
-def test_the_callers_audio_packets_are_taken_and_the_rest_goes_on_to_aiortc(call):
+def test_the_callers_audio_and_rtcp_are_taken_and_the_rest_goes_on_to_aiortc(call):
     audio, dtls, heard, caller_out, _ = call
     connection = dtls.transport._connection
     received = connection.data_received  # (RtpAudio's, in aioice's place)
@@ -117,13 +135,15 @@ def test_the_callers_audio_packets_are_taken_and_the_rest_goes_on_to_aiortc(call
     dtls_record = bytes([22, 0xFE, 0xFD]) + os.urandom(20)
     received(rtcp, 1)
     received(dtls_record, 1)
-    assert connection.passed_on == [rtcp, dtls_record]  # RTCP, DTLS (and the data channel in it): aiortc's
+    assert connection.passed_on == [dtls_record]  # DTLS (and the data channel in it): aiortc's; RTCP: ours
     received(caller_out.protect(rtp(0, 5, b"\x55" * 40)), 1)  # not the Opus the answer took: dropped
     damaged = bytearray(caller_out.protect(rtp(OPUS, 6, b"\x66" * 40)))
     damaged[20] ^= 0xFF
     received(bytes(damaged), 1)  # fails SRTP's authentication: dropped, as aiortc drops it
     received(opus[0], 1)  # a replay: dropped
-    assert len(heard) == 4 and connection.passed_on == [rtcp, dtls_record]
+    received(caller_out.protect_rtcp(bytes([0x80, 201, 0, 1]) + os.urandom(4)), 1)  # (unreadable: dropped)
+    received(rtcp, 1)  # a replay: dropped
+    assert len(heard) == 4 and connection.passed_on == [dtls_record]
 
 
 @pytest.mark.parametrize("dtls_up", [True, False])
@@ -149,17 +169,18 @@ def test_the_voice_goes_out_as_the_answer_said_once_the_connection_is_up(call):
     audio, dtls, _, _, caller_in = call
     connection, socket = dtls.transport._connection, Socket()
     assert not audio.ready  # no pair chosen by ICE yet
-    audio.send(b"\x01" * 30)
+    audio.send(b"\x01" * 30, 0.0)
     connection._nominated[1] = Pair(type("Protocol", (), {"transport": socket})())
     dtls.state = "connecting"
     assert not audio.ready
-    audio.send(b"\x02" * 30)
+    audio.send(b"\x02" * 30, 0.0)
     dtls.state = "connected"
     assert audio.ready and socket.sent == []
     for k in range(3):
-        audio.send(bytes([k + 10]) * 30)
-    assert [addr for _, addr in socket.sent] == [("192.0.2.7", 5004)] * 3
-    packets = [RtpPacket.parse(caller_in.unprotect(data), extensions()) for data, _ in socket.sent]
+        audio.send(bytes([k + 10]) * 30, 0.02 * k)
+    voice = [(data, addr) for data, addr in socket.sent if not is_rtcp(data)]  # (our first report went too)
+    assert [addr for _, addr in voice] == [("192.0.2.7", 5004)] * 3
+    packets = [RtpPacket.parse(caller_in.unprotect(data), extensions()) for data, _ in voice]
     assert [p.payload for p in packets] == [bytes([k + 10]) * 30 for k in range(3)]
     assert {(p.payload_type, p.ssrc, p.extensions.mid) for p in packets} == {(OPUS, SSRC, MID)}
     assert [p.marker for p in packets] == [1, 0, 0]  # (a talk spurt's start)
@@ -168,8 +189,61 @@ def test_the_voice_goes_out_as_the_answer_said_once_the_connection_is_up(call):
     assert PACKET_TICKS == 960  # 20 ms of Opus's 48 kHz RTP clock
     socket.sent.clear()
     connection._nominated[1].protocol.transport = None  # the socket closed under it
-    audio.send(b"\x03" * 30)
+    audio.send(b"\x03" * 30, 1.0)
     assert socket.sent == []
+
+
+def test_our_reports_tell_the_caller_what_came_of_its_audio_and_what_the_voice_sent(call):
+    """About every second (RFC 3550's interval, drawn from ``REPORT_SECONDS``): a sender report on the voice, a
+    reception report on the caller's audio (what a browser's FEC is set by), the CNAME."""
+    audio, dtls, _, caller_out, caller_in = call
+    received = dtls.transport._connection.data_received
+    socket = Socket()
+    dtls.transport._connection._nominated[1] = Pair(type("Protocol", (), {"transport": socket})())
+    came = [k for k in range(40) if k not in (7, 8, 20, 31)]  # four of the caller's forty packets lost
+    for k in came:
+        received(caller_out.protect(rtp(OPUS, 65_520 + k, b"\x01" * 40)), 1)  # (its numbers wrap past 65535)
+    caller_ntp = 0x0123_4567_89AB_CDEF
+    sender_report = bytes([0x80, 200, 0, 6]) + (777).to_bytes(4, "big") + caller_ntp.to_bytes(8, "big")
+    received(caller_out.protect_rtcp(sender_report + bytes(12)), 1)  # (its RTP time, packet and octet counts)
+    reports = []
+    for tick in range(200):  # four seconds of the voice
+        before = len(socket.sent)
+        audio.send(b"\x02" * 50, 100.0 + 0.02 * tick)
+        reports += [(tick, data) for data, _ in socket.sent[before:] if is_rtcp(data)]
+    gaps = [0.02 * (b - a) for (a, _), (b, _) in zip(reports, reports[1:])]
+    assert reports[0][0] == 0 and all(REPORT_SECONDS[0] <= gap <= REPORT_SECONDS[1] + 0.02 for gap in gaps)
+    tick, first = reports[0]
+    sr, sdes = RtcpPacket.parse(caller_in.unprotect_rtcp(first))
+    assert (sr.ssrc, sr.sender_info.packet_count, sr.sender_info.octet_count) == (SSRC, 1, 50)
+    (block,) = sr.reports
+    assert (block.ssrc, block.packets_lost, block.fraction_lost) == (777, 4, 4 * 256 // 40)
+    assert block.highest_sequence == (1 << 16) + (65_520 + 39 - 65_536)  # (extended: one cycle)
+    assert block.lsr == (caller_ntp >> 16) & 0xFFFFFFFF and 0 <= block.dlsr < 65536  # (answered within 1 s)
+    assert [(chunk.ssrc, chunk.items) for chunk in sdes.chunks] == [(SSRC, [(1, b"server")])]
+    sr, _ = RtcpPacket.parse(caller_in.unprotect_rtcp(reports[1][1]))
+    assert sr.sender_info.packet_count == reports[1][0] + 1 and sr.reports[0].fraction_lost == 0  # (none since)
+    voice = [RtpPacket.parse(caller_in.unprotect(data)) for data, _ in socket.sent if not is_rtcp(data)]
+    assert sr.sender_info.rtp_timestamp == voice[reports[1][0]].timestamp  # (as the packet it went with)
+
+
+def test_aiortcs_own_sender_never_starts_and_the_voice_ends_with_our_bye():
+    dtls, socket = Dtls(os.urandom(30), os.urandom(30)), Socket()
+    sender = Sender(dtls)
+    audio = RtpAudio(sender, ANSWER, lambda sequence, payload: None)
+    asyncio.run(sender.send(object()))  # (as aiortc does once DTLS is up)
+    assert not sender.started
+    audio.close()  # before the connection is up: nothing to say goodbye on
+    dtls.transport._connection._nominated[1] = Pair(type("Protocol", (), {"transport": socket})())
+    audio.send(b"\x01" * 30, 0.0)
+    audio.close()
+    assert len(socket.sent) == 3  # the packet, our first report, the last one
+    caller_in = pylibsrtp.Session(pylibsrtp.Policy(key=dtls.server_out, ssrc_type=pylibsrtp.Policy.SSRC_ANY_INBOUND))
+    caller_in.unprotect(socket.sent[0][0])
+    caller_in.unprotect_rtcp(socket.sent[1][0])
+    last = RtcpPacket.parse(caller_in.unprotect_rtcp(socket.sent[2][0]))
+    assert [type(p).__name__ for p in last] == ["RtcpSrPacket", "RtcpSdesPacket", "RtcpByePacket"]
+    assert last[2].sources == [SSRC]
 
 
 class FakeLoop:
