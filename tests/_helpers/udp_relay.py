@@ -41,6 +41,8 @@ class Direction:
     dropped: int = 0
     rtp_forwarded: int = 0
     rtp_dropped: int = 0
+    rtp_first: int | None = None  # the first RTP packet's sequence number
+    rtp_dropped_numbers: list[int] = dataclasses.field(default_factory=list)  # the dropped ones', in order
     delays: list[float] = dataclasses.field(default_factory=list)  # the hold chosen for each forwarded datagram
     rtp_overtaken: int = 0  # RTP packets that went out after one numbered later (reordered by the jitter)
     _newest: int | None = None  # the latest RTP sequence number sent on (mod 2**16)
@@ -160,9 +162,14 @@ class UdpRelay:
 
     def _pass(self, direction: Direction, data: bytes, via: socket.socket) -> None:
         rtp = is_rtp(data)
+        sequence = int.from_bytes(data[2:4], "big")  # (RTP's, in clear under SRTP)
+        if rtp and direction.rtp_first is None:
+            direction.rtp_first = sequence
         if direction.loss and self._random.random() < direction.loss:
             direction.dropped += 1
             direction.rtp_dropped += rtp
+            if rtp:
+                direction.rtp_dropped_numbers.append(sequence)
             return
         delay = self._random.uniform(0, direction.jitter) if direction.jitter else 0.0
         direction.forwarded += 1

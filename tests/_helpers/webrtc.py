@@ -223,7 +223,9 @@ def _first_lag(utterance: np.ndarray, received: np.ndarray) -> int:
     return min(clear) if clear else best_window(utterance[:PIECE], received)[0]
 
 
-def lost_frames(utterance: np.ndarray, received: np.ndarray) -> tuple[list[int], int]:
+def lost_frames(
+    utterance: np.ndarray, received: np.ndarray, dropped: frozenset[int] = frozenset()
+) -> tuple[list[int], int]:
     """Which 80 ms frames of ``utterance`` (those that are speech) did not come back whole in ``received`` (an
     echo of it), and how many speech frames there are.
 
@@ -232,7 +234,9 @@ def lost_frames(utterance: np.ndarray, received: np.ndarray) -> tuple[list[int],
     late frame pushed the rest later (the model heard it a tick late); found 15 ms or more earlier, audio before
     it went missing: its frame is lost. (Either only if the 60 ms after it are there too, and no longer at the
     old lag.) A piece found nowhere (a cosine similarity of 0.7 or less) was concealed (heard, made up) unless
-    the echo is silent where it should be, by the pieces found before and after it."""
+    the echo is silent where it should be, by the pieces found before and after it, and its packet was not one the
+    network ``dropped`` (their numbers: the pieces'): a lost packet's concealment (Opus's PLC) is made from what
+    came before it, so at the start of a word it is silent, and yet heard in its place."""
     lag = _first_lag(utterance, received)
     slack, step = RATE // 500, 3 * RATE // 200  # 2 ms; 15 ms (a lost packet moves what follows by 20)
     lost: set[int] = set()
@@ -242,7 +246,7 @@ def lost_frames(utterance: np.ndarray, received: np.ndarray) -> tuple[list[int],
     def silent_at(k: int, at: int) -> bool:
         piece = utterance[k * PACKET : (k + 1) * PACKET]
         there = received[k * PACKET + at + slack : (k + 1) * PACKET + at - slack]  # (a lag a few samples off)
-        return bool(np.sqrt(np.mean(there**2)) < 0.1 * np.sqrt(np.mean(piece**2)))
+        return not {k, k - 1} & dropped and bool(np.sqrt(np.mean(there**2)) < 0.1 * np.sqrt(np.mean(piece**2)))
 
     for k in range(utterance.size // PACKET):
         piece = utterance[k * PACKET : (k + 1) * PACKET]

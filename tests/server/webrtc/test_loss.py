@@ -3,7 +3,8 @@ against the echo server: what the model heard is what comes back, so each 80 ms 
 followed from the caller's mouth to the caller's ear.
 
 A frame reached the model unless a piece of it is missing from the echo (what follows comes earlier) or silent
-in it (``_helpers.webrtc.lost_frames``): a concealed packet is made up, heard, and so counts as reached. The
+in it (``_helpers.webrtc.lost_frames``): a concealed packet is made up, heard, and so counts as reached, even
+where it is silent (Opus's concealment at a word's start: the relay says which packets it dropped). The
 turnaround is from when the caller's microphone sent a frame to when its echo
 was heard.
 """
@@ -13,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import statistics
+from typing import Any
 
 import numpy as np
 import pytest
 
 from _helpers.aio import run_asyncio
 from _helpers.udp_relay import Direction, UdpRelay
-from _helpers.webrtc import FRAME, RATE, Caller, echo_lags, echoed_frames, lost_frames
+from _helpers.webrtc import FRAME, PACKET, RATE, Caller, echo_lags, echoed_frames, lost_frames
 
 # What each end heard under loss and jitter, on real time and real sockets: run alone, after the parallel suite.
 pytestmark = pytest.mark.serial
@@ -35,13 +37,22 @@ class Heard:
     relay: UdpRelay
     said_at: int  # the microphone's sample the speech began at
     sessions_during: int  # sessions open just before hanging up
+    reports: dict[str, Any]  # the caller's stats (aiortc's) of the server's RTCP reports, by type, before hanging up
 
     def frames(self, speech: np.ndarray) -> list[tuple[int, int, float]]:
         return echoed_frames(speech, self.caller.received())
 
     def lost(self, speech: np.ndarray) -> tuple[list[int], int]:
         """The speech frames that did not reach the model whole, and how many speech frames there are."""
-        return lost_frames(speech, self.caller.received())
+        return lost_frames(speech, self.caller.received(), self.dropped_pieces())
+
+    def dropped_pieces(self) -> frozenset[int]:
+        """The 20 ms pieces of the speech whose packets the relay dropped (aiortc's caller sends a packet a
+        piece, numbered on from the microphone's first)."""
+        up = self.relay.up
+        if up.rtp_first is None:
+            return frozenset()
+        return frozenset(((n - up.rtp_first) & 0xFFFF) - self.said_at // PACKET for n in up.rtp_dropped_numbers)
 
     def turnaround(self, speech: np.ndarray) -> float:
         """The median from a speech frame leaving the microphone to its echo being heard, in seconds."""
@@ -82,9 +93,13 @@ def calls(server, speech: np.ndarray, relays: list[UdpRelay]) -> list[Heard]:
         said = [caller.microphone.say(speech) for caller in callers]
         await asyncio.sleep(speech.size / RATE + 2.5)
         during = len((await asyncio.to_thread(server.get, "/api/sessions"))["sessions"])
+        reports = []
+        for caller in callers:
+            stats = (await caller.pc.getStats()).values()
+            reports.append({s.type: s for s in stats if s.type in ("remote-inbound-rtp", "remote-outbound-rtp")})
         for caller in callers:
             await caller.close()
-        return [Heard(c, r, s, during) for c, r, s in zip(callers, relays, said)]
+        return [Heard(*heard, during, reported) for heard, reported in zip(zip(callers, relays, said), reports)]
 
     try:
         return run_asyncio(run())
@@ -115,6 +130,17 @@ def test_at_5_percent_loss_99_percent_of_the_speech_frames_reach_the_model(lossl
     made_up = counts["recovered"] + counts["concealed"]
     assert lossy.relay.up.rtp_dropped - 2 <= made_up <= lossy.relay.up.rtp_dropped
     assert counts["received"] + made_up == pytest.approx(sent, abs=6)
+
+
+def test_the_callers_hear_from_the_server_what_they_lost_and_what_it_sent(lossless_and_lossy):
+    """The server's RTCP reports (a browser sets its Opus FEC by the losses they tell): the caller's sender learns
+    its losses and its round trip, its receiver what the server's voice sent."""
+    (clean, lossy), _ = lossless_and_lossy
+    for heard, most in ((clean, 0), (lossy, lossy.relay.up.rtp_dropped)):
+        told = heard.reports["remote-inbound-rtp"]  # (from the last report: losses after it are not in it)
+        assert (most == 0 and told.packetsLost == 0) or 0 < told.packetsLost <= most
+        assert told.roundTripTime is not None and 0 <= told.roundTripTime < 1.0  # (our report answered its own)
+        assert heard.reports["remote-outbound-rtp"].packetsSent > 100  # (the server's voice: 50 a second)
 
 
 def test_at_5_percent_loss_the_turnaround_stays_within_40_ms_of_the_lossless_calls(lossless_and_lossy, speech):
@@ -163,6 +189,9 @@ def test_the_count_finds_audio_missing_or_silenced_not_a_late_tick_or_a_concealm
     silenced = echo.copy()
     silenced[cut : cut + 960] = 0
     assert lost_frames(speech, silenced)[0] == [frame]
+    piece = int(at * RATE) // 960
+    assert lost_frames(speech, silenced, frozenset({piece}))[0] == []  # (its packet dropped: concealed, silent)
+    assert lost_frames(speech, silenced, frozenset({piece + 2}))[0] == [frame]  # (another's drop: no excuse)
     late = np.concatenate([echo[:cut], np.zeros(FRAME, np.float32), echo[cut:]])
     assert lost_frames(speech, late)[0] == []
     concealed = echo.copy()

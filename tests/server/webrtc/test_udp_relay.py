@@ -97,13 +97,17 @@ def test_the_loss_rate_is_binomial_for_its_seed_and_each_direction_its_own():
     sent, loss = 2000, 0.15
     with UdpRelay(up=Direction(loss=loss), seed=11) as relay:
         with wired(relay) as (caller, server):
-            arrived = len(send(caller, relay.caller_side, server, [rtp(n) for n in range(sent)]))
+            came = send(caller, relay.caller_side, server, [rtp(n + 100) for n in range(sent)])
+            arrived = len(came)
             for n in range(200):
                 server.sendto(rtp(n), relay.server_side.getsockname())
             back = len(receive_all(caller))
     sigma = math.sqrt(sent * loss * (1 - loss))
     assert abs(relay.up.dropped - sent * loss) < 4 * sigma  # (4 sigma: one seed in ~16,000 fails)
     assert relay.up.rtp_dropped == relay.up.dropped and arrived == relay.up.forwarded == sent - relay.up.dropped
+    # Which were dropped, by their numbers (the test's own count: those that did not come)
+    numbers = {struct.unpack("!H", d[2:4])[0] for d in came}
+    assert relay.up.rtp_first == 100 and relay.up.rtp_dropped_numbers == sorted(set(range(100, 100 + sent)) - numbers)
     assert back == 200 and relay.down.dropped == 0
 
 
