@@ -54,7 +54,7 @@ class InputCounts:
 class OpusIn:
     """One caller's Opus stream → PCM16 at 24 kHz (``bytes``), played at a steady pace, lost packets recovered or
     concealed. Sans-IO: :meth:`packet` takes each packet with the time it came, :meth:`due` gives the audio whose
-    time has come (the call clock asks every 20 ms), :meth:`next_due` says when that is next."""
+    time has come (the call clock asks every 20 ms)."""
 
     def __init__(self) -> None:
         self._decoder = opuslib_next.Decoder(SAMPLE_RATE, 1)
@@ -87,12 +87,6 @@ class OpusIn:
         # earliest such time sets the pace; after a stall the pace starts anew from the packet that ends it.
         at = now + HOLD_SECONDS - ahead * PACKET_SECONDS
         self._plays_at = at if stalled else min(self._plays_at, at)
-
-    def next_due(self) -> float | None:
-        """When the next audio plays (None: none waits)."""
-        if self._played:
-            return -math.inf
-        return self._plays_at + (PLAYED_TOGETHER - 1) * PACKET_SECONDS if self._waiting else None
 
     def due(self, now: float) -> bytes:
         """The audio whose time has come by ``now``, ``PLAYED_TOGETHER`` packets at a time: in order, a packet

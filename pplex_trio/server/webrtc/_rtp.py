@@ -10,9 +10,9 @@ written to the socket of the pair ICE chose; every call's audio moves at the tic
 sender report on the voice, with a reception report on the caller's audio (its losses, by which a browser turns its
 Opus FEC on), a BYE at the end, and the caller's own reports taken in. aiortc keeps ICE and its consent checks, DTLS
 and the data channel; its own sender for the audio never starts (its ``send``, which aiortc calls as DTLS comes up,
-is replaced: it would send reports and a BYE of its own, counting nothing). Private names of aiortc and aioice are touched here (the version is pinned; the WebRTC tests run
-through every one): the ICE connection's ``data_received`` and ``_nominated``, the DTLS transport's SRTP sessions
-(``_rx_srtp``, ``_tx_srtp``) and its header extensions' map.
+is replaced: it would send reports and a BYE of its own, counting nothing). Private names of aiortc and aioice are
+touched here (the version is pinned; the WebRTC tests run through every one): the ICE connection's ``data_received``
+and ``_nominated``, the DTLS transport's SRTP sessions (``_rx_srtp``, ``_tx_srtp``) and its header extensions' map.
 """
 
 from __future__ import annotations
