@@ -108,7 +108,11 @@ class UdpRelay:
         return sock
 
     def offer(self, sdp: str) -> str:
-        """The caller's offer as the server should see it: the caller is at the relay's ``server_side``."""
+        """The caller's offer as the server should see it: the caller is at the relay's ``server_side``. An offer
+        without candidates (a browser's, made before it gathered any) goes as it is: the server learns the
+        caller's address from its checks, which come from the relay."""
+        if "a=candidate:" not in sdp:
+            return sdp
         text, self.caller = _one_candidate(sdp, self.server_side.getsockname())
         return text
 

@@ -20,6 +20,7 @@ from _helpers.browser import (
     wait_until,
 )
 from _helpers.rtc_page import echo_lag
+from _helpers.udp_relay import Direction, UdpRelay
 
 pytestmark = [pytest.mark.browser, pytest.mark.serial]  # (timing-bound: run alone, after the parallel suite)
 
@@ -347,3 +348,37 @@ def test_over_webrtc_only_the_audio_temperature_is_carried_and_the_page_says_so(
     page.get_by_text("Advanced settings").click()
     expect(page.get_by_label("Text temperature")).to_be_visible()
     expect(note).to_be_hidden()
+
+
+def through(relay: Any) -> Any:
+    """A route handler that puts the page's call through ``relay``: its offer (the form's ``sdp``) and the
+    server's answer rewritten, so every datagram of the call takes the relay."""
+
+    def handle(route: Any, request: Any) -> None:
+        form = request.post_data
+        start = form.index("v=0\r\n")
+        end = form.index("\r\n--", start)  # (the form's boundary: no SDP line starts with "--")
+        response = route.fetch(post_data=form[:start] + relay.offer(form[start:end]) + form[end:])
+        route.fulfill(response=response, body=relay.answer(response.text()))
+
+    return handle
+
+
+def test_at_5_percent_loss_chromium_sends_fec_and_the_server_rebuilds_lost_packets(speaking_context, start_server):
+    """The answer asks for Opus's in-band FEC and the server's reports tell Chromium its losses: through a relay
+    that loses 5 % of what it sends, Chromium puts each packet again in the next one, and the server rebuilds
+    lost packets from it (``recovered``) rather than making them up (``concealed``)."""
+    server = start_server(auth_token=TOKEN)
+    kinds = ("recovered", "concealed")
+    before = {kind: metric(server, f'pplex_webrtc_packets_total{{kind="{kind}"}}') for kind in kinds}
+    with UdpRelay(up=Direction(loss=0.05), seed=6) as relay:
+        speaking_context.route("**/v1/realtime/calls", through(relay))
+        page = talk(speaking_context, server)
+        expect(page.locator("#transport")).to_have_text("Connected over WebRTC")
+        wait_stat_above(page, "played", 8.0)
+        after = {kind: metric(server, f'pplex_webrtc_packets_total{{kind="{kind}"}}') for kind in kinds}
+        dropped = relay.up.rtp_dropped
+    made = {kind: after[kind] - before[kind] for kind in kinds}
+    print(f"Chromium at 5 % loss: {dropped} packets dropped, {made}")
+    assert dropped >= 10
+    assert made["recovered"] >= 0.5 * dropped, made

@@ -20,7 +20,8 @@ from typing import Any, Protocol
 from aioice import Candidate
 from aioice.candidate import candidate_foundation, candidate_priority
 from aioice.ice import StunProtocol
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.sdp import SessionDescription
 
 from ._media import OpusIn, Voice
 from ._rtp import CallClock, RtpAudio
@@ -78,13 +79,11 @@ class Peer:
         pc = self._pc
         await pc.setRemoteDescription(RTCSessionDescription(offer, "offer"))
         audio = next(t for t in pc.getTransceivers() if t.kind == "audio")
-        opus = [c for c in RTCRtpSender.getCapabilities("audio").codecs if c.mimeType.lower() == "audio/opus"]
-        audio.setCodecPreferences(opus)
         audio.direction = "sendrecv"
         self._media = audio.receiver.transport
         for transport in {audio.receiver.transport, *([pc.sctp.transport] if pc.sctp else [])}:
             _place(transport.transport.iceGatherer, self._ports, self._host)
-        await pc.setLocalDescription(await pc.createAnswer())
+        await pc.setLocalDescription(_opus_only(await pc.createAnswer()))
         answer = str(pc.localDescription.sdp)
         self._rtp = RtpAudio(audio.sender, answer, self._heard)
         self._clock = CallClock.of_running_loop()
@@ -142,6 +141,19 @@ class Peer:
             self._rtp.close()
             self._rtp = None
         await self._pc.close()
+
+
+def _opus_only(answer: RTCSessionDescription) -> RTCSessionDescription:
+    """``answer`` with its audio in Opus alone (aiortc would also list the other codecs it knows, which the call's
+    audio path does not decode), in-band FEC asked for (RFC 7587's ``useinbandfec=1``: a browser sends none without
+    it, and then as much as the losses our reports tell call for)."""
+    description = SessionDescription.parse(answer.sdp)
+    for media in description.media:
+        if media.kind == "audio":
+            opus = next(c for c in media.rtp.codecs if c.mimeType.lower() == "audio/opus")  # (the offer was checked)
+            opus.parameters = {**opus.parameters, "minptime": 10, "useinbandfec": 1}
+            media.rtp.codecs, media.fmt = [opus], [opus.payloadType]
+    return RTCSessionDescription(str(description), answer.type)
 
 
 def _place(gatherer: Any, ports: range | None, host: str | None) -> None:
