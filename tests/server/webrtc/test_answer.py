@@ -3,14 +3,13 @@ one codec the call's audio path decodes), in-band FEC asked for."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 pytest.importorskip("aiortc")
 
 from aiortc.sdp import SessionDescription  # noqa: E402
 
+from _helpers.aio import run_asyncio  # noqa: E402
 from _helpers.webrtc import Caller  # noqa: E402
 from pplex_trio.server.webrtc._peer import Peer  # noqa: E402
 
@@ -37,7 +36,7 @@ def test_the_answer_takes_opus_alone_and_asks_for_its_in_band_fec():
             await peer.close()
             await caller.pc.close()
 
-    offer, answer = asyncio.run(exchange())
+    offer, answer = run_asyncio(exchange())
     offered = next(m for m in SessionDescription.parse(offer).media if m.kind == "audio")
     assert len(offered.rtp.codecs) > 1  # (aiortc offers PCMU, PCMA, G722 too)
     (audio,) = [m for m in SessionDescription.parse(answer).media if m.kind == "audio"]

@@ -6,7 +6,6 @@ the code under test."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ pytest.importorskip("aiortc")
 from aiortc.rtcrtpparameters import RTCRtpHeaderExtensionParameters, RTCRtpParameters  # noqa: E402
 from aiortc.rtp import HeaderExtensionsMap, RtcpPacket, RtpPacket, is_rtcp  # noqa: E402
 
+from _helpers.aio import run_asyncio  # noqa: E402
 from pplex_trio.server.webrtc._rtp import (  # noqa: E402
     CATCH_UP_SECONDS,
     PACKET_TICKS,
@@ -231,7 +231,7 @@ def test_aiortcs_own_sender_never_starts_and_the_voice_ends_with_our_bye():
     dtls, socket = Dtls(os.urandom(30), os.urandom(30)), Socket()
     sender = Sender(dtls)
     audio = RtpAudio(sender, ANSWER, lambda sequence, payload: None)
-    asyncio.run(sender.send(object()))  # (as aiortc does once DTLS is up)
+    run_asyncio(sender.send(object()))  # (as aiortc does once DTLS is up)
     assert not sender.started
     audio.close()  # before the connection is up: nothing to say goodbye on
     dtls.transport._connection._nominated[1] = Pair(type("Protocol", (), {"transport": socket})())
