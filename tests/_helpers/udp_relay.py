@@ -166,13 +166,13 @@ class UdpRelay:
 
     def _pass(self, direction: Direction, data: bytes, via: socket.socket) -> None:
         rtp = is_rtp(data)
-        sequence = int.from_bytes(data[2:4], "big")  # (RTP's, in clear under SRTP)
-        if rtp and direction.rtp_first is None:
+        sequence = int.from_bytes(data[2:4], "big") if rtp else None  # (RTP's, in clear under SRTP)
+        if direction.rtp_first is None:
             direction.rtp_first = sequence
         if direction.loss and self._random.random() < direction.loss:
             direction.dropped += 1
             direction.rtp_dropped += rtp
-            if rtp:
+            if sequence is not None:
                 direction.rtp_dropped_numbers.append(sequence)
             return
         delay = self._random.uniform(0, direction.jitter) if direction.jitter else 0.0

@@ -145,8 +145,9 @@ class RtpAudio:
             transport.sendto(self._dtls._tx_srtp.protect_rtcp(self._report() + bye), address)
 
     def _report(self) -> bytes:
-        """Our RTCP, as the last packet sent went: the voice's sender report, with a reception report on the
-        caller's audio once some came (RFC 3550 6.4), and the CNAME (6.5)."""
+        """Our RTCP now: the voice's sender report (its RTP time the packet just sent's, or at the end the next
+        one's: within 20 ms), with a reception report on the caller's audio once some came (RFC 3550 6.4), and the
+        CNAME (6.5)."""
         now = current_ntp_time()
         reports = []
         if self._caller is not None:
@@ -157,7 +158,7 @@ class RtpAudio:
             highest = stats.cycles + (stats.max_seq or 0)
             lost = (stats.fraction_lost, stats.packets_lost)
             reports.append(RtcpReceiverInfo(self._caller, *lost, highest, stats.jitter, last, dlsr))
-        sent = RtcpSenderInfo(now, self._timestamp, self._packets, self._octets & 0xFFFFFFFF)
+        sent = RtcpSenderInfo(now, self._timestamp, self._packets & 0xFFFFFFFF, self._octets & 0xFFFFFFFF)
         report = RtcpSrPacket(ssrc=self._ssrc, sender_info=sent, reports=reports)
         return bytes(report) + bytes(RtcpSdesPacket(chunks=[RtcpSourceInfo(self._ssrc, [(1, self._cname)])]))
 

@@ -36,8 +36,8 @@ class Heard:
     caller: Caller
     relay: UdpRelay
     said_at: int  # the microphone's sample the speech began at
-    sessions_during: int  # sessions open just before hanging up
     reports: dict[str, Any]  # the caller's stats (aiortc's) of the server's RTCP reports, by type, before hanging up
+    sessions_during: int  # sessions open just before hanging up
 
     def frames(self, speech: np.ndarray) -> list[tuple[int, int, float]]:
         return echoed_frames(speech, self.caller.received())
@@ -99,7 +99,7 @@ def calls(server, speech: np.ndarray, relays: list[UdpRelay]) -> list[Heard]:
             reports.append({s.type: s for s in stats if s.type in ("remote-inbound-rtp", "remote-outbound-rtp")})
         for caller in callers:
             await caller.close()
-        return [Heard(*heard, during, reported) for heard, reported in zip(zip(callers, relays, said), reports)]
+        return [Heard(*call, during) for call in zip(callers, relays, said, reports)]
 
     try:
         return run_asyncio(run())
